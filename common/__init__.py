@@ -1,0 +1,1 @@
+"""What every engine and the runtime share: the job model, the store protocol, errors."""

@@ -1,0 +1,90 @@
+"""The one error hierarchy of sqlq.
+
+    SqlqError
+    ├── ValidationError          bad input from a user; names the field
+    ├── JobNotFoundError         no job with that id
+    ├── DuplicateJobError        a submission reused an existing id
+    ├── TransitionError          a state change that may not happen
+    │   ├── IllegalTransitionError   not in the transition table
+    │   └── StaleEpochError          the job was requeued since; the caller is fenced off
+    └── StoreError               the engine cannot do what was asked
+        ├── StoreClosedError         used before open or after close
+        ├── StoreFailedError         an I/O error made the engine refuse further writes
+        ├── StoreLockedError         another process holds the data directory
+        └── CorruptLogError          damage before the tail of a log; names file and offset
+
+Engines translate ``OSError``, ``sqlite3.Error`` and JSON errors into these at
+their boundary (``raise ... from exc``) so the runtime and HTTP layer only ever
+see domain errors.
+"""
+
+from __future__ import annotations
+
+
+class SqlqError(Exception):
+    """Root of every error sqlq raises on purpose."""
+
+
+class ValidationError(SqlqError):
+    """User input is wrong; ``field`` names what, ``message`` says why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class JobNotFoundError(SqlqError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job with id {job_id!r}")
+        self.job_id = job_id
+
+
+class DuplicateJobError(SqlqError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"a job with id {job_id!r} already exists")
+        self.job_id = job_id
+
+
+class TransitionError(SqlqError):
+    """A state change was refused; the job is unchanged."""
+
+    def __init__(self, job_id: str, message: str) -> None:
+        super().__init__(f"job {job_id}: {message}")
+        self.job_id = job_id
+
+
+class IllegalTransitionError(TransitionError):
+    pass
+
+
+class StaleEpochError(TransitionError):
+    pass
+
+
+class StoreError(SqlqError):
+    pass
+
+
+class StoreClosedError(StoreError):
+    pass
+
+
+class StoreFailedError(StoreError):
+    """A write or sync failed; nothing in the failed batch was acknowledged.
+
+    The engine stays failed until it is reopened: retrying an fsync after it
+    failed can report success for data the kernel already dropped.
+    """
+
+
+class StoreLockedError(StoreError):
+    pass
+
+
+class CorruptLogError(StoreError):
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"{path}: corrupt record at byte offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason

@@ -1,0 +1,148 @@
+"""Group commit: one writer task per engine; concurrent commits share a write.
+
+Callers append ``(changes, future)`` to a pending list and wait. The writer takes
+everything pending as one batch and hands it to the engine's ``flush``, which
+validates each caller's changes, writes the survivors with one write and one
+sync, and returns one outcome per caller. While ``flush`` waits on its I/O
+thread, new callers pile up and become the next batch, so the batch size grows
+with load by itself; no timer, no tuning knob.
+
+If ``flush`` raises, the engine has failed: every caller of that batch, every
+pending caller and every later caller gets ``StoreFailedError``. Nothing is
+retried, because a write or fsync that failed once may have lost data that a
+second, "successful" fsync would then seem to vouch for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import StoreClosedError, StoreFailedError
+from common.store import Change
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Pending:
+    changes: Sequence[Change]
+    future: asyncio.Future[None]
+
+
+Flush = Callable[[list[Pending]], Awaitable[list[BaseException | None]]]
+Hook = Callable[[], Awaitable[None]]
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        flush: Flush,
+        *,
+        name: str,
+        group: bool = True,
+        max_batch: int = 8192,
+        between: Hook | None = None,
+    ) -> None:
+        self._flush = flush
+        self._between = between
+        self._name = name
+        self._max_batch = max_batch if group else 1
+        self._pending: list[Pending] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.failure: BaseException | None = None
+        self.batches = 0
+        self.items = 0
+        self.max_seen = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"{self._name}-writer")
+
+    def poke(self) -> None:
+        """Wake the writer so its ``between`` hook runs even with nothing pending."""
+        self._wake.set()
+
+    async def submit(self, changes: Sequence[Change]) -> None:
+        if self.failure is not None:
+            raise StoreFailedError(f"{self._name} has failed: {self.failure}") from self.failure
+        if self._closing or self._task is None:
+            raise StoreClosedError(f"{self._name} is not open")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append(Pending(changes, future))
+        self._wake.set()
+        await future
+
+    async def close(self) -> None:
+        """Let pending commits finish, then stop the writer."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "batches": self.batches,
+            "committed_calls": self.items,
+            "mean_batch": round(self.items / self.batches, 2) if self.batches else 0.0,
+            "max_batch": self.max_seen,
+            "failed": None if self.failure is None else str(self.failure),
+        }
+
+    async def _run(self) -> None:
+        while True:
+            if self._between is not None and self.failure is None:
+                try:
+                    await self._between()
+                except Exception as exc:
+                    self._fail(exc)
+            if self._pending:
+                batch = self._pending[: self._max_batch]
+                del self._pending[: self._max_batch]
+                await self._write(batch)
+                continue
+            if self._closing:
+                return
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _write(self, batch: list[Pending]) -> None:
+        if self.failure is not None:
+            self._reject(batch)
+            return
+        try:
+            outcomes = await self._flush(batch)
+        except Exception as exc:
+            self._fail(exc)
+            self._reject(batch)
+            return
+        self.batches += 1
+        self.items += len(batch)
+        self.max_seen = max(self.max_seen, len(batch))
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if pending.future.done():  # the caller went away; its changes still landed
+                continue
+            if outcome is None:
+                pending.future.set_result(None)
+            else:
+                pending.future.set_exception(outcome)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            log.error("%s failed, refusing further writes until reopened: %r", self._name, exc)
+            self.failure = exc
+        self._reject(self._pending)
+        self._pending = []
+
+    def _reject(self, batch: list[Pending]) -> None:
+        assert self.failure is not None
+        for pending in batch:
+            if not pending.future.done():
+                err = StoreFailedError(f"{self._name} has failed: {self.failure}")
+                err.__cause__ = self.failure
+                pending.future.set_exception(err)

@@ -1,0 +1,81 @@
+"""The memory engine: the protocol with no persistence at all.
+
+It is the baseline that shows what durability costs, and the fake that runtime
+and HTTP tests use. It shares ``JobIndex`` with walq, so its validation cannot
+drift from a durable engine's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from common.clock import SYSTEM_CLOCK, Clock
+from common.errors import StoreClosedError, StoreError
+from common.index import JobIndex
+from common.models import Job
+from common.store import Change, CompactionReport, Recovery, SyncLevel
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    name = "memory"
+    durable = False
+
+    def __init__(
+        self, *, sync: SyncLevel = "full", retention: float = 3600.0, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self.sync: SyncLevel = sync  # accepted for symmetry; nothing is ever synced
+        self._retention = retention
+        self._clock = clock
+        self._index = JobIndex()
+        self._open = False
+        self._opened_once = False
+        self._commits = 0
+        self._changes = 0
+
+    async def open(self) -> Recovery:
+        if self._opened_once:
+            raise StoreError("memory store was already opened")
+        self._open = self._opened_once = True
+        return Recovery(jobs=[], running=[], records=0)
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        if not changes:
+            return
+        self._index.publish(self._index.stage(changes, {}))
+        self._commits += 1
+        self._changes += len(changes)
+
+    async def get(self, job_id: str) -> Job | None:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        return self._index.get(job_id)
+
+    async def compact(self) -> CompactionReport:
+        t0 = time.perf_counter()
+        kept_before = len(self._index)
+        pruned = self._index.prune(self._clock.time() - self._retention)
+        return CompactionReport(
+            bytes_before=0,
+            bytes_after=0,
+            jobs_kept=kept_before - pruned,
+            jobs_pruned=pruned,
+            seconds=time.perf_counter() - t0,
+        )
+
+    async def close(self) -> None:
+        self._open = False
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "sync": "none",
+            "commits": self._commits,
+            "changes": self._changes,
+            "jobs_indexed": len(self._index),
+        }

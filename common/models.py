@@ -1,0 +1,236 @@
+"""The job, its states, and the one table of legal transitions.
+
+Every engine and the runtime consult ``TRANSITIONS``; SQLite gets a copy of it as
+a table so its guarded ``UPDATE`` refuses exactly what the Python fold refuses.
+
+A state change is a ``Transition``: the full set of fields that change, plus the
+epoch the caller believes the job has. Engines never compute new values; they
+check the guard (job exists, epoch matches, move is legal) and store the fields.
+That keeps the fold trivial and identical in every engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from common.errors import IllegalTransitionError, StaleEpochError
+
+JSON = Any  # a value orjson can encode: dict, list, str, int, float, bool, None
+
+
+class State(StrEnum):
+    SCHEDULED = "scheduled"  # waiting for ready_at, or ready and waiting for a worker
+    RUNNING = "running"  # a worker holds it at the current epoch
+    COMPLETED = "completed"  # finished; result stored (terminal)
+    DEAD = "dead"  # attempts used up, dead-lettered (terminal)
+    CANCELLED = "cancelled"  # withdrawn before it ran (terminal)
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.SCHEDULED: frozenset({State.RUNNING, State.CANCELLED}),
+    # running -> scheduled: failed with attempts left, or its worker was declared hung.
+    State.RUNNING: frozenset({State.COMPLETED, State.SCHEDULED, State.DEAD}),
+    State.COMPLETED: frozenset(),
+    State.DEAD: frozenset(),
+    State.CANCELLED: frozenset(),
+}
+
+TERMINAL: frozenset[State] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+LIVE: frozenset[State] = frozenset(State) - TERMINAL
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition:
+    """One state change, fenced by ``expect_epoch``."""
+
+    job_id: str
+    expect_epoch: int
+    state: State
+    epoch: int
+    attempts: int
+    ready_at: float
+    updated_at: float
+    last_error: str | None
+    result: JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.job_id,
+            "expect_epoch": self.expect_epoch,
+            "state": self.state.value,
+            "epoch": self.epoch,
+            "attempts": self.attempts,
+            "ready_at": self.ready_at,
+            "updated_at": self.updated_at,
+            "last_error": self.last_error,
+            "result": self.result,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Transition:
+        return cls(
+            job_id=d["id"],
+            expect_epoch=d["expect_epoch"],
+            state=State(d["state"]),
+            epoch=d["epoch"],
+            attempts=d["attempts"],
+            ready_at=d["ready_at"],
+            updated_at=d["updated_at"],
+            last_error=d["last_error"],
+            result=d["result"],
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A job as stored. Immutable: a change makes a new ``Job`` via ``apply``."""
+
+    id: str
+    kind: str
+    args: JSON
+    state: State = State.SCHEDULED
+    attempts: int = 0  # attempts started so far
+    max_attempts: int = 5
+    ready_at: float  # wall-clock seconds; not before this
+    priority: int = 0  # lower runs first among jobs due at the same time
+    epoch: int = 0  # bumped at every requeue; fences stale workers
+    created_at: float
+    updated_at: float
+    last_error: str | None = None
+    result: JSON = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    # -- the fold ---------------------------------------------------------------
+
+    def check(self, t: Transition) -> None:
+        """Raise unless ``t`` may be applied to this job."""
+        if t.expect_epoch != self.epoch:
+            raise StaleEpochError(
+                self.id, f"epoch is {self.epoch}, the change expected {t.expect_epoch}"
+            )
+        if t.state not in TRANSITIONS[self.state]:
+            raise IllegalTransitionError(
+                self.id, f"{self.state.value} -> {t.state.value} is not allowed"
+            )
+
+    def apply(self, t: Transition) -> Job:
+        """The job after ``t``; raises a ``TransitionError`` if ``t`` is refused."""
+        self.check(t)
+        return dataclasses.replace(
+            self,
+            state=t.state,
+            epoch=t.epoch,
+            attempts=t.attempts,
+            ready_at=t.ready_at,
+            updated_at=t.updated_at,
+            last_error=t.last_error,
+            result=t.result,
+        )
+
+    # -- pure constructors of transitions (the runtime's vocabulary) -------------
+
+    def _to(self, state: State, now: float, **changes: Any) -> Transition:
+        fields: dict[str, Any] = {
+            "job_id": self.id,
+            "expect_epoch": self.epoch,
+            "state": state,
+            "epoch": self.epoch,
+            "attempts": self.attempts,
+            "ready_at": self.ready_at,
+            "updated_at": now,
+            "last_error": self.last_error,
+            "result": self.result,
+        }
+        fields.update(changes)
+        return Transition(**fields)
+
+    def start(self, now: float) -> Transition:
+        """scheduled -> running; counts the attempt."""
+        return self._to(State.RUNNING, now, attempts=self.attempts + 1)
+
+    def complete(self, result: JSON, now: float) -> Transition:
+        return self._to(State.COMPLETED, now, result=result, last_error=None)
+
+    def retry(self, error: str, ready_at: float, now: float) -> Transition:
+        """running -> scheduled again at ``ready_at``, with a new epoch."""
+        return self._to(
+            State.SCHEDULED, now, epoch=self.epoch + 1, ready_at=ready_at, last_error=error
+        )
+
+    def bury(self, error: str, now: float) -> Transition:
+        """running -> dead: no attempts left. The epoch is bumped to fence the worker."""
+        return self._to(State.DEAD, now, epoch=self.epoch + 1, last_error=error)
+
+    def cancel(self, now: float) -> Transition:
+        return self._to(State.CANCELLED, now)
+
+    # -- serialisation ----------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "args": self.args,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "ready_at": self.ready_at,
+            "priority": self.priority,
+            "epoch": self.epoch,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "last_error": self.last_error,
+            "result": self.result,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Job:
+        return cls(
+            id=d["id"],
+            kind=d["kind"],
+            args=d["args"],
+            state=State(d["state"]),
+            attempts=d["attempts"],
+            max_attempts=d["max_attempts"],
+            ready_at=d["ready_at"],
+            priority=d["priority"],
+            epoch=d["epoch"],
+            created_at=d["created_at"],
+            updated_at=d["updated_at"],
+            last_error=d["last_error"],
+            result=d["result"],
+        )
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        kind: str,
+        args: JSON,
+        now: float,
+        ready_at: float | None = None,
+        max_attempts: int = 5,
+        priority: int = 0,
+        job_id: str | None = None,
+    ) -> Job:
+        return cls(
+            id=job_id or new_job_id(),
+            kind=kind,
+            args=args,
+            max_attempts=max_attempts,
+            ready_at=now if ready_at is None else ready_at,
+            priority=priority,
+            created_at=now,
+            updated_at=now,
+        )

@@ -1,0 +1,107 @@
+"""The ``JobStore`` protocol: what the runtime may ask of any storage engine.
+
+A *change* is either a ``Job`` (a submission, state ``scheduled``) or a
+``Transition``. Every write goes through ``commit``: the changes of one call are
+atomic (all or none), and when ``commit`` returns they are durable at the
+engine's sync level. Engines batch concurrent ``commit`` calls into one write
+(group commit) but keep each call atomic on its own.
+
+Reads (``get``) only ever see committed changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from common.models import Job, Transition
+
+SyncLevel = Literal["full", "os"]
+SYNC_LEVELS: tuple[SyncLevel, ...] = ("full", "os")
+
+Change = Job | Transition
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recovery:
+    """What ``open`` found."""
+
+    jobs: list[Job]  # live (non-terminal) jobs, in no particular order
+    running: list[str]  # ids of jobs found ``running``: their worker died with the process
+    records: int  # records (walq lines, SQLite rows) read
+    torn_bytes: int = 0  # bytes of a torn tail that were cut off (kept beside the log)
+    seconds: float = 0.0  # wall time the recovery took
+    notes: list[str] = field(default_factory=list)  # what else recovery had to say
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "live_jobs": len(self.jobs),
+            "found_running": len(self.running),
+            "records": self.records,
+            "torn_bytes": self.torn_bytes,
+            "seconds": round(self.seconds, 6),
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompactionReport:
+    bytes_before: int
+    bytes_after: int
+    jobs_kept: int
+    jobs_pruned: int
+    seconds: float
+
+
+class JobStore(Protocol):
+    """A durable (or, for ``memory``, deliberately not durable) home for jobs."""
+
+    name: str  # "memory", "walq", "sqlite"
+    durable: bool  # False only for the memory baseline
+    sync: SyncLevel  # what "durable" means when commit returns
+
+    async def open(self) -> Recovery:
+        """Recover state from disk and start the writer.
+
+        Returns what recovery found. Jobs found ``running`` are reported, not
+        changed: requeueing them is the runtime's decision and goes through
+        ``commit`` like any other change. Raises ``CorruptLogError`` on damage
+        that is not a torn tail, ``StoreLockedError`` if another process holds
+        the data. Calling ``open`` twice raises ``StoreError``.
+        """
+        ...
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        """Apply ``changes`` atomically; return once durable at ``sync``.
+
+        A ``Job`` is inserted (``DuplicateJobError`` if its id exists). A
+        ``Transition`` is applied only if the job exists (``JobNotFoundError``),
+        its epoch equals ``expect_epoch`` (``StaleEpochError``) and the move is in
+        ``TRANSITIONS`` (``IllegalTransitionError``). On any such error nothing of
+        this call is applied; other callers batched with it are unaffected. An
+        I/O failure raises ``StoreFailedError`` for every caller in the batch and
+        every later call until the engine is reopened. An empty sequence is a
+        no-op.
+        """
+        ...
+
+    async def get(self, job_id: str) -> Job | None:
+        """The committed job, or ``None`` if there is none (or it was pruned)."""
+        ...
+
+    async def compact(self) -> CompactionReport:
+        """Drop what recovery no longer needs and prune terminal jobs past retention.
+
+        Atomic: a crash at any point leaves a complete, valid store. Concurrent
+        ``commit`` calls continue while it runs.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Finish queued commits, release files and locks. Idempotent."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``/stats``: batches, syncs or commits, bytes; cheap, no I/O."""
+        ...

@@ -1,0 +1,27 @@
+"""Load named SQL from the package's ``.sql`` files (``-- name: <name>`` blocks)."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+
+def load_queries(filename: str) -> dict[str, str]:
+    text = resources.files("sqlq").joinpath(filename).read_text(encoding="utf-8")
+    queries: dict[str, str] = {}
+    name: str | None = None
+    body: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("-- name:"):
+            if name is not None:
+                queries[name] = "\n".join(body).strip()
+            name = line.removeprefix("-- name:").strip()
+            body = []
+        elif name is not None and not line.startswith("--"):
+            body.append(line)
+    if name is not None:
+        queries[name] = "\n".join(body).strip()
+    return queries
+
+
+def load_script(filename: str) -> str:
+    return resources.files("sqlq").joinpath(filename).read_text(encoding="utf-8")

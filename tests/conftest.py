@@ -1,0 +1,65 @@
+"""One ``make_store`` factory, parametrized over every engine.
+
+It can build a second store on the same path, so durability (close, reopen,
+compare) is part of the contract. The memory engine runs the contract too, so
+the fake the runtime tests use cannot drift from the real engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.clock import FakeClock
+from common.store import JobStore
+from sqlq.engines import ENGINES, make_store
+
+StoreFactory = Callable[..., JobStore]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1_700_000_000.0)
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def factory(engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
+    def make(**options: Any) -> JobStore:
+        options.setdefault("clock", clock)
+        return make_store(engine, tmp_path, **options)
+
+    return make
+
+
+@pytest.fixture
+async def store(factory: StoreFactory) -> AsyncIterator[JobStore]:
+    s = factory()
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def wait_for(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, what: str = ""
+) -> None:
+    """Wait until ``predicate`` holds, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(0.005)

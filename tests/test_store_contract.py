@@ -1,0 +1,335 @@
+"""The JobStore contract, run over every engine. Speaks only the protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.clock import FakeClock
+from common.errors import (
+    DuplicateJobError,
+    IllegalTransitionError,
+    JobNotFoundError,
+    StaleEpochError,
+    StoreClosedError,
+)
+from common.models import Job, State, Transition
+from common.store import JobStore
+from tests.conftest import StoreFactory
+
+NOW = 1_700_000_000.0
+
+
+def new_job(n: int = 0, **kw: object) -> Job:
+    return Job.new(kind="sleep", args={"n": n, "work_ms": 5}, now=NOW, **kw)  # type: ignore[arg-type]
+
+
+def skip_unless_durable(store: JobStore) -> None:
+    if not store.durable:
+        pytest.skip(f"{store.name} keeps nothing across a reopen, by design")
+
+
+async def test_round_trip(store: JobStore) -> None:
+    job = new_job(1, priority=3, max_attempts=2)
+    await store.commit([job])
+    assert await store.get(job.id) == job
+
+
+async def test_unknown_id_is_none(store: JobStore) -> None:
+    assert await store.get("nope") is None
+
+
+async def test_empty_commit_is_a_noop(store: JobStore) -> None:
+    await store.commit([])
+    assert await store.get("nope") is None
+
+
+async def test_duplicate_submission_refused(store: JobStore) -> None:
+    job = new_job()
+    await store.commit([job])
+    with pytest.raises(DuplicateJobError):
+        await store.commit([job])
+
+
+async def test_batch_is_all_or_nothing(store: JobStore) -> None:
+    good = new_job(1)
+    ghost = new_job(2).start(NOW)  # a transition for a job that does not exist
+    with pytest.raises(JobNotFoundError):
+        await store.commit([good, ghost])
+    assert await store.get(good.id) is None
+
+
+async def test_transitions_fold(store: JobStore) -> None:
+    job = new_job()
+    await store.commit([job])
+    start = job.start(NOW + 1)
+    await store.commit([start])
+    running = await store.get(job.id)
+    assert running is not None
+    assert (running.state, running.attempts, running.epoch) == (State.RUNNING, 1, 0)
+    await store.commit([running.complete({"ok": True}, NOW + 2)])
+    done = await store.get(job.id)
+    assert done is not None
+    assert (done.state, done.result, done.updated_at) == (State.COMPLETED, {"ok": True}, NOW + 2)
+
+
+async def test_epoch_fences_a_stale_worker(store: JobStore) -> None:
+    job = new_job()
+    await store.commit([job])
+    await store.commit([job.start(NOW)])
+    running = await store.get(job.id)
+    assert running is not None
+    # The health loop requeues it (new epoch), and a worker picks it up again.
+    await store.commit([running.retry("worker hung", NOW + 1, NOW + 1)])
+    requeued = await store.get(job.id)
+    assert requeued is not None and requeued.epoch == 1
+    await store.commit([requeued.start(NOW + 2)])
+    # The first worker wakes up and tries to complete with the epoch it had.
+    with pytest.raises(StaleEpochError):
+        await store.commit([running.complete("late", NOW + 3)])
+    current = await store.get(job.id)
+    assert current is not None
+    assert (current.state, current.epoch, current.result) == (State.RUNNING, 1, None)
+
+
+async def test_illegal_transition_refused(store: JobStore) -> None:
+    job = new_job()
+    await store.commit([job])
+    with pytest.raises(IllegalTransitionError):
+        await store.commit([job.complete("skipped running", NOW)])
+    assert await store.get(job.id) == job
+
+
+async def test_terminal_states_are_final(store: JobStore) -> None:
+    job = new_job()
+    await store.commit([job])
+    await store.commit([job.cancel(NOW)])
+    cancelled = await store.get(job.id)
+    assert cancelled is not None and cancelled.state is State.CANCELLED
+    with pytest.raises(IllegalTransitionError):
+        await store.commit([cancelled.start(NOW)])
+
+
+async def test_one_bad_caller_does_not_sink_its_batch(store: JobStore) -> None:
+    jobs = [new_job(i) for i in range(50)]
+    await store.commit(jobs)
+    stale = Transition(
+        job_id=jobs[7].id,
+        expect_epoch=41,
+        state=State.RUNNING,
+        epoch=41,
+        attempts=1,
+        ready_at=NOW,
+        updated_at=NOW,
+        last_error=None,
+        result=None,
+    )
+    calls = [store.commit([j.start(NOW)]) for j in jobs if j is not jobs[7]]
+    calls.insert(7, store.commit([stale]))
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(outcomes[7], StaleEpochError)
+    assert all(o is None for i, o in enumerate(outcomes) if i != 7)
+    for i, job in enumerate(jobs):
+        got = await store.get(job.id)
+        assert got is not None
+        assert got.state is (State.SCHEDULED if i == 7 else State.RUNNING)
+
+
+async def test_concurrent_commits_share_batches(store: JobStore) -> None:
+    jobs = [new_job(i) for i in range(300)]
+    await asyncio.gather(*(store.commit([j]) for j in jobs))
+    for job in jobs:
+        assert await store.get(job.id) == job
+    stats = store.stats()
+    if store.durable:
+        assert stats["batches"] < len(jobs), stats  # group commit merged callers
+
+
+async def test_closed_store_refuses(factory: StoreFactory) -> None:
+    s = factory()
+    await s.open()
+    await s.close()
+    with pytest.raises(StoreClosedError):
+        await s.commit([new_job()])
+    await s.close()  # idempotent
+
+
+async def _mixed_history(store: JobStore) -> dict[str, Job]:
+    """Jobs in every state, returned as the store should now hold them."""
+    jobs = [new_job(i) for i in range(12)]
+    await store.commit(jobs)
+    expect = {j.id: j for j in jobs}
+    for j in jobs[:9]:
+        t = j.start(NOW + 1)
+        await store.commit([t])
+        expect[j.id] = j.apply(t)
+    for j in jobs[:3]:
+        t = expect[j.id].complete({"n": j.args["n"]}, NOW + 2)
+        await store.commit([t])
+        expect[j.id] = expect[j.id].apply(t)
+    for j in jobs[3:5]:
+        t = expect[j.id].bury("boom", NOW + 2)
+        await store.commit([t])
+        expect[j.id] = expect[j.id].apply(t)
+    for j in jobs[5:7]:
+        t = expect[j.id].retry("flaky", NOW + 5, NOW + 2)
+        await store.commit([t])
+        expect[j.id] = expect[j.id].apply(t)
+    t = jobs[11].cancel(NOW + 2)
+    await store.commit([t])
+    expect[jobs[11].id] = jobs[11].apply(t)
+    return expect
+
+
+async def test_close_and_reopen_keeps_everything(factory: StoreFactory) -> None:
+    s = factory()
+    await s.open()
+    skip_unless_durable(s)
+    expect = await _mixed_history(s)
+    await s.close()
+    again = factory()
+    recovery = await again.open()
+    try:
+        for job_id, job in expect.items():
+            assert await again.get(job_id) == job
+        live = {j.id: j for j in recovery.jobs}
+        assert live == {i: j for i, j in expect.items() if not j.terminal}
+        # jobs 7, 8 were left running: their worker died with the process
+        assert sorted(recovery.running) == sorted(
+            i for i, j in expect.items() if j.state is State.RUNNING
+        )
+        assert len(recovery.running) == 2
+    finally:
+        await again.close()
+
+
+async def test_compaction_keeps_state_and_survives_reopen(factory: StoreFactory) -> None:
+    s = factory()
+    await s.open()
+    expect = await _mixed_history(s)
+    report = await s.compact()
+    assert report.jobs_pruned == 0
+    for job_id, job in expect.items():
+        assert await s.get(job_id) == job
+    extra = new_job(99)
+    await s.commit([extra])  # appends go on after a compaction
+    expect[extra.id] = extra
+    await s.close()
+    if not s.durable:
+        return
+    again = factory()
+    await again.open()
+    try:
+        for job_id, job in expect.items():
+            assert await again.get(job_id) == job
+    finally:
+        await again.close()
+
+
+async def test_retention_prunes_only_old_terminal_jobs(
+    factory: StoreFactory, clock: FakeClock
+) -> None:
+    s = factory(retention=60.0)
+    await s.open()
+    clock.now = NOW
+    expect = await _mixed_history(s)
+    clock.advance(61.0 + 2)  # terminal jobs were updated at NOW + 2
+    report = await s.compact()
+    terminal = {i for i, j in expect.items() if j.terminal}
+    assert report.jobs_pruned == len(terminal) == 6
+    for job_id, job in expect.items():
+        assert await s.get(job_id) == (None if job_id in terminal else job)
+    await s.close()
+    if not s.durable:
+        return
+    again = factory(retention=60.0)
+    await again.open()
+    try:
+        for job_id, job in expect.items():
+            assert await again.get(job_id) == (None if job_id in terminal else job)
+    finally:
+        await again.close()
+
+
+@pytest.mark.parametrize("sync", ["full", "os"])
+def test_kill9_loses_no_acknowledged_transition(engine: str, tmp_path: Path, sync: str) -> None:
+    """A real child appends under concurrency; SIGKILL it; every acked change is there."""
+    if engine == "memory":
+        pytest.skip("memory keeps nothing across a process, by design")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("_appender.py")),
+            "--store",
+            engine,
+            "--data",
+            str(tmp_path),
+            "--sync",
+            sync,
+            "--compact-floor",
+            str(32 << 10),  # so walq also compacts, again and again, while it is killed
+            "--compact-ratio",
+            "1.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
+    assert child.stdout is not None
+    submitted: set[str] = set()
+    started: set[str] = set()
+    completed: set[str] = set()
+    sets = {"S": submitted, "R": started, "C": completed}
+    try:
+        assert child.stdout.readline().strip() == "READY"
+        while len(started) < 1500:
+            line = child.stdout.readline()
+            assert line, "appender died on its own"
+            tag, job_id = line.split()
+            sets[tag].add(job_id)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        for line in child.stdout:  # lines printed before the kill were acknowledged too
+            if line.endswith("\n"):
+                tag, job_id = line.split()
+                sets[tag].add(job_id)
+        assert child.stderr is not None
+        compactions = [ln for ln in child.stderr.read().splitlines() if "compactions=" in ln]
+        if engine == "walq":
+            assert compactions and int(compactions[-1].split("=")[1]) > 0, "walq never compacted"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+        if child.stderr is not None:
+            child.stderr.close()
+
+    async def check() -> None:
+        from sqlq.engines import make_store
+
+        store = make_store(engine, tmp_path, sync=sync)  # type: ignore[arg-type]
+        recovery = await store.open()
+        try:
+            still_running = set()
+            for job_id in submitted:
+                job = await store.get(job_id)
+                assert job is not None, f"acknowledged submission {job_id} lost"
+                if job_id in completed:
+                    assert job.state is State.COMPLETED, job
+                elif job_id in started:
+                    assert job.state in (State.RUNNING, State.COMPLETED), job
+                if job.state is State.RUNNING:
+                    still_running.add(job_id)
+            assert set(recovery.running) >= still_running
+        finally:
+            await store.close()
+
+    asyncio.run(check())

@@ -1,0 +1,98 @@
+"""The only door between walq and the filesystem.
+
+Every byte walq writes and every sync it relies on goes through a ``FileOps``,
+so fault-injection tests can substitute one that fails on demand or that
+remembers what was synced and rebuilds the disk a power cut would leave.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+
+class FileOps(Protocol):
+    def open_append(self, path: str) -> int:
+        """Open (creating if needed) for appending; returns a file descriptor."""
+        ...
+
+    def open_new(self, path: str) -> int:
+        """Create or truncate ``path`` for writing; returns a file descriptor."""
+        ...
+
+    def write(self, fd: int, data: bytes) -> None:
+        """Write all of ``data`` at the end of the file."""
+        ...
+
+    def fdatasync(self, fd: int) -> None: ...
+
+    def truncate(self, fd: int, size: int) -> None: ...
+
+    def close(self, fd: int) -> None: ...
+
+    def replace(self, src: str, dst: str) -> None:
+        """Atomically rename ``src`` over ``dst`` (durable only after ``fsync_dir``)."""
+        ...
+
+    def fsync_dir(self, path: str) -> None: ...
+
+    def remove(self, path: str) -> None: ...
+
+    def read(self, path: str) -> bytes:
+        """The whole file as it is now; ``FileNotFoundError`` if absent."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+
+class OsFileOps:
+    """``FileOps`` on the real filesystem."""
+
+    def open_append(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def open_new(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+
+    def write(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+
+OS_FILES = OsFileOps()

@@ -1,0 +1,215 @@
+"""The walq log format, its reader, and the recovery rule.
+
+Format (version 1). A log is UTF-8 JSON Lines; every line is one framed record::
+
+    {"crc":"<8 hex digits>","rec":<RECORD>}\\n
+
+``crc`` is the CRC-32 (zlib) of the exact bytes of ``<RECORD>`` as they appear
+in the line, so the reader checks a record by slicing, without re-encoding it,
+and any JSON parser can still read the line. Records, in file order:
+
+1. one header: ``{"magic":"walq","version":1,"start_seq":S,"created_at":T}``;
+2. zero or more snapshot records ``{"snap":<job>}``, written by compaction: the
+   state of every kept job as of sequence ``S - 1``;
+3. change records ``{"seq":N,"ops":[<op>, ...]}`` with ``N`` = S, S+1, S+2, ...
+   and no gaps. One record is one ``commit`` call, so a torn write can never
+   apply half of a call. An op is ``{"put":<job>}`` (a submission) or
+   ``{"set":<transition>}`` (a state change, fields of ``Transition.to_dict``).
+
+The state is the fold: start from the snapshot jobs, apply each op in order.
+
+Recovery rule. Lines are checked in order (framing, CRC, JSON, sequence). At the
+first bad line, the reader looks at everything after it:
+
+- no complete good line follows: the tail is torn (a crash mid-write). It is cut
+  off at the bad line's offset; the cut bytes are kept as ``<log>.broken-<n>``.
+- a good line follows: the damage is in the middle of acknowledged history, and
+  opening fails with ``CorruptLogError`` naming the file and the byte offset.
+  ``repair`` keeps the valid prefix and moves the rest aside; nothing is deleted.
+
+A file that is empty, or whose only content is a torn header, holds no records:
+it is treated as a torn tail at offset 0.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MAGIC = "walq"
+VERSION = 1
+
+_PREFIX = b'{"crc":"'
+_MIDDLE = b'","rec":'
+_REC_START = len(_PREFIX) + 8 + len(_MIDDLE)  # 24
+_MIN_LINE = _REC_START + 3  # '{}' + '}'
+
+
+def frame(record_json: bytes) -> bytes:
+    """One framed line around already-encoded record bytes."""
+    crc = zlib.crc32(record_json)
+    return b"%s%08x%s%s}\n" % (_PREFIX, crc, _MIDDLE, record_json)
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    return frame(orjson.dumps(record))
+
+
+def header(start_seq: int, created_at: float) -> bytes:
+    return encode(
+        {"magic": MAGIC, "version": VERSION, "start_seq": start_seq, "created_at": created_at}
+    )
+
+
+class BadLine(Exception):
+    """A line that fails framing, CRC or JSON; the reason is the message."""
+
+
+def unframe(line: bytes) -> dict[str, Any]:
+    """The record in one line (without its newline); raises ``BadLine``."""
+    if len(line) < _MIN_LINE or not line.startswith(_PREFIX) or not line.endswith(b"}"):
+        raise BadLine("bad framing")
+    if line[len(_PREFIX) + 8 : _REC_START] != _MIDDLE:
+        raise BadLine("bad framing")
+    try:
+        crc = int(line[len(_PREFIX) : len(_PREFIX) + 8], 16)
+    except ValueError:
+        raise BadLine("bad checksum field") from None
+    body = line[_REC_START:-1]
+    if zlib.crc32(body) != crc:
+        raise BadLine("checksum mismatch")
+    try:
+        record = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadLine(f"bad JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise BadLine("record is not an object")
+    return record
+
+
+def lines(data: bytes, start: int = 0) -> Iterator[tuple[int, bytes, bool]]:
+    """``(offset, line, complete)`` for each line; ``complete`` is False for a
+    final piece with no newline."""
+    pos = start
+    end = len(data)
+    while pos < end:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            yield pos, data[pos:], False
+            return
+        yield pos, data[pos:nl], True
+        pos = nl + 1
+
+
+def good_line_after(data: bytes, offset: int) -> bool:
+    """Whether any complete, checksummed line starts after the line at ``offset``."""
+    nl = data.find(b"\n", offset)
+    if nl < 0:
+        return False
+    for _, line, complete in lines(data, nl + 1):
+        if not complete:
+            return False
+        try:
+            unframe(line)
+        except BadLine:
+            continue
+        return True
+    return False
+
+
+@dataclass(slots=True)
+class Scan:
+    """The valid prefix of a log."""
+
+    header: dict[str, Any] | None
+    snapshot: list[dict[str, Any]]
+    changes: list[tuple[int, dict[str, Any]]]  # (offset, record)
+    valid_end: int  # bytes of valid prefix
+    bad_offset: int | None  # first bad line, if any
+    bad_reason: str | None
+    corrupt: bool  # a good line follows the bad one
+    last_seq: int  # the last sequence number in the valid prefix (start_seq - 1 if none)
+
+
+def scan(data: bytes) -> Scan:
+    """Check every line in order and find where the valid prefix ends."""
+    head: dict[str, Any] | None = None
+    snapshot: list[dict[str, Any]] = []
+    changes: list[tuple[int, dict[str, Any]]] = []
+    expect_seq = 0
+    valid_end = 0
+    for offset, line, complete in lines(data):
+        reason: str | None = None
+        record: dict[str, Any] = {}
+        if not complete:
+            reason = "no newline at end of file"
+        else:
+            try:
+                record = unframe(line)
+            except BadLine as exc:
+                reason = str(exc)
+        if reason is None:
+            reason = _place(record, head, changes, expect_seq)
+        if reason is not None:
+            return Scan(
+                header=head,
+                snapshot=snapshot,
+                changes=changes,
+                valid_end=valid_end,
+                bad_offset=offset,
+                bad_reason=reason,
+                # A checksummed header of another version is never a torn write.
+                corrupt=reason.startswith("unsupported format version")
+                or good_line_after(data, offset),
+                last_seq=expect_seq - 1,
+            )
+        if head is None:
+            head = record
+            expect_seq = int(record["start_seq"])
+        elif "snap" in record:
+            snapshot.append(record["snap"])
+        else:
+            changes.append((offset, record))
+            expect_seq += 1
+        valid_end = offset + len(line) + 1
+    return Scan(
+        header=head,
+        snapshot=snapshot,
+        changes=changes,
+        valid_end=valid_end,
+        bad_offset=None,
+        bad_reason=None,
+        corrupt=False,
+        last_seq=expect_seq - 1,
+    )
+
+
+def _place(
+    record: dict[str, Any],
+    head: dict[str, Any] | None,
+    changes: list[tuple[int, dict[str, Any]]],
+    expect_seq: int,
+) -> str | None:
+    """Why ``record`` cannot stand where it is, or None if it can."""
+    if head is None:
+        if record.get("magic") != MAGIC:
+            return "first line is not a walq header"
+        if record.get("version") != VERSION:
+            return f"unsupported format version {record.get('version')!r} (this is {VERSION})"
+        if not isinstance(record.get("start_seq"), int):
+            return "header has no start_seq"
+        return None
+    if "snap" in record:
+        if changes:
+            return "snapshot record after change records"
+        return None if isinstance(record["snap"], dict) else "snapshot is not a job"
+    seq = record.get("seq")
+    if seq != expect_seq:
+        return f"sequence {seq!r} where {expect_seq} was expected"
+    if not isinstance(record.get("ops"), list):
+        return "change record has no ops"
+    return None
