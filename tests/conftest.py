@@ -50,10 +50,10 @@ async def store(factory: StoreFactory) -> AsyncIterator[JobStore]:
 
 
 async def wait_for(
-    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, what: str = ""
+    predicate: Callable[[], bool | Awaitable[bool]], within: float = 10.0, what: str = ""
 ) -> None:
-    """Wait until ``predicate`` holds, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    """Wait until ``predicate`` holds, or fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
     while True:
         result = predicate()
         if not isinstance(result, bool):
@@ -61,5 +61,5 @@ async def wait_for(
         if result:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+            raise AssertionError(f"timed out after {within}s waiting for {what or predicate}")
         await asyncio.sleep(0.005)

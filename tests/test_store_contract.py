@@ -88,7 +88,8 @@ async def test_epoch_fences_a_stale_worker(store: JobStore) -> None:
     # The health loop requeues it (new epoch), and a worker picks it up again.
     await store.commit([running.retry("worker hung", NOW + 1, NOW + 1)])
     requeued = await store.get(job.id)
-    assert requeued is not None and requeued.epoch == 1
+    assert requeued is not None
+    assert requeued.epoch == 1
     await store.commit([requeued.start(NOW + 2)])
     # The first worker wakes up and tries to complete with the epoch it had.
     with pytest.raises(StaleEpochError):
@@ -111,7 +112,8 @@ async def test_terminal_states_are_final(store: JobStore) -> None:
     await store.commit([job])
     await store.commit([job.cancel(NOW)])
     cancelled = await store.get(job.id)
-    assert cancelled is not None and cancelled.state is State.CANCELLED
+    assert cancelled is not None
+    assert cancelled.state is State.CANCELLED
     with pytest.raises(IllegalTransitionError):
         await store.commit([cancelled.start(NOW)])
 
@@ -303,7 +305,8 @@ def test_kill9_loses_no_acknowledged_transition(engine: str, tmp_path: Path, syn
         assert child.stderr is not None
         compactions = [ln for ln in child.stderr.read().splitlines() if "compactions=" in ln]
         if engine == "walq":
-            assert compactions and int(compactions[-1].split("=")[1]) > 0, "walq never compacted"
+            assert compactions, "the child never reported its compaction count"
+            assert int(compactions[-1].split("=")[1]) > 0, "walq never compacted"
     finally:
         if child.poll() is None:
             child.kill()

@@ -107,6 +107,7 @@ class WalStore:
         self.compactions = 0
         self.compaction_failures = 0
         self.max_switch_stall_s = 0.0
+        self.carried_bytes = 0  # appended during the last compaction, carried to the new log
         self.last_compaction: CompactionReport | None = None
 
     # -- open / recovery ---------------------------------------------------------
@@ -337,6 +338,7 @@ class WalStore:
             # Past the replace we cannot tell which file the directory names: fatal.
             _resolve(waiters, exc=StoreFailedError(f"compaction switch failed: {exc}"))
             raise StoreFailedError(f"compaction switch failed: {exc}") from exc
+        self.carried_bytes = len(carry)
         old, self._fd = self._fd, snap.fd
         if old is not None:
             self._fs.close(old)
@@ -395,6 +397,7 @@ class WalStore:
             "compaction_failures": self.compaction_failures,
             "compacting": self._snap_future is not None,
             "max_compaction_stall_ms": round(self.max_switch_stall_s * 1000, 3),
+            "last_compaction_carried_bytes": self.carried_bytes,
         }
 
 

@@ -1,0 +1,66 @@
+"""SQLite-only behaviour: pragmas, plain-sqlite3 readability, the lock."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from common.errors import StoreLockedError
+from common.models import Job, State
+from sqlq.store import SQLiteStore
+
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(("sync", "level"), [("full", 2), ("os", 1)])
+async def test_pragmas_as_set(tmp_path: Path, sync: str, level: int) -> None:
+    store = SQLiteStore(tmp_path, sync=sync)  # type: ignore[arg-type]
+    await store.open()
+    try:
+        conn = store._conn
+        assert conn is not None
+        rows = list(await conn.execute_fetchall("PRAGMA journal_mode"))
+        assert rows[0][0] == "wal"
+        rows = list(await conn.execute_fetchall("PRAGMA synchronous"))
+        assert rows[0][0] == level
+    finally:
+        await store.close()
+
+
+async def test_database_reads_with_plain_sqlite3(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    job = Job.new(kind="sleep", args={"work_ms": 5}, now=NOW)
+    await store.commit([job])
+    t = job.start(NOW + 1)
+    await store.commit([t])
+    await store.commit([job.apply(t).complete({"ok": 1}, NOW + 2)])
+    await store.close()
+    with sqlite3.connect(tmp_path / "sqlq.db") as db:
+        row = db.execute(
+            "SELECT state, attempts, epoch, json_extract(result, '$.ok') FROM jobs WHERE id = ?",
+            (job.id,),
+        ).fetchone()
+    assert row == (State.COMPLETED.value, 1, 0, 1)
+
+
+async def test_transition_table_is_in_the_database(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    await store.close()
+    with sqlite3.connect(tmp_path / "sqlq.db") as db:
+        pairs = set(db.execute("SELECT from_state, to_state FROM legal_transitions"))
+    assert ("scheduled", "running") in pairs
+    assert ("completed", "running") not in pairs
+
+
+async def test_second_opener_is_refused(tmp_path: Path) -> None:
+    first = SQLiteStore(tmp_path)
+    await first.open()
+    try:
+        with pytest.raises(StoreLockedError):
+            await SQLiteStore(tmp_path).open()
+    finally:
+        await first.close()

@@ -1,0 +1,160 @@
+"""walq's recovery rule: torn tails are cut and kept, damage in the middle is loud."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.clock import FakeClock
+from common.errors import CorruptLogError, StoreFailedError, StoreLockedError
+from common.models import Job, State
+from tests.walq_helpers import NOW, FaultyFiles, log_path, read_state, write_history
+from walq import log
+from walq.repair import repair
+from walq.store import WalStore
+
+
+def last_record_offset(data: bytes) -> int:
+    return data.rstrip(b"\n").rfind(b"\n") + 1
+
+
+async def test_truncation_at_every_byte_of_the_last_record(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    final = await write_history(src)
+    data = log_path(src).read_bytes()
+    start = last_record_offset(data)
+    ids = sorted(final)
+    # The fold of the complete records: everything but the last (job-000's completion).
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    log_path(ref_dir).write_bytes(data[:start])
+    before_last = await read_state(ref_dir, ids)
+    assert before_last["job-000"] is not None
+    assert before_last["job-000"].state is State.RUNNING
+    assert final["job-000"].state is State.COMPLETED
+
+    for cut in range(start + 1, len(data)):
+        d = tmp_path / f"cut-{cut}"
+        d.mkdir()
+        log_path(d).write_bytes(data[:cut])
+        store = WalStore(d, clock=FakeClock(NOW))
+        recovery = await store.open()
+        assert recovery.torn_bytes == cut - start
+        assert {i: await store.get(i) for i in ids} == before_last
+        extra = Job.new(kind="sleep", args={}, now=NOW, job_id="after-the-cut")
+        await store.commit([extra])
+        await store.close()
+        # The cut bytes were kept, and the log is whole again.
+        assert (d / "walq.log.broken-1").read_bytes() == data[start:cut]
+        again = await read_state(d, [*ids, extra.id])
+        assert again == {**before_last, extra.id: extra}
+        shutil.rmtree(d)
+
+    d = tmp_path / "whole"
+    d.mkdir()
+    log_path(d).write_bytes(data)
+    assert await read_state(d, ids) == final
+
+
+async def test_flipped_byte_in_the_middle_fails_open_and_repair_keeps_prefix(
+    tmp_path: Path,
+) -> None:
+    final = await write_history(tmp_path)
+    path = log_path(tmp_path)
+    data = path.read_bytes()
+    offsets = [off for off, _, _ in log.lines(data)]
+    victim = offsets[len(offsets) // 2]
+    damaged = bytearray(data)
+    damaged[victim + 40] ^= 0x01  # inside the record, not the newline
+    path.write_bytes(bytes(damaged))
+
+    store = WalStore(tmp_path, clock=FakeClock(NOW))
+    with pytest.raises(CorruptLogError) as err:
+        await store.open()
+    assert err.value.offset == victim
+    assert err.value.path == str(path)
+    assert f"offset {victim}" in str(err.value)
+
+    report = repair(tmp_path)
+    assert report.kept_bytes == victim
+    assert report.moved_to is not None
+    assert Path(report.moved_to).read_bytes() == bytes(damaged[victim:])
+    assert path.read_bytes() == data[:victim]
+    # The prefix opens, and holds exactly what its records say.
+    got = await read_state(tmp_path, sorted(final))
+    prefix_ids = {
+        op["put"]["id"]
+        for _, rec in log.scan(data[:victim]).changes
+        for op in rec["ops"]
+        if "put" in op
+    }
+    assert {i for i, j in got.items() if j is not None} == prefix_ids
+
+
+async def test_a_gap_in_sequence_numbers_is_corruption(tmp_path: Path) -> None:
+    await write_history(tmp_path)
+    path = log_path(tmp_path)
+    data = path.read_bytes()
+    found = list(log.lines(data))
+    off, line, _ = found[5]  # drop one whole, valid record from the middle
+    path.write_bytes(data[:off] + data[off + len(line) + 1 :])
+    with pytest.raises(CorruptLogError) as err:
+        await WalStore(tmp_path).open()
+    assert err.value.offset == off
+    assert "sequence" in err.value.reason
+
+
+async def test_future_format_version_is_refused(tmp_path: Path) -> None:
+    path = log_path(tmp_path)
+    path.write_bytes(log.encode({"magic": "walq", "version": 2, "start_seq": 1}))
+    with pytest.raises(CorruptLogError, match="unsupported format version"):
+        await WalStore(tmp_path).open()
+
+
+async def test_empty_file_opens_as_an_empty_log(tmp_path: Path) -> None:
+    log_path(tmp_path).write_bytes(b"")
+    store = WalStore(tmp_path)
+    recovery = await store.open()
+    assert recovery.jobs == []
+    job = Job.new(kind="sleep", args={}, now=NOW)
+    await store.commit([job])
+    await store.close()
+    assert await read_state(tmp_path, [job.id]) == {job.id: job}
+
+
+async def test_second_opener_is_refused(tmp_path: Path) -> None:
+    first = WalStore(tmp_path)
+    await first.open()
+    try:
+        with pytest.raises(StoreLockedError):
+            await WalStore(tmp_path).open()
+    finally:
+        await first.close()
+    second = WalStore(tmp_path)  # released on close
+    await second.open()
+    await second.close()
+
+
+@pytest.mark.parametrize("op", ["write", "fdatasync"])
+async def test_failed_append_is_fatal_and_nothing_unsynced_is_acked(
+    tmp_path: Path, op: str
+) -> None:
+    fs = FaultyFiles(op, where="walq.log", nth=3)
+    store = WalStore(tmp_path, fs=fs)
+    await store.open()
+    acked = []
+    for i in range(2):
+        job = Job.new(kind="sleep", args={"i": i}, now=NOW)
+        await store.commit([job])
+        acked.append(job)
+    with pytest.raises(StoreFailedError):
+        await store.commit([Job.new(kind="sleep", args={}, now=NOW)])
+    # Never retried: the engine stays failed until it is reopened.
+    with pytest.raises(StoreFailedError):
+        await store.commit([Job.new(kind="sleep", args={}, now=NOW)])
+    assert store.stats()["failed"]
+    await store.close()
+    got = await read_state(tmp_path, [j.id for j in acked])
+    assert got == {j.id: j for j in acked}
