@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiosqlite
-import orjson
+import msgspec
 
 from common.clock import SYSTEM_CLOCK, Clock
 from common.errors import (
@@ -69,7 +69,7 @@ def _job_row(job: Job) -> dict[str, Any]:
     return {
         "id": job.id,
         "kind": job.kind,
-        "args": orjson.dumps(job.args).decode(),
+        "args": msgspec.json.encode(job.args).decode(),
         "state": job.state.value,
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
@@ -79,7 +79,7 @@ def _job_row(job: Job) -> dict[str, Any]:
         "created_at": job.created_at,
         "updated_at": job.updated_at,
         "last_error": job.last_error,
-        "result": orjson.dumps(job.result).decode(),
+        "result": msgspec.json.encode(job.result).decode(),
     }
 
 
@@ -93,7 +93,7 @@ def _transition_row(t: Transition) -> dict[str, Any]:
         "ready_at": t.ready_at,
         "updated_at": t.updated_at,
         "last_error": t.last_error,
-        "result": orjson.dumps(t.result).decode(),
+        "result": msgspec.json.encode(t.result).decode(),
     }
 
 
@@ -101,7 +101,7 @@ def _row_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     return Job(
         id=row[0],
         kind=row[1],
-        args=orjson.loads(row[2]),
+        args=msgspec.json.decode(row[2]),
         state=State(row[3]),
         attempts=row[4],
         max_attempts=row[5],
@@ -111,7 +111,7 @@ def _row_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         created_at=row[9],
         updated_at=row[10],
         last_error=row[11],
-        result=None if row[12] is None else orjson.loads(row[12]),
+        result=None if row[12] is None else msgspec.json.decode(row[12]),
     )
 
 

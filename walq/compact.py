@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import orjson
+import msgspec
 
 from common.models import TERMINAL, Job
 from walq import log
@@ -51,7 +51,7 @@ def write_snapshot(
             if job.state in TERMINAL and job.updated_at < cutoff:
                 pruned += 1
                 continue
-            line = log.frame(b'{"snap":%s}' % orjson.dumps(job.to_dict()))
+            line = log.frame(b'{"snap":%s}' % msgspec.json.encode(job))
             chunks.append(line)
             kept += 1
             size += len(line)

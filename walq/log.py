@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
+import msgspec
 
 MAGIC = "walq"
 VERSION = 1
@@ -56,7 +56,7 @@ def frame(record_json: bytes) -> bytes:
 
 
 def encode(record: dict[str, Any]) -> bytes:
-    return frame(orjson.dumps(record))
+    return frame(msgspec.json.encode(record))
 
 
 def header(start_seq: int, created_at: float) -> bytes:
@@ -83,8 +83,8 @@ def unframe(line: bytes) -> dict[str, Any]:
     if zlib.crc32(body) != crc:
         raise BadLine("checksum mismatch")
     try:
-        record = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        record = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
         raise BadLine(f"bad JSON: {exc}") from None
     if not isinstance(record, dict):
         raise BadLine("record is not an object")

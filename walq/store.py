@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
+import msgspec
 
 from common.clock import SYSTEM_CLOCK, Clock
 from common.errors import (
@@ -44,13 +44,13 @@ LOCK_NAME = "walq.lock"
 
 def _op(change: Change) -> bytes:
     if isinstance(change, Job):
-        return b'{"put":%s}' % orjson.dumps(change.to_dict())
-    return b'{"set":%s}' % orjson.dumps(change.to_dict())
+        return b'{"put":%s}' % msgspec.json.encode(change)
+    return b'{"set":%s}' % msgspec.json.encode(change)
 
 
 def change_record(seq: int, changes: Sequence[Change]) -> bytes:
     """One framed line holding one commit call."""
-    ops = b",".join(_op(c) for c in changes)
+    ops = _op(changes[0]) if len(changes) == 1 else b",".join([_op(c) for c in changes])
     return log.frame(b'{"seq":%d,"ops":[%s]}' % (seq, ops))
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks, load generation and the crash-recovery verifier."""
