@@ -1,0 +1,180 @@
+"""The HTTP front end: thin handlers over one ``Runtime``.
+
+Each handler parses and validates, makes one runtime call and answers JSON.
+Domain errors become HTTP statuses in one table (``ERRORS``); nothing here
+touches a file or a database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from common.errors import (
+    JobNotFoundError,
+    SqlqError,
+    StoreError,
+    TransitionError,
+    ValidationError,
+)
+from common.models import Job
+from common.runtime import Runtime
+from common.specs import BadJSON, BatchSpec, JobSpec, decode
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1 << 20  # one job
+MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return msgspec.json.encode(content)
+
+
+class BodyTooLarge(SqlqError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit} bytes")
+
+
+def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(body, status_code=status)
+
+
+async def _validation(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ValidationError)
+    return _error(422, "invalid", exc.message, exc.field)
+
+
+async def _bad_json(_: Request, exc: Exception) -> Response:
+    return _error(400, "bad_json", str(exc), "body")
+
+
+async def _too_large(_: Request, exc: Exception) -> Response:
+    return _error(413, "too_large", str(exc), "body")
+
+
+async def _not_found(_: Request, exc: Exception) -> Response:
+    return _error(404, "not_found", str(exc))
+
+
+async def _conflict(_: Request, exc: Exception) -> Response:
+    return _error(409, "conflict", str(exc))
+
+
+async def _unavailable(_: Request, exc: Exception) -> Response:
+    # The store failed or the server is not ready: nothing was acknowledged.
+    return _error(503, "unavailable", str(exc))
+
+
+async def _http(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, "http", str(exc.detail))
+
+
+async def _unexpected(_: Request, exc: Exception) -> Response:
+    log.exception("unexpected error", exc_info=exc)
+    return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+
+
+ERRORS: dict[Any, Any] = {
+    ValidationError: _validation,
+    BadJSON: _bad_json,
+    BodyTooLarge: _too_large,
+    JobNotFoundError: _not_found,
+    TransitionError: _conflict,
+    StoreError: _unavailable,
+    HTTPException: _http,
+    Exception: _unexpected,
+}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def view(job: Job) -> dict[str, Any]:
+    return job.to_dict()
+
+
+def create_app(runtime: Runtime, *, start_runtime: bool = True, grace_s: float = 10.0) -> Starlette:
+    """The ASGI app. Its lifespan stops the runtime (and starts it, unless the
+    caller already did, as ``sqlq serve`` does so recovery finishes before the
+    port opens)."""
+
+    async def submit(request: Request) -> Response:
+        spec = decode(await read_body(request, MAX_BODY), JobSpec)
+        [job] = await runtime.submit([spec])
+        return JSONResponse(view(job), status_code=201)
+
+    async def submit_batch(request: Request) -> Response:
+        batch = decode(await read_body(request, MAX_BATCH_BODY), BatchSpec)
+        jobs = await runtime.submit(batch.jobs, batch=True)
+        return JSONResponse({"ids": [j.id for j in jobs]}, status_code=201)
+
+    async def get_job(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        job = await runtime.get(job_id)
+        if job is None:
+            raise JobNotFoundError(job_id)
+        return JSONResponse(view(job))
+
+    async def cancel_job(request: Request) -> Response:
+        return JSONResponse(view(await runtime.cancel(request.path_params["job_id"])))
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(_: Request) -> Response:
+        ok, reason = runtime.readiness()
+        return JSONResponse({"ready": ok, "reason": reason}, status_code=200 if ok else 503)
+
+    async def stats(_: Request) -> Response:
+        return JSONResponse(runtime.stats())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        if start_runtime:
+            await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop(grace_s)
+
+    return Starlette(
+        routes=[
+            Route("/jobs", submit, methods=["POST"]),
+            Route("/jobs/batch", submit_batch, methods=["POST"]),
+            Route("/jobs/{job_id}", get_job, methods=["GET"]),
+            Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/stats", stats, methods=["GET"]),
+        ],
+        exception_handlers=ERRORS,
+        lifespan=lifespan,
+    )

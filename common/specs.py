@@ -1,0 +1,57 @@
+"""What a client may submit, decoded and type-checked by msgspec in one pass.
+
+Errors name the offending field (``jobs[3].max_attempts``) because msgspec
+reports the JSON path; kind-specific arguments are checked later by the kind.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import msgspec
+
+from common.errors import ValidationError
+
+MAX_BATCH = 10_000
+MAX_DELAY_MS = 366 * 24 * 3600 * 1000  # a year and a day
+
+
+class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    kind: str
+    args: dict[str, Any] = msgspec.field(default_factory=dict)
+    delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DELAY_MS)] | None = None
+    run_at: float | None = None  # unix seconds
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+    priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] = 0
+
+
+class BatchSpec(msgspec.Struct, forbid_unknown_fields=True):
+    jobs: Annotated[list[JobSpec], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+
+
+_AT = re.compile(r" - at `\$\.?([^`]*)`$")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+
+class BadJSON(ValueError):
+    """The body is not JSON at all."""
+
+
+def _field(message: str) -> tuple[str, str]:
+    m = _AT.search(message)
+    path = m.group(1) if m else ""
+    missing = _MISSING.search(message)
+    if missing:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return (path or "body"), _AT.sub("", message)
+
+
+def decode(body: bytes, spec: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(body, type=spec)
+    except msgspec.ValidationError as exc:
+        field, message = _field(str(exc))
+        raise ValidationError(field, message) from None
+    except msgspec.DecodeError as exc:
+        raise BadJSON(f"body is not valid JSON: {exc}") from None

@@ -1,0 +1,88 @@
+"""Run a ``Runtime`` behind uvicorn, with recovery before the port opens.
+
+Order matters: recovery (``runtime.start``) runs before uvicorn binds, so no
+request meets a half-recovered queue, and a corrupt log or a locked directory
+is a plain error message, not a traceback. The graceful stop runs in the ASGI
+lifespan's shutdown, inside ``serve()``, because uvicorn re-raises the signal
+it caught once ``serve()`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+from dataclasses import dataclass
+from types import FrameType
+
+import uvicorn
+
+from common.http import create_app
+from common.runtime import Runtime
+
+log = logging.getLogger("sqlq")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeOptions:
+    host: str
+    port: int
+    grace_s: float
+    access_log: bool
+    log_level: str
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, but a second signal of any kind also skips our grace period."""
+
+    hurry: asyncio.AbstractEventLoop | None = None
+    runtime: Runtime | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and self.runtime is not None and self.hurry is not None:
+            self.force_exit = True
+            self.hurry.call_soon_threadsafe(self.runtime.pool.hurry)
+        super().handle_exit(sig, frame)
+
+
+def import_handlers(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        importlib.import_module(name)
+
+
+async def serve(runtime: Runtime, opts: ServeOptions) -> None:
+    recovery = await runtime.start()
+    log.info(
+        "recovered %d live jobs (%d were running) from %d records in %.3f s; torn bytes: %d",
+        len(recovery.jobs),
+        len(recovery.running),
+        recovery.records,
+        recovery.seconds,
+        recovery.torn_bytes,
+    )
+    app = create_app(runtime, start_runtime=False, grace_s=opts.grace_s)
+    config = uvicorn.Config(
+        app,
+        host=opts.host,
+        port=opts.port,
+        loop="none",  # we already run inside uvloop
+        http="httptools",
+        lifespan="on",
+        access_log=opts.access_log,
+        log_level=opts.log_level,
+        timeout_graceful_shutdown=int(opts.grace_s) + 5,
+    )
+    server = _Server(config)
+    server.runtime = runtime
+    server.hurry = asyncio.get_running_loop()
+    try:
+        await server.serve()
+    finally:
+        if runtime.state != "stopped":  # the port never opened: stop what we started
+            await runtime.stop(0)
+
+
+def install_default_signals() -> None:
+    """Before the server runs, SIGTERM should end recovery as cleanly as SIGINT does."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -1,0 +1,75 @@
+"""Pure scheduling logic: literal timestamps, a seeded RNG, no clock, no loop."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from common.backoff import RetryPolicy, retry_delay, should_retry
+from common.lanes import Lanes
+
+
+class FixedRandom(random.Random):
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"), [(1, 0.010), (2, 0.020), (3, 0.040), (4, 0.080), (10, 5.0)]
+)
+def test_delay_doubles_then_caps_without_jitter(attempt: int, expected: float) -> None:
+    assert retry_delay(attempt, RetryPolicy(), FixedRandom(0.0)) == pytest.approx(expected)
+
+
+def test_jitter_adds_at_most_half() -> None:
+    policy = RetryPolicy()
+    assert retry_delay(2, policy, FixedRandom(0.999999)) == pytest.approx(0.030, rel=1e-4)
+    delays = [retry_delay(3, policy, random.Random(seed)) for seed in range(200)]
+    assert all(0.040 <= d < 0.060 for d in delays)
+    assert len({round(d, 9) for d in delays}) > 150  # it really is spread
+
+
+def test_seeded_jitter_repeats() -> None:
+    a = [retry_delay(i, RetryPolicy(), random.Random(7)) for i in range(1, 6)]
+    b = [retry_delay(i, RetryPolicy(), random.Random(7)) for i in range(1, 6)]
+    assert a == b
+
+
+def test_should_retry() -> None:
+    assert should_retry(1, 5, RetryPolicy())
+    assert not should_retry(5, 5, RetryPolicy())
+    assert not should_retry(1, 5, RetryPolicy(retries=False))
+
+
+def test_ready_job_skips_the_heap() -> None:
+    lanes = Lanes()
+    assert lanes.push("now", ready_at=100.0, priority=0, now=100.0) is False
+    assert lanes.push("later", ready_at=105.0, priority=0, now=100.0) is True
+    assert lanes.sizes() == {"immediate": 1, "delayed": 1}
+    assert lanes.next_wakeup() == 105.0
+    assert lanes.pop(100.0) == "now"
+    assert lanes.pop(104.999) is None
+    assert lanes.pop(105.0) == "later"
+    assert lanes.next_wakeup() is None
+
+
+def test_delayed_order_is_ready_at_then_priority_then_arrival() -> None:
+    lanes = Lanes()
+    lanes.push("c", ready_at=110.0, priority=0, now=100.0)
+    lanes.push("b2", ready_at=105.0, priority=1, now=100.0)
+    lanes.push("a", ready_at=105.0, priority=0, now=100.0)
+    lanes.push("b1", ready_at=105.0, priority=1, now=100.0)
+    assert [lanes.pop(200.0) for _ in range(4)] == ["a", "b2", "b1", "c"]
+
+
+def test_due_delayed_jobs_go_before_later_immediate_ones() -> None:
+    lanes = Lanes()
+    lanes.push("delayed", ready_at=101.0, priority=0, now=100.0)
+    lanes.push("immediate", ready_at=102.0, priority=0, now=102.0)
+    assert lanes.pop(102.0) == "delayed"
+    assert lanes.pop(102.0) == "immediate"
