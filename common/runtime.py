@@ -5,11 +5,15 @@ goes through the store first; only once it is durable does the runtime update
 its own view (``live``: the current version of every scheduled or running job)
 and tell anyone.
 
-A job's claim (``scheduled -> running``) is awaited before the work starts.
-Its outcome (completed, retried or dead) is committed in the background while
-the worker takes its next job: nobody is told of the outcome before it is
-durable, and a crash in between only means the job runs again (at-least-once,
-as the durability contract says, and counted at recovery).
+A job's claim (``scheduled -> running``) is committed while the work starts,
+and its outcome (completed, retried or dead) is committed after the claim is
+durable, in the background while the worker takes its next job. Nobody is told
+of either before it is durable. A crash before the claim is durable leaves the
+job ``scheduled``; after, ``running`` and requeued at recovery: either way the
+job runs again, which is the at-least-once delivery the durability contract
+promises (and counts). If the claim is refused (a cancel won the race), the
+outcome is dropped and counted as fenced. Waiting for the claim before working
+cost about 1 ms of a 20 ms job (an fdatasync round trip), measured.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +90,7 @@ class Runtime:
         self.counts: Counter[str] = Counter()  # live jobs by state
         self.totals: Counter[str] = Counter()  # events since this process started
         self._background: set[asyncio.Task[None]] = set()
+        self._claiming: set[str] = set()  # claims committed but not yet durable
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -218,6 +224,7 @@ class Runtime:
             "lanes": self.scheduler.sizes(),
             "store": self.store.stats(),
             "recovery": self.recovery.summary() if self.recovery else None,
+            "process_cpu_s": round(time.process_time(), 3),
         }
 
     # -- the API the workers use ------------------------------------------------------------
@@ -228,30 +235,42 @@ class Runtime:
     async def take(self) -> str:
         return await self.scheduler.take()
 
-    async def claim(self, job_id: str) -> Job | None:
+    def claim(self, job_id: str) -> tuple[Job, asyncio.Future[bool]] | None:
+        """The running job and a future for its claim's durability, or None."""
         job = self.live.get(job_id)
-        if job is None or job.state is not State.SCHEDULED:
+        if job is None or job.state is not State.SCHEDULED or job_id in self._claiming:
             return None  # cancelled (or otherwise moved on) while it waited
         t = job.start(self.clock.time())
+        self._claiming.add(job_id)
+        claimed = asyncio.ensure_future(self._commit_claim(job, t))
+        return job.apply(t), claimed
+
+    async def _commit_claim(self, job: Job, t: Transition) -> bool:
         try:
             await self.store.commit([t])
         except TransitionError:
-            return None
-        return self._applied(job, t)
+            return False
+        except StoreError as exc:
+            log.error("could not claim job %s: %s", job.id, exc)
+            return False
+        finally:
+            self._claiming.discard(job.id)
+        self._applied(job, t)
+        return True
 
     def execute(self, job: Job, ctx: JobContext) -> Awaitable[JSON]:
         return self.registry.get(job.kind).run(job.args, ctx)
 
-    def succeeded(self, job: Job, result: JSON) -> None:
-        self._in_background(job, job.complete(result, self.clock.time()))
+    def succeeded(self, job: Job, result: JSON, claimed: asyncio.Future[bool]) -> None:
+        self._in_background(job, job.complete(result, self.clock.time()), claimed)
 
-    def failed(self, job: Job, error: str) -> None:
-        self._in_background(job, self._after_failure(job, error, self.clock.time()))
+    def failed(self, job: Job, error: str, claimed: asyncio.Future[bool]) -> None:
+        self._in_background(job, self._after_failure(job, error, self.clock.time()), claimed)
 
-    def hung(self, job: Job) -> None:
+    def hung(self, job: Job, claimed: asyncio.Future[bool]) -> None:
         t = self._after_failure(job, "worker hung: no heartbeat", self.clock.time())
         self.totals["requeued_hung"] += 1
-        self._in_background(job, t)
+        self._in_background(job, t, claimed)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -261,12 +280,15 @@ class Runtime:
             return job.retry(error, now + delay, now)
         return job.bury(error, now)
 
-    def _in_background(self, job: Job, t: Transition) -> None:
-        task = asyncio.create_task(self._commit_outcome(job, t))
+    def _in_background(self, job: Job, t: Transition, claimed: asyncio.Future[bool]) -> None:
+        task = asyncio.create_task(self._commit_outcome(job, t, claimed))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _commit_outcome(self, job: Job, t: Transition) -> None:
+    async def _commit_outcome(self, job: Job, t: Transition, claimed: asyncio.Future[bool]) -> None:
+        if not await claimed:
+            self.totals["fenced"] += 1  # the claim was refused: this run never counted
+            return
         try:
             await self.store.commit([t])
         except TransitionError:

@@ -26,6 +26,9 @@ from common.models import JSON, Job
 log = logging.getLogger(__name__)
 
 
+Claimed = asyncio.Future[bool]  # resolves once the claim is durable: True, or False if refused
+
+
 class Runner(Protocol):
     """What a worker needs from the runtime."""
 
@@ -33,15 +36,15 @@ class Runner(Protocol):
 
     async def take(self) -> str: ...
 
-    async def claim(self, job_id: str) -> Job | None: ...
+    def claim(self, job_id: str) -> tuple[Job, Claimed] | None: ...
 
     def execute(self, job: Job, ctx: JobContext) -> Awaitable[JSON]: ...
 
-    def succeeded(self, job: Job, result: JSON) -> None: ...
+    def succeeded(self, job: Job, result: JSON, claimed: Claimed) -> None: ...
 
-    def failed(self, job: Job, error: str) -> None: ...
+    def failed(self, job: Job, error: str, claimed: Claimed) -> None: ...
 
-    def hung(self, job: Job) -> None: ...
+    def hung(self, job: Job, claimed: Claimed) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -49,6 +52,7 @@ class Worker:
     wid: int
     task: asyncio.Task[None] | None = None
     ctx: JobContext | None = None
+    claimed: Claimed | None = None
     hung: bool = False
     jobs_done: int = 0
     started_at: float = field(default_factory=time.monotonic)
@@ -93,20 +97,21 @@ class WorkerPool:
         runner = self._runner
         while not self._stopping:
             job_id = await runner.take()
-            job = await runner.claim(job_id)
-            if job is None:
+            claim = runner.claim(job_id)
+            if claim is None:
                 continue
+            job, claimed = claim
             ctx = JobContext(job, runner.rng_for_job())
-            w.ctx = ctx
+            w.ctx, w.claimed = ctx, claimed
             try:
                 result = await runner.execute(job, ctx)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                runner.failed(job, describe(exc))
+                runner.failed(job, describe(exc), claimed)
             else:
-                runner.succeeded(job, result)
-            w.ctx = None
+                runner.succeeded(job, result, claimed)
+            w.ctx = w.claimed = None
             w.jobs_done += 1
             if self._stopping and not self.busy():
                 self._idle.set()
@@ -128,6 +133,7 @@ class WorkerPool:
         ]
         for w in hung:
             assert w.ctx is not None
+            assert w.claimed is not None
             w.hung = True
             self.live.remove(w)
             self.abandoned.append(w)
@@ -138,7 +144,7 @@ class WorkerPool:
                 (now - w.ctx.last_beat) * 1000,
                 w.ctx.job.id,
             )
-            self._runner.hung(w.ctx.job)
+            self._runner.hung(w.ctx.job, w.claimed)
             if not self._stopping:
                 self._spawn()
                 self.replaced += 1

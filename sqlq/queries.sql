@@ -1,14 +1,15 @@
 -- name: insert_job
 INSERT INTO jobs (id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-                  created_at, updated_at, last_error, result)
+                  created_at, updated_at, last_error, result, started_at)
 VALUES (:id, :kind, :args, :state, :attempts, :max_attempts, :ready_at, :priority, :epoch,
-        :created_at, :updated_at, :last_error, :result);
+        :created_at, :updated_at, :last_error, :result, :started_at);
 
 -- name: apply_transition
 -- The epoch guard fences stale workers; the EXISTS guard enforces the transition table.
 UPDATE jobs
    SET state = :state, epoch = :epoch, attempts = :attempts, ready_at = :ready_at,
-       updated_at = :updated_at, last_error = :last_error, result = :result
+       updated_at = :updated_at, last_error = :last_error, result = :result,
+       started_at = :started_at
  WHERE id = :id
    AND epoch = :expect_epoch
    AND EXISTS (SELECT 1 FROM legal_transitions
@@ -16,12 +17,12 @@ UPDATE jobs
 
 -- name: get_job
 SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-       created_at, updated_at, last_error, result
+       created_at, updated_at, last_error, result, started_at
   FROM jobs WHERE id = ?;
 
 -- name: live_jobs
 SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-       created_at, updated_at, last_error, result
+       created_at, updated_at, last_error, result, started_at
   FROM jobs WHERE state IN ('scheduled', 'running');
 
 -- name: prune_terminal

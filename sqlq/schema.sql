@@ -12,7 +12,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at   REAL NOT NULL,
     updated_at   REAL NOT NULL,
     last_error   TEXT,
-    result       TEXT                      -- JSON
+    result       TEXT,                     -- JSON
+    started_at   REAL                      -- when the latest attempt started
 ) WITHOUT ROWID;
 
 -- Recovery reads only live jobs; pruning reads only old terminal ones.

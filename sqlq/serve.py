@@ -72,6 +72,7 @@ async def serve(runtime: Runtime, opts: ServeOptions) -> None:
         access_log=opts.access_log,
         log_level=opts.log_level,
         timeout_graceful_shutdown=int(opts.grace_s) + 5,
+        proxy_headers=False,  # loopback by default; never trust X-Forwarded-* blindly
     )
     server = _Server(config)
     server.runtime = runtime

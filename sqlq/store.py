@@ -19,8 +19,8 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import aiosqlite
 import msgspec
@@ -42,6 +42,8 @@ from common.store import Change, CompactionReport, Recovery, SyncLevel
 from sqlq.sql import load_queries, load_script
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DB_NAME = "sqlq.db"
 LOCK_NAME = "sqlq.lock"
@@ -80,6 +82,7 @@ def _job_row(job: Job) -> dict[str, Any]:
         "updated_at": job.updated_at,
         "last_error": job.last_error,
         "result": msgspec.json.encode(job.result).decode(),
+        "started_at": job.started_at,
     }
 
 
@@ -94,7 +97,85 @@ def _transition_row(t: Transition) -> dict[str, Any]:
         "updated_at": t.updated_at,
         "last_error": t.last_error,
         "result": msgspec.json.encode(t.result).decode(),
+        "started_at": t.started_at,
     }
+
+
+def _write_batch(
+    db: sqlite3.Connection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]]
+) -> bool:
+    """One transaction for the whole batch; False (rolled back) if any guard refused."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if inserts:
+            db.executemany(Q["insert_job"], inserts)
+        if updates and db.executemany(Q["apply_transition"], updates).rowcount != len(updates):
+            db.execute("ROLLBACK")
+            return False
+    except sqlite3.IntegrityError:
+        db.execute("ROLLBACK")
+        return False
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return True
+
+
+def _write_one_by_one(
+    db: sqlite3.Connection, batch: list[list[Change]]
+) -> list[BaseException | None]:
+    """The slow path: one savepoint per caller, so only the guilty caller rolls back."""
+    outcomes: list[BaseException | None] = []
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for changes in batch:
+            db.execute("SAVEPOINT caller")
+            try:
+                for change in changes:
+                    _apply_one(db, change)
+            except SqlqError as exc:
+                db.execute("ROLLBACK TO caller")
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+            db.execute("RELEASE caller")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return outcomes
+
+
+def _apply_one(db: sqlite3.Connection, change: Change) -> None:
+    if isinstance(change, Job):
+        try:
+            db.execute(Q["insert_job"], _job_row(change))
+        except sqlite3.IntegrityError:
+            raise DuplicateJobError(change.id) from None
+        return
+    if db.execute(Q["apply_transition"], _transition_row(change)).rowcount == 1:
+        return
+    rows = db.execute(Q["get_job"], (change.job_id,)).fetchall()
+    if not rows:
+        raise JobNotFoundError(change.job_id)
+    _row_job(rows[0]).check(change)  # raises the precise TransitionError
+    raise IllegalTransitionError(change.job_id, "refused by the database guard")
+
+
+def _prune(db: sqlite3.Connection, cutoff: float) -> tuple[int, int]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        pruned = db.execute(Q["prune_terminal"], (cutoff,)).rowcount
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    kept = int(db.execute(Q["count_jobs"]).fetchone()[0])
+    return pruned, kept
 
 
 def _row_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
@@ -112,6 +193,7 @@ def _row_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         updated_at=row[10],
         last_error=row[11],
         result=None if row[12] is None else msgspec.json.decode(row[12]),
+        started_at=row[13],
     )
 
 
@@ -138,9 +220,6 @@ class SQLiteStore:
         self._sync_delay = sync_delay_s  # emulated disk latency, benchmark only
         self._lock = DirLock(self.dir, LOCK_NAME)
         self._conn: aiosqlite.Connection | None = None
-        # Held from BEGIN to COMMIT so a read on the shared connection never sees
-        # an uncommitted batch.
-        self._tx = asyncio.Lock()
         self._committer: GroupCommitter | None = None
         self._opened = False
         self.commits = 0
@@ -205,9 +284,20 @@ class SQLiteStore:
             raise StoreClosedError("sqlite store is not open")
         await self._committer.submit(changes)
 
-    async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
+    async def _on_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(db)`` on the connection's own thread: one hop for a whole batch.
+
+        aiosqlite queues every call onto one thread per connection; its public
+        methods are one hop per statement (four per batch). ``_execute`` is that
+        same queue taking a callable. It is private, so it is used only here, and
+        every SQLite test goes through it.
+        """
         conn = self._conn
-        assert conn is not None
+        if conn is None:
+            raise StoreClosedError("sqlite store is not open")
+        return await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call,no-any-return]
+
+    async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
         inserts: list[dict[str, Any]] = []
         updates: list[dict[str, Any]] = []
         for pending in batch:
@@ -216,105 +306,47 @@ class SQLiteStore:
                     inserts.append(_job_row(change))
                 else:
                     updates.append(_transition_row(change))
-        async with self._tx:
-            try:
-                await conn.execute("BEGIN IMMEDIATE")
-                ok = True
-                try:
-                    if inserts:
-                        await conn.executemany(Q["insert_job"], inserts)
-                    if updates:
-                        cur = await conn.executemany(Q["apply_transition"], updates)
-                        ok = cur.rowcount == len(updates)
-                except sqlite3.IntegrityError:
-                    ok = False
-                if ok:
-                    await conn.execute("COMMIT")
-                    outcomes: list[BaseException | None] = [None] * len(batch)
-                else:
-                    await conn.execute("ROLLBACK")
-                    outcomes = await self._flush_slow(conn, batch)
-            except sqlite3.Error as exc:
-                raise StoreFailedError(f"{self.path}: {exc}") from exc
-            if self._sync_delay:
-                await asyncio.sleep(self._sync_delay)
+        try:
+            ok = await self._on_thread(lambda db: _write_batch(db, inserts, updates))
+            if ok:
+                outcomes: list[BaseException | None] = [None] * len(batch)
+            else:
+                self.slow_batches += 1
+                changes = [list(p.changes) for p in batch]
+                outcomes = await self._on_thread(lambda db: _write_one_by_one(db, changes))
+        except sqlite3.Error as exc:
+            raise StoreFailedError(f"{self.path}: {exc}") from exc
+        if self._sync_delay:
+            await asyncio.sleep(self._sync_delay)
         self.commits += 1
         self.rows += len(inserts) + len(updates)
         return outcomes
 
-    async def _flush_slow(
-        self, conn: aiosqlite.Connection, batch: list[Pending]
-    ) -> list[BaseException | None]:
-        """One transaction, one savepoint per caller: the guilty caller rolls back alone."""
-        self.slow_batches += 1
-        outcomes: list[BaseException | None] = []
-        await conn.execute("BEGIN IMMEDIATE")
-        for pending in batch:
-            await conn.execute("SAVEPOINT caller")
-            try:
-                for change in pending.changes:
-                    await self._apply_one(conn, change)
-            except SqlqError as exc:
-                await conn.execute("ROLLBACK TO caller")
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-            await conn.execute("RELEASE caller")
-        await conn.execute("COMMIT")
-        return outcomes
-
-    async def _apply_one(self, conn: aiosqlite.Connection, change: Change) -> None:
-        if isinstance(change, Job):
-            try:
-                await conn.execute(Q["insert_job"], _job_row(change))
-            except sqlite3.IntegrityError:
-                raise DuplicateJobError(change.id) from None
-            return
-        cur = await conn.execute(Q["apply_transition"], _transition_row(change))
-        if cur.rowcount == 1:
-            return
-        rows = list(await conn.execute_fetchall(Q["get_job"], (change.job_id,)))
-        if not rows:
-            raise JobNotFoundError(change.job_id)
-        current = _row_job(rows[0])
-        current.check(change)  # raises the precise TransitionError
-        raise IllegalTransitionError(change.job_id, "refused by the database guard")
-
     async def get(self, job_id: str) -> Job | None:
-        conn = self._conn
-        if conn is None or self._committer is None:
+        if self._committer is None:
             raise StoreClosedError("sqlite store is not open")
-        async with self._tx:
-            try:
-                rows = list(await conn.execute_fetchall(Q["get_job"], (job_id,)))
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self.path}: {exc}") from exc
+        try:
+            rows = await self._on_thread(lambda db: db.execute(Q["get_job"], (job_id,)).fetchall())
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
         return _row_job(rows[0]) if rows else None
 
     async def compact(self) -> CompactionReport:
         """Delete terminal jobs past retention and truncate the WAL file."""
-        conn = self._conn
-        if conn is None or self._committer is None:
+        if self._committer is None:
             raise StoreClosedError("sqlite store is not open")
         t0 = time.perf_counter()
         before = self._disk_bytes()
-        async with self._tx:
-            try:
-                await conn.execute("BEGIN IMMEDIATE")
-                cur = await conn.execute(
-                    Q["prune_terminal"], (self._clock.time() - self._retention,)
-                )
-                pruned = cur.rowcount
-                await conn.execute("COMMIT")
-                await conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                rows = list(await conn.execute_fetchall(Q["count_jobs"]))
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self.path}: compaction failed: {exc}") from exc
+        cutoff = self._clock.time() - self._retention
+        try:
+            pruned, kept = await self._on_thread(lambda db: _prune(db, cutoff))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: compaction failed: {exc}") from exc
         self.compactions += 1
         return CompactionReport(
             bytes_before=before,
             bytes_after=self._disk_bytes(),
-            jobs_kept=int(rows[0][0]),
+            jobs_kept=kept,
             jobs_pruned=pruned,
             seconds=time.perf_counter() - t0,
         )

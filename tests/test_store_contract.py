@@ -73,10 +73,12 @@ async def test_transitions_fold(store: JobStore) -> None:
     running = await store.get(job.id)
     assert running is not None
     assert (running.state, running.attempts, running.epoch) == (State.RUNNING, 1, 0)
+    assert running.started_at == NOW + 1
     await store.commit([running.complete({"ok": True}, NOW + 2)])
     done = await store.get(job.id)
     assert done is not None
     assert (done.state, done.result, done.updated_at) == (State.COMPLETED, {"ok": True}, NOW + 2)
+    assert done.started_at == NOW + 1  # completion keeps when the attempt started
 
 
 async def test_epoch_fences_a_stale_worker(store: JobStore) -> None:

@@ -1,0 +1,203 @@
+"""Load generator: submit jobs over keep-alive HTTP, wait for the drain, report.
+
+Closed loop (``--rate 0``): C clients each submit as soon as their previous
+submit is acknowledged. Open loop (``--rate R``): submissions are *scheduled*
+at a fixed rate and each latency is measured from its scheduled time, so a
+slow server cannot hide its latency by slowing the client down (coordinated
+omission). Prints one JSON line.
+
+    python -m bench.loadgen --url http://127.0.0.1:8080 --jobs 2000 --work-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+from bench.stats import percentile, summary_ms
+
+
+def job_body(work_ms: int, fail_prob: float, hang_prob: float, kind: str, rounds: int) -> Any:
+    if kind == "cpu":
+        return {"kind": "cpu", "args": {"rounds": rounds}}
+    args: dict[str, Any] = {"work_ms": work_ms}
+    if fail_prob:
+        args["fail_prob"] = fail_prob
+    if hang_prob:
+        args["hang_prob"] = hang_prob
+    return {"kind": "sleep", "args": args}
+
+
+async def _stats(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(url + "/stats") as r:
+        return await r.json()  # type: ignore[no-any-return]
+
+
+async def run_load(
+    url: str,
+    *,
+    jobs: int,
+    concurrency: int = 32,
+    batch: int = 1,
+    rate: float = 0.0,
+    body: Any,
+    label: str = "",
+    drain_timeout: float = 120.0,
+    fetch_jobs: bool = True,
+) -> dict[str, Any]:
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=60)
+    latencies: list[float] = []
+    ids: list[str] = []
+    errors = 0
+    requests = (jobs + batch - 1) // batch
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        before = await _stats(session, url)
+        done_before = before["jobs"]["completed"] + before["jobs"]["dead"]
+        payload_one = json.dumps(body).encode()
+        headers = {"content-type": "application/json"}
+        next_req = 0
+        t0 = time.perf_counter()
+
+        def sizes(i: int) -> int:
+            return min(batch, jobs - i * batch)
+
+        async def send(i: int) -> None:
+            nonlocal errors
+            n = sizes(i)
+            if batch == 1:
+                path, data = "/jobs", payload_one
+            else:
+                path, data = "/jobs/batch", json.dumps({"jobs": [body] * n}).encode()
+            async with session.post(url + path, data=data, headers=headers) as r:
+                reply = await r.json()
+                if r.status != 201:
+                    errors += 1
+                    return
+                if batch == 1:
+                    ids.append(reply["id"])
+                else:
+                    ids.extend(reply["ids"])
+
+        async def closed_client() -> None:
+            nonlocal next_req
+            while next_req < requests:
+                i = next_req
+                next_req += 1
+                s = time.perf_counter()
+                await send(i)
+                latencies.append(time.perf_counter() - s)
+
+        async def open_loop() -> None:
+            interval = 1.0 / rate
+            sem = asyncio.Semaphore(concurrency * 64)
+            tasks = []
+
+            async def one(i: int, scheduled: float) -> None:
+                async with sem:
+                    await send(i)
+                latencies.append(time.perf_counter() - scheduled)
+
+            for i in range(requests):
+                scheduled = t0 + i * interval
+                delay = scheduled - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(i, scheduled)))
+            await asyncio.gather(*tasks)
+
+        if rate > 0:
+            await open_loop()
+        else:
+            await asyncio.gather(*(closed_client() for _ in range(concurrency)))
+        submit_s = time.perf_counter() - t0
+
+        deadline = time.perf_counter() + drain_timeout
+        stats = before
+        while time.perf_counter() < deadline:
+            stats = await _stats(session, url)
+            finished = stats["jobs"]["completed"] + stats["jobs"]["dead"] - done_before
+            if finished >= len(ids):
+                break
+            await asyncio.sleep(0.005)
+        total_s = time.perf_counter() - t0
+
+        q2s: list[float] = []
+        if fetch_jobs:
+            for i in range(0, len(ids), 256):
+                chunk = ids[i : i + 256]
+                replies = await asyncio.gather(*(_get_job(session, url, j) for j in chunk))
+                q2s.extend(r["started_at"] - r["ready_at"] for r in replies if r.get("started_at"))
+    q2s.sort()
+    completed = stats["jobs"]["completed"] - before["jobs"]["completed"]
+    dead = stats["jobs"]["dead"] - before["jobs"]["dead"]
+    return {
+        "label": label,
+        "jobs": jobs,
+        "acknowledged": len(ids),
+        "submit_errors": errors,
+        "done": completed,
+        "dead": dead,
+        "completion_pct": round(100 * completed / len(ids), 2) if ids else 0.0,
+        "submit_s": round(submit_s, 4),
+        "total_s": round(total_s, 4),
+        "submit_rate_jobs_s": round(len(ids) / submit_s, 1) if submit_s else 0.0,
+        "throughput_jobs_s": round((completed + dead) / total_s, 1) if total_s else 0.0,
+        "retried": stats["retried"] - before["retried"],
+        "requeued": stats["requeued_hung"] - before["requeued_hung"],
+        "fenced": stats["fenced"] - before["fenced"],
+        "submit_latency": summary_ms(latencies),
+        "queue_to_start_p50_ms": round(percentile(q2s, 50) * 1000, 3) if q2s else None,
+        "queue_to_start_p99_ms": round(percentile(q2s, 99) * 1000, 3) if q2s else None,
+        "server_cpu_s": round(stats["process_cpu_s"] - before["process_cpu_s"], 3),
+        "store": stats["store"]["engine"],
+        "sync": stats["store"]["sync"],
+        "workers": stats["workers"]["configured"],
+        "store_stats": stats["store"],
+    }
+
+
+async def _get_job(session: aiohttp.ClientSession, url: str, job_id: str) -> dict[str, Any]:
+    async with session.get(f"{url}/jobs/{job_id}") as r:
+        return await r.json()  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8080")
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--rate", type=float, default=0.0, help="open loop at R submits/s (0: closed)")
+    p.add_argument("--kind", choices=["sleep", "cpu"], default="sleep")
+    p.add_argument("--work-ms", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=500_000)
+    p.add_argument("--fail-prob", type=float, default=0.0)
+    p.add_argument("--hang-prob", type=float, default=0.0)
+    p.add_argument("--label", default="")
+    p.add_argument("--drain-timeout", type=float, default=120.0)
+    a = p.parse_args()
+    body = job_body(a.work_ms, a.fail_prob, a.hang_prob, a.kind, a.rounds)
+    result = asyncio.run(
+        run_load(
+            a.url,
+            jobs=a.jobs,
+            concurrency=a.concurrency,
+            batch=a.batch,
+            rate=a.rate,
+            body=body,
+            label=a.label,
+            drain_timeout=a.drain_timeout,
+        )
+    )
+    result.pop("store_stats")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from sqlq.cli import main
+
+main()
