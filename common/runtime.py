@@ -56,6 +56,7 @@ class RuntimeConfig:
     healthcheck: bool = True
     seed: int | None = None
     cpu_processes: int | None = None
+    compact_every_s: float = 300.0  # prune past retention and compact; 0 turns it off
 
 
 class Runtime:
@@ -91,6 +92,7 @@ class Runtime:
         self.totals: Counter[str] = Counter()  # events since this process started
         self._background: set[asyncio.Task[None]] = set()
         self._claiming: set[str] = set()  # claims committed but not yet durable
+        self._maintenance: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -116,6 +118,8 @@ class Runtime:
                 self.scheduler.add(job.id, job.ready_at, job.priority)
         self.scheduler.start()
         self.pool.start()
+        if self.config.compact_every_s > 0:
+            self._maintenance = asyncio.create_task(self._maintain(), name="sqlq-maintenance")
         self.state = "ready"
         log.info("recovery: %s; requeued %d", recovery.summary(), len(requeue))
         return recovery
@@ -124,6 +128,9 @@ class Runtime:
         if self.state in ("stopping", "stopped"):
             return
         self.state = "stopping"
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            await asyncio.gather(self._maintenance, return_exceptions=True)
         await self.scheduler.stop()
         await self.pool.stop(grace_s)
         if self._background:
@@ -271,6 +278,23 @@ class Runtime:
         t = self._after_failure(job, "worker hung: no heartbeat", self.clock.time())
         self.totals["requeued_hung"] += 1
         self._in_background(job, t, claimed)
+
+    async def _maintain(self) -> None:
+        """Prune finished jobs past retention and compact, every ``compact_every_s``."""
+        while True:
+            await asyncio.sleep(self.config.compact_every_s)
+            try:
+                report = await self.store.compact()
+            except StoreError as exc:
+                log.error("periodic compaction failed: %s", exc)
+                continue
+            self.totals["compactions"] += 1
+            log.info(
+                "compacted: pruned %d jobs, %d -> %d bytes",
+                report.jobs_pruned,
+                report.bytes_before,
+                report.bytes_after,
+            )
 
     # -- internals ----------------------------------------------------------------------------
 

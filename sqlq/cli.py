@@ -129,6 +129,15 @@ def main() -> None:
     envvar=_env("retention"),
     help="Seconds finished jobs stay readable.",
 )
+@click.option(
+    "--compact-every",
+    type=click.FloatRange(0),
+    default=300.0,
+    show_default=True,
+    envvar=_env("compact_every"),
+    metavar="S",
+    help="Prune finished jobs past --retention and compact every S seconds (0: never).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, envvar=_env("host"))
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, envvar=_env("port")
@@ -175,6 +184,7 @@ def serve(
     healthcheck: bool,
     grace: float,
     retention: float,
+    compact_every: float,
     host: str,
     port: int,
     imports: tuple[str, ...],
@@ -205,6 +215,7 @@ def serve(
         hb_timeout_s=hb_timeout_ms / 1000,
         healthcheck=healthcheck,
         seed=seed,
+        compact_every_s=compact_every,
     )
     engine = make_store(store, data_dir, sync=sync, retention=retention)  # type: ignore[arg-type]
     runtime = Runtime(engine, config)

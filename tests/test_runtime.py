@@ -241,6 +241,28 @@ async def test_restart_requeues_only_unfinished_jobs(
         await second.stop(0)
 
 
+async def test_periodic_compaction_prunes_past_retention(engine: str, tmp_path: Path) -> None:
+    from common.clock import FakeClock
+    from sqlq.engines import make_store
+
+    clock = FakeClock(time.time())
+    store = make_store(engine, tmp_path, retention=60.0, clock=clock)
+    rt = Runtime(store, RuntimeConfig(workers=2, compact_every_s=0.05), clock=clock)
+    await rt.start()
+    try:
+        job = await submit(rt)
+        await final(rt, job.id)
+        clock.advance(3600)  # long past retention
+        await wait_for(lambda: rt.totals["compactions"] >= 1, 10, "a periodic compaction")
+
+        async def gone() -> bool:
+            return await rt.get(job.id) is None
+
+        await wait_for(gone, 10, "the finished job to be pruned")
+    finally:
+        await rt.stop(0)
+
+
 def test_registry_refuses_a_duplicate_kind() -> None:
     registry = Registry()
     registry.register(SLEEP)

@@ -124,6 +124,24 @@ def test_sigterm_lets_running_jobs_finish_then_exits_cleanly(tmp_path: Path) -> 
         again.stop()
 
 
+def test_a_second_signal_cuts_the_grace_period_short(tmp_path: Path) -> None:
+    server = Server("--store", "memory", "--workers", "2", "--grace", "120")
+    server.wait_ready()
+    with httpx.Client(base_url=server.url, timeout=5) as c:
+        for _ in range(2):
+            c.post("/jobs", json={"kind": "sleep", "args": {"work_ms": 300_000}})
+        deadline = time.monotonic() + 10
+        while c.get("/stats").json()["jobs"]["running"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # the first signal starts a 120 s grace period for the running jobs
+    assert server.proc.poll() is None
+    server.proc.send_signal(signal.SIGINT)
+    code = server.proc.wait(timeout=20)  # far inside the grace period: the signal cut it
+    server.stop()
+    assert code in (0, 130), server.stderr
+
+
 def test_bad_flags_name_the_flag() -> None:
     runner = CliRunner()
     r = runner.invoke(main, ["serve", "--workers", "0"])
