@@ -43,6 +43,7 @@ class ServerProcess:
             sys.executable, "-m", "sqlq", "serve",
             "--store", store, "--data", self.data_dir, "--sync", sync,
             "--workers", str(workers), "--port", str(self.port), "--log-level", "warning",
+            "--grace", "0",  # a benchmark never waits for hung jobs at shutdown
             *flags,
         ]  # fmt: skip
         self.ready_within = ready_within

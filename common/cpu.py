@@ -56,10 +56,16 @@ class CpuArgs(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class CpuPool:
-    """A process pool and one progress counter per process."""
+    """A process pool and one progress counter per process.
 
-    def __init__(self, processes: int | None = None) -> None:
+    ``beat_while_queued=False`` is a benchmark knob that reproduces the naive
+    design (no heartbeat until the work itself reports progress), to show what
+    it costs when jobs outnumber cores.
+    """
+
+    def __init__(self, processes: int | None = None, *, beat_while_queued: bool = True) -> None:
         self.processes = processes or os.cpu_count() or 1
+        self.beat_while_queued = beat_while_queued
         self._executor: ProcessPoolExecutor | None = None
         self._counters: Any = None
         self._free: asyncio.Queue[int] | None = None
@@ -80,7 +86,7 @@ class CpuPool:
     async def run(self, args: JSON, ctx: JobContext) -> JSON:
         a = CpuArgs(**args)
         executor, free = self._ensure()
-        slot = await _wait_beating(free, ctx)
+        slot = await _wait_beating(free, ctx, self.beat_while_queued)
         try:
             loop = asyncio.get_running_loop()
             fut = loop.run_in_executor(executor, chain_sha256, a.seed, a.rounds, slot)
@@ -94,7 +100,7 @@ class CpuPool:
                     ctx.beat()
                     seen = now
                     started = True
-                elif not started and loop.time() - submitted < STARTUP_S:
+                elif self.beat_while_queued and not started and loop.time() - submitted < STARTUP_S:
                     # Not started yet (a process is being spawned): waiting, not hung.
                     ctx.beat()
                 if done:
@@ -108,12 +114,13 @@ class CpuPool:
             self._executor = None
 
 
-async def _wait_beating(free: asyncio.Queue[int], ctx: JobContext) -> int:
+async def _wait_beating(free: asyncio.Queue[int], ctx: JobContext, beat: bool) -> int:
     getter = asyncio.ensure_future(free.get())
     try:
         while True:
             done, _ = await asyncio.wait({getter}, timeout=POLL_S)
-            ctx.beat()  # waiting for a core is alive, not hung
+            if beat:
+                ctx.beat()  # waiting for a core is alive, not hung
             if done:
                 return getter.result()
     except BaseException:

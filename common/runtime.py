@@ -56,6 +56,7 @@ class RuntimeConfig:
     healthcheck: bool = True
     seed: int | None = None
     cpu_processes: int | None = None
+    cpu_beat_while_queued: bool = True
     compact_every_s: float = 300.0  # prune past retention and compact; 0 turns it off
 
 
@@ -71,7 +72,9 @@ class Runtime:
         self.store = store
         self.config = config or RuntimeConfig()
         self.clock = clock
-        self.cpu = CpuPool(self.config.cpu_processes)
+        self.cpu = CpuPool(
+            self.config.cpu_processes, beat_while_queued=self.config.cpu_beat_while_queued
+        )
         self.registry = Registry()
         for name in (registry or REGISTRY).names():
             self.registry.register((registry or REGISTRY).get(name))

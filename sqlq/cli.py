@@ -138,6 +138,37 @@ def main() -> None:
     metavar="S",
     help="Prune finished jobs past --retention and compact every S seconds (0: never).",
 )
+@click.option(
+    "--group-commit/--no-group-commit",
+    default=True,
+    show_default=True,
+    envvar=_env("group_commit"),
+    help="Benchmark knob: --no-group-commit syncs every transition on its own.",
+)
+@click.option(
+    "--emulate-sync-delay-ms",
+    type=click.FloatRange(0, 1000),
+    default=0.0,
+    envvar=_env("emulate_sync_delay_ms"),
+    metavar="MS",
+    help="Benchmark knob: add MS of emulated disk latency to every sync "
+    "(reported as emulated in /stats).",
+)
+@click.option(
+    "--compact-floor-mb",
+    type=click.FloatRange(0.01),
+    default=64.0,
+    show_default=True,
+    envvar=_env("compact_floor_mb"),
+    help="walq compacts once its log exceeds this and 4x its live size.",
+)
+@click.option(
+    "--cpu-beat-while-queued/--no-cpu-beat-while-queued",
+    default=True,
+    show_default=True,
+    envvar=_env("cpu_beat_while_queued"),
+    help="Benchmark knob: whether a cpu job heartbeats while it waits for a core.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, envvar=_env("host"))
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, envvar=_env("port")
@@ -185,6 +216,10 @@ def serve(
     grace: float,
     retention: float,
     compact_every: float,
+    group_commit: bool,
+    emulate_sync_delay_ms: float,
+    compact_floor_mb: float,
+    cpu_beat_while_queued: bool,
     host: str,
     port: int,
     imports: tuple[str, ...],
@@ -216,8 +251,14 @@ def serve(
         healthcheck=healthcheck,
         seed=seed,
         compact_every_s=compact_every,
+        cpu_beat_while_queued=cpu_beat_while_queued,
     )
-    engine = make_store(store, data_dir, sync=sync, retention=retention)  # type: ignore[arg-type]
+    options: dict[str, object] = {"retention": retention}
+    if store != "memory":
+        options.update(group_commit=group_commit, sync_delay_s=emulate_sync_delay_ms / 1000)
+    if store in ("wal", "walq"):
+        options["compact_floor_bytes"] = int(compact_floor_mb * (1 << 20))
+    engine = make_store(store, data_dir, sync=sync, **options)  # type: ignore[arg-type]
     runtime = Runtime(engine, config)
     opts = ServeOptions(
         host=host, port=port, grace_s=grace, access_log=access_log, log_level=log_level
@@ -230,6 +271,148 @@ def serve(
     except KeyboardInterrupt:
         # uvicorn re-raises the signal it handled; after a clean stop that is success.
         sys.exit(0 if runtime.state == "stopped" else 130)
+
+
+EXPERIMENT_NAMES = ["ceiling", "A", "B", "C", "D", "E", "F", "G", "H", "I"]
+
+
+def _need_bench_extra() -> None:
+    try:
+        import matplotlib  # noqa: F401
+        import tqdm  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException(
+            f"{exc.name} is missing: install the benchmark extra, pip install -e '.[bench]'"
+        ) from exc
+
+
+@main.command()
+@click.option(
+    "--only",
+    multiple=True,
+    type=click.Choice(EXPERIMENT_NAMES),
+    help="Run only this experiment (repeatable). Default: all.",
+)
+@click.option(
+    "--stores",
+    multiple=True,
+    type=click.Choice(["memory", "walq", "sqlite"]),
+    help="Engines to compare (repeatable). Default: all three.",
+)
+@click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option(
+    "--quick", is_flag=True, help="A smoke run of every experiment (1 repeat, tiny sizes)."
+)
+@click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
+@click.option(
+    "--workers",
+    "a_workers",
+    multiple=True,
+    type=click.IntRange(1, 4096),
+    help="Experiment A: worker counts to run (repeatable).",
+)
+@click.option("--report-only", is_flag=True, help="Rebuild REPORT.md and plots from the jsonl.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def bench(
+    only: tuple[str, ...],
+    stores: tuple[str, ...],
+    repeats: int,
+    quick: bool,
+    out: str,
+    a_workers: tuple[int, ...],
+    report_only: bool,
+    progress: bool,
+) -> None:
+    """Run the comparative benchmark suite into OUT and rebuild its report.
+
+    Each run starts a fresh `sqlq serve` with a fresh data directory on a free
+    port; engines alternate within each repeat. Experiments: A worker scaling,
+    B retries, C hangs and the health check, D durability cost, E kill -9
+    recovery, F CPU jobs, G recovery time and compaction, H latency under load,
+    I emulated disk latency; `ceiling` is the client against a trivial endpoint.
+    """
+    from pathlib import Path
+
+    _need_bench_extra()
+    from bench.report import build
+
+    if not report_only:
+        from bench.runner import ORDER, STORES, run_suite
+
+        run_suite(
+            only=only or ORDER,
+            stores=stores or STORES,
+            repeats=1 if quick else repeats,
+            quick=quick,
+            out=Path(out),
+            extra={"A": {"workers": a_workers}} if a_workers else {},
+            show_progress=progress,
+        )
+    build(Path(out))
+    click.echo(f"report: {Path(out) / 'REPORT.md'}")
+
+
+@main.command()
+@click.option("--url", default="http://127.0.0.1:8080", show_default=True)
+@click.option("--jobs", type=click.IntRange(1), default=2000, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 10_000),
+    default=1,
+    show_default=True,
+    help="Jobs per request; above 1 uses POST /jobs/batch.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Open loop at this many requests/s (0: closed loop).",
+)
+@click.option("--kind", type=click.Choice(["sleep", "cpu"]), default="sleep", show_default=True)
+@click.option("--work-ms", type=click.IntRange(0, 600_000), default=20, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=500_000, show_default=True)
+@click.option("--fail-prob", type=click.FloatRange(0, 1), default=0.0, show_default=True)
+@click.option("--hang-prob", type=click.FloatRange(0, 1), default=0.0, show_default=True)
+@click.option("--label", default="")
+def loadgen(
+    url: str,
+    jobs: int,
+    concurrency: int,
+    batch: int,
+    rate: float,
+    kind: str,
+    work_ms: int,
+    rounds: int,
+    fail_prob: float,
+    hang_prob: float,
+    label: str,
+) -> None:
+    """Submit jobs to a running server, wait for them to finish, print one JSON line."""
+    import asyncio
+    import json
+
+    _need_bench_extra()
+    from bench.loadgen import job_body, run_load
+
+    body = job_body(work_ms, fail_prob, hang_prob, kind, rounds)
+    try:
+        result = asyncio.run(
+            run_load(
+                url,
+                jobs=jobs,
+                concurrency=concurrency,
+                batch=batch,
+                rate=rate,
+                body=body,
+                label=label,
+            )
+        )
+    except OSError as exc:
+        raise click.UsageError(f"--url: cannot reach {url}: {exc}") from exc
+    result.pop("store_stats", None)
+    click.echo(json.dumps(result))
 
 
 @main.command()

@@ -139,6 +139,7 @@ class WalStore:
             notes.append("removed a stale compaction file")
         if not fs.exists(self.path):
             self._create_fresh(start_seq=1)
+            self._log_bytes = len(fs.read(self.path))
             self._fd = fs.open_append(self.path)
             return Recovery(jobs=[], running=[], records=0, seconds=time.perf_counter() - t0)
         data = fs.read(self.path)

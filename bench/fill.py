@@ -1,0 +1,53 @@
+"""Fill a data directory with N transitions through an engine, for experiment G.
+
+Jobs go submit -> start -> complete in commits of 1,000 changes; about 1 in 30
+transitions is a job left scheduled, so recovery has live work to find.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from common.models import Job
+from sqlq.engines import make_store
+
+CHUNK = 1000
+
+
+async def fill(store_name: str, data: str, transitions: int) -> None:
+    store = make_store(store_name, data, sync="os")
+    await store.open()
+    now = time.time()
+    live = transitions // 30
+    done = (transitions - live) // 3
+    for start in range(0, done, CHUNK):
+        jobs = [
+            Job.new(kind="sleep", args={"work_ms": 0}, now=now)
+            for _ in range(min(CHUNK, done - start))
+        ]
+        await store.commit(jobs)
+        starts = [j.start(now) for j in jobs]
+        await store.commit(starts)
+        await store.commit(
+            [j.apply(t).complete(None, now) for j, t in zip(jobs, starts, strict=True)]
+        )
+    for start in range(0, live, CHUNK):
+        await store.commit(
+            [Job.new(kind="sleep", args={}, now=now) for _ in range(min(CHUNK, live - start))]
+        )
+    await store.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--store", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--transitions", type=int, required=True)
+    a = p.parse_args()
+    asyncio.run(fill(a.store, a.data, a.transitions))
+
+
+if __name__ == "__main__":
+    main()
