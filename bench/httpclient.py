@@ -81,12 +81,16 @@ class HttpPool:
         self._free: asyncio.Queue[_Connection] = asyncio.Queue()
         self._all: list[_Connection] = []
 
+    async def _connect(self) -> _Connection:
+        _, conn = await asyncio.get_running_loop().create_connection(
+            _Connection, self.host, self.port
+        )
+        self._all.append(conn)
+        return conn
+
     async def __aenter__(self) -> HttpPool:
-        loop = asyncio.get_running_loop()
         for _ in range(self.size):
-            _, conn = await loop.create_connection(_Connection, self.host, self.port)
-            self._all.append(conn)
-            self._free.put_nowait(conn)
+            self._free.put_nowait(await self._connect())
         return self
 
     async def __aexit__(
@@ -97,12 +101,21 @@ class HttpPool:
                 conn.transport.close()
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        conn = await self._free.get()
-        try:
-            return await conn.request(method.encode(), path.encode(), body)
-        finally:
-            if not conn.closed:
-                self._free.put_nowait(conn)
+        """One request. A connection the server closed while idle (uvicorn's
+        keep-alive timeout) is replaced first; a GET that loses its connection
+        mid-flight is retried once. A POST never is: it may have been applied."""
+        for attempt in (1, 2):
+            conn = await self._free.get()
+            try:
+                if conn.closed:
+                    conn = await self._connect()
+                return await conn.request(method.encode(), path.encode(), body)
+            except HTTPError:
+                if method != "GET" or attempt == 2:
+                    raise
+            finally:
+                self._free.put_nowait(conn if not conn.closed else await self._connect())
+        raise AssertionError("unreachable")
 
     async def json(self, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
         status, data = await self.request(method, path, body)
