@@ -178,3 +178,30 @@ def test_sync_os_loss_is_measured_not_hidden(tmp_path: Path) -> None:
         f"(of {total} I/O calls in the run)"
     )
     assert lost_total > 0
+
+
+def test_a_power_cut_during_recovery_of_a_torn_tail_loses_nothing(tmp_path: Path) -> None:
+    """Compound fault: the log has a torn tail, and the power goes while recovery cuts it."""
+    clean = SimDisk()
+    outcome = asyncio.run(run_workload(tmp_path, clean))
+    torn = clean.after_cut("synced", random.Random(0))
+    log = str(tmp_path / "walq.log")
+    torn.inodes[torn.names[log]].data += b'{"crc":"1234abcd","rec":{"seq":99'  # a torn write
+    torn.inodes[torn.names[log]].synced = bytes(torn.inodes[torn.names[log]].data)
+    expect = asyncio.run(recover(tmp_path, torn.after_cut("synced", random.Random(0))))
+    assert lost_acknowledged(outcome, expect) == 0
+
+    probe = torn.after_cut("synced", random.Random(0))
+    asyncio.run(recover(tmp_path, probe))
+    recovery_calls = len(probe.calls)
+    assert {"truncate", "fdatasync", "fsync_dir"} <= set(probe.calls)
+    for n in range(recovery_calls + 1):
+        for mode in ("synced", "prefix"):
+            disk = torn.after_cut("synced", random.Random(n))
+            disk.cut_after = n
+            try:
+                asyncio.run(recover(tmp_path, disk))
+            except OSError:
+                pass  # the power went mid-recovery
+            got = asyncio.run(recover(tmp_path, disk.after_cut(mode, random.Random(n))))
+            assert got == expect, f"cut after {n} recovery I/O calls ({mode})"
