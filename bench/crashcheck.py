@@ -32,6 +32,7 @@ import msgspec
 import uvloop
 
 from bench.httpclient import HTTPError, HttpPool
+from bench.loadgen import wait_drained
 from bench.server import ServerProcess
 
 # The transition table, restated here on purpose: the verifier must not trust
@@ -221,15 +222,7 @@ def run_trial(trial: Trial, workdir: Path) -> dict[str, Any]:
 
     async def drain() -> dict[str, Any]:
         async with HttpPool(again.url, 1) as pool:
-            _, stats = await pool.json("GET", "/stats")
-            recovery = stats["recovery"]
-            deadline = time.perf_counter() + 120
-            while time.perf_counter() < deadline:
-                _, stats = await pool.json("GET", "/stats")
-                if stats["jobs"]["scheduled"] == 0 and stats["jobs"]["running"] == 0:
-                    break
-                await asyncio.sleep(0.02)
-            return recovery  # type: ignore[no-any-return]
+            return await wait_drained(pool)
 
     recovery = uvloop.run(drain())
     again.stop()  # graceful: the last completions are flushed
