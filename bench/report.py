@@ -191,10 +191,25 @@ class Report:
             ax.legend()
 
         self.plot("A_scaling", draw)
+
+        def efficiency(w: int, mode: str, s: str) -> float:
+            return 100 * med(r["throughput_jobs_s"] for r in g.get((w, mode, s), [])) / (w * 50)
+
+        single64 = {s: efficiency(64, "single", s) for s in STORES}
+        batch64 = {s: efficiency(64, "batch", s) for s in STORES}
         self.add(
-            "Efficiency falls at 256 workers because the ideal (12,800 jobs/s) is far above "
-            "what one Python process can submit and dispatch over HTTP on 2 cores shared with "
-            "the client: the run becomes submit-bound (compare the submit rates in D).",
+            "Up to 16 workers every engine is within a point of the memory baseline: with "
+            "group commit, durability costs the pool nothing at this job size. At 64 "
+            "workers the ideal (3,200 jobs/s) approaches what one process can take in over "
+            "HTTP while it also runs the jobs: with one job per POST the client submits at "
+            "up to ~10k requests/s, the server's single event loop is saturated by request "
+            "handling during the submit phase, and the workers' 20 ms timers fire late. "
+            f"Single-POST efficiency at 64 workers is {single64['memory']:.1f}% (memory), "
+            f"{single64['walq']:.1f}% (walq), {single64['sqlite']:.1f}% (sqlite); with batch "
+            f"submission, which takes ingestion off the critical path, {batch64['memory']:.1f}%"
+            f", {batch64['walq']:.1f}%, {batch64['sqlite']:.1f}%. At 256 workers (12,800 "
+            "jobs/s ideal) single POSTs cannot keep up at all, and the figure measures "
+            "ingestion, not the pool.",
             "",
         )
 
