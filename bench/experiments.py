@@ -85,6 +85,7 @@ class LoadRun:
             "jobs": self.jobs,
             "work_ms": self.work_ms,
             "kind": self.kind,
+            "rounds": self.rounds,
             "concurrency": self.concurrency,
             "batch": self.batch,
             "rate": self.rate,
