@@ -22,7 +22,7 @@ import msgspec
 import uvloop
 
 from bench.httpclient import HTTPError, HttpPool
-from bench.loadgen import job_body, run_load
+from bench.loadgen import job_body, run_load, wait_drained
 from bench.server import ServerProcess, free_port
 
 DURABLE = ("walq", "sqlite")
@@ -85,6 +85,7 @@ class LoadRun:
             "jobs": self.jobs,
             "work_ms": self.work_ms,
             "kind": self.kind,
+            "rounds": self.rounds,
             "concurrency": self.concurrency,
             "batch": self.batch,
             "rate": self.rate,
@@ -261,14 +262,7 @@ class CrashRun:
 
     async def _drain_and_verify(self, url: str, acked: list[str]) -> dict[str, Any]:
         async with HttpPool(url, 32) as pool:
-            _, stats = await pool.json("GET", "/stats")
-            recovery = stats["recovery"]
-            deadline = time.perf_counter() + 120
-            while time.perf_counter() < deadline:
-                _, stats = await pool.json("GET", "/stats")
-                if stats["jobs"]["scheduled"] == 0 and stats["jobs"]["running"] == 0:
-                    break
-                await asyncio.sleep(0.02)
+            recovery = await wait_drained(pool)
             lost = reruns = unfinished = 0
 
             async def get(job_id: str) -> dict[str, Any] | None:

@@ -169,6 +169,22 @@ async def run_load(
     }
 
 
+async def wait_drained(pool: HttpPool, within: float = 120.0) -> dict[str, Any]:
+    """Poll /stats until nothing is scheduled or running; returns what recovery found.
+
+    Used after a restart, when the recovered jobs are all there is to run.
+    """
+    stats = await _stats(pool)
+    recovery: dict[str, Any] = stats["recovery"]
+    deadline = time.perf_counter() + within
+    while time.perf_counter() < deadline:
+        if stats["jobs"]["scheduled"] == 0 and stats["jobs"]["running"] == 0:
+            break
+        await asyncio.sleep(0.02)
+        stats = await _stats(pool)
+    return recovery
+
+
 _EMPTY_STATS: dict[str, Any] = {
     "jobs": {"completed": 0, "dead": 0},
     "retried": 0,

@@ -46,9 +46,11 @@ class GroupCommitter:
         group: bool = True,
         max_batch: int = 8192,
         between: Hook | None = None,
+        on_fail: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._flush = flush
         self._between = between
+        self._on_fail = on_fail
         self._name = name
         self._max_batch = max_batch if group else 1
         self._pending: list[Pending] = []
@@ -136,6 +138,8 @@ class GroupCommitter:
         if self.failure is None:
             log.error("%s failed, refusing further writes until reopened: %r", self._name, exc)
             self.failure = exc
+            if self._on_fail is not None:
+                self._on_fail(exc)  # the engine fails whatever else is waiting on it
         self._reject(self._pending)
         self._pending = []
 

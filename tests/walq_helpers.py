@@ -19,19 +19,23 @@ class Boom(OSError):
 class FaultyFiles(OsFileOps):
     """Real files, but the ``nth`` call of ``op`` on a path ending in ``where`` fails."""
 
-    def __init__(self, op: str, where: str = "", nth: int = 1) -> None:
-        self.op, self.where, self.nth = op, where, nth
+    def __init__(
+        self, op: str, where: str = "", nth: int = 1, err: int = 5, persistent: bool = False
+    ) -> None:
+        self.op, self.where, self.nth, self.err, self.persistent = op, where, nth, err, persistent
         self.calls = 0
         self.fired = False
         self.fd_paths: dict[int, str] = {}
 
     def _maybe(self, op: str, path: str) -> None:
-        if self.fired or op != self.op or not path.endswith(self.where):
+        if op != self.op or not path.endswith(self.where):
+            return
+        if self.fired and not self.persistent:
             return
         self.calls += 1
         if self.calls >= self.nth:
             self.fired = True
-            raise Boom(f"injected failure in {op}({path})")
+            raise Boom(self.err, f"injected failure in {op}({path})")
 
     def open_new(self, path: str) -> int:
         self._maybe("open_new", path)

@@ -21,9 +21,11 @@ The state is the fold: start from the snapshot jobs, apply each op in order.
 Recovery rule. Lines are checked in order (framing, CRC, JSON, sequence). At the
 first bad line, the reader looks at everything after it:
 
-- no complete good line follows: the tail is torn (a crash mid-write). It is cut
+- no whole record follows: the tail is torn (a crash mid-write). It is cut
   off at the bad line's offset; the cut bytes are kept as ``<log>.broken-<n>``.
-- a good line follows: the damage is in the middle of acknowledged history, and
+- a whole record follows (a complete, checksummed frame, even one that starts
+  mid-line because a newline was damaged): the damage is in the middle of
+  acknowledged history, and
   opening fails with ``CorruptLogError`` naming the file and the byte offset.
   ``repair`` keeps the valid prefix and moves the rest aside; nothing is deleted.
 
@@ -75,12 +77,10 @@ def unframe(line: bytes) -> dict[str, Any]:
         raise BadLine("bad framing")
     if line[len(_PREFIX) + 8 : _REC_START] != _MIDDLE:
         raise BadLine("bad framing")
-    try:
-        crc = int(line[len(_PREFIX) : len(_PREFIX) + 8], 16)
-    except ValueError:
-        raise BadLine("bad checksum field") from None
     body = line[_REC_START:-1]
-    if zlib.crc32(body) != crc:
+    # Byte for byte, not int(..., 16): the format is 8 lowercase hex digits, and a
+    # flipped case bit in the field is damage too.
+    if line[len(_PREFIX) : len(_PREFIX) + 8] != b"%08x" % zlib.crc32(body):
         raise BadLine("checksum mismatch")
     try:
         record = msgspec.json.decode(body)
@@ -106,18 +106,25 @@ def lines(data: bytes, start: int = 0) -> Iterator[tuple[int, bytes, bool]]:
 
 
 def good_line_after(data: bytes, offset: int) -> bool:
-    """Whether any complete, checksummed line starts after the line at ``offset``."""
-    nl = data.find(b"\n", offset)
-    if nl < 0:
-        return False
-    for _, line, complete in lines(data, nl + 1):
-        if not complete:
-            return False
+    """Whether a complete, checksummed record starts anywhere after ``offset``.
+
+    Not only at line starts: a damaged newline merges two lines into one bad
+    line, and the record inside it is still whole. A torn write only ever
+    damages the end, so any whole record after the bad point means damage in
+    the middle.
+    """
+    pos = data.find(_PREFIX, offset + 1)
+    while pos >= 0:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            return False  # no complete line left
         try:
-            unframe(line)
+            unframe(data[pos:nl])
         except BadLine:
-            continue
-        return True
+            pass
+        else:
+            return True
+        pos = data.find(_PREFIX, pos + 1)
     return False
 
 

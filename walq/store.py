@@ -125,7 +125,11 @@ class WalStore:
             self._lock.release()
             raise
         self._committer = GroupCommitter(
-            self._flush, name="walq", group=self._group, between=self._between
+            self._flush,
+            name="walq",
+            group=self._group,
+            between=self._between,
+            on_fail=self._on_fail,
         )
         self._committer.start()
         return recovery
@@ -284,6 +288,13 @@ class WalStore:
         self._compact_requested = True
         self._committer.poke()
         return await waiter
+
+    def _on_fail(self, exc: BaseException) -> None:
+        """The writer failed: compactions asked for will never run; say so now."""
+        failure = StoreFailedError(f"walq has failed: {exc}")
+        _resolve(self._waiters + self._inflight, exc=failure)
+        self._waiters, self._inflight = [], []
+        self._compact_requested = False
 
     async def _between(self) -> None:
         """Runs in the writer task between batches: start or finish a compaction."""

@@ -1,0 +1,125 @@
+"""I/O errors: nothing is acknowledged that is not durable, and restart recovers all.
+
+Injected through walq's FileOps (ENOSPC and EIO on write, a failing fsync, a
+failing rename during compaction; once and persistently), and, for both
+engines, by really filling a small filesystem.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from common.http import create_app
+from common.runtime import Runtime, RuntimeConfig
+from tests.serve_helpers import Server
+from tests.walq_helpers import FaultyFiles
+from walq.store import WalStore
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["once", "persistent"])
+@pytest.mark.parametrize(
+    ("op", "where", "err"),
+    [
+        ("write", "walq.log", errno.ENOSPC),
+        ("write", "walq.log", errno.EIO),
+        ("fdatasync", "walq.log", errno.EIO),
+        ("replace", "walq.log.tmp", errno.EIO),
+    ],
+)
+async def test_injected_io_error_is_a_503_and_restart_keeps_every_ack(
+    tmp_path: Path, op: str, where: str, err: int, persistent: bool
+) -> None:
+    # nth: past open (which writes the header, and renames a fresh log into place)
+    fs = FaultyFiles(op, where=where, nth=4 if op != "replace" else 2, err=err,
+                     persistent=persistent)  # fmt: skip
+    rt = Runtime(WalStore(tmp_path, fs=fs), RuntimeConfig(workers=2, compact_every_s=0))
+    await rt.start()
+    acked: list[str] = []
+    statuses: list[int] = []
+    app = create_app(rt, start_runtime=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        for i in range(12):
+            if op == "replace" and i == 2:
+                try:
+                    await rt.store.compact()
+                except Exception:
+                    pass
+            r = await c.post("/jobs", json={"kind": "sleep", "delay_ms": 60_000})
+            statuses.append(r.status_code)
+            if r.status_code == 201:
+                acked.append(r.json()["id"])
+            else:
+                assert r.status_code == 503, r.text
+                assert r.json()["error"] == "unavailable"
+        assert 503 in statuses
+        assert statuses.index(503) > 0
+        # after the first failure, nothing more is acknowledged, even if the disk recovered
+        assert all(s == 503 for s in statuses[statuses.index(503) :])
+        r = await c.get("/readyz")
+        assert r.status_code == 503
+        assert "store failed" in r.json()["reason"]
+    await rt.stop(0)
+    again = Runtime(WalStore(tmp_path), RuntimeConfig(workers=2, compact_every_s=0))
+    await again.start()
+    try:
+        for job_id in acked:
+            assert await again.get(job_id) is not None, f"acknowledged {job_id} lost"
+    finally:
+        await again.stop(0)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> object:
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("store", ["walq", "sqlite"])
+def test_a_full_filesystem_is_a_503_and_space_back_recovers_every_ack(
+    tiny_fs: Path, store: str
+) -> None:
+    server = Server("--store", store, "--data", str(tiny_fs), "--workers", "1")
+    acked: list[str] = []
+    try:
+        server.wait_ready()
+        batch = {"jobs": [{"kind": "sleep", "delay_ms": 3_600_000}] * 500}
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            deadline = time.monotonic() + 60
+            status = 201
+            while status == 201 and time.monotonic() < deadline:
+                r = c.post("/jobs/batch", json=batch)
+                status = r.status_code
+                if status == 201:
+                    acked.extend(r.json()["ids"])
+            assert status == 503, f"never filled the disk ({len(acked)} jobs)"
+            assert r.json()["error"] == "unavailable"
+            assert c.get("/readyz").status_code == 503
+    finally:
+        server.stop()
+    assert acked
+    subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_fs)], check=True)  # space back
+    again = Server("--store", store, "--data", str(tiny_fs), "--workers", "1")
+    try:
+        again.wait_ready()
+        with httpx.Client(base_url=again.url, timeout=30) as c:
+            stats = c.get("/stats").json()
+            assert stats["recovery"]["live_jobs"] >= len(acked)
+            for job_id in acked[:: max(1, len(acked) // 200)] + acked[-5:]:
+                assert c.get(f"/jobs/{job_id}").status_code == 200, f"acknowledged {job_id} lost"
+    finally:
+        again.stop()
+    assert os.path.ismount(tiny_fs)
