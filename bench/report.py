@@ -290,14 +290,20 @@ class Report:
             ):
                 rs = g[key]
                 sub, tot = med(r["submit_s"] for r in rs), med(r["total_s"] for r in rs)
-                syncs = med(r["store_stats"].get("fsyncs", r["store_stats"].get("commits", 0))
-                            for r in rs)  # fmt: skip
+                syncs = (
+                    med(
+                        r["store_stats"].get("fsyncs", r["store_stats"].get("commits", 0))
+                        for r in rs
+                    )
+                    if key[1] in DURABLE
+                    else float("nan")
+                )
                 mb = med(r["store_stats"].get("mean_batch", 0) for r in rs)
                 self.add(
                     f"| {wl} | {key[1]} | {key[2]} | {'on' if key[3] else 'off'} | "
                     f"{cell([r['submit_s'] for r in rs], '{:.3f}')} | {sub / b_sub:.2f} | "
                     f"{cell([r['total_s'] for r in rs], '{:.3f}')} | {tot / b_tot:.2f} | "
-                    f"{syncs:,.0f} | {mb:.1f} |"
+                    + ("- | - |" if key[1] not in DURABLE else f"{syncs:,.0f} | {mb:.1f} |")
                 )
                 if key[1] in DURABLE:
                     self.facts[f"D/{wl}/{key[1]}/{key[2]}/{key[3]}/submit_x"] = sub / b_sub
