@@ -304,11 +304,13 @@ def exp_f(quick: bool, stores: tuple[str, ...]) -> Iterator[BenchRun]:
     """
     jobs, rounds = (10, 50_000) if quick else (200, 500_000)
     store = "sqlite" if "sqlite" in stores else stores[0]
-    for w in (1, 4) if quick else (1, 2, 4, 16):
+    counts = (1, 4) if quick else (1, 2, 4, 16)
+    variants = [(w, True) for w in counts] + [(counts[-1], False)]
+    for w, beat in variants:
         yield LoadRun(
             experiment="F",
             store=store,
-            label=f"F/{store}/w{w}",
+            label=f"F/{store}/w{w}" + ("" if beat else "/naive"),
             workers=w,
             jobs=jobs,
             kind="cpu",
@@ -316,23 +318,9 @@ def exp_f(quick: bool, stores: tuple[str, ...]) -> Iterator[BenchRun]:
             concurrency=4,
             batch=50,
             drain_timeout=600,
-            params={"beat_while_queued": True},
+            flags=() if beat else ("--no-cpu-beat-while-queued",),
+            params={"beat_while_queued": beat},
         )
-    w = 4 if quick else 16
-    yield LoadRun(
-        experiment="F",
-        store=store,
-        label=f"F/{store}/w{w}/naive",
-        workers=w,
-        jobs=jobs,
-        kind="cpu",
-        rounds=rounds,
-        concurrency=4,
-        batch=50,
-        drain_timeout=600,
-        flags=("--no-cpu-beat-while-queued",),
-        params={"beat_while_queued": False},
-    )
 
 
 # -- G. recovery time vs log size, and compaction -------------------------------------------------
