@@ -111,3 +111,23 @@ async def test_stale_tmp_is_removed_at_open(tmp_path: Path) -> None:
     assert any("stale compaction file" in n for n in recovery.notes)
     assert not (tmp_path / "walq.log.tmp").exists()
     assert await read_state(tmp_path, sorted(final)) == final
+
+
+async def test_finished_jobs_past_retention_do_not_hold_compaction_back(tmp_path: Path) -> None:
+    """With retention, finished jobs must not count as live, or the log never compacts."""
+    clock = FakeClock(NOW)
+    store = WalStore(
+        tmp_path, clock=clock, retention=1.0, compact_floor_bytes=30_000, compact_ratio=4
+    )
+    await store.open()
+    for i in range(400):
+        job = Job.new(kind="sleep", args={"i": i}, now=clock.time())
+        start = job.start(clock.time())
+        await store.commit([job])
+        await store.commit([start])
+        await store.commit([job.apply(start).complete(None, clock.time())])
+        clock.advance(0.1)  # jobs age past the 1 s retention as the run goes on
+    stats = store.stats()
+    await store.close()
+    assert stats["compactions"] >= 1
+    assert stats["log_bytes"] < 30_000 * 2

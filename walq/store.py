@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -84,6 +85,10 @@ class WalStore:
         # Emulated extra disk latency, for the benchmark only; always reported in stats.
         self._sync_delay = sync_delay_s
         self._index = JobIndex()
+        # Finished jobs in the order they finished, so the ones past retention can be
+        # forgotten in O(1) each; otherwise they would count as live and the log
+        # could never grow past ratio x "live" size, and would never compact.
+        self._finished: deque[tuple[float, str]] = deque()
         self._fd: int | None = None
         self._lock = DirLock(self.dir, LOCK_NAME)
         self._seq = 0
@@ -167,6 +172,9 @@ class WalStore:
         self._fold(sc)
         self._seq = sc.last_seq if sc.header is not None else 0
         self._index.prune(self._clock.time() - self._retention)
+        self._finished = deque(
+            sorted((j.updated_at, j.id) for j in self._index.jobs.values() if j.terminal)
+        )
         self._fd = fs.open_append(self.path)
         live = self._index.live()
         return Recovery(
@@ -252,6 +260,7 @@ class WalStore:
             if self._snap_future is not None:
                 self._carry.append(data)
             self._index.publish(staged)
+            self._finished.extend((j.updated_at, j.id) for j in staged.values() if j.terminal)
             if self._should_compact():
                 self._compact_requested = True
         return outcomes
@@ -266,9 +275,20 @@ class WalStore:
                 time.sleep(self._sync_delay)
             self.syncs += 1
 
+    def _expire(self) -> None:
+        """Forget finished jobs past retention (the snapshot would leave them out)."""
+        cutoff = self._clock.time() - self._retention
+        jobs = self._index.jobs
+        while self._finished and self._finished[0][0] < cutoff:
+            updated_at, job_id = self._finished.popleft()
+            job = jobs.get(job_id)
+            if job is not None and job.terminal and job.updated_at == updated_at:
+                del jobs[job_id]
+
     def _should_compact(self) -> bool:
         if self._snap_future is not None or self._log_bytes < self._floor:
             return False
+        self._expire()
         return self._log_bytes > self._ratio * self._job_bytes * max(1, len(self._index))
 
     async def get(self, job_id: str) -> Job | None:
