@@ -22,7 +22,7 @@ import msgspec
 import uvloop
 
 from bench.httpclient import HTTPError, HttpPool
-from bench.loadgen import job_body, run_load, wait_drained
+from bench.loadgen import job_body, run, run_load, wait_drained
 from bench.server import ServerProcess, free_port
 
 DURABLE = ("walq", "sqlite")
@@ -65,18 +65,19 @@ class LoadRun:
         with ServerProcess(
             store=self.store, sync=self.sync, workers=self.workers, flags=self.flags
         ) as srv:
-            body = job_body(self.work_ms, self.fail_prob, self.hang_prob, self.kind, self.rounds)
-            result = uvloop.run(
-                run_load(
-                    srv.url,
-                    jobs=self.jobs,
-                    concurrency=self.concurrency,
-                    batch=self.batch,
-                    rate=self.rate,
-                    body=body,
-                    label=self.label,
-                    drain_timeout=self.drain_timeout,
-                )
+            result = run(
+                srv.url,
+                jobs=self.jobs,
+                kind=self.kind,
+                work_ms=self.work_ms,
+                fail_prob=self.fail_prob,
+                hang_prob=self.hang_prob,
+                rounds=self.rounds,
+                concurrency=self.concurrency,
+                batch=self.batch,
+                rate=self.rate,
+                label=self.label,
+                drain_timeout=self.drain_timeout,
             )
             result["ready_s"] = round(srv.ready_s, 4)
         result["config"] = {

@@ -8,12 +8,11 @@ at a fixed rate and each latency is measured from its scheduled time, so a
 slow server cannot hide its latency by slowing the client down (coordinated
 omission). Prints one JSON line.
 
-    python -m bench.loadgen --url http://127.0.0.1:8080 --jobs 2000 --work-ms 20
+    sqlq loadgen --url http://127.0.0.1:8080 --jobs 2000 --work-ms 20
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -201,39 +200,19 @@ async def _get_job(pool: HttpPool, job_id: str) -> dict[str, Any]:
     return job  # type: ignore[no-any-return]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--url", default="http://127.0.0.1:8080")
-    p.add_argument("--jobs", type=int, default=2000)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--rate", type=float, default=0.0, help="open loop at R submits/s (0: closed)")
-    p.add_argument("--kind", choices=["sleep", "cpu"], default="sleep")
-    p.add_argument("--work-ms", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=500_000)
-    p.add_argument("--fail-prob", type=float, default=0.0)
-    p.add_argument("--hang-prob", type=float, default=0.0)
-    p.add_argument("--label", default="")
-    p.add_argument("--drain-timeout", type=float, default=120.0)
-    a = p.parse_args()
-    body = job_body(a.work_ms, a.fail_prob, a.hang_prob, a.kind, a.rounds)
+def run(
+    url: str,
+    *,
+    jobs: int,
+    kind: str = "sleep",
+    work_ms: int = 20,
+    fail_prob: float = 0.0,
+    hang_prob: float = 0.0,
+    rounds: int = 500_000,
+    **options: Any,
+) -> dict[str, Any]:
+    """One load, on uvloop, from job parameters: what ``sqlq loadgen`` and the runner call."""
     import uvloop
 
-    result = uvloop.run(
-        run_load(
-            a.url,
-            jobs=a.jobs,
-            concurrency=a.concurrency,
-            batch=a.batch,
-            rate=a.rate,
-            body=body,
-            label=a.label,
-            drain_timeout=a.drain_timeout,
-        )
-    )
-    result.pop("store_stats")
-    print(json.dumps(result))
-
-
-if __name__ == "__main__":
-    main()
+    body = job_body(work_ms, fail_prob, hang_prob, kind, rounds)
+    return uvloop.run(run_load(url, jobs=jobs, body=body, **options))

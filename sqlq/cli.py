@@ -400,25 +400,17 @@ def loadgen(
     label: str,
 ) -> None:
     """Submit jobs to a running server, wait for them to finish, print one JSON line."""
-    import asyncio
     import json
 
     _need_bench_extra()
-    from bench.loadgen import job_body, run_load
+    from bench.loadgen import run
 
-    body = job_body(work_ms, fail_prob, hang_prob, kind, rounds)
     try:
-        result = asyncio.run(
-            run_load(
-                url,
-                jobs=jobs,
-                concurrency=concurrency,
-                batch=batch,
-                rate=rate,
-                body=body,
-                label=label,
-            )
-        )
+        result = run(
+            url, jobs=jobs, kind=kind, work_ms=work_ms, fail_prob=fail_prob,
+            hang_prob=hang_prob, rounds=rounds, concurrency=concurrency, batch=batch,
+            rate=rate, label=label,
+        )  # fmt: skip
     except OSError as exc:
         raise click.UsageError(f"--url: cannot reach {url}: {exc}") from exc
     result.pop("store_stats", None)
