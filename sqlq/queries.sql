@@ -1,19 +1,26 @@
--- name: insert_job
+-- name: insert_jobs
+-- Many rows in one statement: {rows} becomes one "(?, ...)" group per row (see
+-- sqlq.sql.batch_sql). One statement is one SQLite step, and the connection's
+-- thread must retake the GIL after every step; with the event loop busy each
+-- retake waits, so a batch costs one wait instead of one per row (executemany).
 INSERT INTO jobs (id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
                   created_at, updated_at, last_error, result, started_at)
-VALUES (:id, :kind, :args, :state, :attempts, :max_attempts, :ready_at, :priority, :epoch,
-        :created_at, :updated_at, :last_error, :result, :started_at);
+VALUES {rows};
 
--- name: apply_transition
--- The epoch guard fences stale workers; the EXISTS guard enforces the transition table.
+-- name: apply_transitions
+-- Rows of (id, expect_epoch, state, epoch, attempts, ready_at, updated_at,
+-- last_error, result, started_at); a VALUES table names its columns column1...
+-- The epoch guard fences stale workers; the EXISTS guard enforces the transition
+-- table. A row refused by a guard is not updated: the caller compares the count.
 UPDATE jobs
-   SET state = :state, epoch = :epoch, attempts = :attempts, ready_at = :ready_at,
-       updated_at = :updated_at, last_error = :last_error, result = :result,
-       started_at = :started_at
- WHERE id = :id
-   AND epoch = :expect_epoch
+   SET state = t.column3, epoch = t.column4, attempts = t.column5, ready_at = t.column6,
+       updated_at = t.column7, last_error = t.column8, result = t.column9,
+       started_at = t.column10
+  FROM (VALUES {rows}) AS t
+ WHERE jobs.id = t.column1
+   AND jobs.epoch = t.column2
    AND EXISTS (SELECT 1 FROM legal_transitions
-                WHERE from_state = jobs.state AND to_state = :state);
+                WHERE from_state = jobs.state AND to_state = t.column3);
 
 -- name: get_job
 SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib import resources
 
 
@@ -25,3 +26,10 @@ def load_queries(filename: str) -> dict[str, str]:
 
 def load_script(filename: str) -> str:
     return resources.files("sqlq").joinpath(filename).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1024)
+def batch_sql(template: str, rows: int, width: int) -> str:
+    """``template`` with ``{rows}`` replaced by ``rows`` groups of ``width`` placeholders."""
+    group = "(" + ", ".join(["?"] * width) + ")"
+    return template.replace("{rows}", ", ".join([group] * rows))

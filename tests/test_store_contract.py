@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from common.clock import FakeClock
 from common.errors import (
@@ -63,6 +66,21 @@ async def test_batch_is_all_or_nothing(store: JobStore) -> None:
     with pytest.raises(JobNotFoundError):
         await store.commit([good, ghost])
     assert await store.get(good.id) is None
+
+
+async def test_large_batch_is_all_or_nothing(store: JobStore) -> None:
+    """Big enough that SQLite needs several statements; the last row is the bad one."""
+    jobs = [new_job(i) for i in range(2500)]
+    await store.commit(jobs[:1])
+    with pytest.raises(DuplicateJobError):
+        await store.commit(jobs[1:] + jobs[:1])
+    assert [await store.get(j.id) for j in jobs[1:4]] == [None, None, None]
+    assert await store.get(jobs[-1].id) is None
+    await store.commit(jobs[1:])
+    starts = [j.start(NOW + 1) for j in jobs]
+    await store.commit(starts)
+    got = [await store.get(j.id) for j in jobs]
+    assert [j.state if j else None for j in got] == [State.RUNNING] * len(jobs)
 
 
 async def test_transitions_fold(store: JobStore) -> None:
@@ -211,6 +229,81 @@ async def test_close_and_reopen_keeps_everything(factory: StoreFactory) -> None:
         assert len(recovery.running) == 2
     finally:
         await again.close()
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+TIMES = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def awkward_history(draw: st.DrawFn) -> list[tuple[Job, Transition, Transition]]:
+    """Jobs whose every field is awkward, each started and then finished or retried."""
+    out = []
+    for _ in range(draw(st.integers(1, 8))):
+        job = Job.new(
+            kind=draw(st.text(min_size=1)),
+            args=draw(st.dictionaries(st.text(), JSON_VALUES, max_size=4)),
+            now=draw(st.floats(-1e12, 1e12)),  # the id holds its milliseconds
+            ready_at=draw(TIMES),
+            priority=draw(st.integers(-(2**31), 2**31)),
+            max_attempts=draw(st.integers(1, 1000)),
+        )
+        start = job.start(draw(TIMES))
+        running = job.apply(start)
+        if draw(st.booleans()):
+            end = running.complete(draw(JSON_VALUES), draw(TIMES))
+        else:
+            end = running.retry(draw(st.text()), draw(TIMES), draw(TIMES))
+        out.append((job, start, end))
+    return out
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(history=awkward_history())
+def test_awkward_values_come_back_exactly(
+    factory: StoreFactory, history: list[tuple[Job, Transition, Transition]]
+) -> None:
+    """Every float bit, every character and every JSON value survives commit and reopen.
+
+    Each step is one batch, so SQLite's multi-row statements are exercised with
+    NUL characters, float extremes and big integers in every column.
+    """
+    expect = {job.id: job.apply(start).apply(end) for job, start, end in history}
+
+    async def go() -> None:
+        s = factory(retention=math.inf)  # any timestamp, however old, is kept
+        await s.open()
+        try:
+            await s.commit([job for job, _, _ in history])  # each step one batch
+            await s.commit([start for _, start, _ in history])
+            await s.commit([end for _, _, end in history])
+            for job_id, job in expect.items():
+                assert await s.get(job_id) == job
+        finally:
+            await s.close()
+        if not s.durable:
+            return
+        again = factory(retention=math.inf)
+        await again.open()
+        try:
+            for job_id, job in expect.items():
+                assert await again.get(job_id) == job
+        finally:
+            await again.close()
+
+    asyncio.run(go())
 
 
 async def test_compaction_keeps_state_and_survives_reopen(factory: StoreFactory) -> None:
