@@ -274,11 +274,24 @@ def run_trials(
     *, store: str, sync: str, trials: int, jobs: int, seed: int, out: Path | None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Run ``trials`` kill -9 trials; returns one row per trial."""
+    """Run ``trials`` kill -9 trials; returns one row per trial.
+
+    With ``out``, the rows go to ``crash-<store>-<sync>.jsonl`` as they come (a
+    long run that is stopped keeps its trials), replacing any earlier run's file,
+    so the report never sums two runs of different code.
+    """
     from tqdm import tqdm
+
+    from bench import meta
 
     rng = random.Random(seed)
     rows = []
+    commit = meta.git_commit()
+    path = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"crash-{store}-{sync}.jsonl"
+        path.write_text("")
     for n in tqdm(range(trials), desc=f"crashcheck {store}", disable=not progress):
         trial = Trial(
             store=store,
@@ -291,10 +304,10 @@ def run_trials(
         with tempfile.TemporaryDirectory(prefix="sqlq-crashcheck-") as d:
             row = run_trial(trial, Path(d))
         row["trial"] = n
+        row["git_commit"] = commit
         rows.append(row)
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            with open(out / f"crash-{store}-{sync}.jsonl", "a") as f:
+        if path is not None:
+            with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
     return rows
 
@@ -316,11 +329,11 @@ def write_report(out: Path) -> str:
         "1.5), so kills land inside compactions. Produced by `sqlq crashcheck`; do not edit.",
         "",
         f"- machine: {info['cpu']}, {info['cores']} cores; disk {info['disk']}; "
-        f"Python {info['python']}; git commit {info['git_commit']}",
+        f"Python {info['python']}",
         "",
         "| store | sync | trials | acknowledged (total) | lost | unknown (max per trial) | "
-        "reruns (total) | rerun rate | restart to ready p50 s | failed trials |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "reruns (total) | rerun rate | restart to ready p50 s | failed trials | git commit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for path in sorted(out.glob("crash-*.jsonl")):
         rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -333,7 +346,8 @@ def write_report(out: Path) -> str:
             f"| {rows[0]['store']} | {rows[0]['sync']} | {len(rows)} | {acked:,} | "
             f"{sum(r['lost'] for r in rows)} | {max(r['unknown'] for r in rows)} | {reruns:,} | "
             f"{100 * reruns / acked if acked else 0:.2f}% | {ready[len(ready) // 2]:.3f} | "
-            f"{sum(1 for r in rows if not r['ok'])} |"
+            f"{sum(1 for r in rows if not r['ok'])} | "
+            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
         )
     lines += [
         "",

@@ -17,7 +17,11 @@ def test_a_few_kill9_trials_lose_nothing(tmp_path: Path, store: str) -> None:
     )
     assert [r["problems"] for r in rows] == [[], [], []]
     assert sum(r["acknowledged"] for r in rows) > 0
-    assert (tmp_path / f"crash-{store}-full.jsonl").exists()
+    stale = tmp_path / f"crash-{store}-full.jsonl"
+    assert len(stale.read_text().splitlines()) == 3
+    # a second run replaces the first run's rows instead of adding to them
+    run_trials(store=store, sync="full", trials=1, jobs=200, seed=6, out=tmp_path, progress=False)
+    assert len(stale.read_text().splitlines()) == 1
 
 
 def _trial(store: str) -> Trial:
