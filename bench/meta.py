@@ -25,12 +25,17 @@ def cpu_model() -> str:
 
 
 def git_commit() -> str:
+    """HEAD, with "-dirty" if tracked code differs from it.
+
+    Changes under results/ do not count: a suite writing its own output there
+    (or a crashcheck run before it) would otherwise mark every later line dirty.
+    """
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
             capture_output=True,
             text=True,
             check=True,
