@@ -33,6 +33,16 @@ def new_job(n: int = 0, **kw: object) -> Job:
     return Job.new(kind="sleep", args={"n": n, "work_ms": 5}, now=NOW, **kw)  # type: ignore[arg-type]
 
 
+async def assert_reopened_holds(again: JobStore, expect: dict[str, Job]) -> None:
+    """Open ``again`` on the same files and find every job exactly as expected."""
+    await again.open()
+    try:
+        for job_id, job in expect.items():
+            assert await again.get(job_id) == job
+    finally:
+        await again.close()
+
+
 def skip_unless_durable(store: JobStore) -> None:
     if not store.durable:
         pytest.skip(f"{store.name} keeps nothing across a reopen, by design")
@@ -293,15 +303,8 @@ def test_awkward_values_come_back_exactly(
                 assert await s.get(job_id) == job
         finally:
             await s.close()
-        if not s.durable:
-            return
-        again = factory(retention=math.inf)
-        await again.open()
-        try:
-            for job_id, job in expect.items():
-                assert await again.get(job_id) == job
-        finally:
-            await again.close()
+        if s.durable:
+            await assert_reopened_holds(factory(retention=math.inf), expect)
 
     asyncio.run(go())
 
@@ -318,15 +321,8 @@ async def test_compaction_keeps_state_and_survives_reopen(factory: StoreFactory)
     await s.commit([extra])  # appends go on after a compaction
     expect[extra.id] = extra
     await s.close()
-    if not s.durable:
-        return
-    again = factory()
-    await again.open()
-    try:
-        for job_id, job in expect.items():
-            assert await again.get(job_id) == job
-    finally:
-        await again.close()
+    if s.durable:
+        await assert_reopened_holds(factory(), expect)
 
 
 async def test_retention_prunes_only_old_terminal_jobs(
