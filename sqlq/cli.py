@@ -9,16 +9,30 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from common.errors import SqlqError
 
 STORES = ["sqlite", "wal", "walq", "memory"]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _env(name: str) -> str:
     return "SQLQ_" + name.upper().replace("-", "_")
+
+
+def setting(*decls: str, **options: Any) -> Callable[[F], F]:
+    """A ``serve`` option: its default shown in --help, and settable as SQLQ_<NAME>.
+
+    The variable's name comes from the flag (``--hb-timeout`` is ``SQLQ_HB_TIMEOUT``,
+    ``--retries/--no-retries`` is ``SQLQ_RETRIES``), so the two cannot drift apart.
+    """
+    flag = decls[0].split("/")[0]
+    options.setdefault("show_default", True)
+    return click.option(*decls, envvar=_env(flag.removeprefix("--")), **options)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -31,185 +45,145 @@ def main() -> None:
 
 
 @main.command()
-@click.option(
+@setting(
     "--store",
     type=click.Choice(STORES),
     default="sqlite",
-    show_default=True,
-    envvar=_env("store"),
     help="Storage engine (wal is walq).",
 )
-@click.option(
+@setting(
     "--data",
     "data_dir",
     type=click.Path(file_okay=False),
     default="./sqlq-data",
-    show_default=True,
-    envvar=_env("data"),
     help="Data directory.",
 )
-@click.option(
+@setting(
     "--sync",
     type=click.Choice(["full", "os"]),
     default="full",
-    show_default=True,
-    envvar=_env("sync"),
     help="full: acknowledged means on stable storage (fdatasync); "
     "os: handed to the OS (survives kill -9, not power loss).",
 )
-@click.option(
+@setting(
     "--workers",
     type=click.IntRange(1, 4096),
     default=16,
-    show_default=True,
-    envvar=_env("workers"),
     help="Worker tasks.",
 )
-@click.option(
+@setting(
     "--max-attempts",
     type=click.IntRange(1, 1000),
     default=5,
-    show_default=True,
-    envvar=_env("max_attempts"),
     help="Attempts before a job is dead-lettered.",
 )
-@click.option(
+@setting(
     "--retries/--no-retries",
     default=True,
-    show_default=True,
-    envvar=_env("retries"),
     help="--no-retries dead-letters a job at its first failure.",
 )
-@click.option(
+@setting(
     "--retry-base-ms",
     type=click.FloatRange(0, 3_600_000),
     default=10.0,
-    show_default=True,
-    envvar=_env("retry_base_ms"),
     help="Backoff base: base * 2^(attempt-1), plus up to 50% jitter.",
 )
-@click.option(
+@setting(
     "--retry-cap-ms",
     type=click.FloatRange(0, 86_400_000),
     default=5000.0,
-    show_default=True,
-    envvar=_env("retry_cap_ms"),
     help="Backoff cap.",
 )
-@click.option(
+@setting(
     "--hb-timeout",
     "hb_timeout_ms",
     type=click.FloatRange(1, 3_600_000),
     default=200.0,
-    show_default=True,
-    envvar=_env("hb_timeout"),
     metavar="MS",
     help="A worker silent this many milliseconds is declared hung.",
 )
-@click.option(
+@setting(
     "--healthcheck/--no-healthcheck",
     default=True,
-    show_default=True,
-    envvar=_env("healthcheck"),
     help="Run the loop that replaces hung workers.",
 )
-@click.option(
+@setting(
     "--grace",
     type=click.FloatRange(0, 3600),
     default=10.0,
-    show_default=True,
-    envvar=_env("grace"),
     help="Seconds running jobs get to finish on SIGTERM/SIGINT.",
 )
-@click.option(
+@setting(
     "--retention",
     type=click.FloatRange(0),
     default=3600.0,
-    show_default=True,
-    envvar=_env("retention"),
     help="Seconds finished jobs stay readable.",
 )
-@click.option(
+@setting(
     "--compact-every",
     type=click.FloatRange(0),
     default=300.0,
-    show_default=True,
-    envvar=_env("compact_every"),
     metavar="S",
     help="Prune finished jobs past --retention and compact every S seconds (0: never).",
 )
-@click.option(
+@setting(
     "--group-commit/--no-group-commit",
     default=True,
-    show_default=True,
-    envvar=_env("group_commit"),
     help="Benchmark knob: --no-group-commit syncs every transition on its own.",
 )
-@click.option(
+@setting(
     "--emulate-sync-delay-ms",
     type=click.FloatRange(0, 1000),
     default=0.0,
-    envvar=_env("emulate_sync_delay_ms"),
     metavar="MS",
     help="Benchmark knob: add MS of emulated disk latency to every sync "
     "(reported as emulated in /stats).",
 )
-@click.option(
+@setting(
     "--compact-floor-mb",
     type=click.FloatRange(0.01),
     default=64.0,
-    show_default=True,
-    envvar=_env("compact_floor_mb"),
     help="walq compacts once its log exceeds this and 4x its live size.",
 )
-@click.option(
+@setting(
     "--compact-ratio",
     type=click.FloatRange(1.01),
     default=4.0,
-    show_default=True,
-    envvar=_env("compact_ratio"),
     help="walq compacts once its log exceeds this many times its live size (and the floor).",
 )
-@click.option(
+@setting(
     "--cpu-beat-while-queued/--no-cpu-beat-while-queued",
     default=True,
-    show_default=True,
-    envvar=_env("cpu_beat_while_queued"),
     help="Benchmark knob: whether a cpu job heartbeats while it waits for a core.",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, envvar=_env("host"))
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, envvar=_env("port")
+@setting(
+    "--host",
+    default="127.0.0.1",
 )
-@click.option(
+@setting(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+)
+@setting(
     "--import",
     "imports",
     multiple=True,
-    envvar=_env("import"),
     metavar="MODULE",
     help="Import MODULE so its @task handlers register (repeatable).",
 )
-@click.option(
+@setting(
     "--seed",
     type=int,
     default=None,
-    envvar=_env("seed"),
     help="Seed the retry jitter and fault-injection RNG.",
 )
-@click.option(
+@setting(
     "--access-log/--no-access-log",
     default=False,
-    show_default=True,
-    envvar=_env("access_log"),
     help="uvicorn's access log (costs ~45% throughput).",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-    envvar=_env("log_level"),
-)
+@setting("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def serve(
     store: str,
     data_dir: str,
