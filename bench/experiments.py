@@ -121,43 +121,42 @@ def exp_a(
                 )
 
 
-# -- B. retries off vs on -------------------------------------------------------------------------
+# -- B and C: one feature off, then on -----------------------------------------------------------
+
+
+def _off_then_on(
+    experiment: str, word: str, param: str, off_flag: str, stores: tuple[str, ...],
+    *, flags: tuple[str, ...] = (), off_drain: float = 120.0, **load: Any,
+) -> Iterator[BenchRun]:  # fmt: skip
+    """Each store with the feature off (``off_flag``), then each with it on."""
+    for on in (False, True):
+        for store in stores:
+            yield LoadRun(
+                experiment=experiment,
+                store=store,
+                label=f"{experiment}/{store}/{word}-{'on' if on else 'off'}",
+                flags=flags + (() if on else (off_flag,)),
+                drain_timeout=120.0 if on else off_drain,
+                params={param: on},
+                **load,
+            )
 
 
 def exp_b(quick: bool, stores: tuple[str, ...]) -> Iterator[BenchRun]:
     """20% injected failures: retries off (dead-letter at once) vs on (5 attempts)."""
-    jobs = 200 if quick else 2000
-    for retries in (False, True):
-        for store in stores:
-            yield LoadRun(
-                experiment="B",
-                store=store,
-                label=f"B/{store}/retries-{'on' if retries else 'off'}",
-                jobs=jobs,
-                fail_prob=0.2,
-                flags=() if retries else ("--no-retries",),
-                params={"retries": retries},
-            )
-
-
-# -- C. hangs with the health check off vs on -----------------------------------------------------
+    return _off_then_on(
+        "B", "retries", "retries", "--no-retries", stores,
+        jobs=200 if quick else 2000, fail_prob=0.2,
+    )  # fmt: skip
 
 
 def exp_c(quick: bool, stores: tuple[str, ...]) -> Iterator[BenchRun]:
     """1% of jobs hang; without the health check the hung workers are lost for good."""
-    jobs = 200 if quick else 2000
-    for health in (False, True):
-        for store in stores:
-            yield LoadRun(
-                experiment="C",
-                store=store,
-                label=f"C/{store}/health-{'on' if health else 'off'}",
-                jobs=jobs,
-                hang_prob=0.02 if quick else 0.01,
-                flags=("--seed", "7") + (() if health else ("--no-healthcheck",)),
-                drain_timeout=(2.0 if quick else 20.0) if not health else 120.0,
-                params={"healthcheck": health},
-            )
+    return _off_then_on(
+        "C", "health", "healthcheck", "--no-healthcheck", stores,
+        flags=("--seed", "7"), off_drain=2.0 if quick else 20.0,
+        jobs=200 if quick else 2000, hang_prob=0.02 if quick else 0.01,
+    )  # fmt: skip
 
 
 # -- D. durability cost ---------------------------------------------------------------------------

@@ -213,6 +213,13 @@ class Report:
             "",
         )
 
+    def off_on_rows(self, rows: Rows, param: str, columns: list[tuple[str, str]]) -> None:
+        """Table rows for a feature off vs on (B, C): store, on/off, then ``columns``."""
+        g = group(rows, lambda r: r["store"], lambda r: r["params"][param])
+        for (s, on), rs in sorted(g.items(), key=lambda kv: (STORES.index(kv[0][0]), kv[0][1])):
+            cells = [cell([r[key] for r in rs], fmt) for key, fmt in columns]
+            self.add(f"| {s} | {'on' if on else 'off'} | " + " | ".join(cells) + " |")
+
     def section_b(self) -> None:
         rows = self.rows["B"]
         if not rows:
@@ -226,14 +233,16 @@ class Report:
             "| store | retries | completed % | dead | retried | total s |",
             "|---|---|---:|---:|---:|---:|",
         )
-        g = group(rows, lambda r: r["store"], lambda r: r["params"]["retries"])
-        for (s, on), rs in sorted(g.items(), key=lambda kv: (STORES.index(kv[0][0]), kv[0][1])):
-            self.add(
-                f"| {s} | {'on' if on else 'off'} | "
-                f"{cell([r['completion_pct'] for r in rs], '{:.2f}')} | "
-                f"{cell([r['dead'] for r in rs])} | {cell([r['retried'] for r in rs])} | "
-                f"{cell([r['total_s'] for r in rs], '{:.2f}')} |"
-            )
+        self.off_on_rows(
+            rows,
+            "retries",
+            [
+                ("completion_pct", "{:.2f}"),
+                ("dead", "{:,.0f}"),
+                ("retried", "{:,.0f}"),
+                ("total_s", "{:.2f}"),
+            ],
+        )
         self.add("", "Expected: ~80% completed without retries, ~99.97% (1 - 0.2^5) with.", "")
 
     def section_c(self) -> None:
@@ -251,14 +260,11 @@ class Report:
             "| store | health check | completed % | total s | requeued as hung |",
             "|---|---|---:|---:|---:|",
         )
-        g = group(rows, lambda r: r["store"], lambda r: r["params"]["healthcheck"])
-        for (s, on), rs in sorted(g.items(), key=lambda kv: (STORES.index(kv[0][0]), kv[0][1])):
-            self.add(
-                f"| {s} | {'on' if on else 'off'} | "
-                f"{cell([r['completion_pct'] for r in rs], '{:.2f}')} | "
-                f"{cell([r['total_s'] for r in rs], '{:.2f}')} | "
-                f"{cell([r['requeued'] for r in rs])} |"
-            )
+        self.off_on_rows(
+            rows,
+            "healthcheck",
+            [("completion_pct", "{:.2f}"), ("total_s", "{:.2f}"), ("requeued", "{:,.0f}")],
+        )
         self.add("")
 
     def section_d(self) -> None:
