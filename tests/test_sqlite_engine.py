@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import StoreLockedError
 from common.models import Job, State
 from sqlq.store import SQLiteStore
 
@@ -54,13 +53,3 @@ async def test_transition_table_is_in_the_database(tmp_path: Path) -> None:
         pairs = set(db.execute("SELECT from_state, to_state FROM legal_transitions"))
     assert ("scheduled", "running") in pairs
     assert ("completed", "running") not in pairs
-
-
-async def test_second_opener_is_refused(tmp_path: Path) -> None:
-    first = SQLiteStore(tmp_path)
-    await first.open()
-    try:
-        with pytest.raises(StoreLockedError):
-            await SQLiteStore(tmp_path).open()
-    finally:
-        await first.close()

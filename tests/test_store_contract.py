@@ -21,6 +21,7 @@ from common.errors import (
     JobNotFoundError,
     StaleEpochError,
     StoreClosedError,
+    StoreLockedError,
 )
 from common.models import Job, State, Transition
 from common.store import JobStore
@@ -217,6 +218,20 @@ async def _mixed_history(store: JobStore) -> dict[str, Job]:
     await store.commit([t])
     expect[jobs[11].id] = jobs[11].apply(t)
     return expect
+
+
+async def test_second_opener_is_refused_until_the_first_closes(factory: StoreFactory) -> None:
+    first = factory()
+    await first.open()
+    skip_unless_durable(first)
+    try:
+        with pytest.raises(StoreLockedError):
+            await factory().open()
+    finally:
+        await first.close()
+    second = factory()  # the lock goes with the close
+    await second.open()
+    await second.close()
 
 
 async def test_close_and_reopen_keeps_everything(factory: StoreFactory) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from common.clock import FakeClock
-from common.errors import CorruptLogError, StoreFailedError, StoreLockedError
+from common.errors import CorruptLogError, StoreFailedError
 from common.models import Job, State
 from tests.walq_helpers import NOW, FaultyFiles, log_path, read_state, write_history
 from walq import log
@@ -122,19 +122,6 @@ async def test_empty_file_opens_as_an_empty_log(tmp_path: Path) -> None:
     await store.commit([job])
     await store.close()
     assert await read_state(tmp_path, [job.id]) == {job.id: job}
-
-
-async def test_second_opener_is_refused(tmp_path: Path) -> None:
-    first = WalStore(tmp_path)
-    await first.open()
-    try:
-        with pytest.raises(StoreLockedError):
-            await WalStore(tmp_path).open()
-    finally:
-        await first.close()
-    second = WalStore(tmp_path)  # released on close
-    await second.open()
-    await second.close()
 
 
 @pytest.mark.parametrize("op", ["write", "fdatasync"])
