@@ -28,6 +28,7 @@ class _Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.closed = False
+        self.host = b"127.0.0.1"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
@@ -65,8 +66,8 @@ class _Connection(asyncio.Protocol):
             raise HTTPError("connection closed")
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(
-            b"%s %s HTTP/1.1\r\nhost: sqlq\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (method, path, len(body), body)
+            b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (method, path, self.host, len(body), body)
         )
         return await self.waiter
 
@@ -85,6 +86,7 @@ class HttpPool:
         _, conn = await asyncio.get_running_loop().create_connection(
             _Connection, self.host, self.port
         )
+        conn.host = f"{self.host}:{self.port}".encode()  # the server checks Host (421)
         self._all.append(conn)
         return conn
 

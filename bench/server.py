@@ -44,6 +44,7 @@ class ServerProcess:
             "--store", store, "--data", self.data_dir, "--sync", sync,
             "--workers", str(workers), "--port", str(self.port), "--log-level", "warning",
             "--grace", "0",  # a benchmark never waits for hung jobs at shutdown
+            "--fault-injection",  # the experiments inject failures and hangs
             *flags,
         ]  # fmt: skip
         self.ready_within = ready_within

@@ -2,11 +2,14 @@
 
     SqlqError
     ├── ValidationError          bad input from a user; names the field
+    ├── UnencodableError         a value (a handler's result) cannot be stored as JSON
+    ├── QueueFullError           accepting the submission would pass --max-queued
     ├── JobNotFoundError         no job with that id
     ├── DuplicateJobError        a submission reused an existing id
     ├── TransitionError          a state change that may not happen
     │   ├── IllegalTransitionError   not in the transition table
-    │   └── StaleEpochError          the job was requeued since; the caller is fenced off
+    │   ├── StaleEpochError          the job was requeued since; the caller is fenced off
+    │   └── JobRunningError          a cancel raced the job's claim, and the claim may win
     └── StoreError               the engine cannot do what was asked
         ├── StoreClosedError         used before open or after close
         ├── StoreFailedError         an I/O error made the engine refuse further writes
@@ -19,6 +22,14 @@ see domain errors.
 """
 
 from __future__ import annotations
+
+# No error message echoes more of a client's input than this many characters.
+ECHO_LIMIT = 200
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, marked when cut: for echoing client input."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 class SqlqError(Exception):
@@ -34,9 +45,25 @@ class ValidationError(SqlqError):
         self.message = message
 
 
+class UnencodableError(SqlqError):
+    """A change holds a value JSON cannot encode; only the caller that sent it fails."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class QueueFullError(SqlqError):
+    """Accepting these jobs would pass the live-job limit; nothing was accepted."""
+
+    def __init__(self, limit: int, retry_after_s: int = 1) -> None:
+        super().__init__(f"the queue holds its limit of {limit} live jobs (--max-queued)")
+        self.retry_after_s = retry_after_s
+
+
 class JobNotFoundError(SqlqError):
     def __init__(self, job_id: str) -> None:
-        super().__init__(f"no job with id {job_id!r}")
+        super().__init__(f"no job with id {clip(job_id, 64)!r}")
         self.job_id = job_id
 
 
@@ -59,6 +86,10 @@ class IllegalTransitionError(TransitionError):
 
 
 class StaleEpochError(TransitionError):
+    pass
+
+
+class JobRunningError(TransitionError):
     pass
 
 

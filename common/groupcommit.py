@@ -1,16 +1,22 @@
 """Group commit: one writer task per engine; concurrent commits share a write.
 
-Callers append ``(changes, future)`` to a pending list and wait. The writer takes
-everything pending as one batch and hands it to the engine's ``flush``, which
-validates each caller's changes, writes the survivors with one write and one
-sync, and returns one outcome per caller. While ``flush`` waits on its I/O
+Callers append ``(changes, encoded, future)`` to a pending list and wait. Each
+caller's changes are encoded by the engine's ``encode`` on the caller's turn,
+*before* they join a batch: a value that cannot be encoded (a handler returned
+an ``object()``) fails that caller with ``UnencodableError`` and nobody else.
+The writer takes everything pending as one batch and hands it to the engine's
+``flush``, which validates each caller's changes, writes the survivors with one
+write and one sync, and returns one outcome per caller. While ``flush`` waits on its I/O
 thread, new callers pile up and become the next batch, so the batch size grows
 with load by itself; no timer, no tuning knob.
 
-If ``flush`` raises, the engine has failed: every caller of that batch, every
-pending caller and every later caller gets ``StoreFailedError``. Nothing is
-retried, because a write or fsync that failed once may have lost data that a
-second, "successful" fsync would then seem to vouch for.
+If ``flush`` raises an I/O error (``OSError``, or the ``StoreFailedError`` an
+engine translates its driver's errors into), the engine has failed: every caller
+of that batch, every pending caller and every later caller gets
+``StoreFailedError``. Nothing is retried, because a write or fsync that failed
+once may have lost data that a second, "successful" fsync would then seem to
+vouch for. Any other exception is a bug in the engine, not a disk that lies:
+that batch's callers get it as a ``StoreError`` and the engine goes on.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import StoreClosedError, StoreFailedError
+from common.errors import StoreClosedError, StoreError, StoreFailedError, UnencodableError
 from common.store import Change
 
 log = logging.getLogger(__name__)
@@ -30,11 +36,29 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class Pending:
     changes: Sequence[Change]
+    encoded: Any  # what the engine's ``encode`` made of ``changes``
     future: asyncio.Future[None]
 
 
 Flush = Callable[[list[Pending]], Awaitable[list[BaseException | None]]]
+Encode = Callable[[Sequence[Change]], Any]
 Hook = Callable[[], Awaitable[None]]
+
+# What encoders raise for a value they cannot encode: msgspec raises TypeError for
+# an unsupported type, UnicodeEncodeError (a ValueError) for a lone surrogate,
+# OverflowError for an int too large for the engine.
+ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
+
+
+def describe_unencodable(exc: BaseException) -> str:
+    """What could not be encoded, in a few words (``Encoding objects of type X...``)."""
+    text = str(exc)
+    marker = "objects of type "
+    if marker in text:
+        return text.split(marker, 1)[1].split(" ", 1)[0]
+    if isinstance(exc, UnicodeEncodeError):
+        return "str with a lone surrogate"
+    return type(exc).__name__
 
 
 class GroupCommitter:
@@ -42,6 +66,7 @@ class GroupCommitter:
         self,
         flush: Flush,
         *,
+        encode: Encode,
         name: str,
         group: bool = True,
         max_batch: int = 8192,
@@ -49,6 +74,7 @@ class GroupCommitter:
         on_fail: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._flush = flush
+        self._encode = encode
         self._between = between
         self._on_fail = on_fail
         self._name = name
@@ -74,8 +100,12 @@ class GroupCommitter:
             raise StoreFailedError(f"{self._name} has failed: {self.failure}") from self.failure
         if self._closing or self._task is None:
             raise StoreClosedError(f"{self._name} is not open")
+        try:
+            encoded = self._encode(changes)
+        except ENCODE_ERRORS as exc:
+            raise UnencodableError(describe_unencodable(exc)) from exc
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(Pending(changes, future))
+        self._pending.append(Pending(changes, encoded, future))
         self._wake.set()
         await future
 
@@ -101,8 +131,10 @@ class GroupCommitter:
             if self._between is not None and self.failure is None:
                 try:
                     await self._between()
-                except Exception as exc:
+                except (OSError, StoreFailedError) as exc:
                     self._fail(exc)
+                except Exception:
+                    log.exception("%s: the between-batches hook failed", self._name)
             if self._pending:
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
@@ -119,9 +151,19 @@ class GroupCommitter:
             return
         try:
             outcomes = await self._flush(batch)
-        except Exception as exc:
+        except (OSError, StoreFailedError) as exc:
             self._fail(exc)
             self._reject(batch)
+            return
+        except Exception as exc:
+            # Not an I/O error: a bug. Fail this batch's callers (nothing of it was
+            # acknowledged) and keep the store, which one bad batch cannot poison.
+            log.exception("%s: a batch failed without an I/O error", self._name)
+            for pending in batch:
+                if not pending.future.done():
+                    err = StoreError(f"{self._name}: the batch failed: {type(exc).__name__}")
+                    err.__cause__ = exc
+                    pending.future.set_exception(err)
             return
         self.batches += 1
         self.items += len(batch)

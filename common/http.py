@@ -2,30 +2,41 @@
 
 Each handler parses and validates, makes one runtime call and answers JSON.
 Domain errors become HTTP statuses in one table (``ERRORS``); nothing here
-touches a file or a database.
+touches a file or a database. What reaches a client never leaks the server's
+insides: a 500 says "internal error" with a request id (the details go to the
+log under that id), and 503 messages carry no absolute paths. Every request
+first passes ``common.guard`` (host, token, origin, content type).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from common.errors import (
     JobNotFoundError,
+    JobRunningError,
+    QueueFullError,
     SqlqError,
     StoreError,
     TransitionError,
+    UnencodableError,
     ValidationError,
 )
+from common.guard import Guard, Security
 from common.models import Job
 from common.runtime import Runtime
 from common.specs import BadJSON, BatchSpec, JobSpec, decode
@@ -34,6 +45,16 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20  # one job
 MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
+MAX_ID_LENGTH = 64  # job ids are 32 hex digits; a longer one cannot exist
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\":,;()]+/)*([^\s'\":,;()/]+)")
+_request_ids = itertools.count(1)
+_PROCESS_TAG = os.urandom(3).hex()
+
+
+def redact_paths(message: str) -> str:
+    """``message`` with every absolute path cut to its last component."""
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1), message)
 
 
 class JSONResponse(Response):
@@ -60,6 +81,17 @@ async def _validation(_: Request, exc: Exception) -> Response:
     return _error(422, "invalid", exc.message, exc.field)
 
 
+async def _unencodable(_: Request, exc: Exception) -> Response:
+    return _error(422, "invalid", f"cannot be stored as JSON: {exc}", "body")
+
+
+async def _queue_full(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, QueueFullError)
+    response = _error(429, "queue_full", str(exc))
+    response.headers["retry-after"] = str(exc.retry_after_s)
+    return response
+
+
 async def _bad_json(_: Request, exc: Exception) -> Response:
     return _error(400, "bad_json", str(exc), "body")
 
@@ -73,12 +105,12 @@ async def _not_found(_: Request, exc: Exception) -> Response:
 
 
 async def _conflict(_: Request, exc: Exception) -> Response:
-    return _error(409, "conflict", str(exc))
+    return _error(409, "running" if isinstance(exc, JobRunningError) else "conflict", str(exc))
 
 
 async def _unavailable(_: Request, exc: Exception) -> Response:
     # The store failed or the server is not ready: nothing was acknowledged.
-    return _error(503, "unavailable", str(exc))
+    return _error(503, "unavailable", redact_paths(str(exc)))
 
 
 async def _http(_: Request, exc: Exception) -> Response:
@@ -86,13 +118,21 @@ async def _http(_: Request, exc: Exception) -> Response:
     return _error(exc.status_code, "http", str(exc.detail))
 
 
-async def _unexpected(_: Request, exc: Exception) -> Response:
-    log.exception("unexpected error", exc_info=exc)
-    return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    request_id = f"{_PROCESS_TAG}-{next(_request_ids)}"
+    log.error(
+        "internal error, request %s: %s %s", request_id, request.method, request.url.path,
+        exc_info=exc,
+    )  # fmt: skip
+    response = _error(500, "internal", f"internal error; request id {request_id}")
+    response.headers["x-request-id"] = request_id
+    return response
 
 
 ERRORS: dict[Any, Any] = {
     ValidationError: _validation,
+    UnencodableError: _unencodable,
+    QueueFullError: _queue_full,
     BadJSON: _bad_json,
     BodyTooLarge: _too_large,
     JobNotFoundError: _not_found,
@@ -121,10 +161,23 @@ def view(job: Job) -> dict[str, Any]:
     return job.to_dict()
 
 
-def create_app(runtime: Runtime, *, start_runtime: bool = True, grace_s: float = 10.0) -> Starlette:
+def _job_id(request: Request) -> str:
+    job_id: str = request.path_params["job_id"]
+    if len(job_id) > MAX_ID_LENGTH:
+        raise JobNotFoundError(job_id)  # no store lookup for an id that cannot exist
+    return job_id
+
+
+def create_app(
+    runtime: Runtime,
+    *,
+    start_runtime: bool = True,
+    grace_s: float = 10.0,
+    security: Security | None = None,
+) -> Starlette:
     """The ASGI app. Its lifespan stops the runtime (and starts it, unless the
     caller already did, as ``sqlq serve`` does so recovery finishes before the
-    port opens)."""
+    port opens). ``security`` defaults to a loopback server without a token."""
 
     async def submit(request: Request) -> Response:
         spec = decode(await read_body(request, MAX_BODY), JobSpec)
@@ -137,21 +190,25 @@ def create_app(runtime: Runtime, *, start_runtime: bool = True, grace_s: float =
         return JSONResponse({"ids": [j.id for j in jobs]}, status_code=201)
 
     async def get_job(request: Request) -> Response:
-        job_id = request.path_params["job_id"]
+        job_id = _job_id(request)
         job = await runtime.get(job_id)
         if job is None:
             raise JobNotFoundError(job_id)
         return JSONResponse(view(job))
 
     async def cancel_job(request: Request) -> Response:
-        return JSONResponse(view(await runtime.cancel(request.path_params["job_id"])))
+        return JSONResponse(view(await runtime.cancel(_job_id(request))))
 
     async def healthz(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        # Liveness: 503 only for what a restart mends (a failed store).
+        ok, reason = runtime.liveness()
+        body = {"status": "ok" if ok else "failed", "reason": redact_paths(reason)}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def readyz(_: Request) -> Response:
         ok, reason = runtime.readiness()
-        return JSONResponse({"ready": ok, "reason": reason}, status_code=200 if ok else 503)
+        body = {"ready": ok, "reason": redact_paths(reason)}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def stats(_: Request) -> Response:
         return JSONResponse(runtime.stats())
@@ -177,4 +234,5 @@ def create_app(runtime: Runtime, *, start_runtime: bool = True, grace_s: float =
         ],
         exception_handlers=ERRORS,
         lifespan=lifespan,
+        middleware=[Middleware(Guard, security=security or Security())],
     )

@@ -8,17 +8,26 @@ Built in: ``sleep`` (the fault injector of the experiments) and ``cpu`` (see
 ``common.cpu``). User handlers register with the ``task`` decorator from a
 module that ``sqlq serve --import`` imports::
 
-    from common.kinds import task
+    from sqlq import task
 
-    @task()
+    @task(timeout=60)
     async def resize(args, ctx):   # async: runs on the event loop
         ...
-        ctx.beat()                 # at least every hb_timeout while working
         return {"ok": True}        # stored as the job's result
 
     @task(name="crunch")
-    def crunch(args):              # plain function: runs in a thread
+    def crunch(args, ctx):         # plain function: runs in the handler thread pool
+        ctx.beat()                 # optional; see hb_timeout below
         return sum(args["xs"])
+
+Limits: an attempt that runs past ``timeout`` (default 300 s) is cut off, and
+with ``hb_timeout`` set, so is one silent for longer than that between
+``ctx.beat()`` calls. A handler that never beats is judged by ``timeout``
+alone. A cut-off async handler is cancelled; a thread cannot be, so it is
+abandoned (its eventual result is dropped) and counted in ``/stats``. Either
+way the attempt fails and the job retries or dead-letters like any other
+failure. The built-in kinds beat every 10 ms and are judged by the server's
+``--hb-timeout``.
 
 An exception fails the attempt; its message becomes ``last_error``.
 """
@@ -31,27 +40,91 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from common.errors import ValidationError
+from common.errors import ValidationError, clip
 from common.models import JSON, Job
 
 MAX_WORK_MS = 600_000  # ten minutes: longer sleeps are a typo, not an experiment
 BEAT_EVERY_S = 0.010  # the sleep kind's heartbeat slice
+MAX_KIND_LENGTH = 128
+DEFAULT_TASK_TIMEOUT_S = 300.0
+
+# A kind's heartbeat timeout: seconds, None (never judged by heartbeat), or
+# "server": the server's --hb-timeout, for kinds that beat every 10 ms.
+HbTimeout = float | Literal["server"] | None
+
+
+class HandlerThreads:
+    """The thread pool plain (sync) handlers run in, sized for the worker pool.
+
+    asyncio's default executor has ``min(32, cores + 4)`` threads: six here, so
+    sixteen workers running sync handlers would queue behind six threads and be
+    judged hung while they waited. A thread cannot be cancelled: when its
+    attempt is cut off, it is *abandoned* (counted in ``abandoned`` until it
+    returns; its result is dropped).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._executor = ThreadPoolExecutor(size, thread_name_prefix="sqlq-handler")
+        self.abandoned = 0
+        self.abandoned_total = 0
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        cf = self._executor.submit(fn)
+        try:
+            return await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            if not cf.done():  # running: it goes on without us
+                loop = asyncio.get_running_loop()
+                self.abandoned += 1
+                self.abandoned_total += 1
+                cf.add_done_callback(lambda _: _call_soon(loop, self._returned))
+            raise
+
+    def _returned(self) -> None:
+        self.abandoned -= 1
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    try:
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:  # the loop is closed: the server is gone, nobody counts
+        pass
 
 
 class JobContext:
-    """What a running handler may touch: its job, a heartbeat and an RNG."""
+    """What a running handler may touch: its job, a heartbeat and an RNG.
 
-    __slots__ = ("job", "last_beat", "rng")
+    ``hb_timeout`` and ``deadline`` (monotonic seconds) are the limits the
+    health loop applies to this attempt; ``None`` means no such limit.
+    """
 
-    def __init__(self, job: Job, rng: random.Random) -> None:
+    __slots__ = ("deadline", "hb_timeout", "job", "last_beat", "rng", "threads")
+
+    def __init__(
+        self,
+        job: Job,
+        rng: random.Random,
+        *,
+        threads: HandlerThreads | None = None,
+        hb_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.job = job
         self.rng = rng
+        self.threads = threads
         self.last_beat = time.monotonic()
+        self.hb_timeout = hb_timeout
+        self.deadline = None if timeout is None else self.last_beat + timeout
 
     def beat(self) -> None:
         """I am alive and working. Safe to call from any thread."""
@@ -71,6 +144,8 @@ class Kind:
     name: str
     validate: Validate
     run: Run
+    timeout_s: float | None = None  # an attempt running longer is cut off
+    hb_timeout_s: HbTimeout = "server"  # an attempt silent longer is cut off
 
 
 class Registry:
@@ -78,6 +153,8 @@ class Registry:
         self._kinds: dict[str, Kind] = {}
 
     def register(self, kind: Kind) -> None:
+        if not kind.name or len(kind.name) > MAX_KIND_LENGTH:
+            raise ValueError(f"a job kind's name has 1 to {MAX_KIND_LENGTH} characters")
         if kind.name in self._kinds:
             raise ValueError(f"a job kind named {kind.name!r} is already registered")
         self._kinds[kind.name] = kind
@@ -85,9 +162,14 @@ class Registry:
     def get(self, name: str) -> Kind:
         kind = self._kinds.get(name)
         if kind is None:
-            known = ", ".join(sorted(self._kinds))
-            raise ValidationError("kind", f"unknown kind {name!r}; known kinds: {known}")
+            if len(name) > MAX_KIND_LENGTH:
+                raise ValidationError("kind", f"longer than {MAX_KIND_LENGTH} characters")
+            known = clip(", ".join(sorted(self._kinds)))
+            raise ValidationError("kind", f"unknown kind {clip(name, 60)!r}; known kinds: {known}")
         return kind
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._kinds
 
     def names(self) -> list[str]:
         return sorted(self._kinds)
@@ -126,8 +208,29 @@ class SleepArgs(msgspec.Struct, forbid_unknown_fields=True):
     hang_prob: Prob = 0.0
 
 
-def _validate_sleep(args: JSON) -> JSON:
-    return msgspec.to_builtins(convert_args(args, SleepArgs))
+FAULT_FLAG = "--fault-injection"
+
+
+def sleep_kind(*, fault_injection: bool) -> Kind:
+    """The ``sleep`` kind; its fault arguments only where the server allows them.
+
+    ``fail_prob`` and ``hang_prob`` exist for the experiments and the tests. In
+    production they would let any client make jobs fail or hang on purpose, so
+    they are refused unless the server runs with ``--fault-injection``.
+    """
+
+    def validate(args: JSON) -> JSON:
+        a = convert_args(args, SleepArgs)
+        if not fault_injection:
+            for name in ("fail_prob", "hang_prob"):
+                if getattr(a, name):
+                    raise ValidationError(
+                        f"args.{name}",
+                        f"fault injection is off; start the server with {FAULT_FLAG} to use it",
+                    )
+        return msgspec.to_builtins(a)
+
+    return Kind("sleep", validate, _run_sleep)
 
 
 async def _run_sleep(args: JSON, ctx: JobContext) -> JSON:
@@ -149,23 +252,33 @@ async def _run_sleep(args: JSON, ctx: JobContext) -> JSON:
     return {"slept_ms": a.work_ms}
 
 
-SLEEP = Kind("sleep", _validate_sleep, _run_sleep)
+SLEEP = sleep_kind(fault_injection=False)
 
 
 # -- user handlers ------------------------------------------------------------------------
 
-REGISTRY = Registry()
-REGISTRY.register(SLEEP)
+REGISTRY = Registry()  # what @task registers into; the runtime adds the built-in kinds
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def task(name: str | None = None, *, registry: Registry | None = None) -> Callable[[F], F]:
+def task(
+    name: str | None = None,
+    *,
+    timeout: float | None = DEFAULT_TASK_TIMEOUT_S,
+    hb_timeout: float | None = None,
+    registry: Registry | None = None,
+) -> Callable[[F], F]:
     """Register a function as a job kind (default name: the function's name).
 
     It is called as ``fn(args)`` or, if it takes two parameters, ``fn(args, ctx)``.
-    Async functions run on the event loop; plain ones in a thread.
+    Async functions run on the event loop; plain ones in the handler thread pool.
+    ``timeout``: seconds an attempt may run (None: no limit). ``hb_timeout``:
+    seconds it may go without ``ctx.beat()`` (None: not judged by heartbeat).
     """
+    for label, value in (("timeout", timeout), ("hb_timeout", hb_timeout)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{label} must be a positive number of seconds or None")
 
     def decorate(fn: F) -> F:
         wants_ctx = len(inspect.signature(fn).parameters) >= 2
@@ -178,9 +291,12 @@ def task(name: str | None = None, *, registry: Registry | None = None) -> Callab
 
             async def run(args: JSON, ctx: JobContext) -> JSON:
                 call = (lambda: fn(args, ctx)) if wants_ctx else (lambda: fn(args))
-                return await asyncio.to_thread(call)
+                if ctx.threads is None:
+                    return await asyncio.to_thread(call)
+                return await ctx.threads.run(call)
 
-        (registry or REGISTRY).register(Kind(name or fn.__name__, _any_json, run))
+        kind = Kind(name or fn.__name__, _any_json, run, timeout, hb_timeout)
+        (registry or REGISTRY).register(kind)
         return fn
 
     return decorate

@@ -11,8 +11,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from common.clock import SYSTEM_CLOCK, Clock
-from common.errors import StoreClosedError, StoreError
+from common.errors import StoreClosedError, StoreError, UnencodableError
+from common.groupcommit import ENCODE_ERRORS, describe_unencodable
 from common.index import JobIndex
 from common.models import Job
 from common.store import Change, CompactionReport, Recovery, SyncLevel
@@ -47,6 +50,12 @@ class MemoryStore:
             raise StoreClosedError("memory store is not open")
         if not changes:
             return
+        try:
+            # Nothing is stored as bytes here, but a value a durable engine would
+            # refuse must be refused here too, or the fake hides the failure.
+            msgspec.json.encode(changes)
+        except ENCODE_ERRORS as exc:
+            raise UnencodableError(describe_unencodable(exc)) from exc
         self._index.publish(self._index.stage(changes, {}))
         self._commits += 1
         self._changes += len(changes)

@@ -43,6 +43,26 @@ TERMINAL: frozenset[State] = frozenset(s for s, nxt in TRANSITIONS.items() if no
 LIVE: frozenset[State] = frozenset(State) - TERMINAL
 
 
+MAX_ERROR_BYTES = 4096  # last_error is a diagnosis, not a log: longer text is cut
+
+
+def clean_error(text: str) -> str:
+    """``text`` as a ``last_error`` every engine can store: valid UTF-8, at most 4 KiB.
+
+    A handler's exception message may hold anything: lone surrogates from a
+    filename decoded with ``surrogateescape`` cannot be encoded as UTF-8, and
+    would fail the encode of the whole record. They become ``\\udcff`` escapes.
+    """
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= MAX_ERROR_BYTES:
+        return data.decode("utf-8") if len(data) != len(text) else text
+    cut = data[: MAX_ERROR_BYTES - 16].decode("utf-8", "ignore")  # never split a character
+    return cut + " ... (truncated)"
+
+
 def new_job_id(now: float) -> str:
     """32 hex digits: 48 bits of milliseconds since the epoch, then 80 random bits.
 
@@ -164,12 +184,16 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     def retry(self, error: str, ready_at: float, now: float) -> Transition:
         """running -> scheduled again at ``ready_at``, with a new epoch."""
         return self._to(
-            State.SCHEDULED, now, epoch=self.epoch + 1, ready_at=ready_at, last_error=error
+            State.SCHEDULED,
+            now,
+            epoch=self.epoch + 1,
+            ready_at=ready_at,
+            last_error=clean_error(error),
         )
 
     def bury(self, error: str, now: float) -> Transition:
         """running -> dead: no attempts left. The epoch is bumped to fence the worker."""
-        return self._to(State.DEAD, now, epoch=self.epoch + 1, last_error=error)
+        return self._to(State.DEAD, now, epoch=self.epoch + 1, last_error=clean_error(error))
 
     def cancel(self, now: float) -> Transition:
         return self._to(State.CANCELLED, now)

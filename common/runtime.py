@@ -11,9 +11,14 @@ durable, in the background while the worker takes its next job. Nobody is told
 of either before it is durable. A crash before the claim is durable leaves the
 job ``scheduled``; after, ``running`` and requeued at recovery: either way the
 job runs again, which is the at-least-once delivery the durability contract
-promises (and counts). If the claim is refused (a cancel won the race), the
-outcome is dropped and counted as fenced. Waiting for the claim before working
-cost about 1 ms of a 20 ms job (an fdatasync round trip), measured.
+promises (and counts). If the claim is refused, the outcome is dropped and
+counted as fenced. Waiting for the claim before working cost about 1 ms of a
+20 ms job (an fdatasync round trip), measured.
+
+A cancel and a claim of the same job can race. While a claim is in flight the
+job may already be running, so a cancel then answers 409 ``running``; while a
+cancel is in flight, workers skip the job (and put it back if the cancel fails).
+So a job reported cancelled never starts.
 """
 
 from __future__ import annotations
@@ -33,14 +38,17 @@ from common.cpu import CpuPool, cpu_kind
 from common.errors import (
     IllegalTransitionError,
     JobNotFoundError,
+    JobRunningError,
+    QueueFullError,
     StoreError,
     TransitionError,
+    UnencodableError,
     ValidationError,
 )
-from common.kinds import REGISTRY, JobContext, Kind, Registry
+from common.kinds import REGISTRY, HandlerThreads, JobContext, Kind, Registry, sleep_kind
 from common.models import JSON, TERMINAL, Job, State, Transition
 from common.scheduler import Scheduler
-from common.specs import JobSpec
+from common.specs import MAX_DELAY_MS, JobSpec
 from common.store import JobStore, Recovery
 from common.workers import WorkerPool
 
@@ -58,6 +66,10 @@ class RuntimeConfig:
     cpu_processes: int | None = None
     cpu_beat_while_queued: bool = True
     compact_every_s: float = 300.0  # prune past retention and compact; 0 turns it off
+    fault_injection: bool = False  # accept sleep's fail_prob / hang_prob (tests, benchmarks)
+    max_queued: int = 1_000_000  # live jobs; a submission past it is refused (429)
+    max_abandoned: int = 100  # cut-off handlers still running; past it, /readyz is 503
+    handler_threads: int | None = None  # the sync handlers' pool; default: one per worker
 
 
 class Runtime:
@@ -75,11 +87,23 @@ class Runtime:
         self.cpu = CpuPool(
             self.config.cpu_processes, beat_while_queued=self.config.cpu_beat_while_queued
         )
+        self.threads = HandlerThreads(
+            (self.config.handler_threads or self.config.workers) + self.config.max_abandoned
+        )
         self.registry = Registry()
-        for name in (registry or REGISTRY).names():
-            self.registry.register((registry or REGISTRY).get(name))
-        if "cpu" not in self.registry.names():
-            self.registry.register(cpu_kind(self.cpu))
+        source = registry or REGISTRY
+        for name in source.names():
+            self.registry.register(source.get(name))
+        for builtin in (
+            sleep_kind(fault_injection=self.config.fault_injection),
+            cpu_kind(self.cpu),
+        ):
+            if builtin.name not in self.registry:
+                self.registry.register(builtin)
+        # Per kind: (heartbeat timeout, timeout) in seconds, "server" resolved.
+        self._limits: dict[str, tuple[float | None, float | None]] = {
+            name: self._resolve_limits(self.registry.get(name)) for name in self.registry.names()
+        }
         self.scheduler = Scheduler(clock, channel_size=self.config.workers)
         self.pool = WorkerPool(
             self,
@@ -95,6 +119,9 @@ class Runtime:
         self.totals: Counter[str] = Counter()  # events since this process started
         self._background: set[asyncio.Task[None]] = set()
         self._claiming: set[str] = set()  # claims committed but not yet durable
+        self._cancelling: set[str] = set()  # cancels committed but not yet durable
+        self._skipped: set[str] = set()  # taken by a worker while its cancel was in flight
+        self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
         self._maintenance: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------
@@ -139,6 +166,7 @@ class Runtime:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         self.cpu.shutdown()
+        self.threads.shutdown()
         await self.store.close()
         self.state = "stopped"
 
@@ -154,6 +182,8 @@ class Runtime:
         if spec.delay_ms is not None:
             ready_at = now + spec.delay_ms / 1000
         elif spec.run_at is not None:
+            if spec.run_at > now + MAX_DELAY_MS / 1000:
+                raise ValidationError("run_at", "more than a year and a day from now")
             ready_at = spec.run_at
         return Job.new(
             kind=spec.kind,
@@ -180,7 +210,15 @@ class Runtime:
         self._check_accepting()
         now = self.clock.time()
         jobs = self._build_all(specs, now, batch)
-        await self.store.commit(jobs)
+        limit = self.config.max_queued
+        if len(self.live) + self._admitting + len(jobs) > limit:
+            self.totals["refused_full"] += len(jobs)
+            raise QueueFullError(limit)
+        self._admitting += len(jobs)
+        try:
+            await self.store.commit(jobs)
+        finally:
+            self._admitting -= len(jobs)
         for job in jobs:
             self._publish(job)
             self.scheduler.add(job.id, job.ready_at, job.priority)
@@ -200,22 +238,49 @@ class Runtime:
             raise IllegalTransitionError(job_id, "only a scheduled job can be cancelled")
         if job.state is not State.SCHEDULED:
             raise IllegalTransitionError(job_id, f"a {job.state.value} job cannot be cancelled")
+        if job_id in self._claiming:
+            raise JobRunningError(job_id, "a worker has claimed it and it may be running")
+        if job_id in self._cancelling:
+            raise IllegalTransitionError(job_id, "a cancel of this job is already in flight")
         t = job.cancel(self.clock.time())
-        await self.store.commit([t])
+        self._cancelling.add(job_id)
+        try:
+            await self.store.commit([t])
+        except BaseException:
+            if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
+                self.scheduler.add(job.id, job.ready_at, job.priority)
+            raise
+        finally:
+            self._cancelling.discard(job_id)
+            self._skipped.discard(job_id)
         return self._applied(job, t)
 
     def _check_accepting(self) -> None:
         if self.state != "ready":
             raise StoreError(f"not accepting work: the server is {self.state}")
 
-    def readiness(self) -> tuple[bool, str]:
-        if self.state != "ready":
-            return False, self.state
+    def liveness(self) -> tuple[bool, str]:
+        """False once the store has failed: only a restart (reopen) can mend that."""
         failed = self.store.stats().get("failed")
         if failed:
             return False, f"store failed: {failed}"
+        return True, "alive"
+
+    def abandoned(self) -> int:
+        """Cut-off handlers still running: worker tasks not yet ended, and threads."""
+        return len(self.pool.abandoned) + self.threads.abandoned
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.state != "ready":
+            return False, self.state
+        alive, reason = self.liveness()
+        if not alive:
+            return False, reason
         if not self.pool.live:
             return False, "no healthy worker"
+        abandoned, cap = self.abandoned(), self.config.max_abandoned
+        if abandoned > cap:
+            return False, f"{abandoned} abandoned handlers still running (cap {cap})"
         return True, "ready"
 
     def stats(self) -> dict[str, Any]:
@@ -223,6 +288,7 @@ class Runtime:
         jobs.update({s.value: self.totals[s.value] for s in TERMINAL})
         return {
             "state": self.state,
+            "durable": self.store.durable,
             "jobs": jobs,
             "terminal_counts_are": "since this process started",
             "submitted": self.totals["submitted"],
@@ -230,7 +296,16 @@ class Runtime:
             "requeued_hung": self.totals["requeued_hung"],
             "requeued_at_recovery": self.totals["requeued_at_recovery"],
             "fenced": self.totals["fenced"],
-            "workers": self.pool.stats(),
+            "unencodable_results": self.totals["unencodable"],
+            "refused_queue_full": self.totals["refused_full"],
+            "max_queued": self.config.max_queued,
+            "workers": {
+                **self.pool.stats(),
+                "handler_threads": self.threads.size,
+                "abandoned_threads_running": self.threads.abandoned,
+                "abandoned_threads_total": self.threads.abandoned_total,
+                "max_abandoned": self.config.max_abandoned,
+            },
             "lanes": self.scheduler.sizes(),
             "store": self.store.stats(),
             "recovery": self.recovery.summary() if self.recovery else None,
@@ -250,6 +325,9 @@ class Runtime:
         job = self.live.get(job_id)
         if job is None or job.state is not State.SCHEDULED or job_id in self._claiming:
             return None  # cancelled (or otherwise moved on) while it waited
+        if job_id in self._cancelling:
+            self._skipped.add(job_id)  # the cancel decides: re-added if it fails
+            return None
         t = job.start(self.clock.time())
         self._claiming.add(job_id)
         claimed = asyncio.ensure_future(self._commit_claim(job, t))
@@ -268,6 +346,15 @@ class Runtime:
         self._applied(job, t)
         return True
 
+    def _resolve_limits(self, kind: Kind) -> tuple[float | None, float | None]:
+        hb = self.config.hb_timeout_s if kind.hb_timeout_s == "server" else kind.hb_timeout_s
+        return hb, kind.timeout_s
+
+    def context(self, job: Job) -> JobContext:
+        """The handler's context, with the limits of its kind (unknown kind: the server's)."""
+        hb, timeout = self._limits.get(job.kind, (self.config.hb_timeout_s, None))
+        return JobContext(job, self.rng, threads=self.threads, hb_timeout=hb, timeout=timeout)
+
     def execute(self, job: Job, ctx: JobContext) -> Awaitable[JSON]:
         return self.registry.get(job.kind).run(job.args, ctx)
 
@@ -277,8 +364,8 @@ class Runtime:
     def failed(self, job: Job, error: str, claimed: asyncio.Future[bool]) -> None:
         self._in_background(job, self._after_failure(job, error, self.clock.time()), claimed)
 
-    def hung(self, job: Job, claimed: asyncio.Future[bool]) -> None:
-        t = self._after_failure(job, "worker hung: no heartbeat", self.clock.time())
+    def hung(self, job: Job, claimed: asyncio.Future[bool], reason: str) -> None:
+        t = self._after_failure(job, reason, self.clock.time())
         self.totals["requeued_hung"] += 1
         self._in_background(job, t, claimed)
 
@@ -317,7 +404,15 @@ class Runtime:
             self.totals["fenced"] += 1  # the claim was refused: this run never counted
             return
         try:
-            await self.store.commit([t])
+            try:
+                await self.store.commit([t])
+            except UnencodableError as exc:
+                # The handler returned something JSON cannot hold: that attempt
+                # failed, like any other failure; the store is untouched.
+                self.totals["unencodable"] += 1
+                error = f"result is not JSON-serialisable: {exc.what}"
+                t = self._after_failure(job, error, self.clock.time())
+                await self.store.commit([t])
         except TransitionError:
             self.totals["fenced"] += 1  # a stale worker: the job was requeued meanwhile
             return

@@ -17,11 +17,15 @@ MAX_BATCH = 10_000
 MAX_DELAY_MS = 366 * 24 * 3600 * 1000  # a year and a day
 
 
+MAX_KIND = 128
+MAX_RUN_AT = 4_102_444_800.0  # 2100-01-01; the runtime also bounds it by MAX_DELAY_MS from now
+
+
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    kind: str
+    kind: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KIND)]
     args: dict[str, Any] = msgspec.field(default_factory=dict)
     delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DELAY_MS)] | None = None
-    run_at: float | None = None  # unix seconds
+    run_at: Annotated[float, msgspec.Meta(ge=0, le=MAX_RUN_AT)] | None = None  # unix seconds
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
     priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] = 0
 
@@ -55,3 +59,7 @@ def decode(body: bytes, spec: type[Any]) -> Any:
         raise ValidationError(field, message) from None
     except msgspec.DecodeError as exc:
         raise BadJSON(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # msgspec decodes nested arrays and objects recursively; a body nested a
+        # thousand levels deep is an attack or a bug, never a job.
+        raise BadJSON("body is nested too deeply") from None

@@ -2,12 +2,15 @@
 
 N worker tasks take job ids from the scheduler. While a worker holds a job its
 handler heartbeats through ``JobContext.beat``. Every ``hb_timeout / 4`` the
-health loop looks for a worker silent longer than ``hb_timeout``: that worker
-is declared hung and *abandoned* (its job is requeued with a new epoch through
-the retry policy, and a replacement starts at once). It is not cancelled,
-because a handler stuck in a thread or process cannot be; if it ever finishes,
-its result is fenced off by the epoch (and counted), and the task exits. So at
-most N workers are ever live (not hung).
+health loop looks for a worker past one of its attempt's limits: silent longer
+than the kind's heartbeat timeout, or running past the kind's timeout. That
+worker is declared hung and *abandoned*: its job is requeued with a new epoch
+through the retry policy, a replacement starts at once, and its task is
+cancelled. An async handler stops there. A handler in a thread or a process
+cannot be stopped; its task ends and the thread is counted as abandoned until
+it returns (``HandlerThreads``). A handler that swallows the cancellation and
+returns late has its result fenced off by the epoch (and counted). So at most
+N workers are ever live (not hung), and abandoned tasks do not pile up.
 """
 
 from __future__ import annotations
@@ -38,13 +41,15 @@ class Runner(Protocol):
 
     def claim(self, job_id: str) -> tuple[Job, Claimed] | None: ...
 
+    def context(self, job: Job) -> JobContext: ...
+
     def execute(self, job: Job, ctx: JobContext) -> Awaitable[JSON]: ...
 
     def succeeded(self, job: Job, result: JSON, claimed: Claimed) -> None: ...
 
     def failed(self, job: Job, error: str, claimed: Claimed) -> None: ...
 
-    def hung(self, job: Job, claimed: Claimed) -> None: ...
+    def hung(self, job: Job, claimed: Claimed, reason: str) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -59,8 +64,18 @@ class Worker:
 
 
 def describe(exc: BaseException) -> str:
+    """An exception as ``last_error`` text (``clean_error`` bounds and cleans it)."""
     text = str(exc)
-    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:1000]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def overdue(ctx: JobContext, now: float) -> str | None:
+    """Why the attempt behind ``ctx`` must be cut off at ``now``, or None."""
+    if ctx.deadline is not None and now > ctx.deadline:
+        return f"timed out: still running {now - ctx.deadline:.3f} s past its timeout"
+    if ctx.hb_timeout is not None and now - ctx.last_beat > ctx.hb_timeout:
+        return f"worker hung: no heartbeat for {(now - ctx.last_beat) * 1000:.0f} ms"
+    return None
 
 
 class WorkerPool:
@@ -78,6 +93,7 @@ class WorkerPool:
         self._stopping = False
         self._idle = asyncio.Event()  # set when stopping and no live worker holds a job
         self.declared_hung = 0
+        self.timed_out = 0
         self.replaced = 0
         self.max_live_seen = 0
 
@@ -90,18 +106,23 @@ class WorkerPool:
     def _spawn(self) -> None:
         w = Worker(next(self._ids))
         w.task = asyncio.create_task(self._work(w), name=f"sqlq-worker-{w.wid}")
+        w.task.add_done_callback(lambda _: self._ended(w))
         self.live.append(w)
         self.max_live_seen = max(self.max_live_seen, len(self.live))
 
+    def _ended(self, w: Worker) -> None:
+        if w.hung:
+            self.abandoned.remove(w)
+
     async def _work(self, w: Worker) -> None:
         runner = self._runner
-        while not self._stopping:
+        while not self._stopping and not w.hung:
             job_id = await runner.take()
             claim = runner.claim(job_id)
             if claim is None:
                 continue
             job, claimed = claim
-            ctx = JobContext(job, runner.rng_for_job())
+            ctx = runner.context(job)
             w.ctx, w.claimed = ctx, claimed
             try:
                 result = await runner.execute(job, ctx)
@@ -115,11 +136,9 @@ class WorkerPool:
             w.jobs_done += 1
             if self._stopping and not self.busy():
                 self._idle.set()
-            if w.hung:
-                # Declared hung while it worked: its job was requeued and a
-                # replacement runs in its place. Its late outcome above is fenced.
-                self.abandoned.remove(w)
-                return
+            # If it was declared hung while it worked, its job was requeued and a
+            # replacement runs in its place; its late outcome above is fenced, and
+            # the loop ends here.
 
     async def _health(self) -> None:
         while True:
@@ -127,24 +146,27 @@ class WorkerPool:
             self.check(time.monotonic())
 
     def check(self, now: float) -> list[Worker]:
-        """Declare every worker silent for longer than ``hb_timeout`` hung."""
-        hung = [
-            w for w in self.live if w.ctx is not None and now - w.ctx.last_beat > self.hb_timeout
-        ]
-        for w in hung:
-            assert w.ctx is not None
+        """Declare every worker past its attempt's heartbeat or time limit hung."""
+        hung: list[Worker] = []
+        for w in list(self.live):
+            ctx = w.ctx
+            if ctx is None:
+                continue
+            reason = overdue(ctx, now)
+            if reason is None:
+                continue
             assert w.claimed is not None
+            hung.append(w)
             w.hung = True
             self.live.remove(w)
             self.abandoned.append(w)
             self.declared_hung += 1
-            log.warning(
-                "worker %d silent for %.0f ms holding job %s: declared hung, replaced",
-                w.wid,
-                (now - w.ctx.last_beat) * 1000,
-                w.ctx.job.id,
-            )
-            self._runner.hung(w.ctx.job, w.claimed)
+            if reason.startswith("timed out"):
+                self.timed_out += 1
+            log.warning("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
+            self._runner.hung(ctx.job, w.claimed, reason)
+            if w.task is not None:
+                w.task.cancel()  # an async handler stops; a thread is abandoned
             if not self._stopping:
                 self._spawn()
                 self.replaced += 1
@@ -181,6 +203,7 @@ class WorkerPool:
             "busy": self.busy(),
             "healthy": len(self.live),
             "hung_declared": self.declared_hung,
+            "timed_out": self.timed_out,
             "replaced": self.replaced,
             "abandoned_still_running": len(self.abandoned),
             "max_live_seen": self.max_live_seen,

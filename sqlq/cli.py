@@ -159,11 +159,70 @@ def main() -> None:
 @setting(
     "--host",
     default="127.0.0.1",
+    help="Address to bind. Anything but loopback needs --token (or --allow-no-token).",
 )
 @setting(
     "--port",
     type=click.IntRange(0, 65535),
     default=8080,
+)
+@setting(
+    "--token",
+    default=None,
+    show_default=False,
+    help="Require 'Authorization: Bearer TOKEN' on every endpoint but /healthz and /readyz. "
+    "Prefer SQLQ_TOKEN: a flag shows in the process list.",
+)
+@setting(
+    "--allow-no-token",
+    is_flag=True,
+    default=False,
+    help="Serve a non-loopback --host without a token (only behind something that authenticates).",
+)
+@setting(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="On loopback, also answer requests whose Host header is NAME (repeatable); "
+    "others get 421.",
+)
+@setting(
+    "--max-queued",
+    type=click.IntRange(1),
+    default=1_000_000,
+    help="Live jobs the queue holds; a submission past it gets 429 with Retry-After.",
+)
+@setting(
+    "--max-connections",
+    type=click.IntRange(1),
+    default=2048,
+    help="Concurrent connections and requests; past it uvicorn answers 503.",
+)
+@setting(
+    "--keep-alive",
+    type=click.IntRange(1, 3600),
+    default=5,
+    metavar="S",
+    help="Close idle keep-alive connections after S seconds.",
+)
+@setting(
+    "--fault-injection/--no-fault-injection",
+    default=False,
+    help="Accept the sleep kind's fail_prob and hang_prob (tests and benchmarks only).",
+)
+@setting(
+    "--max-abandoned",
+    type=click.IntRange(0),
+    default=100,
+    help="Cut-off handlers (hung or timed out) still running before /readyz says 503.",
+)
+@setting(
+    "--handler-threads",
+    type=click.IntRange(1, 4096),
+    default=None,
+    show_default=False,
+    help="Threads for plain (sync) @task handlers. Default: one per worker.",
 )
 @setting(
     "--import",
@@ -205,6 +264,15 @@ def serve(
     cpu_beat_while_queued: bool,
     host: str,
     port: int,
+    token: str | None,
+    allow_no_token: bool,
+    allowed_hosts: tuple[str, ...],
+    max_queued: int,
+    max_connections: int,
+    keep_alive: int,
+    fault_injection: bool,
+    max_abandoned: int,
+    handler_threads: int | None,
     imports: tuple[str, ...],
     seed: int | None,
     access_log: bool,
@@ -214,14 +282,27 @@ def serve(
     import uvloop
 
     from common.backoff import RetryPolicy
+    from common.guard import Security, is_loopback
     from common.runtime import Runtime, RuntimeConfig
     from sqlq.engines import make_store
     from sqlq.serve import ServeOptions, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
 
+    if token is not None and not token.strip():
+        raise click.BadParameter("must not be empty", param_hint="--token")
+    if not is_loopback(host) and token is None and not allow_no_token:
+        raise click.UsageError(
+            f"--host {host} is reachable from other machines: set --token (or SQLQ_TOKEN), "
+            "or pass --allow-no-token if something in front of sqlq authenticates"
+        )
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if store == "memory":
+        logging.getLogger("sqlq").warning(
+            "--store memory: nothing survives a restart; every job, acknowledged or not, "
+            "is lost when this process stops"
+        )
     try:
         import_handlers(imports)
     except ImportError as exc:
@@ -235,6 +316,10 @@ def serve(
         seed=seed,
         compact_every_s=compact_every,
         cpu_beat_while_queued=cpu_beat_while_queued,
+        fault_injection=fault_injection,
+        max_queued=max_queued,
+        max_abandoned=max_abandoned,
+        handler_threads=handler_threads,
     )
     options: dict[str, object] = {"retention": retention}
     if store != "memory":
@@ -242,10 +327,20 @@ def serve(
     if store in ("wal", "walq"):
         options["compact_floor_bytes"] = int(compact_floor_mb * (1 << 20))
         options["compact_ratio"] = compact_ratio
-    engine = make_store(store, data_dir, sync=sync, **options)  # type: ignore[arg-type]
+    try:
+        engine = make_store(store, data_dir, sync=sync, **options)  # type: ignore[arg-type]
+    except SqlqError as exc:
+        raise click.ClickException(str(exc)) from exc
     runtime = Runtime(engine, config)
     opts = ServeOptions(
-        host=host, port=port, grace_s=grace, access_log=access_log, log_level=log_level
+        host=host,
+        port=port,
+        grace_s=grace,
+        access_log=access_log,
+        log_level=log_level,
+        security=Security.for_binding(host, token, allowed_hosts),
+        max_connections=max_connections,
+        keep_alive_s=keep_alive,
     )
     install_default_signals()
     try:

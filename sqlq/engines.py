@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from common.lockfile import prepare_dir
 from common.memory import MemoryStore
 from common.store import JobStore, SyncLevel
 from sqlq.store import SQLiteStore
@@ -18,6 +19,8 @@ def make_store(
     name: str, data_dir: str | os.PathLike[str], *, sync: SyncLevel = "full", **options: Any
 ) -> JobStore:
     engine = ALIASES.get(name)
+    if engine in ("walq", "sqlite"):
+        prepare_dir(os.fspath(data_dir))  # the top of --data is checked like the engine's own
     if engine == "memory":
         return MemoryStore(
             sync=sync, **{k: v for k, v in options.items() if k in ("retention", "clock")}

@@ -19,6 +19,7 @@ from types import FrameType
 
 import uvicorn
 
+from common.guard import Security
 from common.http import create_app
 from common.runtime import Runtime
 
@@ -32,6 +33,9 @@ class ServeOptions:
     grace_s: float
     access_log: bool
     log_level: str
+    security: Security
+    max_connections: int = 2048
+    keep_alive_s: int = 5
 
 
 class _Server(uvicorn.Server):
@@ -86,7 +90,7 @@ async def serve(runtime: Runtime, opts: ServeOptions) -> None:
         recovery.seconds,
         recovery.torn_bytes,
     )
-    app = create_app(runtime, start_runtime=False, grace_s=opts.grace_s)
+    app = create_app(runtime, start_runtime=False, grace_s=opts.grace_s, security=opts.security)
     config = uvicorn.Config(
         app,
         host=opts.host,
@@ -97,6 +101,8 @@ async def serve(runtime: Runtime, opts: ServeOptions) -> None:
         access_log=opts.access_log,
         log_level=opts.log_level,
         timeout_graceful_shutdown=int(opts.grace_s) + 5,
+        limit_concurrency=opts.max_connections,
+        timeout_keep_alive=opts.keep_alive_s,
         proxy_headers=False,  # loopback by default; never trust X-Forwarded-* blindly
     )
     server = _Server(config)

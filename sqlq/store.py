@@ -39,7 +39,7 @@ from common.errors import (
     StoreFailedError,
 )
 from common.groupcommit import GroupCommitter, Pending
-from common.lockfile import DirLock
+from common.lockfile import DirLock, open_private, prepare_dir
 from common.models import TRANSITIONS, Job, State, Transition
 from common.store import Change, CompactionReport, Recovery, SyncLevel
 from sqlq.sql import batch_sql, load_queries, load_script
@@ -104,6 +104,11 @@ def _transition_values(t: Transition) -> tuple[Any, ...]:
         msgspec.json.encode(t.result).decode(),
         t.started_at,
     )
+
+
+def encode_rows(changes: Sequence[Change]) -> list[tuple[Any, ...]]:
+    """One caller's changes as statement rows, on its own turn (see ``GroupCommitter``)."""
+    return [_job_values(c) if isinstance(c, Job) else _transition_values(c) for c in changes]
 
 
 # Rows per statement: SQLite allows 32,766 parameters in one statement.
@@ -281,9 +286,16 @@ class SQLiteStore:
         if self._opened:
             raise StoreError("sqlite store was already opened")
         self._opened = True
-        os.makedirs(self.dir, exist_ok=True)
+        prepare_dir(self.dir)
         self._lock.acquire()
         t0 = time.perf_counter()
+        try:
+            # Create the database 0600 ourselves (SQLite would use the umask, 0644);
+            # SQLite gives its -wal and -shm files the database file's mode.
+            os.close(open_private(self.path, os.O_RDWR | os.O_CREAT))
+        except OSError as exc:
+            self._lock.release()
+            raise StoreError(f"{self.path}: cannot open: {exc.strerror}") from exc
         try:
             # Batch statements differ by row count; keep them all prepared.
             conn = await aiosqlite.connect(
@@ -309,7 +321,9 @@ class SQLiteStore:
         except BaseException:
             await self._abort_open()
             raise
-        self._committer = GroupCommitter(self._flush, name="sqlite", group=self._group)
+        self._committer = GroupCommitter(
+            self._flush, encode=encode_rows, name="sqlite", group=self._group
+        )
         self._committer.start()
         return Recovery(
             jobs=jobs,
@@ -350,11 +364,8 @@ class SQLiteStore:
         inserts: list[tuple[Any, ...]] = []
         updates: list[tuple[Any, ...]] = []
         for pending in batch:
-            for change in pending.changes:
-                if isinstance(change, Job):
-                    inserts.append(_job_values(change))
-                else:
-                    updates.append(_transition_values(change))
+            for change, row in zip(pending.changes, pending.encoded, strict=True):
+                (inserts if isinstance(change, Job) else updates).append(row)
         try:
             plan = _plan(inserts, updates)  # here: Python work off the I/O thread
             ok = await self._on_thread(lambda db: _write_batch(db, plan))

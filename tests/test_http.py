@@ -12,6 +12,8 @@ from common.memory import MemoryStore
 from common.runtime import Runtime, RuntimeConfig
 from tests.conftest import wait_for
 
+JSON_TYPE = {"content-type": "application/json"}
+
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
@@ -19,7 +21,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     await rt.start()
     app = create_app(rt, start_runtime=False)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://sqlq") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
         yield c
     await rt.stop(0)
 
@@ -85,14 +87,14 @@ async def test_bad_input_names_the_field(
 
 
 async def test_not_json_is_400(client: httpx.AsyncClient) -> None:
-    r = await client.post("/jobs", content=b"{not json")
+    r = await client.post("/jobs", content=b"{not json", headers=JSON_TYPE)
     assert r.status_code == 400
     assert r.json()["error"] == "bad_json"
 
 
 async def test_body_size_is_capped(client: httpx.AsyncClient) -> None:
     big = b'{"kind":"sleep","args":{"x":"' + b"a" * (2 << 20) + b'"}}'
-    r = await client.post("/jobs", content=big)
+    r = await client.post("/jobs", content=big, headers=JSON_TYPE)
     assert r.status_code == 413
     assert r.json()["field"] == "body"
 
@@ -134,7 +136,9 @@ async def test_readyz_is_503_when_the_store_has_failed(tmp_path: object) -> None
     rt = Runtime(WalStore(Path(str(tmp_path)), fs=fs), RuntimeConfig(workers=1))
     await rt.start()
     app = create_app(rt, start_runtime=False)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+    ) as c:
         r = await c.post("/jobs", json={"kind": "sleep"})
         assert r.status_code == 503  # not acknowledged: the sync failed
         assert r.json()["error"] == "unavailable"

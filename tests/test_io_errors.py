@@ -18,6 +18,7 @@ import pytest
 
 from common.http import create_app
 from common.runtime import Runtime, RuntimeConfig
+from tests.conftest import unavailable
 from tests.serve_helpers import Server
 from tests.walq_helpers import FaultyFiles
 from walq.store import WalStore
@@ -44,7 +45,9 @@ async def test_injected_io_error_is_a_503_and_restart_keeps_every_ack(
     acked: list[str] = []
     statuses: list[int] = []
     app = create_app(rt, start_runtime=False)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+    ) as c:
         for i in range(12):
             if op == "replace" and i == 2:
                 try:
@@ -80,10 +83,10 @@ def tiny_fs(tmp_path: Path) -> object:
     mnt = tmp_path / "tiny"
     mnt.mkdir()
     r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)], capture_output=True
     )
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.decode().strip()}")
+        unavailable(f"cannot mount a small tmpfs here (needs root): {r.stderr.decode().strip()}")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import unavailable
 from tests.serve_helpers import Server
 
 
@@ -36,11 +37,11 @@ class PowerFS:
 @pytest.fixture
 def powerfs(tmp_path: Path) -> Iterator[PowerFS]:
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount") is None:
-        pytest.skip("FUSE is not available here (no /dev/fuse or fusermount)")
+        unavailable("FUSE is not available here (no /dev/fuse or fusermount)")
     try:
         import fuse  # type: ignore[import-untyped]  # noqa: F401
     except (ImportError, OSError) as exc:
-        pytest.skip(f"fusepy/libfuse2 not usable: {exc}")
+        unavailable(f"fusepy/libfuse2 not usable: {exc}")
     backing, mount = tmp_path / "backing", tmp_path / "mnt"
     backing.mkdir()
     mount.mkdir()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ async def make_runtime(factory: StoreFactory) -> AsyncIterator[RuntimeFactory]:
     def make(registry: Registry | None = None, **config: Any) -> Runtime:
         config.setdefault("workers", 4)
         config.setdefault("seed", 1)
+        config.setdefault("fault_injection", True)
         # The system clock: the dispatcher really sleeps until ready_at.
         rt = Runtime(factory(clock=_system()), RuntimeConfig(**config), registry=registry)
         made.append(rt)
@@ -111,13 +111,17 @@ async def test_hung_worker_is_replaced_and_its_job_requeued_with_a_new_epoch(
 
 
 async def test_stale_worker_cannot_complete_a_requeued_job(make_runtime: RuntimeFactory) -> None:
-    release = threading.Event()
+    """A hung handler is cancelled; one that swallows the cancel and returns late is fenced."""
+    release = asyncio.Event()
     calls: list[int] = []
 
     async def slow_then_fast(args: Any, ctx: JobContext) -> Any:
         calls.append(ctx.job.epoch)
-        if len(calls) == 1:  # the first attempt blocks in a thread, silently
-            await asyncio.to_thread(release.wait, 10)
+        if len(calls) == 1:  # the first attempt goes silent and ignores its cancellation
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await release.wait()
             return "stale"
         return "fresh"
 
@@ -130,12 +134,14 @@ async def test_stale_worker_cannot_complete_a_requeued_job(make_runtime: Runtime
     job = await submit(rt, kind="flaky")
     done = await final(rt, job.id)
     assert (done.state, done.result, done.epoch) == (State.COMPLETED, "fresh", 1)
+    assert rt.stats()["workers"]["abandoned_still_running"] == 1
     release.set()  # now the abandoned worker finishes with its old epoch
     await wait_for(lambda: rt.stats()["fenced"] == 1, 10, "the stale completion to be fenced")
     again = await rt.get(job.id)
     assert again is not None
     assert again.result == "fresh"
     assert calls == [0, 1]
+    assert rt.stats()["workers"]["abandoned_still_running"] == 0
 
 
 async def test_cpu_jobs_longer_than_the_heartbeat_timeout_are_not_hung(
@@ -203,10 +209,9 @@ async def test_cancel_a_scheduled_job(make_runtime: RuntimeFactory) -> None:
 
 
 async def test_restart_requeues_only_unfinished_jobs(
-    engine: str, factory: StoreFactory, tmp_path: Path
+    durable_engine: str, durable_factory: StoreFactory, tmp_path: Path
 ) -> None:
-    if engine == "memory":
-        pytest.skip("memory keeps nothing across a restart, by design")
+    engine, factory = durable_engine, durable_factory
     from common.clock import SYSTEM_CLOCK
 
     first = Runtime(factory(clock=SYSTEM_CLOCK), RuntimeConfig(workers=3, seed=1))

@@ -22,6 +22,7 @@ from common.errors import (
     StaleEpochError,
     StoreClosedError,
     StoreLockedError,
+    UnencodableError,
 )
 from common.models import Job, State, Transition
 from common.store import JobStore
@@ -42,11 +43,6 @@ async def assert_reopened_holds(again: JobStore, expect: dict[str, Job]) -> None
             assert await again.get(job_id) == job
     finally:
         await again.close()
-
-
-def skip_unless_durable(store: JobStore) -> None:
-    if not store.durable:
-        pytest.skip(f"{store.name} keeps nothing across a reopen, by design")
 
 
 async def test_round_trip(store: JobStore) -> None:
@@ -174,6 +170,44 @@ async def test_one_bad_caller_does_not_sink_its_batch(store: JobStore) -> None:
         assert got.state is (State.SCHEDULED if i == 7 else State.RUNNING)
 
 
+@pytest.mark.parametrize("bad", [object(), "lone \udcff surrogate", {"k": {1: object()}}])
+async def test_an_unencodable_value_fails_only_its_caller(store: JobStore, bad: object) -> None:
+    """A handler's bad result must not fail the store: only that commit is refused."""
+    jobs = [new_job(i) for i in range(20)]
+    await store.commit(jobs)
+    running = [j.apply(j.start(NOW)) for j in jobs]
+    await store.commit([j.start(NOW) for j in jobs])
+    results: list[object] = [{"i": i} for i in range(len(running))]
+    results[5] = bad
+    calls = [store.commit([r.complete(x, NOW + 1)]) for r, x in zip(running, results, strict=True)]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(outcomes[5], UnencodableError), outcomes[5]
+    assert all(o is None for i, o in enumerate(outcomes) if i != 5), outcomes
+    assert (await store.get(jobs[5].id)) == running[5]  # unchanged, still running
+    later = new_job(99)
+    await store.commit([later])  # the store is healthy
+    assert await store.get(later.id) == later
+    assert not store.stats().get("failed")
+
+
+async def test_an_unencodable_value_leaves_a_durable_store_reopenable(
+    durable_factory: StoreFactory,
+) -> None:
+    s = durable_factory()
+    await s.open()
+    job = new_job()
+    await s.commit([job])
+    await s.commit([job.start(NOW)])
+    running = job.apply(job.start(NOW))
+    with pytest.raises(UnencodableError):
+        await s.commit([running.complete(object(), NOW + 1)])
+    await s.commit([running.complete({"ok": 1}, NOW + 2)])
+    await s.close()
+    await assert_reopened_holds(
+        durable_factory(), {job.id: running.apply(running.complete({"ok": 1}, NOW + 2))}
+    )
+
+
 async def test_concurrent_commits_share_batches(store: JobStore) -> None:
     jobs = [new_job(i) for i in range(300)]
     await asyncio.gather(*(store.commit([j]) for j in jobs))
@@ -220,10 +254,12 @@ async def _mixed_history(store: JobStore) -> dict[str, Job]:
     return expect
 
 
-async def test_second_opener_is_refused_until_the_first_closes(factory: StoreFactory) -> None:
+async def test_second_opener_is_refused_until_the_first_closes(
+    durable_factory: StoreFactory,
+) -> None:
+    factory = durable_factory
     first = factory()
     await first.open()
-    skip_unless_durable(first)
     try:
         with pytest.raises(StoreLockedError):
             await factory().open()
@@ -234,10 +270,10 @@ async def test_second_opener_is_refused_until_the_first_closes(factory: StoreFac
     await second.close()
 
 
-async def test_close_and_reopen_keeps_everything(factory: StoreFactory) -> None:
+async def test_close_and_reopen_keeps_everything(durable_factory: StoreFactory) -> None:
+    factory = durable_factory
     s = factory()
     await s.open()
-    skip_unless_durable(s)
     expect = await _mixed_history(s)
     await s.close()
     again = factory()
@@ -366,10 +402,11 @@ async def test_retention_prunes_only_old_terminal_jobs(
 
 
 @pytest.mark.parametrize("sync", ["full", "os"])
-def test_kill9_loses_no_acknowledged_transition(engine: str, tmp_path: Path, sync: str) -> None:
+def test_kill9_loses_no_acknowledged_transition(
+    durable_engine: str, tmp_path: Path, sync: str
+) -> None:
     """A real child appends under concurrency; SIGKILL it; every acked change is there."""
-    if engine == "memory":
-        pytest.skip("memory keeps nothing across a process, by design")
+    engine = durable_engine
     child = subprocess.Popen(
         [
             sys.executable,

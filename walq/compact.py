@@ -42,6 +42,8 @@ class Snapshot:
 def write_snapshot(
     fs: FileOps, tmp_path: str, jobs: Iterable[Job], next_seq: int, cutoff: float, now: float
 ) -> Snapshot:
+    if fs.exists(tmp_path):  # left by a compaction that failed after creating it
+        fs.remove(tmp_path)
     fd = fs.open_new(tmp_path)
     try:
         chunks = [log.header(next_seq, now)]

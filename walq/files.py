@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
+from common.lockfile import open_private
+
 
 class FileOps(Protocol):
     def open_append(self, path: str) -> int:
@@ -17,7 +19,7 @@ class FileOps(Protocol):
         ...
 
     def open_new(self, path: str) -> int:
-        """Create or truncate ``path`` for writing; returns a file descriptor."""
+        """Create ``path``, which must not exist, for writing; returns a file descriptor."""
         ...
 
     def write(self, fd: int, data: bytes) -> None:
@@ -51,10 +53,11 @@ class OsFileOps:
     """``FileOps`` on the real filesystem."""
 
     def open_append(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     def open_new(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        # O_EXCL: a temporary file is always new, never someone's file reused.
+        return open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
 
     def write(self, fd: int, data: bytes) -> None:
         view = memoryview(data)

@@ -30,7 +30,7 @@ from common.errors import (
 )
 from common.groupcommit import GroupCommitter, Pending
 from common.index import JobIndex
-from common.lockfile import DirLock
+from common.lockfile import DirLock, prepare_dir
 from common.models import Job, State, Transition
 from common.store import Change, CompactionReport, Recovery, SyncLevel
 from walq import compact as compaction
@@ -49,9 +49,13 @@ def _op(change: Change) -> bytes:
     return b'{"set":%s}' % msgspec.json.encode(change)
 
 
-def change_record(seq: int, changes: Sequence[Change]) -> bytes:
-    """One framed line holding one commit call."""
-    ops = _op(changes[0]) if len(changes) == 1 else b",".join([_op(c) for c in changes])
+def encode_ops(changes: Sequence[Change]) -> bytes:
+    """One commit call's ops, encoded on the caller's turn (see ``GroupCommitter``)."""
+    return _op(changes[0]) if len(changes) == 1 else b",".join([_op(c) for c in changes])
+
+
+def change_record(seq: int, ops: bytes) -> bytes:
+    """One framed line holding one commit call's encoded ops."""
     return log.frame(b'{"seq":%d,"ops":[%s]}' % (seq, ops))
 
 
@@ -121,7 +125,7 @@ class WalStore:
         if self._opened:
             raise StoreError("walq store was already opened")
         self._opened = True
-        os.makedirs(self.dir, exist_ok=True)
+        prepare_dir(self.dir)
         self._lock.acquire()
         loop = asyncio.get_running_loop()
         try:
@@ -131,6 +135,7 @@ class WalStore:
             raise
         self._committer = GroupCommitter(
             self._flush,
+            encode=encode_ops,
             name="walq",
             group=self._group,
             between=self._between,
@@ -249,7 +254,7 @@ class WalStore:
                 continue
             staged.update(mine)
             seq += 1
-            lines.append(change_record(seq, pending.changes))
+            lines.append(change_record(seq, pending.encoded))
             outcomes.append(None)
         if lines:
             data = b"".join(lines)

@@ -1,0 +1,156 @@
+"""What a request must pass before any handler sees it.
+
+One pure ASGI middleware, in this order:
+
+1. **Host** (421): while the server is bound to loopback, a request whose
+   ``Host`` is not ``localhost``, ``127.0.0.1`` or ``[::1]`` (any port), or a
+   name added with ``--allowed-host``, is refused. A web page that rebinds its
+   own DNS name to 127.0.0.1 still sends its own name as ``Host``.
+2. **Token** (401): with ``--token`` set, every path except the probes
+   (``/healthz``, ``/readyz``) needs ``Authorization: Bearer <token>``, compared
+   in constant time.
+3. **Origin** (403): a browser sends ``Origin`` with every cross-site POST; one
+   that names another host than ``Host`` is refused, so a page elsewhere cannot
+   drive the API even on loopback without a token.
+4. **Content type** (415): a body must be ``application/json`` or
+   ``application/*+json``. An HTML form cannot send those cross-site without a
+   CORS preflight, which this server never grants.
+
+It is plain ASGI, not Starlette's ``BaseHTTPMiddleware``, because it runs on
+every request and the latter wraps each one in extra tasks and streams.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+PROBES = frozenset({"/healthz", "/readyz"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding to ``host`` keeps the server on this machine only."""
+    h = host.strip("[]").lower()
+    return h in ("localhost", "::1") or h.startswith("127.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Security:
+    token: str | None = None  # None: no token asked (only allowed on loopback, or by override)
+    # Host names accepted in the Host header; None: any (the server is not on loopback).
+    allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS
+    extra_hosts: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def for_binding(
+        cls, host: str, token: str | None, extra_hosts: tuple[str, ...] = ()
+    ) -> Security:
+        extra = frozenset(h.lower() for h in extra_hosts)
+        allowed = LOOPBACK_HOSTS | extra if is_loopback(host) else None
+        return cls(token=token, allowed_hosts=allowed, extra_hosts=extra)
+
+
+def _host_name(value: str) -> str:
+    """``Host`` without its port: ``[::1]:8080`` -> ``[::1]``, ``a:80`` -> ``a``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _origin_authority(origin: str) -> str | None:
+    """``https://a.example:8080`` -> ``a.example:8080``; None for ``null`` or junk."""
+    if "://" not in origin:
+        return None
+    return origin.split("://", 1)[1].split("/", 1)[0].lower()
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json":
+        return True
+    return media.startswith("application/") and media.endswith("+json")
+
+
+Refusal = tuple[int, str, str, str, list[tuple[bytes, bytes]]]
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, security: Security) -> None:
+        self.app = app
+        self.security = security
+        self._token = security.token.encode() if security.token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.check(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, code, message, header, extra = refusal
+        body = msgspec.json.encode({"error": code, "message": message, "field": header})
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *extra,
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def check(self, scope: Scope) -> Refusal | None:
+        """Why the request is refused (status, code, message, header, extra headers)."""
+        headers: dict[bytes, bytes] = {}
+        for k, v in scope["headers"]:
+            headers.setdefault(k, v)  # the first of a repeated header
+        sec = self.security
+        host = headers.get(b"host", b"").decode("latin-1")
+        if sec.allowed_hosts is not None and _host_name(host) not in sec.allowed_hosts:
+            return (
+                421,
+                "misdirected",
+                "this server answers only to localhost names (see --allowed-host)",
+                "host",
+                [],
+            )
+        if self._token is not None and scope["path"] not in PROBES:
+            given = headers.get(b"authorization", b"")
+            scheme, _, credential = given.partition(b" ")
+            ok = scheme.lower() == b"bearer" and hmac.compare_digest(credential, self._token)
+            if not ok:
+                return (
+                    401,
+                    "unauthorized",
+                    "a valid Authorization: Bearer <token> header is required",
+                    "authorization",
+                    [(b"www-authenticate", b'Bearer realm="sqlq"')],
+                )
+        origin = headers.get(b"origin")
+        if origin is not None:
+            authority = _origin_authority(origin.decode("latin-1"))
+            if authority != host.strip().lower():
+                return (403, "cross_origin", "cross-origin requests are refused", "origin", [])
+        method: Any = scope["method"]
+        if method in BODY_METHODS:
+            content_type = headers.get(b"content-type")
+            has_body = b"transfer-encoding" in headers or headers.get(
+                b"content-length", b"0"
+            ) not in (b"0", b"")
+            if (content_type is not None or has_body) and not _is_json(
+                (content_type or b"").decode("latin-1")
+            ):
+                return (
+                    415,
+                    "unsupported_media_type",
+                    "the body must be application/json",
+                    "content-type",
+                    [],
+                )
+        return None
