@@ -222,7 +222,7 @@ def create_app(
         finally:
             await runtime.stop(grace_s)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/jobs", submit, methods=["POST"]),
             Route("/jobs/batch", submit_batch, methods=["POST"]),
@@ -236,3 +236,5 @@ def create_app(
         lifespan=lifespan,
         middleware=[Middleware(Guard, security=security or Security())],
     )
+    app.state.runtime = runtime
+    return app

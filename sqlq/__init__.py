@@ -1,5 +1,13 @@
-"""sqlq: the SQLite engine and the command line that wires engines into the runtime."""
+"""sqlq: a durable background-job queue.
 
+The public surface for handler authors::
+
+    from sqlq import task, JobContext, JobFailed
+
+``sqlq.store.SQLiteStore`` is the SQLite engine; the command line is ``sqlq.cli``.
+"""
+
+from common.kinds import JobContext, JobFailed, task
 from sqlq.store import SQLiteStore
 
-__all__ = ["SQLiteStore"]
+__all__ = ["JobContext", "JobFailed", "SQLiteStore", "task"]

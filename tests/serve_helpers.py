@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "sqlq", "serve", "--port", str(self.port), *args]
-        self.log = open(os.devnull, "wb")
+        self.log = tempfile.TemporaryFile()  # stdout: uvicorn's access log goes there
         self.proc = subprocess.Popen(
             cmd,
             stdout=self.log,
@@ -48,6 +49,9 @@ class Server:
         raise AssertionError(f"server not ready within {within}s")
 
     def stop(self, sig: int | None = None, within: float = 30.0) -> int:
+        """Stop it (SIGKILL unless ``sig``) and keep its output. Idempotent."""
+        if self.log.closed:
+            return self.proc.wait()
         if self.proc.poll() is None:
             if sig is None:
                 self.proc.kill()
@@ -57,5 +61,7 @@ class Server:
         if self.proc.stderr is not None:
             self.stderr = self.proc.stderr.read().decode()
             self.proc.stderr.close()
+        self.log.seek(0)
+        self.stdout = self.log.read().decode(errors="replace")
         self.log.close()
         return code

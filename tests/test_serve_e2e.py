@@ -70,7 +70,7 @@ def test_kill9_mid_run_then_every_acknowledged_job_finishes(tmp_path: Path, stor
 
 def test_user_handler_module_runs_and_its_result_is_readable(tmp_path: Path) -> None:
     (tmp_path / "mytasks.py").write_text(
-        "from common.kinds import task\n\n"
+        "from sqlq import task\n\n"
         "@task()\n"
         "async def double(args, ctx):\n"
         "    ctx.beat()\n"

@@ -199,9 +199,11 @@ def test_a_power_cut_during_recovery_of_a_torn_tail_loses_nothing(tmp_path: Path
         for mode in ("synced", "prefix"):
             disk = torn.after_cut("synced", random.Random(n))
             disk.cut_after = n
+            cause: BaseException | None = None
             try:
                 asyncio.run(recover(tmp_path, disk))
-            except OSError:
-                pass  # the power went mid-recovery
+            except StoreError as exc:  # the power went mid-recovery
+                cause = exc.__cause__
+            assert cause is None or isinstance(cause, OSError), cause
             got = asyncio.run(recover(tmp_path, disk.after_cut(mode, random.Random(n))))
             assert got == expect, f"cut after {n} recovery I/O calls ({mode})"

@@ -88,7 +88,7 @@ class OsFileOps:
         os.remove(path)
 
     def read(self, path: str) -> bytes:
-        with open(path, "rb") as f:
+        with open(open_private(path, os.O_RDONLY), "rb") as f:
             return f.read()
 
     def exists(self, path: str) -> bool:

@@ -130,6 +130,9 @@ class WalStore:
         loop = asyncio.get_running_loop()
         try:
             recovery = await loop.run_in_executor(self._io, self._recover)
+        except OSError as exc:
+            self._lock.release()
+            raise StoreError(f"{self.path}: cannot recover: {exc.strerror or exc}") from exc
         except BaseException:
             self._lock.release()
             raise
