@@ -35,13 +35,19 @@ def engine(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-def factory(engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
+def _factory(engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
+    """Stores of ``engine`` on ``tmp_path``; a second one reopens the first's files."""
+
     def make(**options: Any) -> JobStore:
         options.setdefault("clock", clock)
         return make_store(engine, tmp_path, **options)
 
     return make
+
+
+@pytest.fixture
+def factory(engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
+    return _factory(engine, tmp_path, clock)
 
 
 @pytest.fixture(params=DURABLE_ENGINES)
@@ -52,11 +58,7 @@ def durable_engine(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def durable_factory(durable_engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
-    def make(**options: Any) -> JobStore:
-        options.setdefault("clock", clock)
-        return make_store(durable_engine, tmp_path, **options)
-
-    return make
+    return _factory(durable_engine, tmp_path, clock)
 
 
 @pytest.fixture

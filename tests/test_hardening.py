@@ -22,7 +22,7 @@ from common.errors import (
 )
 from common.kinds import JobContext, Registry, task
 from common.memory import MemoryStore
-from common.models import MAX_ERROR_BYTES, State
+from common.models import MAX_ERROR_BYTES, Job, State
 from common.runtime import Runtime, RuntimeConfig
 from common.specs import JobSpec
 from common.store import Change, JobStore
@@ -81,6 +81,15 @@ RELEASE = threading.Event()
 BARRIER = threading.Barrier(16, timeout=20)
 
 
+async def dead_after(rt: Runtime, kind: str, **spec: Any) -> Job:
+    """Start ``rt``, submit one job, and return it once dead-lettered, with an error."""
+    await rt.start()
+    done = await final(rt, (await submit(rt, kind, **spec)).id)
+    assert done.state is State.DEAD, done
+    assert done.last_error is not None
+    return done
+
+
 @pytest.fixture
 async def runtimes(factory: StoreFactory) -> AsyncIterator[Callable[..., Runtime]]:
     from common.clock import SYSTEM_CLOCK
@@ -129,10 +138,7 @@ async def test_error_text_is_cut_to_4k_and_lone_surrogates_are_stored_escaped(
     runtimes: Callable[..., Runtime],
 ) -> None:
     rt = runtimes()
-    await rt.start()
-    job = await submit(rt, "broken_error", max_attempts=2)
-    done = await final(rt, job.id)
-    assert done.state is State.DEAD
+    done = await dead_after(rt, "broken_error", max_attempts=2)
     assert done.last_error is not None
     assert done.last_error.startswith("RuntimeError: file \\udcff.txt: éé")
     assert done.last_error.endswith("(truncated)")
@@ -171,10 +177,8 @@ async def test_a_timed_out_thread_is_abandoned_and_counted(
     runtimes: Callable[..., Runtime],
 ) -> None:
     rt = runtimes(max_abandoned=1)
-    await rt.start()
-    job = await submit(rt, "stuck_thread", max_attempts=2)
-    done = await final(rt, job.id)
-    assert (done.state, done.attempts) == (State.DEAD, 2)
+    done = await dead_after(rt, "stuck_thread", max_attempts=2)
+    assert done.attempts == 2
     assert done.last_error is not None
     assert done.last_error.startswith("timed out")
     stats = rt.stats()["workers"]
@@ -187,7 +191,7 @@ async def test_a_timed_out_thread_is_abandoned_and_counted(
     RELEASE.set()  # the threads return; their results are dropped
     await wait_for(lambda: rt.threads.abandoned == 0, 10, "abandoned threads to return")
     assert rt.readiness() == (True, "ready")
-    got = await rt.get(job.id)
+    got = await rt.get(done.id)
     assert got is not None
     assert got.result is None  # "late" was never stored
 
@@ -214,11 +218,7 @@ async def test_hung_async_handlers_are_cancelled_so_abandoned_tasks_do_not_pile_
 async def test_a_handler_with_hb_timeout_is_judged_by_its_heartbeat(
     runtimes: Callable[..., Runtime],
 ) -> None:
-    rt = runtimes()
-    await rt.start()
-    job = await submit(rt, "beats_then_stops", max_attempts=1)
-    done = await final(rt, job.id)
-    assert done.state is State.DEAD
+    done = await dead_after(runtimes(), "beats_then_stops", max_attempts=1)
     assert done.last_error is not None
     assert done.last_error.startswith("worker hung: no heartbeat")
     assert done.updated_at - done.created_at >= 0.3  # alive while it beat
