@@ -31,9 +31,9 @@ from typing import Any
 import msgspec
 import uvloop
 
-from bench.httpclient import HTTPError, HttpPool
-from bench.loadgen import wait_drained
-from bench.server import ServerProcess
+from bench.client.http import HTTPError, HttpPool
+from bench.client.loadgen import wait_drained
+from bench.client.server import ServerProcess
 
 # The transition table, restated here on purpose: the verifier must not trust
 # the code it is checking.

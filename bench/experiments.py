@@ -21,9 +21,9 @@ from typing import Any, Protocol
 import msgspec
 import uvloop
 
-from bench.httpclient import HTTPError, HttpPool
-from bench.loadgen import job_body, run, run_load, wait_drained
-from bench.server import ServerProcess, free_port
+from bench.client.http import HTTPError, HttpPool
+from bench.client.loadgen import job_body, run, run_load, wait_drained
+from bench.client.server import ServerProcess, free_port
 
 DURABLE = ("walq", "sqlite")
 

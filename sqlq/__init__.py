@@ -7,7 +7,7 @@ The public surface for handler authors::
 ``sqlq.store.SQLiteStore`` is the SQLite engine; the command line is ``sqlq.cli``.
 """
 
-from common.kinds import JobContext, JobFailed, task
-from sqlq.store import SQLiteStore
+from common.runtime.kinds import JobContext, JobFailed, task
+from sqlq.sqlite import SQLiteStore
 
 __all__ = ["JobContext", "JobFailed", "SQLiteStore", "task"]

@@ -282,8 +282,8 @@ def serve(
     import uvloop
 
     from common.backoff import RetryPolicy
-    from common.guard import Security, is_loopback
-    from common.runtime import Runtime, RuntimeConfig
+    from common.http.guard import Security, is_loopback
+    from common.runtime.service import Runtime, RuntimeConfig
     from sqlq.engines import make_store
     from sqlq.serve import ServeOptions, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
@@ -472,7 +472,7 @@ def loadgen(
     import json
 
     _need_bench_extra()
-    from bench.loadgen import run
+    from bench.client.loadgen import run
 
     try:
         result = run(

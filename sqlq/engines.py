@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from common.lockfile import prepare_dir
-from common.memory import MemoryStore
+from common.engine.datadir import prepare_dir
+from common.engine.memory import MemoryStore
 from common.store import JobStore, SyncLevel
-from sqlq.store import SQLiteStore
+from sqlq.sqlite.store import SQLiteStore
 from walq.store import WalStore
 
 ENGINES = ("memory", "walq", "sqlite")

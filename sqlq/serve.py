@@ -19,9 +19,9 @@ from types import FrameType
 
 import uvicorn
 
-from common.guard import Security
-from common.http import create_app
-from common.runtime import Runtime
+from common.http.app import create_app
+from common.http.guard import Security
+from common.runtime.service import Runtime
 
 log = logging.getLogger("sqlq")
 

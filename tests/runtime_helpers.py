@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.models import Job
-from common.runtime import Runtime
+from common.runtime.service import Runtime
 from common.specs import JobSpec
 from tests.conftest import wait_for
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from common.backoff import RetryPolicy, retry_delay, should_retry
-from common.lanes import Lanes
+from common.runtime.lanes import Lanes
 
 
 class FixedRandom(random.Random):

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from common.backoff import RetryPolicy
+from common.engine.memory import MemoryStore
 from common.errors import (
     IllegalTransitionError,
     JobRunningError,
     QueueFullError,
     ValidationError,
 )
-from common.kinds import JobContext, Registry, task
-from common.memory import MemoryStore
 from common.models import MAX_ERROR_BYTES, Job, State
-from common.runtime import Runtime, RuntimeConfig
+from common.runtime.kinds import JobContext, Registry, task
+from common.runtime.service import Runtime, RuntimeConfig
 from common.specs import JobSpec
 from common.store import Change, JobStore
 from tests.conftest import StoreFactory, wait_for

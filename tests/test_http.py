@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from common.http import create_app
-from common.memory import MemoryStore
-from common.runtime import Runtime, RuntimeConfig
+from common.engine.memory import MemoryStore
+from common.http.app import create_app
+from common.runtime.service import Runtime, RuntimeConfig
 from tests.conftest import wait_for
 
 JSON_TYPE = {"content-type": "application/json"}

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from common.guard import Security, is_loopback
-from common.http import create_app
-from common.memory import MemoryStore
-from common.runtime import Runtime, RuntimeConfig
+from common.engine.memory import MemoryStore
+from common.http.app import create_app
+from common.http.guard import Security, is_loopback
+from common.runtime.service import Runtime, RuntimeConfig
 
 TOKEN = "s3cret-token-value"
 Client = Callable[..., Any]

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.http import create_app
-from common.runtime import Runtime, RuntimeConfig
+from common.http.app import create_app
+from common.runtime.service import Runtime, RuntimeConfig
 from tests.conftest import unavailable
 from tests.serve_helpers import Server
 from tests.walq_helpers import FaultyFiles

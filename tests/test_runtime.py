@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from common.backoff import RetryPolicy
-from common.kinds import SLEEP, JobContext, Kind, Registry
 from common.models import State
-from common.runtime import Runtime, RuntimeConfig
+from common.runtime.kinds import SLEEP, JobContext, Kind, Registry
+from common.runtime.service import Runtime, RuntimeConfig
 from common.specs import JobSpec
 from tests.conftest import StoreFactory, wait_for
 from tests.runtime_helpers import final, submit

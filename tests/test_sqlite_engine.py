@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from common.models import Job, State
-from sqlq.store import SQLiteStore
+from sqlq.sqlite.store import SQLiteStore
 
 NOW = 1_700_000_000.0
 

@@ -21,6 +21,9 @@ from typing import Any
 import msgspec
 
 from common.clock import SYSTEM_CLOCK, Clock
+from common.engine.datadir import DirLock, prepare_dir
+from common.engine.groupcommit import GroupCommitter, Pending
+from common.engine.index import JobIndex
 from common.errors import (
     CorruptLogError,
     SqlqError,
@@ -28,9 +31,6 @@ from common.errors import (
     StoreError,
     StoreFailedError,
 )
-from common.groupcommit import GroupCommitter, Pending
-from common.index import JobIndex
-from common.lockfile import DirLock, prepare_dir
 from common.models import Job, State, Transition
 from common.store import Change, CompactionReport, Recovery, SyncLevel
 from walq import compact as compaction

@@ -16,7 +16,7 @@ import asyncio
 import math
 
 from common.clock import Clock
-from common.lanes import Lanes
+from common.runtime.lanes import Lanes
 
 
 class Scheduler:

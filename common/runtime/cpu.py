@@ -22,8 +22,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from common.kinds import JobContext, Kind, convert_args
 from common.models import JSON
+from common.runtime.kinds import JobContext, Kind, convert_args
 
 MAX_ROUNDS = 100_000_000
 PROGRESS_EVERY = 1024

@@ -14,9 +14,9 @@ from typing import Any
 import msgspec
 
 from common.clock import SYSTEM_CLOCK, Clock
+from common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
+from common.engine.index import JobIndex
 from common.errors import StoreClosedError, StoreError, UnencodableError
-from common.groupcommit import ENCODE_ERRORS, describe_unencodable
-from common.index import JobIndex
 from common.models import Job
 from common.store import Change, CompactionReport, Recovery, SyncLevel
 

@@ -5,7 +5,7 @@ Domain errors become HTTP statuses in one table (``ERRORS``); nothing here
 touches a file or a database. What reaches a client never leaks the server's
 insides: a 500 says "internal error" with a request id (the details go to the
 log under that id), and 503 messages carry no absolute paths. Every request
-first passes ``common.guard`` (host, token, origin, content type).
+first passes ``common.http.guard`` (host, token, origin, content type).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from common.errors import (
     UnencodableError,
     ValidationError,
 )
-from common.guard import Guard, Security
+from common.http.guard import Guard, Security
 from common.models import Job
-from common.runtime import Runtime
+from common.runtime.service import Runtime
 from common.specs import BadJSON, BatchSpec, JobSpec, decode
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from common.kinds import JobContext
 from common.models import JSON, Job
+from common.runtime.kinds import JobContext
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ naming the field, never a failed job later) and runs with a ``JobContext``
 whose ``beat()`` is the heartbeat the health loop watches.
 
 Built in: ``sleep`` (the fault injector of the experiments) and ``cpu`` (see
-``common.cpu``). User handlers register with the ``task`` decorator from a
+``common.runtime.cpu``). User handlers register with the ``task`` decorator from a
 module that ``sqlq serve --import`` imports::
 
     from sqlq import task

@@ -34,7 +34,6 @@ from typing import Any
 
 from common.backoff import RetryPolicy, retry_delay, should_retry
 from common.clock import SYSTEM_CLOCK, Clock
-from common.cpu import CpuPool, cpu_kind
 from common.errors import (
     IllegalTransitionError,
     JobNotFoundError,
@@ -45,12 +44,13 @@ from common.errors import (
     UnencodableError,
     ValidationError,
 )
-from common.kinds import REGISTRY, HandlerThreads, JobContext, Kind, Registry, sleep_kind
 from common.models import JSON, TERMINAL, Job, State, Transition
-from common.scheduler import Scheduler
+from common.runtime.cpu import CpuPool, cpu_kind
+from common.runtime.kinds import REGISTRY, HandlerThreads, JobContext, Kind, Registry, sleep_kind
+from common.runtime.scheduler import Scheduler
+from common.runtime.workers import WorkerPool
 from common.specs import MAX_DELAY_MS, JobSpec
 from common.store import JobStore, Recovery
-from common.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Load generator: submit jobs over keep-alive HTTP, wait for the drain, report.
 
-It runs on uvloop with the minimal client of ``bench.httpclient``, whose
+It runs on uvloop with the minimal client of ``bench.client.http``, whose
 ceiling against a trivial endpoint the report shows beside every result.
 Closed loop (``--rate 0``): C clients each submit as soon as their previous
 submit is acknowledged. Open loop (``--rate R``): submissions are *scheduled*
@@ -18,7 +18,7 @@ import json
 import time
 from typing import Any
 
-from bench.httpclient import HttpPool
+from bench.client.http import HttpPool
 from bench.stats import percentile, summary_ms
 
 

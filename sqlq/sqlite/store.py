@@ -29,6 +29,8 @@ import aiosqlite
 import msgspec
 
 from common.clock import SYSTEM_CLOCK, Clock
+from common.engine.datadir import DirLock, open_private, prepare_dir
+from common.engine.groupcommit import GroupCommitter, Pending
 from common.errors import (
     DuplicateJobError,
     IllegalTransitionError,
@@ -38,11 +40,9 @@ from common.errors import (
     StoreError,
     StoreFailedError,
 )
-from common.groupcommit import GroupCommitter, Pending
-from common.lockfile import DirLock, open_private, prepare_dir
 from common.models import TRANSITIONS, Job, State, Transition
 from common.store import Change, CompactionReport, Recovery, SyncLevel
-from sqlq.sql import batch_sql, load_queries, load_script
+from sqlq.sqlite.sql import batch_sql, load_queries, load_script
 
 logger = logging.getLogger(__name__)
 

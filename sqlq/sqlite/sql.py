@@ -7,7 +7,7 @@ from importlib import resources
 
 
 def load_queries(filename: str) -> dict[str, str]:
-    text = resources.files("sqlq").joinpath(filename).read_text(encoding="utf-8")
+    text = resources.files("sqlq.sqlite").joinpath(filename).read_text(encoding="utf-8")
     queries: dict[str, str] = {}
     name: str | None = None
     body: list[str] = []
@@ -25,7 +25,7 @@ def load_queries(filename: str) -> dict[str, str]:
 
 
 def load_script(filename: str) -> str:
-    return resources.files("sqlq").joinpath(filename).read_text(encoding="utf-8")
+    return resources.files("sqlq.sqlite").joinpath(filename).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1024)
