@@ -65,8 +65,8 @@ async def run_one(
     finally:
         await store.close()
     done = len(latencies)
-    syncs = _syncs(after) - _syncs(before)
-    batches = after.get("batches", 0) - before.get("batches", 0)
+    syncs = after.syncs - before.syncs
+    batches = after.batches - before.batches
     return {
         "engine": engine,
         "sync": sync,
@@ -78,15 +78,6 @@ async def run_one(
         "mean_batch": round(done / batches, 2) if batches else None,
         **summary_ms(latencies),
     }
-
-
-def _syncs(stats: dict[str, Any]) -> int:
-    """fdatasyncs for walq; commits (each a synced transaction at FULL) for sqlite."""
-    if "fsyncs" in stats:
-        return int(stats["fsyncs"])
-    if stats.get("engine") == "sqlite":
-        return int(stats.get("commits", 0))
-    return 0  # memory never syncs
 
 
 def budget_for(concurrency: int, quick: bool) -> int:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import msgspec
+
 from common.models import Job, Transition
 
 SyncLevel = Literal["full", "os"]
@@ -54,6 +56,32 @@ class CompactionReport:
     seconds: float
 
 
+class StoreStats(msgspec.Struct, kw_only=True):
+    """What an engine reports for ``/stats``: cheap to build, no I/O.
+
+    The fields every engine has are attributes, so the runtime and the benchmark
+    read them by name; what only one engine has goes in ``detail`` and is
+    flattened beside them in the JSON.
+    """
+
+    engine: str
+    sync: str  # "full", "os", or "none" (memory)
+    durable: bool
+    group_commit: bool = False
+    emulated_sync_delay_ms: float = 0.0  # benchmark knob; always shown when set
+    batches: int = 0  # group-commit batches written
+    committed_calls: int = 0  # commit() calls those batches held
+    mean_batch: float = 0.0
+    max_batch: int = 0
+    syncs: int = 0  # points where data was made durable: fdatasyncs, SQLite commits
+    failed: str | None = None  # why the engine refuses writes; None while healthy
+    detail: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = msgspec.structs.asdict(self)
+        return {**d, **d.pop("detail")}
+
+
 class JobStore(Protocol):
     """A durable (or, for ``memory``, deliberately not durable) home for jobs."""
 
@@ -79,10 +107,12 @@ class JobStore(Protocol):
         ``Transition`` is applied only if the job exists (``JobNotFoundError``),
         its epoch equals ``expect_epoch`` (``StaleEpochError``) and the move is in
         ``TRANSITIONS`` (``IllegalTransitionError``). On any such error nothing of
-        this call is applied; other callers batched with it are unaffected. An
-        I/O failure raises ``StoreFailedError`` for every caller in the batch and
-        every later call until the engine is reopened. An empty sequence is a
-        no-op.
+        this call is applied; other callers batched with it are unaffected. A
+        value that cannot be encoded raises ``UnencodableError`` for this call
+        alone. An I/O failure raises ``StoreFailedError`` for every caller in the
+        batch and every later call until the engine is reopened. On a store that
+        is not open, ``StoreClosedError``, even for an empty sequence; on an open
+        one an empty sequence is a no-op.
         """
         ...
 
@@ -102,6 +132,6 @@ class JobStore(Protocol):
         """Finish queued commits, release files and locks. Idempotent."""
         ...
 
-    def stats(self) -> dict[str, Any]:
-        """Counters for ``/stats``: batches, syncs or commits, bytes; cheap, no I/O."""
+    def stats(self) -> StoreStats:
+        """Counters for ``/stats``: batches, syncs, bytes; cheap, no I/O."""
         ...

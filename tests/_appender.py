@@ -15,7 +15,7 @@ from sqlq.engines import make_store
 
 
 def _report_compactions(store: object) -> None:
-    stats = store.stats()  # type: ignore[attr-defined]
+    stats = store.stats().detail  # type: ignore[attr-defined]
     sys.stderr.write(f"compactions={stats['compactions']}\n")
     asyncio.get_running_loop().call_later(0.05, _report_compactions, store)
 

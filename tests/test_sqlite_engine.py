@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.models import Job, State
+from common.models import TRANSITIONS, Job, State
 from sqlq.sqlite.store import SQLiteStore
 
 NOW = 1_700_000_000.0
@@ -18,12 +18,10 @@ async def test_pragmas_as_set(tmp_path: Path, sync: str, level: int) -> None:
     store = SQLiteStore(tmp_path, sync=sync)  # type: ignore[arg-type]
     await store.open()
     try:
-        conn = store._conn
-        assert conn is not None
-        rows = list(await conn.execute_fetchall("PRAGMA journal_mode"))
-        assert rows[0][0] == "wal"
-        rows = list(await conn.execute_fetchall("PRAGMA synchronous"))
-        assert rows[0][0] == level
+        mode = await store._on_db(lambda db: db.execute("PRAGMA journal_mode").fetchone())
+        assert mode[0] == "wal"
+        sync_level = await store._on_db(lambda db: db.execute("PRAGMA synchronous").fetchone())
+        assert sync_level[0] == level
     finally:
         await store.close()
 
@@ -51,5 +49,6 @@ async def test_transition_table_is_in_the_database(tmp_path: Path) -> None:
     await store.close()
     with sqlite3.connect(tmp_path / "sqlq.db") as db:
         pairs = set(db.execute("SELECT from_state, to_state FROM legal_transitions"))
-    assert ("scheduled", "running") in pairs
-    assert ("completed", "running") not in pairs
+    # Exactly the Python table: every legal move, and nothing else.
+    assert pairs == {(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt}
+    assert len(pairs) == 5

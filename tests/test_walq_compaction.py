@@ -31,7 +31,7 @@ async def test_compaction_carries_over_concurrent_appends(tmp_path: Path) -> Non
     report = await compaction
     after = Job.new(kind="sleep", args={"after": True}, now=NOW)
     await store.commit([after])
-    stats = store.stats()
+    stats = store.stats().detail
     await store.close()
     assert report.jobs_kept >= len(first)
     assert stats["compactions"] == 1
@@ -53,7 +53,7 @@ async def test_compaction_starts_by_itself_past_floor_and_ratio(tmp_path: Path) 
         t = current.start(NOW + i) if i % 2 == 0 else current.retry("again", NOW, NOW + i)
         await store.commit([t])
         current = current.apply(t)
-    stats = store.stats()
+    stats = store.stats().detail
     await store.close()
     assert stats["compactions"] >= 1
     assert stats["log_bytes"] < 20_000 * 2
@@ -127,7 +127,7 @@ async def test_finished_jobs_past_retention_do_not_hold_compaction_back(tmp_path
         await store.commit([start])
         await store.commit([job.apply(start).complete(None, clock.time())])
         clock.advance(0.1)  # jobs age past the 1 s retention as the run goes on
-    stats = store.stats()
+    stats = store.stats().detail
     await store.close()
     assert stats["compactions"] >= 1
     assert stats["log_bytes"] < 30_000 * 2

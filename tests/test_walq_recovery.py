@@ -141,7 +141,7 @@ async def test_failed_append_is_fatal_and_nothing_unsynced_is_acked(
     # Never retried: the engine stays failed until it is reopened.
     with pytest.raises(StoreFailedError):
         await store.commit([Job.new(kind="sleep", args={}, now=NOW)])
-    assert store.stats()["failed"]
+    assert store.stats().failed
     await store.close()
     got = await read_state(tmp_path, [j.id for j in acked])
     assert got == {j.id: j for j in acked}

@@ -13,19 +13,35 @@ It runs in two phases so appends never wait for more than one batch:
 
 A crash before the replace leaves the old log plus a stale tmp (removed at
 open); after the replace, the new log, complete on its own.
+
+``Compactor`` owns every piece of compaction state (the snapshot in flight, the
+carry-over, who waits for a report) and talks to its store through the narrow
+``CompactionHost``; the store only tells it what it appended and runs its
+``on_idle`` between batches. ZODB keeps its packer apart from ``FileStorage``
+for the same reason: the log's append path stays readable on its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import msgspec
 
-from common.models import TERMINAL, Job
+from common.engine.index import expired
+from common.errors import StoreClosedError, StoreError, StoreFailedError
+from common.models import Job
+from common.store import CompactionReport
 from walq import log
 from walq.files import FileOps
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -50,7 +66,7 @@ def write_snapshot(
         kept = pruned = 0
         size = len(chunks[0])
         for job in jobs:
-            if job.state in TERMINAL and job.updated_at < cutoff:
+            if expired(job, cutoff):
                 pruned += 1
                 continue
             line = log.frame(b'{"snap":%s}' % msgspec.json.encode(job))
@@ -91,3 +107,166 @@ def _remove_quietly(fs: FileOps, path: str) -> None:
         fs.remove(path)
     except FileNotFoundError:
         pass
+
+
+class CompactionHost(Protocol):
+    """What a ``Compactor`` needs from its store."""
+
+    fs: FileOps
+    path: str
+    tmp_path: str
+
+    def snapshot_state(self) -> tuple[list[Job], int, float, float]:
+        """(every job, the next sequence number, the retention cutoff, now)."""
+        ...
+
+    def switched(self, snap: Snapshot, carried: int) -> int:
+        """The new log is in place: adopt its descriptor and sizes; returns jobs pruned."""
+        ...
+
+    def log_bytes(self) -> int: ...
+
+    def jobs_kept(self) -> int: ...
+
+    def on_io(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        """Run ``fn`` on the store's I/O thread (the one that appends)."""
+        ...
+
+    def wake(self) -> None:
+        """Have the writer call ``on_idle`` soon."""
+        ...
+
+
+Waiters = list[asyncio.Future[CompactionReport]]
+
+
+class Compactor:
+    """Snapshot on its own thread while appends go on; switch between two batches."""
+
+    def __init__(self, host: CompactionHost) -> None:
+        self._host = host
+        self._snap_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="walq-snap")
+        self._snapshot: asyncio.Future[Snapshot] | None = None
+        self._requested = False
+        self._carry: list[bytes] = []
+        self._waiters: Waiters = []  # asked, not started yet
+        self._inflight: Waiters = []  # waiting on the snapshot being written
+        self._started = 0.0
+        self._bytes_before = 0
+        self.compactions = 0
+        self.failures = 0
+        self.max_switch_stall_s = 0.0
+        self.carried_bytes = 0  # appended during the last compaction, carried to the new log
+        self.last: CompactionReport | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._snapshot is not None
+
+    def request(self) -> None:
+        """Compact at the writer's next idle moment (the log outgrew its live size)."""
+        self._requested = True
+
+    async def compact(self) -> CompactionReport:
+        """Compact now, and wait for the report."""
+        waiter: asyncio.Future[CompactionReport] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._requested = True
+        self._host.wake()
+        return await waiter
+
+    def appended(self, data: bytes) -> None:
+        """A batch reached the old log: while a snapshot is written, carry it over too."""
+        if self._snapshot is not None:
+            self._carry.append(data)
+
+    async def on_idle(self, failure: BaseException | None) -> None:
+        """Between batches: finish a written snapshot, start a requested one."""
+        if failure is not None:
+            self._resolve(self._waiters + self._inflight, StoreFailedError(f"walq: {failure}"))
+            self._waiters, self._inflight, self._requested = [], [], False
+            return
+        if self._snapshot is not None and self._snapshot.done():
+            await self._finish(self._snapshot)
+        if self._requested and self._snapshot is None:
+            self._requested = False
+            self._start()
+
+    def _start(self) -> None:
+        jobs, next_seq, cutoff, now = self._host.snapshot_state()
+        self._carry = []
+        self._inflight, self._waiters = self._waiters, []
+        self._started = time.perf_counter()
+        self._bytes_before = self._host.log_bytes()
+        h = self._host
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._snap_io, write_snapshot, h.fs, h.tmp_path, jobs, next_seq, cutoff, now
+        )
+        self._snapshot = fut
+        fut.add_done_callback(lambda _: self._host.wake())
+
+    async def _finish(self, fut: asyncio.Future[Snapshot]) -> None:
+        self._snapshot = None
+        carry = b"".join(self._carry)
+        self._carry = []
+        waiters, self._inflight = self._inflight, []
+        try:
+            snap = fut.result()
+        except OSError as exc:
+            # The old log is untouched, so this is not fatal; report it and go on.
+            self.failures += 1
+            logger.error("walq: compaction failed, keeping the old log: %r", exc)
+            self._resolve(waiters, StoreError(f"compaction failed: {exc}"))
+            return
+        t0 = time.perf_counter()
+        try:
+            await self._host.on_io(switch, self._host.fs, snap, carry, self._host.path)
+        except OSError as exc:
+            # Past the replace we cannot tell which file the directory names: fatal.
+            self._resolve(waiters, StoreFailedError(f"compaction switch failed: {exc}"))
+            raise StoreFailedError(f"compaction switch failed: {exc}") from exc
+        pruned = self._host.switched(snap, len(carry))
+        self.carried_bytes = len(carry)
+        self.max_switch_stall_s = max(self.max_switch_stall_s, time.perf_counter() - t0)
+        self.compactions += 1
+        report = CompactionReport(
+            bytes_before=self._bytes_before,
+            bytes_after=self._host.log_bytes(),
+            jobs_kept=self._host.jobs_kept(),
+            jobs_pruned=pruned,
+            seconds=time.perf_counter() - self._started,
+        )
+        self.last = report
+        logger.info("walq: compacted %d -> %d bytes", report.bytes_before, report.bytes_after)
+        self._resolve(waiters, report)
+
+    async def close(self) -> None:
+        """At the store's close: drop a snapshot in flight; nobody waits any longer."""
+        if self._snapshot is not None:
+            try:
+                abandon(self._host.fs, await self._snapshot)
+            except OSError:
+                pass  # the old log is intact, and the stale tmp is removed at open
+            self._snapshot = None
+        self._resolve(self._waiters + self._inflight, StoreClosedError("walq store closed"))
+        self._waiters, self._inflight = [], []
+        self._snap_io.shutdown(wait=True)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "compactions": self.compactions,
+            "compaction_failures": self.failures,
+            "compacting": self.running,
+            "max_compaction_stall_ms": round(self.max_switch_stall_s * 1000, 3),
+            "last_compaction_carried_bytes": self.carried_bytes,
+        }
+
+    @staticmethod
+    def _resolve(waiters: Waiters, outcome: CompactionReport | BaseException) -> None:
+        for w in waiters:
+            if w.done():
+                continue
+            if isinstance(outcome, BaseException):
+                w.set_exception(outcome)
+            else:
+                w.set_result(outcome)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from walq import log
 from walq.files import OS_FILES, FileOps
-from walq.store import LOG_NAME, cut_tail
+from walq.store import LOG_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,5 +35,5 @@ def repair(data_dir: str | os.PathLike[str], fs: FileOps = OS_FILES) -> RepairRe
     sc = log.scan(data)
     if sc.bad_offset is None:
         return RepairReport(path, len(data), 0, None, None)
-    moved_to = cut_tail(fs, path, data, sc.bad_offset)
+    moved_to = log.cut_tail(fs, path, data, sc.bad_offset)
     return RepairReport(path, sc.bad_offset, len(data) - sc.bad_offset, moved_to, sc.bad_reason)

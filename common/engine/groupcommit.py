@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import StoreClosedError, StoreError, StoreFailedError, UnencodableError
-from common.store import Change
+from common.store import Change, StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,14 @@ def describe_unencodable(exc: BaseException) -> str:
 
 
 class GroupCommitter:
+    """One writer task; ``submit`` joins the next batch and returns once it is durable.
+
+    ``idle`` is the engine's one hook: the writer awaits it between batches
+    (nothing in flight), and also once the committer has failed, so whatever the
+    engine keeps waiting on (a compaction, say) can be resolved. ``wake`` makes
+    the writer run it even with nothing pending.
+    """
+
     def __init__(
         self,
         flush: Flush,
@@ -70,13 +78,11 @@ class GroupCommitter:
         name: str,
         group: bool = True,
         max_batch: int = 8192,
-        between: Hook | None = None,
-        on_fail: Callable[[BaseException], None] | None = None,
+        idle: Hook | None = None,
     ) -> None:
         self._flush = flush
         self._encode = encode
-        self._between = between
-        self._on_fail = on_fail
+        self._idle = idle
         self._name = name
         self._max_batch = max_batch if group else 1
         self._pending: list[Pending] = []
@@ -91,8 +97,8 @@ class GroupCommitter:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"{self._name}-writer")
 
-    def poke(self) -> None:
-        """Wake the writer so its ``between`` hook runs even with nothing pending."""
+    def wake(self) -> None:
+        """Run the ``idle`` hook soon, even with nothing pending."""
         self._wake.set()
 
     async def submit(self, changes: Sequence[Change]) -> None:
@@ -117,24 +123,24 @@ class GroupCommitter:
             await self._task
             self._task = None
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "batches": self.batches,
-            "committed_calls": self.items,
-            "mean_batch": round(self.items / self.batches, 2) if self.batches else 0.0,
-            "max_batch": self.max_seen,
-            "failed": None if self.failure is None else str(self.failure),
-        }
+    def fill(self, stats: StoreStats) -> StoreStats:
+        """``stats`` with the committer's counters and failure filled in."""
+        stats.batches = self.batches
+        stats.committed_calls = self.items
+        stats.mean_batch = round(self.items / self.batches, 2) if self.batches else 0.0
+        stats.max_batch = self.max_seen
+        stats.failed = None if self.failure is None else str(self.failure)
+        return stats
 
     async def _run(self) -> None:
         while True:
-            if self._between is not None and self.failure is None:
+            if self._idle is not None:
                 try:
-                    await self._between()
+                    await self._idle()
                 except (OSError, StoreFailedError) as exc:
                     self._fail(exc)
                 except Exception:
-                    log.exception("%s: the between-batches hook failed", self._name)
+                    log.exception("%s: the idle hook failed", self._name)
             if self._pending:
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
@@ -180,10 +186,9 @@ class GroupCommitter:
         if self.failure is None:
             log.error("%s failed, refusing further writes until reopened: %r", self._name, exc)
             self.failure = exc
-            if self._on_fail is not None:
-                self._on_fail(exc)  # the engine fails whatever else is waiting on it
         self._reject(self._pending)
         self._pending = []
+        self._wake.set()  # the idle hook runs once more and sees the failure
 
     def _reject(self, batch: list[Pending]) -> None:
         assert self.failure is not None

@@ -16,6 +16,11 @@ from common.models import TERMINAL, Job, Transition
 from common.store import Change
 
 
+def expired(job: Job, cutoff: float) -> bool:
+    """The retention rule, in one place: finished, and last updated before ``cutoff``."""
+    return job.state in TERMINAL and job.updated_at < cutoff
+
+
 class JobIndex:
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
@@ -48,6 +53,10 @@ class JobIndex:
     def publish(self, staged: dict[str, Job]) -> None:
         self.jobs.update(staged)
 
+    def apply(self, changes: Sequence[Change]) -> None:
+        """Stage and publish at once: recovery's fold, and the memory engine's commit."""
+        self.jobs.update(self.stage(changes, {}))
+
     def load(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
             self.jobs[job.id] = job
@@ -55,14 +64,9 @@ class JobIndex:
     def live(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.state not in TERMINAL]
 
-    def prune(self, older_than: float) -> int:
-        """Forget terminal jobs last updated before ``older_than``; returns how many."""
-        doomed = [
-            j.id for j in self.jobs.values() if j.state in TERMINAL and j.updated_at < older_than
-        ]
+    def prune(self, cutoff: float) -> int:
+        """Forget the jobs ``expired`` at ``cutoff``; returns how many."""
+        doomed = [j.id for j in self.jobs.values() if expired(j, cutoff)]
         for job_id in doomed:
             del self.jobs[job_id]
         return len(doomed)
-
-    def keep(self, job: Job, older_than: float) -> bool:
-        return job.state not in TERMINAL or job.updated_at >= older_than

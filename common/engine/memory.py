@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 
@@ -18,7 +17,7 @@ from common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
 from common.engine.index import JobIndex
 from common.errors import StoreClosedError, StoreError, UnencodableError
 from common.models import Job
-from common.store import Change, CompactionReport, Recovery, SyncLevel
+from common.store import Change, CompactionReport, Recovery, StoreStats, SyncLevel
 
 __all__ = ["MemoryStore"]
 
@@ -46,7 +45,7 @@ class MemoryStore:
         return Recovery(jobs=[], running=[], records=0)
 
     async def commit(self, changes: Sequence[Change]) -> None:
-        if not self._open:
+        if not self._open:  # closed first, then empty: as every engine checks
             raise StoreClosedError("memory store is not open")
         if not changes:
             return
@@ -56,7 +55,7 @@ class MemoryStore:
             msgspec.json.encode(changes)
         except ENCODE_ERRORS as exc:
             raise UnencodableError(describe_unencodable(exc)) from exc
-        self._index.publish(self._index.stage(changes, {}))
+        self._index.apply(changes)
         self._commits += 1
         self._changes += len(changes)
 
@@ -80,11 +79,14 @@ class MemoryStore:
     async def close(self) -> None:
         self._open = False
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "engine": self.name,
-            "sync": "none",
-            "commits": self._commits,
-            "changes": self._changes,
-            "jobs_indexed": len(self._index),
-        }
+    def stats(self) -> StoreStats:
+        return StoreStats(
+            engine=self.name,
+            sync="none",
+            durable=False,
+            detail={
+                "commits": self._commits,
+                "changes": self._changes,
+                "jobs_indexed": len(self._index),
+            },
+        )

@@ -72,7 +72,7 @@ class CpuPool:
 
     def _ensure(self) -> tuple[ProcessPoolExecutor, asyncio.Queue[int]]:
         if self._executor is None or self._free is None:
-            # spawn, not fork: the parent has I/O threads (walq, aiosqlite) running.
+            # spawn, not fork: the parent has I/O threads (one per durable engine) running.
             mp = multiprocessing.get_context("spawn")
             self._counters = mp.RawArray("Q", self.processes)
             self._executor = ProcessPoolExecutor(

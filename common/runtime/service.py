@@ -261,7 +261,7 @@ class Runtime:
 
     def liveness(self) -> tuple[bool, str]:
         """False once the store has failed: only a restart (reopen) can mend that."""
-        failed = self.store.stats().get("failed")
+        failed = self.store.stats().failed
         if failed:
             return False, f"store failed: {failed}"
         return True, "alive"
@@ -307,7 +307,7 @@ class Runtime:
                 "max_abandoned": self.config.max_abandoned,
             },
             "lanes": self.scheduler.sizes(),
-            "store": self.store.stats(),
+            "store": self.store.stats().to_dict(),
             "recovery": self.recovery.summary() if self.recovery else None,
             "process_cpu_s": round(time.process_time(), 3),
         }

@@ -1,11 +1,12 @@
 """``SQLiteStore``: the JobStore on one SQLite table in WAL journal mode.
 
-One aiosqlite connection (aiosqlite runs it on one thread). The writer task
-makes a batch of commits one transaction: ``BEGIN IMMEDIATE``, one multi-row
-statement for the inserts, one for the guarded updates, ``COMMIT``, all in one
-hop to that thread. One statement per batch rather than ``executemany``'s one
-per row, because the thread must retake the GIL after every SQLite step, and
-with the event loop busy each retake waits.
+One ``sqlite3`` connection, used only on the engine's one I/O thread (see
+``common.engine.base``). The writer task makes a batch of commits one
+transaction: ``BEGIN IMMEDIATE``, one multi-row statement for the inserts, one
+for the guarded updates, ``COMMIT``, all in one hop to that thread. One
+statement per batch rather than ``executemany``'s one per row, because the
+thread must retake the GIL after every SQLite step, and with the event loop
+busy each retake waits.
 
 Every update is fenced in SQL (``WHERE id = ? AND epoch = ?`` plus the legal
 transition table). If the rows changed do not add up, or an insert collides,
@@ -16,7 +17,6 @@ only runs when a stale worker or a bad request is in the batch.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sqlite3
@@ -25,12 +25,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aiosqlite
 import msgspec
 
-from common.clock import SYSTEM_CLOCK, Clock
-from common.engine.datadir import DirLock, open_private, prepare_dir
-from common.engine.groupcommit import GroupCommitter, Pending
+from common.engine.base import DurableStore
+from common.engine.datadir import open_private
+from common.engine.groupcommit import Pending
 from common.errors import (
     DuplicateJobError,
     IllegalTransitionError,
@@ -248,31 +247,14 @@ def _row_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
     )
 
 
-class SQLiteStore:
+class SQLiteStore(DurableStore):
     name = "sqlite"
-    durable = True
+    lock_name = LOCK_NAME
 
-    def __init__(
-        self,
-        data_dir: str | os.PathLike[str],
-        *,
-        sync: SyncLevel = "full",
-        retention: float = 3600.0,
-        clock: Clock = SYSTEM_CLOCK,
-        group_commit: bool = True,
-        sync_delay_s: float = 0.0,
-    ) -> None:
-        self.sync: SyncLevel = sync
-        self.dir = os.fspath(data_dir)
+    def __init__(self, data_dir: str | os.PathLike[str], **options: Any) -> None:
+        super().__init__(data_dir, **options)
         self.path = os.path.join(self.dir, DB_NAME)
-        self._retention = retention
-        self._clock = clock
-        self._group = group_commit
-        self._sync_delay = sync_delay_s  # emulated disk latency, benchmark only
-        self._lock = DirLock(self.dir, LOCK_NAME)
-        self._conn: aiosqlite.Connection | None = None
-        self._committer: GroupCommitter | None = None
-        self._opened = False
+        self._db: sqlite3.Connection | None = None
         self.commits = 0
         self.rows = 0
         self.slow_batches = 0
@@ -282,49 +264,14 @@ class SQLiteStore:
     def pragmas(self) -> dict[str, str | int]:
         return {**PRAGMAS, **SYNC_PRAGMAS[self.sync]}
 
-    async def open(self) -> Recovery:
-        if self._opened:
-            raise StoreError("sqlite store was already opened")
-        self._opened = True
-        prepare_dir(self.dir)
-        self._lock.acquire()
+    async def _recover(self) -> Recovery:
         t0 = time.perf_counter()
         try:
-            # Create the database 0600 ourselves (SQLite would use the umask, 0644);
-            # SQLite gives its -wal and -shm files the database file's mode.
-            os.close(open_private(self.path, os.O_RDWR | os.O_CREAT))
+            jobs = await self._on_io(self._open_db)
         except OSError as exc:
-            self._lock.release()
-            raise StoreError(f"{self.path}: cannot open: {exc.strerror}") from exc
-        try:
-            # Batch statements differ by row count; keep them all prepared.
-            conn = await aiosqlite.connect(
-                self.path, isolation_level=None, cached_statements=STATEMENT_CACHE
-            )
-            self._conn = conn
-            for key, value in self.pragmas.items():
-                await conn.execute(f"PRAGMA {key} = {value}")
-            await conn.executescript(SCHEMA)
-            await conn.execute("BEGIN IMMEDIATE")
-            await conn.execute(Q["clear_transitions"])
-            await conn.executemany(
-                Q["insert_transition"],
-                [(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt],
-            )
-            await conn.execute(Q["set_meta"], ("schema_version", SCHEMA_VERSION))
-            await conn.execute("COMMIT")
-            rows = await conn.execute_fetchall(Q["live_jobs"])
-            jobs = [_row_job(r) for r in rows]
+            raise StoreError(f"{self.path}: cannot open: {exc.strerror or exc}") from exc
         except sqlite3.Error as exc:
-            await self._abort_open()
             raise StoreError(f"{self.path}: cannot open: {exc}") from exc
-        except BaseException:
-            await self._abort_open()
-            raise
-        self._committer = GroupCommitter(
-            self._flush, encode=encode_rows, name="sqlite", group=self._group
-        )
-        self._committer.start()
         return Recovery(
             jobs=jobs,
             running=[j.id for j in jobs if j.state is State.RUNNING],
@@ -332,33 +279,48 @@ class SQLiteStore:
             seconds=time.perf_counter() - t0,
         )
 
-    async def _abort_open(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
-        self._lock.release()
+    def _open_db(self) -> list[Job]:
+        """On the I/O thread: create 0600, connect, set pragmas and schema, read live jobs."""
+        # Create the database 0600 ourselves (SQLite would use the umask, 0644);
+        # SQLite gives its -wal and -shm files the database file's mode.
+        os.close(open_private(self.path, os.O_RDWR | os.O_CREAT))
+        # Batch statements differ by row count; keep them all prepared.
+        db = sqlite3.connect(
+            self.path,
+            isolation_level=None,
+            cached_statements=STATEMENT_CACHE,
+            check_same_thread=False,  # it is only ever used on this engine's I/O thread
+        )
+        self._db = db
+        for key, value in self.pragmas.items():
+            db.execute(f"PRAGMA {key} = {value}")
+        db.executescript(SCHEMA)
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(Q["clear_transitions"])
+        db.executemany(
+            Q["insert_transition"],
+            [(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt],
+        )
+        db.execute(Q["set_meta"], ("schema_version", SCHEMA_VERSION))
+        db.execute("COMMIT")
+        return [_row_job(r) for r in db.execute(Q["live_jobs"]).fetchall()]
+
+    async def _release(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            await self._on_io(db.close)
+
+    async def _on_db(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(db)`` on the I/O thread: one hop for a whole batch."""
+        db = self._db
+        if db is None:
+            raise StoreClosedError("sqlite store is not open")
+        return await self._on_io(fn, db)
 
     # -- commits -----------------------------------------------------------------------
 
-    async def commit(self, changes: Sequence[Change]) -> None:
-        if not changes:
-            return
-        if self._committer is None:
-            raise StoreClosedError("sqlite store is not open")
-        await self._committer.submit(changes)
-
-    async def _on_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(db)`` on the connection's own thread: one hop for a whole batch.
-
-        aiosqlite queues every call onto one thread per connection; its public
-        methods are one hop per statement (four per batch). ``_execute`` is that
-        same queue taking a callable. It is private, so it is used only here, and
-        every SQLite test goes through it.
-        """
-        conn = self._conn
-        if conn is None:
-            raise StoreClosedError("sqlite store is not open")
-        return await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call,no-any-return]
+    def _encode(self, changes: Sequence[Change]) -> list[tuple[Any, ...]]:
+        return encode_rows(changes)
 
     async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
         inserts: list[tuple[Any, ...]] = []
@@ -366,41 +328,45 @@ class SQLiteStore:
         for pending in batch:
             for change, row in zip(pending.changes, pending.encoded, strict=True):
                 (inserts if isinstance(change, Job) else updates).append(row)
+        plan = _plan(inserts, updates)  # here: Python work off the I/O thread
         try:
-            plan = _plan(inserts, updates)  # here: Python work off the I/O thread
-            ok = await self._on_thread(lambda db: _write_batch(db, plan))
+            ok = await self._on_db(lambda db: self._durably(_write_batch(db, plan)))
             if ok:
                 outcomes: list[BaseException | None] = [None] * len(batch)
             else:
                 self.slow_batches += 1
                 changes = [list(p.changes) for p in batch]
-                outcomes = await self._on_thread(lambda db: _write_one_by_one(db, changes))
+                outcomes = await self._on_db(
+                    lambda db: self._durably(_write_one_by_one(db, changes))
+                )
         except sqlite3.Error as exc:
             raise StoreFailedError(f"{self.path}: {exc}") from exc
-        if self._sync_delay:
-            await asyncio.sleep(self._sync_delay)
         self.commits += 1
         self.rows += len(inserts) + len(updates)
         return outcomes
 
+    def _durably(self, result: T) -> T:
+        """On the I/O thread, after a COMMIT: at ``full`` that COMMIT synced the WAL."""
+        if self.sync == "full":
+            self._synced()
+        return result
+
     async def get(self, job_id: str) -> Job | None:
-        if self._committer is None:
-            raise StoreClosedError("sqlite store is not open")
+        self._live()
         try:
-            rows = await self._on_thread(lambda db: db.execute(Q["get_job"], (job_id,)).fetchall())
+            rows = await self._on_db(lambda db: db.execute(Q["get_job"], (job_id,)).fetchall())
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
         return _row_job(rows[0]) if rows else None
 
     async def compact(self) -> CompactionReport:
         """Delete terminal jobs past retention and truncate the WAL file."""
-        if self._committer is None:
-            raise StoreClosedError("sqlite store is not open")
+        self._live()
         t0 = time.perf_counter()
         before = self._disk_bytes()
-        cutoff = self._clock.time() - self._retention
+        cutoff = self.clock.time() - self.retention
         try:
-            pruned, kept = await self._on_thread(lambda db: _prune(db, cutoff))
+            pruned, kept = await self._on_db(lambda db: _prune(db, cutoff))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: compaction failed: {exc}") from exc
         self.compactions += 1
@@ -421,23 +387,8 @@ class SQLiteStore:
                 pass
         return total
 
-    async def close(self) -> None:
-        if self._committer is not None:
-            await self._committer.close()
-            self._committer = None
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
-        self._lock.release()
-
-    def stats(self) -> dict[str, Any]:
-        committer = self._committer.stats() if self._committer else {}
+    def _detail(self) -> dict[str, Any]:
         return {
-            "engine": self.name,
-            "sync": self.sync,
-            "group_commit": self._group,
-            "emulated_sync_delay_ms": self._sync_delay * 1000,
-            **committer,
             "commits": self.commits,
             "rows_written": self.rows,
             "slow_batches": self.slow_batches,

@@ -1,0 +1,148 @@
+"""``DurableStore``: the scaffolding both durable engines share, written once.
+
+An engine supplies what is its own: how to recover (``_recover``), how to
+encode a caller's changes (``_encode``), how to write a batch (``_flush``),
+what to release at close (``_release``) and its own counters (``_detail``).
+This class does the rest the same way for every engine:
+
+- ``open`` runs once: it prepares the data directory, takes its lock, recovers
+  on the engine's one I/O thread, then starts the group committer;
+- every call on a store that is not open raises ``StoreClosedError``, checked
+  before anything else (an empty commit on a closed store is an error too);
+- ``close`` drains the committer, lets the engine release its files, stops the
+  I/O thread and drops the lock, and is idempotent;
+- the emulated sync delay (a benchmark knob) is paid at ``--sync full`` only, on
+  the I/O thread, right after the engine's real sync;
+- ``stats`` fills the fields every engine reports.
+
+One I/O thread per engine, a plain single-thread executor: all of an engine's
+blocking calls (write, fdatasync, every SQLite statement) run there in order,
+and the event loop never blocks on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from common.clock import SYSTEM_CLOCK, Clock
+from common.engine.datadir import DirLock, prepare_dir
+from common.engine.groupcommit import GroupCommitter, Pending
+from common.errors import StoreClosedError, StoreError
+from common.store import Change, Recovery, StoreStats, SyncLevel
+
+T = TypeVar("T")
+
+
+class DurableStore:
+    name = "durable"  # each engine names itself
+    durable = True
+    lock_name = "engine.lock"
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        sync: SyncLevel = "full",
+        retention: float = 3600.0,
+        clock: Clock = SYSTEM_CLOCK,
+        group_commit: bool = True,
+        sync_delay_s: float = 0.0,
+    ) -> None:
+        self.sync: SyncLevel = sync
+        self.dir = os.fspath(data_dir)
+        self.retention = retention
+        self.clock = clock
+        self._group = group_commit
+        self._sync_delay = sync_delay_s  # emulated disk latency, benchmark only
+        self._lock = DirLock(self.dir, self.lock_name)
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-io")
+        self._committer: GroupCommitter | None = None
+        self._opened = False
+        self.syncs = 0
+
+    # -- what an engine supplies ---------------------------------------------------
+
+    async def _recover(self) -> Recovery:
+        raise NotImplementedError
+
+    def _encode(self, changes: Sequence[Change]) -> Any:
+        raise NotImplementedError
+
+    async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
+        raise NotImplementedError
+
+    async def _release(self) -> None:
+        """Close the engine's files; called at close, and when ``open`` fails."""
+
+    async def _idle(self) -> None:
+        """Between batches, in the writer task (see ``GroupCommitter``)."""
+
+    def _detail(self) -> dict[str, Any]:
+        return {}
+
+    # -- the shared lifecycle ----------------------------------------------------------
+
+    async def open(self) -> Recovery:
+        if self._opened:
+            raise StoreError(f"{self.name} store was already opened")
+        self._opened = True
+        prepare_dir(self.dir)
+        self._lock.acquire()
+        try:
+            recovery = await self._recover()
+        except BaseException:
+            await self._release()
+            self._io.shutdown(wait=True)
+            self._lock.release()
+            raise
+        self._committer = GroupCommitter(
+            self._flush, encode=self._encode, name=self.name, group=self._group, idle=self._idle
+        )
+        self._committer.start()
+        return recovery
+
+    def _live(self) -> GroupCommitter:
+        """The committer of an open store; ``StoreClosedError`` otherwise."""
+        if self._committer is None:
+            raise StoreClosedError(f"{self.name} store is not open")
+        return self._committer
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        committer = self._live()
+        if changes:
+            await committer.submit(changes)
+
+    async def close(self) -> None:
+        if self._committer is not None:
+            await self._committer.close()
+            self._committer = None
+        if self._opened:
+            await self._release()
+            self._io.shutdown(wait=True)
+            self._lock.release()
+
+    async def _on_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    def _synced(self) -> None:
+        """After a real sync, on the I/O thread: count it, and pay any emulated delay."""
+        self.syncs += 1
+        if self._sync_delay and self.sync == "full":
+            time.sleep(self._sync_delay)
+
+    def stats(self) -> StoreStats:
+        stats = StoreStats(
+            engine=self.name,
+            sync=self.sync,
+            durable=True,
+            group_commit=self._group,
+            emulated_sync_delay_ms=self._sync_delay * 1000,
+            syncs=self.syncs,
+            detail=self._detail(),
+        )
+        return self._committer.fill(stats) if self._committer is not None else stats
