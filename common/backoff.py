@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from common.models import Job, Transition
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryPolicy:
@@ -31,3 +33,12 @@ def retry_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
 def should_retry(attempts: int, max_attempts: int, policy: RetryPolicy) -> bool:
     """Whether a job that has started ``attempts`` times may run again."""
     return policy.retries and attempts < max_attempts
+
+
+def after_failure(
+    job: Job, error: str, now: float, policy: RetryPolicy, rng: random.Random
+) -> Transition:
+    """What a failed attempt becomes: a retry after backoff, or the dead-letter state."""
+    if should_retry(job.attempts, job.max_attempts, policy):
+        return job.retry(error, now + retry_delay(job.attempts, policy, rng), now)
+    return job.bury(error, now)

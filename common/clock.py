@@ -13,7 +13,11 @@ from typing import Protocol
 
 class Clock(Protocol):
     def time(self) -> float:
-        """Wall-clock seconds since the epoch."""
+        """Wall-clock seconds since the epoch: timestamps that must survive a restart."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds that only go forward: heartbeats and timeouts."""
         ...
 
 
@@ -21,18 +25,26 @@ class SystemClock:
     def time(self) -> float:
         return time.time()
 
+    def monotonic(self) -> float:
+        return time.monotonic()
+
 
 class FakeClock:
-    """A clock that moves only when told to."""
+    """A clock that moves only when told to (trio's ``MockClock`` idea)."""
 
     def __init__(self, start: float = 1_000_000.0) -> None:
         self.now = start
+        self.mono = 0.0
 
     def time(self) -> float:
         return self.now
 
+    def monotonic(self) -> float:
+        return self.mono
+
     def advance(self, seconds: float) -> None:
         self.now += seconds
+        self.mono += seconds
 
 
 SYSTEM_CLOCK = SystemClock()

@@ -283,7 +283,8 @@ def serve(
 
     from common.backoff import RetryPolicy
     from common.http.guard import Security, is_loopback
-    from common.runtime.service import Runtime, RuntimeConfig
+    from common.runtime.config import RuntimeConfig, RuntimeState
+    from common.runtime.service import Service
     from sqlq.engines import make_store
     from sqlq.serve import ServeOptions, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
@@ -331,7 +332,7 @@ def serve(
         engine = make_store(store, data_dir, sync=sync, **options)  # type: ignore[arg-type]
     except SqlqError as exc:
         raise click.ClickException(str(exc)) from exc
-    runtime = Runtime(engine, config)
+    runtime = Service(engine, config)
     opts = ServeOptions(
         host=host,
         port=port,
@@ -349,7 +350,7 @@ def serve(
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         # uvicorn re-raises the signal it handled; after a clean stop that is success.
-        sys.exit(0 if runtime.state == "stopped" else 130)
+        sys.exit(0 if runtime.state is RuntimeState.STOPPED else 130)
 
 
 EXPERIMENT_NAMES = ["ceiling", "A", "B", "C", "D", "E", "F", "G", "H", "I"]

@@ -1,4 +1,4 @@
-"""Run a ``Runtime`` behind uvicorn, with recovery before the port opens.
+"""Run a ``Service`` behind uvicorn, with recovery before the port opens.
 
 Order matters: recovery (``runtime.start``) runs before uvicorn binds, so no
 request meets a half-recovered queue, and a corrupt log or a locked directory
@@ -21,7 +21,8 @@ import uvicorn
 
 from common.http.app import create_app
 from common.http.guard import Security
-from common.runtime.service import Runtime
+from common.runtime.config import RuntimeState
+from common.runtime.service import Service
 
 log = logging.getLogger("sqlq")
 
@@ -42,7 +43,7 @@ class _Server(uvicorn.Server):
     """uvicorn's server, but a second signal of any kind also skips our grace period."""
 
     hurry: asyncio.AbstractEventLoop | None = None
-    runtime: Runtime | None = None
+    runtime: Service | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and self.runtime is not None and self.hurry is not None:
@@ -79,7 +80,7 @@ def import_handlers(modules: tuple[str, ...]) -> None:
         importlib.import_module(name)
 
 
-async def serve(runtime: Runtime, opts: ServeOptions) -> None:
+async def serve(runtime: Service, opts: ServeOptions) -> None:
     recovery = await runtime.start()
     tune_gc()
     log.info(
@@ -111,7 +112,7 @@ async def serve(runtime: Runtime, opts: ServeOptions) -> None:
     try:
         await server.serve()
     finally:
-        if runtime.state != "stopped":  # the port never opened: stop what we started
+        if runtime.state is not RuntimeState.STOPPED:  # the port never opened: stop what we started
             await runtime.stop(0)
 
 

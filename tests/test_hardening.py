@@ -1,6 +1,6 @@
 """No single request or handler can fail the service (issue: safe to run for real).
 
-Runtime-level: bad results, long and broken error text, handler limits, abandoned
+Service-level: bad results, long and broken error text, handler limits, abandoned
 work, the queue limit, fault injection, and the cancel/claim race.
 """
 
@@ -22,8 +22,9 @@ from common.errors import (
     ValidationError,
 )
 from common.models import MAX_ERROR_BYTES, Job, State
+from common.runtime.config import RuntimeConfig
 from common.runtime.kinds import JobContext, Registry, task
-from common.runtime.service import Runtime, RuntimeConfig
+from common.runtime.service import Service
 from common.specs import JobSpec
 from common.store import Change, JobStore
 from tests.conftest import StoreFactory, wait_for
@@ -81,7 +82,7 @@ RELEASE = threading.Event()
 BARRIER = threading.Barrier(16, timeout=20)
 
 
-async def dead_after(rt: Runtime, kind: str, **spec: Any) -> Job:
+async def dead_after(rt: Service, kind: str, **spec: Any) -> Job:
     """Start ``rt``, submit one job, and return it once dead-lettered, with an error."""
     await rt.start()
     done = await final(rt, (await submit(rt, kind, **spec)).id)
@@ -91,17 +92,17 @@ async def dead_after(rt: Runtime, kind: str, **spec: Any) -> Job:
 
 
 @pytest.fixture
-async def runtimes(factory: StoreFactory) -> AsyncIterator[Callable[..., Runtime]]:
+async def runtimes(factory: StoreFactory) -> AsyncIterator[Callable[..., Service]]:
     from common.clock import SYSTEM_CLOCK
 
-    made: list[Runtime] = []
+    made: list[Service] = []
 
-    def make(store: JobStore | None = None, **config: Any) -> Runtime:
+    def make(store: JobStore | None = None, **config: Any) -> Service:
         config.setdefault("workers", 4)
         config.setdefault("seed", 1)
         config.setdefault("retry", FAST_RETRY)
-        rt = Runtime(
-            store or factory(clock=SYSTEM_CLOCK), RuntimeConfig(**config), registry=handlers()
+        rt = Service(
+            store or factory(clock=SYSTEM_CLOCK), RuntimeConfig(**config), kinds=handlers()
         )
         made.append(rt)
         return rt
@@ -114,7 +115,7 @@ async def runtimes(factory: StoreFactory) -> AsyncIterator[Callable[..., Runtime
 
 
 async def test_an_unencodable_result_fails_the_attempt_not_the_store(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     rt = runtimes()
     await rt.start()
@@ -135,7 +136,7 @@ async def test_an_unencodable_result_fails_the_attempt_not_the_store(
 
 
 async def test_error_text_is_cut_to_4k_and_lone_surrogates_are_stored_escaped(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     rt = runtimes()
     done = await dead_after(rt, "broken_error", max_attempts=2)
@@ -147,7 +148,7 @@ async def test_error_text_is_cut_to_4k_and_lone_surrogates_are_stored_escaped(
 
 
 async def test_a_plain_half_second_handler_completes_first_time_with_default_flags(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     rt = runtimes(retry=RetryPolicy())  # every other setting at its default too
     assert rt.config.hb_timeout_s == 0.2  # shorter than the handler: it must not matter
@@ -162,7 +163,7 @@ async def test_a_plain_half_second_handler_completes_first_time_with_default_fla
 async def test_sync_handlers_get_a_thread_per_worker() -> None:
     """asyncio's default pool has cores + 4 threads; 16 workers must not queue behind 6."""
     BARRIER.reset()
-    rt = Runtime(MemoryStore(), RuntimeConfig(workers=16, max_attempts=1), registry=handlers())
+    rt = Service(MemoryStore(), RuntimeConfig(workers=16, max_attempts=1), kinds=handlers())
     await rt.start()
     try:
         jobs = await rt.submit([JobSpec(kind="together") for _ in range(16)])
@@ -174,7 +175,7 @@ async def test_sync_handlers_get_a_thread_per_worker() -> None:
 
 
 async def test_a_timed_out_thread_is_abandoned_and_counted(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     rt = runtimes(max_abandoned=1)
     done = await dead_after(rt, "stuck_thread", max_attempts=2)
@@ -189,7 +190,7 @@ async def test_a_timed_out_thread_is_abandoned_and_counted(
     assert not ok
     assert "abandoned" in reason
     RELEASE.set()  # the threads return; their results are dropped
-    await wait_for(lambda: rt.threads.abandoned == 0, 10, "abandoned threads to return")
+    await wait_for(lambda: rt.executor.threads.abandoned == 0, 10, "abandoned threads to return")
     assert rt.readiness() == (True, "ready")
     got = await rt.get(done.id)
     assert got is not None
@@ -197,7 +198,7 @@ async def test_a_timed_out_thread_is_abandoned_and_counted(
 
 
 async def test_hung_async_handlers_are_cancelled_so_abandoned_tasks_do_not_pile_up(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     rt = runtimes(workers=4, hb_timeout_s=0.05, fault_injection=True)
     await rt.start()
@@ -216,7 +217,7 @@ async def test_hung_async_handlers_are_cancelled_so_abandoned_tasks_do_not_pile_
 
 
 async def test_a_handler_with_hb_timeout_is_judged_by_its_heartbeat(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     done = await dead_after(runtimes(), "beats_then_stops", max_attempts=1)
     assert done.last_error is not None
@@ -232,7 +233,7 @@ def test_task_limits_are_checked() -> None:
 
 
 async def test_fault_injection_is_refused_unless_the_server_allows_it(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     rt = runtimes(fault_injection=False)
     await rt.start()
@@ -246,7 +247,7 @@ async def test_fault_injection_is_refused_unless_the_server_allows_it(
 
 
 async def test_the_queue_limit_refuses_whole_submissions(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     rt = runtimes(max_queued=5)
     await rt.start()
@@ -281,7 +282,7 @@ class GatedStore:
 
 
 async def test_cancel_while_a_claim_is_in_flight_is_409_running(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     from common.models import Transition
 
@@ -300,7 +301,7 @@ async def test_cancel_while_a_claim_is_in_flight_is_409_running(
 
 
 async def test_a_job_whose_cancel_is_in_flight_never_starts(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     from common.models import Transition
 
@@ -313,7 +314,7 @@ async def test_a_job_whose_cancel_is_in_flight_never_starts(
     cancel = asyncio.ensure_future(rt.cancel(job.id))
     await asyncio.wait_for(store.held.wait(), 5)
     # It comes due while the cancel is not yet durable: the worker passes it over.
-    await wait_for(lambda: job.id in rt._skipped, 5, "the worker to pass it over")
+    await wait_for(lambda: job.id in rt.claims._skipped, 5, "the worker to pass it over")
     with pytest.raises(IllegalTransitionError):
         await rt.cancel(job.id)  # a second cancel meanwhile is a conflict, not a second commit
     store.gate.set()
@@ -324,7 +325,7 @@ async def test_a_job_whose_cancel_is_in_flight_never_starts(
 
 
 async def test_a_failed_cancel_puts_a_passed_over_job_back(
-    runtimes: Callable[..., Runtime],
+    runtimes: Callable[..., Service],
 ) -> None:
     from common.errors import StoreFailedError
     from common.models import Transition
@@ -345,9 +346,31 @@ async def test_a_failed_cancel_puts_a_passed_over_job_back(
     job = await submit(rt, delay_ms=300)
     cancel = asyncio.ensure_future(rt.cancel(job.id))
     await asyncio.wait_for(store.held.wait(), 5)
-    await wait_for(lambda: job.id in rt._skipped, 5, "the worker to pass it over")
+    await wait_for(lambda: job.id in rt.claims._skipped, 5, "the worker to pass it over")
     store.gate.set()
     with pytest.raises(StoreFailedError):
         await cancel
     done = await final(rt, job.id)  # it was put back, and ran
     assert done.state is State.COMPLETED
+
+
+async def test_a_store_failure_during_a_claim_is_not_counted_as_fenced(
+    runtimes: Callable[..., Service],
+) -> None:
+    from common.errors import StoreFailedError
+    from common.models import Transition
+
+    class FailingClaims(GatedStore):
+        async def commit(self, changes: Sequence[Change]) -> None:
+            if self.hold(changes):
+                raise StoreFailedError("injected")
+            await self.inner.commit(changes)
+
+    store = FailingClaims(
+        lambda cs: any(isinstance(c, Transition) and c.state is State.RUNNING for c in cs)
+    )
+    rt = runtimes(store=store, workers=1)
+    await rt.start()
+    await submit(rt, args={"work_ms": 1})
+    await wait_for(lambda: rt.stats()["claim_failed"] == 1, 5, "the failed claim to be counted")
+    assert rt.stats()["fenced"] == 0

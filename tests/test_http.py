@@ -9,7 +9,8 @@ import pytest
 
 from common.engine.memory import MemoryStore
 from common.http.app import create_app
-from common.runtime.service import Runtime, RuntimeConfig
+from common.runtime.config import RuntimeConfig
+from common.runtime.service import Service
 from tests.conftest import wait_for
 
 JSON_TYPE = {"content-type": "application/json"}
@@ -17,7 +18,7 @@ JSON_TYPE = {"content-type": "application/json"}
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    rt = Runtime(MemoryStore(), RuntimeConfig(workers=2, seed=1))
+    rt = Service(MemoryStore(), RuntimeConfig(workers=2, seed=1))
     await rt.start()
     app = create_app(rt, start_runtime=False)
     transport = httpx.ASGITransport(app=app)
@@ -133,7 +134,7 @@ async def test_readyz_is_503_when_the_store_has_failed(tmp_path: object) -> None
     from walq.store import WalStore
 
     fs = FaultyFiles("fdatasync", where="walq.log", nth=1)
-    rt = Runtime(WalStore(Path(str(tmp_path)), fs=fs), RuntimeConfig(workers=1))
+    rt = Service(WalStore(Path(str(tmp_path)), fs=fs), RuntimeConfig(workers=1))
     await rt.start()
     app = create_app(rt, start_runtime=False)
     async with httpx.AsyncClient(

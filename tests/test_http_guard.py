@@ -12,7 +12,8 @@ import pytest
 from common.engine.memory import MemoryStore
 from common.http.app import create_app
 from common.http.guard import Security, is_loopback
-from common.runtime.service import Runtime, RuntimeConfig
+from common.runtime.config import RuntimeConfig
+from common.runtime.service import Service
 
 TOKEN = "s3cret-token-value"
 Client = Callable[..., Any]
@@ -20,14 +21,14 @@ Client = Callable[..., Any]
 
 @pytest.fixture
 async def make_client() -> AsyncIterator[Client]:
-    runtimes: list[Runtime] = []
+    runtimes: list[Service] = []
     clients: list[httpx.AsyncClient] = []
 
     async def make(
         security: Security | None = None, base_url: str = "http://localhost:8080", **config: Any
     ) -> httpx.AsyncClient:
         config.setdefault("workers", 1)
-        rt = Runtime(MemoryStore(), RuntimeConfig(**config))
+        rt = Service(MemoryStore(), RuntimeConfig(**config))
         await rt.start()
         runtimes.append(rt)
         app = create_app(rt, start_runtime=False, security=security)
@@ -180,8 +181,8 @@ async def test_a_500_says_internal_error_with_a_request_id_and_nothing_else(
     )
 
 
-def _runtime_of(c: httpx.AsyncClient) -> Runtime:
-    runtime: Runtime = c._transport.app.state.runtime  # type: ignore[attr-defined]
+def _runtime_of(c: httpx.AsyncClient) -> Service:
+    runtime: Service = c._transport.app.state.runtime  # type: ignore[attr-defined]
     return runtime
 
 
@@ -190,7 +191,7 @@ async def test_a_failed_store_is_503_on_healthz_and_readyz_without_paths(tmp_pat
     from walq.store import WalStore
 
     fs = FaultyFiles("fdatasync", where="walq.log", nth=1)
-    rt = Runtime(WalStore(tmp_path / "walq", fs=fs), RuntimeConfig(workers=1))
+    rt = Service(WalStore(tmp_path / "walq", fs=fs), RuntimeConfig(workers=1))
     await rt.start()
     app = create_app(rt, start_runtime=False)
     transport = httpx.ASGITransport(app=app)

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from common.http.app import create_app
-from common.runtime.service import Runtime, RuntimeConfig
+from common.runtime.config import RuntimeConfig
+from common.runtime.service import Service
 from tests.conftest import unavailable
 from tests.serve_helpers import Server
 from tests.walq_helpers import FaultyFiles
@@ -40,7 +41,7 @@ async def test_injected_io_error_is_a_503_and_restart_keeps_every_ack(
     # nth: past open (which writes the header, and renames a fresh log into place)
     fs = FaultyFiles(op, where=where, nth=4 if op != "replace" else 2, err=err,
                      persistent=persistent)  # fmt: skip
-    rt = Runtime(WalStore(tmp_path, fs=fs), RuntimeConfig(workers=2, compact_every_s=0))
+    rt = Service(WalStore(tmp_path, fs=fs), RuntimeConfig(workers=2, compact_every_s=0))
     await rt.start()
     acked: list[str] = []
     statuses: list[int] = []
@@ -69,7 +70,7 @@ async def test_injected_io_error_is_a_503_and_restart_keeps_every_ack(
         assert r.status_code == 503
         assert "store failed" in r.json()["reason"]
     await rt.stop(0)
-    again = Runtime(WalStore(tmp_path), RuntimeConfig(workers=2, compact_every_s=0))
+    again = Service(WalStore(tmp_path), RuntimeConfig(workers=2, compact_every_s=0))
     await again.start()
     try:
         for job_id in acked:

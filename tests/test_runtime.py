@@ -12,25 +12,26 @@ import pytest
 
 from common.backoff import RetryPolicy
 from common.models import State
+from common.runtime.config import RuntimeConfig
 from common.runtime.kinds import SLEEP, JobContext, Kind, Registry
-from common.runtime.service import Runtime, RuntimeConfig
+from common.runtime.service import Service
 from common.specs import JobSpec
 from tests.conftest import StoreFactory, wait_for
 from tests.runtime_helpers import final, submit
 
-RuntimeFactory = Callable[..., Runtime]
+RuntimeFactory = Callable[..., Service]
 
 
 @pytest.fixture
 async def make_runtime(factory: StoreFactory) -> AsyncIterator[RuntimeFactory]:
-    made: list[Runtime] = []
+    made: list[Service] = []
 
-    def make(registry: Registry | None = None, **config: Any) -> Runtime:
+    def make(kinds: Registry | None = None, **config: Any) -> Service:
         config.setdefault("workers", 4)
         config.setdefault("seed", 1)
         config.setdefault("fault_injection", True)
         # The system clock: the dispatcher really sleeps until ready_at.
-        rt = Runtime(factory(clock=_system()), RuntimeConfig(**config), registry=registry)
+        rt = Service(factory(clock=_system()), RuntimeConfig(**config), kinds=kinds)
         made.append(rt)
         return rt
 
@@ -127,9 +128,7 @@ async def test_stale_worker_cannot_complete_a_requeued_job(make_runtime: Runtime
 
     registry = Registry()
     registry.register(Kind("flaky", lambda a: a, slow_then_fast))
-    rt = make_runtime(
-        registry=registry, workers=2, hb_timeout_s=0.05, retry=RetryPolicy(base_s=0.001)
-    )
+    rt = make_runtime(kinds=registry, workers=2, hb_timeout_s=0.05, retry=RetryPolicy(base_s=0.001))
     await rt.start()
     job = await submit(rt, kind="flaky")
     done = await final(rt, job.id)
@@ -168,7 +167,7 @@ async def test_delayed_job_waits_and_an_earlier_one_wakes_the_dispatcher(
 
     registry = Registry()
     registry.register(Kind("stamp", lambda a: a, stamp))
-    rt = make_runtime(registry=registry)
+    rt = make_runtime(kinds=registry)
     await rt.start()
     late = await submit(rt, kind="stamp", delay_ms=30_000)
     soon = await submit(rt, kind="stamp", delay_ms=150)
@@ -188,13 +187,13 @@ async def test_immediate_jobs_skip_100k_delayed_ones(make_runtime: RuntimeFactor
         await rt.submit(
             [JobSpec(kind="sleep", delay_ms=3_600_000) for _ in range(10_000)], batch=True
         )
-    assert rt.scheduler.sizes()["delayed"] == 100_000
+    assert rt.claims.scheduler.sizes()["delayed"] == 100_000
     now_jobs = await rt.submit([JobSpec(kind="sleep") for _ in range(200)])
     for job in now_jobs:
         assert (await final(rt, job.id)).state is State.COMPLETED
     # Only the immediate jobs went through the dispatcher; the heap was never scanned.
-    assert rt.scheduler.dispatched == 200
-    assert rt.scheduler.sizes()["delayed"] == 100_000
+    assert rt.claims.scheduler.dispatched == 200
+    assert rt.claims.scheduler.sizes()["delayed"] == 100_000
 
 
 async def test_cancel_a_scheduled_job(make_runtime: RuntimeFactory) -> None:
@@ -214,7 +213,7 @@ async def test_restart_requeues_only_unfinished_jobs(
     engine, factory = durable_engine, durable_factory
     from common.clock import SYSTEM_CLOCK
 
-    first = Runtime(factory(clock=SYSTEM_CLOCK), RuntimeConfig(workers=3, seed=1))
+    first = Service(factory(clock=SYSTEM_CLOCK), RuntimeConfig(workers=3, seed=1))
     await first.start()
     quick = await first.submit([JobSpec(kind="sleep", args={"work_ms": 1}) for _ in range(5)])
     for job in quick:
@@ -226,7 +225,7 @@ async def test_restart_requeues_only_unfinished_jobs(
         with open(tmp_path / "walq" / "walq.log", "ab") as f:
             f.write(b'{"crc":"0000')
 
-    second = Runtime(factory(clock=SYSTEM_CLOCK), RuntimeConfig(workers=3, seed=1))
+    second = Service(factory(clock=SYSTEM_CLOCK), RuntimeConfig(workers=3, seed=1))
     try:
         recovery = await second.start()
         assert len(recovery.running) == 3
@@ -252,13 +251,13 @@ async def test_periodic_compaction_prunes_past_retention(engine: str, tmp_path: 
 
     clock = FakeClock(time.time())
     store = make_store(engine, tmp_path, retention=60.0, clock=clock)
-    rt = Runtime(store, RuntimeConfig(workers=2, compact_every_s=0.05), clock=clock)
+    rt = Service(store, RuntimeConfig(workers=2, compact_every_s=0.05), clock=clock)
     await rt.start()
     try:
         job = await submit(rt)
         await final(rt, job.id)
         clock.advance(3600)  # long past retention
-        await wait_for(lambda: rt.totals["compactions"] >= 1, 10, "a periodic compaction")
+        await wait_for(lambda: rt.live.totals["compactions"] >= 1, 10, "a periodic compaction")
 
         async def gone() -> bool:
             return await rt.get(job.id) is None

@@ -1,4 +1,4 @@
-"""The HTTP front end: thin handlers over one ``Runtime``.
+"""The HTTP front end: thin handlers over one ``Service``.
 
 Each handler parses and validates, makes one runtime call and answers JSON.
 Domain errors become HTTP statuses in one table (``ERRORS``); nothing here
@@ -38,7 +38,7 @@ from common.errors import (
 )
 from common.http.guard import Guard, Security
 from common.models import Job
-from common.runtime.service import Runtime
+from common.runtime.service import Service
 from common.specs import BadJSON, BatchSpec, JobSpec, decode
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def _job_id(request: Request) -> str:
 
 
 def create_app(
-    runtime: Runtime,
+    runtime: Service,
     *,
     start_runtime: bool = True,
     grace_s: float = 10.0,

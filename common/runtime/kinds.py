@@ -38,7 +38,6 @@ import asyncio
 import inspect
 import random
 import re
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from common.clock import SYSTEM_CLOCK, Clock
 from common.errors import ValidationError, clip
 from common.models import JSON, Job
 
@@ -108,13 +108,14 @@ class JobContext:
     health loop applies to this attempt; ``None`` means no such limit.
     """
 
-    __slots__ = ("deadline", "hb_timeout", "job", "last_beat", "rng", "threads")
+    __slots__ = ("_clock", "deadline", "hb_timeout", "job", "last_beat", "rng", "threads")
 
     def __init__(
         self,
         job: Job,
         rng: random.Random,
         *,
+        clock: Clock = SYSTEM_CLOCK,
         threads: HandlerThreads | None = None,
         hb_timeout: float | None = None,
         timeout: float | None = None,
@@ -122,13 +123,14 @@ class JobContext:
         self.job = job
         self.rng = rng
         self.threads = threads
-        self.last_beat = time.monotonic()
+        self._clock = clock
+        self.last_beat = clock.monotonic()
         self.hb_timeout = hb_timeout
         self.deadline = None if timeout is None else self.last_beat + timeout
 
     def beat(self) -> None:
         """I am alive and working. Safe to call from any thread."""
-        self.last_beat = time.monotonic()
+        self.last_beat = self._clock.monotonic()
 
 
 class JobFailed(Exception):

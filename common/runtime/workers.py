@@ -18,38 +18,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
-from collections.abc import Awaitable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
-from common.models import JSON, Job
+from common.clock import SYSTEM_CLOCK, Clock
+from common.runtime.claims import Claim, Claims
+from common.runtime.executor import Executor
 from common.runtime.kinds import JobContext
 
 log = logging.getLogger(__name__)
-
-
-Claimed = asyncio.Future[bool]  # resolves once the claim is durable: True, or False if refused
-
-
-class Runner(Protocol):
-    """What a worker needs from the runtime."""
-
-    def rng_for_job(self) -> Any: ...
-
-    async def take(self) -> str: ...
-
-    def claim(self, job_id: str) -> tuple[Job, Claimed] | None: ...
-
-    def context(self, job: Job) -> JobContext: ...
-
-    def execute(self, job: Job, ctx: JobContext) -> Awaitable[JSON]: ...
-
-    def succeeded(self, job: Job, result: JSON, claimed: Claimed) -> None: ...
-
-    def failed(self, job: Job, error: str, claimed: Claimed) -> None: ...
-
-    def hung(self, job: Job, claimed: Claimed, reason: str) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -57,10 +34,9 @@ class Worker:
     wid: int
     task: asyncio.Task[None] | None = None
     ctx: JobContext | None = None
-    claimed: Claimed | None = None
+    claim: Claim | None = None
     hung: bool = False
     jobs_done: int = 0
-    started_at: float = field(default_factory=time.monotonic)
 
 
 def describe(exc: BaseException) -> str:
@@ -80,9 +56,18 @@ def overdue(ctx: JobContext, now: float) -> str | None:
 
 class WorkerPool:
     def __init__(
-        self, runner: Runner, *, workers: int, hb_timeout_s: float, healthcheck: bool
+        self,
+        claims: Claims,
+        executor: Executor,
+        *,
+        workers: int,
+        hb_timeout_s: float,
+        healthcheck: bool,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self._runner = runner
+        self._claims = claims
+        self._executor = executor
+        self._clock = clock
         self.size = workers
         self.hb_timeout = hb_timeout_s
         self.healthcheck = healthcheck
@@ -115,24 +100,20 @@ class WorkerPool:
             self.abandoned.remove(w)
 
     async def _work(self, w: Worker) -> None:
-        runner = self._runner
+        claims, executor = self._claims, self._executor
         while not self._stopping and not w.hung:
-            job_id = await runner.take()
-            claim = runner.claim(job_id)
-            if claim is None:
-                continue
-            job, claimed = claim
-            ctx = runner.context(job)
-            w.ctx, w.claimed = ctx, claimed
+            claim = await claims.next()
+            ctx = executor.context(claim.job)
+            w.ctx, w.claim = ctx, claim
             try:
-                result = await runner.execute(job, ctx)
+                result = await executor.execute(claim.job, ctx)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                runner.failed(job, describe(exc), claimed)
+                claims.failed(claim, describe(exc))
             else:
-                runner.succeeded(job, result, claimed)
-            w.ctx = w.claimed = None
+                claims.completed(claim, result)
+            w.ctx = w.claim = None
             w.jobs_done += 1
             if self._stopping and not self.busy():
                 self._idle.set()
@@ -143,7 +124,7 @@ class WorkerPool:
     async def _health(self) -> None:
         while True:
             await asyncio.sleep(self.hb_timeout / 4)
-            self.check(time.monotonic())
+            self.check(self._clock.monotonic())
 
     def check(self, now: float) -> list[Worker]:
         """Declare every worker past its attempt's heartbeat or time limit hung."""
@@ -155,7 +136,7 @@ class WorkerPool:
             reason = overdue(ctx, now)
             if reason is None:
                 continue
-            assert w.claimed is not None
+            assert w.claim is not None
             hung.append(w)
             w.hung = True
             self.live.remove(w)
@@ -164,7 +145,7 @@ class WorkerPool:
             if reason.startswith("timed out"):
                 self.timed_out += 1
             log.warning("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
-            self._runner.hung(ctx.job, w.claimed, reason)
+            self._claims.hung(w.claim, reason)
             if w.task is not None:
                 w.task.cancel()  # an async handler stops; a thread is abandoned
             if not self._stopping:

@@ -1,0 +1,275 @@
+"""The claim/outcome protocol: how a worker gets a job it may run, and how its end is recorded.
+
+``Claims`` is the seam between "where the queue lives" and everything else. The
+service and the worker pool speak only this protocol. It has two
+implementations: ``LocalClaims`` (here) keeps the queue in this process, the
+scheduler's lanes over a store only this process opens (memory, walq, sqlite);
+a shared engine (PostgreSQL) claims in the database instead, so that many
+processes can share one queue.
+
+Local claims. A job's claim (``scheduled -> running``) is committed while the
+work starts, and its outcome (completed, retried or dead) is committed after
+the claim is durable, in the background while the worker takes its next job.
+Nobody is told of either before it is durable. A crash before the claim is
+durable leaves the job ``scheduled``; after, ``running`` and requeued at
+recovery: either way the job runs again, which is the at-least-once delivery
+the durability contract promises (and counts). A refused claim fences the
+outcome (counted as ``fenced``); a claim the store failed to write records
+nothing (counted as ``claim_failed``). Waiting for the claim before working cost
+about 1 ms of a 20 ms job (an fdatasync round trip), measured.
+
+A cancel and a claim of the same job can race. While a claim is in flight the
+job may already be running, so a cancel then answers 409 ``running``; while a
+cancel is in flight, workers skip the job (and it is put back if the cancel
+fails). So a job reported cancelled never starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from common.backoff import after_failure
+from common.clock import Clock
+from common.errors import (
+    IllegalTransitionError,
+    JobNotFoundError,
+    JobRunningError,
+    StoreError,
+    TransitionError,
+    UnencodableError,
+)
+from common.models import JSON, Job, State, Transition
+from common.runtime.config import RuntimeConfig
+from common.runtime.live import LiveJobs
+from common.runtime.scheduler import Scheduler
+from common.store import JobStore, Recovery
+
+log = logging.getLogger(__name__)
+
+
+class ClaimResult(StrEnum):
+    CLAIMED = "claimed"  # durable: the attempt counts, and so will its outcome
+    REFUSED = "refused"  # a guard refused it (a cancel won): the outcome is fenced
+    FAILED = "failed"  # the store failed: nothing of this attempt is recorded
+
+
+@dataclass(slots=True, eq=False)
+class Claim:
+    """A job a worker may run: its running version, and the claim's fate."""
+
+    job: Job  # as running (attempts and started_at updated)
+    before: Job  # the scheduled version the claim was made from
+    claimed: asyncio.Future[ClaimResult]
+
+
+class Claims(Protocol):
+    async def start(self, recovery: Recovery) -> None:
+        """Take over what the store recovered: requeue what was running, schedule the rest."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop handing out claims (workers already running keep theirs)."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until every outcome reported so far is recorded (after the workers stop)."""
+        ...
+
+    def submitted(self, jobs: Sequence[Job]) -> None:
+        """``jobs`` are durable: make them claimable."""
+        ...
+
+    async def cancel(self, job_id: str) -> Job:
+        """Cancel a scheduled job; ``JobRunningError`` if a claim may have won."""
+        ...
+
+    async def next(self) -> Claim:
+        """The next due job, claimed for the caller; waits until there is one."""
+        ...
+
+    def completed(self, claim: Claim, result: JSON) -> None: ...
+
+    def failed(self, claim: Claim, error: str) -> None:
+        """The attempt failed: retry with backoff, or dead-letter."""
+        ...
+
+    def hung(self, claim: Claim, reason: str) -> None:
+        """The attempt was cut off (silent or past its timeout): like a failure."""
+        ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class LocalClaims:
+    """Claims from the scheduler's lanes in this process; outcomes through the store."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        live: LiveJobs,
+        config: RuntimeConfig,
+        *,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        self._store = store
+        self._live = live
+        self._config = config
+        self._clock = clock
+        self._rng = rng
+        self.scheduler = Scheduler(clock, channel_size=config.workers)
+        self._background: set[asyncio.Task[None]] = set()
+        self._claiming: set[str] = set()  # claims committed but not yet durable
+        self._cancelling: set[str] = set()  # cancels committed but not yet durable
+        self._skipped: set[str] = set()  # taken by a worker while its cancel was in flight
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, recovery: Recovery) -> None:
+        live = self._live
+        for job in recovery.jobs:
+            live.add(job)
+        now = self._clock.time()
+        requeue = [
+            self._after_failure(j, "interrupted: the server stopped", now)
+            for j in (live.jobs[job_id] for job_id in recovery.running)
+        ]
+        if requeue:
+            await self._store.commit(requeue)
+            for t in requeue:
+                live.applied(live.jobs[t.job_id], t)
+            live.totals["requeued_at_recovery"] += len(requeue)
+        for job in live.jobs.values():
+            if job.state is State.SCHEDULED:
+                self.scheduler.add(job.id, job.ready_at, job.priority)
+        self.scheduler.start()
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+
+    async def drain(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # -- the service's side ---------------------------------------------------------------
+
+    def submitted(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            self._live.add(job)
+            self.scheduler.add(job.id, job.ready_at, job.priority)
+
+    async def cancel(self, job_id: str) -> Job:
+        job = self._live.get(job_id)
+        if job is None:
+            if await self._store.get(job_id) is None:
+                raise JobNotFoundError(job_id)
+            raise IllegalTransitionError(job_id, "only a scheduled job can be cancelled")
+        if job.state is not State.SCHEDULED:
+            raise IllegalTransitionError(job_id, f"a {job.state.value} job cannot be cancelled")
+        if job_id in self._claiming:
+            raise JobRunningError(job_id, "a worker has claimed it and it may be running")
+        if job_id in self._cancelling:
+            raise IllegalTransitionError(job_id, "a cancel of this job is already in flight")
+        t = job.cancel(self._clock.time())
+        self._cancelling.add(job_id)
+        try:
+            await self._store.commit([t])
+        except BaseException:
+            if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
+                self.scheduler.add(job.id, job.ready_at, job.priority)
+            raise
+        finally:
+            self._cancelling.discard(job_id)
+            self._skipped.discard(job_id)
+        return self._live.applied(job, t)
+
+    def stats(self) -> dict[str, Any]:
+        return {"lanes": self.scheduler.sizes()}
+
+    # -- the workers' side ------------------------------------------------------------------
+
+    async def next(self) -> Claim:
+        while True:
+            claim = self._claim(await self.scheduler.take())
+            if claim is not None:
+                return claim
+
+    def _claim(self, job_id: str) -> Claim | None:
+        job = self._live.get(job_id)
+        if job is None or job.state is not State.SCHEDULED or job_id in self._claiming:
+            return None  # cancelled (or otherwise moved on) while it waited
+        if job_id in self._cancelling:
+            self._skipped.add(job_id)  # the cancel decides: re-added if it fails
+            return None
+        t = job.start(self._clock.time())
+        self._claiming.add(job_id)
+        claimed = asyncio.ensure_future(self._commit_claim(job, t))
+        return Claim(job.apply(t), job, claimed)
+
+    async def _commit_claim(self, job: Job, t: Transition) -> ClaimResult:
+        try:
+            await self._store.commit([t])
+        except TransitionError:
+            return ClaimResult.REFUSED
+        except StoreError as exc:
+            log.error("could not claim job %s: %s", job.id, exc)
+            return ClaimResult.FAILED
+        finally:
+            self._claiming.discard(job.id)
+        self._live.applied(job, t)
+        return ClaimResult.CLAIMED
+
+    def completed(self, claim: Claim, result: JSON) -> None:
+        self._record(claim, claim.job.complete(result, self._clock.time()))
+
+    def failed(self, claim: Claim, error: str) -> None:
+        self._record(claim, self._after_failure(claim.job, error, self._clock.time()))
+
+    def hung(self, claim: Claim, reason: str) -> None:
+        self._live.totals["requeued_hung"] += 1
+        self.failed(claim, reason)
+
+    # -- outcomes, in the background ----------------------------------------------------------
+
+    def _after_failure(self, job: Job, error: str, now: float) -> Transition:
+        return after_failure(job, error, now, self._config.retry, self._rng)
+
+    def _record(self, claim: Claim, t: Transition) -> None:
+        task = asyncio.create_task(self._commit_outcome(claim, t))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _commit_outcome(self, claim: Claim, t: Transition) -> None:
+        totals = self._live.totals
+        result = await claim.claimed
+        if result is not ClaimResult.CLAIMED:
+            # Refused: this run never counted (fenced). Failed: the store is down.
+            totals["fenced" if result is ClaimResult.REFUSED else "claim_failed"] += 1
+            return
+        job = claim.job
+        try:
+            try:
+                await self._store.commit([t])
+            except UnencodableError as exc:
+                # The handler returned something JSON cannot hold: that attempt
+                # failed, like any other failure; the store is untouched.
+                totals["unencodable"] += 1
+                error = f"result is not JSON-serialisable: {exc.what}"
+                t = self._after_failure(job, error, self._clock.time())
+                await self._store.commit([t])
+        except TransitionError:
+            totals["fenced"] += 1  # a stale worker: the job was requeued meanwhile
+            return
+        except StoreError as exc:
+            log.error("could not record the outcome of job %s: %s", job.id, exc)
+            return
+        self._live.applied(job, t)
+        if t.state is State.SCHEDULED:
+            totals["retried"] += 1
+            self.scheduler.add(job.id, t.ready_at, job.priority)

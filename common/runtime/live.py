@@ -1,0 +1,45 @@
+"""``LiveJobs``: this process's view of every scheduled or running job, and its counters.
+
+Every change to the view goes through ``add`` or ``applied``, after the change
+is durable, so the view, the counts by state and the event totals can never
+disagree with each other.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from common.models import TERMINAL, Job, Transition
+
+
+class LiveJobs:
+    def __init__(self) -> None:
+        self.jobs: dict[str, Job] = {}
+        self.counts: Counter[str] = Counter()  # live jobs by state
+        self.totals: Counter[str] = Counter()  # events since this process started
+
+    def get(self, job_id: str) -> Job | None:
+        return self.jobs.get(job_id)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, job: Job) -> None:
+        """A job that is now durable: submitted, or found at recovery."""
+        self._publish(job)
+
+    def applied(self, job: Job, t: Transition) -> Job:
+        """``job`` after the durable transition ``t``; finished jobs leave the view."""
+        new = job.apply(t)
+        self._publish(new, job)
+        return new
+
+    def _publish(self, new: Job, old: Job | None = None) -> None:
+        if old is not None:
+            self.counts[old.state.value] -= 1
+        if new.state in TERMINAL:
+            self.jobs.pop(new.id, None)
+            self.totals[new.state.value] += 1
+        else:
+            self.jobs[new.id] = new
+            self.counts[new.state.value] += 1
