@@ -18,10 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bench import meta
-from bench.experiments import EXPERIMENTS, BenchRun
-
-STORES = ("memory", "walq", "sqlite")
-ORDER = ("ceiling", "A", "B", "C", "D", "E", "F", "G", "H", "I")
+from bench.experiments import EXPERIMENTS, ORDER, BenchRun
 
 
 def plan(

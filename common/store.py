@@ -20,6 +20,7 @@ import msgspec
 from common.models import Job, Transition
 
 SyncLevel = Literal["full", "os"]
+DEFAULT_RETENTION_S = 3600.0  # how long finished jobs stay readable
 SYNC_LEVELS: tuple[SyncLevel, ...] = ("full", "os")
 
 Change = Job | Transition

@@ -18,9 +18,7 @@ import pytest
 
 from common.clock import FakeClock
 from common.store import JobStore
-from sqlq.engines import ENGINES, make_store
-
-DURABLE_ENGINES = tuple(e for e in ENGINES if e != "memory")
+from sqlq.engines import DURABLE, NAMES, make_store
 
 StoreFactory = Callable[..., JobStore]
 
@@ -30,7 +28,7 @@ def clock() -> FakeClock:
     return FakeClock(1_700_000_000.0)
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(params=NAMES)
 def engine(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -50,7 +48,7 @@ def factory(engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
     return _factory(engine, tmp_path, clock)
 
 
-@pytest.fixture(params=DURABLE_ENGINES)
+@pytest.fixture(params=DURABLE)
 def durable_engine(request: pytest.FixtureRequest) -> str:
     """For what only a durable engine promises (reopen, locks, kill -9): no skips."""
     return str(request.param)

@@ -155,7 +155,35 @@ def test_bad_flags_name_the_flag() -> None:
     assert "--import" in r.output
 
 
-def test_env_vars_set_flags(tmp_path: Path) -> None:
+def test_env_vars_set_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLQ_<FLAG> reaches the service; the server itself is stubbed, so a miss fails, not hangs."""
+    import sqlq.serve
+
+    seen: dict[str, object] = {}
+
+    async def fake_serve(runtime: object, opts: object) -> None:
+        seen.update(runtime=runtime, opts=opts)
+
+    monkeypatch.setattr(sqlq.serve, "serve", fake_serve)
+    env = {
+        "SQLQ_STORE": "memory",
+        "SQLQ_WORKERS": "7",
+        "SQLQ_HB_TIMEOUT": "150",
+        "SQLQ_RETRIES": "false",
+        "SQLQ_PORT": "18123",
+        "SQLQ_MAX_QUEUED": "42",
+    }
+    r = CliRunner().invoke(main, ["serve"], env=env)
+    assert r.exit_code == 0, r.output
+    from common.runtime.service import Service
+
+    runtime = seen["runtime"]
+    assert isinstance(runtime, Service)
+    assert runtime.store.name == "memory"
+    cfg = runtime.config
+    got = (cfg.workers, cfg.hb_timeout_s, cfg.retry.retries, cfg.max_queued)
+    assert got == (7, 0.15, False, 42)
+    assert seen["opts"].port == 18123  # type: ignore[attr-defined]
     r = CliRunner().invoke(main, ["serve"], env={"SQLQ_WORKERS": "0"})
     assert r.exit_code == 2
     assert "--workers" in r.output

@@ -33,7 +33,7 @@ from common.clock import SYSTEM_CLOCK, Clock
 from common.engine.datadir import DirLock, prepare_dir
 from common.engine.groupcommit import GroupCommitter, Pending
 from common.errors import StoreClosedError, StoreError
-from common.store import Change, Recovery, StoreStats, SyncLevel
+from common.store import DEFAULT_RETENTION_S, Change, Recovery, StoreStats, SyncLevel
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class DurableStore:
         data_dir: str | os.PathLike[str],
         *,
         sync: SyncLevel = "full",
-        retention: float = 3600.0,
+        retention: float = DEFAULT_RETENTION_S,
         clock: Clock = SYSTEM_CLOCK,
         group_commit: bool = True,
         sync_delay_s: float = 0.0,

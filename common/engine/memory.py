@@ -17,7 +17,14 @@ from common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
 from common.engine.index import JobIndex
 from common.errors import StoreClosedError, StoreError, UnencodableError
 from common.models import Job
-from common.store import Change, CompactionReport, Recovery, StoreStats, SyncLevel
+from common.store import (
+    DEFAULT_RETENTION_S,
+    Change,
+    CompactionReport,
+    Recovery,
+    StoreStats,
+    SyncLevel,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -27,7 +34,11 @@ class MemoryStore:
     durable = False
 
     def __init__(
-        self, *, sync: SyncLevel = "full", retention: float = 3600.0, clock: Clock = SYSTEM_CLOCK
+        self,
+        *,
+        sync: SyncLevel = "full",
+        retention: float = DEFAULT_RETENTION_S,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.sync: SyncLevel = sync  # accepted for symmetry; nothing is ever synced
         self._retention = retention

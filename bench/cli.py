@@ -1,0 +1,182 @@
+"""The benchmark's commands: ``sqlq bench``, ``sqlq loadgen`` and ``sqlq crashcheck``.
+
+They plug into the ``sqlq`` command through the ``sqlq.commands`` entry points
+(``pyproject.toml``), so ``sqlq`` never imports ``bench``: the dependency points
+one way, from the benchmark to what it measures.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from bench.experiments import ORDER
+from sqlq.engines import DURABLE_CHOICES, NAMES, engine
+
+
+def _need_bench_extra() -> None:
+    try:
+        import matplotlib  # noqa: F401
+        import tqdm  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException(
+            f"{exc.name} is missing: install the benchmark extra, pip install -e '.[bench]'"
+        ) from exc
+
+
+@click.command()
+@click.option(
+    "--only",
+    multiple=True,
+    type=click.Choice(ORDER),
+    help="Run only this experiment (repeatable). Default: all.",
+)
+@click.option(
+    "--stores",
+    multiple=True,
+    type=click.Choice(NAMES),
+    help="Engines to compare (repeatable). Default: all three.",
+)
+@click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option(
+    "--quick", is_flag=True, help="A smoke run of every experiment (1 repeat, tiny sizes)."
+)
+@click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
+@click.option(
+    "--workers",
+    "a_workers",
+    multiple=True,
+    type=click.IntRange(1, 4096),
+    help="Experiment A: worker counts to run (repeatable).",
+)
+@click.option("--report-only", is_flag=True, help="Rebuild REPORT.md and plots from the jsonl.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def bench(
+    only: tuple[str, ...],
+    stores: tuple[str, ...],
+    repeats: int,
+    quick: bool,
+    out: str,
+    a_workers: tuple[int, ...],
+    report_only: bool,
+    progress: bool,
+) -> None:
+    """Run the comparative benchmark suite into OUT and rebuild its report.
+
+    Each run starts a fresh `sqlq serve` with a fresh data directory on a free
+    port; engines alternate within each repeat. Experiments: A worker scaling,
+    B retries, C hangs and the health check, D durability cost, E kill -9
+    recovery, F CPU jobs, G recovery time and compaction, H latency under load,
+    I emulated disk latency; `ceiling` is the client against a trivial endpoint.
+    """
+    from pathlib import Path
+
+    _need_bench_extra()
+    from bench.report import build
+
+    if not report_only:
+        from bench.runner import run_suite
+
+        run_suite(
+            only=only or ORDER,
+            stores=stores or NAMES,
+            repeats=1 if quick else repeats,
+            quick=quick,
+            out=Path(out),
+            extra={"A": {"workers": a_workers}} if a_workers else {},
+            show_progress=progress,
+        )
+    build(Path(out))
+    click.echo(f"report: {Path(out) / 'REPORT.md'}")
+
+
+@click.command()
+@click.option("--url", default="http://127.0.0.1:8080", show_default=True)
+@click.option("--jobs", type=click.IntRange(1), default=2000, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 4096), default=32, show_default=True)
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 10_000),
+    default=1,
+    show_default=True,
+    help="Jobs per request; above 1 uses POST /jobs/batch.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Open loop at this many requests/s (0: closed loop).",
+)
+@click.option("--kind", type=click.Choice(["sleep", "cpu"]), default="sleep", show_default=True)
+@click.option("--work-ms", type=click.IntRange(0, 600_000), default=20, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=500_000, show_default=True)
+@click.option("--fail-prob", type=click.FloatRange(0, 1), default=0.0, show_default=True)
+@click.option("--hang-prob", type=click.FloatRange(0, 1), default=0.0, show_default=True)
+@click.option("--label", default="")
+def loadgen(
+    url: str,
+    jobs: int,
+    concurrency: int,
+    batch: int,
+    rate: float,
+    kind: str,
+    work_ms: int,
+    rounds: int,
+    fail_prob: float,
+    hang_prob: float,
+    label: str,
+) -> None:
+    """Submit jobs to a running server, wait for them to finish, print one JSON line."""
+    import json
+
+    _need_bench_extra()
+    from bench.client.loadgen import run
+
+    try:
+        result = run(
+            url, jobs=jobs, kind=kind, work_ms=work_ms, fail_prob=fail_prob,
+            hang_prob=hang_prob, rounds=rounds, concurrency=concurrency, batch=batch,
+            rate=rate, label=label,
+        )  # fmt: skip
+    except OSError as exc:
+        raise click.UsageError(f"--url: cannot reach {url}: {exc}") from exc
+    result.pop("store_stats", None)
+    click.echo(json.dumps(result))
+
+
+@click.command()
+@click.option("--store", type=click.Choice(DURABLE_CHOICES), required=True)
+@click.option("--sync", type=click.Choice(["full", "os"]), default="full", show_default=True)
+@click.option("--trials", type=click.IntRange(1), default=20, show_default=True)
+@click.option(
+    "--jobs",
+    type=click.IntRange(1),
+    default=5000,
+    show_default=True,
+    help="Most jobs submitted per trial (the kill usually comes first).",
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
+def crashcheck(store: str, sync: str, trials: int, jobs: int, seed: int, out: str) -> None:
+    """Kill -9 a real server at random moments and verify nothing acknowledged was lost.
+
+    Verification reads the files without the engine's code. Exits 1 on any loss.
+    """
+    from pathlib import Path
+
+    _need_bench_extra()
+    from bench.crashcheck import run_trials, write_report
+
+    name = engine(store).name
+    rows = run_trials(store=name, sync=sync, trials=trials, jobs=jobs, seed=seed, out=Path(out))
+    write_report(Path(out))
+    bad = [r for r in rows if not r["ok"]]
+    acked = sum(r["acknowledged"] for r in rows)
+    lost = sum(r["lost"] for r in rows)
+    click.echo(f"{name} --sync {sync}: {trials} trials, {acked} acknowledged, {lost} lost")
+    for r in bad:
+        click.echo(f"  trial {r['trial']}: {'; '.join(r['problems'])}", err=True)
+    if bad:
+        sys.exit(1)

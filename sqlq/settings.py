@@ -1,0 +1,269 @@
+"""``ServeSettings``: every ``sqlq serve`` option, with one default each.
+
+A field's default comes from where the setting is used (``RuntimeConfig``,
+``RetryPolicy``, the store protocol), so no default is written twice; the click
+options are generated from the fields (``options``), each settable from the
+environment as ``SQLQ_<FLAG>``. The command parses into this object and hands
+it on, as arq passes its settings class around.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from common.backoff import RetryPolicy
+from common.runtime.config import RuntimeConfig
+from common.store import DEFAULT_RETENTION_S
+from sqlq.engines import CHOICES
+
+_RUNTIME = RuntimeConfig()
+_RETRY = RetryPolicy()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def opt(default: Any, *decls: str, **click_options: Any) -> Any:
+    """A setting: its default, then how it looks on the command line."""
+    return dataclasses.field(default=default, metadata={"decls": decls, "click": click_options})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings:
+    store: str = opt(
+        "sqlite", "--store", type=click.Choice(CHOICES), help="Storage engine (wal is walq)."
+    )
+    data_dir: str = opt(
+        "./sqlq-data", "--data", type=click.Path(file_okay=False), help="Data directory."
+    )
+    sync: str = opt(
+        "full",
+        "--sync",
+        type=click.Choice(["full", "os"]),
+        help="full: acknowledged means on stable storage (fdatasync); "
+        "os: handed to the OS (survives kill -9, not power loss).",
+    )
+    workers: int = opt(
+        _RUNTIME.workers, "--workers", type=click.IntRange(1, 4096), help="Worker tasks."
+    )
+    max_attempts: int = opt(
+        _RUNTIME.max_attempts,
+        "--max-attempts",
+        type=click.IntRange(1, 1000),
+        help="Attempts before a job is dead-lettered.",
+    )
+    retries: bool = opt(
+        _RETRY.retries,
+        "--retries/--no-retries",
+        help="--no-retries dead-letters a job at its first failure.",
+    )
+    retry_base_ms: float = opt(
+        _RETRY.base_s * 1000,
+        "--retry-base-ms",
+        type=click.FloatRange(0, 3_600_000),
+        help="Backoff base: base * 2^(attempt-1), plus up to 50% jitter.",
+    )
+    retry_cap_ms: float = opt(
+        _RETRY.cap_s * 1000,
+        "--retry-cap-ms",
+        type=click.FloatRange(0, 86_400_000),
+        help="Backoff cap.",
+    )
+    hb_timeout_ms: float = opt(
+        _RUNTIME.hb_timeout_s * 1000,
+        "--hb-timeout",
+        type=click.FloatRange(1, 3_600_000),
+        metavar="MS",
+        help="The built-in kinds (they beat every 10 ms) are declared hung after this many "
+        "silent milliseconds; @task handlers have their own timeout and hb_timeout.",
+    )
+    healthcheck: bool = opt(
+        _RUNTIME.healthcheck,
+        "--healthcheck/--no-healthcheck",
+        help="Run the loop that cuts off hung or timed-out attempts.",
+    )
+    grace: float = opt(
+        10.0,
+        "--grace",
+        type=click.FloatRange(0, 3600),
+        help="Seconds running jobs get to finish on SIGTERM/SIGINT.",
+    )
+    retention: float = opt(
+        DEFAULT_RETENTION_S,
+        "--retention",
+        type=click.FloatRange(0),
+        help="Seconds finished jobs stay readable.",
+    )
+    compact_every: float = opt(
+        _RUNTIME.compact_every_s,
+        "--compact-every",
+        type=click.FloatRange(0),
+        metavar="S",
+        help="Prune finished jobs past --retention and compact every S seconds (0: never).",
+    )
+    group_commit: bool = opt(
+        True,
+        "--group-commit/--no-group-commit",
+        help="Benchmark knob: --no-group-commit syncs every transition on its own.",
+    )
+    emulate_sync_delay_ms: float = opt(
+        0.0,
+        "--emulate-sync-delay-ms",
+        type=click.FloatRange(0, 1000),
+        metavar="MS",
+        help="Benchmark knob: add MS of emulated disk latency to every sync at --sync full "
+        "(reported as emulated in /stats).",
+    )
+    compact_floor_mb: float = opt(
+        64.0,
+        "--compact-floor-mb",
+        type=click.FloatRange(0.01),
+        help="walq compacts once its log exceeds this and 4x its live size.",
+    )
+    compact_ratio: float = opt(
+        4.0,
+        "--compact-ratio",
+        type=click.FloatRange(1.01),
+        help="walq compacts once its log exceeds this many times its live size (and the floor).",
+    )
+    cpu_beat_while_queued: bool = opt(
+        _RUNTIME.cpu_beat_while_queued,
+        "--cpu-beat-while-queued/--no-cpu-beat-while-queued",
+        help="Benchmark knob: whether a cpu job heartbeats while it waits for a core.",
+    )
+    host: str = opt(
+        "127.0.0.1",
+        "--host",
+        help="Address to bind. Anything but loopback needs --token (or --allow-no-token).",
+    )
+    port: int = opt(8080, "--port", type=click.IntRange(0, 65535))
+    token: str | None = opt(
+        None,
+        "--token",
+        show_default=False,
+        help="Require 'Authorization: Bearer TOKEN' on every endpoint but /healthz and "
+        "/readyz. Prefer SQLQ_TOKEN: a flag shows in the process list.",
+    )
+    allow_no_token: bool = opt(
+        False,
+        "--allow-no-token",
+        is_flag=True,
+        help="Serve a non-loopback --host without a token (only behind something that "
+        "authenticates).",
+    )
+    allowed_hosts: tuple[str, ...] = opt(
+        (),
+        "--allowed-host",
+        multiple=True,
+        metavar="NAME",
+        help="On loopback, also answer requests whose Host header is NAME (repeatable); "
+        "others get 421.",
+    )
+    max_queued: int = opt(
+        _RUNTIME.max_queued,
+        "--max-queued",
+        type=click.IntRange(1),
+        help="Live jobs the queue holds; a submission past it gets 429 with Retry-After.",
+    )
+    max_connections: int = opt(
+        2048,
+        "--max-connections",
+        type=click.IntRange(1),
+        help="Concurrent connections and requests; past it uvicorn answers 503.",
+    )
+    keep_alive: int = opt(
+        5,
+        "--keep-alive",
+        type=click.IntRange(1, 3600),
+        metavar="S",
+        help="Close idle keep-alive connections after S seconds.",
+    )
+    fault_injection: bool = opt(
+        _RUNTIME.fault_injection,
+        "--fault-injection/--no-fault-injection",
+        help="Accept the sleep kind's fail_prob and hang_prob (tests and benchmarks only).",
+    )
+    max_abandoned: int = opt(
+        _RUNTIME.max_abandoned,
+        "--max-abandoned",
+        type=click.IntRange(0),
+        help="Cut-off handlers (hung or timed out) still running before /readyz says 503.",
+    )
+    handler_threads: int | None = opt(
+        _RUNTIME.handler_threads,
+        "--handler-threads",
+        type=click.IntRange(1, 4096),
+        show_default=False,
+        help="Threads for plain (sync) @task handlers. Default: one per worker.",
+    )
+    imports: tuple[str, ...] = opt(
+        (),
+        "--import",
+        multiple=True,
+        metavar="MODULE",
+        help="Import MODULE so its @task handlers register (repeatable).",
+    )
+    seed: int | None = opt(
+        _RUNTIME.seed, "--seed", type=int, help="Seed the retry jitter and fault-injection RNG."
+    )
+    access_log: bool = opt(
+        False, "--access-log/--no-access-log", help="uvicorn's access log (costs ~45% throughput)."
+    )
+    log_level: str = opt(
+        "info", "--log-level", type=click.Choice(["debug", "info", "warning", "error"])
+    )
+
+    def runtime_config(self) -> RuntimeConfig:
+        return RuntimeConfig(
+            workers=self.workers,
+            max_attempts=self.max_attempts,
+            retry=RetryPolicy(
+                base_s=self.retry_base_ms / 1000,
+                cap_s=self.retry_cap_ms / 1000,
+                retries=self.retries,
+            ),
+            hb_timeout_s=self.hb_timeout_ms / 1000,
+            healthcheck=self.healthcheck,
+            seed=self.seed,
+            compact_every_s=self.compact_every,
+            cpu_beat_while_queued=self.cpu_beat_while_queued,
+            fault_injection=self.fault_injection,
+            max_queued=self.max_queued,
+            max_abandoned=self.max_abandoned,
+            handler_threads=self.handler_threads,
+        )
+
+    def store_options(self) -> dict[str, Any]:
+        """Options for ``make_store``: the shared ones, then the engine's own."""
+        from sqlq.engines import engine
+
+        return {
+            "retention": self.retention,
+            "group_commit": self.group_commit,
+            "sync_delay_s": self.emulate_sync_delay_ms / 1000,
+            **engine(self.store).from_settings(dataclasses.asdict(self)),
+        }
+
+
+def options(cls: type[Any]) -> Callable[[F], F]:
+    """Click options for every field of ``cls``, each also read from ``SQLQ_<FLAG>``."""
+
+    def decorate(fn: F) -> F:
+        for f in reversed(dataclasses.fields(cls)):
+            decls: tuple[str, ...] = f.metadata["decls"]
+            flag = decls[0].split("/")[0].removeprefix("--")
+            extra = dict(f.metadata["click"])
+            extra.setdefault("show_default", True)
+            fn = click.option(
+                *decls,
+                f.name,
+                default=f.default,
+                envvar="SQLQ_" + flag.upper().replace("-", "_"),
+                **extra,
+            )(fn)
+        return fn
+
+    return decorate
