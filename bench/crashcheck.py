@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sqlite3
 import tempfile
 import time
@@ -196,7 +197,7 @@ def run_trial(trial: Trial, workdir: Path) -> dict[str, Any]:
     if trial.compact_floor_mb is not None:
         # Compact often without pruning anything, so an absent job can only be a lost one.
         flags += ("--compact-floor-mb", str(trial.compact_floor_mb), "--compact-ratio", "1.5")
-    srv = ServerProcess(store=trial.store, data_dir=str(data), sync=trial.sync, flags=flags)
+    srv = ServerProcess.engine(store=trial.store, data_dir=str(data), sync=trial.sync, flags=flags)
     os.makedirs(data, exist_ok=True)
     srv.start()
 
@@ -215,7 +216,9 @@ def run_trial(trial: Trial, workdir: Path) -> dict[str, Any]:
     srv.stop()
     acked = [i for i in ledger.read_text().splitlines() if i] if ledger.exists() else []
 
-    again = ServerProcess(store=trial.store, data_dir=str(data), sync=trial.sync, flags=flags)
+    again = ServerProcess.engine(
+        store=trial.store, data_dir=str(data), sync=trial.sync, flags=flags
+    )
     t0 = time.perf_counter()
     again.start()
     ready_s = time.perf_counter() - t0
@@ -225,7 +228,7 @@ def run_trial(trial: Trial, workdir: Path) -> dict[str, Any]:
             return await wait_drained(pool)
 
     recovery = uvloop.run(drain())
-    again.stop()  # graceful: the last completions are flushed
+    again.stop(signal.SIGTERM)  # graceful: the last completions are flushed
     return verify(trial, data, acked, ready_s, recovery)
 
 

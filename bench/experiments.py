@@ -62,7 +62,7 @@ class LoadRun:
     params: dict[str, Any] = field(default_factory=dict)
 
     def execute(self) -> dict[str, Any]:
-        with ServerProcess(
+        with ServerProcess.engine(
             store=self.store, sync=self.sync, workers=self.workers, flags=self.flags
         ) as srv:
             result = run(
@@ -214,7 +214,7 @@ class CrashRun:
 
     async def _go(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-crash-") as d:
-            first = ServerProcess(store=self.store, data_dir=d, workers=self.workers).start()
+            first = ServerProcess.engine(store=self.store, data_dir=d, workers=self.workers).start()
             acked: list[str] = []
             body = msgspec.json.encode({"kind": "sleep", "args": {"work_ms": self.work_ms}})
             stop = asyncio.Event()
@@ -243,7 +243,7 @@ class CrashRun:
                 done_at_kill = await killer()
                 await asyncio.gather(*clients)
             first.cleanup()
-            second = ServerProcess(store=self.store, data_dir=d, workers=self.workers)
+            second = ServerProcess.engine(store=self.store, data_dir=d, workers=self.workers)
             t0 = time.perf_counter()
             second.start()
             ready_s = time.perf_counter() - t0
@@ -357,7 +357,7 @@ class RecoveryRun:
                 for root, _, files in os.walk(d)
                 for f in files
             )
-            srv = ServerProcess(store=self.store, data_dir=d, workers=16)
+            srv = ServerProcess.engine(store=self.store, data_dir=d, workers=16)
             t1 = time.perf_counter()
             srv.start()
             ready_s = time.perf_counter() - t1
@@ -392,7 +392,7 @@ class CompactionRun:
 
     def execute(self) -> dict[str, Any]:
         flags = ("--compact-floor-mb", "1", "--retention", "1", "--workers", "64")
-        with ServerProcess(store="walq", flags=flags) as srv:
+        with ServerProcess.engine(store="walq", flags=flags) as srv:
             return uvloop.run(self._go(srv.url))
 
     async def _go(self, url: str) -> dict[str, Any]:
@@ -471,7 +471,7 @@ class LatencyRun:
     def execute(self) -> dict[str, Any]:
         body = job_body(0, 0, 0, "sleep", 0)
         flags = ("--workers", "64")
-        with ServerProcess(store=self.store, flags=flags) as srv:
+        with ServerProcess.engine(store=self.store, flags=flags) as srv:
             peak = uvloop.run(
                 run_load(srv.url, jobs=self.peak_jobs, concurrency=32, body=body, fetch_jobs=False)
             )
@@ -479,7 +479,7 @@ class LatencyRun:
         points = []
         for frac in self.fractions:
             rate = peak_rate * frac
-            with ServerProcess(store=self.store, flags=flags) as srv:
+            with ServerProcess.engine(store=self.store, flags=flags) as srv:
                 r = uvloop.run(
                     run_load(
                         srv.url,

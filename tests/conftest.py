@@ -7,25 +7,25 @@ the fake the runtime tests use cannot drift from the real engines.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from common.clock import FakeClock
+from common.clock import SYSTEM_CLOCK, Clock, FakeClock
+from common.engine.memory import MemoryStore
+from common.runtime.config import RuntimeConfig
+from common.runtime.kinds import Registry
+from common.runtime.service import Service
 from common.store import JobStore
 from sqlq.engines import DURABLE, NAMES, make_store
-
-StoreFactory = Callable[..., JobStore]
+from tests.helpers import NOW, ServiceFactory, StoreFactory
 
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock(1_700_000_000.0)
+    return FakeClock(NOW)
 
 
 @pytest.fixture(params=NAMES)
@@ -67,27 +67,31 @@ async def store(factory: StoreFactory) -> AsyncIterator[JobStore]:
     await s.close()
 
 
-def unavailable(reason: str) -> None:
-    """A test's prerequisite is missing: fail under CI (whose own files install it), else skip.
+@pytest.fixture
+async def services() -> AsyncIterator[ServiceFactory]:
+    """Build ``Service``s, stopped at teardown.
 
-    A test that is skipped in CI is a missing test, so CI never skips quietly.
+    On the memory engine unless given a store: runtime behaviour does not depend
+    on the engine, and the contract suite is where every engine is covered.
     """
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must provide this: {reason}")
-    pytest.skip(reason)
+    made: list[Service] = []
 
+    def make(
+        store: JobStore | None = None,
+        *,
+        kinds: Registry | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        **config: Any,
+    ) -> Service:
+        config.setdefault("workers", 4)
+        config.setdefault("seed", 1)
+        config.setdefault("fault_injection", True)
+        rt = Service(
+            store or MemoryStore(clock=clock), RuntimeConfig(**config), kinds=kinds, clock=clock
+        )
+        made.append(rt)
+        return rt
 
-async def wait_for(
-    predicate: Callable[[], bool | Awaitable[bool]], within: float = 10.0, what: str = ""
-) -> None:
-    """Wait until ``predicate`` holds, or fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what or predicate}")
-        await asyncio.sleep(0.005)
+    yield make
+    for rt in made:
+        await rt.stop(0)

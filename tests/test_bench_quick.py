@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from sqlq.cli import main
+
+pytestmark = pytest.mark.slow
 
 
 def test_quick_suite_runs_every_experiment(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ import pytest
 
 from bench.crashcheck import Trial, VerifyError, read_walq, run_trials, verify
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("store", ["walq", "sqlite"])
 def test_a_few_kill9_trials_lose_nothing(tmp_path: Path, store: str) -> None:

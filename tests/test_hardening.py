@@ -27,8 +27,7 @@ from common.runtime.kinds import JobContext, Registry, task
 from common.runtime.service import Service
 from common.specs import JobSpec
 from common.store import Change, JobStore
-from tests.conftest import StoreFactory, wait_for
-from tests.runtime_helpers import final, submit
+from tests.helpers import ServiceFactory, final, submit, wait_for
 
 FAST_RETRY = RetryPolicy(base_s=0.001, cap_s=0.002)
 
@@ -92,30 +91,20 @@ async def dead_after(rt: Service, kind: str, **spec: Any) -> Job:
 
 
 @pytest.fixture
-async def runtimes(factory: StoreFactory) -> AsyncIterator[Callable[..., Service]]:
-    from common.clock import SYSTEM_CLOCK
-
-    made: list[Service] = []
+async def runtimes(services: ServiceFactory) -> AsyncIterator[ServiceFactory]:
+    """Services with the handlers above; any thread still stuck is released at the end."""
 
     def make(store: JobStore | None = None, **config: Any) -> Service:
-        config.setdefault("workers", 4)
-        config.setdefault("seed", 1)
         config.setdefault("retry", FAST_RETRY)
-        rt = Service(
-            store or factory(clock=SYSTEM_CLOCK), RuntimeConfig(**config), kinds=handlers()
-        )
-        made.append(rt)
-        return rt
+        return services(store, kinds=handlers(), **config)
 
     RELEASE.clear()
     yield make
     RELEASE.set()
-    for rt in made:
-        await rt.stop(0)
 
 
 async def test_an_unencodable_result_fails_the_attempt_not_the_store(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     rt = runtimes()
     await rt.start()
@@ -136,7 +125,7 @@ async def test_an_unencodable_result_fails_the_attempt_not_the_store(
 
 
 async def test_error_text_is_cut_to_4k_and_lone_surrogates_are_stored_escaped(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     rt = runtimes()
     done = await dead_after(rt, "broken_error", max_attempts=2)
@@ -148,7 +137,7 @@ async def test_error_text_is_cut_to_4k_and_lone_surrogates_are_stored_escaped(
 
 
 async def test_a_plain_half_second_handler_completes_first_time_with_default_flags(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     rt = runtimes(retry=RetryPolicy())  # every other setting at its default too
     assert rt.config.hb_timeout_s == 0.2  # shorter than the handler: it must not matter
@@ -175,7 +164,7 @@ async def test_sync_handlers_get_a_thread_per_worker() -> None:
 
 
 async def test_a_timed_out_thread_is_abandoned_and_counted(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     rt = runtimes(max_abandoned=1)
     done = await dead_after(rt, "stuck_thread", max_attempts=2)
@@ -198,7 +187,7 @@ async def test_a_timed_out_thread_is_abandoned_and_counted(
 
 
 async def test_hung_async_handlers_are_cancelled_so_abandoned_tasks_do_not_pile_up(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     rt = runtimes(workers=4, hb_timeout_s=0.05, fault_injection=True)
     await rt.start()
@@ -217,7 +206,7 @@ async def test_hung_async_handlers_are_cancelled_so_abandoned_tasks_do_not_pile_
 
 
 async def test_a_handler_with_hb_timeout_is_judged_by_its_heartbeat(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     done = await dead_after(runtimes(), "beats_then_stops", max_attempts=1)
     assert done.last_error is not None
@@ -233,7 +222,7 @@ def test_task_limits_are_checked() -> None:
 
 
 async def test_fault_injection_is_refused_unless_the_server_allows_it(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     rt = runtimes(fault_injection=False)
     await rt.start()
@@ -247,7 +236,7 @@ async def test_fault_injection_is_refused_unless_the_server_allows_it(
 
 
 async def test_the_queue_limit_refuses_whole_submissions(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     rt = runtimes(max_queued=5)
     await rt.start()
@@ -282,7 +271,7 @@ class GatedStore:
 
 
 async def test_cancel_while_a_claim_is_in_flight_is_409_running(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     from common.models import Transition
 
@@ -301,7 +290,7 @@ async def test_cancel_while_a_claim_is_in_flight_is_409_running(
 
 
 async def test_a_job_whose_cancel_is_in_flight_never_starts(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     from common.models import Transition
 
@@ -325,7 +314,7 @@ async def test_a_job_whose_cancel_is_in_flight_never_starts(
 
 
 async def test_a_failed_cancel_puts_a_passed_over_job_back(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     from common.errors import StoreFailedError
     from common.models import Transition
@@ -355,7 +344,7 @@ async def test_a_failed_cancel_puts_a_passed_over_job_back(
 
 
 async def test_a_store_failure_during_a_claim_is_not_counted_as_fenced(
-    runtimes: Callable[..., Service],
+    runtimes: ServiceFactory,
 ) -> None:
     from common.errors import StoreFailedError
     from common.models import Transition

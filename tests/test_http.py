@@ -11,7 +11,7 @@ from common.engine.memory import MemoryStore
 from common.http.app import create_app
 from common.runtime.config import RuntimeConfig
 from common.runtime.service import Service
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 JSON_TYPE = {"content-type": "application/json"}
 

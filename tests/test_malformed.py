@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serve_helpers import Server
+from bench.client.server import ServerProcess
+from tests.helpers import spawn_server
 
 J = {"content-type": "application/json"}
 YEAR_AND_A_MONTH = 400 * 86400
@@ -128,8 +129,8 @@ CASES: list[tuple[str, str, str, dict[str, str], bytes, int, str | None]] = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server("--store", "sqlite", "--data", str(tmp_path_factory.mktemp("malformed")))
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = spawn_server("--store", "sqlite", "--data", str(tmp_path_factory.mktemp("malformed")))
     srv.wait_ready()
     yield srv
     srv.stop()
@@ -145,7 +146,7 @@ def test_there_are_at_least_sixty_distinct_cases() -> None:
     ids=[c[0] for c in CASES],
 )
 def test_malformed_request_gets_a_4xx_json_answer(
-    server: Server,
+    server: ServerProcess,
     method: str,
     path: str,
     headers: dict[str, str],
@@ -164,7 +165,7 @@ def test_malformed_request_gets_a_4xx_json_answer(
     assert len(r.content) < 1024, "an error must not echo the input back"
 
 
-def test_a_content_length_that_lies_is_413_before_any_body_arrives(server: Server) -> None:
+def test_a_content_length_that_lies_is_413_before_any_body_arrives(server: ServerProcess) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
         s.sendall(
             b"POST /jobs HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
@@ -180,7 +181,7 @@ def test_a_content_length_that_lies_is_413_before_any_body_arrives(server: Serve
     assert b'"field":"body"' in answer
 
 
-def test_the_server_still_serves_after_every_case(server: Server) -> None:
+def test_the_server_still_serves_after_every_case(server: ServerProcess) -> None:
     with httpx.Client(base_url=server.url, timeout=10) as c:
         assert c.get("/readyz").status_code == 200
         assert c.get("/healthz").status_code == 200
@@ -190,5 +191,5 @@ def test_the_server_still_serves_after_every_case(server: Server) -> None:
         assert stats["store"].get("failed") is None
         assert stats["submitted"] == 1  # none of the malformed requests made a job
     server.stop()
-    assert "Traceback" not in server.stderr
-    assert "internal error" not in server.stderr
+    assert "Traceback" not in server.output
+    assert "internal error" not in server.output

@@ -22,8 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import unavailable
-from tests.serve_helpers import Server
+from tests.helpers import spawn_server, unavailable
+
+pytestmark = pytest.mark.slow
 
 
 class PowerFS:
@@ -70,7 +71,7 @@ def _kill_cut_restart(powerfs: PowerFS, store: str, sync: str) -> tuple[int, int
     """Submit, SIGKILL, cut the power, restart: (acknowledged, missing)."""
     data = powerfs.mount / "data"
     args = ("--store", store, "--data", str(data), "--sync", sync, "--workers", "4")
-    server = Server(*args)
+    server = spawn_server(*args)
     acked: list[str] = []
     try:
         server.wait_ready()
@@ -86,7 +87,7 @@ def _kill_cut_restart(powerfs: PowerFS, store: str, sync: str) -> tuple[int, int
         server.stop()  # SIGKILL
     powerfs.cut()  # everything not fsynced is gone
     assert acked
-    again = Server(*args)
+    again = spawn_server(*args)
     try:
         again.wait_ready()
         with httpx.Client(base_url=again.url, timeout=10) as c:

@@ -1,53 +1,30 @@
-"""The runtime over every engine: lifecycle, retries, dead letters, hangs, restarts."""
+"""The runtime: lifecycle, retries, dead letters, hangs, restarts.
+
+On the memory engine (the contract suite covers every engine); restarts on the
+durable ones.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from common.backoff import RetryPolicy
+from common.clock import FakeClock
 from common.models import State
 from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import SLEEP, JobContext, Kind, Registry
+from common.runtime.kinds import SLEEP, JobContext, Kind, Registry, task
 from common.runtime.service import Service
 from common.specs import JobSpec
-from tests.conftest import StoreFactory, wait_for
-from tests.runtime_helpers import final, submit
-
-RuntimeFactory = Callable[..., Service]
+from tests.helpers import NOW, ServiceFactory, StoreFactory, final, submit, wait_for
 
 
-@pytest.fixture
-async def make_runtime(factory: StoreFactory) -> AsyncIterator[RuntimeFactory]:
-    made: list[Service] = []
-
-    def make(kinds: Registry | None = None, **config: Any) -> Service:
-        config.setdefault("workers", 4)
-        config.setdefault("seed", 1)
-        config.setdefault("fault_injection", True)
-        # The system clock: the dispatcher really sleeps until ready_at.
-        rt = Service(factory(clock=_system()), RuntimeConfig(**config), kinds=kinds)
-        made.append(rt)
-        return rt
-
-    yield make
-    for rt in made:
-        await rt.stop(0)
-
-
-def _system() -> Any:
-    from common.clock import SYSTEM_CLOCK
-
-    return SYSTEM_CLOCK
-
-
-async def test_all_jobs_complete(make_runtime: RuntimeFactory) -> None:
-    rt = make_runtime(workers=8)
+async def test_all_jobs_complete(services: ServiceFactory) -> None:
+    rt = services(workers=8)
     await rt.start()
     jobs = await rt.submit([JobSpec(kind="sleep", args={"work_ms": 5}) for _ in range(200)])
     for job in jobs:
@@ -59,9 +36,9 @@ async def test_all_jobs_complete(make_runtime: RuntimeFactory) -> None:
 
 
 async def test_always_failing_job_is_dead_lettered_after_max_attempts(
-    make_runtime: RuntimeFactory,
+    services: ServiceFactory,
 ) -> None:
-    rt = make_runtime(max_attempts=3, retry=RetryPolicy(base_s=0.001))
+    rt = services(max_attempts=3, retry=RetryPolicy(base_s=0.001))
     await rt.start()
     job = await submit(rt, args={"fail_prob": 1.0})
     done = await final(rt, job.id)
@@ -72,15 +49,15 @@ async def test_always_failing_job_is_dead_lettered_after_max_attempts(
     assert rt.stats()["retried"] == 2
 
 
-async def test_per_job_max_attempts_overrides_the_default(make_runtime: RuntimeFactory) -> None:
-    rt = make_runtime(max_attempts=5, retry=RetryPolicy(base_s=0.001))
+async def test_per_job_max_attempts_overrides_the_default(services: ServiceFactory) -> None:
+    rt = services(max_attempts=5, retry=RetryPolicy(base_s=0.001))
     await rt.start()
     job = await submit(rt, args={"fail_prob": 1.0}, max_attempts=2)
     assert (await final(rt, job.id)).attempts == 2
 
 
-async def test_no_retries_dead_letters_at_first_failure(make_runtime: RuntimeFactory) -> None:
-    rt = make_runtime(retry=RetryPolicy(retries=False))
+async def test_no_retries_dead_letters_at_first_failure(services: ServiceFactory) -> None:
+    rt = services(retry=RetryPolicy(retries=False))
     await rt.start()
     job = await submit(rt, args={"fail_prob": 1.0})
     done = await final(rt, job.id)
@@ -89,29 +66,64 @@ async def test_no_retries_dead_letters_at_first_failure(make_runtime: RuntimeFac
 
 
 async def test_hung_worker_is_replaced_and_its_job_requeued_with_a_new_epoch(
-    make_runtime: RuntimeFactory,
+    services: ServiceFactory,
 ) -> None:
-    rt = make_runtime(workers=2, hb_timeout_s=0.05, max_attempts=2, retry=RetryPolicy(base_s=0.001))
+    """On an injected clock: the health check is driven by hand, to the millisecond."""
+    clock = FakeClock(NOW)
+    retry = RetryPolicy(base_s=0.001, cap_s=0.001, jitter=0.0)
+    rt = services(
+        clock=clock, workers=2, healthcheck=False, hb_timeout_s=0.2, max_attempts=2, retry=retry
+    )
     await rt.start()
     hanging = await submit(rt, args={"hang_prob": 1.0})
-    others = await rt.submit([JobSpec(kind="sleep", args={"work_ms": 2}) for _ in range(20)])
+    await wait_for(lambda: rt.pool.busy() == 1, 5, "the job to start, and hang")
+    clock.advance(0.2)  # silent for exactly the timeout: not yet hung
+    assert rt.pool.check(clock.monotonic()) == []
+    clock.advance(0.001)
+    assert len(rt.pool.check(clock.monotonic())) == 1
+    # Requeued with a new epoch, due 1 ms later on the injected clock.
+    await wait_for(lambda: rt.stats()["retried"] == 1, 5, "the retry to be durable")
+    assert rt.pool.busy() == 0
+    clock.advance(0.001)
+    await wait_for(lambda: rt.pool.busy() == 1, 5, "the second attempt to start")
+    clock.advance(0.201)
+    assert len(rt.pool.check(clock.monotonic())) == 1
     done = await final(rt, hanging.id)
     # It hung on both attempts: requeued once with a new epoch, then dead-lettered.
-    assert (done.state, done.attempts) == (State.DEAD, 2)
-    assert done.epoch == 2
-    assert done.last_error is not None
-    assert "hung" in done.last_error
-    for job in others:
-        assert (await final(rt, job.id)).state is State.COMPLETED
+    assert (done.state, done.attempts, done.epoch) == (State.DEAD, 2, 2)
+    assert done.last_error == "worker hung: no heartbeat for 201 ms"
     workers = rt.stats()["workers"]
-    assert workers["hung_declared"] == 2
-    assert workers["replaced"] == 2
-    assert workers["live"] == 2
+    assert (workers["hung_declared"], workers["replaced"], workers["live"]) == (2, 2, 2)
     assert workers["max_live_seen"] <= 2
     assert rt.stats()["requeued_hung"] == 2
+    await wait_for(lambda: not rt.pool.abandoned, 5, "the hung tasks to be cancelled")
 
 
-async def test_stale_worker_cannot_complete_a_requeued_job(make_runtime: RuntimeFactory) -> None:
+async def test_a_timeout_is_judged_on_the_injected_clock(services: ServiceFactory) -> None:
+    registry = Registry()
+
+    @task(registry=registry, timeout=5.0)
+    async def busy(args: Any, ctx: JobContext) -> Any:
+        while True:  # beats, so only the timeout can stop it
+            ctx.beat()
+            await asyncio.sleep(0.001)
+
+    clock = FakeClock(NOW)
+    rt = services(clock=clock, kinds=registry, healthcheck=False, max_attempts=1)
+    await rt.start()
+    job = await submit(rt, "busy")
+    await wait_for(lambda: rt.pool.busy() == 1, 5, "the job to start")
+    clock.advance(5.0)
+    assert rt.pool.check(clock.monotonic()) == []
+    clock.advance(0.5)
+    assert len(rt.pool.check(clock.monotonic())) == 1
+    done = await final(rt, job.id)
+    assert done.state is State.DEAD
+    assert done.last_error == "timed out: still running 0.500 s past its timeout"
+    assert rt.stats()["workers"]["timed_out"] == 1
+
+
+async def test_stale_worker_cannot_complete_a_requeued_job(services: ServiceFactory) -> None:
     """A hung handler is cancelled; one that swallows the cancel and returns late is fenced."""
     release = asyncio.Event()
     calls: list[int] = []
@@ -128,7 +140,7 @@ async def test_stale_worker_cannot_complete_a_requeued_job(make_runtime: Runtime
 
     registry = Registry()
     registry.register(Kind("flaky", lambda a: a, slow_then_fast))
-    rt = make_runtime(kinds=registry, workers=2, hb_timeout_s=0.05, retry=RetryPolicy(base_s=0.001))
+    rt = services(kinds=registry, workers=2, hb_timeout_s=0.05, retry=RetryPolicy(base_s=0.001))
     await rt.start()
     job = await submit(rt, kind="flaky")
     done = await final(rt, job.id)
@@ -144,9 +156,9 @@ async def test_stale_worker_cannot_complete_a_requeued_job(make_runtime: Runtime
 
 
 async def test_cpu_jobs_longer_than_the_heartbeat_timeout_are_not_hung(
-    make_runtime: RuntimeFactory,
+    services: ServiceFactory,
 ) -> None:
-    rt = make_runtime(workers=4, hb_timeout_s=0.05)  # 4 workers, 2 cores: jobs queue for a CPU
+    rt = services(workers=4, hb_timeout_s=0.05)  # 4 workers, 2 cores: jobs queue for a CPU
     await rt.start()
     jobs = await rt.submit([JobSpec(kind="cpu", args={"rounds": 200_000}) for _ in range(4)])
     for job in jobs:
@@ -157,7 +169,7 @@ async def test_cpu_jobs_longer_than_the_heartbeat_timeout_are_not_hung(
 
 
 async def test_delayed_job_waits_and_an_earlier_one_wakes_the_dispatcher(
-    make_runtime: RuntimeFactory,
+    services: ServiceFactory,
 ) -> None:
     started: dict[str, float] = {}
 
@@ -167,7 +179,7 @@ async def test_delayed_job_waits_and_an_earlier_one_wakes_the_dispatcher(
 
     registry = Registry()
     registry.register(Kind("stamp", lambda a: a, stamp))
-    rt = make_runtime(kinds=registry)
+    rt = services(kinds=registry)
     await rt.start()
     late = await submit(rt, kind="stamp", delay_ms=30_000)
     soon = await submit(rt, kind="stamp", delay_ms=150)
@@ -180,8 +192,8 @@ async def test_delayed_job_waits_and_an_earlier_one_wakes_the_dispatcher(
     assert late.id not in started
 
 
-async def test_immediate_jobs_skip_100k_delayed_ones(make_runtime: RuntimeFactory) -> None:
-    rt = make_runtime(workers=8)
+async def test_immediate_jobs_skip_100k_delayed_ones(services: ServiceFactory) -> None:
+    rt = services(workers=8)
     await rt.start()
     for _ in range(10):
         await rt.submit(
@@ -196,8 +208,8 @@ async def test_immediate_jobs_skip_100k_delayed_ones(make_runtime: RuntimeFactor
     assert rt.claims.scheduler.sizes()["delayed"] == 100_000
 
 
-async def test_cancel_a_scheduled_job(make_runtime: RuntimeFactory) -> None:
-    rt = make_runtime()
+async def test_cancel_a_scheduled_job(services: ServiceFactory) -> None:
+    rt = services()
     await rt.start()
     job = await submit(rt, delay_ms=60_000)
     cancelled = await rt.cancel(job.id)

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.cli import main
-from tests.serve_helpers import Server
+from tests.helpers import spawn_server
 
 POISON = (
     "from sqlq import task\n\n"
@@ -44,7 +44,7 @@ def test_a_handler_returning_object_leaves_the_store_healthy_across_a_restart(
     (mods / "poisontasks.py").write_text(POISON)
     env = {"PYTHONPATH": f"{mods}:{Path.cwd()}"}
     args = ("--store", store, "--data", str(tmp_path / "data"), "--import", "poisontasks")
-    server = Server(*args, "--max-attempts", "2", env=env)
+    server = spawn_server(*args, "--max-attempts", "2", env=env)
     try:
         server.wait_ready()
         with httpx.Client(base_url=server.url, timeout=10) as c:
@@ -60,7 +60,7 @@ def test_a_handler_returning_object_leaves_the_store_healthy_across_a_restart(
             pending = c.post("/jobs", json={"kind": "poison", "delay_ms": 500}).json()["id"]
     finally:
         server.stop()  # kill -9, with a poison job still scheduled
-    again = Server(*args, "--max-attempts", "2", env=env)
+    again = spawn_server(*args, "--max-attempts", "2", env=env)
     try:
         again.wait_ready()
         with httpx.Client(base_url=again.url, timeout=10) as c:
@@ -93,7 +93,7 @@ def test_the_token_from_the_environment_guards_the_api_and_never_reaches_logs(
     tmp_path: Path,
 ) -> None:
     token = "tok-9f8e7d6c5b4a"
-    server = Server(
+    server = spawn_server(
         "--store", "sqlite", "--data", str(tmp_path), "--log-level", "debug", "--access-log",
         env={"SQLQ_TOKEN": token},
     )  # fmt: skip
@@ -111,19 +111,19 @@ def test_the_token_from_the_environment_guards_the_api_and_never_reaches_logs(
             assert c.get("/healthz").status_code == 200
     finally:
         server.stop()
-    assert token not in server.stderr
-    assert token not in server.stdout
-    assert "401" in server.stdout  # the access log was on, and saw the requests
+    assert token not in server.output
+    assert token not in server.output
+    assert "401" in server.output  # the access log was on, and saw the requests
 
 
 def test_the_memory_store_warns_that_nothing_survives() -> None:
-    server = Server("--store", "memory")
+    server = spawn_server("--store", "memory")
     try:
         server.wait_ready()
         assert httpx.get(server.url + "/stats").json()["durable"] is False
     finally:
         server.stop()
-    assert "nothing survives a restart" in server.stderr
+    assert "nothing survives a restart" in server.output
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_the_memory_store_warns_that_nothing_survives() -> None:
 def test_data_directory_is_private(tmp_path: Path, store: str, files: list[str]) -> None:
     os.umask(0o022)
     data = tmp_path / "fresh" / "data"
-    server = Server("--store", store, "--data", str(data))
+    server = spawn_server("--store", store, "--data", str(data))
     try:
         server.wait_ready()
         assert httpx.post(server.url + "/jobs", json={"kind": "sleep"}).status_code == 201
@@ -175,9 +175,9 @@ def test_a_log_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
 
 
 def _refused(args: tuple[str, ...], reason: str) -> None:
-    server = Server(*args)
+    server = spawn_server(*args)
     code = server.proc.wait(timeout=30)
     server.stop()
-    assert code == 1, server.stderr
-    assert reason in server.stderr
-    assert "Traceback" not in server.stderr
+    assert code == 1, server.output
+    assert reason in server.output
+    assert "Traceback" not in server.output

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.cli import main
-from tests.serve_helpers import Server
+from tests.helpers import spawn_server
 
 
 def _submit_until_killed(url: str, acked: list[str], stop: threading.Event, n: int) -> None:
@@ -26,10 +26,11 @@ def _submit_until_killed(url: str, acked: list[str], stop: threading.Event, n: i
                 acked.append(r.json()["id"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["walq", "sqlite"])
 def test_kill9_mid_run_then_every_acknowledged_job_finishes(tmp_path: Path, store: str) -> None:
     args = ("--store", store, "--data", str(tmp_path), "--workers", "8")
-    server = Server(*args)
+    server = spawn_server(*args)
     server.wait_ready()
     acked: list[str] = []
     stop = threading.Event()
@@ -48,7 +49,7 @@ def test_kill9_mid_run_then_every_acknowledged_job_finishes(tmp_path: Path, stor
         t.join()
     assert len(acked) >= 250
 
-    again = Server(*args)
+    again = spawn_server(*args)
     try:
         again.wait_ready()
         recovery = httpx.get(again.url + "/stats").json()["recovery"]
@@ -79,7 +80,7 @@ def test_user_handler_module_runs_and_its_result_is_readable(tmp_path: Path) -> 
         "def shout(args):\n"
         "    return args['s'].upper()\n"
     )
-    server = Server(
+    server = spawn_server(
         "--store", "memory", "--import", "mytasks", env={"PYTHONPATH": f"{tmp_path}:{Path.cwd()}"}
     )
     try:
@@ -102,7 +103,7 @@ def test_user_handler_module_runs_and_its_result_is_readable(tmp_path: Path) -> 
 
 def test_sigterm_lets_running_jobs_finish_then_exits_cleanly(tmp_path: Path) -> None:
     args = ("--store", "sqlite", "--data", str(tmp_path), "--workers", "4", "--grace", "10")
-    server = Server(*args)
+    server = spawn_server(*args)
     server.wait_ready()
     with httpx.Client(base_url=server.url, timeout=5) as c:
         ids = [
@@ -112,8 +113,8 @@ def test_sigterm_lets_running_jobs_finish_then_exits_cleanly(tmp_path: Path) -> 
         deadline = time.monotonic() + 10
         while c.get("/stats").json()["jobs"]["running"] < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert server.stop(signal.SIGTERM) == 0, server.stderr
-    again = Server(*args)
+    assert server.stop(signal.SIGTERM) == 0, server.output
+    again = spawn_server(*args)
     try:
         again.wait_ready()
         stats = httpx.get(again.url + "/stats").json()
@@ -125,7 +126,7 @@ def test_sigterm_lets_running_jobs_finish_then_exits_cleanly(tmp_path: Path) -> 
 
 
 def test_a_second_signal_cuts_the_grace_period_short(tmp_path: Path) -> None:
-    server = Server("--store", "memory", "--workers", "2", "--grace", "120")
+    server = spawn_server("--store", "memory", "--workers", "2", "--grace", "120")
     server.wait_ready()
     with httpx.Client(base_url=server.url, timeout=5) as c:
         for _ in range(2):
@@ -133,13 +134,19 @@ def test_a_second_signal_cuts_the_grace_period_short(tmp_path: Path) -> None:
         deadline = time.monotonic() + 10
         while c.get("/stats").json()["jobs"]["running"] < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
+    assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)  # the first signal starts a 120 s grace period for the running jobs
+    # The first signal starts a 120 s grace period for the running jobs: wait until the
+    # server says it is in it (uvicorn logs the lifespan shutdown), then signal again.
+    deadline = time.monotonic() + 10
+    while "Waiting for application shutdown" not in server.output:
+        assert time.monotonic() < deadline, server.output
+        time.sleep(0.01)
     assert server.proc.poll() is None
     server.proc.send_signal(signal.SIGINT)
     code = server.proc.wait(timeout=20)  # far inside the grace period: the signal cut it
     server.stop()
-    assert code in (0, 130), server.stderr
+    assert code in (0, 130), server.output
 
 
 def test_bad_flags_name_the_flag() -> None:
@@ -195,9 +202,9 @@ def test_corrupt_log_is_a_clean_error_not_a_traceback(tmp_path: Path) -> None:
     d = tmp_path / "walq"
     d.mkdir()
     (d / "walq.log").write_bytes(log.encode({"magic": "walq", "version": 9, "start_seq": 1}))
-    server = Server("--store", "wal", "--data", str(tmp_path))
+    server = spawn_server("--store", "wal", "--data", str(tmp_path))
     code = server.proc.wait(timeout=30)  # it must exit by itself
     server.stop()
     assert code == 1
-    assert "unsupported format version" in server.stderr
-    assert "Traceback" not in server.stderr
+    assert "unsupported format version" in server.output
+    assert "Traceback" not in server.output

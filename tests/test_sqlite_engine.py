@@ -9,8 +9,7 @@ import pytest
 
 from common.models import TRANSITIONS, Job, State
 from sqlq.sqlite.store import SQLiteStore
-
-NOW = 1_700_000_000.0
+from tests.helpers import NOW
 
 
 @pytest.mark.parametrize(("sync", "level"), [("full", 2), ("os", 1)])

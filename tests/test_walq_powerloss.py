@@ -21,10 +21,9 @@ import pytest
 from common.clock import FakeClock
 from common.errors import StoreError
 from common.models import Job, Transition
+from tests.helpers import NOW
 from tests.powerloss import TAIL_MODES, SimDisk
 from walq.store import WalStore
-
-NOW = 1_700_000_000.0
 
 
 @dataclass

@@ -6,10 +6,9 @@ from pathlib import Path
 
 from common.clock import FakeClock
 from common.models import Job
+from tests.helpers import NOW
 from walq.files import OsFileOps
 from walq.store import LOG_NAME, WalStore
-
-NOW = 1_700_000_000.0
 
 
 class Boom(OSError):

@@ -1,0 +1,78 @@
+"""What many test modules share: a fixed wall-clock time, waiting on a condition,
+prerequisites CI must provide, and submitting to a ``Service``.
+
+A plain module, imported by name; ``conftest.py`` holds only fixtures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.client.server import ServerProcess
+from common.models import Job
+from common.runtime.service import Service
+from common.specs import JobSpec
+from common.store import JobStore
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+NOW = 1_700_000_000.0  # the wall-clock second every fake clock starts at
+StoreFactory = Callable[..., JobStore]  # builds a store on one path; a second one reopens it
+ServiceFactory = Callable[..., Service]  # the conftest ``services`` fixture
+
+
+def unavailable(reason: str) -> None:
+    """A test's prerequisite is missing: fail under CI (whose own files install it), else skip.
+
+    A test that is skipped in CI is a missing test, so CI never skips quietly.
+    """
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must provide this: {reason}")
+    pytest.skip(reason)
+
+
+async def wait_for(
+    predicate: Callable[[], bool | Awaitable[bool]], within: float = 10.0, what: str = ""
+) -> None:
+    """Wait until ``predicate`` holds, or fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what or predicate}")
+        await asyncio.sleep(0.005)
+
+
+async def submit(rt: Service, kind: str = "sleep", **spec: Any) -> Job:
+    [job] = await rt.submit([JobSpec(kind=kind, **spec)])
+    return job
+
+
+async def final(rt: Service, job_id: str, within: float = 20.0) -> Job:
+    """The job once it reaches a terminal state."""
+    out: list[Job] = []
+
+    async def done() -> bool:
+        job = await rt.get(job_id)
+        if job is not None and job.terminal:
+            out.append(job)
+            return True
+        return False
+
+    await wait_for(done, within, f"job {job_id} to finish")
+    return out[0]
+
+
+def spawn_server(*serve_args: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """A real ``sqlq serve`` with these flags, started but not waited for (``wait_ready``)."""
+    return ServerProcess(*serve_args, env={"PYTHONPATH": str(ROOT), **(env or {})}).spawn()
