@@ -1,0 +1,206 @@
+"""The SQL side of one group-commit batch: rows, statements, and the two write paths.
+
+Pure functions of a ``sqlite3.Connection``, run on the engine's I/O thread.
+``plan`` builds the batch's multi-row statements on the event loop's thread (the
+Python work); ``write_batch`` runs them as one transaction; ``write_one_by_one``
+is the slow path that finds the caller at fault under savepoints.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from common.errors import (
+    DuplicateJobError,
+    IllegalTransitionError,
+    JobNotFoundError,
+    SqlqError,
+)
+from common.models import Job, State, Transition
+from common.store import Change
+from sqlq.sqlite.sql import batch_sql, load_queries
+
+Q = load_queries("queries.sql")
+
+
+def job_values(job: Job) -> tuple[Any, ...]:
+    """One ``insert_jobs`` row, in column order."""
+    return (
+        job.id,
+        job.kind,
+        msgspec.json.encode(job.args).decode(),
+        job.state.value,
+        job.attempts,
+        job.max_attempts,
+        job.ready_at,
+        job.priority,
+        job.epoch,
+        job.created_at,
+        job.updated_at,
+        job.last_error,
+        msgspec.json.encode(job.result).decode(),
+        job.started_at,
+    )
+
+
+def transition_values(t: Transition) -> tuple[Any, ...]:
+    """One ``apply_transitions`` row."""
+    return (
+        t.job_id,
+        t.expect_epoch,
+        t.state.value,
+        t.epoch,
+        t.attempts,
+        t.ready_at,
+        t.updated_at,
+        t.last_error,
+        msgspec.json.encode(t.result).decode(),
+        t.started_at,
+    )
+
+
+def encode_rows(changes: Sequence[Change]) -> list[tuple[Any, ...]]:
+    """One caller's changes as statement rows, on its own turn (see ``GroupCommitter``)."""
+    return [job_values(c) if isinstance(c, Job) else transition_values(c) for c in changes]
+
+
+# Rows per statement: SQLite allows 32,766 parameters in one statement.
+CHUNK_ROWS = 1000
+# Prepared statements kept per connection (sqlite3's default is 128): there are two
+# batch statements per batch size, and sizes up to ~100 are common under load.
+STATEMENT_CACHE = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One multi-row statement of a batch, built on the event loop's thread."""
+
+    sql: str
+    params: list[Any]
+    rows: int
+    counted: bool  # an update: every row must match, or a guard refused one
+
+
+def plan(inserts: list[tuple[Any, ...]], updates: list[tuple[Any, ...]]) -> list[Statement]:
+    """The batch as few statements as SQLite's parameter limit allows."""
+    plan = []
+    for name, rows in (("insert_jobs", inserts), ("apply_transitions", updates)):
+        for i in range(0, len(rows), CHUNK_ROWS):
+            chunk = rows[i : i + CHUNK_ROWS]
+            sql = batch_sql(Q[name], len(chunk), len(chunk[0]))
+            params = [value for row in chunk for value in row]
+            plan.append(Statement(sql, params, len(chunk), counted=name == "apply_transitions"))
+    return plan
+
+
+def write_batch(db: sqlite3.Connection, plan: list[Statement]) -> bool:
+    """The whole batch in one transaction; False (rolled back) if any guard refused.
+
+    A batch that is one insert statement runs without BEGIN and COMMIT: a single
+    statement is its own transaction, all or nothing, and two statements fewer
+    are two GIL waits fewer (about 15% more submits/s, measured).
+    """
+    if len(plan) == 1 and not plan[0].counted:
+        try:
+            db.execute(plan[0].sql, plan[0].params)
+        except sqlite3.IntegrityError:
+            return False
+        return True
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for st in plan:
+            if db.execute(st.sql, st.params).rowcount != st.rows and st.counted:
+                # A guard refused a row, or two rows named one job: redo the
+                # batch one caller at a time to find out who.
+                db.execute("ROLLBACK")
+                return False
+    except sqlite3.IntegrityError:
+        db.execute("ROLLBACK")
+        return False
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return True
+
+
+def write_one_by_one(
+    db: sqlite3.Connection, batch: list[list[Change]]
+) -> list[BaseException | None]:
+    """The slow path: one savepoint per caller, so only the guilty caller rolls back."""
+    outcomes: list[BaseException | None] = []
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for changes in batch:
+            db.execute("SAVEPOINT caller")
+            try:
+                for change in changes:
+                    apply_one(db, change)
+            except SqlqError as exc:
+                db.execute("ROLLBACK TO caller")
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+            db.execute("RELEASE caller")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return outcomes
+
+
+def apply_one(db: sqlite3.Connection, change: Change) -> None:
+    if isinstance(change, Job):
+        try:
+            row = job_values(change)
+            db.execute(batch_sql(Q["insert_jobs"], 1, len(row)), row)
+        except sqlite3.IntegrityError:
+            raise DuplicateJobError(change.id) from None
+        return
+    row = transition_values(change)
+    if db.execute(batch_sql(Q["apply_transitions"], 1, len(row)), row).rowcount == 1:
+        return
+    rows = db.execute(Q["get_job"], (change.job_id,)).fetchall()
+    if not rows:
+        raise JobNotFoundError(change.job_id)
+    row_job(rows[0]).check(change)  # raises the precise TransitionError
+    raise IllegalTransitionError(change.job_id, "refused by the database guard")
+
+
+def prune(db: sqlite3.Connection, cutoff: float) -> tuple[int, int]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        pruned = db.execute(Q["prune_terminal"], (cutoff,)).rowcount
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    kept = int(db.execute(Q["count_jobs"]).fetchone()[0])
+    return pruned, kept
+
+
+def row_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
+    return Job(
+        id=row[0],
+        kind=row[1],
+        args=msgspec.json.decode(row[2]),
+        state=State(row[3]),
+        attempts=row[4],
+        max_attempts=row[5],
+        ready_at=row[6],
+        priority=row[7],
+        epoch=row[8],
+        created_at=row[9],
+        updated_at=row[10],
+        last_error=row[11],
+        result=None if row[12] is None else msgspec.json.decode(row[12]),
+        started_at=row[13],
+    )
