@@ -73,7 +73,7 @@ def bench(
     from pathlib import Path
 
     _need_bench_extra()
-    from bench.report import build
+    from bench.experiments import build_report
 
     if not report_only:
         from bench.runner import run_suite
@@ -87,7 +87,7 @@ def bench(
             extra={"A": {"workers": a_workers}} if a_workers else {},
             show_progress=progress,
         )
-    build(Path(out))
+    build_report(Path(out))
     click.echo(f"report: {Path(out) / 'REPORT.md'}")
 
 

@@ -5,7 +5,8 @@ on a free port, drives it, and stops it. Within each repeat the engines
 alternate (memory, walq, sqlite, memory, ...) so that drift on this shared
 machine hits all of them alike. Each run is one JSON line in
 ``<out>/<experiment>.jsonl`` carrying the machine, versions and exact command;
-``bench.report`` turns the lines into ``REPORT.md`` and plots.
+each experiment's section (``bench.experiments``) turns its lines into its part
+of ``REPORT.md``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def plan(
     runs = []
     for name in sorted(only, key=ORDER.index):
         for repeat in range(repeats):
-            for run in EXPERIMENTS[name](quick, stores, **extra.get(name, {})):
+            for run in EXPERIMENTS[name].runs(quick, stores, **extra.get(name, {})):
                 runs.append((name, repeat, run))
     return runs
 

@@ -1,0 +1,117 @@
+"""What the experiments share: the run protocol, a load run, and the off-then-on pattern.
+
+A run is anything with ``experiment``, ``store``, ``label``, ``params`` and
+``execute() -> dict``. Load runs share ``LoadRun``; the crash (E), recovery (G),
+latency (H) and ceiling runs have their own procedures in their modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bench.client.loadgen import run
+from bench.client.server import ServerProcess
+from bench.experiments.rows import LoadRow
+from bench.report import Report, cell, group
+from sqlq.engines import DURABLE, NAMES
+
+__all__ = ["DURABLE", "NAMES", "BenchRun", "LoadRun", "off_on_table", "off_then_on"]
+
+
+class BenchRun(Protocol):
+    @property
+    def experiment(self) -> str: ...
+    @property
+    def store(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def params(self) -> dict[str, Any]: ...
+
+    def execute(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadRun:
+    """A fresh server, one load from ``sqlq loadgen``'s engine, then stop."""
+
+    experiment: str
+    store: str
+    label: str
+    sync: str = "full"
+    workers: int = 16
+    jobs: int = 2000
+    work_ms: int = 20
+    fail_prob: float = 0.0
+    hang_prob: float = 0.0
+    kind: str = "sleep"
+    rounds: int = 500_000
+    concurrency: int = 32
+    batch: int = 1
+    rate: float = 0.0
+    flags: tuple[str, ...] = ()
+    drain_timeout: float = 120.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def execute(self) -> dict[str, Any]:
+        with ServerProcess.engine(
+            store=self.store, sync=self.sync, workers=self.workers, flags=self.flags
+        ) as srv:
+            result = run(
+                srv.url,
+                jobs=self.jobs,
+                kind=self.kind,
+                work_ms=self.work_ms,
+                fail_prob=self.fail_prob,
+                hang_prob=self.hang_prob,
+                rounds=self.rounds,
+                concurrency=self.concurrency,
+                batch=self.batch,
+                rate=self.rate,
+                label=self.label,
+                drain_timeout=self.drain_timeout,
+            )
+            result["ready_s"] = round(srv.ready_s, 4)
+        result["config"] = {
+            "workers": self.workers,
+            "sync": self.sync,
+            "jobs": self.jobs,
+            "work_ms": self.work_ms,
+            "kind": self.kind,
+            "rounds": self.rounds,
+            "concurrency": self.concurrency,
+            "batch": self.batch,
+            "rate": self.rate,
+            "flags": list(self.flags),
+        }
+        return result
+
+
+def off_then_on(
+    experiment: str, word: str, param: str, off_flag: str, stores: tuple[str, ...],
+    *, flags: tuple[str, ...] = (), off_drain: float = 120.0, **load: Any,
+) -> Iterator[BenchRun]:  # fmt: skip
+    """Each store with a feature off (``off_flag``), then each with it on (B, C)."""
+    for on in (False, True):
+        for store in stores:
+            yield LoadRun(
+                experiment=experiment,
+                store=store,
+                label=f"{experiment}/{store}/{word}-{'on' if on else 'off'}",
+                flags=flags + (() if on else (off_flag,)),
+                drain_timeout=120.0 if on else off_drain,
+                params={param: on},
+                **load,
+            )
+
+
+def off_on_table(
+    rep: Report, rows: list[LoadRow], param: str, columns: list[tuple[str, str]]
+) -> None:
+    """Table rows for a feature off vs on (B, C): store, on/off, then ``columns``."""
+    g = group(rows, lambda r: (r.store, bool(r.params[param])))
+    for (s, on), rs in sorted(g.items(), key=lambda kv: (NAMES.index(kv[0][0]), kv[0][1])):
+        cells = [cell([getattr(r, key) for r in rs], fmt) for key, fmt in columns]
+        rep.add(f"| {s} | {'on' if on else 'off'} | " + " | ".join(cells) + " |")
