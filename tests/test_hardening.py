@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -19,9 +19,10 @@ from common.errors import (
     IllegalTransitionError,
     JobRunningError,
     QueueFullError,
+    StoreFailedError,
     ValidationError,
 )
-from common.models import MAX_ERROR_BYTES, Job, State
+from common.models import MAX_ERROR_BYTES, Job, State, Transition
 from common.runtime.config import RuntimeConfig
 from common.runtime.kinds import JobContext, Registry, task
 from common.runtime.service import Service
@@ -251,33 +252,49 @@ async def test_the_queue_limit_refuses_whole_submissions(
 
 
 class GatedStore:
-    """A memory store whose commits of one kind of change wait for a gate."""
+    """A memory store whose commits moving a job to ``state`` wait for a gate, then
+    go through, or fail with ``fail`` when it is given."""
 
-    def __init__(self, hold: Callable[[Sequence[Change]], bool]) -> None:
+    def __init__(self, state: State, fail: BaseException | None = None) -> None:
         self.inner = MemoryStore()
-        self.hold = hold
+        self.state = state
+        self.fail = fail
         self.gate = asyncio.Event()
         self.held = asyncio.Event()
         self.name, self.durable, self.sync = "memory", False, "full"
+
+    def hold(self, changes: Sequence[Change]) -> bool:
+        return any(isinstance(c, Transition) and c.state is self.state for c in changes)
 
     async def commit(self, changes: Sequence[Change]) -> None:
         if self.hold(changes):
             self.held.set()
             await self.gate.wait()
+            if self.fail is not None:
+                raise self.fail
         await self.inner.commit(changes)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
+async def cancel_held_while_due(
+    runtimes: ServiceFactory, store: GatedStore
+) -> tuple[Service, Job, asyncio.Future[Job]]:
+    """A job whose cancel is not yet durable when it comes due and a worker passes it over."""
+    rt = runtimes(store=store, workers=1)
+    await rt.start()
+    job = await submit(rt, delay_ms=300)
+    cancel = asyncio.ensure_future(rt.cancel(job.id))
+    await asyncio.wait_for(store.held.wait(), 5)
+    await wait_for(lambda: job.id in rt.claims._skipped, 5, "the worker to pass it over")
+    return rt, job, cancel
+
+
 async def test_cancel_while_a_claim_is_in_flight_is_409_running(
     runtimes: ServiceFactory,
 ) -> None:
-    from common.models import Transition
-
-    store = GatedStore(
-        lambda cs: any(isinstance(c, Transition) and c.state is State.RUNNING for c in cs)
-    )
+    store = GatedStore(State.RUNNING)
     rt = runtimes(store=store)
     await rt.start()
     job = await submit(rt, args={"work_ms": 1})
@@ -289,21 +306,9 @@ async def test_cancel_while_a_claim_is_in_flight_is_409_running(
     assert done.state is State.COMPLETED  # it ran, and nobody was told it was cancelled
 
 
-async def test_a_job_whose_cancel_is_in_flight_never_starts(
-    runtimes: ServiceFactory,
-) -> None:
-    from common.models import Transition
-
-    store = GatedStore(
-        lambda cs: any(isinstance(c, Transition) and c.state is State.CANCELLED for c in cs)
-    )
-    rt = runtimes(store=store, workers=1)
-    await rt.start()
-    job = await submit(rt, delay_ms=300)
-    cancel = asyncio.ensure_future(rt.cancel(job.id))
-    await asyncio.wait_for(store.held.wait(), 5)
-    # It comes due while the cancel is not yet durable: the worker passes it over.
-    await wait_for(lambda: job.id in rt.claims._skipped, 5, "the worker to pass it over")
+async def test_a_job_whose_cancel_is_in_flight_never_starts(runtimes: ServiceFactory) -> None:
+    store = GatedStore(State.CANCELLED)
+    rt, job, cancel = await cancel_held_while_due(runtimes, store)
     with pytest.raises(IllegalTransitionError):
         await rt.cancel(job.id)  # a second cancel meanwhile is a conflict, not a second commit
     store.gate.set()
@@ -313,29 +318,9 @@ async def test_a_job_whose_cancel_is_in_flight_never_starts(
     assert (got.state, got.attempts) == (State.CANCELLED, 0)
 
 
-async def test_a_failed_cancel_puts_a_passed_over_job_back(
-    runtimes: ServiceFactory,
-) -> None:
-    from common.errors import StoreFailedError
-    from common.models import Transition
-
-    class FailingCancel(GatedStore):
-        async def commit(self, changes: Sequence[Change]) -> None:
-            if self.hold(changes):
-                self.held.set()
-                await self.gate.wait()
-                raise StoreFailedError("injected")
-            await self.inner.commit(changes)
-
-    store = FailingCancel(
-        lambda cs: any(isinstance(c, Transition) and c.state is State.CANCELLED for c in cs)
-    )
-    rt = runtimes(store=store, workers=1)
-    await rt.start()
-    job = await submit(rt, delay_ms=300)
-    cancel = asyncio.ensure_future(rt.cancel(job.id))
-    await asyncio.wait_for(store.held.wait(), 5)
-    await wait_for(lambda: job.id in rt.claims._skipped, 5, "the worker to pass it over")
+async def test_a_failed_cancel_puts_a_passed_over_job_back(runtimes: ServiceFactory) -> None:
+    store = GatedStore(State.CANCELLED, fail=StoreFailedError("injected"))
+    rt, job, cancel = await cancel_held_while_due(runtimes, store)
     store.gate.set()
     with pytest.raises(StoreFailedError):
         await cancel
@@ -346,18 +331,8 @@ async def test_a_failed_cancel_puts_a_passed_over_job_back(
 async def test_a_store_failure_during_a_claim_is_not_counted_as_fenced(
     runtimes: ServiceFactory,
 ) -> None:
-    from common.errors import StoreFailedError
-    from common.models import Transition
-
-    class FailingClaims(GatedStore):
-        async def commit(self, changes: Sequence[Change]) -> None:
-            if self.hold(changes):
-                raise StoreFailedError("injected")
-            await self.inner.commit(changes)
-
-    store = FailingClaims(
-        lambda cs: any(isinstance(c, Transition) and c.state is State.RUNNING for c in cs)
-    )
+    store = GatedStore(State.RUNNING, fail=StoreFailedError("injected"))
+    store.gate.set()
     rt = runtimes(store=store, workers=1)
     await rt.start()
     await submit(rt, args={"work_ms": 1})
