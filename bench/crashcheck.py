@@ -42,8 +42,8 @@ LEGAL = {
     "scheduled": {"running", "cancelled"},
     "running": {"completed", "scheduled", "dead"},
     "completed": set(),
-    "dead": set(),
-    "cancelled": set(),
+    "dead": {"scheduled"},  # an operator's retry
+    "cancelled": {"scheduled"},
 }
 TERMINAL = {"completed", "dead", "cancelled"}
 

@@ -6,6 +6,7 @@
     ├── QueueFullError           accepting the submission would pass --max-queued
     ├── JobNotFoundError         no job with that id
     ├── DuplicateJobError        a submission reused an existing id
+    ├── DuplicateKeyError        a submission reused an idempotency key another job holds
     ├── TransitionError          a state change that may not happen
     │   ├── IllegalTransitionError   not in the transition table
     │   ├── StaleEpochError          the job was requeued since; the caller is fenced off
@@ -71,6 +72,14 @@ class DuplicateJobError(SqlqError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"a job with id {job_id!r} already exists")
         self.job_id = job_id
+
+
+class DuplicateKeyError(SqlqError):
+    """Another retained job holds this idempotency key (the store refuses a second)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"idempotency key {clip(key, 64)!r} belongs to another job")
+        self.key = key
 
 
 class TransitionError(SqlqError):

@@ -35,11 +35,14 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # running -> scheduled: failed with attempts left, or its worker was declared hung.
     State.RUNNING: frozenset({State.COMPLETED, State.SCHEDULED, State.DEAD}),
     State.COMPLETED: frozenset(),
-    State.DEAD: frozenset(),
-    State.CANCELLED: frozenset(),
+    # dead or cancelled -> scheduled: an operator retries it, with a fresh attempt budget.
+    State.DEAD: frozenset({State.SCHEDULED}),
+    State.CANCELLED: frozenset({State.SCHEDULED}),
 }
 
-TERMINAL: frozenset[State] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+# Finished: nothing runs it again unless an operator retries it. (Not "no move out".)
+TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.DEAD, State.CANCELLED})
+RETRYABLE: frozenset[State] = frozenset({State.DEAD, State.CANCELLED})
 LIVE: frozenset[State] = frozenset(State) - TERMINAL
 
 
@@ -85,7 +88,7 @@ _ID_BITS = random.Random()  # seeded from os.urandom
 # Job and Transition are frozen msgspec Structs rather than dataclasses: about 10x
 # cheaper to construct here (0.28 us vs 2.8 us for a frozen dataclass), and
 # every transition on the append path constructs two or three of them.
-class Transition(msgspec.Struct, frozen=True, kw_only=True):
+class Transition(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One state change, fenced by ``expect_epoch``."""
 
     job_id: str = msgspec.field(name="id")
@@ -98,6 +101,7 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
     last_error: str | None
     result: JSON
     started_at: float | None = None
+    attempts_total: int | None = None  # None: unchanged (only a retry from dead sets it)
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -117,13 +121,17 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0  # attempts started so far
     max_attempts: int = 5
     ready_at: float  # wall-clock seconds; not before this
-    priority: int = 0  # lower runs first among jobs due at the same time
+    priority: int = 0  # among jobs that are due, higher runs first; equal ones FIFO
     epoch: int = 0  # bumped at every requeue; fences stale workers
     created_at: float
     updated_at: float
     last_error: str | None = None
     result: JSON = None
     started_at: float | None = None  # when the latest attempt started
+    queue: str = "default"  # named queues have their own concurrency cap and pause switch
+    idempotency_key: str | None = None  # a client's key: one job per key while retained
+    request_hash: str | None = None  # what was asked with that key, to tell a replay from a reuse
+    attempts_total: int = 0  # attempts before the latest operator retry (history kept)
 
     @property
     def terminal(self) -> bool:
@@ -155,6 +163,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             last_error=t.last_error,
             result=t.result,
             started_at=t.started_at,
+            attempts_total=self.attempts_total if t.attempts_total is None else t.attempts_total,
         )
 
     # -- pure constructors of transitions (the runtime's vocabulary) -------------
@@ -198,6 +207,23 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     def cancel(self, now: float) -> Transition:
         return self._to(State.CANCELLED, now)
 
+    def revive(self, now: float) -> Transition:
+        """dead or cancelled -> scheduled, due now: a fresh attempt budget, a new epoch.
+
+        The attempts used so far move into ``attempts_total``; ``last_error`` stays
+        as the record of why it died until the next attempt replaces it.
+        """
+        return self._to(
+            State.SCHEDULED,
+            now,
+            epoch=self.epoch + 1,
+            attempts=0,
+            attempts_total=self.attempts_total + self.attempts,
+            ready_at=now,
+            result=None,
+            started_at=None,
+        )
+
     # -- serialisation ----------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,6 +244,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         max_attempts: int = 5,
         priority: int = 0,
         job_id: str | None = None,
+        queue: str = "default",
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
     ) -> Job:
         return cls(
             id=job_id or new_job_id(now),
@@ -228,4 +257,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             priority=priority,
             created_at=now,
             updated_at=now,
+            queue=queue,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
         )

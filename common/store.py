@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from common.models import Job, Transition
+from common.models import Job, State, Transition
 
 SyncLevel = Literal["full", "os"]
 DEFAULT_RETENTION_S = 3600.0  # how long finished jobs stay readable
@@ -55,6 +55,27 @@ class CompactionReport:
     jobs_kept: int
     jobs_pruned: int
     seconds: float
+
+
+MAX_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobQuery:
+    """A page of jobs in id order (ids are time-ordered): filters, then keyset paging."""
+
+    state: State | None = None
+    kind: str | None = None
+    queue: str | None = None
+    after: str | None = None  # the last id of the previous page
+    limit: int = 100
+
+    def matches(self, job: Job) -> bool:
+        return (
+            (self.state is None or job.state is self.state)
+            and (self.kind is None or job.kind == self.kind)
+            and (self.queue is None or job.queue == self.queue)
+        )
 
 
 class StoreStats(msgspec.Struct, kw_only=True):
@@ -119,6 +140,16 @@ class JobStore(Protocol):
 
     async def get(self, job_id: str) -> Job | None:
         """The committed job, or ``None`` if there is none (or it was pruned)."""
+        ...
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        """Committed jobs matching ``query`` with ids after ``query.after``, in id order, at
+        most ``query.limit``: live jobs and finished ones still within retention."""
+        ...
+
+    async def find_key(self, key: str) -> Job | None:
+        """The retained job submitted with idempotency key ``key``, or ``None``. A second
+        job with a key another retained job holds is refused (``DuplicateKeyError``)."""
         ...
 
     async def compact(self) -> CompactionReport:

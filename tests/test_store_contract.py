@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from common.clock import FakeClock
 from common.errors import (
     DuplicateJobError,
+    DuplicateKeyError,
     IllegalTransitionError,
     JobNotFoundError,
     StaleEpochError,
@@ -25,7 +26,7 @@ from common.errors import (
     UnencodableError,
 )
 from common.models import Job, State, Transition
-from common.store import JobStore
+from common.store import JobQuery, JobStore
 from tests.helpers import NOW, StoreFactory
 
 
@@ -485,3 +486,101 @@ def test_kill9_loses_no_acknowledged_transition(
             await store.close()
 
     asyncio.run(check())
+
+
+# -- listing, idempotency keys, operator retry (the operations API) -----------------------
+
+
+async def _dead(store: JobStore, job: Job, now: float = NOW) -> Job:
+    """``job``, committed, started, and dead-lettered."""
+    await store.commit([job])
+    running = job.apply(job.start(now))
+    await store.commit([job.start(now)])
+    bury = running.bury("boom", now + 1)
+    await store.commit([bury])
+    return running.apply(bury)
+
+
+async def test_pages_come_in_id_order_with_filters(store: JobStore) -> None:
+    jobs = [new_job(i, queue="q1" if i % 2 else "default") for i in range(25)]
+    await store.commit(jobs)
+    dead = await _dead(store, new_job(99))
+    ids = sorted(j.id for j in [*jobs, dead])
+    got: list[str] = []
+    after: str | None = None
+    while True:
+        page = await store.list_jobs(JobQuery(after=after, limit=7))
+        got += [j.id for j in page]
+        if len(page) < 7:
+            break
+        after = page[-1].id
+    assert got == ids  # every job once, in id order, across pages
+    assert [j.id for j in await store.list_jobs(JobQuery(state=State.DEAD))] == [dead.id]
+    q1 = await store.list_jobs(JobQuery(queue="q1", limit=1000))
+    assert sorted(j.id for j in q1) == sorted(j.id for j in jobs if j.queue == "q1")
+    assert await store.list_jobs(JobQuery(kind="nope")) == []
+
+
+async def test_an_idempotency_key_belongs_to_one_job(store: JobStore) -> None:
+    first = new_job(1, idempotency_key="k-1", request_hash="h")
+    await store.commit([first])
+    assert await store.find_key("k-1") == first
+    assert await store.find_key("k-2") is None
+    with pytest.raises(DuplicateKeyError):
+        await store.commit([new_job(2, idempotency_key="k-1")])
+    a, b = new_job(3, idempotency_key="k-3"), new_job(4, idempotency_key="k-3")
+    outcomes = await asyncio.gather(store.commit([a]), store.commit([b]), return_exceptions=True)
+    assert sorted(type(o).__name__ for o in outcomes) == ["DuplicateKeyError", "NoneType"]
+    with pytest.raises(DuplicateKeyError):  # one batch holding the key twice: all or nothing
+        await store.commit([new_job(5, idempotency_key="k-5"), new_job(6, idempotency_key="k-5")])
+    assert await store.find_key("k-5") is None
+
+
+async def test_a_key_is_freed_when_its_job_is_pruned(
+    factory: StoreFactory, clock: FakeClock
+) -> None:
+    s = factory(retention=60.0)
+    await s.open()
+    try:
+        done = await _dead(s, new_job(1, idempotency_key="k"), now=clock.time())
+        clock.advance(3600)
+        await s.compact()
+        assert await s.get(done.id) is None
+        assert await s.find_key("k") is None
+        await s.commit([new_job(2, idempotency_key="k")])  # the key may be used again
+    finally:
+        await s.close()
+
+
+async def test_retry_from_dead_gives_a_fresh_budget_and_keeps_history(store: JobStore) -> None:
+    dead = await _dead(store, new_job(1, max_attempts=1))
+    revive = dead.revive(NOW + 5)
+    await store.commit([revive])
+    got = await store.get(dead.id)
+    assert got is not None
+    assert (got.state, got.attempts, got.attempts_total) == (State.SCHEDULED, 0, 1)
+    assert (got.epoch, got.ready_at, got.last_error) == (dead.epoch + 1, NOW + 5, "boom")
+    with pytest.raises(IllegalTransitionError):
+        await store.commit([got.revive(NOW + 6)])  # only dead or cancelled jobs revive
+
+
+async def test_keys_pages_and_revivals_survive_reopen(durable_factory: StoreFactory) -> None:
+    s = durable_factory()
+    await s.open()
+    keyed = new_job(1, idempotency_key="k", request_hash="h", queue="mail")
+    await s.commit([keyed])
+    dead = await _dead(s, new_job(2))
+    await s.commit([dead.revive(NOW + 5)])
+    revived = dead.apply(dead.revive(NOW + 5))
+    await s.close()
+    again = durable_factory()
+    await again.open()
+    try:
+        assert await again.find_key("k") == keyed
+        assert await again.get(revived.id) == revived
+        page = await again.list_jobs(JobQuery(queue="mail"))
+        assert page == [keyed]
+        with pytest.raises(DuplicateKeyError):
+            await again.commit([new_job(3, idempotency_key="k")])
+    finally:
+        await again.close()

@@ -24,7 +24,7 @@ from common.engine.groupcommit import Pending
 from common.engine.index import JobIndex, expired
 from common.errors import CorruptLogError, SqlqError, StoreError
 from common.models import Job, State, Transition
-from common.store import Change, CompactionReport, Recovery
+from common.store import Change, CompactionReport, JobQuery, Recovery
 from walq import log
 from walq.compact import Compactor, Snapshot
 from walq.files import OS_FILES, FileOps
@@ -177,16 +177,18 @@ class WalStore(DurableStore):
 
     async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
         staged: dict[str, Job] = {}
+        staged_keys: set[str] = set()
         outcomes: list[BaseException | None] = []
         lines: list[bytes] = []
         seq = self._seq
         for pending in batch:
             try:
-                mine = self._index.stage(pending.changes, staged)
+                mine = self._index.stage(pending.changes, staged, staged_keys)
             except SqlqError as exc:
                 outcomes.append(exc)
                 continue
             staged.update(mine)
+            staged_keys.update(j.idempotency_key for j in mine.values() if j.idempotency_key)
             seq += 1
             lines.append(change_record(seq, pending.encoded))
             outcomes.append(None)
@@ -222,7 +224,7 @@ class WalStore(DurableStore):
             updated_at, job_id = self._finished.popleft()
             job = jobs.get(job_id)
             if job is not None and expired(job, cutoff) and job.updated_at == updated_at:
-                del jobs[job_id]
+                self._index.forget(job_id)
 
     def _should_compact(self) -> bool:
         if self.compactor.running or self._log_bytes < self._floor:
@@ -233,6 +235,14 @@ class WalStore(DurableStore):
     async def get(self, job_id: str) -> Job | None:
         self._live()
         return self._index.get(job_id)
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        self._live()
+        return self._index.page(query)
+
+    async def find_key(self, key: str) -> Job | None:
+        self._live()
+        return self._index.by_key(key)
 
     # -- compaction (the Compactor's host) ---------------------------------------------
 

@@ -9,11 +9,12 @@ in the batch go through, and lets readers see only durable state.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 
-from common.errors import DuplicateJobError, JobNotFoundError
+from common.errors import DuplicateJobError, DuplicateKeyError, JobNotFoundError
 from common.models import TERMINAL, Job, Transition
-from common.store import Change
+from common.store import Change, JobQuery
 
 
 def expired(job: Job, cutoff: float) -> bool:
@@ -22,8 +23,17 @@ def expired(job: Job, cutoff: float) -> bool:
 
 
 class JobIndex:
+    """Jobs by id, idempotency keys, and ids in order for paging.
+
+    The sorted ids are rebuilt only when a page is asked for after a change:
+    ids are time-ordered, so the list is nearly sorted and Timsort takes it in
+    about linear time; the submit path pays nothing for paging.
+    """
+
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
+        self.keys: dict[str, str] = {}  # idempotency key -> job id
+        self._order: list[str] | None = None  # sorted ids; None: rebuild on the next page
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -31,13 +41,25 @@ class JobIndex:
     def __len__(self) -> int:
         return len(self.jobs)
 
-    def stage(self, changes: Sequence[Change], staged: dict[str, Job]) -> dict[str, Job]:
-        """The jobs ``changes`` produce on top of ``staged``; raises, changing nothing."""
+    def stage(
+        self,
+        changes: Sequence[Change],
+        staged: dict[str, Job],
+        staged_keys: set[str] | frozenset[str] = frozenset(),
+    ) -> dict[str, Job]:
+        """The jobs ``changes`` produce on top of ``staged`` (whose new jobs hold
+        ``staged_keys``); raises, changing nothing."""
         mine: dict[str, Job] = {}
+        my_keys: set[str] = set()
         for change in changes:
             if isinstance(change, Job):
                 if change.id in mine or change.id in staged or change.id in self.jobs:
                     raise DuplicateJobError(change.id)
+                key = change.idempotency_key
+                if key is not None:
+                    if key in self.keys or key in staged_keys or key in my_keys:
+                        raise DuplicateKeyError(key)
+                    my_keys.add(key)
                 mine[change.id] = change
             else:
                 current = self._current(change, mine, staged)
@@ -51,15 +73,46 @@ class JobIndex:
         return job
 
     def publish(self, staged: dict[str, Job]) -> None:
-        self.jobs.update(staged)
+        jobs = self.jobs
+        for job_id, job in staged.items():
+            if job_id not in jobs:
+                self._order = None
+                if job.idempotency_key is not None:
+                    self.keys[job.idempotency_key] = job_id
+            jobs[job_id] = job
 
     def apply(self, changes: Sequence[Change]) -> None:
         """Stage and publish at once: recovery's fold, and the memory engine's commit."""
-        self.jobs.update(self.stage(changes, {}))
+        self.publish(self.stage(changes, {}))
 
     def load(self, jobs: Iterable[Job]) -> None:
-        for job in jobs:
-            self.jobs[job.id] = job
+        self.publish({job.id: job for job in jobs})
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job past retention, and its idempotency key with it."""
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            self._order = None
+            if job.idempotency_key is not None:
+                self.keys.pop(job.idempotency_key, None)
+
+    def by_key(self, key: str) -> Job | None:
+        job_id = self.keys.get(key)
+        return None if job_id is None else self.jobs.get(job_id)
+
+    def page(self, query: JobQuery) -> list[Job]:
+        if self._order is None:
+            self._order = sorted(self.jobs)
+        order, jobs = self._order, self.jobs
+        start = 0 if query.after is None else bisect.bisect_right(order, query.after)
+        out: list[Job] = []
+        for job_id in order[start:] if start else order:
+            job = jobs[job_id]
+            if query.matches(job):
+                out.append(job)
+                if len(out) >= query.limit:
+                    break
+        return out
 
     def live(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.state not in TERMINAL]
@@ -68,5 +121,5 @@ class JobIndex:
         """Forget the jobs ``expired`` at ``cutoff``; returns how many."""
         doomed = [j.id for j in self.jobs.values() if expired(j, cutoff)]
         for job_id in doomed:
-            del self.jobs[job_id]
+            self.forget(job_id)
         return len(doomed)

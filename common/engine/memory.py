@@ -21,6 +21,7 @@ from common.store import (
     DEFAULT_RETENTION_S,
     Change,
     CompactionReport,
+    JobQuery,
     Recovery,
     StoreStats,
     SyncLevel,
@@ -74,6 +75,16 @@ class MemoryStore:
         if not self._open:
             raise StoreClosedError("memory store is not open")
         return self._index.get(job_id)
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        return self._index.page(query)
+
+    async def find_key(self, key: str) -> Job | None:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        return self._index.by_key(key)
 
     async def compact(self) -> CompactionReport:
         t0 = time.perf_counter()

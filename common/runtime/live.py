@@ -35,7 +35,7 @@ class LiveJobs:
         return new
 
     def _publish(self, new: Job, old: Job | None = None) -> None:
-        if old is not None:
+        if old is not None and old.state not in TERMINAL:  # a retried dead job was not counted
             self.counts[old.state.value] -= 1
         if new.state in TERMINAL:
             self.jobs.pop(new.id, None)

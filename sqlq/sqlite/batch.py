@@ -17,6 +17,7 @@ import msgspec
 
 from common.errors import (
     DuplicateJobError,
+    DuplicateKeyError,
     IllegalTransitionError,
     JobNotFoundError,
     SqlqError,
@@ -45,6 +46,10 @@ def job_values(job: Job) -> tuple[Any, ...]:
         job.last_error,
         msgspec.json.encode(job.result).decode(),
         job.started_at,
+        job.queue,
+        job.idempotency_key,
+        job.request_hash,
+        job.attempts_total,
     )
 
 
@@ -61,6 +66,7 @@ def transition_values(t: Transition) -> tuple[Any, ...]:
         t.last_error,
         msgspec.json.encode(t.result).decode(),
         t.started_at,
+        t.attempts_total,
     )
 
 
@@ -161,7 +167,9 @@ def apply_one(db: sqlite3.Connection, change: Change) -> None:
         try:
             row = job_values(change)
             db.execute(batch_sql(Q["insert_jobs"], 1, len(row)), row)
-        except sqlite3.IntegrityError:
+        except sqlite3.IntegrityError as exc:
+            if change.idempotency_key is not None and "idempotency_key" in str(exc):
+                raise DuplicateKeyError(change.idempotency_key) from None
             raise DuplicateJobError(change.id) from None
         return
     row = transition_values(change)
@@ -203,4 +211,8 @@ def row_job(row: sqlite3.Row | tuple[Any, ...]) -> Job:
         last_error=row[11],
         result=None if row[12] is None else msgspec.json.decode(row[12]),
         started_at=row[13],
+        queue=row[14],
+        idempotency_key=row[15],
+        request_hash=row[16],
+        attempts_total=row[17],
     )

@@ -4,18 +4,20 @@
 -- thread must retake the GIL after every step; with the event loop busy each
 -- retake waits, so a batch costs one wait instead of one per row (executemany).
 INSERT INTO jobs (id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-                  created_at, updated_at, last_error, result, started_at)
+                  created_at, updated_at, last_error, result, started_at, queue,
+                  idempotency_key, request_hash, attempts_total)
 VALUES {rows};
 
 -- name: apply_transitions
 -- Rows of (id, expect_epoch, state, epoch, attempts, ready_at, updated_at,
--- last_error, result, started_at); a VALUES table names its columns column1...
+-- last_error, result, started_at, attempts_total); a VALUES table names its
+-- columns column1... A NULL attempts_total leaves the column as it is.
 -- The epoch guard fences stale workers; the EXISTS guard enforces the transition
 -- table. A row refused by a guard is not updated: the caller compares the count.
 UPDATE jobs
    SET state = t.column3, epoch = t.column4, attempts = t.column5, ready_at = t.column6,
        updated_at = t.column7, last_error = t.column8, result = t.column9,
-       started_at = t.column10
+       started_at = t.column10, attempts_total = COALESCE(t.column11, jobs.attempts_total)
   FROM (VALUES {rows}) AS t
  WHERE jobs.id = t.column1
    AND jobs.epoch = t.column2
@@ -24,13 +26,35 @@ UPDATE jobs
 
 -- name: get_job
 SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-       created_at, updated_at, last_error, result, started_at
+       created_at, updated_at, last_error, result, started_at, queue, idempotency_key,
+       request_hash, attempts_total
   FROM jobs WHERE id = ?;
 
 -- name: live_jobs
 SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-       created_at, updated_at, last_error, result, started_at
+       created_at, updated_at, last_error, result, started_at, queue, idempotency_key,
+       request_hash, attempts_total
   FROM jobs WHERE state IN ('scheduled', 'running');
+
+-- name: find_key
+SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
+       created_at, updated_at, last_error, result, started_at, queue, idempotency_key,
+       request_hash, attempts_total
+  FROM jobs WHERE idempotency_key = ?;
+
+-- name: list_jobs
+-- Keyset paging in id order: (after, state, state, kind, kind, queue, queue, limit).
+SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
+       created_at, updated_at, last_error, result, started_at, queue, idempotency_key,
+       request_hash, attempts_total
+  FROM jobs
+ WHERE id > ? AND (? IS NULL OR state = ?) AND (? IS NULL OR kind = ?)
+   AND (? IS NULL OR queue = ?)
+ ORDER BY id
+ LIMIT ?;
+
+-- name: job_columns
+SELECT name FROM pragma_table_info('jobs');
 
 -- name: prune_terminal
 DELETE FROM jobs

@@ -1,4 +1,4 @@
--- sqlq SQLite schema, version 1. Readable with the stdlib sqlite3 module and plain SQL.
+-- sqlq SQLite schema, version 2. Readable with the stdlib sqlite3 module and plain SQL.
 CREATE TABLE IF NOT EXISTS jobs (
     id           TEXT PRIMARY KEY,
     kind         TEXT NOT NULL,
@@ -13,7 +13,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated_at   REAL NOT NULL,
     last_error   TEXT,
     result       TEXT,                     -- JSON
-    started_at   REAL                      -- when the latest attempt started
+    started_at   REAL,                     -- when the latest attempt started
+    queue        TEXT NOT NULL DEFAULT 'default',
+    idempotency_key TEXT,                  -- a client's key: one retained job per key
+    request_hash TEXT,                     -- what was asked with that key
+    attempts_total INTEGER NOT NULL DEFAULT 0  -- attempts before the latest operator retry
 ) WITHOUT ROWID;
 
 -- Recovery reads only live jobs; pruning reads only old terminal ones.

@@ -33,7 +33,7 @@ from common.errors import (
     StoreFailedError,
 )
 from common.models import TRANSITIONS, Job, State
-from common.store import Change, CompactionReport, Recovery, SyncLevel
+from common.store import Change, CompactionReport, JobQuery, Recovery, SyncLevel
 from sqlq.sqlite.batch import (
     STATEMENT_CACHE,
     Q,
@@ -52,8 +52,10 @@ T = TypeVar("T")
 
 DB_NAME = "sqlq.db"
 LOCK_NAME = "sqlq.lock"
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 SCHEMA = load_script("schema.sql")
+MIGRATE_V2 = load_script("migrate_v2.sql")
+INDEXES = load_script("indexes.sql")
 
 # Pragmas, by name (diskcache's DEFAULT_SETTINGS idea). WAL journal mode for
 # both sync levels; only `synchronous` differs: FULL syncs the WAL at every
@@ -119,6 +121,9 @@ class SQLiteStore(DurableStore):
         for key, value in self.pragmas.items():
             db.execute(f"PRAGMA {key} = {value}")
         db.executescript(SCHEMA)
+        if "queue" not in {r[0] for r in db.execute(Q["job_columns"])}:
+            db.executescript(MIGRATE_V2)  # a version-1 database: add the new columns
+        db.executescript(INDEXES)
         db.execute("BEGIN IMMEDIATE")
         db.execute(Q["clear_transitions"])
         db.executemany(
@@ -182,6 +187,25 @@ class SQLiteStore(DurableStore):
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
         return row_job(rows[0]) if rows else None
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        self._live()
+        state = None if query.state is None else query.state.value
+        params = (query.after or "", state, state, query.kind, query.kind, query.queue,
+                  query.queue, query.limit)  # fmt: skip
+        return await self._select(Q["list_jobs"], params)
+
+    async def find_key(self, key: str) -> Job | None:
+        self._live()
+        rows = await self._select(Q["find_key"], (key,))
+        return rows[0] if rows else None
+
+    async def _select(self, sql: str, params: tuple[Any, ...]) -> list[Job]:
+        try:
+            rows = await self._on_db(lambda db: db.execute(sql, params).fetchall())
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+        return [row_job(r) for r in rows]
 
     async def compact(self) -> CompactionReport:
         """Delete terminal jobs past retention and truncate the WAL file."""
