@@ -7,6 +7,7 @@
     ├── JobNotFoundError         no job with that id
     ├── DuplicateJobError        a submission reused an existing id
     ├── DuplicateKeyError        a submission reused an idempotency key another job holds
+    ├── IdempotencyConflictError the same key came with a different request
     ├── TransitionError          a state change that may not happen
     │   ├── IllegalTransitionError   not in the transition table
     │   ├── StaleEpochError          the job was requeued since; the caller is fenced off
@@ -80,6 +81,18 @@ class DuplicateKeyError(SqlqError):
     def __init__(self, key: str) -> None:
         super().__init__(f"idempotency key {clip(key, 64)!r} belongs to another job")
         self.key = key
+
+
+class IdempotencyConflictError(SqlqError):
+    """A key came back with a different request than the one that made its job."""
+
+    def __init__(self, key: str, job_id: str) -> None:
+        super().__init__(
+            f"idempotency key {clip(key, 64)!r} was used for job {job_id} with a different "
+            "request; use a new key for a new job"
+        )
+        self.key = key
+        self.job_id = job_id
 
 
 class TransitionError(SqlqError):

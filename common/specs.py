@@ -6,8 +6,9 @@ reports the JSON path; kind-specific arguments are checked later by the kind.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -19,6 +20,11 @@ MAX_DELAY_MS = 366 * 24 * 3600 * 1000  # a year and a day
 
 MAX_KIND = 128
 MAX_RUN_AT = 4_102_444_800.0  # 2100-01-01; the runtime also bounds it by MAX_DELAY_MS from now
+QUEUE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"  # printable ASCII, no spaces: fits a header
+
+Queue = Annotated[str, msgspec.Meta(pattern=QUEUE_PATTERN)]
+IdempotencyKey = Annotated[str, msgspec.Meta(pattern=KEY_PATTERN)]
 
 
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -27,7 +33,23 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DELAY_MS)] | None = None
     run_at: Annotated[float, msgspec.Meta(ge=0, le=MAX_RUN_AT)] | None = None  # unix seconds
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
-    priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] = 0
+    priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] = 0  # higher first
+    queue: Queue = "default"
+    idempotency_key: IdempotencyKey | None = None  # in a batch; a single POST uses the header
+
+    def request_hash(self) -> str:
+        """What the client asked for, without the key: a replay hashes the same."""
+        asked = (self.kind, self.args, self.delay_ms, self.run_at, self.max_attempts,
+                 self.priority, self.queue)  # fmt: skip
+        return hashlib.sha256(msgspec.json.encode(asked)).hexdigest()[:32]
+
+
+class RetrySpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Which finished jobs ``POST /jobs/retry`` puts back: all that match."""
+
+    state: Literal["dead", "cancelled"] = "dead"
+    kind: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KIND)] | None = None
+    queue: Queue | None = None
 
 
 class BatchSpec(msgspec.Struct, forbid_unknown_fields=True):

@@ -58,13 +58,25 @@ def test_ready_job_skips_the_heap() -> None:
     assert lanes.next_wakeup() is None
 
 
-def test_delayed_order_is_ready_at_then_priority_then_arrival() -> None:
+def test_among_due_jobs_higher_priority_first_then_fifo() -> None:
     lanes = Lanes()
     lanes.push("c", ready_at=110.0, priority=0, now=100.0)
     lanes.push("b2", ready_at=105.0, priority=1, now=100.0)
     lanes.push("a", ready_at=105.0, priority=0, now=100.0)
     lanes.push("b1", ready_at=105.0, priority=1, now=100.0)
-    assert [lanes.pop(200.0) for _ in range(4)] == ["a", "b2", "b1", "c"]
+    assert lanes.pop(106.0) == "b2"  # c is not due yet; of the due ones, priority 1 first
+    lanes.push("z", ready_at=0.0, priority=-5, now=106.0)
+    lanes.push("h", ready_at=0.0, priority=9, now=106.0)
+    assert [lanes.pop(200.0) for _ in range(6)] == ["h", "b1", "a", "c", "z", None]
+    assert len(lanes) == 0
+
+
+def test_one_priority_level_is_plain_fifo() -> None:
+    lanes = Lanes()
+    for i in range(1000):
+        lanes.push(f"j{i}", ready_at=100.0, priority=0, now=100.0)
+    assert list(lanes.ready) == [0]  # one deque, no per-job heap work
+    assert [lanes.pop(100.0) for _ in range(1000)] == [f"j{i}" for i in range(1000)]
 
 
 def test_due_delayed_jobs_go_before_later_immediate_ones() -> None:

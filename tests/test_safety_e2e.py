@@ -181,3 +181,30 @@ def _refused(args: tuple[str, ...], reason: str) -> None:
     assert code == 1, server.output
     assert reason in server.output
     assert "Traceback" not in server.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["walq", "sqlite"])
+def test_an_idempotency_key_survives_kill9(tmp_path: Path, store: str) -> None:
+    args = ("--store", store, "--data", str(tmp_path))
+    body = {"kind": "sleep", "args": {"work_ms": 1}, "delay_ms": 60_000}
+    server = spawn_server(*args)
+    try:
+        server.wait_ready()
+        first = httpx.post(server.url + "/jobs", json=body, headers={"Idempotency-Key": "pay-42"})
+        assert first.status_code == 201
+    finally:
+        server.stop()  # SIGKILL right after the acknowledgement
+    again = spawn_server(*args)
+    try:
+        again.wait_ready()
+        with httpx.Client(base_url=again.url, timeout=10) as c:
+            replay = c.post("/jobs", json=body, headers={"Idempotency-Key": "pay-42"})
+            assert (replay.status_code, replay.json()["id"]) == (200, first.json()["id"])
+            changed = c.post(
+                "/jobs", json={**body, "priority": 1}, headers={"Idempotency-Key": "pay-42"}
+            )
+            assert changed.status_code == 409
+            assert len(c.get("/jobs").json()["jobs"]) == 1
+    finally:
+        again.stop()

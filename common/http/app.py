@@ -27,6 +27,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from common.errors import (
+    DuplicateKeyError,
+    IdempotencyConflictError,
     JobNotFoundError,
     JobRunningError,
     QueueFullError,
@@ -36,10 +38,11 @@ from common.errors import (
     UnencodableError,
     ValidationError,
 )
+from common.http import params
 from common.http.guard import Guard, Security
 from common.models import Job
 from common.runtime.service import Service
-from common.specs import BadJSON, BatchSpec, JobSpec, decode
+from common.specs import BadJSON, BatchSpec, JobSpec, RetrySpec, decode
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,12 @@ async def _not_found(_: Request, exc: Exception) -> Response:
 
 
 async def _conflict(_: Request, exc: Exception) -> Response:
-    return _error(409, "running" if isinstance(exc, JobRunningError) else "conflict", str(exc))
+    code = "conflict"
+    if isinstance(exc, JobRunningError):
+        code = "running"
+    elif isinstance(exc, IdempotencyConflictError | DuplicateKeyError):
+        code = "idempotency_conflict"
+    return _error(409, code, str(exc))
 
 
 async def _unavailable(_: Request, exc: Exception) -> Response:
@@ -137,6 +145,8 @@ ERRORS: dict[Any, Any] = {
     BodyTooLarge: _too_large,
     JobNotFoundError: _not_found,
     TransitionError: _conflict,
+    IdempotencyConflictError: _conflict,
+    DuplicateKeyError: _conflict,
     StoreError: _unavailable,
     HTTPException: _http,
     Exception: _unexpected,
@@ -180,21 +190,45 @@ def create_app(
     port opens). ``security`` defaults to a loopback server without a token."""
 
     async def submit(request: Request) -> Response:
+        key = params.idempotency_key(request.headers.get("idempotency-key"))
         spec = decode(await read_body(request, MAX_BODY), JobSpec)
-        [job] = await runtime.submit([spec])
-        return JSONResponse(view(job), status_code=201)
+        if key is not None:
+            if spec.idempotency_key not in (None, key):
+                raise ValidationError("idempotency_key", "differs from the Idempotency-Key header")
+            spec = msgspec.structs.replace(spec, idempotency_key=key)
+        [job], [created] = await runtime.submit_idempotent([spec])
+        return JSONResponse(view(job), status_code=201 if created else 200)
 
     async def submit_batch(request: Request) -> Response:
         batch = decode(await read_body(request, MAX_BATCH_BODY), BatchSpec)
-        jobs = await runtime.submit(batch.jobs, batch=True)
-        return JSONResponse({"ids": [j.id for j in jobs]}, status_code=201)
+        jobs, created = await runtime.submit_idempotent(batch.jobs, batch=True)
+        body = {"ids": [j.id for j in jobs], "created": created}
+        return JSONResponse(body, status_code=201 if any(created) else 200)
+
+    async def list_jobs(request: Request) -> Response:
+        query = params.job_query(request.query_params)
+        jobs = await runtime.list_jobs(query)
+        more = len(jobs) == query.limit
+        body = {
+            "jobs": [view(j) for j in jobs],
+            "next": params.cursor(jobs[-1].id) if more else None,
+        }
+        return JSONResponse(body)
 
     async def get_job(request: Request) -> Response:
         job_id = _job_id(request)
-        job = await runtime.get(job_id)
+        wait = params.wait_seconds(request.query_params)
+        job = await (runtime.wait(job_id, wait) if wait else runtime.get(job_id))
         if job is None:
             raise JobNotFoundError(job_id)
         return JSONResponse(view(job))
+
+    async def retry_job(request: Request) -> Response:
+        return JSONResponse(view(await runtime.retry(_job_id(request))))
+
+    async def retry_matching(request: Request) -> Response:
+        spec = decode(await read_body(request, MAX_BODY) or b"{}", RetrySpec)
+        return JSONResponse({"retried": await runtime.retry_matching(spec)})
 
     async def cancel_job(request: Request) -> Response:
         return JSONResponse(view(await runtime.cancel(_job_id(request))))
@@ -225,7 +259,10 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/jobs", submit, methods=["POST"]),
+            Route("/jobs", list_jobs, methods=["GET"]),
             Route("/jobs/batch", submit_batch, methods=["POST"]),
+            Route("/jobs/retry", retry_matching, methods=["POST"]),
+            Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
             Route("/jobs/{job_id}", get_job, methods=["GET"]),
             Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
             Route("/healthz", healthz, methods=["GET"]),

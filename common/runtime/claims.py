@@ -89,6 +89,10 @@ class Claims(Protocol):
         """Cancel a scheduled job; ``JobRunningError`` if a claim may have won."""
         ...
 
+    async def retry(self, jobs: Sequence[Job]) -> list[Job]:
+        """Put dead or cancelled ``jobs`` back, due now, in one durable commit."""
+        ...
+
     async def next(self) -> Claim:
         """The next due job, claimed for the caller; waits until there is one."""
         ...
@@ -123,7 +127,7 @@ class LocalClaims:
         self._config = config
         self._clock = clock
         self._rng = rng
-        self.scheduler = Scheduler(clock, channel_size=config.workers)
+        self.scheduler = Scheduler(clock)
         self._background: set[asyncio.Task[None]] = set()
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
@@ -188,6 +192,16 @@ class LocalClaims:
             self._cancelling.discard(job_id)
             self._skipped.discard(job_id)
         return self._live.applied(job, t)
+
+    async def retry(self, jobs: Sequence[Job]) -> list[Job]:
+        now = self._clock.time()
+        revivals = [job.revive(now) for job in jobs]
+        await self._store.commit(revivals)
+        revived = [self._live.applied(job, t) for job, t in zip(jobs, revivals, strict=True)]
+        for job in revived:
+            self.scheduler.add(job.id, job.ready_at, job.priority)
+        self._live.totals["operator_retried"] += len(revived)
+        return revived
 
     def stats(self) -> dict[str, Any]:
         return {"lanes": self.scheduler.sizes()}

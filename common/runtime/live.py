@@ -8,6 +8,7 @@ disagree with each other.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from common.models import TERMINAL, Job, Transition
 
@@ -17,6 +18,7 @@ class LiveJobs:
         self.jobs: dict[str, Job] = {}
         self.counts: Counter[str] = Counter()  # live jobs by state
         self.totals: Counter[str] = Counter()  # events since this process started
+        self.on_finished: Callable[[Job], None] | None = None  # told of every job that ends
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -40,6 +42,8 @@ class LiveJobs:
         if new.state in TERMINAL:
             self.jobs.pop(new.id, None)
             self.totals[new.state.value] += 1
+            if self.on_finished is not None:
+                self.on_finished(new)
         else:
             self.jobs[new.id] = new
             self.counts[new.state.value] += 1

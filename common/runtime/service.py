@@ -25,8 +25,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.clock import SYSTEM_CLOCK, Clock
-from common.errors import QueueFullError, StoreError, ValidationError
-from common.models import TERMINAL, Job, State
+from common.errors import (
+    DuplicateKeyError,
+    IdempotencyConflictError,
+    IllegalTransitionError,
+    JobNotFoundError,
+    QueueFullError,
+    StoreError,
+    TransitionError,
+    ValidationError,
+)
+from common.models import RETRYABLE, TERMINAL, Job, State
 from common.runtime.claims import LocalClaims
 from common.runtime.config import RuntimeConfig, RuntimeState
 from common.runtime.cpu import CpuPool
@@ -34,10 +43,23 @@ from common.runtime.executor import Executor, build_registry
 from common.runtime.kinds import REGISTRY, Registry
 from common.runtime.live import LiveJobs
 from common.runtime.workers import WorkerPool
-from common.specs import MAX_DELAY_MS, JobSpec
-from common.store import JobStore, Recovery
+from common.specs import MAX_DELAY_MS, JobSpec, RetrySpec
+from common.store import MAX_PAGE, JobQuery, JobStore, Recovery
+
+MAX_WAIT_S = 60.0
 
 log = logging.getLogger(__name__)
+
+
+def _next_page(query: JobQuery, seen: list[Job]) -> JobQuery:
+    """The next page of ``query`` after the jobs ``seen`` so far."""
+    return JobQuery(
+        state=query.state,
+        kind=query.kind,
+        queue=query.queue,
+        after=seen[-1].id if seen else None,
+        limit=MAX_PAGE,
+    )
 
 
 class Service:
@@ -77,6 +99,9 @@ class Service:
         self.recovery: Recovery | None = None
         self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
         self._maintenance: asyncio.Task[None] | None = None
+        self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # GET ?wait= by job id
+        self.live.on_finished = self._finished
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -123,6 +148,7 @@ class Service:
             if spec.run_at > now + MAX_DELAY_MS / 1000:
                 raise ValidationError("run_at", "more than a year and a day from now")
             ready_at = spec.run_at
+        key = spec.idempotency_key
         return Job.new(
             kind=spec.kind,
             args=args,
@@ -130,6 +156,9 @@ class Service:
             ready_at=ready_at,
             max_attempts=spec.max_attempts or self.config.max_attempts,
             priority=spec.priority,
+            queue=spec.queue,
+            idempotency_key=key,
+            request_hash=None if key is None else spec.request_hash(),
         )
 
     def _build_all(self, specs: Sequence[JobSpec], now: float, batch: bool) -> list[Job]:
@@ -145,7 +174,59 @@ class Service:
 
     async def submit(self, specs: Sequence[JobSpec], *, batch: bool = False) -> list[Job]:
         """Validate, commit as one atomic change, then make claimable. Durable on return."""
+        jobs, _ = await self.submit_idempotent(specs, batch=batch)
+        return jobs
+
+    async def submit_idempotent(
+        self, specs: Sequence[JobSpec], *, batch: bool = False
+    ) -> tuple[list[Job], list[bool]]:
+        """Like ``submit``, honouring idempotency keys: the jobs, and which are new.
+
+        A spec whose key a retained job already holds gets that job back (not
+        new) if it asks for the same thing, and ``IdempotencyConflictError``
+        otherwise. Keys are reserved in this process for the length of the
+        check and the commit, so two concurrent requests with one key make one job.
+        """
         self._check_accepting()
+        keyed = {i: s.idempotency_key for i, s in enumerate(specs) if s.idempotency_key}
+        if not keyed:
+            return (jobs := await self._submit_new(specs, batch)), [True] * len(jobs)
+        seen: dict[str, int] = {}
+        for i, key in keyed.items():
+            if key in seen:
+                raise ValidationError(f"jobs[{i}].idempotency_key", "appears twice in this batch")
+            seen[key] = i
+        reservation = await self._reserve(list(seen))
+        try:
+            existing: dict[int, Job] = {}
+            for i, key in keyed.items():
+                job = await self.store.find_key(key)
+                if job is not None:
+                    if job.request_hash != specs[i].request_hash():
+                        raise IdempotencyConflictError(key, job.id)
+                    existing[i] = job
+            new = [s for i, s in enumerate(specs) if i not in existing]
+            try:
+                made = iter(await self._submit_new(new, batch) if new else [])
+            except DuplicateKeyError as exc:  # another process's job (a shared store)
+                raise IdempotencyConflictError(exc.key, "?") from exc
+            jobs = [existing[i] if i in existing else next(made) for i in range(len(specs))]
+            return jobs, [i not in existing for i in range(len(specs))]
+        finally:
+            for key in seen:
+                del self._keys[key]
+            reservation.set_result(None)
+
+    async def _reserve(self, keys: list[str]) -> asyncio.Future[None]:
+        """Hold ``keys`` for one submission; waits while another holds any of them."""
+        while busy := [self._keys[k] for k in keys if k in self._keys]:
+            await asyncio.wait(busy)
+        reservation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for k in keys:
+            self._keys[k] = reservation
+        return reservation
+
+    async def _submit_new(self, specs: Sequence[JobSpec], batch: bool) -> list[Job]:
         now = self.clock.time()
         jobs = self._build_all(specs, now, batch)
         limit = self.config.max_queued
@@ -164,6 +245,64 @@ class Service:
     async def get(self, job_id: str) -> Job | None:
         job = self.live.get(job_id)
         return job if job is not None else await self.store.get(job_id)
+
+    async def wait(self, job_id: str, timeout_s: float) -> Job | None:
+        """The job once it is finished, or as it stands after ``timeout_s`` (at most 60)."""
+        job = await self.get(job_id)
+        if job is None or job.terminal or timeout_s <= 0:
+            return job
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(job_id, []).append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), min(timeout_s, MAX_WAIT_S))
+        except TimeoutError:
+            pass
+        finally:
+            waiting = self._waiters.get(job_id)
+            if waiting is not None and waiter in waiting:
+                waiting.remove(waiter)
+                if not waiting:
+                    del self._waiters[job_id]
+        return await self.get(job_id)
+
+    def _finished(self, job: Job) -> None:
+        for waiter in self._waiters.pop(job.id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        return await self.store.list_jobs(query)
+
+    async def retry(self, job_id: str) -> Job:
+        """Put one dead or cancelled job back, due now, with a fresh attempt budget."""
+        self._check_accepting()
+        job = await self.get(job_id)
+        if job is None:
+            raise JobNotFoundError(job_id)
+        if job.state not in RETRYABLE:
+            raise IllegalTransitionError(
+                job_id, f"only a dead or cancelled job can be retried; it is {job.state.value}"
+            )
+        [revived] = await self.claims.retry([job])
+        return revived
+
+    async def retry_matching(self, spec: RetrySpec) -> int:
+        """Put back every job that matches, in one durable commit; returns how many."""
+        self._check_accepting()
+        for _ in range(3):  # a match that changed meanwhile fails the commit: look again
+            query = JobQuery(state=State(spec.state), kind=spec.kind, queue=spec.queue)
+            matches: list[Job] = []
+            while page := await self.store.list_jobs(_next_page(query, matches)):
+                matches += page
+                if len(page) < MAX_PAGE:
+                    break
+            if not matches:
+                return 0
+            try:
+                return len(await self.claims.retry(matches))
+            except TransitionError:
+                continue
+        raise IllegalTransitionError("*", "the matching jobs kept changing; try again")
 
     async def cancel(self, job_id: str) -> Job:
         self._check_accepting()

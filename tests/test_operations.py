@@ -1,0 +1,202 @@
+"""The operations API in-process: listing, retry from dead, idempotency keys, priorities, wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from common.backoff import RetryPolicy
+from common.http.app import create_app
+from common.models import State
+from common.runtime.kinds import JobContext, Registry, task
+from common.runtime.service import Service
+from tests.helpers import ServiceFactory, final, wait_for
+
+GATE = asyncio.Event()
+STARTED: list[str] = []
+
+
+def kinds() -> Registry:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def gate(args: Any, ctx: JobContext) -> Any:
+        STARTED.append(args.get("name", ctx.job.id))
+        await GATE.wait()
+        return "opened"
+
+    @task(registry=reg)
+    async def record(args: Any) -> Any:
+        STARTED.append(args["name"])
+        return args["name"]
+
+    @task(registry=reg)
+    def boom(args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    return reg
+
+
+Client = Callable[..., Any]
+
+
+@pytest.fixture
+async def api(services: ServiceFactory) -> AsyncIterator[Client]:
+    GATE.clear()
+    STARTED.clear()
+    clients: list[httpx.AsyncClient] = []
+
+    async def make(**config: Any) -> tuple[Service, httpx.AsyncClient]:
+        config.setdefault("retry", RetryPolicy(base_s=0.001, cap_s=0.002))
+        rt = services(kinds=kinds(), **config)
+        await rt.start()
+        transport = httpx.ASGITransport(app=create_app(rt, start_runtime=False))
+        c = httpx.AsyncClient(transport=transport, base_url="http://localhost")
+        clients.append(c)
+        return rt, c
+
+    yield make
+    GATE.set()
+    for c in clients:
+        await c.aclose()
+
+
+async def test_a_high_priority_job_behind_fifty_low_ones_starts_next(api: Client) -> None:
+    _rt, c = await api(workers=1)
+    r = await c.post("/jobs", json={"kind": "gate", "args": {"name": "blocker"}})
+    await wait_for(lambda: STARTED == ["blocker"], 5, "the one worker to be busy")
+    for i in range(50):
+        await c.post("/jobs", json={"kind": "record", "args": {"name": f"low{i}"}, "priority": 0})
+    await c.post("/jobs", json={"kind": "record", "args": {"name": "HIGH"}, "priority": 10})
+    GATE.set()
+    await wait_for(lambda: len(STARTED) == 52, 10, "every job to start")
+    assert STARTED[1] == "HIGH"  # the very next to start
+    assert STARTED[2:] == [f"low{i}" for i in range(50)]  # equal priorities: FIFO
+    assert r.status_code == 201
+
+
+async def test_listing_pages_with_an_opaque_cursor_and_filters(api: Client) -> None:
+    _rt, c = await api()
+    ids = []
+    for i in range(7):
+        body = {"kind": "record", "args": {"name": f"j{i}"}, "delay_ms": 60_000,
+                "queue": "mail" if i % 2 else "default"}  # fmt: skip
+        ids.append((await c.post("/jobs", json=body)).json()["id"])
+    seen: list[str] = []
+    url = "/jobs?limit=3"
+    while url:
+        page = (await c.get(url)).json()
+        seen += [j["id"] for j in page["jobs"]]
+        url = f"/jobs?limit=3&after={page['next']}" if page["next"] else ""
+    assert seen == sorted(ids)
+    mail = (await c.get("/jobs?queue=mail&state=scheduled")).json()
+    assert [j["id"] for j in mail["jobs"]] == [ids[1], ids[3], ids[5]]
+    assert mail["next"] is None
+    bad_params = [("state=nope", "state"), ("limit=0", "limit"), ("limit=1001", "limit"),
+                  ("after=!!", "after"), ("queue=a b", "queue"), ("bogus=1", "bogus")]  # fmt: skip
+    for bad, field in bad_params:
+        r = await c.get(f"/jobs?{bad}")
+        assert r.status_code == 422, bad
+        assert r.json()["field"] == field
+
+
+async def test_a_dead_job_is_retried_with_a_fresh_budget(api: Client) -> None:
+    rt, c = await api()
+    job = (await c.post("/jobs", json={"kind": "boom", "max_attempts": 2})).json()
+    done = await final(rt, job["id"])
+    assert (done.state, done.attempts) == (State.DEAD, 2)
+    assert (await c.get("/jobs?state=dead")).json()["jobs"][0]["id"] == job["id"]
+    r = await c.post(f"/jobs/{job['id']}/retry")
+    assert r.status_code == 200, r.text
+    assert (r.json()["state"], r.json()["attempts"], r.json()["attempts_total"]) == (
+        "scheduled", 0, 2,
+    )  # fmt: skip
+    again = await final(rt, job["id"])
+    assert (again.state, again.attempts, again.attempts_total) == (State.DEAD, 2, 2)
+    ok = (await c.post("/jobs", json={"kind": "record", "args": {"name": "x"}})).json()
+    await final(rt, ok["id"])
+    r = await c.post(f"/jobs/{ok['id']}/retry")
+    assert r.status_code == 409  # only dead or cancelled jobs
+    assert (await c.post("/jobs/ffff/retry")).status_code == 404
+
+
+async def test_retry_every_match_in_one_commit(api: Client) -> None:
+    rt, c = await api()
+    booms = [(await c.post("/jobs", json={"kind": "boom", "max_attempts": 1})).json()["id"]
+             for _ in range(3)]  # fmt: skip
+    other = await c.post("/jobs", json={"kind": "boom", "max_attempts": 1, "queue": "q2"})
+    for job_id in [*booms, other.json()["id"]]:
+        await final(rt, job_id)
+    r = await c.post("/jobs/retry", json={"state": "dead", "queue": "default"})
+    assert r.json() == {"retried": 3}
+    assert rt.live.totals["operator_retried"] == 3
+    assert (await c.post("/jobs/retry", json={"state": "dead", "kind": "nope"})).json() == {
+        "retried": 0
+    }
+    assert (await c.post("/jobs/retry", json={"state": "completed"})).status_code == 422
+
+
+async def test_an_idempotency_key_makes_one_job(api: Client) -> None:
+    _rt, c = await api()
+    body = {"kind": "record", "args": {"name": "once"}, "delay_ms": 60_000}
+    first = await c.post("/jobs", json=body, headers={"Idempotency-Key": "order-1"})
+    again = await c.post("/jobs", json=body, headers={"Idempotency-Key": "order-1"})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    other = await c.post(
+        "/jobs", json={**body, "args": {"name": "twice"}}, headers={"Idempotency-Key": "order-1"}
+    )
+    assert other.status_code == 409
+    assert other.json()["error"] == "idempotency_conflict"
+    racing = await asyncio.gather(
+        *(c.post("/jobs", json=body, headers={"Idempotency-Key": "race"}) for _ in range(20))
+    )
+    assert len({r.json()["id"] for r in racing}) == 1
+    assert sorted(r.status_code for r in racing) == [200] * 19 + [201]
+    bad = await c.post("/jobs", json=body, headers={"Idempotency-Key": "has space"})
+    assert (bad.status_code, bad.json()["field"]) == (422, "Idempotency-Key")
+
+
+async def test_batch_keys_return_the_original_jobs(api: Client) -> None:
+    _rt, c = await api()
+    job = {"kind": "record", "args": {"name": "b"}, "delay_ms": 60_000}
+    r1 = await c.post("/jobs/batch", json={"jobs": [{**job, "idempotency_key": "a"}, job]})
+    assert r1.status_code == 201
+    assert r1.json()["created"] == [True, True]
+    r2 = await c.post("/jobs/batch", json={"jobs": [{**job, "idempotency_key": "a"}]})
+    assert (r2.status_code, r2.json()["ids"], r2.json()["created"]) == (
+        200, r1.json()["ids"][:1], [False],
+    )  # fmt: skip
+    dup = await c.post(
+        "/jobs/batch",
+        json={"jobs": [{**job, "idempotency_key": "z"}, {**job, "idempotency_key": "z"}]},
+    )
+    assert (dup.status_code, dup.json()["field"]) == (422, "jobs[1].idempotency_key")
+
+
+async def test_wait_returns_when_the_job_finishes(api: Client) -> None:
+    rt, c = await api()
+    job = (await c.post("/jobs", json={"kind": "gate"})).json()
+    waiting = asyncio.ensure_future(c.get(f"/jobs/{job['id']}?wait=30"))
+    await wait_for(lambda: job["id"] in rt._waiters, 5, "the request to wait")
+    assert not waiting.done()
+    GATE.set()
+    r = await asyncio.wait_for(waiting, 10)
+    assert (r.status_code, r.json()["state"], r.json()["result"]) == (200, "completed", "opened")
+    assert rt._waiters == {}
+
+
+async def test_a_wait_that_expires_returns_the_job_as_it_stands(api: Client) -> None:
+    rt, c = await api()
+    job = (await c.post("/jobs", json={"kind": "record", "args": {"name": "x"},
+                                      "delay_ms": 60_000})).json()  # fmt: skip
+    r = await c.get(f"/jobs/{job['id']}?wait=0.05")
+    assert (r.status_code, r.json()["state"]) == (200, "scheduled")
+    assert rt._waiters == {}
+    for bad in ("-1", "61", "soon"):
+        r = await c.get(f"/jobs/{job['id']}?wait={bad}")
+        assert (r.status_code, r.json()["field"]) == (422, "wait")
