@@ -36,6 +36,7 @@ class Recovery:
     torn_bytes: int = 0  # bytes of a torn tail that were cut off (kept beside the log)
     seconds: float = 0.0  # wall time the recovery took
     notes: list[str] = field(default_factory=list)  # what else recovery had to say
+    paused_queues: list[str] = field(default_factory=list)  # paused, durably, before the stop
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -150,6 +151,11 @@ class JobStore(Protocol):
     async def find_key(self, key: str) -> Job | None:
         """The retained job submitted with idempotency key ``key``, or ``None``. A second
         job with a key another retained job holds is refused (``DuplicateKeyError``)."""
+        ...
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> None:
+        """Record that ``queue`` is paused (or not); durable on return, reported by the next
+        ``open`` in ``Recovery.paused_queues``. Idempotent."""
         ...
 
     async def compact(self) -> CompactionReport:

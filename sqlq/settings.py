@@ -10,6 +10,7 @@ it on, as arq passes its settings class around.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ import click
 
 from common.backoff import RetryPolicy
 from common.runtime.config import RuntimeConfig
+from common.specs import QUEUE_PATTERN
 from common.store import DEFAULT_RETENTION_S
 from sqlq.engines import CHOICES
 
@@ -192,6 +194,14 @@ class ServeSettings:
         type=click.IntRange(0),
         help="Cut-off handlers (hung or timed out) still running before /readyz says 503.",
     )
+    queues: tuple[str, ...] = opt(
+        (),
+        "--queue",
+        multiple=True,
+        metavar="NAME=N",
+        callback=lambda ctx, param, value: _queue_caps(value),
+        help="At most N jobs of queue NAME run at once (repeatable).",
+    )
     handler_threads: int | None = opt(
         _RUNTIME.handler_threads,
         "--handler-threads",
@@ -234,6 +244,7 @@ class ServeSettings:
             max_queued=self.max_queued,
             max_abandoned=self.max_abandoned,
             handler_threads=self.handler_threads,
+            queue_caps=queue_caps(self.queues),
         )
 
     def store_options(self) -> dict[str, Any]:
@@ -246,6 +257,24 @@ class ServeSettings:
             "sync_delay_s": self.emulate_sync_delay_ms / 1000,
             **engine(self.store).from_settings(dataclasses.asdict(self)),
         }
+
+
+def _queue_caps(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Check ``NAME=N`` values (a click callback, and used again to build the dict)."""
+    caps: dict[str, int] = {}
+    for value in values:
+        name, sep, n = value.partition("=")
+        if not sep or not re.match(QUEUE_PATTERN, name) or not n.isdigit() or int(n) < 1:
+            raise click.BadParameter(
+                f"{value!r}: expected NAME=N, a queue name and a positive number",
+                param_hint="--queue",
+            )
+        caps[name] = int(n)
+    return values
+
+
+def queue_caps(values: tuple[str, ...]) -> dict[str, int]:
+    return {name: int(n) for name, _, n in (v.partition("=") for v in _queue_caps(values))}
 
 
 def options(cls: type[Any]) -> Callable[[F], F]:

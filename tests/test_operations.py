@@ -14,6 +14,7 @@ from common.http.app import create_app
 from common.models import State
 from common.runtime.kinds import JobContext, Registry, task
 from common.runtime.service import Service
+from common.specs import JobSpec
 from tests.helpers import ServiceFactory, final, wait_for
 
 GATE = asyncio.Event()
@@ -46,7 +47,8 @@ Client = Callable[..., Any]
 
 @pytest.fixture
 async def api(services: ServiceFactory) -> AsyncIterator[Client]:
-    GATE.clear()
+    global GATE
+    GATE = asyncio.Event()  # an Event binds to the loop it is first awaited on: one per test
     STARTED.clear()
     clients: list[httpx.AsyncClient] = []
 
@@ -94,7 +96,7 @@ async def test_listing_pages_with_an_opaque_cursor_and_filters(api: Client) -> N
         url = f"/jobs?limit=3&after={page['next']}" if page["next"] else ""
     assert seen == sorted(ids)
     mail = (await c.get("/jobs?queue=mail&state=scheduled")).json()
-    assert [j["id"] for j in mail["jobs"]] == [ids[1], ids[3], ids[5]]
+    assert [j["id"] for j in mail["jobs"]] == sorted([ids[1], ids[3], ids[5]])  # id order
     assert mail["next"] is None
     bad_params = [("state=nope", "state"), ("limit=0", "limit"), ("limit=1001", "limit"),
                   ("after=!!", "after"), ("queue=a b", "queue"), ("bogus=1", "bogus")]  # fmt: skip
@@ -200,3 +202,80 @@ async def test_a_wait_that_expires_returns_the_job_as_it_stands(api: Client) -> 
     for bad in ("-1", "61", "soon"):
         r = await c.get(f"/jobs/{job['id']}?wait={bad}")
         assert (r.status_code, r.json()["field"]) == (422, "wait")
+
+
+async def test_a_queue_cap_bounds_how_many_of_its_jobs_run_at_once(api: Client) -> None:
+    rt, c = await api(workers=8, queue_caps={"mail": 2})
+    peak = 0
+
+    def sample() -> bool:
+        nonlocal peak
+        peak = max(peak, rt.claims.queues()["mail"].running)
+        return len(STARTED) == 8
+
+    for i in range(6):
+        await c.post("/jobs", json={"kind": "gate", "args": {"name": f"m{i}"}, "queue": "mail"})
+    await c.post("/jobs", json={"kind": "gate", "args": {"name": "d0"}})
+    await c.post("/jobs", json={"kind": "gate", "args": {"name": "d1"}})
+    await wait_for(lambda: len(STARTED) == 4, 5, "two mail jobs and both default ones")
+    assert sorted(STARTED) == ["d0", "d1", "m0", "m1"]  # the cap holds the other four back
+    info = (await c.get("/queues")).json()["queues"]
+    assert {q["name"]: (q["running"], q["limit"], q["depth"]) for q in info} == {
+        "default": (2, None, 0),
+        "mail": (2, 2, 4),
+    }
+    GATE.set()
+    await wait_for(sample, 10, "every job to start")
+    assert peak <= 2
+
+
+async def test_a_paused_queue_starts_nothing_until_resumed(api: Client) -> None:
+    rt, c = await api(workers=4)
+    r = await c.post("/queues/mail/pause")
+    assert (r.status_code, r.json()["paused"]) == (200, True)
+    ids = [
+        (
+            await c.post(
+                "/jobs", json={"kind": "record", "args": {"name": f"p{i}"}, "queue": "mail"}
+            )
+        ).json()["id"]
+        for i in range(3)
+    ]
+    other = (await c.post("/jobs", json={"kind": "record", "args": {"name": "free"}})).json()
+    await final(rt, other["id"])  # other queues run on
+    assert STARTED == ["free"]
+    assert rt.claims.queues()["mail"].depth == 3
+    r = await c.post("/queues/mail/resume")
+    assert (r.status_code, r.json()["paused"]) == (200, False)
+    for job_id in ids:
+        assert (await final(rt, job_id)).state is State.COMPLETED
+    assert (await c.post("/queues/bad%20name/pause")).status_code == 422
+
+
+async def test_pause_survives_a_restart(durable_factory: Any, services: ServiceFactory) -> None:
+    from common.clock import SYSTEM_CLOCK
+
+    first = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
+    await first.start()
+    await first.pause("mail", True)
+    job = (await first.submit([JobSpec(kind="record", args={"name": "x"}, queue="mail")]))[0]
+    await first.stop(0)
+    second = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
+    await second.start()
+    assert second.queues()["mail"].paused
+    assert second.queues()["mail"].depth == 1
+    await second.pause("mail", False)
+    assert (await final(second, job.id)).state is State.COMPLETED
+
+
+def test_queue_flag_is_checked() -> None:
+    from click.testing import CliRunner
+
+    from sqlq.cli import main
+    from sqlq.settings import queue_caps
+
+    assert queue_caps(("mail=2", "reports=10")) == {"mail": 2, "reports": 10}
+    for bad in ("mail", "mail=0", "mail=x", "bad name=2"):
+        r = CliRunner().invoke(main, ["serve", "--store", "memory", "--queue", bad])
+        assert r.exit_code == 2, bad
+        assert "--queue" in r.output

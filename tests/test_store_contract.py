@@ -584,3 +584,17 @@ async def test_keys_pages_and_revivals_survive_reopen(durable_factory: StoreFact
             await again.commit([new_job(3, idempotency_key="k")])
     finally:
         await again.close()
+
+
+async def test_a_paused_queue_stays_paused_across_reopen(durable_factory: StoreFactory) -> None:
+    s = durable_factory()
+    await s.open()
+    await s.set_queue_paused("mail", True)
+    await s.set_queue_paused("reports", True)
+    await s.set_queue_paused("reports", False)
+    await s.set_queue_paused("mail", True)  # idempotent
+    await s.close()
+    again = durable_factory()
+    recovery = await again.open()
+    await again.close()
+    assert recovery.paused_queues == ["mail"]

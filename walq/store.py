@@ -10,6 +10,7 @@ rewrites the log as a snapshot (see ``walq.compact``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -28,6 +29,7 @@ from common.store import Change, CompactionReport, JobQuery, Recovery
 from walq import log
 from walq.compact import Compactor, Snapshot
 from walq.files import OS_FILES, FileOps
+from walq.queues import QUEUES_NAME, read_paused, write_paused
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ class WalStore(DurableStore):
         self._job_bytes = 300.0  # estimated bytes per job in a snapshot
         self.records = 0
         self.compactor = Compactor(self)
+        self.queues_path = os.path.join(self.dir, QUEUES_NAME)
+        self._paused: set[str] = set()
 
     # -- open / recovery ---------------------------------------------------------
 
@@ -91,6 +95,11 @@ class WalStore(DurableStore):
             raise StoreError(f"{self.path}: cannot recover: {exc.strerror or exc}") from exc
 
     def _recover_on_io(self) -> Recovery:
+        self._paused = set(read_paused(self.fs, self.queues_path))
+        recovery = self._recover_log()
+        return dataclasses.replace(recovery, paused_queues=sorted(self._paused))
+
+    def _recover_log(self) -> Recovery:
         t0 = time.perf_counter()
         fs = self.fs
         notes: list[str] = []
@@ -235,6 +244,15 @@ class WalStore(DurableStore):
     async def get(self, job_id: str) -> Job | None:
         self._live()
         return self._index.get(job_id)
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> None:
+        self._live()
+        names = (self._paused | {queue}) if paused else (self._paused - {queue})
+        try:
+            await self._on_io(write_paused, self.fs, self.queues_path, sorted(names))
+        except OSError as exc:
+            raise StoreError(f"{self.queues_path}: {exc.strerror or exc}") from exc
+        self._paused = names
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         self._live()

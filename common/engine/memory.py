@@ -49,6 +49,7 @@ class MemoryStore:
         self._opened_once = False
         self._commits = 0
         self._changes = 0
+        self._paused: set[str] = set()
 
     async def open(self) -> Recovery:
         if self._opened_once:
@@ -85,6 +86,11 @@ class MemoryStore:
         if not self._open:
             raise StoreClosedError("memory store is not open")
         return self._index.by_key(key)
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> None:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        (self._paused.add if paused else self._paused.discard)(queue)
 
     async def compact(self) -> CompactionReport:
         t0 = time.perf_counter()

@@ -41,6 +41,7 @@ from common.errors import (
 from common.http import params
 from common.http.guard import Guard, Security
 from common.models import Job
+from common.runtime.claims import QueueInfo
 from common.runtime.service import Service
 from common.specs import BadJSON, BatchSpec, JobSpec, RetrySpec, decode
 
@@ -171,6 +172,15 @@ def view(job: Job) -> dict[str, Any]:
     return job.to_dict()
 
 
+def _info(info: QueueInfo) -> dict[str, Any]:
+    return {
+        "depth": info.depth,
+        "running": info.running,
+        "limit": info.limit,
+        "paused": info.paused,
+    }
+
+
 def _job_id(request: Request) -> str:
     job_id: str = request.path_params["job_id"]
     if len(job_id) > MAX_ID_LENGTH:
@@ -223,6 +233,15 @@ def create_app(
             raise JobNotFoundError(job_id)
         return JSONResponse(view(job))
 
+    async def queues(_: Request) -> Response:
+        infos = runtime.queues()
+        return JSONResponse({"queues": [{"name": q, **_info(i)} for q, i in infos.items()]})
+
+    async def pause_queue(request: Request) -> Response:
+        name = params.queue_name(request.path_params["queue"])
+        paused = request.url.path.endswith("/pause")
+        return JSONResponse({"name": name, **_info(await runtime.pause(name, paused))})
+
     async def retry_job(request: Request) -> Response:
         return JSONResponse(view(await runtime.retry(_job_id(request))))
 
@@ -263,6 +282,9 @@ def create_app(
             Route("/jobs/batch", submit_batch, methods=["POST"]),
             Route("/jobs/retry", retry_matching, methods=["POST"]),
             Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
+            Route("/queues", queues, methods=["GET"]),
+            Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
+            Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
             Route("/jobs/{job_id}", get_job, methods=["GET"]),
             Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
             Route("/healthz", healthz, methods=["GET"]),

@@ -83,6 +83,12 @@ def wait_seconds(params: QueryParams) -> float:
     return value
 
 
+def queue_name(name: str) -> str:
+    if not _QUEUE.match(name):
+        raise ValidationError("queue", f"must match {QUEUE_PATTERN}")
+    return name
+
+
 def idempotency_key(header: str | None) -> str | None:
     if header is None:
         return None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -107,7 +108,21 @@ class Claims(Protocol):
         """The attempt was cut off (silent or past its timeout): like a failure."""
         ...
 
+    async def pause(self, queue: str, paused: bool) -> None:
+        """Stop (or resume) starting jobs of ``queue``; durable. Running ones finish."""
+        ...
+
+    def queues(self) -> dict[str, QueueInfo]: ...
+
     def stats(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    depth: int  # jobs waiting (due or delayed)
+    running: int
+    limit: int | None  # None: no cap beyond the worker pool
+    paused: bool
 
 
 class LocalClaims:
@@ -127,7 +142,10 @@ class LocalClaims:
         self._config = config
         self._clock = clock
         self._rng = rng
-        self.scheduler = Scheduler(clock)
+        self.scheduler = Scheduler(clock, gate=self._open, taken=self._taken)
+        self._caps = dict(config.queue_caps)
+        self._paused: set[str] = set()
+        self._running: Counter[str] = Counter()  # attempts started and not yet over, by queue
         self._background: set[asyncio.Task[None]] = set()
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
@@ -136,6 +154,7 @@ class LocalClaims:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, recovery: Recovery) -> None:
+        self._paused = set(recovery.paused_queues)
         live = self._live
         for job in recovery.jobs:
             live.add(job)
@@ -151,7 +170,7 @@ class LocalClaims:
             live.totals["requeued_at_recovery"] += len(requeue)
         for job in live.jobs.values():
             if job.state is State.SCHEDULED:
-                self.scheduler.add(job.id, job.ready_at, job.priority)
+                self._schedule(job)
         self.scheduler.start()
 
     async def stop(self) -> None:
@@ -166,7 +185,41 @@ class LocalClaims:
     def submitted(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self._live.add(job)
-            self.scheduler.add(job.id, job.ready_at, job.priority)
+            self._schedule(job)
+
+    def _schedule(self, job: Job) -> None:
+        self.scheduler.add(job.id, job.ready_at, job.priority, job.queue)
+
+    def _open(self, queue: str) -> bool:
+        """The scheduler's gate: may a job of ``queue`` start now?"""
+        if queue in self._paused:
+            return False
+        cap = self._caps.get(queue)
+        return cap is None or self._running[queue] < cap
+
+    def _taken(self, queue: str) -> None:
+        self._running[queue] += 1  # until the attempt ends, or the claim turns out void
+
+    async def pause(self, queue: str, paused: bool) -> None:
+        await self._store.set_queue_paused(queue, paused)
+        if paused:
+            self._paused.add(queue)
+        else:
+            self._paused.discard(queue)
+            self.scheduler.poke()
+
+    def queues(self) -> dict[str, QueueInfo]:
+        live = (q for q, n in self._live.queues.items() if n > 0)
+        names = {*self._caps, *self._paused, *(q for q, n in self._running.items() if n > 0), *live}
+        return {
+            q: QueueInfo(
+                depth=self.scheduler.depth(q),
+                running=self._running[q],
+                limit=self._caps.get(q),
+                paused=q in self._paused,
+            )
+            for q in sorted(names)
+        }
 
     async def cancel(self, job_id: str) -> Job:
         job = self._live.get(job_id)
@@ -186,7 +239,7 @@ class LocalClaims:
             await self._store.commit([t])
         except BaseException:
             if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
-                self.scheduler.add(job.id, job.ready_at, job.priority)
+                self._schedule(job)
             raise
         finally:
             self._cancelling.discard(job_id)
@@ -199,7 +252,7 @@ class LocalClaims:
         await self._store.commit(revivals)
         revived = [self._live.applied(job, t) for job, t in zip(jobs, revivals, strict=True)]
         for job in revived:
-            self.scheduler.add(job.id, job.ready_at, job.priority)
+            self._schedule(job)
         self._live.totals["operator_retried"] += len(revived)
         return revived
 
@@ -210,9 +263,11 @@ class LocalClaims:
 
     async def next(self) -> Claim:
         while True:
-            claim = self._claim(await self.scheduler.take())
+            job_id, queue = await self.scheduler.take()
+            claim = self._claim(job_id)
             if claim is not None:
                 return claim
+            self._release(queue)  # handed out, but it will not run: give the slot back
 
     def _claim(self, job_id: str) -> Claim | None:
         job = self._live.get(job_id)
@@ -240,10 +295,21 @@ class LocalClaims:
         return ClaimResult.CLAIMED
 
     def completed(self, claim: Claim, result: JSON) -> None:
+        self._over(claim)
         self._record(claim, claim.job.complete(result, self._clock.time()))
 
     def failed(self, claim: Claim, error: str) -> None:
+        self._over(claim)
         self._record(claim, self._after_failure(claim.job, error, self._clock.time()))
+
+    def _over(self, claim: Claim) -> None:
+        """The attempt ended: its queue has room for one more."""
+        self._release(claim.job.queue)
+
+    def _release(self, queue: str) -> None:
+        self._running[queue] -= 1
+        if queue in self._caps:
+            self.scheduler.poke()
 
     def hung(self, claim: Claim, reason: str) -> None:
         self._live.totals["requeued_hung"] += 1
@@ -286,4 +352,4 @@ class LocalClaims:
         self._live.applied(job, t)
         if t.state is State.SCHEDULED:
             totals["retried"] += 1
-            self.scheduler.add(job.id, t.ready_at, job.priority)
+            self._schedule(job.apply(t))

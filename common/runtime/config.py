@@ -31,3 +31,4 @@ class RuntimeConfig:
     max_queued: int = 1_000_000  # live jobs; a submission past it is refused (429)
     max_abandoned: int = 100  # cut-off handlers still running; past it, /readyz is 503
     handler_threads: int | None = None  # the sync handlers' pool; None: one per worker
+    queue_caps: dict[str, int] = field(default_factory=dict)  # queue -> jobs running at once

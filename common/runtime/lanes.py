@@ -56,6 +56,11 @@ class Lanes:
             del self.ready[priority]
         return job_id
 
+    def peek(self, now: float) -> int | None:
+        """The priority of the job ``pop`` would hand out at ``now``, or None."""
+        self._promote(now)
+        return -self._levels[0] if self._levels else None
+
     def _make_due(self, job_id: str, priority: int) -> None:
         lane = self.ready.get(priority)
         if lane is None:

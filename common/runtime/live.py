@@ -19,6 +19,7 @@ class LiveJobs:
         self.counts: Counter[str] = Counter()  # live jobs by state
         self.totals: Counter[str] = Counter()  # events since this process started
         self.on_finished: Callable[[Job], None] | None = None  # told of every job that ends
+        self.queues: Counter[str] = Counter()  # live jobs by queue
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -39,6 +40,7 @@ class LiveJobs:
     def _publish(self, new: Job, old: Job | None = None) -> None:
         if old is not None and old.state not in TERMINAL:  # a retried dead job was not counted
             self.counts[old.state.value] -= 1
+            self.queues[old.queue] -= 1
         if new.state in TERMINAL:
             self.jobs.pop(new.id, None)
             self.totals[new.state.value] += 1
@@ -47,3 +49,4 @@ class LiveJobs:
         else:
             self.jobs[new.id] = new
             self.counts[new.state.value] += 1
+            self.queues[new.queue] += 1

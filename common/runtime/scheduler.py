@@ -1,4 +1,4 @@
-"""The scheduler: the lanes, one dispatcher task, and the workers waiting for a job.
+"""The scheduler: lanes per queue, one dispatcher task, and the workers waiting for a job.
 
 A worker that wants a job waits in ``take``. The dispatcher hands the next due
 job (``Lanes.pop``: highest priority, then FIFO) to the worker that has waited
@@ -7,6 +7,12 @@ worker, so a job that arrives with a higher priority is the very next one to
 start. When nothing is due it sleeps on one timer armed for the earliest
 ``ready_at``; ``add`` wakes it early for a due job or a delayed one earlier than
 the armed time, and ``take`` wakes it when a worker arrives. No polling loop.
+
+Each named queue has its own lanes. A queue may be closed for now (paused, or
+running as many jobs as its cap allows): ``gate`` says which, and ``poke``
+tells the dispatcher when that may have changed. Of the open queues, the one
+whose next job has the highest priority goes first; ties take turns, so one
+queue cannot starve another of equal priority.
 """
 
 from __future__ import annotations
@@ -14,16 +20,26 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
+from collections.abc import Callable
 
 from common.clock import Clock
 from common.runtime.lanes import Lanes
 
+Gate = Callable[[str], bool]  # may a job of this queue start now?
+Taken = Callable[[str], None]  # a job of this queue was handed to a worker
+
 
 class Scheduler:
-    def __init__(self, clock: Clock) -> None:
+    def __init__(
+        self, clock: Clock, gate: Gate = lambda _: True, taken: Taken = lambda _: None
+    ) -> None:
         self._clock = clock
-        self._lanes = Lanes()
-        self._waiting: deque[asyncio.Future[str]] = deque()  # workers, longest-waiting first
+        self._gate = gate
+        self._taken = taken  # called before the next gate check, so a cap counts it at once
+        self._queues: dict[str, Lanes] = {}
+        self._turn = 0  # rotates ties between queues
+        # workers, longest-waiting first; each gets (job id, its queue)
+        self._waiting: deque[asyncio.Future[tuple[str, str]]] = deque()
         self._wake = asyncio.Event()
         self._armed = math.inf  # the ready_at the dispatcher's timer is set for
         self._timer: asyncio.TimerHandle | None = None
@@ -45,23 +61,65 @@ class Scheduler:
                 pass
             self._task = None
 
-    def add(self, job_id: str, ready_at: float, priority: int = 0) -> None:
-        delayed = self._lanes.push(job_id, ready_at, priority, self._clock.time())
+    def add(self, job_id: str, ready_at: float, priority: int = 0, queue: str = "default") -> None:
+        lanes = self._queues.get(queue)
+        if lanes is None:
+            lanes = self._queues[queue] = Lanes()
+        delayed = lanes.push(job_id, ready_at, priority, self._clock.time())
         # With every worker busy there is nobody to hand it to: a worker's take wakes us.
         if self._waiting and (not delayed or ready_at < self._armed):
             self._wake.set()
 
-    async def take(self) -> str:
-        """The next due job id; waits until there is one."""
-        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    async def take(self) -> tuple[str, str]:
+        """The next due job's id and queue; waits until there is one."""
+        waiter: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         self._wake.set()
         return await waiter
 
-    def sizes(self) -> dict[str, int]:
-        return {**self._lanes.sizes(), "workers_waiting": len(self._waiting)}
+    def poke(self) -> None:
+        """A queue may have opened (capacity freed, resumed): look again."""
+        if self._waiting:
+            self._wake.set()
 
-    def _next_worker(self) -> asyncio.Future[str] | None:
+    def sizes(self) -> dict[str, int]:
+        due = sum(lanes.sizes()["immediate"] for lanes in self._queues.values())
+        delayed = sum(lanes.sizes()["delayed"] for lanes in self._queues.values())
+        return {"immediate": due, "delayed": delayed, "workers_waiting": len(self._waiting)}
+
+    def depth(self, queue: str) -> int:
+        lanes = self._queues.get(queue)
+        return len(lanes) if lanes is not None else 0
+
+    def _pop(self, now: float) -> tuple[str, str] | None:
+        """The next job of the open queue whose next job has the highest priority."""
+        if len(self._queues) == 1:  # the common case: no choosing
+            [(name, lanes)] = self._queues.items()
+            job_id = lanes.pop(now) if self._gate(name) else None
+            if job_id is None:
+                return None
+            self._taken(name)
+            return job_id, name
+        best: tuple[int, str, Lanes] | None = None
+        names = list(self._queues)
+        self._turn = (self._turn + 1) % max(1, len(names))
+        for name in names[self._turn :] + names[: self._turn]:
+            lanes = self._queues[name]
+            top = lanes.peek(now)
+            if top is not None and (best is None or top > best[0]) and self._gate(name):
+                best = (top, name, lanes)
+        if best is None:
+            return None
+        job_id = best[2].pop(now)
+        assert job_id is not None  # peek saw it
+        self._taken(best[1])
+        return job_id, best[1]
+
+    def _next_wakeup(self) -> float | None:
+        times = [t for lanes in self._queues.values() if (t := lanes.next_wakeup()) is not None]
+        return min(times) if times else None
+
+    def _next_worker(self) -> asyncio.Future[tuple[str, str]] | None:
         while self._waiting and self._waiting[0].done():  # cancelled while it waited
             self._waiting.popleft()
         return self._waiting[0] if self._waiting else None
@@ -71,13 +129,13 @@ class Scheduler:
         while True:
             worker = self._next_worker()
             if worker is not None:
-                job_id = self._lanes.pop(self._clock.time())
-                if job_id is not None:
+                taken = self._pop(self._clock.time())
+                if taken is not None:
                     self._waiting.popleft()
-                    worker.set_result(job_id)
+                    worker.set_result(taken)
                     self.dispatched += 1
                     continue
-            wake_at = self._lanes.next_wakeup() if worker is not None else None
+            wake_at = self._next_wakeup() if worker is not None else None
             self._wake.clear()
             if self._timer is not None:
                 self._timer.cancel()

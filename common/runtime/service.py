@@ -36,7 +36,7 @@ from common.errors import (
     ValidationError,
 )
 from common.models import RETRYABLE, TERMINAL, Job, State
-from common.runtime.claims import LocalClaims
+from common.runtime.claims import LocalClaims, QueueInfo
 from common.runtime.config import RuntimeConfig, RuntimeState
 from common.runtime.cpu import CpuPool
 from common.runtime.executor import Executor, build_registry
@@ -272,6 +272,15 @@ class Service:
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         return await self.store.list_jobs(query)
+
+    def queues(self) -> dict[str, QueueInfo]:
+        return self.claims.queues()
+
+    async def pause(self, queue: str, paused: bool) -> QueueInfo:
+        """Pause or resume a queue, durably: running jobs finish, no new ones start."""
+        self._check_accepting()
+        await self.claims.pause(queue, paused)
+        return self.claims.queues()[queue]
 
     async def retry(self, job_id: str) -> Job:
         """Put one dead or cancelled job back, due now, with a fresh attempt budget."""

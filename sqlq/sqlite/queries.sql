@@ -72,3 +72,10 @@ INSERT INTO legal_transitions (from_state, to_state) VALUES (?, ?);
 -- name: set_meta
 INSERT INTO meta (key, value) VALUES (?, ?)
     ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
+-- name: set_queue_paused
+INSERT INTO queues (name, paused) VALUES (?, ?)
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused;
+
+-- name: paused_queues
+SELECT name FROM queues WHERE paused = 1 ORDER BY name;

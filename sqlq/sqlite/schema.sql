@@ -37,3 +37,9 @@ CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 ) WITHOUT ROWID;
+
+-- Queues an operator paused (durable: a restart keeps them paused).
+CREATE TABLE IF NOT EXISTS queues (
+    name   TEXT PRIMARY KEY,
+    paused INTEGER NOT NULL
+) WITHOUT ROWID;

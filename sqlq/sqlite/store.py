@@ -98,11 +98,13 @@ class SQLiteStore(DurableStore):
             raise StoreError(f"{self.path}: cannot open: {exc.strerror or exc}") from exc
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open: {exc}") from exc
+        paused = await self._on_db(lambda db: [r[0] for r in db.execute(Q["paused_queues"])])
         return Recovery(
             jobs=jobs,
             running=[j.id for j in jobs if j.state is State.RUNNING],
             records=len(jobs),
             seconds=time.perf_counter() - t0,
+            paused_queues=paused,
         )
 
     def _open_db(self) -> list[Job]:
@@ -187,6 +189,17 @@ class SQLiteStore(DurableStore):
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
         return row_job(rows[0]) if rows else None
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> None:
+        self._live()
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute(Q["set_queue_paused"], (queue, int(paused)))  # autocommit: one statement
+
+        try:
+            await self._on_db(write)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         self._live()
