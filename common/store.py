@@ -11,7 +11,7 @@ Reads (``get``) only ever see committed changes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -156,6 +156,11 @@ class JobStore(Protocol):
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         """Record that ``queue`` is paused (or not); durable on return, reported by the next
         ``open`` in ``Recovery.paused_queues``. Idempotent."""
+        ...
+
+    def observe_batches(self, observer: Callable[[int, float], None]) -> None:
+        """Call ``observer(commit calls, seconds)`` for every batch written (metrics).
+        An engine that writes no batches (memory) never calls it."""
         ...
 
     async def compact(self) -> CompactionReport:

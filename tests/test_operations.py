@@ -279,3 +279,66 @@ def test_queue_flag_is_checked() -> None:
         r = CliRunner().invoke(main, ["serve", "--store", "memory", "--queue", bad])
         assert r.exit_code == 2, bad
         assert "--queue" in r.output
+
+
+async def test_metrics_count_events_by_kind_and_queue(api: Client) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rt, c = await api()
+    for i in range(3):
+        await c.post("/jobs", json={"kind": "record", "args": {"name": f"r{i}"}, "queue": "mail"})
+    dead = (await c.post("/jobs", json={"kind": "boom", "max_attempts": 2})).json()
+    await c.post("/jobs", json={"kind": "record", "args": {"name": "later"}, "delay_ms": 60_000})
+    await final(rt, dead["id"])
+    await wait_for(lambda: rt.live.totals["completed"] == 3, 5, "the three to complete")
+    r = await c.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+    def get(name: str, **labels: str) -> float:
+        return samples[name, tuple(sorted(labels.items()))]
+
+    assert get("sqlq_jobs_total", event="submitted", kind="record", queue="mail") == 3
+    assert get("sqlq_jobs_total", event="completed", kind="record", queue="mail") == 3
+    assert get("sqlq_jobs_total", event="retried", kind="boom", queue="default") == 1
+    assert get("sqlq_jobs_total", event="dead", kind="boom", queue="default") == 1
+    assert get("sqlq_jobs_live", state="scheduled", queue="default") == 1
+    assert get("sqlq_run_seconds_count") == 5  # 3 records + 2 attempts of boom
+    assert get("sqlq_queue_wait_seconds_count") == 5
+    assert get("sqlq_workers", status="live") == 4
+    assert ("sqlq_recovery_seconds", ()) in samples
+
+
+async def test_metrics_follow_the_token(services: ServiceFactory) -> None:
+    from common.http.guard import Security
+
+    rt = services()
+    await rt.start()
+    app = create_app(rt, start_runtime=False, security=Security(token="t0k"))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+        assert (await c.get("/metrics")).status_code == 401
+        ok = await c.get("/metrics", headers={"authorization": "Bearer t0k"})
+        assert ok.status_code == 200
+        assert "sqlq_workers" in ok.text
+
+
+async def test_durable_engines_report_their_batches(
+    durable_factory: Any, services: ServiceFactory
+) -> None:
+    from common.clock import SYSTEM_CLOCK
+
+    rt = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
+    await rt.start()
+    jobs = await rt.submit([JobSpec(kind="record", args={"name": f"x{i}"}) for i in range(20)])
+    for job in jobs:
+        await final(rt, job.id)
+    text = rt.metrics.exposition().decode()
+    count = next(ln for ln in text.splitlines() if ln.startswith("sqlq_store_commit_seconds_count"))
+    assert float(count.split()[-1]) >= 2  # the submission, and claims and outcomes after it
+    assert "sqlq_store_batch_size_bucket" in text

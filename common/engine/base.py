@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from common.clock import SYSTEM_CLOCK, Clock
 from common.engine.datadir import DirLock, prepare_dir
-from common.engine.groupcommit import GroupCommitter, Pending
+from common.engine.groupcommit import BatchObserver, GroupCommitter, Pending
 from common.errors import StoreClosedError, StoreError
 from common.store import DEFAULT_RETENTION_S, Change, Recovery, StoreStats, SyncLevel
 
@@ -62,6 +62,7 @@ class DurableStore:
         self._lock = DirLock(self.dir, self.lock_name)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-io")
         self._committer: GroupCommitter | None = None
+        self._observer: BatchObserver | None = None
         self._opened = False
         self.syncs = 0
 
@@ -103,8 +104,14 @@ class DurableStore:
         self._committer = GroupCommitter(
             self._flush, encode=self._encode, name=self.name, group=self._group, idle=self._idle
         )
+        self._committer.observer = self._observer
         self._committer.start()
         return recovery
+
+    def observe_batches(self, observer: BatchObserver) -> None:
+        self._observer = observer
+        if self._committer is not None:
+            self._committer.observer = observer
 
     def _live(self) -> GroupCommitter:
         """The committer of an open store; ``StoreClosedError`` otherwise."""

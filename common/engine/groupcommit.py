@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ class Pending:
 
 
 Flush = Callable[[list[Pending]], Awaitable[list[BaseException | None]]]
+BatchObserver = Callable[[int, float], None]  # (commit calls in the batch, seconds to durable)
 Encode = Callable[[Sequence[Change]], Any]
 Hook = Callable[[], Awaitable[None]]
 
@@ -90,6 +92,7 @@ class GroupCommitter:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.failure: BaseException | None = None
+        self.observer: BatchObserver | None = None  # told of every batch written (metrics)
         self.batches = 0
         self.items = 0
         self.max_seen = 0
@@ -155,6 +158,7 @@ class GroupCommitter:
         if self.failure is not None:
             self._reject(batch)
             return
+        t0 = time.perf_counter()
         try:
             outcomes = await self._flush(batch)
         except (OSError, StoreFailedError) as exc:
@@ -171,6 +175,8 @@ class GroupCommitter:
                     err.__cause__ = exc
                     pending.future.set_exception(err)
             return
+        if self.observer is not None:
+            self.observer(len(batch), time.perf_counter() - t0)
         self.batches += 1
         self.items += len(batch)
         self.max_seen = max(self.max_seen, len(batch))

@@ -8,7 +8,7 @@ drift from a durable engine's.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -86,6 +86,9 @@ class MemoryStore:
         if not self._open:
             raise StoreClosedError("memory store is not open")
         return self._index.by_key(key)
+
+    def observe_batches(self, observer: Callable[[int, float], None]) -> None:
+        pass  # nothing is written, so there are no batches to report
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         if not self._open:

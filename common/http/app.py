@@ -42,6 +42,7 @@ from common.http import params
 from common.http.guard import Guard, Security
 from common.models import Job
 from common.runtime.claims import QueueInfo
+from common.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from common.runtime.service import Service
 from common.specs import BadJSON, BatchSpec, JobSpec, RetrySpec, decode
 
@@ -266,6 +267,9 @@ def create_app(
     async def stats(_: Request) -> Response:
         return JSONResponse(runtime.stats())
 
+    async def metrics(_: Request) -> Response:
+        return Response(runtime.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         if start_runtime:
@@ -290,6 +294,7 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/stats", stats, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
         exception_handlers=ERRORS,
         lifespan=lifespan,

@@ -48,10 +48,14 @@ from common.errors import (
 from common.models import JSON, Job, State, Transition
 from common.runtime.config import RuntimeConfig
 from common.runtime.live import LiveJobs
+from common.runtime.metrics import Metrics
 from common.runtime.scheduler import Scheduler
 from common.store import JobStore, Recovery
 
 log = logging.getLogger(__name__)
+
+
+OUTCOME_EVENT = {State.COMPLETED: "completed", State.SCHEDULED: "retried", State.DEAD: "dead"}
 
 
 class ClaimResult(StrEnum):
@@ -136,7 +140,9 @@ class LocalClaims:
         *,
         clock: Clock,
         rng: random.Random,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = metrics or Metrics()
         self._store = store
         self._live = live
         self._config = config
@@ -168,6 +174,8 @@ class LocalClaims:
             for t in requeue:
                 live.applied(live.jobs[t.job_id], t)
             live.totals["requeued_at_recovery"] += len(requeue)
+            for t in requeue:
+                self._metrics.event("requeued", live.jobs[t.job_id])
         for job in live.jobs.values():
             if job.state is State.SCHEDULED:
                 self._schedule(job)
@@ -278,6 +286,7 @@ class LocalClaims:
             return None
         t = job.start(self._clock.time())
         self._claiming.add(job_id)
+        self._metrics.queue_wait.observe(max(0.0, t.updated_at - job.ready_at))  # due -> started
         claimed = asyncio.ensure_future(self._commit_claim(job, t))
         return Claim(job.apply(t), job, claimed)
 
@@ -304,6 +313,9 @@ class LocalClaims:
 
     def _over(self, claim: Claim) -> None:
         """The attempt ended: its queue has room for one more."""
+        started = claim.job.started_at
+        if started is not None:
+            self._metrics.run.observe(max(0.0, self._clock.time() - started))
         self._release(claim.job.queue)
 
     def _release(self, queue: str) -> None:
@@ -313,6 +325,7 @@ class LocalClaims:
 
     def hung(self, claim: Claim, reason: str) -> None:
         self._live.totals["requeued_hung"] += 1
+        self._metrics.event("requeued", claim.job)
         self.failed(claim, reason)
 
     # -- outcomes, in the background ----------------------------------------------------------
@@ -331,6 +344,8 @@ class LocalClaims:
         if result is not ClaimResult.CLAIMED:
             # Refused: this run never counted (fenced). Failed: the store is down.
             totals["fenced" if result is ClaimResult.REFUSED else "claim_failed"] += 1
+            if result is ClaimResult.REFUSED:
+                self._metrics.event("fenced", claim.job)
             return
         job = claim.job
         try:
@@ -345,11 +360,13 @@ class LocalClaims:
                 await self._store.commit([t])
         except TransitionError:
             totals["fenced"] += 1  # a stale worker: the job was requeued meanwhile
+            self._metrics.event("fenced", job)
             return
         except StoreError as exc:
             log.error("could not record the outcome of job %s: %s", job.id, exc)
             return
         self._live.applied(job, t)
+        self._metrics.event(OUTCOME_EVENT[t.state], job)
         if t.state is State.SCHEDULED:
             totals["retried"] += 1
             self._schedule(job.apply(t))

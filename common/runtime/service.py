@@ -21,8 +21,11 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+from prometheus_client.core import Metric
 
 from common.clock import SYSTEM_CLOCK, Clock
 from common.errors import (
@@ -42,6 +45,7 @@ from common.runtime.cpu import CpuPool
 from common.runtime.executor import Executor, build_registry
 from common.runtime.kinds import REGISTRY, Registry
 from common.runtime.live import LiveJobs
+from common.runtime.metrics import Metrics, gauge
 from common.runtime.workers import WorkerPool
 from common.specs import MAX_DELAY_MS, JobSpec, RetrySpec
 from common.store import MAX_PAGE, JobQuery, JobStore, Recovery
@@ -85,7 +89,12 @@ class Service:
             kinds or REGISTRY, fault_injection=config.fault_injection, cpu=self.cpu
         )
         self.live = LiveJobs()
-        self.claims = LocalClaims(store, self.live, config, clock=clock, rng=rng)
+        self.metrics = Metrics()
+        self.claims = LocalClaims(
+            store, self.live, config, clock=clock, rng=rng, metrics=self.metrics
+        )
+        store.observe_batches(self.metrics.batch_written)
+        self.metrics.gauges(self._gauges)
         self.executor = Executor(all_kinds, config, rng=rng, clock=clock)
         self.pool = WorkerPool(
             self.claims,
@@ -240,6 +249,8 @@ class Service:
             self._admitting -= len(jobs)
         self.claims.submitted(jobs)
         self.live.totals["submitted"] += len(jobs)
+        for job in jobs:
+            self.metrics.event("submitted", job)
         return jobs
 
     async def get(self, job_id: str) -> Job | None:
@@ -376,6 +387,28 @@ class Service:
             "recovery": self.recovery.summary() if self.recovery else None,
             "process_cpu_s": round(time.process_time(), 3),
         }
+
+    def _gauges(self) -> Iterator[Metric]:
+        """What /metrics reads at scrape time: live jobs, workers, recovery."""
+        live: Counter[tuple[str, str]] = Counter()
+        for job in self.live.jobs.values():
+            live[job.state.value, job.queue] += 1
+        yield gauge(
+            "sqlq_jobs_live", "Scheduled and running jobs.", ["state", "queue"],
+            {k: float(n) for k, n in live.items()},
+        )  # fmt: skip
+        pool = self.pool
+        yield gauge(
+            "sqlq_workers", "Workers: busy, live, hung (declared), replaced, abandoned.",
+            ["status"],
+            {("busy",): pool.busy(), ("live",): len(pool.live), ("hung",): pool.declared_hung,
+             ("replaced",): pool.replaced, ("abandoned",): self.abandoned()},
+        )  # fmt: skip
+        rec = self.recovery
+        yield gauge("sqlq_recovery_seconds", "How long this start's recovery took.", [],
+                    {(): rec.seconds if rec else 0.0})  # fmt: skip
+        yield gauge("sqlq_recovery_records", "Records (walq lines, SQLite rows) recovery read.",
+                    [], {(): float(rec.records) if rec else 0.0})  # fmt: skip
 
     async def _maintain(self) -> None:
         """Prune finished jobs past retention and compact, every ``compact_every_s``."""
