@@ -40,6 +40,7 @@ from common.errors import (
 )
 from common.http import params
 from common.http.guard import Guard, Security
+from common.http.openapi import document
 from common.models import Job
 from common.runtime.claims import QueueInfo
 from common.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20  # one job
 MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
-MAX_ID_LENGTH = 64  # job ids are 32 hex digits; a longer one cannot exist
+MAX_ID_LENGTH = 64
+VERSION = "0.2.0"  # job ids are 32 hex digits; a longer one cannot exist
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\":,;()]+/)*([^\s'\":,;()/]+)")
 _request_ids = itertools.count(1)
@@ -200,6 +202,8 @@ def create_app(
     caller already did, as ``sqlq serve`` does so recovery finishes before the
     port opens). ``security`` defaults to a loopback server without a token."""
 
+    api_document = document(VERSION)
+
     async def submit(request: Request) -> Response:
         key = params.idempotency_key(request.headers.get("idempotency-key"))
         spec = decode(await read_body(request, MAX_BODY), JobSpec)
@@ -267,6 +271,9 @@ def create_app(
     async def stats(_: Request) -> Response:
         return JSONResponse(runtime.stats())
 
+    async def openapi(_: Request) -> Response:
+        return JSONResponse(api_document)
+
     async def metrics(_: Request) -> Response:
         return Response(runtime.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
@@ -295,6 +302,7 @@ def create_app(
             Route("/readyz", readyz, methods=["GET"]),
             Route("/stats", stats, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
         ],
         exception_handlers=ERRORS,
         lifespan=lifespan,

@@ -118,6 +118,8 @@ class Claims(Protocol):
 
     def queues(self) -> dict[str, QueueInfo]: ...
 
+    def queue(self, name: str) -> QueueInfo: ...
+
     def stats(self) -> dict[str, Any]: ...
 
 
@@ -219,15 +221,16 @@ class LocalClaims:
     def queues(self) -> dict[str, QueueInfo]:
         live = (q for q, n in self._live.queues.items() if n > 0)
         names = {*self._caps, *self._paused, *(q for q, n in self._running.items() if n > 0), *live}
-        return {
-            q: QueueInfo(
-                depth=self.scheduler.depth(q),
-                running=self._running[q],
-                limit=self._caps.get(q),
-                paused=q in self._paused,
-            )
-            for q in sorted(names)
-        }
+        return {q: self.queue(q) for q in sorted(names)}
+
+    def queue(self, name: str) -> QueueInfo:
+        """One queue's state; a queue nobody has used is empty, uncapped and running."""
+        return QueueInfo(
+            depth=self.scheduler.depth(name),
+            running=self._running[name],
+            limit=self._caps.get(name),
+            paused=name in self._paused,
+        )
 
     async def cancel(self, job_id: str) -> Job:
         job = self._live.get(job_id)

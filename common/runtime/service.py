@@ -291,7 +291,7 @@ class Service:
         """Pause or resume a queue, durably: running jobs finish, no new ones start."""
         self._check_accepting()
         await self.claims.pause(queue, paused)
-        return self.claims.queues()[queue]
+        return self.claims.queue(queue)
 
     async def retry(self, job_id: str) -> Job:
         """Put one dead or cancelled job back, due now, with a fresh attempt budget."""
