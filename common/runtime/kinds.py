@@ -299,9 +299,23 @@ def task(
 
         kind = Kind(name or fn.__name__, _any_json, run, timeout, hb_timeout)
         (registry or REGISTRY).register(kind)
+        fn.submit = _submitter(kind.name)  # type: ignore[attr-defined]
         return fn
 
     return decorate
+
+
+def _submitter(name: str) -> Callable[..., Any]:
+    """``resize.submit(client, args, **options)``: enqueue by the task's own name.
+
+    Works with ``sqlq.Client`` (returns the job) and ``sqlq.AsyncClient`` (returns
+    an awaitable), or anything with their ``submit(kind, args, **options)``.
+    """
+
+    def submit(client: Any, args: JSON = None, **options: Any) -> Any:
+        return client.submit(name, args, **options)
+
+    return submit
 
 
 def _any_json(args: JSON) -> JSON:

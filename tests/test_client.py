@@ -1,0 +1,165 @@
+"""``sqlq.Client`` and ``sqlq.AsyncClient``: typed calls, domain errors, and a retried
+submit that never makes a second job."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from common.http.app import create_app
+from common.http.guard import Security
+from sqlq import (
+    AsyncClient,
+    Client,
+    Conflict,
+    Invalid,
+    NotFound,
+    RateLimited,
+    State,
+    Unauthorized,
+    Unavailable,
+    task,
+)
+from sqlq.client import ApiError
+from tests.helpers import ServiceFactory, spawn_server
+
+Make = Callable[..., Any]
+
+
+@pytest.fixture
+async def aclient(services: ServiceFactory) -> AsyncIterator[Make]:
+    clients: list[AsyncClient] = []
+
+    async def make(
+        transport: Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None,
+        security: Security | None = None,
+        token: str | None = None,
+        **config: Any,
+    ) -> AsyncClient:
+        rt = services(**config)
+        await rt.start()
+        inner: httpx.AsyncBaseTransport = httpx.ASGITransport(
+            app=create_app(rt, start_runtime=False, security=security)
+        )
+        c = AsyncClient(
+            "http://localhost", transport=transport(inner) if transport else inner, token=token,
+            backoff_s=0.0,
+        )  # fmt: skip
+        clients.append(c)
+        return c
+
+    yield make
+    for c in clients:
+        await c.aclose()
+
+
+async def test_submit_wait_list_and_the_job_comes_back_typed(aclient: Make) -> None:
+    c = await aclient()
+    job = await c.submit("sleep", {"work_ms": 1}, queue="mail", priority=3)
+    assert (job.state, job.queue, job.priority) == (State.SCHEDULED, "mail", 3)
+    done = await c.wait(job.id, within=10)
+    assert (done.state, done.result) == (State.COMPLETED, {"slept_ms": 1})
+    ids = await c.submit_many([{"kind": "sleep", "delay_ms": 60_000}] * 3)
+    page = await c.list(state="scheduled", limit=2)
+    assert [j.id for j in page.jobs] == sorted(ids)[:2]
+    assert [j.id async for j in c.jobs(state="scheduled")] == sorted(ids)
+    assert (await c.cancel(ids[0])).state is State.CANCELLED
+    assert (await c.retry(ids[0])).state is State.SCHEDULED
+    assert (await c.stats())["submitted"] == 4
+
+
+async def test_errors_are_domain_exceptions(aclient: Make) -> None:
+    c = await aclient(max_queued=2)
+    with pytest.raises(Invalid) as invalid:
+        await c.submit("sleep", {"work_ms": -1})
+    assert invalid.value.field == "args.work_ms"
+    with pytest.raises(NotFound):
+        await c.get("ffff")
+    job = await c.submit("sleep", delay_ms=60_000)
+    with pytest.raises(Conflict):
+        await c.retry(job.id)  # it is not dead
+    await c.submit("sleep", delay_ms=60_000)
+    with pytest.raises(RateLimited) as limited:
+        await c.submit("sleep")
+    assert limited.value.retry_after == 1.0
+    locked = await aclient(security=Security(token="s3cret"))
+    with pytest.raises(Unauthorized):
+        await locked.stats()
+    ok = await aclient(security=Security(token="s3cret"), token="s3cret")
+    assert (await ok.stats())["submitted"] == 0
+
+
+class LoseFirstReply(httpx.AsyncBaseTransport):
+    """The request reaches the server, and the reply is lost on the way back, once."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.sent: list[str | None] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        self.sent.append(request.headers.get("idempotency-key"))
+        if len(self.sent) == 1:
+            raise httpx.ReadError("connection reset", request=request)
+        return response
+
+
+async def test_a_submit_whose_reply_was_lost_is_retried_without_a_duplicate(
+    aclient: Make,
+) -> None:
+    lossy: list[LoseFirstReply] = []
+
+    def wrap(inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+        lossy.append(LoseFirstReply(inner))
+        return lossy[0]
+
+    c = await aclient(transport=wrap)
+    job = await c.submit("sleep", delay_ms=60_000)
+    sent = lossy[0].sent
+    assert len(sent) == 2
+    assert sent[0] == sent[1] is not None
+    page = await c.list()
+    assert [j.id for j in page.jobs] == [job.id]  # and one job
+
+
+async def test_an_unreachable_server_is_unavailable() -> None:
+    async with AsyncClient("http://127.0.0.1:9", retries=2, backoff_s=0.0) as c:
+        with pytest.raises(Unavailable) as err:
+            await c.submit("sleep")
+    assert err.value.code == "unreachable"
+    assert isinstance(err.value, ApiError)
+
+
+def test_the_sync_client_and_task_submit_against_a_real_server(tmp_path: Any) -> None:
+    (tmp_path / "clienttasks.py").write_text(
+        "from sqlq import task\n\n@task()\ndef shout(args):\n    return args['s'].upper()\n"
+    )
+    server = spawn_server(
+        "--store", "sqlite", "--data", str(tmp_path / "data"), "--import", "clienttasks",
+        env={"PYTHONPATH": f"{tmp_path}"},
+    )  # fmt: skip
+    try:
+        server.wait_ready()
+
+        @task(name="shout", registry=_scratch())
+        def shout(args: Any) -> Any:  # the same task, as the submitting side sees it
+            raise AssertionError("runs on the server, not here")
+
+        with Client(server.url) as c:
+            job = shout.submit(c, {"s": "hi"})  # type: ignore[attr-defined]
+            assert c.wait(job.id, within=20).result == "HI"
+            pending = c.submit("shout", {"s": "later"}, delay_ms=60_000)
+            same = c.wait(pending.id, within=0.2)  # returns as it stands when time is up
+            assert same.state is State.SCHEDULED
+            assert [q.name for q in c.queues()] == ["default"]
+    finally:
+        server.stop()
+
+
+def _scratch() -> Any:
+    from common.runtime.kinds import Registry
+
+    return Registry()
