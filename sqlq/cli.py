@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from common.errors import SqlqError
+from sqlq import ops
 from sqlq.settings import ServeSettings, options
 
 PLUGIN_GROUP = "sqlq.commands"
@@ -54,6 +55,10 @@ def main() -> None:
     Start a server with `sqlq serve`, submit jobs with POST /jobs, and watch
     GET /stats. See `sqlq COMMAND --help` for each command.
     """
+
+
+main.add_command(ops.jobs)
+main.add_command(ops.submit)
 
 
 @main.command()

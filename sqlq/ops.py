@@ -1,0 +1,163 @@
+"""Operator commands: ``sqlq jobs ...`` and ``sqlq submit``, over ``sqlq.Client``.
+
+They talk to a running server at ``--url`` (``SQLQ_URL``) with ``--token``
+(``SQLQ_TOKEN``), print a table for people and JSON with ``--json`` for
+scripts, and turn the server's errors into one-line messages (exit 1), never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+import msgspec
+
+from common.models import Job
+from sqlq.client import DEFAULT_URL, ApiError, Client
+
+F = TypeVar("F", bound=Callable[..., Any])
+COLUMNS = ("id", "kind", "queue", "state", "attempts", "updated", "last_error")
+
+
+def connection(fn: F) -> F:
+    """--url, --token and --json, and a Client built from them as the first argument."""
+
+    @click.option("--url", envvar="SQLQ_URL", default=DEFAULT_URL, show_default=True)
+    @click.option("--token", envvar="SQLQ_TOKEN", default=None, help="Or SQLQ_TOKEN.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+    @wraps(fn)
+    def run(url: str, token: str | None, as_json: bool, **kwargs: Any) -> Any:
+        try:
+            with Client(url, token=token, retries=1) as client:
+                return fn(client, as_json, **kwargs)
+        except ApiError as exc:
+            where = f" ({exc.field})" if exc.field else ""
+            raise click.ClickException(f"{exc.message}{where}") from exc
+
+    return run  # type: ignore[return-value]
+
+
+def _row(job: Job) -> list[str]:
+    when = datetime.fromtimestamp(job.updated_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    error = (job.last_error or "").replace("\n", " ")
+    return [job.id, job.kind, job.queue, job.state.value, str(job.attempts), when, error[:50]]
+
+
+def _table(rows: Iterable[list[str]]) -> str:
+    rows = [list(COLUMNS), *rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def _show(jobs: list[Job], as_json: bool) -> None:
+    if as_json:
+        click.echo(msgspec.json.encode([msgspec.to_builtins(j) for j in jobs]).decode())
+    elif jobs:
+        click.echo(_table(_row(j) for j in jobs))
+    else:
+        click.echo("no jobs")
+
+
+def _detail(job: Job, as_json: bool) -> None:
+    if as_json:
+        click.echo(msgspec.json.encode(job).decode())
+        return
+    for name, value in msgspec.structs.asdict(job).items():
+        click.echo(f"{name:>16}  {json.dumps(value) if not isinstance(value, str) else value}")
+
+
+@click.group()
+def jobs() -> None:
+    """List, inspect, retry and cancel jobs on a running server."""
+
+
+@jobs.command("list")
+@connection
+@click.option(
+    "--state", type=click.Choice(["scheduled", "running", "completed", "dead", "cancelled"])
+)
+@click.option("--kind")
+@click.option("--queue")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+def list_jobs(
+    client: Client,
+    as_json: bool,
+    state: str | None,
+    kind: str | None,
+    queue: str | None,
+    limit: int,
+) -> None:
+    """Jobs in id order (oldest first), filtered; e.g. --state dead."""
+    found: list[Job] = []
+    for job in client.jobs(state=state, kind=kind, queue=queue):
+        found.append(job)
+        if len(found) >= limit:
+            break
+    _show(found, as_json)
+
+
+@jobs.command("get")
+@connection
+@click.argument("job_id")
+def get_job(client: Client, as_json: bool, job_id: str) -> None:
+    """One job: its state, args, result, last error and every timestamp."""
+    _detail(client.get(job_id), as_json)
+
+
+@jobs.command("retry")
+@connection
+@click.argument("job_id", required=False)
+@click.option("--all-dead", is_flag=True, help="Retry every dead job (with --kind/--queue).")
+@click.option("--kind")
+@click.option("--queue")
+def retry_jobs(
+    client: Client,
+    as_json: bool,
+    job_id: str | None,
+    all_dead: bool,
+    kind: str | None,
+    queue: str | None,
+) -> None:
+    """Put a dead or cancelled job back with a fresh attempt budget (or --all-dead)."""
+    if (job_id is None) == (not all_dead):
+        raise click.UsageError("give a JOB_ID or --all-dead, not both and not neither")
+    if job_id is not None:
+        _detail(client.retry(job_id), as_json)
+        return
+    n = client.retry_all(state="dead", kind=kind, queue=queue)
+    click.echo(json.dumps({"retried": n}) if as_json else f"retried {n} dead jobs")
+
+
+@jobs.command("cancel")
+@connection
+@click.argument("job_id")
+def cancel_job(client: Client, as_json: bool, job_id: str) -> None:
+    """Cancel a job that has not started."""
+    _detail(client.cancel(job_id), as_json)
+
+
+@click.command()
+@connection
+@click.argument("kind")
+@click.option("--args", "args_json", default="{}", help="The job's args as a JSON object.")
+@click.option("--delay-ms", type=click.IntRange(0), default=None)
+@click.option("--priority", type=int, default=None)
+@click.option("--queue", default=None)
+@click.option("--max-attempts", type=click.IntRange(1), default=None)
+@click.option("--key", "idempotency_key", default=None, help="An idempotency key.")
+def submit(client: Client, as_json: bool, kind: str, args_json: str, **options: Any) -> None:
+    """Submit one job of KIND and print it."""
+    try:
+        args = json.loads(args_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--args") from exc
+    if not isinstance(args, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--args")
+    _detail(client.submit(kind, args, **options), as_json)

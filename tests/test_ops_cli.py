@@ -1,0 +1,105 @@
+"""``sqlq jobs ...`` and ``sqlq submit`` against a real server: tables, --json, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bench.client.server import ServerProcess
+from sqlq.cli import main
+from tests.helpers import spawn_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    mods = tmp_path_factory.mktemp("mods")
+    (mods / "opstasks.py").write_text(
+        "from sqlq import task\n\n@task()\ndef fails(args):\n    raise ValueError('nope')\n"
+    )
+    srv = spawn_server(
+        "--store", "memory", "--import", "opstasks", "--max-attempts", "1",
+        env={"PYTHONPATH": str(mods)},
+    )  # fmt: skip
+    srv.wait_ready()
+    yield srv
+    srv.stop()
+
+
+def run(server: ServerProcess, *args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(main, list(args), env={"SQLQ_URL": server.url})
+    return r.exit_code, r.output
+
+
+def dead_job(server: ServerProcess) -> str:
+    code, out = run(server, "submit", "fails", "--json")
+    assert code == 0, out
+    job_id: str = json.loads(out)["id"]
+    deadline = time.monotonic() + 20
+    while json.loads(run(server, "jobs", "get", job_id, "--json")[1])["state"] != "dead":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return job_id
+
+
+def test_list_the_dead_and_retry_them(server: ServerProcess) -> None:
+    job_id = dead_job(server)
+    code, out = run(server, "jobs", "list", "--state", "dead")
+    assert code == 0, out
+    header, row = out.splitlines()[:2]
+    assert header.split()[:4] == ["id", "kind", "queue", "state"]
+    assert row.split()[:4] == [job_id, "fails", "default", "dead"]
+    assert "ValueError: nope" in row
+    code, out = run(server, "jobs", "retry", job_id, "--json")
+    assert (code, json.loads(out)["state"]) == (0, "scheduled")
+    another = dead_job(server)
+    deadline = time.monotonic() + 20
+    while len(json.loads(run(server, "jobs", "list", "--state", "dead", "--json")[1])) < 2:
+        assert time.monotonic() < deadline  # the retried one dies again
+        time.sleep(0.02)
+    code, out = run(server, "jobs", "retry", "--all-dead", "--json")
+    assert (code, json.loads(out)) == (0, {"retried": 2})
+    assert another
+
+
+def test_submit_get_and_cancel(server: ServerProcess) -> None:
+    code, out = run(server, "submit", "sleep", "--args", '{"work_ms": 1}', "--delay-ms", "60000")
+    assert code == 0, out
+    job_id = next(ln.split()[-1] for ln in out.splitlines() if ln.strip().startswith("id"))
+    code, out = run(server, "jobs", "get", job_id)
+    assert code == 0
+    assert "scheduled" in out
+    code, out = run(server, "jobs", "cancel", job_id, "--json")
+    assert (code, json.loads(out)["state"]) == (0, "cancelled")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (("submit", "sleep", "--args", "{nope"), 2, "--args"),
+        (("submit", "sleep", "--args", "[1]"), 2, "--args"),
+        (("submit", "sleep", "--args", '{"work_ms": -1}'), 1, "args.work_ms"),
+        (("submit", "no_such_kind"), 1, "unknown kind"),
+        (("jobs", "get", "ffff"), 1, "no job with id"),
+        (("jobs", "retry"), 2, "--all-dead"),
+        (("jobs", "list", "--state", "bogus"), 2, "--state"),
+    ],
+)
+def test_mistakes_are_one_line_messages(
+    server: ServerProcess, args: tuple[str, ...], code: int, says: str
+) -> None:
+    got, out = run(server, *args)
+    assert got == code, out
+    assert says in out
+    assert "Traceback" not in out
+
+
+def test_an_unreachable_server_is_a_message(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["jobs", "list", "--url", "http://127.0.0.1:9"])
+    assert r.exit_code == 1
+    assert "127.0.0.1:9" in r.output
+    assert "Traceback" not in r.output
