@@ -84,4 +84,4 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
         version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert version == ("2",)
-    assert {"jobs_key", "jobs_state_id"} <= indexes
+    assert {"jobs_key", "jobs_retryable"} <= indexes
