@@ -121,6 +121,30 @@ def serve(**flags: Any) -> None:
 
 @main.command()
 @click.option(
+    "--dsn",
+    envvar="SQLQ_DSN",
+    required=True,
+    help="postgresql://USER:PASSWORD@HOST:PORT/DATABASE (or SQLQ_DSN).",
+)
+def migrate(dsn: str) -> None:
+    """Bring a PostgreSQL database's sqlq schema up to this version (safe to repeat)."""
+    import asyncio
+
+    from sqlq.postgres.migrate import migrate as apply
+    from sqlq.postgres.migrate import where
+
+    try:
+        before, after = asyncio.run(apply(dsn))
+    except SqlqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if before == after:
+        click.echo(f"{where(dsn)}: schema already at version {after}")
+    else:
+        click.echo(f"{where(dsn)}: schema migrated from version {before} to {after}")
+
+
+@main.command()
+@click.option(
     "--data",
     "data_dir",
     type=click.Path(file_okay=False, exists=True),

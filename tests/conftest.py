@@ -7,7 +7,8 @@ the fake the runtime tests use cannot drift from the real engines.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from common.runtime.kinds import Registry
 from common.runtime.service import Service
 from common.store import JobStore
 from sqlq.engines import DURABLE, NAMES, make_store
-from tests.helpers import NOW, ServiceFactory, StoreFactory
+from tests.helpers import NOW, ServiceFactory, StoreFactory, unavailable
+from tests.pg import Cluster, make_cluster
 
 
 @pytest.fixture
@@ -95,3 +97,30 @@ async def services() -> AsyncIterator[ServiceFactory]:
     yield make
     for rt in made:
         await rt.stop(0)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """One real PostgreSQL 15 for the session; each test gets its own database."""
+    try:
+        cluster = make_cluster()
+    except (FileNotFoundError, RuntimeError) as exc:
+        unavailable(f"PostgreSQL: {exc}")
+        raise
+    yield cluster
+    cluster.stop()
+    cluster.remove()
+
+
+@pytest.fixture
+async def pg_dsn(pg_cluster: Cluster) -> str:
+    """A fresh, empty database in the session's cluster."""
+    import asyncpg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(pg_cluster.dsn())
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return pg_cluster.dsn(name)

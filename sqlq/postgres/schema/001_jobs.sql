@@ -1,0 +1,49 @@
+-- sqlq PostgreSQL schema, version 1: the shared queue many nodes claim from.
+-- args and result hold JSON as text, not jsonb: jsonb refuses \u0000 in strings and
+-- rewrites numbers, and a job must come back exactly as it was submitted.
+CREATE TABLE jobs (
+    id              text PRIMARY KEY,
+    kind            text NOT NULL,
+    args            text NOT NULL,
+    state           text NOT NULL,          -- scheduled | running | completed | dead | cancelled
+    attempts        integer NOT NULL,
+    max_attempts    integer NOT NULL,
+    ready_at        double precision NOT NULL,  -- unix seconds
+    priority        integer NOT NULL,
+    epoch           integer NOT NULL,       -- bumped at every requeue; fences stale nodes
+    created_at      double precision NOT NULL,
+    updated_at      double precision NOT NULL,
+    last_error      text,
+    result          text,
+    started_at      double precision,
+    queue           text NOT NULL DEFAULT 'default',
+    idempotency_key text,
+    request_hash    text,
+    attempts_total  integer NOT NULL DEFAULT 0,
+    lease_until     double precision,       -- a running job's claim expires then unless renewed
+    node            text                    -- the node that holds the claim
+);
+
+-- The claim: due jobs of a queue, highest priority first, then oldest.
+CREATE INDEX jobs_due ON jobs (queue, priority DESC, ready_at, id) WHERE state = 'scheduled';
+-- Expired leases: the jobs of a dead or cut-off node.
+CREATE INDEX jobs_leases ON jobs (lease_until) WHERE state = 'running';
+-- One retained job per idempotency key.
+CREATE UNIQUE INDEX jobs_key ON jobs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+-- Listing by state in id order, and pruning past retention.
+CREATE INDEX jobs_state_id ON jobs (state, id);
+CREATE INDEX jobs_terminal_age ON jobs (updated_at)
+    WHERE state IN ('completed', 'dead', 'cancelled');
+
+-- Queues an operator paused; every node honours them.
+CREATE TABLE queues (
+    name   text PRIMARY KEY,
+    paused boolean NOT NULL
+);
+
+-- The nodes that share the queue, and when each last renewed its leases.
+CREATE TABLE nodes (
+    name       text PRIMARY KEY,
+    started_at double precision NOT NULL,
+    seen_at    double precision NOT NULL
+);

@@ -1,0 +1,80 @@
+"""A throwaway PostgreSQL 15 cluster for the tests, from the machine's own binaries.
+
+``initdb`` refuses to run as root, so as root the cluster is made and run by the
+``postgres`` user (Debian's package creates it); otherwise by the current user.
+It listens on 127.0.0.1 on a free port with trust authentication for its one
+superuser, ``sqlq``, and ``fsync`` on: the crash tests need a real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.client.server import free_port
+
+
+def bindir() -> Path | None:
+    """Where PostgreSQL 15's initdb and pg_ctl are, if they are anywhere."""
+    candidates = [Path("/usr/lib/postgresql/15/bin")]
+    if pg_config := shutil.which("pg_config"):
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
+        candidates.insert(0, Path(out.stdout.strip()))
+    return next((d for d in candidates if (d / "initdb").exists()), None)
+
+
+@dataclass
+class Cluster:
+    bin: Path
+    base: Path
+    port: int
+    as_postgres: bool
+
+    @property
+    def data(self) -> Path:
+        return self.base / "data"
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://sqlq@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *cmd: str) -> None:
+        argv = [*(["runuser", "-u", "postgres", "--"] if self.as_postgres else []), *cmd]
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip() or r.stdout.strip()}")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=on"
+        self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options,
+            "-l", str(self.base / "server.log"), "-w", "-t", "60", "start",
+        )  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast`` is a clean stop; ``immediate`` is PostgreSQL's own kill -9."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def make_cluster() -> Cluster:
+    pg = bindir()
+    if pg is None:
+        raise FileNotFoundError("PostgreSQL 15 (initdb, pg_ctl) is not installed")
+    as_postgres = os.geteuid() == 0
+    base = Path(tempfile.mkdtemp(prefix="sqlq-pg-"))
+    base.chmod(0o755)
+    if as_postgres:
+        shutil.chown(base, "postgres", "postgres")
+    cluster = Cluster(pg, base, free_port(), as_postgres)
+    cluster._run(
+        str(pg / "initdb"), "-D", str(cluster.data), "-U", "sqlq", "-A", "trust",
+        "--no-sync", "-E", "UTF8",
+    )  # fmt: skip
+    cluster.start()
+    return cluster
