@@ -5,9 +5,9 @@ clients submit jobs and append every acknowledged id to a client-side ledger
 (fsynced); SIGKILL at a random moment (for walq, some trials run with a tiny
 compaction floor so the kill often lands inside a compaction); restart on the
 same data; wait for the queue to drain; stop. Then the data is verified
-**without the engine's code**: walq's log by the minimal parser below (framing,
-CRC-32, sequence numbers, fold), SQLite's file with the stdlib ``sqlite3``
-module and plain SQL.
+**without the engine's code** (``bench.offline``): walq's log by a minimal
+parser (framing, CRC-32, sequence numbers, fold), SQLite's file with the stdlib
+``sqlite3`` module and plain SQL.
 
 A trial fails if an acknowledged id is missing or not finished, if the store
 holds more unacknowledged jobs than could have been in flight at the kill
@@ -24,8 +24,7 @@ import signal
 import sqlite3
 import tempfile
 import time
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,103 +34,7 @@ import uvloop
 from bench.client.http import HTTPError, HttpPool
 from bench.client.loadgen import wait_drained
 from bench.client.server import ServerProcess
-
-# The transition table, restated here on purpose: the verifier must not trust
-# the code it is checking.
-LEGAL = {
-    "scheduled": {"running", "cancelled"},
-    "running": {"completed", "scheduled", "dead"},
-    "completed": set(),
-    "dead": {"scheduled"},  # an operator's retry
-    "cancelled": {"scheduled"},
-}
-TERMINAL = {"completed", "dead", "cancelled"}
-
-
-@dataclass
-class JobFacts:
-    state: str
-    epoch: int
-    attempts: int
-    history: list[tuple[str, int]] = field(default_factory=list)  # (state, epoch) as folded
-
-
-class VerifyError(Exception):
-    pass
-
-
-def read_walq(path: Path) -> dict[str, JobFacts]:
-    """Fold a walq log with nothing but json and zlib. Raises on any inconsistency."""
-    data = path.read_bytes()
-    jobs: dict[str, JobFacts] = {}
-    expect_seq: int | None = None
-    pos = 0
-    lines = data.split(b"\n")
-    complete = lines[:-1]  # a final piece without newline is a torn tail: ignored
-    for n, line in enumerate(complete):
-        prefix, middle = b'{"crc":"', b'","rec":'
-        if not (line.startswith(prefix) and line[16:24] == middle and line.endswith(b"}")):
-            raise VerifyError(f"{path}: line {n} at byte {pos}: bad framing")
-        body = line[24:-1]
-        if line[8:16] != b"%08x" % zlib.crc32(body):
-            if n == len(complete) - 1:
-                break  # a torn last line that happens to end in a newline
-            raise VerifyError(f"{path}: line {n} at byte {pos}: checksum mismatch mid-log")
-        rec = json.loads(body)
-        pos += len(line) + 1
-        if n == 0:
-            if rec.get("magic") != "walq":
-                raise VerifyError(f"{path}: no walq header")
-            expect_seq = rec["start_seq"]
-            continue
-        if "snap" in rec:
-            j = rec["snap"]
-            jobs[j["id"]] = JobFacts(
-                j["state"], j["epoch"], j["attempts"], [(j["state"], j["epoch"])]
-            )
-            continue
-        if rec["seq"] != expect_seq:
-            raise VerifyError(f"{path}: sequence {rec['seq']} where {expect_seq} was expected")
-        assert expect_seq is not None
-        expect_seq += 1
-        for op in rec["ops"]:
-            if "put" in op:
-                j = op["put"]
-                if j["id"] in jobs:
-                    raise VerifyError(f"job {j['id']} submitted twice")
-                jobs[j["id"]] = JobFacts(
-                    j["state"], j["epoch"], j["attempts"], [(j["state"], j["epoch"])]
-                )
-            else:
-                t = op["set"]
-                cur = jobs.get(t["id"])
-                if cur is None:
-                    raise VerifyError(f"change to unknown job {t['id']}")
-                if t["expect_epoch"] != cur.epoch:
-                    raise VerifyError(
-                        f"job {t['id']}: change fenced at epoch {t['expect_epoch']} "
-                        f"applied at {cur.epoch}"
-                    )
-                if t["state"] not in LEGAL[cur.state]:
-                    raise VerifyError(f"job {t['id']}: illegal {cur.state} -> {t['state']}")
-                if t["epoch"] < cur.epoch:
-                    raise VerifyError(f"job {t['id']}: epoch went back")
-                cur.state, cur.epoch, cur.attempts = t["state"], t["epoch"], t["attempts"]
-                cur.history.append((cur.state, cur.epoch))
-    return jobs
-
-
-def read_sqlite(path: Path) -> dict[str, JobFacts]:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        rows = db.execute("SELECT id, state, epoch, attempts FROM jobs").fetchall()
-    jobs = {}
-    for job_id, state, epoch, attempts in rows:
-        if state not in LEGAL:
-            raise VerifyError(f"job {job_id}: unknown state {state!r}")
-        if epoch > attempts:  # every requeue follows an attempt
-            raise VerifyError(f"job {job_id}: epoch {epoch} exceeds attempts {attempts}")
-        jobs[job_id] = JobFacts(state, epoch, attempts)
-    return jobs
+from bench.offline import TERMINAL, VerifyError, read_sqlite, read_walq
 
 
 @dataclass(frozen=True)

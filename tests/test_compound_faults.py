@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.crashcheck import JobFacts, read_sqlite, read_walq
+from bench.offline import JobFacts, read_sqlite, read_walq
 from tests.helpers import ROOT, spawn_server
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.crashcheck import Trial, VerifyError, read_walq, run_trials, verify
+from bench.crashcheck import Trial, run_trials, verify
+from bench.offline import VerifyError, read_walq
 
 pytestmark = pytest.mark.slow
 
