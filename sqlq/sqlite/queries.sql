@@ -1,11 +1,16 @@
+-- name: job_columns
+-- A job's columns, in the order of sqlq.sqlite.batch.job_values and row_job.
+-- Written once: every statement below that names them says {job_columns}.
+id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, created_at,
+updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
+attempts_total
+
 -- name: insert_jobs
 -- Many rows in one statement: {rows} becomes one "(?, ...)" group per row (see
 -- sqlq.sql.batch_sql). One statement is one SQLite step, and the connection's
 -- thread must retake the GIL after every step; with the event loop busy each
 -- retake waits, so a batch costs one wait instead of one per row (executemany).
-INSERT INTO jobs (id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-                  created_at, updated_at, last_error, result, started_at, queue,
-                  idempotency_key, request_hash, attempts_total)
+INSERT INTO jobs ({job_columns})
 VALUES {rows};
 
 -- name: apply_transitions
@@ -25,35 +30,27 @@ UPDATE jobs
                 WHERE from_state = jobs.state AND to_state = t.column3);
 
 -- name: get_job
-SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-       created_at, updated_at, last_error, result, started_at, queue, idempotency_key,
-       request_hash, attempts_total
+SELECT {job_columns}
   FROM jobs WHERE id = ?;
 
 -- name: live_jobs
-SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-       created_at, updated_at, last_error, result, started_at, queue, idempotency_key,
-       request_hash, attempts_total
+SELECT {job_columns}
   FROM jobs WHERE state IN ('scheduled', 'running');
 
 -- name: find_key
-SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-       created_at, updated_at, last_error, result, started_at, queue, idempotency_key,
-       request_hash, attempts_total
+SELECT {job_columns}
   FROM jobs WHERE idempotency_key = ?;
 
 -- name: list_jobs
 -- Keyset paging in id order: (after, state, state, kind, kind, queue, queue, limit).
-SELECT id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch,
-       created_at, updated_at, last_error, result, started_at, queue, idempotency_key,
-       request_hash, attempts_total
+SELECT {job_columns}
   FROM jobs
  WHERE id > ? AND (? IS NULL OR state = ?) AND (? IS NULL OR kind = ?)
    AND (? IS NULL OR queue = ?)
  ORDER BY id
  LIMIT ?;
 
--- name: job_columns
+-- name: table_columns
 SELECT name FROM pragma_table_info('jobs');
 
 -- name: prune_terminal

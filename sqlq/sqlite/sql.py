@@ -1,4 +1,8 @@
-"""Load named SQL from the package's ``.sql`` files (``-- name: <name>`` blocks)."""
+"""Load named SQL from the package's ``.sql`` files (``-- name: <name>`` blocks).
+
+A block may be used inside the others as ``{name}`` (the jobs column list is
+written once this way); ``{rows}`` is left for ``batch_sql``.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +20,18 @@ def load_queries(filename: str) -> dict[str, str]:
             if name is not None:
                 queries[name] = "\n".join(body).strip()
             name = line.removeprefix("-- name:").strip()
+            if name in queries:  # a second block would silently replace the first
+                raise ValueError(f"{filename}: two blocks are named {name!r}")
             body = []
         elif name is not None and not line.startswith("--"):
             body.append(line)
     if name is not None:
         queries[name] = "\n".join(body).strip()
+    for part, text in list(queries.items()):
+        marker = "{" + part + "}"
+        for other, sql in queries.items():
+            if marker in sql:
+                queries[other] = sql.replace(marker, text)
     return queries
 
 

@@ -123,7 +123,7 @@ class SQLiteStore(DurableStore):
         for key, value in self.pragmas.items():
             db.execute(f"PRAGMA {key} = {value}")
         db.executescript(SCHEMA)
-        if "queue" not in {r[0] for r in db.execute(Q["job_columns"])}:
+        if "queue" not in {r[0] for r in db.execute(Q["table_columns"])}:
             db.executescript(MIGRATE_V2)  # a version-1 database: add the new columns
         db.executescript(INDEXES)
         db.execute("BEGIN IMMEDIATE")
