@@ -16,9 +16,10 @@
         ├── StoreClosedError         used before open or after close
         ├── StoreFailedError         an I/O error made the engine refuse further writes
         ├── StoreLockedError         another process holds the data directory
+        ├── StoreUnavailableError    a shared store's database is out of reach; it reconnects
         └── CorruptLogError          damage before the tail of a log; names file and offset
 
-Engines translate ``OSError``, ``sqlite3.Error`` and JSON errors into these at
+Engines translate ``OSError``, ``sqlite3.Error``, asyncpg's errors and JSON errors into these at
 their boundary (``raise ... from exc``) so the runtime and HTTP layer only ever
 see domain errors.
 """
@@ -133,6 +134,16 @@ class StoreFailedError(StoreError):
 
 class StoreLockedError(StoreError):
     pass
+
+
+class StoreUnavailableError(StoreError):
+    """A shared store's database could not be reached for this call.
+
+    Unlike ``StoreFailedError`` the engine is not failed: a database server
+    restarts, and the engine reconnects on its next call. Nothing of this call
+    was acknowledged, though it may have been applied (the commit's answer was
+    lost), which is why clients retry submissions with an idempotency key.
+    """
 
 
 class CorruptLogError(StoreError):

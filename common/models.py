@@ -54,8 +54,11 @@ def clean_error(text: str) -> str:
 
     A handler's exception message may hold anything: lone surrogates from a
     filename decoded with ``surrogateescape`` cannot be encoded as UTF-8, and
-    would fail the encode of the whole record. They become ``\\udcff`` escapes.
+    would fail the encode of the whole record. They become ``\\udcff`` escapes, and a
+    NUL (which PostgreSQL's text cannot hold) becomes ``\\x00``.
     """
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError:

@@ -108,8 +108,9 @@ class StoreStats(msgspec.Struct, kw_only=True):
 class JobStore(Protocol):
     """A durable (or, for ``memory``, deliberately not durable) home for jobs."""
 
-    name: str  # "memory", "walq", "sqlite"
+    name: str  # "memory", "walq", "sqlite", "postgres"
     durable: bool  # False only for the memory baseline
+    shared: bool  # True: other processes use the same jobs (PostgreSQL); see SharedStore
     sync: SyncLevel  # what "durable" means when commit returns
 
     async def open(self) -> Recovery:
@@ -177,4 +178,78 @@ class JobStore(Protocol):
 
     def stats(self) -> StoreStats:
         """Counters for ``/stats``: batches, syncs, bytes; cheap, no I/O."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fence:
+    """What a change out of ``running`` must also find in a shared store, beyond the epoch.
+
+    A node's outcome names the node and the time: it applies only while that
+    node still holds an unexpired lease. A rescuer's requeue names the time: it
+    applies only if the lease is still expired (a late renewal wins).
+    """
+
+    holder: str | None = None  # the row's node must be this one
+    lease_from: float | None = None  # the lease must run until at least this time
+    lease_before: float | None = None  # the lease must have run out before this time
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCount:
+    queue: str
+    state: State
+    jobs: int
+
+
+class SharedStore(JobStore, Protocol):
+    """A store many nodes use at once: claims and leases live in it, not in a process.
+
+    ``open`` recovers nothing into memory (``Recovery.jobs`` is empty): the
+    queue is the database's. The claim, lease and rescue calls below are what
+    ``SharedClaims`` builds the shared mode from.
+    """
+
+    node: str  # this process's name among the nodes; unique per start
+
+    async def commit_fenced(self, changes: Sequence[Change], fence: Fence) -> None:
+        """``commit``, with every transition also held to ``fence`` (group-committed)."""
+        ...
+
+    async def claim(
+        self, n: int, now: float, lease_until: float, caps: dict[str, int]
+    ) -> list[Job]:
+        """Up to ``n`` due jobs of unpaused queues, marked running for this node with a new
+        epoch, one more attempt and a lease until ``lease_until``; never to two nodes.
+        A queue in ``caps`` never has more running jobs than its cap, counted on every node."""
+        ...
+
+    async def next_due(self, now: float) -> float | None:
+        """When the earliest job that is not yet due becomes due; None if none waits."""
+        ...
+
+    async def renew(self, now: float, lease_until: float) -> int:
+        """Extend every unexpired lease this node holds, and record that it is alive."""
+        ...
+
+    async def expired(self, now: float, limit: int) -> list[Job]:
+        """Running jobs whose lease ran out before ``now``: a dead or cut-off node's."""
+        ...
+
+    async def release(self, now: float) -> int:
+        """End this node's leases now (a clean stop), so other nodes rescue its jobs at once."""
+        ...
+
+    async def census(self) -> list[QueueCount]:
+        """Scheduled and running jobs by queue, on every node."""
+        ...
+
+    async def paused_queues(self) -> list[str]: ...
+
+    async def nodes(self, now: float) -> list[dict[str, Any]]:
+        """The nodes seen lately, and how many jobs each holds."""
+        ...
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever another node submits or requeues work (a hint only)."""
         ...

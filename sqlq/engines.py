@@ -15,6 +15,7 @@ from typing import Any
 from common.engine.datadir import prepare_dir
 from common.engine.memory import MemoryStore
 from common.store import JobStore, SyncLevel
+from sqlq.postgres.store import PostgresStore
 from sqlq.sqlite import SQLiteStore
 from walq.store import WalStore
 
@@ -29,6 +30,7 @@ class Engine:
     durable: bool
     subdir: str | None = None  # where under --data its files live; None: it keeps none
     aliases: tuple[str, ...] = ()
+    shared: bool = False  # many nodes share its queue (a database): it needs a dsn, not --data
     options: tuple[str, ...] = ()  # constructor options beyond sync, retention and clock
     # From the serve settings (a plain mapping) to this engine's own options.
     from_settings: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda _: {})
@@ -51,10 +53,20 @@ ENGINES: dict[str, Engine] = {
             },
         ),
         Engine("sqlite", SQLiteStore, durable=True, subdir="sqlite", options=DURABLE_OPTIONS),
+        Engine(
+            "postgres",
+            PostgresStore,
+            durable=True,
+            shared=True,
+            aliases=("pg",),
+            options=("dsn", "group_commit", "pool_size", "node"),
+        ),
     )
 }
-NAMES = tuple(ENGINES)  # memory, walq, sqlite: the order of every table
-DURABLE = tuple(n for n, e in ENGINES.items() if e.durable)
+ALL = tuple(ENGINES)  # every engine: the contract suite runs over these
+NAMES = tuple(n for n, e in ENGINES.items() if not e.shared)  # single-node: memory, walq, sqlite
+DURABLE = tuple(n for n in NAMES if ENGINES[n].durable)  # single-node and durable
+SHARED = tuple(n for n, e in ENGINES.items() if e.shared)
 _BY_NAME = {alias: e for e in ENGINES.values() for alias in (e.name, *e.aliases)}
 CHOICES = tuple(_BY_NAME)  # what --store accepts
 DURABLE_CHOICES = tuple(a for a, e in _BY_NAME.items() if e.durable)
@@ -71,11 +83,16 @@ def engine(name: str) -> Engine:
 def make_store(
     name: str, data_dir: str | os.PathLike[str], *, sync: SyncLevel = "full", **options: Any
 ) -> JobStore:
-    """An engine on ``data_dir``; options it does not take (a durable knob for memory) are
-    dropped, so one call site can serve every engine."""
+    """An engine on ``data_dir`` (a shared engine on ``dsn=`` instead); options it does not
+    take (a durable knob for memory) are dropped, so one call site can serve every engine."""
     e = engine(name)
     allowed = {"retention", "clock", *e.options}
     kwargs = {k: v for k, v in options.items() if k in allowed}
+    if e.shared:
+        dsn = kwargs.pop("dsn", None)
+        if not dsn:
+            raise ValueError(f"the {e.name} store needs a database: give --dsn or SQLQ_DSN")
+        return e.build(dsn, sync=sync, **kwargs)
     if e.subdir is None:
         return e.build(sync=sync, **kwargs)
     prepare_dir(os.fspath(data_dir))  # the top of --data is checked like the engine's own

@@ -20,7 +20,7 @@ from common.runtime.config import RuntimeConfig
 from common.runtime.kinds import Registry
 from common.runtime.service import Service
 from common.store import JobStore
-from sqlq.engines import DURABLE, NAMES, make_store
+from sqlq.engines import ALL, DURABLE, SHARED, make_store
 from tests.helpers import NOW, ServiceFactory, StoreFactory, unavailable
 from tests.pg import Cluster, make_cluster
 
@@ -30,35 +30,63 @@ def clock() -> FakeClock:
     return FakeClock(NOW)
 
 
-@pytest.fixture(params=NAMES)
+@pytest.fixture(params=ALL)
 def engine(request: pytest.FixtureRequest) -> str:
+    """Every engine, PostgreSQL included: the contract suite runs over these."""
     return str(request.param)
 
 
-def _factory(engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
-    """Stores of ``engine`` on ``tmp_path``; a second one reopens the first's files."""
+def _factory(
+    engine: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> StoreFactory:
+    """Stores of ``engine`` on ``tmp_path`` (or one fresh database); a second one reopens
+    the first's files (or database)."""
+    dsn = None
+    if engine in SHARED:
+        cluster: Cluster = request.getfixturevalue("pg_cluster")
+        dsn = cluster.create_database()
 
     def make(**options: Any) -> JobStore:
         options.setdefault("clock", clock)
+        if dsn is not None:
+            options.setdefault("dsn", dsn)
         return make_store(engine, tmp_path, **options)
 
     return make
 
 
 @pytest.fixture
-def factory(engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
-    return _factory(engine, tmp_path, clock)
+def factory(
+    engine: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> StoreFactory:
+    return _factory(engine, tmp_path, clock, request)
 
 
 @pytest.fixture(params=DURABLE)
 def durable_engine(request: pytest.FixtureRequest) -> str:
-    """For what only a durable engine promises (reopen, locks, kill -9): no skips."""
+    """For what only a single-node durable engine promises (recovery into memory, the data
+    directory's lock, kill -9 of the one process): no skips."""
     return str(request.param)
 
 
 @pytest.fixture
-def durable_factory(durable_engine: str, tmp_path: Path, clock: FakeClock) -> StoreFactory:
-    return _factory(durable_engine, tmp_path, clock)
+def durable_factory(
+    durable_engine: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> StoreFactory:
+    return _factory(durable_engine, tmp_path, clock, request)
+
+
+@pytest.fixture(params=(*DURABLE, *SHARED))
+def reopen_engine(request: pytest.FixtureRequest) -> str:
+    """Every engine that keeps what it committed across a close and reopen."""
+    return str(request.param)
+
+
+@pytest.fixture
+def reopen_factory(
+    reopen_engine: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> StoreFactory:
+    return _factory(reopen_engine, tmp_path, clock, request)
 
 
 @pytest.fixture
@@ -124,3 +152,9 @@ async def pg_dsn(pg_cluster: Cluster) -> str:
     finally:
         await conn.close()
     return pg_cluster.dsn(name)
+
+
+@pytest.fixture
+def pg_db(pg_cluster: Cluster) -> str:
+    """A fresh database in the session's cluster, migrated to the latest schema."""
+    return pg_cluster.create_database()

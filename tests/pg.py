@@ -8,10 +8,13 @@ superuser, ``sqlq``, and ``fsync`` on: the crash tests need a real PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import tempfile
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +60,23 @@ class Cluster:
     def stop(self, mode: str = "fast") -> None:
         """``fast`` is a clean stop; ``immediate`` is PostgreSQL's own kill -9."""
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def create_database(self) -> str:
+        """A fresh database at the latest schema (``sqlq migrate``'s own code); its DSN."""
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        psql = [str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "sqlq"]
+        r = subprocess.run(
+            [*psql, "-d", "postgres", "-c", f'CREATE DATABASE "{name}"'],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if r.returncode != 0:
+            raise RuntimeError(f"CREATE DATABASE failed: {r.stderr.strip()}")
+        dsn = self.dsn(name)
+        from sqlq.postgres.migrate import migrate
+
+        with ThreadPoolExecutor(1) as pool:  # a loop of its own, whatever the caller runs
+            pool.submit(asyncio.run, migrate(dsn)).result()
+        return dsn
 
     def remove(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)

@@ -210,7 +210,7 @@ async def test_a_queue_cap_bounds_how_many_of_its_jobs_run_at_once(api: Client) 
 
     def sample() -> bool:
         nonlocal peak
-        peak = max(peak, rt.claims.queues()["mail"].running)
+        peak = max(peak, rt.claims.queues_now()["mail"].running)
         return len(STARTED) == 8
 
     for i in range(6):
@@ -244,7 +244,7 @@ async def test_a_paused_queue_starts_nothing_until_resumed(api: Client) -> None:
     other = (await c.post("/jobs", json={"kind": "record", "args": {"name": "free"}})).json()
     await final(rt, other["id"])  # other queues run on
     assert STARTED == ["free"]
-    assert rt.claims.queues()["mail"].depth == 3
+    assert rt.claims.queues_now()["mail"].depth == 3
     r = await c.post("/queues/mail/resume")
     assert (r.status_code, r.json()["paused"]) == (200, False)
     for job_id in ids:
@@ -262,8 +262,8 @@ async def test_pause_survives_a_restart(durable_factory: Any, services: ServiceF
     await first.stop(0)
     second = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
     await second.start()
-    assert second.queues()["mail"].paused
-    assert second.queues()["mail"].depth == 1
+    assert second.claims.queues_now()["mail"].paused
+    assert second.claims.queues_now()["mail"].depth == 1
     await second.pause("mail", False)
     assert (await final(second, job.id)).state is State.COMPLETED
 

@@ -257,12 +257,11 @@ async def test_restart_requeues_only_unfinished_jobs(
         await second.stop(0)
 
 
-async def test_periodic_compaction_prunes_past_retention(engine: str, tmp_path: Path) -> None:
+async def test_periodic_compaction_prunes_past_retention(factory: StoreFactory) -> None:
     from common.clock import FakeClock
-    from sqlq.engines import make_store
 
     clock = FakeClock(time.time())
-    store = make_store(engine, tmp_path, retention=60.0, clock=clock)
+    store = factory(retention=60.0, clock=clock)
     rt = Service(store, RuntimeConfig(workers=2, compact_every_s=0.05), clock=clock)
     await rt.start()
     try:

@@ -41,6 +41,7 @@ T = TypeVar("T")
 class DurableStore:
     name = "durable"  # each engine names itself
     durable = True
+    shared = False
     lock_name = "engine.lock"
 
     def __init__(

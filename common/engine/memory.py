@@ -33,6 +33,7 @@ __all__ = ["MemoryStore"]
 class MemoryStore:
     name = "memory"
     durable = False
+    shared = False
 
     def __init__(
         self,

@@ -239,7 +239,7 @@ def create_app(
         return JSONResponse(view(job))
 
     async def queues(_: Request) -> Response:
-        infos = runtime.queues()
+        infos = await runtime.queues()
         return JSONResponse({"queues": [{"name": q, **_info(i)} for q, i in infos.items()]})
 
     async def pause_queue(request: Request) -> Response:

@@ -69,7 +69,6 @@ class Claim:
     """A job a worker may run: its running version, and the claim's fate."""
 
     job: Job  # as running (attempts and started_at updated)
-    before: Job  # the scheduled version the claim was made from
     claimed: asyncio.Future[ClaimResult]
 
 
@@ -116,9 +115,17 @@ class Claims(Protocol):
         """Stop (or resume) starting jobs of ``queue``; durable. Running ones finish."""
         ...
 
-    def queues(self) -> dict[str, QueueInfo]: ...
+    async def queues(self) -> dict[str, QueueInfo]: ...
 
-    def queue(self, name: str) -> QueueInfo: ...
+    async def queue(self, name: str) -> QueueInfo: ...
+
+    def backlog(self) -> int:
+        """Live jobs (scheduled or running) in the queue, for ``--max-queued``."""
+        ...
+
+    def census(self) -> dict[tuple[str, str], int]:
+        """Live jobs by (state, queue), for ``/metrics``."""
+        ...
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -218,12 +225,27 @@ class LocalClaims:
             self._paused.discard(queue)
             self.scheduler.poke()
 
-    def queues(self) -> dict[str, QueueInfo]:
+    async def queues(self) -> dict[str, QueueInfo]:
+        return self.queues_now()
+
+    def queues_now(self) -> dict[str, QueueInfo]:
         live = (q for q, n in self._live.queues.items() if n > 0)
         names = {*self._caps, *self._paused, *(q for q, n in self._running.items() if n > 0), *live}
-        return {q: self.queue(q) for q in sorted(names)}
+        return {q: self.queue_now(q) for q in sorted(names)}
 
-    def queue(self, name: str) -> QueueInfo:
+    async def queue(self, name: str) -> QueueInfo:
+        return self.queue_now(name)
+
+    def backlog(self) -> int:
+        return len(self._live)
+
+    def census(self) -> dict[tuple[str, str], int]:
+        live: Counter[tuple[str, str]] = Counter()
+        for job in self._live.jobs.values():
+            live[job.state.value, job.queue] += 1
+        return dict(live)
+
+    def queue_now(self, name: str) -> QueueInfo:
         """One queue's state; a queue nobody has used is empty, uncapped and running."""
         return QueueInfo(
             depth=self.scheduler.depth(name),
@@ -291,7 +313,7 @@ class LocalClaims:
         self._claiming.add(job_id)
         self._metrics.queue_wait.observe(max(0.0, t.updated_at - job.ready_at))  # due -> started
         claimed = asyncio.ensure_future(self._commit_claim(job, t))
-        return Claim(job.apply(t), job, claimed)
+        return Claim(job.apply(t), claimed)
 
     async def _commit_claim(self, job: Job, t: Transition) -> ClaimResult:
         try:

@@ -32,3 +32,8 @@ class RuntimeConfig:
     max_abandoned: int = 100  # cut-off handlers still running; past it, /readyz is 503
     handler_threads: int | None = None  # the sync handlers' pool; None: one per worker
     queue_caps: dict[str, int] = field(default_factory=dict)  # queue -> jobs running at once
+    # Shared mode (a shared store): how long a claim lasts unrenewed, the claimer's
+    # backstop poll, and whether to LISTEN for other nodes' submissions at all.
+    lease_s: float = 5.0
+    poll_s: float = 1.0
+    listen: bool = True

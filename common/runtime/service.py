@@ -21,9 +21,8 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client.core import Metric
 
@@ -39,18 +38,20 @@ from common.errors import (
     ValidationError,
 )
 from common.models import RETRYABLE, TERMINAL, Job, State
-from common.runtime.claims import LocalClaims, QueueInfo
+from common.runtime.claims import Claims, LocalClaims, QueueInfo
 from common.runtime.config import RuntimeConfig, RuntimeState
 from common.runtime.cpu import CpuPool
 from common.runtime.executor import Executor, build_registry
 from common.runtime.kinds import REGISTRY, Registry
 from common.runtime.live import LiveJobs
 from common.runtime.metrics import Metrics, gauge
+from common.runtime.shared import SharedClaims
 from common.runtime.workers import WorkerPool
 from common.specs import MAX_DELAY_MS, JobSpec, RetrySpec
-from common.store import MAX_PAGE, JobQuery, JobStore, Recovery
+from common.store import MAX_PAGE, JobQuery, JobStore, Recovery, SharedStore
 
 MAX_WAIT_S = 60.0
+WAIT_POLL_S = 0.1  # shared mode: how often GET ?wait= looks at the database
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,16 @@ class Service:
         )
         self.live = LiveJobs()
         self.metrics = Metrics()
-        self.claims = LocalClaims(
-            store, self.live, config, clock=clock, rng=rng, metrics=self.metrics
-        )
+        self.claims: Claims
+        if store.shared:  # the queue is the database's: claims are made there
+            self.claims = SharedClaims(
+                cast(SharedStore, store), self.live, config, clock=clock, rng=rng,
+                metrics=self.metrics,
+            )  # fmt: skip
+        else:
+            self.claims = LocalClaims(
+                store, self.live, config, clock=clock, rng=rng, metrics=self.metrics
+            )
         store.observe_batches(self.metrics.batch_written)
         self.metrics.gauges(self._gauges)
         self.executor = Executor(all_kinds, config, rng=rng, clock=clock)
@@ -239,7 +247,7 @@ class Service:
         now = self.clock.time()
         jobs = self._build_all(specs, now, batch)
         limit = self.config.max_queued
-        if len(self.live) + self._admitting + len(jobs) > limit:
+        if self.claims.backlog() + self._admitting + len(jobs) > limit:
             self.live.totals["refused_full"] += len(jobs)
             raise QueueFullError(limit)
         self._admitting += len(jobs)
@@ -262,18 +270,25 @@ class Service:
         job = await self.get(job_id)
         if job is None or job.terminal or timeout_s <= 0:
             return job
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(job_id, []).append(waiter)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), min(timeout_s, MAX_WAIT_S))
-        except TimeoutError:
-            pass
-        finally:
-            waiting = self._waiters.get(job_id)
-            if waiting is not None and waiter in waiting:
-                waiting.remove(waiter)
-                if not waiting:
-                    del self._waiters[job_id]
+        deadline = self.clock.monotonic() + min(timeout_s, MAX_WAIT_S)
+        # Another node may finish it (shared mode): then nobody here is told, so look again.
+        step = WAIT_POLL_S if self.store.shared else MAX_WAIT_S
+        while (left := deadline - self.clock.monotonic()) > 0:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(job_id, []).append(waiter)
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), min(left, step))
+            except TimeoutError:
+                pass
+            finally:
+                waiting = self._waiters.get(job_id)
+                if waiting is not None and waiter in waiting:
+                    waiting.remove(waiter)
+                    if not waiting:
+                        del self._waiters[job_id]
+            job = await self.get(job_id)
+            if job is None or job.terminal:
+                return job
         return await self.get(job_id)
 
     def _finished(self, job: Job) -> None:
@@ -284,14 +299,14 @@ class Service:
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         return await self.store.list_jobs(query)
 
-    def queues(self) -> dict[str, QueueInfo]:
-        return self.claims.queues()
+    async def queues(self) -> dict[str, QueueInfo]:
+        return await self.claims.queues()
 
     async def pause(self, queue: str, paused: bool) -> QueueInfo:
         """Pause or resume a queue, durably: running jobs finish, no new ones start."""
         self._check_accepting()
         await self.claims.pause(queue, paused)
-        return self.claims.queue(queue)
+        return await self.claims.queue(queue)
 
     async def retry(self, job_id: str) -> Job:
         """Put one dead or cancelled job back, due now, with a fresh attempt budget."""
@@ -359,6 +374,9 @@ class Service:
     def stats(self) -> dict[str, Any]:
         counts, totals = self.live.counts, self.live.totals
         jobs = {s.value: counts[s.value] for s in State if s not in TERMINAL}
+        if self.store.shared:  # the queue's, on every node, as of the last count
+            for (state, _queue), n in self.claims.census().items():
+                jobs[state] += n
         jobs.update({s.value: totals[s.value] for s in TERMINAL})
         threads = self.executor.threads
         return {
@@ -390,12 +408,9 @@ class Service:
 
     def _gauges(self) -> Iterator[Metric]:
         """What /metrics reads at scrape time: live jobs, workers, recovery."""
-        live: Counter[tuple[str, str]] = Counter()
-        for job in self.live.jobs.values():
-            live[job.state.value, job.queue] += 1
         yield gauge(
-            "sqlq_jobs_live", "Scheduled and running jobs.", ["state", "queue"],
-            {k: float(n) for k, n in live.items()},
+            "sqlq_jobs_live", "Scheduled and running jobs (in shared mode, on every node).",
+            ["state", "queue"], {k: float(n) for k, n in self.claims.census().items()},
         )  # fmt: skip
         pool = self.pool
         yield gauge(

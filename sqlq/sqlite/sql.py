@@ -10,8 +10,8 @@ from functools import lru_cache
 from importlib import resources
 
 
-def load_queries(filename: str) -> dict[str, str]:
-    text = resources.files("sqlq.sqlite").joinpath(filename).read_text(encoding="utf-8")
+def load_queries(filename: str, package: str = "sqlq.sqlite") -> dict[str, str]:
+    text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
     queries: dict[str, str] = {}
     name: str | None = None
     body: list[str] = []

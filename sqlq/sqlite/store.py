@@ -34,13 +34,13 @@ from common.errors import (
 )
 from common.models import TRANSITIONS, Job, State
 from common.store import Change, CompactionReport, JobQuery, Recovery, SyncLevel
+from sqlq.rows import row_job
 from sqlq.sqlite.batch import (
     STATEMENT_CACHE,
     Q,
     encode_rows,
     plan,
     prune,
-    row_job,
     write_batch,
     write_one_by_one,
 )

@@ -1,0 +1,180 @@
+-- The PostgreSQL engine's statements, by name (loaded by sqlq.sqlite.sql.load_queries).
+-- Times are unix seconds from the nodes' clocks, as in every engine.
+
+-- name: job_columns
+-- A job's columns, in the order of sqlq.sqlite.batch.job_values and row_job.
+id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, created_at,
+updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
+attempts_total
+
+-- name: write_batch
+-- One group-commit batch in one statement, so one round trip: the inserts as
+-- columns ($1..$18), the guarded transitions as columns ($19..$33), then the
+-- number of transitions asked for ($34) and whether to wake the claimers ($35).
+-- A transition applies only if the job is at the expected epoch, the move is
+-- legal (``allowed`` lists the states it may come from, as |a|b|), and the
+-- fence holds: the holding node, and the lease still running (an outcome) or
+-- run out (a rescue). If fewer rows changed than were asked for, sqlq_expect
+-- aborts the statement, rolling back all of it, and the engine redoes the batch
+-- one caller at a time. The INSERT and the UPDATE see the same snapshot, so a
+-- batch that inserts a job and moves it is never sent this way.
+WITH ins AS (
+    INSERT INTO jobs ({job_columns})
+    SELECT * FROM unnest(
+        $1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::float8[],
+        $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
+        $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[])
+    RETURNING 1
+), upd AS (
+    UPDATE jobs j
+       SET state = u.state, epoch = u.epoch, attempts = u.attempts, ready_at = u.ready_at,
+           updated_at = u.updated_at, last_error = u.last_error, result = u.result,
+           started_at = u.started_at,
+           attempts_total = coalesce(u.attempts_total, j.attempts_total),
+           lease_until = CASE WHEN u.state = 'running' THEN j.lease_until END,
+           node = CASE WHEN u.state = 'running' THEN j.node END
+      FROM unnest(
+        $19::text[], $20::int8[], $21::text[], $22::text[], $23::int8[], $24::int8[],
+        $25::float8[], $26::float8[], $27::text[], $28::text[], $29::float8[], $30::int8[],
+        $31::text[], $32::float8[], $33::float8[])
+        AS u(id, expect_epoch, allowed, state, epoch, attempts, ready_at, updated_at,
+             last_error, result, started_at, attempts_total, holder, lease_from, lease_before)
+     WHERE j.id = u.id
+       AND j.epoch = u.expect_epoch
+       AND strpos(u.allowed, '|' || j.state || '|') > 0
+       AND (u.holder IS NULL OR j.node = u.holder)
+       AND (u.lease_from IS NULL OR j.lease_until >= u.lease_from)
+       AND (u.lease_before IS NULL OR j.lease_until < u.lease_before)
+    RETURNING 1
+)
+SELECT sqlq_expect((SELECT count(*) FROM upd), $34),
+       (SELECT count(*) FROM ins),
+       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $35) AS woken);
+
+-- name: why_refused
+-- What a refused transition found, to name the error.
+SELECT state, epoch, node, lease_until FROM jobs WHERE id = $1;
+
+-- name: claim
+-- Due jobs of queues that are neither paused nor capped (capped ones: claim_capped),
+-- highest priority first, then oldest, locked so no other node takes them; each
+-- gets a new epoch, one more attempt, this node and a lease. The order holds
+-- within a queue; the rows come back in no order and the caller sorts them.
+WITH due AS (
+    SELECT id FROM jobs
+     WHERE state = 'scheduled' AND ready_at <= $1
+       AND queue <> ALL ($4::text[] || ARRAY(SELECT name FROM queues WHERE paused))
+     ORDER BY priority DESC, ready_at, id
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j
+   SET state = 'running', epoch = j.epoch + 1, attempts = j.attempts + 1,
+       started_at = $1, updated_at = $1, lease_until = $3, node = $5
+  FROM due
+ WHERE j.id = due.id
+RETURNING j.*;  -- the first columns of the table are the job columns, in order
+
+-- name: claim_capped
+-- The same for one capped queue ($4), taking at most what its cap ($6) leaves
+-- beside the jobs of that queue running on every node. The caller holds the
+-- queue's advisory lock, taken by an earlier statement of the transaction, so
+-- this statement's snapshot already sees every other node's claims.
+WITH due AS (
+    SELECT id FROM jobs
+     WHERE state = 'scheduled' AND queue = $4 AND ready_at <= $1
+       AND NOT EXISTS (SELECT 1 FROM queues WHERE name = $4 AND paused)
+     ORDER BY priority DESC, ready_at, id
+     LIMIT greatest(0, least($2, $6 - (SELECT count(*) FROM jobs
+                                        WHERE state = 'running' AND queue = $4)))
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j
+   SET state = 'running', epoch = j.epoch + 1, attempts = j.attempts + 1,
+       started_at = $1, updated_at = $1, lease_until = $3, node = $5
+  FROM due
+ WHERE j.id = due.id
+RETURNING j.*;  -- the first columns of the table are the job columns, in order
+
+-- name: next_due
+SELECT min(ready_at) FROM jobs WHERE state = 'scheduled' AND ready_at > $1;
+
+-- name: renew
+-- Every unexpired lease of this node, and the node's own row, in one statement.
+WITH seen AS (
+    INSERT INTO nodes (name, started_at, seen_at) VALUES ($1, $2, $2)
+    ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
+    RETURNING 1
+)
+UPDATE jobs SET lease_until = $3
+ WHERE node = $1 AND state = 'running' AND lease_until >= $2
+   AND (SELECT count(*) FROM seen) >= 0;
+
+-- name: expired
+SELECT {job_columns} FROM jobs
+ WHERE state = 'running' AND lease_until < $1
+ ORDER BY lease_until
+ LIMIT $2;
+
+-- name: release
+-- A clean stop: this node's leases end now, so any node rescues its jobs at once.
+WITH gone AS (DELETE FROM nodes WHERE name = $1 RETURNING 1)
+UPDATE jobs SET lease_until = $2
+ WHERE node = $1 AND state = 'running' AND (SELECT count(*) FROM gone) >= 0;
+
+-- name: census
+SELECT queue, state, count(*) FROM jobs
+ WHERE state IN ('scheduled', 'running')
+ GROUP BY queue, state;
+
+-- name: nodes
+SELECT n.name, n.started_at, n.seen_at,
+       (SELECT count(*) FROM jobs WHERE state = 'running' AND node = n.name) AS running
+  FROM nodes n
+ WHERE n.seen_at >= $1
+ ORDER BY n.name;
+
+-- name: get
+SELECT {job_columns} FROM jobs WHERE id = $1;
+
+-- name: find_key
+SELECT {job_columns} FROM jobs WHERE idempotency_key = $1;
+
+-- name: list
+-- One page in id order; a NULL filter matches everything.
+SELECT {job_columns} FROM jobs
+ WHERE ($1::text IS NULL OR state = $1)
+   AND ($2::text IS NULL OR kind = $2)
+   AND ($3::text IS NULL OR queue = $3)
+   AND ($4::text IS NULL OR id > $4)
+ ORDER BY id
+ LIMIT $5;
+
+-- name: set_paused
+WITH up AS (
+    INSERT INTO queues (name, paused) VALUES ($1, $2)
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM up),
+       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE NOT $2) AS woken);
+
+-- name: paused
+SELECT name FROM queues WHERE paused ORDER BY name;
+
+-- name: prune
+-- Finished jobs past retention, and nodes not seen for as long.
+WITH pruned AS (
+    DELETE FROM jobs
+     WHERE state IN ('completed', 'dead', 'cancelled') AND updated_at < $1
+    RETURNING 1
+), forgotten AS (
+    DELETE FROM nodes WHERE seen_at < $1 RETURNING 1
+)
+SELECT (SELECT count(*) FROM pruned), (SELECT count(*) FROM forgotten);
+
+-- name: live
+SELECT count(*) FROM jobs WHERE state IN ('scheduled', 'running');
+
+-- name: size
+SELECT pg_total_relation_size('jobs');
