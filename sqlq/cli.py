@@ -70,7 +70,7 @@ def serve(**flags: Any) -> None:
     from common.http.guard import Security, is_loopback
     from common.runtime.config import RuntimeState
     from common.runtime.service import Service
-    from sqlq.engines import make_store
+    from sqlq.engines import engine, make_store
     from sqlq.serve import ServeOptions, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
 
@@ -94,6 +94,13 @@ def serve(**flags: Any) -> None:
         import_handlers(s.imports)
     except ImportError as exc:
         raise click.BadParameter(str(exc), param_hint="--import") from exc
+    shared = engine(s.store).shared
+    if shared and not s.dsn:
+        raise click.UsageError(
+            f"--store {s.store} needs --dsn (or SQLQ_DSN): the database to share"
+        )
+    if s.dsn and not shared:
+        raise click.UsageError(f"--dsn is for --store postgres; --store {s.store} keeps --data")
     try:
         store = make_store(s.store, s.data_dir, sync=s.sync, **s.store_options())  # type: ignore[arg-type]
     except SqlqError as exc:

@@ -41,6 +41,34 @@ class ServeSettings:
     data_dir: str = opt(
         "./sqlq-data", "--data", type=click.Path(file_okay=False), help="Data directory."
     )
+    dsn: str | None = opt(
+        None,
+        "--dsn",
+        show_default=False,
+        help="--store postgres: the database every node shares, "
+        "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (or SQLQ_DSN).",
+    )
+    lease: float = opt(
+        _RUNTIME.lease_s,
+        "--lease",
+        type=click.FloatRange(0.5, 3600),
+        metavar="S",
+        help="--store postgres: a claim lasts S seconds unless its node renews it (every S/4); "
+        "a killed node's jobs run again about S seconds after it died.",
+    )
+    poll: float = opt(
+        _RUNTIME.poll_s,
+        "--poll",
+        type=click.FloatRange(0.01, 60),
+        metavar="S",
+        help="--store postgres: look for due jobs at least every S seconds "
+        "(NOTIFY wakes the nodes sooner; this is the backstop).",
+    )
+    listen: bool = opt(
+        _RUNTIME.listen,
+        "--listen/--no-listen",
+        help="--store postgres: LISTEN for other nodes' new jobs (--no-listen: poll only).",
+    )
     sync: str = opt(
         "full",
         "--sync",
@@ -245,6 +273,9 @@ class ServeSettings:
             max_abandoned=self.max_abandoned,
             handler_threads=self.handler_threads,
             queue_caps=queue_caps(self.queues),
+            lease_s=self.lease,
+            poll_s=self.poll,
+            listen=self.listen,
         )
 
     def store_options(self) -> dict[str, Any]:
@@ -252,6 +283,7 @@ class ServeSettings:
         from sqlq.engines import engine
 
         return {
+            "dsn": self.dsn,
             "retention": self.retention,
             "group_commit": self.group_commit,
             "sync_delay_s": self.emulate_sync_delay_ms / 1000,

@@ -156,6 +156,9 @@ def test_bad_flags_name_the_flag() -> None:
     assert "--workers" in r.output
     r = runner.invoke(main, ["serve", "--store", "postgres"])
     assert r.exit_code == 2
+    assert "--dsn" in r.output
+    r = runner.invoke(main, ["serve", "--store", "nosuch"])
+    assert r.exit_code == 2
     assert "--store" in r.output
     r = runner.invoke(main, ["serve", "--import", "no_such_module_xyz", "--store", "memory"])
     assert r.exit_code == 2
