@@ -102,7 +102,8 @@ class StoreStats(msgspec.Struct, kw_only=True):
 
     def to_dict(self) -> dict[str, Any]:
         d = msgspec.structs.asdict(self)
-        return {**d, **d.pop("detail")}
+        detail = d.pop("detail")
+        return {**d, **detail}
 
 
 class JobStore(Protocol):
@@ -228,8 +229,9 @@ class SharedStore(JobStore, Protocol):
         """When the earliest job that is not yet due becomes due; None if none waits."""
         ...
 
-    async def renew(self, now: float, lease_until: float) -> int:
-        """Extend every unexpired lease this node holds, and record that it is alive."""
+    async def renew(self, now: float, lease_until: float, held: Sequence[str]) -> int:
+        """Extend the unexpired leases of ``held`` (jobs this node's workers hold), and record
+        that the node is alive."""
         ...
 
     async def expired(self, now: float, limit: int) -> list[Job]:

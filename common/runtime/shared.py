@@ -85,6 +85,7 @@ class SharedClaims:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._running: Counter[str] = Counter()  # attempts on this node, by queue
+        self._held: set[str] = set()  # claimed here, outcome not yet written: leases to renew
         self._census: dict[tuple[str, str], int] = {}  # (state, queue) -> jobs, on every node
         self._paused: set[str] = set()
         self._nodes: list[dict[str, Any]] = []
@@ -102,7 +103,7 @@ class SharedClaims:
     async def start(self, recovery: Recovery) -> None:
         self._paused = set(recovery.paused_queues)
         now = self._clock.time()
-        await self._store.renew(now, now + self.lease_s)  # this node is seen from the start
+        await self._store.renew(now, now + self.lease_s, [])  # this node is seen from the start
         await self._refresh()
         if self._config.listen:
             self._store.listen(self._woken)
@@ -197,6 +198,7 @@ class SharedClaims:
     def _hand(self, job: Job, now: float) -> None:
         """A claimed job to the first waiting worker (or the ready list if none is left)."""
         self._running[job.queue] += 1
+        self._held.add(job.id)
         self._metrics.queue_wait.observe(max(0.0, now - job.ready_at))
         done: asyncio.Future[ClaimResult] = asyncio.get_running_loop().create_future()
         done.set_result(ClaimResult.CLAIMED)
@@ -219,7 +221,7 @@ class SharedClaims:
             await asyncio.sleep(self.lease_s / 4)
             now = self._clock.time()
             try:
-                await self._store.renew(now, now + self.lease_s)
+                await self._store.renew(now, now + self.lease_s, list(self._held))
                 self.renewals += 1
             except StoreError as exc:
                 log.warning("lease renewal failed: %s", exc)
@@ -289,6 +291,12 @@ class SharedClaims:
         task.add_done_callback(self._background.discard)
 
     async def _commit_outcome(self, claim: Claim, t: Transition) -> None:
+        try:
+            await self._outcome(claim, t)
+        finally:
+            self._held.discard(claim.job.id)
+
+    async def _outcome(self, claim: Claim, t: Transition) -> None:
         totals = self._live.totals
         job = claim.job
         fence = Fence(holder=self._store.node, lease_from=self._clock.time())

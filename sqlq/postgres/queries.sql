@@ -100,14 +100,16 @@ RETURNING j.*;  -- the first columns of the table are the job columns, in order
 SELECT min(ready_at) FROM jobs WHERE state = 'scheduled' AND ready_at > $1;
 
 -- name: renew
--- Every unexpired lease of this node, and the node's own row, in one statement.
+-- The unexpired leases of the jobs this node's workers hold ($4), and the node's own
+-- row, in one statement. Only those jobs: a claim whose answer was lost in a
+-- dropped connection is this node's in the table but no worker's, and must run out.
 WITH seen AS (
     INSERT INTO nodes (name, started_at, seen_at) VALUES ($1, $2, $2)
     ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
     RETURNING 1
 )
 UPDATE jobs SET lease_until = $3
- WHERE node = $1 AND state = 'running' AND lease_until >= $2
+ WHERE id = ANY ($4::text[]) AND node = $1 AND state = 'running' AND lease_until >= $2
    AND (SELECT count(*) FROM seen) >= 0;
 
 -- name: expired

@@ -417,8 +417,10 @@ class PostgresStore:
         due: float | None = await self._read(lambda c: c.fetchval(Q["next_due"], now))
         return due
 
-    async def renew(self, now: float, lease_until: float) -> int:
-        status = await self._read(lambda c: c.execute(Q["renew"], self.node, now, lease_until))
+    async def renew(self, now: float, lease_until: float, held: Sequence[str]) -> int:
+        status = await self._read(
+            lambda c: c.execute(Q["renew"], self.node, now, lease_until, list(held))
+        )
         return int(status.split()[-1])
 
     async def expired(self, now: float, limit: int) -> list[Job]:

@@ -1,0 +1,357 @@
+"""Shared mode: several nodes (``Service``s, each with its own store and connections) on one
+real PostgreSQL database. What only a shared queue has to get right: claims, leases,
+fencing, waking, priorities and caps across nodes, and connections that drop.
+
+The kill -9 of whole nodes and of PostgreSQL itself is in ``test_shared_crash.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from common.backoff import RetryPolicy
+from common.clock import SYSTEM_CLOCK, FakeClock
+from common.errors import StaleEpochError, UnencodableError
+from common.models import Job, State
+from common.runtime.kinds import JobContext, Registry, task
+from common.runtime.service import Service
+from common.specs import JobSpec
+from common.store import Fence
+from sqlq.postgres.store import PostgresStore
+from tests.helpers import NOW, ServiceFactory, final, wait_for
+
+Node = Callable[..., Service]
+
+
+def new_job(n: int = 0, **kw: Any) -> Job:
+    return Job.new(kind="sleep", args={"n": n}, now=NOW, **kw)
+
+
+@pytest.fixture
+async def stores(pg_db: str) -> AsyncIterator[Callable[..., PostgresStore]]:
+    """Open ``PostgresStore``s on one database; closed at teardown."""
+    made: list[PostgresStore] = []
+
+    async def make(**options: Any) -> PostgresStore:
+        store = PostgresStore(pg_db, **options)
+        await store.open()
+        made.append(store)
+        return store
+
+    yield make  # type: ignore[misc]
+    for s in made:
+        await s.close()
+
+
+# -- the store's shared calls ---------------------------------------------------------------
+
+
+async def test_no_job_is_claimed_twice_by_concurrent_claimers(stores: Any) -> None:
+    first = await stores()
+    jobs = [new_job(i) for i in range(3000)]
+    await first.commit(jobs)
+    claimers = [first, *[await stores() for _ in range(7)]]
+    got: Counter[str] = Counter()
+
+    async def drain(store: PostgresStore, rng: random.Random) -> None:
+        while batch := await store.claim(rng.randint(1, 60), NOW, NOW + 60, {}):
+            got.update(j.id for j in batch)
+            assert all(j.state is State.RUNNING and j.epoch == 1 for j in batch)
+
+    await asyncio.gather(*(drain(s, random.Random(i)) for i, s in enumerate(claimers)))
+    assert set(got) == {j.id for j in jobs}
+    assert max(got.values()) == 1, "a job was claimed twice"
+    conn = await asyncpg.connect(first.dsn)
+    try:
+        nodes = await conn.fetchval("SELECT count(DISTINCT node) FROM jobs")
+        unowned = await conn.fetchval("SELECT count(*) FROM jobs WHERE node IS NULL")
+    finally:
+        await conn.close()
+    assert (nodes, unowned) == (8, 0)  # every claimer took some, every job has its claimer
+
+
+async def test_a_claim_takes_priority_then_age_within_a_queue(stores: Any) -> None:
+    s = await stores()
+    low = [new_job(i, priority=0, ready_at=NOW - 10 + i) for i in range(5)]  # oldest first
+    high = new_job(99, priority=5)
+    await s.commit([*low, high])
+    claimed = await s.claim(3, NOW, NOW + 60, {})
+    assert [j.id for j in claimed] == [high.id, low[0].id, low[1].id]
+
+
+async def test_an_expired_lease_is_rescued_and_the_late_outcome_is_fenced(stores: Any) -> None:
+    a, b = await stores(), await stores()
+    job = new_job(max_attempts=2)
+    await a.commit([job])
+    [held] = await a.claim(1, NOW, NOW + 5, {})
+    assert await b.expired(NOW + 4, 10) == []  # still leased
+    [late] = await b.expired(NOW + 6, 10)
+    requeue = late.retry("lease expired", NOW + 6, NOW + 6)
+    await b.commit_fenced([requeue], Fence(lease_before=NOW + 6))
+    again = await a.get(job.id)
+    assert again is not None
+    assert (again.state, again.epoch, again.attempts) == (State.SCHEDULED, 2, 1)
+    with pytest.raises(StaleEpochError):  # node a comes back with its result: refused
+        await a.commit_fenced(
+            [held.complete("late", NOW + 7)], Fence(holder=a.node, lease_from=NOW + 7)
+        )
+    [second] = await b.claim(1, NOW + 7, NOW + 12, {})
+    assert (second.epoch, second.attempts) == (3, 2)
+    with pytest.raises(StaleEpochError):  # b's lease has run out: its outcome is refused too
+        await b.commit_fenced(
+            [second.complete(1, NOW + 20)], Fence(holder=b.node, lease_from=NOW + 20)
+        )
+    await b.commit_fenced([second.complete(1, NOW + 8)], Fence(holder=b.node, lease_from=NOW + 8))
+    done = await a.get(job.id)
+    assert done is not None
+    assert (done.state, done.result) == (State.COMPLETED, 1)
+
+
+async def test_a_renewed_lease_is_not_rescued(stores: Any) -> None:
+    a, b = await stores(), await stores()
+    job = new_job()
+    await a.commit([job])
+    [held] = await a.claim(1, NOW, NOW + 5, {})
+    [stale_view] = await b.expired(NOW + 6, 10)
+    assert await a.renew(NOW + 4, NOW + 20, [job.id]) == 1  # it lands before the rescue
+    with pytest.raises(StaleEpochError):
+        await b.commit_fenced(
+            [stale_view.retry("lease expired", NOW + 6, NOW + 6)], Fence(lease_before=NOW + 6)
+        )
+    got = await a.get(job.id)
+    assert got is not None
+    assert got.state is State.RUNNING
+    assert got.epoch == held.epoch
+
+
+async def test_a_nul_in_a_text_column_fails_only_its_caller(stores: Any) -> None:
+    s = await stores()
+    good = [new_job(i) for i in range(5)]
+    bad = Job.new(kind="nul\x00kind", args={}, now=NOW)
+    outcomes = await asyncio.gather(
+        *(s.commit([j]) for j in [*good[:2], bad, *good[2:]]), return_exceptions=True
+    )
+    assert isinstance(outcomes[2], UnencodableError), outcomes
+    assert [o for i, o in enumerate(outcomes) if i != 2] == [None] * 5
+    assert s.stats().failed is None
+    assert await s.get(bad.id) is None
+
+
+# -- nodes ----------------------------------------------------------------------------------
+
+STARTED: list[str] = []
+RUNNING: Counter[str] = Counter()
+PEAK: Counter[str] = Counter()
+
+
+def kinds(gate: asyncio.Event | None = None) -> Registry:
+    reg = Registry()
+
+    @task(registry=reg, hb_timeout=None)
+    async def work(args: Any, ctx: JobContext) -> Any:
+        queue = ctx.job.queue
+        STARTED.append(args.get("name", ctx.job.id))
+        RUNNING[queue] += 1
+        PEAK[queue] = max(PEAK[queue], RUNNING[queue])
+        try:
+            if gate is not None and args.get("gated", True):
+                await gate.wait()
+            await asyncio.sleep(args.get("sleep", 0))
+        finally:
+            RUNNING[queue] -= 1
+        return args.get("name", "done")
+
+    return reg
+
+
+@pytest.fixture
+def nodes(services: ServiceFactory, pg_db: str) -> Node:
+    STARTED.clear()
+    RUNNING.clear()
+    PEAK.clear()
+
+    def make(*, kinds_: Registry | None = None, **config: Any) -> Service:
+        config.setdefault("retry", RetryPolicy(base_s=0.001, cap_s=0.002))
+        config.setdefault("lease_s", 2.0)
+        config.setdefault("poll_s", 0.2)
+        clock = config.pop("clock", SYSTEM_CLOCK)
+        return services(PostgresStore(pg_db, clock=clock), kinds=kinds_ or kinds(), clock=clock,
+                        **config)  # fmt: skip
+
+    return make
+
+
+async def submit(rt: Service, n: int = 1, **spec: Any) -> list[Job]:
+    args = spec.pop("args", {})
+    return await rt.submit([JobSpec(kind="work", args=args, **spec) for _ in range(n)])
+
+
+async def test_jobs_submitted_to_any_node_run_once_each_across_nodes(nodes: Node) -> None:
+    a, b, c = nodes(workers=4), nodes(workers=4), nodes(workers=4)
+    for rt in (a, b, c):
+        await rt.start()
+    jobs = [j for rt in (a, b, c) for j in await submit(rt, 60, args={"sleep": 0.001})]
+    for job in jobs:
+        assert (await final(a, job.id)).state is State.COMPLETED
+    assert len(STARTED) == len(jobs) == len(set(STARTED))  # every job ran, and once
+    ran = [rt.claims.stats()["shared"]["claimed"] for rt in (a, b, c)]
+    assert sum(ran) == len(jobs), ran
+
+
+async def test_a_partitioned_node_loses_its_job_and_its_late_result_is_fenced(
+    nodes: Node,
+) -> None:
+    gate = asyncio.Event()
+    a = nodes(workers=1, kinds_=kinds(gate), lease_s=1.0)
+    await a.start()
+    [job] = await submit(a, args={"name": "first"})
+    await wait_for(lambda: STARTED == ["first"], 10, "node a to start the job")
+    for t in a.claims._tasks:  # type: ignore[attr-defined]
+        if t.get_name() == "sqlq-shared-leases":
+            t.cancel()  # a is cut off: it keeps working but can no longer renew
+    b = nodes(workers=1, lease_s=1.0)  # an ungated kind: b finishes at once
+    await b.start()
+    done = await final(b, job.id)
+    assert (done.state, done.attempts, done.epoch) == (State.COMPLETED, 2, 3)
+    gate.set()  # a's handler returns now, long after its lease ran out
+    await wait_for(lambda: a.live.totals["fenced"] == 1, 10, "a's late outcome to be fenced")
+    again = await b.get(job.id)
+    assert again == done  # b's result stands
+    assert b.live.totals["requeued_expired_lease"] + a.live.totals["requeued_expired_lease"] == 1
+
+
+async def test_a_job_past_max_attempts_on_expired_leases_is_dead(nodes: Node) -> None:
+    clock = FakeClock(NOW)
+    gate = asyncio.Event()
+    a = nodes(workers=1, kinds_=kinds(gate), clock=clock, lease_s=5.0, max_attempts=1)
+    await a.start()
+    [job] = await submit(a)
+    await wait_for(lambda: len(STARTED) == 1, 10, "the job to start")
+    clock.advance(60)  # every lease a holds is long gone, and a cannot have renewed since
+    await a.claims.rescue()  # type: ignore[attr-defined]  # (or its own loop got there first)
+    dead = await final(a, job.id)
+    assert dead.state is State.DEAD
+    assert "lease expired" in (dead.last_error or "")
+    gate.set()
+    await wait_for(lambda: a.live.totals["fenced"] == 1, 10, "the late outcome to be fenced")
+
+
+async def test_notify_wakes_an_idle_node_long_before_its_poll(nodes: Node, pg_db: str) -> None:
+    a = nodes(workers=2, poll_s=30.0)
+    await a.start()
+    other = PostgresStore(pg_db)
+    await other.open()
+    try:
+        await wait_for(lambda: a.store._listener is not None, 10, "a to LISTEN")  # type: ignore[attr-defined]
+        heard = a.claims.stats()["shared"]["notifications"]
+        job = Job.new(kind="work", args={"name": "woken"}, now=SYSTEM_CLOCK.time())
+        await other.commit([job])  # another node's submission: only the NOTIFY tells a
+        await wait_for(lambda: STARTED == ["woken"], 10, "a to be woken by NOTIFY")
+        assert a.claims.stats()["shared"]["notifications"] > heard
+    finally:
+        await other.close()
+
+
+async def test_the_poll_finds_work_when_notify_is_lost(nodes: Node, pg_db: str) -> None:
+    a = nodes(workers=2, poll_s=0.2, listen=False)  # hears no NOTIFY at all
+    await a.start()
+    other = PostgresStore(pg_db)
+    await other.open()
+    try:
+        job = Job.new(kind="work", args={"name": "polled"}, now=SYSTEM_CLOCK.time())
+        await other.commit([job])
+        await wait_for(lambda: STARTED == ["polled"], 10, "a's poll to find the job")
+        assert a.claims.stats()["shared"]["notifications"] == 0
+    finally:
+        await other.close()
+
+
+async def test_a_delayed_job_runs_when_due_without_waiting_for_the_poll(nodes: Node) -> None:
+    a = nodes(workers=1, poll_s=30.0)
+    await a.start()
+    [job] = await submit(a, args={"name": "later"}, delay_ms=300)
+    done = await final(a, job.id, within=10)
+    assert done.started_at is not None
+    assert done.started_at >= job.ready_at
+
+
+async def test_priority_orders_jobs_across_nodes(nodes: Node) -> None:
+    a, b = nodes(workers=1), nodes(workers=1)
+    for rt in (a, b):
+        await rt.start()
+    await a.pause("q", True)
+    low = [j for i in range(20) for j in await submit(a, queue="q", args={"name": f"low{i}"})]
+    [high] = await submit(b, queue="q", priority=9, args={"name": "high"})
+    await b.pause("q", False)
+    for job in [*low, high]:
+        await final(a, job.id)
+    assert "high" in STARTED[:2]  # the first claim on either node took it
+
+
+async def test_a_queue_cap_holds_across_nodes(nodes: Node) -> None:
+    a = nodes(workers=4, queue_caps={"mail": 2})
+    b = nodes(workers=4, queue_caps={"mail": 2})
+    for rt in (a, b):
+        await rt.start()
+    jobs = [*await submit(a, 8, queue="mail", args={"sleep": 0.05}),
+            *await submit(b, 8, queue="mail", args={"sleep": 0.05})]  # fmt: skip
+    for job in jobs:
+        assert (await final(a, job.id)).state is State.COMPLETED
+    assert PEAK["mail"] == 2  # never more than the cap at once, counting both nodes
+
+
+async def test_a_paused_queue_holds_its_jobs_on_every_node(nodes: Node) -> None:
+    a, b = nodes(workers=2), nodes(workers=2)
+    for rt in (a, b):
+        await rt.start()
+    info = await a.pause("reports", True)
+    assert info.paused
+    jobs = await submit(b, 3, queue="reports")
+    [other] = await submit(b, queue="default", args={"name": "free"})
+    await final(b, other.id)
+    assert STARTED == ["free"]
+    assert (await b.queues())["reports"].depth == 3
+    await b.pause("reports", False)
+    for job in jobs:
+        await final(a, job.id)
+
+
+async def test_a_node_survives_its_connections_being_cut(nodes: Node, pg_db: str) -> None:
+    """Every connection of the node is terminated while it works; nothing acknowledged is lost."""
+    a = nodes(workers=4)
+    await a.start()
+    acked: list[Job] = []
+    admin = await asyncpg.connect(pg_db)
+
+    async def load() -> None:
+        for _ in range(60):
+            try:
+                acked.extend(await submit(a, 5, args={"sleep": 0.002}))
+            except Exception:  # a 503 while the connection is down: not acknowledged
+                pass
+            await asyncio.sleep(0.01)
+
+    async def cut() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0.15)
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+
+    try:
+        await asyncio.gather(load(), cut())
+    finally:
+        await admin.close()
+    assert len(acked) >= 100
+    for job in acked:
+        assert (await final(a, job.id, within=30)).state is State.COMPLETED
+    assert a.store.stats().detail["reconnects"] >= 1
+    assert a.readiness()[0]
