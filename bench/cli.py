@@ -162,7 +162,9 @@ def loadgen(
 def crashcheck(store: str, sync: str, trials: int, jobs: int, seed: int, out: str) -> None:
     """Kill -9 a real server at random moments and verify nothing acknowledged was lost.
 
-    Verification reads the files without the engine's code. Exits 1 on any loss.
+    Verification reads the files without the engine's code. With --store postgres:
+    three nodes on a throwaway PostgreSQL, one node and (every other trial) the
+    database killed, verified in plain SQL. Exits 1 on any loss.
     """
     from pathlib import Path
 
@@ -170,7 +172,12 @@ def crashcheck(store: str, sync: str, trials: int, jobs: int, seed: int, out: st
     from bench.crashcheck import run_trials, write_report
 
     name = engine(store).name
-    rows = run_trials(store=name, sync=sync, trials=trials, jobs=jobs, seed=seed, out=Path(out))
+    if engine(store).shared:  # three nodes and a throwaway PostgreSQL, both killed
+        from bench.crashcheck_pg import run_pg_trials
+
+        rows = run_pg_trials(trials=trials, jobs=jobs, seed=seed, out=Path(out))
+    else:
+        rows = run_trials(store=name, sync=sync, trials=trials, jobs=jobs, seed=seed, out=Path(out))
     write_report(Path(out))
     bad = [r for r in rows if not r["ok"]]
     acked = sum(r["acknowledged"] for r in rows)

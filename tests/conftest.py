@@ -22,7 +22,7 @@ from common.runtime.service import Service
 from common.store import JobStore
 from sqlq.engines import ALL, DURABLE, SHARED, make_store
 from tests.helpers import NOW, ServiceFactory, StoreFactory, unavailable
-from tests.pg import Cluster, make_cluster
+from bench.pgcluster import Cluster, make_cluster
 
 
 @pytest.fixture

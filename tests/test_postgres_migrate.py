@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from common.errors import StoreError
 from sqlq.cli import main
 from sqlq.postgres.migrate import LATEST, SchemaMismatch, check, connect, migrate, version
-from tests.pg import Cluster
+from bench.pgcluster import Cluster
 
 
 async def test_migrate_makes_the_schema_once(pg_dsn: str) -> None:

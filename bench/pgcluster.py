@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL 15 cluster for the tests, from the machine's own binaries.
+"""A throwaway PostgreSQL 15 cluster from the machine's own binaries: for the tests, the
+crash checker and the scale-out benchmark.
 
 ``initdb`` refuses to run as root, so as root the cluster is made and run by the
 ``postgres`` user (Debian's package creates it); otherwise by the current user.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.client.server import free_port
+from sqlq.postgres.migrate import migrate
 
 
 def bindir() -> Path | None:
@@ -50,6 +52,10 @@ class Cluster:
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip() or r.stdout.strip()}")
 
+    def pid(self) -> int:
+        """The postmaster's pid (the first line of postmaster.pid)."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
     def start(self) -> None:
         options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=on"
         self._run(
@@ -72,8 +78,6 @@ class Cluster:
         if r.returncode != 0:
             raise RuntimeError(f"CREATE DATABASE failed: {r.stderr.strip()}")
         dsn = self.dsn(name)
-        from sqlq.postgres.migrate import migrate
-
         with ThreadPoolExecutor(1) as pool:  # a loop of its own, whatever the caller runs
             pool.submit(asyncio.run, migrate(dsn)).result()
         return dsn

@@ -1,0 +1,285 @@
+"""``sqlq crashcheck --store postgres``: several nodes on one database, killed; nothing acked lost.
+
+Each trial: a fresh database in a throwaway PostgreSQL 15 cluster (fsync on);
+three ``sqlq serve --store postgres`` nodes; eight clients submit 2 ms jobs to
+all three (each client moves to the next node when one does not answer) and
+keep every acknowledged id. At a random moment one node is killed with
+SIGKILL and started again; in every ``db_kill_every``-th trial PostgreSQL itself
+is then killed too (``pg_ctl stop -m immediate``, its own kill -9) and started
+again. The load ends; the trial waits until nothing is scheduled or running;
+the nodes are stopped.
+
+The verdict comes from plain SQL, not the engine's code: every acknowledged id
+must be a completed row. A job that ran more than once (``attempts > 1``) must
+be explained: it was held by the killed node at the kill (read in SQL right
+after the SIGKILL, when the dead node can change nothing), or it was running
+when PostgreSQL crashed (read in SQL right after the database came back). Any
+other rerun is a failure. The time from the node's kill until none of its jobs
+is still held by it is the rescue time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from bench.client.http import HTTPError, HttpPool
+from bench.client.server import ServerProcess
+from bench.pgcluster import Cluster, make_cluster
+
+NODES = 3
+CLIENTS = 8
+
+
+@dataclass(frozen=True)
+class PgTrial:
+    jobs: int
+    kill_after_s: float
+    kill_db: bool
+    db_kill_delay_s: float
+    lease_s: float = 5.0
+
+
+def node(dsn: str, lease_s: float, workdir: Path, n: int) -> ServerProcess:
+    args = (
+        "--store", "postgres", "--dsn", dsn, "--workers", "16", "--lease", str(lease_s),
+        "--log-level", "warning", "--grace", "0",
+    )  # fmt: skip
+    return ServerProcess(*args, log_path=workdir / f"node{n}.log", ready_within=60)
+
+
+class Targets:
+    """The nodes clients submit to: a node that stops answering leaves, its restart joins."""
+
+    def __init__(self) -> None:
+        self.pools: list[HttpPool] = []
+        self.all: list[HttpPool] = []
+
+    async def add(self, url: str) -> None:
+        pool = await HttpPool(url, CLIENTS).__aenter__()
+        self.pools.append(pool)
+        self.all.append(pool)
+
+    def drop(self, pool: HttpPool) -> None:
+        if pool in self.pools:
+            self.pools.remove(pool)
+
+    async def close(self) -> None:
+        for pool in self.all:
+            await pool.__aexit__(None, None, None)
+
+
+async def _load(targets: Targets, budget: int, stop: asyncio.Event) -> list[str]:
+    """Clients submit until stopped or the budget is acknowledged; the acknowledged ids."""
+    acked: list[str] = []
+    body = msgspec.json.encode({"kind": "sleep", "args": {"work_ms": 2}})
+
+    async def client(i: int) -> None:
+        n = i
+        while not stop.is_set() and len(acked) < budget:
+            if not targets.pools:
+                await asyncio.sleep(0.02)
+                continue
+            pool = targets.pools[n % len(targets.pools)]
+            n += 1
+            try:
+                status, reply = await pool.json("POST", "/jobs", body)
+            except (HTTPError, OSError, TimeoutError):
+                targets.drop(pool)  # that node is down: the others take the load
+                continue
+            if status == 201:
+                acked.append(reply["id"])
+            else:  # 503 while the database is down: not acknowledged, try again
+                await asyncio.sleep(0.02)
+
+    await asyncio.gather(*(client(i) for i in range(CLIENTS)))
+    return acked
+
+
+async def _sql(dsn: str, query: str, *args: Any, within: float = 60.0) -> list[asyncpg.Record]:
+    """One plain query, retried while the database is coming back."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            conn = await asyncpg.connect(dsn)
+            try:
+                return list(await conn.fetch(query, *args))
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def _node_name(url: str) -> str:
+    async with HttpPool(url, 1) as pool:
+        _, stats = await pool.json("GET", "/stats")
+    return str(stats["shared"]["node"])
+
+
+async def run_pg_trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Random
+                       ) -> dict[str, Any]:  # fmt: skip
+    dsn = await asyncio.to_thread(cluster.create_database)
+    nodes = [node(dsn, trial.lease_s, workdir, i) for i in range(NODES)]
+    for n in nodes:
+        n.spawn()
+    for n in nodes:
+        await asyncio.to_thread(n.wait_ready)
+    urls = [n.url for n in nodes]
+    victim = rng.randrange(NODES)
+    victim_name = await _node_name(urls[victim])
+    targets = Targets()
+    for url in urls:
+        await targets.add(url)
+    stop = asyncio.Event()
+    held_by_victim: set[str] = set()
+    running_at_db_crash: set[str] = set()
+    events: dict[str, float] = {}
+
+    async def chaos() -> None:
+        await asyncio.sleep(trial.kill_after_s)
+        nodes[victim].kill()
+        killed_at = time.monotonic()
+        rows = await _sql(dsn, "SELECT id FROM jobs WHERE node = $1 AND state = 'running'",
+                          victim_name)  # fmt: skip
+        held_by_victim.update(r[0] for r in rows)
+        again = node(dsn, trial.lease_s, workdir, NODES + 1)
+        again.spawn()
+        nodes[victim] = again
+        await asyncio.to_thread(again.wait_ready)
+        await targets.add(again.url)
+        if trial.kill_db:
+            await asyncio.sleep(trial.db_kill_delay_s)
+            await asyncio.to_thread(cluster.stop, "immediate")
+            events["db_down_s"] = time.monotonic()
+            await asyncio.to_thread(cluster.start)
+            events["db_down_s"] = time.monotonic() - events["db_down_s"]
+            rows = await _sql(dsn, "SELECT id FROM jobs WHERE state = 'running'")
+            running_at_db_crash.update(r[0] for r in rows)
+        # The dead node's jobs: how long until none is still held by it.
+        while True:
+            rows = await _sql(dsn, "SELECT count(*) FROM jobs WHERE node = $1 AND "
+                              "state = 'running'", victim_name)  # fmt: skip
+            if rows[0][0] == 0:
+                events["rescue_s"] = time.monotonic() - killed_at
+                break
+            if time.monotonic() - killed_at > 120:
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+
+    load = asyncio.create_task(_load(targets, trial.jobs, stop))
+    try:
+        await chaos()
+        acked = await load
+    finally:
+        await targets.close()
+    # Drain: nothing scheduled or running, read in plain SQL.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rows = await _sql(dsn, "SELECT count(*) FROM jobs WHERE state IN ('scheduled', 'running')")
+        if rows[0][0] == 0:
+            break
+        await asyncio.sleep(0.05)
+    for n in nodes:
+        await asyncio.to_thread(n.stop, signal.SIGTERM)
+    return await verify(dsn, trial, acked, held_by_victim, running_at_db_crash, events)
+
+
+async def verify(
+    dsn: str, trial: PgTrial, acked: list[str], held: set[str], at_crash: set[str],
+    events: dict[str, float],
+) -> dict[str, Any]:  # fmt: skip
+    rows = await _sql(dsn, "SELECT id, state, attempts FROM jobs")
+    jobs = {r[0]: (r[1], r[2]) for r in rows}
+    problems: list[str] = []
+    ack_set = set(acked)
+    lost = [i for i in acked if i not in jobs]
+    unfinished = [i for i in acked if i in jobs and jobs[i][0] != "completed"]
+    unknown = [i for i in jobs if i not in ack_set]
+    reruns = {i for i, (_, attempts) in jobs.items() if attempts > 1}
+    unexplained = reruns - held - at_crash
+    if lost:
+        problems.append(f"{len(lost)} acknowledged jobs missing")
+    if unfinished:
+        problems.append(f"{len(unfinished)} acknowledged jobs not completed")
+    failures = 2 + (1 if trial.kill_db else 0)  # a node kill, its restart, a database kill
+    if len(unknown) > CLIENTS * failures:
+        problems.append(f"{len(unknown)} jobs never acknowledged")
+    if unexplained:
+        problems.append(f"{len(unexplained)} jobs ran twice with no node or database death")
+    if "rescue_s" not in events:
+        problems.append("the killed node's jobs were never rescued")
+    return {
+        "store": "postgres",
+        "sync": "full",
+        "nodes": NODES,
+        "kill_after_s": round(trial.kill_after_s, 3),
+        "db_killed": trial.kill_db,
+        "acknowledged": len(acked),
+        "lost": len(lost) + len(unfinished),
+        "unknown": len(unknown),
+        "reruns": len(reruns),
+        "reruns_held_by_killed_node": len(reruns & held),
+        "reruns_running_at_db_crash": len(reruns & at_crash - held),
+        "held_by_killed_node": len(held),
+        "rescue_s": round(events.get("rescue_s", -1.0), 3),
+        "db_down_s": round(events.get("db_down_s", 0.0), 3),
+        "lease_s": trial.lease_s,
+        "problems": problems,
+        "ok": not problems,
+    }
+
+
+def run_pg_trials(
+    *, trials: int, jobs: int, seed: int, out: Path | None, db_kill_every: int = 2,
+    progress: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """``trials`` trials on one throwaway cluster; rows to ``crash-postgres-full.jsonl``."""
+    import tempfile
+
+    from tqdm import tqdm
+
+    from bench import meta
+
+    rng = random.Random(seed)
+    commit = meta.git_commit()
+    path = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "crash-postgres-full.jsonl"
+        path.write_text("")
+    cluster = make_cluster()
+    rows = []
+    try:
+        for n in tqdm(range(trials), desc="crashcheck postgres", disable=not progress):
+            trial = PgTrial(
+                jobs=jobs,
+                kill_after_s=rng.uniform(0.2, 1.5),
+                kill_db=n % db_kill_every == 0,
+                db_kill_delay_s=rng.uniform(0.1, 0.8),
+            )
+            with tempfile.TemporaryDirectory(prefix="sqlq-crashcheck-pg-") as d:
+                row = asyncio.run(run_pg_trial(cluster, trial, Path(d), rng))
+            row["trial"] = n
+            row["git_commit"] = commit
+            rows.append(row)
+            if path is not None:
+                with open(path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    finally:
+        try:
+            cluster.stop()
+        finally:
+            cluster.remove()
+    return rows

@@ -1,0 +1,28 @@
+"""Several real ``sqlq serve`` nodes on one real PostgreSQL, killed with SIGKILL, and the
+database itself killed (``pg_ctl stop -m immediate``): every acknowledged job completes,
+verified in plain SQL, and every rerun is explained by a death. The same trial as
+``sqlq crashcheck --store postgres`` runs, once here."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from bench.crashcheck_pg import PgTrial, run_pg_trial
+from bench.pgcluster import Cluster
+
+
+@pytest.mark.slow
+def test_three_nodes_a_killed_node_and_a_killed_database_lose_nothing(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    trial = PgTrial(jobs=4000, kill_after_s=0.4, kill_db=True, db_kill_delay_s=0.2)
+    row = asyncio.run(run_pg_trial(pg_cluster, trial, tmp_path, random.Random(7)))
+    assert row["problems"] == [], row
+    assert row["acknowledged"] > 500
+    assert row["lost"] == 0
+    assert row["db_down_s"] > 0  # the database really went down and came back
+    assert 0 < row["rescue_s"] < 10  # the dead node's jobs ran again within 10 s
