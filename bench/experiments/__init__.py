@@ -22,6 +22,7 @@ from bench.experiments import (
     g_recovery,
     h_latency,
     i_disk,
+    j_scaleout,
 )
 from bench.experiments.answer import answer
 from bench.experiments.base import BenchRun
@@ -29,6 +30,7 @@ from bench.experiments.base import BenchRun
 MODULES = (
     ceiling, a_scaling, b_retries, c_hangs, d_durability, e_crash, f_cpu, g_recovery, h_latency,
     i_disk,
+    j_scaleout,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so
