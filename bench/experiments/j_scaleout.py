@@ -5,7 +5,7 @@ cluster (fsync on), in the same run:
 
 1. **enqueue**: the queue is held (sqlq: the queue paused; peers: no worker
    running) and N jobs go in through the system's batch API (sqlq: ``POST
-   /jobs/batch``, 100 per request, 4 clients per node, over HTTP; the peers:
+   /jobs/batch``, 1,000 per request, 4 clients per node, over HTTP; the peers:
    their library's batch enqueue, 1,000 per call, in process);
 2. **dequeue + run + ack**: the queue is let go (sqlq: resumed; peers: their
    worker processes start) and the clock runs until every job is finished.
@@ -47,7 +47,8 @@ from bench.pgcluster import Cluster, make_cluster
 from bench.report import Report, med
 
 NAME = "J"
-WORKERS = 32  # per sqlq node, and the procrastinate workers' concurrency
+WORKERS = 64  # per sqlq node, and the procrastinate workers' concurrency
+BATCH = 1000  # jobs per POST /jobs/batch, as the peers enqueue 1,000 per call
 RESCUE_CAP_S = 90.0
 RESCUE_JOB_S = 1.0
 GOAL_X_PGQUEUER = 2.0  # 2 nodes' dequeue + run + ack, x PgQueuer's default, same run
@@ -158,12 +159,12 @@ class SqlqRun:
 
     async def _measure(self, urls: list[str]) -> dict[str, Any]:
         work_ms = 20 if self.workload == "20ms" else 0
-        body = json.dumps({"jobs": [{"kind": "sleep", "args": {"work_ms": work_ms}}] * 100})
+        body = json.dumps({"jobs": [{"kind": "sleep", "args": {"work_ms": work_ms}}] * BATCH})
         pools = [await HttpPool(u, 4).__aenter__() for u in urls]
         try:
             await pools[0].request("POST", "/queues/default/pause")
             cpu0 = await self._cpu(pools)
-            batches = self.jobs // 100
+            batches = self.jobs // BATCH
             left = list(range(batches))
 
             async def client(i: int) -> None:
@@ -184,7 +185,7 @@ class SqlqRun:
                 for p in pools:
                     _, stats = await p.json("GET", "/stats")
                     total += stats["jobs"]["completed"]
-                return total >= batches * 100
+                return total >= batches * BATCH
 
             drained = await _wait(done, 300, 0.01)
             drain_s = drained if drained is not None else time.perf_counter() - t1
@@ -193,7 +194,7 @@ class SqlqRun:
             for p in pools:
                 await p.__aexit__(None, None, None)
         return {"system": self.system, "phase": "throughput", "nodes": self.nodes,
-                "workload": self.workload, "jobs": batches * 100, "enqueue_s": enqueue_s,
+                "workload": self.workload, "jobs": batches * BATCH, "enqueue_s": enqueue_s,
                 "drain_s": drain_s, "cpu_s": cpu}  # fmt: skip
 
     @staticmethod
@@ -346,7 +347,7 @@ class SqlqRescueRun:
 
 def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[Any]:
     noop = 2000 if quick else 20000
-    slow = 1000 if quick else 4000
+    slow = 1000 if quick else 8000
     for workload, jobs in (("noop", noop), ("20ms", slow)):
         for nodes in (1, 2, 3):
             yield SqlqRun(system="sqlq-postgres", nodes=nodes, workload=workload, jobs=jobs)
@@ -380,9 +381,9 @@ def section(rep: Report) -> None:
         "",
         f"One throwaway PostgreSQL 15 (fsync on, `synchronous_commit` on) for every system, "
         f"in the same run; medians of {repeats} repeats. `enqueue`: the queue held, N jobs in "
-        "through the system's batch API (sqlq: `POST /jobs/batch` of 100 over HTTP, 4 clients "
-        "per node; the peers: their library's batch enqueue, in process). `drain`: the queue "
-        f"let go, until every job is finished (dequeue + run + ack). sqlq nodes run {WORKERS} "
+        f"through the system's batch API (sqlq: `POST /jobs/batch` of {BATCH:,} over HTTP, 4 "
+        "clients per node; the peers: their library's batch enqueue, in process). `drain`: "
+        f"the queue let go, until every job is finished (dequeue + run + ack). sqlq nodes run {WORKERS} "
         "workers each; the peers run two worker processes (procrastinate with concurrency "
         f"{WORKERS}, PgQueuer with its default or `batch_size=100`). `CPU us/job`: all sqlq "
         "nodes' process CPU, both phases. " + "; ".join(f"{k}: {v}" for k, v in

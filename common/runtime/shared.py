@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
@@ -94,6 +95,7 @@ class SharedClaims:
         self._stopping = False
         self.claims = 0  # claim statements run
         self.claimed = 0  # jobs they returned
+        self.claim_s = 0.0  # time spent waiting for them
         self.rescued = 0  # jobs this node requeued from expired leases
         self.renewals = 0
         self.notified = 0
@@ -185,7 +187,9 @@ class SharedClaims:
     async def _claim_for_waiting(self) -> None:
         while (n := self._hungry()) > 0:
             now = self._clock.time()
+            t0 = time.perf_counter()
             jobs = await self._store.claim(n, now, now + self.lease_s, self._caps)
+            self.claim_s += time.perf_counter() - t0
             self.claims += 1
             self.claimed += len(jobs)
             for job in jobs:
@@ -446,6 +450,7 @@ class SharedClaims:
                 "claims": self.claims,
                 "claimed": self.claimed,
                 "mean_claim": round(self.claimed / self.claims, 2) if self.claims else 0.0,
+                "mean_claim_ms": round(1000 * self.claim_s / max(1, self.claims), 3),
                 "rescued_here": self.rescued,
                 "lease_renewals": self.renewals,
                 "notifications": self.notified,

@@ -72,6 +72,8 @@ PRUNE_LOCK = 0x5371_6C72  # one node at a time prunes
 CAP_LOCK = 0x5371_6C73  # with the queue's hash: one node at a time claims from a capped queue
 CHANNEL = "sqlq_jobs"
 NO_FENCE = Fence()
+# The claim connection's planner settings: see the claim statement in queries.sql.
+CLAIM_SETTINGS = {"enable_sort": "off", "enable_bitmapscan": "off"}
 
 # The states a job may move into a state from, as "|a|b|" for write_batch's strpos.
 ALLOWED_FROM = {
@@ -168,6 +170,7 @@ class PostgresStore:
         self._settings = {"synchronous_commit": "on" if sync == "full" else "off"}
         self._writer: asyncpg.Connection | None = None
         self._pool: asyncpg.Pool | None = None
+        self._claimer: asyncpg.Pool | None = None  # one connection, only for claims
         self._listener: asyncpg.Connection | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self._wake: Callable[[], None] | None = None
@@ -200,6 +203,10 @@ class PostgresStore:
             self._pool = await asyncpg.create_pool(
                 self.dsn, min_size=1, max_size=self._pool_size, server_settings=self._settings
             )
+            self._claimer = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=1,
+                server_settings={**self._settings, **CLAIM_SETTINGS},
+            )  # fmt: skip
         except UNAVAILABLE as exc:
             await conn.close()
             raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {exc}") from None
@@ -230,10 +237,11 @@ class PostgresStore:
                 with contextlib.suppress(*UNAVAILABLE):
                     await asyncio.wait_for(conn.close(), 5)
         self._writer = self._listener = None
-        if self._pool is not None:
-            with contextlib.suppress(*UNAVAILABLE):
-                await asyncio.wait_for(self._pool.close(), 5)
-            self._pool = None
+        for pool in (self._pool, self._claimer):
+            if pool is not None:
+                with contextlib.suppress(*UNAVAILABLE):
+                    await asyncio.wait_for(pool.close(), 5)
+        self._pool = self._claimer = None
         self._closed = True
 
     def observe_batches(self, observer: BatchObserver) -> None:
@@ -358,11 +366,12 @@ class PostgresStore:
     # -- reads and the shared mode's calls ------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
-        if self._pool is None:
+    async def _conn(self, claims: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        pool = self._claimer if claims else self._pool
+        if pool is None:
             raise StoreClosedError(f"{self.name} store is not open")
         try:
-            async with self._pool.acquire() as conn:
+            async with pool.acquire() as conn:
                 yield conn
         except UNAVAILABLE as exc:
             raise StoreUnavailableError(self._unreachable(exc)) from None
@@ -396,7 +405,7 @@ class PostgresStore:
         self, n: int, now: float, lease_until: float, caps: dict[str, int]
     ) -> list[Job]:
         capped = sorted(caps)
-        async with self._conn() as conn:
+        async with self._conn(claims=True) as conn:
             rows = list(await conn.fetch(Q["claim"], now, n, lease_until, capped, self.node))
             for queue in capped:
                 if len(rows) >= n:

@@ -25,21 +25,18 @@ CREATE TABLE jobs (
     node            text                    -- the node that holds the claim
 );
 
--- The claim across queues: due jobs, highest priority first, then oldest.
+-- The claim: due jobs, highest priority first, then oldest (a capped queue's claim
+-- walks it too, filtering by queue).
 CREATE INDEX jobs_claim ON jobs (priority DESC, ready_at, id) WHERE state = 'scheduled';
--- The claim within one (capped) queue.
-CREATE INDEX jobs_due ON jobs (queue, priority DESC, ready_at, id) WHERE state = 'scheduled';
 -- The next delayed job, for the claimer's timer.
 CREATE INDEX jobs_next ON jobs (ready_at) WHERE state = 'scheduled';
--- Expired leases (the jobs of a dead or cut-off node), and a node's own leases.
+-- Expired leases: the jobs of a dead or cut-off node. (A node renews its own by id.)
 CREATE INDEX jobs_leases ON jobs (lease_until) WHERE state = 'running';
-CREATE INDEX jobs_node ON jobs (node) WHERE state = 'running';
 -- One retained job per idempotency key.
 CREATE UNIQUE INDEX jobs_key ON jobs (idempotency_key) WHERE idempotency_key IS NOT NULL;
--- Listing by state in id order, and pruning past retention.
+-- Listing by state in id order, and pruning past retention (finished jobs by state).
+-- Every index here is written at every claim and completion: keep them few.
 CREATE INDEX jobs_state_id ON jobs (state, id);
-CREATE INDEX jobs_terminal_age ON jobs (updated_at)
-    WHERE state IN ('completed', 'dead', 'cancelled');
 
 -- Queues an operator paused; every node honours them.
 CREATE TABLE queues (
