@@ -383,8 +383,8 @@ def section(rep: Report) -> None:
         f"in the same run; medians of {repeats} repeats. `enqueue`: the queue held, N jobs in "
         f"through the system's batch API (sqlq: `POST /jobs/batch` of {BATCH:,} over HTTP, 4 "
         "clients per node; the peers: their library's batch enqueue, in process). `drain`: "
-        f"the queue let go, until every job is finished (dequeue + run + ack). sqlq nodes run {WORKERS} "
-        "workers each; the peers run two worker processes (procrastinate with concurrency "
+        "the queue let go, until every job is finished (dequeue + run + ack). sqlq nodes run "
+        f"{WORKERS} workers each; the peers run two worker processes (procrastinate with concurrency "
         f"{WORKERS}, PgQueuer with its default or `batch_size=100`). `CPU us/job`: all sqlq "
         "nodes' process CPU, both phases. " + "; ".join(f"{k}: {v}" for k, v in
                                                        NOT_INSTALLABLE.items()) + ".",
