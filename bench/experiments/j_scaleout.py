@@ -376,18 +376,19 @@ def section(rep: Report) -> None:
     if not rows:
         return
     repeats = max(r.repeat for r in rows) + 1
+    missing = "; ".join(f"{k}: {v}" for k, v in NOT_INSTALLABLE.items())
     rep.add(
         "## J. Scale-out: nodes on one PostgreSQL, beside the peers",
         "",
         f"One throwaway PostgreSQL 15 (fsync on, `synchronous_commit` on) for every system, "
-        f"in the same run; medians of {repeats} repeats. `enqueue`: the queue held, N jobs in "
-        f"through the system's batch API (sqlq: `POST /jobs/batch` of {BATCH:,} over HTTP, 4 "
-        "clients per node; the peers: their library's batch enqueue, in process). `drain`: "
-        "the queue let go, until every job is finished (dequeue + run + ack). sqlq nodes run "
-        f"{WORKERS} workers each; the peers run two worker processes (procrastinate with concurrency "
-        f"{WORKERS}, PgQueuer with its default or `batch_size=100`). `CPU us/job`: all sqlq "
-        "nodes' process CPU, both phases. " + "; ".join(f"{k}: {v}" for k, v in
-                                                       NOT_INSTALLABLE.items()) + ".",
+        f"in the same run; medians of {repeats} repeats. `enqueue`: the queue held, N jobs "
+        f"in through the system's batch API (sqlq: `POST /jobs/batch` of {BATCH:,} over "
+        "HTTP, 4 clients per node; the peers: their library's batch enqueue, in process). "
+        "`drain`: the queue let go, until every job is finished (dequeue + run + ack). sqlq "
+        f"nodes run {WORKERS} workers each; the peers run two worker processes "
+        f"(procrastinate with concurrency {WORKERS}, PgQueuer with its default or "
+        "`batch_size=100`). `CPU us/job`: all sqlq nodes' process CPU, both phases. "
+        f"{missing}.",
         "",
         "| system | nodes | workload | jobs | enqueue jobs/s | drain jobs/s | CPU us/job |",
         "|---|---:|---|---:|---:|---:|---:|",
