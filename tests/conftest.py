@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench.pgcluster import Cluster, make_cluster
 from common.clock import SYSTEM_CLOCK, Clock, FakeClock
 from common.engine.memory import MemoryStore
 from common.runtime.config import RuntimeConfig
@@ -22,7 +23,6 @@ from common.runtime.service import Service
 from common.store import JobStore
 from sqlq.engines import ALL, DURABLE, SHARED, make_store
 from tests.helpers import NOW, ServiceFactory, StoreFactory, unavailable
-from bench.pgcluster import Cluster, make_cluster
 
 
 @pytest.fixture

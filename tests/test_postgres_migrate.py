@@ -8,10 +8,10 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from bench.pgcluster import Cluster
 from common.errors import StoreError
 from sqlq.cli import main
 from sqlq.postgres.migrate import LATEST, SchemaMismatch, check, connect, migrate, version
-from bench.pgcluster import Cluster
 
 
 async def test_migrate_makes_the_schema_once(pg_dsn: str) -> None:
@@ -71,3 +71,26 @@ def test_the_migrate_command(pg_cluster: Cluster) -> None:
     assert "127.0.0.1:9/x" in r.output
     assert "s3cr3t" not in r.output
     assert "Traceback" not in r.output
+
+
+def test_serve_refuses_an_unmigrated_database_and_a_bad_dsn_in_one_line(
+    pg_dsn: str, pg_cluster: Cluster
+) -> None:
+    from click.testing import CliRunner
+
+    from sqlq.cli import main
+
+    runner = CliRunner()
+    r = runner.invoke(main, ["serve", "--store", "postgres", "--dsn", pg_dsn])
+    assert r.exit_code == 1, r.output
+    assert "run `sqlq migrate` first" in r.output
+    assert "Traceback" not in r.output
+    bad = f"postgresql://sqlq:hunter2@127.0.0.1:{pg_cluster.port}/no_such_db"
+    r = runner.invoke(main, ["serve", "--store", "postgres"], env={"SQLQ_DSN": bad})
+    assert r.exit_code == 1, r.output
+    assert f"127.0.0.1:{pg_cluster.port}/no_such_db" in r.output
+    assert "hunter2" not in r.output
+    assert "Traceback" not in r.output
+    r = runner.invoke(main, ["serve", "--store", "sqlite", "--dsn", bad])
+    assert r.exit_code == 2
+    assert "--dsn" in r.output

@@ -355,3 +355,84 @@ async def test_a_node_survives_its_connections_being_cut(nodes: Node, pg_db: str
         assert (await final(a, job.id, within=30)).state is State.COMPLETED
     assert a.store.stats().detail["reconnects"] >= 1
     assert a.readiness()[0]
+
+
+# -- the operations API across nodes --------------------------------------------------------
+
+
+async def _api(rt: Service) -> Any:
+    import httpx
+
+    from common.http.app import create_app
+
+    transport = httpx.ASGITransport(app=create_app(rt, start_runtime=False))
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
+
+
+def failing() -> Registry:
+    reg = Registry()
+
+    @task(registry=reg)
+    def boom(args: Any) -> Any:
+        if args.get("fail", True):
+            raise RuntimeError("boom")
+        return "fine"
+
+    return reg
+
+
+async def test_dead_jobs_listed_and_retried_from_another_node(nodes: Node) -> None:
+    a = nodes(workers=2, kinds_=failing(), max_attempts=1)
+    b = nodes(workers=2, kinds_=failing(), max_attempts=1)
+    for rt in (a, b):
+        await rt.start()
+    async with await _api(a) as ca, await _api(b) as cb:
+        ids = [(await ca.post("/jobs", json={"kind": "boom", "args": {}})).json()["id"]
+               for _ in range(3)]  # fmt: skip
+        for job_id in ids:
+            assert (await final(a, job_id)).state is State.DEAD
+        listed = (await cb.get("/jobs", params={"state": "dead"})).json()["jobs"]
+        assert sorted(j["id"] for j in listed) == sorted(ids)
+        r = await cb.post(f"/jobs/{ids[0]}/retry")
+        assert (r.status_code, r.json()["state"]) == (200, "scheduled")
+        r = await cb.post("/jobs/retry", json={"state": "dead"})
+        assert (r.status_code, r.json()["retried"]) == (200, 2)
+        for job_id in ids:
+            again = await final(b, job_id)
+            assert (again.state, again.attempts_total) == (State.DEAD, 1)
+
+
+async def test_cancel_across_nodes_and_a_running_job_is_refused(nodes: Node) -> None:
+    gate = asyncio.Event()
+    a = nodes(workers=1, kinds_=kinds(gate))
+    b = nodes(workers=1, kinds_=kinds(gate))
+    for rt in (a, b):
+        await rt.start()
+    async with await _api(a) as ca, await _api(b) as cb:
+        running = (await ca.post("/jobs", json={"kind": "work", "args": {"name": "r1"}})).json()
+        await wait_for(lambda: "r1" in STARTED, 10, "r1 to start")
+        later = (await ca.post("/jobs", json={"kind": "work", "args": {},
+                                              "delay_ms": 60_000})).json()  # fmt: skip
+        r = await cb.delete(f"/jobs/{later['id']}")
+        assert (r.status_code, r.json()["state"]) == (200, "cancelled")
+        r = await cb.delete(f"/jobs/{running['id']}")
+        assert r.status_code == 409
+        gate.set()
+        r = await cb.get(f"/jobs/{running['id']}", params={"wait": "10"})
+        assert r.json()["state"] == "completed"  # finished on a, waited for on b
+
+
+async def test_one_idempotency_key_makes_one_job_across_nodes(nodes: Node) -> None:
+    a, b = nodes(workers=1), nodes(workers=1)
+    for rt in (a, b):
+        await rt.start()
+    async with await _api(a) as ca, await _api(b) as cb:
+        spec = {"kind": "work", "args": {"name": "once"}, "delay_ms": 60_000}
+        sent = [c.post("/jobs", json=spec, headers={"Idempotency-Key": "k-1"})
+                for c in (ca, cb, ca, cb, ca, cb)]  # fmt: skip
+        replies = await asyncio.gather(*sent)
+        assert sorted(r.status_code for r in replies) == [200] * 5 + [201]
+        assert len({r.json()["id"] for r in replies}) == 1
+        other = {**spec, "args": {"name": "different"}}
+        r = await cb.post("/jobs", json=other, headers={"Idempotency-Key": "k-1"})
+        assert r.status_code == 409

@@ -215,20 +215,26 @@ class Service:
             seen[key] = i
         reservation = await self._reserve(list(seen))
         try:
-            existing: dict[int, Job] = {}
-            for i, key in keyed.items():
-                job = await self.store.find_key(key)
-                if job is not None:
-                    if job.request_hash != specs[i].request_hash():
-                        raise IdempotencyConflictError(key, job.id)
-                    existing[i] = job
-            new = [s for i, s in enumerate(specs) if i not in existing]
-            try:
-                made = iter(await self._submit_new(new, batch) if new else [])
-            except DuplicateKeyError as exc:  # another process's job (a shared store)
-                raise IdempotencyConflictError(exc.key, "?") from exc
-            jobs = [existing[i] if i in existing else next(made) for i in range(len(specs))]
-            return jobs, [i not in existing for i in range(len(specs))]
+            # Twice at most: a shared store's other nodes reserve nothing here, so a key
+            # may be taken between the look-up and the insert; then look again.
+            for last in (False, True):
+                existing: dict[int, Job] = {}
+                for i, key in keyed.items():
+                    job = await self.store.find_key(key)
+                    if job is not None:
+                        if job.request_hash != specs[i].request_hash():
+                            raise IdempotencyConflictError(key, job.id)
+                        existing[i] = job
+                new = [s for i, s in enumerate(specs) if i not in existing]
+                try:
+                    made = iter(await self._submit_new(new, batch) if new else [])
+                except DuplicateKeyError as exc:
+                    if last or not self.store.shared:
+                        raise IdempotencyConflictError(exc.key, "?") from exc
+                    continue
+                jobs = [existing[i] if i in existing else next(made) for i in range(len(specs))]
+                return jobs, [i not in existing for i in range(len(specs))]
+            raise AssertionError("unreachable")
         finally:
             for key in seen:
                 del self._keys[key]
