@@ -1,7 +1,8 @@
-"""Fill a data directory with N transitions through an engine, for experiment G.
+"""Fill a data directory through an engine, for experiments G and K.
 
-Jobs go submit -> start -> complete in commits of 1,000 changes; about 1 in 30
-transitions is a job left scheduled, so recovery has live work to find.
+``--transitions N``: jobs go submit -> start -> complete in commits of 1,000
+changes; about 1 in 30 transitions is a job left scheduled, so recovery has
+live work to find. ``--live N``: N jobs delayed by a day, all live at restart.
 """
 
 from __future__ import annotations
@@ -40,13 +41,30 @@ async def fill(store_name: str, data: str, transitions: int) -> None:
     await store.close()
 
 
+async def fill_live(store_name: str, data: str, jobs: int) -> None:
+    store = make_store(store_name, data, sync="os")
+    await store.open()
+    now = time.time()
+    for start in range(0, jobs, CHUNK):
+        await store.commit(
+            [Job.new(kind="sleep", args={"work_ms": 0}, now=now, ready_at=now + 86400)
+             for _ in range(min(CHUNK, jobs - start))]
+        )  # fmt: skip
+    await store.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--store", required=True)
     p.add_argument("--data", required=True)
-    p.add_argument("--transitions", type=int, required=True)
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--transitions", type=int)
+    how.add_argument("--live", type=int)
     a = p.parse_args()
-    asyncio.run(fill(a.store, a.data, a.transitions))
+    if a.live is not None:
+        asyncio.run(fill_live(a.store, a.data, a.live))
+    else:
+        asyncio.run(fill(a.store, a.data, a.transitions))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from bench.experiments import (
     h_latency,
     i_disk,
     j_scaleout,
+    k_limits,
 )
 from bench.experiments.answer import answer
 from bench.experiments.base import BenchRun
@@ -31,6 +32,7 @@ MODULES = (
     ceiling, a_scaling, b_retries, c_hangs, d_durability, e_crash, f_cpu, g_recovery, h_latency,
     i_disk,
     j_scaleout,
+    k_limits,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so
