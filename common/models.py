@@ -12,6 +12,7 @@ That keeps the fold trivial and identical in every engine.
 from __future__ import annotations
 
 import random
+import sys
 from enum import StrEnum
 from typing import Any
 
@@ -253,14 +254,27 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     ) -> Job:
         return cls(
             id=job_id or new_job_id(now),
-            kind=kind,
+            kind=sys.intern(kind),
             args=args,
             max_attempts=max_attempts,
             ready_at=now if ready_at is None else ready_at,
             priority=priority,
             created_at=now,
             updated_at=now,
-            queue=queue,
+            queue=sys.intern(queue),
             idempotency_key=idempotency_key,
             request_hash=request_hash,
         )
+
+    def compact(self) -> Job:
+        """This job, decoded from storage, made to share what many jobs hold alike: its kind
+        and queue names (interned), and one float for times that are equal. In place (the
+        job is new and not yet shared); a million queued jobs keep ~100 bytes each less."""
+        set_ = msgspec.structs.force_setattr
+        set_(self, "kind", sys.intern(self.kind))
+        set_(self, "queue", sys.intern(self.queue))
+        if self.updated_at == self.created_at:
+            set_(self, "updated_at", self.created_at)
+        if self.ready_at == self.created_at:
+            set_(self, "ready_at", self.created_at)
+        return self

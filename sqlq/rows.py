@@ -13,6 +13,8 @@ import msgspec
 
 from common.models import Job, State, Transition
 
+STATES = {s.value: s for s in State}  # a dict lookup, not the enum's call, per row
+
 
 def job_values(job: Job) -> tuple[Any, ...]:
     """One ``insert_jobs`` row, in column order."""
@@ -60,7 +62,7 @@ def row_job(row: Any) -> Job:
         id=row[0],
         kind=row[1],
         args=msgspec.json.decode(row[2]),
-        state=State(row[3]),
+        state=STATES[row[3]],
         attempts=row[4],
         max_attempts=row[5],
         ready_at=row[6],
@@ -75,4 +77,4 @@ def row_job(row: Any) -> Job:
         idempotency_key=row[15],
         request_hash=row[16],
         attempts_total=row[17],
-    )
+    ).compact()  # interns kind and queue

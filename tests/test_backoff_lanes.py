@@ -85,3 +85,24 @@ def test_due_delayed_jobs_go_before_later_immediate_ones() -> None:
     lanes.push("immediate", ready_at=102.0, priority=0, now=102.0)
     assert lanes.pop(102.0) == "delayed"
     assert lanes.pop(102.0) == "immediate"
+
+
+def test_loading_many_at_once_hands_them_out_as_pushing_them_one_by_one_does() -> None:
+    """Recovery loads the lanes in bulk (one heapify); the order out must not change."""
+    rng = random.Random(3)
+    now = 100.0
+    jobs = [(f"j{i:04d}", now + rng.uniform(-50, 50), rng.choice([0, 0, 1, 5])) for i in range(500)]
+    pushed, loaded = Lanes(), Lanes()
+    for job_id, ready_at, priority in sorted(jobs, key=lambda j: j[1]):  # in due order
+        pushed.push(job_id, ready_at, priority, now)
+    loaded.load(list(jobs), now)
+    assert len(loaded) == len(pushed) == 500
+    assert loaded.sizes() == pushed.sizes()
+    out_pushed, out_loaded = [], []
+    for t in (now, now + 10, now + 60):
+        while (a := pushed.pop(t)) is not None:
+            out_pushed.append(a)
+        while (b := loaded.pop(t)) is not None:
+            out_loaded.append(b)
+    assert out_loaded == out_pushed
+    assert len(out_loaded) == 500

@@ -84,11 +84,14 @@ async def test_flipped_byte_in_the_middle_fails_open_and_repair_keeps_prefix(
     assert path.read_bytes() == data[:victim]
     # The prefix opens, and holds exactly what its records say.
     got = await read_state(tmp_path, sorted(final))
+    records = [rec for _, rec in log.scan(data[:victim]).changes]
+    assert all(isinstance(rec, log.ChangeRecord) for rec in records)  # the typed path read them
     prefix_ids = {
-        op["put"]["id"]
-        for _, rec in log.scan(data[:victim]).changes
-        for op in rec["ops"]
-        if "put" in op
+        op.put.id
+        for rec in records
+        if isinstance(rec, log.ChangeRecord)
+        for op in rec.ops
+        if op.put is not None
     }
     assert {i for i, j in got.items() if j is not None} == prefix_ids
 

@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from common.models import Job, Transition
 from walq.files import FileOps
 
 MAGIC = "walq"
@@ -74,8 +75,35 @@ class BadLine(Exception):
     """A line that fails framing, CRC or JSON; the reason is the message."""
 
 
-def unframe(line: bytes) -> dict[str, Any]:
-    """The record in one line (without its newline); raises ``BadLine``."""
+# The two records a log is almost all made of, decoded straight into the model's
+# structs: no dict per record, no conversion after. Any other line (the header, or
+# a record these do not fit, even a damaged one) takes the generic path, which
+# keeps every check and error message it had.
+class Op(msgspec.Struct, forbid_unknown_fields=True):
+    put: Job | None = None
+    set: Transition | None = None
+
+    def change(self) -> Job | Transition:
+        if (self.put is None) == (self.set is None):
+            raise ValueError("an op holds exactly one of put and set")
+        return self.put if self.put is not None else self.set  # type: ignore[return-value]
+
+
+class ChangeRecord(msgspec.Struct, forbid_unknown_fields=True):
+    seq: int
+    ops: list[Op]
+
+
+class SnapRecord(msgspec.Struct, forbid_unknown_fields=True):
+    snap: Job
+
+
+_CHANGE = msgspec.json.Decoder(ChangeRecord)
+_SNAP = msgspec.json.Decoder(SnapRecord)
+
+
+def body_of(line: bytes) -> bytes:
+    """The record bytes of one line (without its newline), framing and CRC checked."""
     if len(line) < _MIN_LINE or not line.startswith(_PREFIX) or not line.endswith(b"}"):
         raise BadLine("bad framing")
     if line[len(_PREFIX) + 8 : _REC_START] != _MIDDLE:
@@ -85,6 +113,15 @@ def unframe(line: bytes) -> dict[str, Any]:
     # flipped case bit in the field is damage too.
     if line[len(_PREFIX) : len(_PREFIX) + 8] != b"%08x" % zlib.crc32(body):
         raise BadLine("checksum mismatch")
+    return body
+
+
+def unframe(line: bytes) -> dict[str, Any]:
+    """The record in one line (without its newline); raises ``BadLine``."""
+    return _decode(body_of(line))
+
+
+def _decode(body: bytes) -> dict[str, Any]:
     try:
         record = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
@@ -136,22 +173,48 @@ class Scan:
     """The valid prefix of a log."""
 
     header: dict[str, Any] | None
-    snapshot: list[dict[str, Any]]
-    changes: list[tuple[int, dict[str, Any]]]  # (offset, record)
+    snapshot: list[Job | dict[str, Any]]  # typed, or as read when the typed decode failed
+    changes: list[tuple[int, ChangeRecord | dict[str, Any]]]  # (offset, record)
     valid_end: int  # bytes of valid prefix
     bad_offset: int | None  # first bad line, if any
     bad_reason: str | None
     corrupt: bool  # a good line follows the bad one
     last_seq: int  # the last sequence number in the valid prefix (start_seq - 1 if none)
+    records: int = 0  # snapshot and change records in the valid prefix
 
 
-def scan(data: bytes) -> Scan:
-    """Check every line in order and find where the valid prefix ends."""
+Record = Job | dict[str, Any] | ChangeRecord  # a snapshot job, or a change record
+Fold = Callable[[int, bool, Any], None]  # (offset, is_snapshot, record)
+
+
+def scan(data: bytes, fold: Fold | None = None) -> Scan:
+    """Check every line in order and find where the valid prefix ends.
+
+    With ``fold``, each good record is handed to it as it is read and not kept
+    (``Scan.snapshot`` and ``changes`` stay empty): recovery folds as it reads, so
+    a million decoded records never sit in memory at once, and their memory is
+    reused instead of left as holes the process cannot give back. A record is
+    folded before later lines are checked; that is safe because damage found
+    later fails the whole open, and a torn tail leaves exactly the prefix folded.
+    """
     head: dict[str, Any] | None = None
-    snapshot: list[dict[str, Any]] = []
-    changes: list[tuple[int, dict[str, Any]]] = []
+    snapshot: list[Job | dict[str, Any]] = []
+    changes: list[tuple[int, ChangeRecord | dict[str, Any]]] = []
+    keep = fold is None
+
+    def add(offset: int, is_snap: bool, record: Any) -> None:
+        if keep:
+            if is_snap:
+                snapshot.append(record)
+            else:
+                changes.append((offset, record))
+        else:
+            assert fold is not None
+            fold(offset, is_snap, record)
+
     expect_seq = 0
     valid_end = 0
+    records = 0
     for offset, line, complete in lines(data):
         reason: str | None = None
         record: dict[str, Any] = {}
@@ -159,11 +222,39 @@ def scan(data: bytes) -> Scan:
             reason = "no newline at end of file"
         else:
             try:
-                record = unframe(line)
+                body = body_of(line)
             except BadLine as exc:
                 reason = str(exc)
+            else:
+                if head is not None:  # the fast path: a typed record in its place
+                    try:
+                        rec = _CHANGE.decode(body)
+                    except msgspec.DecodeError:
+                        pass
+                    else:
+                        if rec.seq == expect_seq:
+                            add(offset, False, rec)
+                            expect_seq += 1
+                            records += 1
+                            valid_end = offset + len(line) + 1
+                            continue
+                    if expect_seq == int(head["start_seq"]):  # no change record yet
+                        try:
+                            snap = _SNAP.decode(body)
+                        except msgspec.DecodeError:
+                            pass
+                        else:
+                            add(offset, True, snap.snap)
+                            records += 1
+                            valid_end = offset + len(line) + 1
+                            continue
+                try:
+                    record = _decode(body)
+                except BadLine as exc:
+                    reason = str(exc)
         if reason is None:
-            reason = _place(record, head, changes, expect_seq)
+            started = head is not None and expect_seq != int(head["start_seq"])
+            reason = _place(record, head, started, expect_seq)
         if reason is not None:
             return Scan(
                 header=head,
@@ -176,15 +267,18 @@ def scan(data: bytes) -> Scan:
                 corrupt=reason.startswith("unsupported format version")
                 or good_line_after(data, offset),
                 last_seq=expect_seq - 1,
+                records=records,
             )
         if head is None:
             head = record
             expect_seq = int(record["start_seq"])
         elif "snap" in record:
-            snapshot.append(record["snap"])
+            add(offset, True, record["snap"])
+            records += 1
         else:
-            changes.append((offset, record))
+            add(offset, False, record)
             expect_seq += 1
+            records += 1
         valid_end = offset + len(line) + 1
     return Scan(
         header=head,
@@ -195,13 +289,14 @@ def scan(data: bytes) -> Scan:
         bad_reason=None,
         corrupt=False,
         last_seq=expect_seq - 1,
+        records=records,
     )
 
 
 def _place(
     record: dict[str, Any],
     head: dict[str, Any] | None,
-    changes: list[tuple[int, dict[str, Any]]],
+    started: bool,
     expect_seq: int,
 ) -> str | None:
     """Why ``record`` cannot stand where it is, or None if it can."""
@@ -214,7 +309,7 @@ def _place(
             return "header has no start_seq"
         return None
     if "snap" in record:
-        if changes:
+        if started:
             return "snapshot record after change records"
         return None if isinstance(record["snap"], dict) else "snapshot is not a job"
     seq = record.get("seq")

@@ -81,6 +81,7 @@ class WalStore(DurableStore):
         self._seq = 0
         self._log_bytes = 0
         self._job_bytes = 300.0  # estimated bytes per job in a snapshot
+        self._snapshot_jobs = 0  # snapshot records the last recovery read
         self.records = 0
         self.compactor = Compactor(self)
         self.queues_path = os.path.join(self.dir, QUEUES_NAME)
@@ -112,7 +113,8 @@ class WalStore(DurableStore):
             self._fd = fs.open_append(self.path)
             return Recovery(jobs=[], running=[], records=0, seconds=time.perf_counter() - t0)
         data = fs.read(self.path)
-        sc = log.scan(data)
+        self._snapshot_jobs = 0
+        sc = log.scan(data, self._fold)
         torn = 0
         if sc.bad_offset is not None:
             if sc.corrupt:
@@ -129,7 +131,8 @@ class WalStore(DurableStore):
             self._log_bytes = len(log.header(1, 0.0))
         else:
             self._log_bytes = sc.valid_end
-        self._fold(sc)
+        if self._snapshot_jobs:
+            self._job_bytes = max(100.0, sc.valid_end / max(1, sc.records))
         self._seq = sc.last_seq if sc.header is not None else 0
         self._index.prune(self._cutoff())
         self._finished = deque(
@@ -140,7 +143,7 @@ class WalStore(DurableStore):
         return Recovery(
             jobs=live,
             running=[j.id for j in live if j.state is State.RUNNING],
-            records=len(sc.snapshot) + len(sc.changes),
+            records=sc.records,
             torn_bytes=torn,
             seconds=time.perf_counter() - t0,
             notes=notes,
@@ -156,22 +159,21 @@ class WalStore(DurableStore):
         self.fs.replace(self.tmp_path, self.path)
         self.fs.fsync_dir(self.dir)
 
-    def _fold(self, sc: log.Scan) -> None:
-        """The jobs the log's records add up to, through the fold commits use."""
-        jobs = self._index.jobs
+    def _fold(self, offset: int, is_snapshot: bool, record: Any) -> None:
+        """One record of the log into the state (``JobIndex.replay``: ``Job.apply`` checks),
+        as ``log.scan`` reads it."""
+        replay = self._index.replay
         try:
-            for snap in sc.snapshot:
-                job = Job.from_dict(snap)
-                jobs[job.id] = job
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptLogError(self.path, 0, f"bad snapshot record: {exc!r}") from exc
-        if sc.snapshot:
-            self._job_bytes = max(100.0, sc.valid_end / max(1, len(sc.snapshot) + len(sc.changes)))
-        for offset, record in sc.changes:
-            try:
-                self._index.apply([_change(op) for op in record["ops"]])
-            except (KeyError, TypeError, ValueError, SqlqError) as exc:
-                raise CorruptLogError(self.path, offset, f"record does not fold: {exc}") from exc
+            if is_snapshot:
+                replay([(record if isinstance(record, Job) else Job.from_dict(record)).compact()])
+                self._snapshot_jobs += 1
+            elif isinstance(record, log.ChangeRecord):
+                replay([_compacted(op.change()) for op in record.ops])
+            else:
+                replay([_compacted(_change(op)) for op in record["ops"]])
+        except (KeyError, TypeError, ValueError, SqlqError) as exc:
+            what = "bad snapshot record" if is_snapshot else "record does not fold"
+            raise CorruptLogError(self.path, offset, f"{what}: {exc!r}") from exc
 
     async def _release(self) -> None:
         await self.compactor.close()
@@ -314,6 +316,10 @@ class WalStore(DurableStore):
             "jobs_indexed": len(self._index),
             **self.compactor.stats(),
         }
+
+
+def _compacted(change: Change) -> Change:
+    return change.compact() if isinstance(change, Job) else change
 
 
 def _change(op: dict[str, Any]) -> Change:

@@ -171,8 +171,7 @@ class LocalClaims:
     async def start(self, recovery: Recovery) -> None:
         self._paused = set(recovery.paused_queues)
         live = self._live
-        for job in recovery.jobs:
-            live.add(job)
+        live.load(recovery.jobs)
         now = self._clock.time()
         requeue = [
             self._after_failure(j, "interrupted: the server stopped", now)
@@ -185,9 +184,11 @@ class LocalClaims:
             live.totals["requeued_at_recovery"] += len(requeue)
             for t in requeue:
                 self._metrics.event("requeued", live.jobs[t.job_id])
-        for job in live.jobs.values():
-            if job.state is State.SCHEDULED:
-                self._schedule(job)
+        self.scheduler.load(
+            (job.id, job.ready_at, job.priority, job.queue)
+            for job in live.jobs.values()
+            if job.state is State.SCHEDULED
+        )
         self.scheduler.start()
 
     async def stop(self) -> None:

@@ -38,6 +38,21 @@ class Lanes:
         heapq.heappush(self.delayed, (ready_at, next(self._arrival), priority, job_id))
         return True
 
+    def load(self, jobs: list[tuple[str, float, int]], now: float) -> None:
+        """Many ``(job_id, ready_at, priority)`` at once (recovery): the due ones in due order,
+        the delayed ones heapified once instead of pushed one by one."""
+        due = sorted((j for j in jobs if j[1] <= now), key=lambda j: j[1])
+        self._promote(now)
+        for job_id, _, priority in due:
+            self._make_due(job_id, priority)
+        arrival = self._arrival
+        self.delayed.extend(
+            (ready_at, next(arrival), priority, job_id)
+            for job_id, ready_at, priority in jobs
+            if ready_at > now
+        )
+        heapq.heapify(self.delayed)
+
     def next_wakeup(self) -> float | None:
         """When the earliest delayed job becomes due; None if the heap is empty."""
         return self.delayed[0][0] if self.delayed else None

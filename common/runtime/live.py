@@ -31,6 +31,12 @@ class LiveJobs:
         """A job that is now durable: submitted, or found at recovery."""
         self._publish(job)
 
+    def load(self, jobs: list[Job]) -> None:
+        """What recovery found, at once (counted by C loops, not one ``add`` per job)."""
+        self.jobs.update((job.id, job) for job in jobs)
+        self.counts.update(job.state.value for job in jobs)
+        self.queues.update(job.queue for job in jobs)
+
     def applied(self, job: Job, t: Transition) -> Job:
         """``job`` after the durable transition ``t``; finished jobs leave the view."""
         new = job.apply(t)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from common.clock import Clock
 from common.runtime.lanes import Lanes
@@ -73,6 +73,22 @@ class Scheduler:
                 self._hand_out()
             elif ready_at < self._armed:
                 self._wake.set()  # re-arm the timer for the earlier one
+
+    def load(self, jobs: Iterable[tuple[str, float, int, str]]) -> None:
+        """Many ``(job_id, ready_at, priority, queue)`` at once, before any worker waits
+        (recovery): one heapify per queue instead of a push per job."""
+        by_queue: dict[str, list[tuple[str, float, int]]] = {}
+        for job_id, ready_at, priority, queue in jobs:
+            by_queue.setdefault(queue, []).append((job_id, ready_at, priority))
+        now = self._clock.time()
+        for queue, entries in by_queue.items():
+            lanes = self._queues.get(queue)
+            if lanes is None:
+                lanes = self._queues[queue] = Lanes()
+            lanes.load(entries, now)
+        if self._waiting:
+            self._hand_out()
+            self._wake.set()
 
     async def take(self) -> tuple[str, str]:
         """The next due job's id and queue; waits until there is one."""

@@ -18,6 +18,7 @@ and handed in; the service owns them from then on and shuts the pool down.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import time
@@ -125,9 +126,18 @@ class Service:
     async def start(self) -> Recovery:
         """Recover, requeue what was running, and start dispatching."""
         self.state = RuntimeState.RECOVERING
-        recovery = await self.store.open()
-        self.recovery = recovery
-        await self.claims.start(recovery)
+        # Recovery makes millions of objects and frees none: the cyclic collector would
+        # walk them all again and again for nothing (typed decode of a walq record ran at
+        # 0.87 us a job with it, 0.59 without; a 1M-job restart spent seconds in it).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            recovery = await self.store.open()
+            self.recovery = recovery
+            await self.claims.start(recovery)
+        finally:
+            if collecting:
+                gc.enable()
         self.pool.start()
         if self.config.compact_every_s > 0:
             self._maintenance = asyncio.create_task(self._maintain(), name="sqlq-maintenance")

@@ -1,0 +1,26 @@
+"""The job model's pure helpers."""
+
+from __future__ import annotations
+
+import msgspec
+
+from common.models import Job
+from tests.helpers import NOW
+
+
+def test_a_decoded_job_shares_its_names_and_equal_times_and_is_unchanged() -> None:
+    """Many queued jobs hold the same kind, queue and times: ``compact`` shares them
+    (memory per queued job) and changes nothing a reader can see."""
+    original = Job.new(kind="sleep", args={"n": 1}, now=NOW, queue="mail")
+    data = msgspec.json.encode(original)
+    a = msgspec.json.decode(data, type=Job)
+    b = msgspec.json.decode(data, type=Job)
+    assert a.kind is not b.kind  # the decoder makes a new string per job
+    a, b = a.compact(), b.compact()
+    assert a == b == original
+    assert a.kind is b.kind and a.queue is b.queue
+    assert a.updated_at is a.created_at and a.ready_at is a.created_at
+    delayed = Job.new(kind="sleep", args={}, now=NOW, ready_at=NOW + 5)
+    again = msgspec.json.decode(msgspec.json.encode(delayed), type=Job).compact()
+    assert again == delayed
+    assert again.ready_at == NOW + 5
