@@ -131,6 +131,17 @@ async def run_pg_trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: ran
                        ) -> dict[str, Any]:  # fmt: skip
     dsn = await asyncio.to_thread(cluster.create_database)
     nodes = [node(dsn, trial.lease_s, workdir, i) for i in range(NODES)]
+    started = list(nodes)  # every node this trial spawns, so a failure stops them all
+    try:
+        return await _trial(cluster, trial, workdir, rng, dsn, nodes, started)
+    finally:
+        for n in started:
+            await asyncio.to_thread(n.stop)  # SIGKILL if still running; idempotent
+
+
+async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Random, dsn: str,
+                 nodes: list[ServerProcess], started: list[ServerProcess]
+                 ) -> dict[str, Any]:  # fmt: skip
     for n in nodes:
         n.spawn()
     for n in nodes:
@@ -154,6 +165,7 @@ async def run_pg_trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: ran
                           victim_name)  # fmt: skip
         held_by_victim.update(r[0] for r in rows)
         again = node(dsn, trial.lease_s, workdir, NODES + 1)
+        started.append(again)
         again.spawn()
         nodes[victim] = again
         await asyncio.to_thread(again.wait_ready)

@@ -127,19 +127,25 @@ def _nodes(system: str, n: int, workdir: Path) -> tuple[list[ServerProcess], str
 
 
 @dataclass(frozen=True, kw_only=True)
-class SqlqRun:
-    """sqlq: hold the queue, batch-submit over HTTP to every node, let go, time the drain."""
+class JRun:
+    """What J's runs share: the system measured stands where other experiments' store does."""
 
     system: str
-    nodes: int
-    workload: str
-    jobs: int
     experiment: str = NAME
     params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def store(self) -> str:
         return self.system
+
+
+@dataclass(frozen=True, kw_only=True)
+class SqlqRun(JRun):
+    """sqlq: hold the queue, batch-submit over HTTP to every node, let go, time the drain."""
+
+    nodes: int
+    workload: str
+    jobs: int
 
     @property
     def label(self) -> str:
@@ -217,18 +223,11 @@ def _peer_env() -> dict[str, str]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PeerRun:
+class PeerRun(JRun):
     """A peer: its batch enqueue, then two of its worker processes drain the queue."""
 
-    system: str
     jobs: int
     phase: str = "throughput"
-    experiment: str = NAME
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def store(self) -> str:
-        return self.system
 
     @property
     def label(self) -> str:
@@ -306,16 +305,10 @@ async def _rescue(dsn: str, held_sql: str, pending_sql: str, second: Callable[[]
 
 
 @dataclass(frozen=True, kw_only=True)
-class SqlqRescueRun:
+class SqlqRescueRun(JRun):
     """Two sqlq nodes; one is killed holding every job; until the other has finished them."""
 
-    experiment: str = NAME
     system: str = "sqlq-postgres"
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def store(self) -> str:
-        return self.system
 
     @property
     def label(self) -> str:

@@ -23,22 +23,38 @@ and the event loop never blocks on them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from common.clock import SYSTEM_CLOCK, Clock
 from common.engine.datadir import DirLock, prepare_dir
-from common.engine.groupcommit import BatchObserver, GroupCommitter, Pending
-from common.errors import StoreClosedError, StoreError
+from common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
+from common.errors import StoreError
 from common.store import DEFAULT_RETENTION_S, Change, Recovery, StoreStats, SyncLevel
 
 T = TypeVar("T")
 
 
-class DurableStore:
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """Recovery makes millions of objects and frees none: the cyclic collector would walk
+    them again and again for nothing (a typed decode of a walq record took 0.87 us a job
+    with it, 0.59 without). Process-wide, so it also covers the engine's I/O thread."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+class DurableStore(Committing):
     name = "durable"  # each engine names itself
     durable = True
     shared = False
@@ -96,7 +112,8 @@ class DurableStore:
         prepare_dir(self.dir)
         self._lock.acquire()
         try:
-            recovery = await self._recover()
+            with collector_off():
+                recovery = await self._recover()
         except BaseException:
             await self._release()
             self._io.shutdown(wait=True)
@@ -108,17 +125,6 @@ class DurableStore:
         self._committer.observer = self._observer
         self._committer.start()
         return recovery
-
-    def observe_batches(self, observer: BatchObserver) -> None:
-        self._observer = observer
-        if self._committer is not None:
-            self._committer.observer = observer
-
-    def _live(self) -> GroupCommitter:
-        """The committer of an open store; ``StoreClosedError`` otherwise."""
-        if self._committer is None:
-            raise StoreClosedError(f"{self.name} store is not open")
-        return self._committer
 
     async def commit(self, changes: Sequence[Change]) -> None:
         committer = self._live()

@@ -203,3 +203,23 @@ class GroupCommitter:
                 err = StoreFailedError(f"{self._name} has failed: {self.failure}")
                 err.__cause__ = self.failure
                 pending.future.set_exception(err)
+
+
+class Committing:
+    """What every store in front of a ``GroupCommitter`` does alike: hand the metrics
+    observer to it, and refuse calls while there is none (not open, or closed)."""
+
+    name: str
+    _committer: GroupCommitter | None
+    _observer: BatchObserver | None
+
+    def observe_batches(self, observer: BatchObserver) -> None:
+        self._observer = observer
+        if self._committer is not None:
+            self._committer.observer = observer
+
+    def _live(self) -> GroupCommitter:
+        """The committer of an open store; ``StoreClosedError`` otherwise."""
+        if self._committer is None:
+            raise StoreClosedError(f"{self.name} store is not open")
+        return self._committer

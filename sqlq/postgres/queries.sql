@@ -55,6 +55,16 @@ SELECT sqlq_expect((SELECT count(*) FROM upd), $34),
 -- What a refused transition found, to name the error.
 SELECT state, epoch, node, lease_until FROM jobs WHERE id = $1;
 
+-- name: claimed
+-- The due rows a claim locked (the CTE ``due``), marked running for this node ($5) with a
+-- new epoch, one more attempt and a lease until $3.
+UPDATE jobs j
+   SET state = 'running', epoch = j.epoch + 1, attempts = j.attempts + 1,
+       started_at = $1, updated_at = $1, lease_until = $3, node = $5
+  FROM due
+ WHERE j.id = due.id
+RETURNING j.*;  -- the first columns of the table are the job columns, in order
+
 -- name: claim
 -- Due jobs of queues that are neither paused nor capped (capped ones: claim_capped),
 -- highest priority first, then oldest, locked so no other node takes them; each
@@ -73,12 +83,7 @@ WITH due AS (
      LIMIT $2
        FOR UPDATE SKIP LOCKED
 )
-UPDATE jobs j
-   SET state = 'running', epoch = j.epoch + 1, attempts = j.attempts + 1,
-       started_at = $1, updated_at = $1, lease_until = $3, node = $5
-  FROM due
- WHERE j.id = due.id
-RETURNING j.*;  -- the first columns of the table are the job columns, in order
+{claimed}
 
 -- name: claim_capped
 -- The same for one capped queue ($4), taking at most what its cap ($6) leaves
@@ -94,12 +99,7 @@ WITH due AS (
                                         WHERE state = 'running' AND queue = $4)))
        FOR UPDATE SKIP LOCKED
 )
-UPDATE jobs j
-   SET state = 'running', epoch = j.epoch + 1, attempts = j.attempts + 1,
-       started_at = $1, updated_at = $1, lease_until = $3, node = $5
-  FROM due
- WHERE j.id = due.id
-RETURNING j.*;  -- the first columns of the table are the job columns, in order
+{claimed}
 
 -- name: next_due
 SELECT min(ready_at) FROM jobs WHERE state = 'scheduled' AND ready_at > $1;

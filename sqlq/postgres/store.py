@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from common.clock import SYSTEM_CLOCK, Clock
-from common.engine.groupcommit import BatchObserver, GroupCommitter, Pending
+from common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
 from common.errors import (
     DuplicateJobError,
     DuplicateKeyError,
@@ -143,7 +143,7 @@ def _fast_path_safe(encoded: Sequence[Encoded]) -> bool:
     return len(ids) == len(set(ids))
 
 
-class PostgresStore:
+class PostgresStore(Committing):
     name = "postgres"
     durable = True
     shared = True
@@ -243,16 +243,6 @@ class PostgresStore:
                     await asyncio.wait_for(pool.close(), 5)
         self._pool = self._claimer = None
         self._closed = True
-
-    def observe_batches(self, observer: BatchObserver) -> None:
-        self._observer = observer
-        if self._committer is not None:
-            self._committer.observer = observer
-
-    def _live(self) -> GroupCommitter:
-        if self._committer is None:
-            raise StoreClosedError(f"{self.name} store is not open")
-        return self._committer
 
     # -- writes ----------------------------------------------------------------------
 
