@@ -275,7 +275,12 @@ def section(rep: Report) -> None:
         "`RSS/job`: the server's VmRSS less an empty server's, over the jobs. `replay x`: "
         "the plain msgspec decode loop's time over walq's recovery time on the same log "
         "(1 = recovery as fast as decoding). `CPU us/job`: server process CPU, all threads, "
-        "no-op jobs by single POST (32 clients, 64 workers, `--sync full`).",
+        "no-op jobs by single POST (32 clients, 64 workers, `--sync full`). `no-op jobs/s "
+        "(batch)`: end to end, 4 clients submitting 100 per POST; huey's `SqliteHuey` "
+        "(fsync on) runs the same jobs in process with its own consumer (16 threads). What "
+        "differs: huey has no HTTP in the path, and it is at-most-once on a crash (a task "
+        "dequeued by a worker that dies is gone), where sqlq acknowledges a job only once it "
+        "is durable and runs it again after a crash.",
         "",
         "| code | part | store | jobs | ready s | RSS/job B |",
         "|---|---|---|---:|---:|---:|",
