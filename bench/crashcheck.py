@@ -209,13 +209,20 @@ def run_trials(
         )
         with tempfile.TemporaryDirectory(prefix="sqlq-crashcheck-") as d:
             row = run_trial(trial, Path(d))
-        row["trial"] = n
-        row["git_commit"] = commit
-        rows.append(row)
-        if path is not None:
-            with open(path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        keep(rows, row, n, commit, path)
     return rows
+
+
+def keep(rows: list[dict[str, Any]], row: dict[str, Any], n: int, commit: str,
+         path: Path | None) -> None:  # fmt: skip
+    """One trial's row: numbered, stamped with the commit, and appended to the run's file
+    as it comes (a long run that is stopped keeps its trials)."""
+    row["trial"] = n
+    row["git_commit"] = commit
+    rows.append(row)
+    if path is not None:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def write_report(out: Path) -> str:

@@ -21,7 +21,6 @@ is still held by it is the rescue time.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import signal
 import time
@@ -263,6 +262,7 @@ def run_pg_trials(
     from tqdm import tqdm
 
     from bench import meta
+    from bench.crashcheck import keep
 
     rng = random.Random(seed)
     commit = meta.git_commit()
@@ -283,12 +283,7 @@ def run_pg_trials(
             )
             with tempfile.TemporaryDirectory(prefix="sqlq-crashcheck-pg-") as d:
                 row = asyncio.run(run_pg_trial(cluster, trial, Path(d), rng))
-            row["trial"] = n
-            row["git_commit"] = commit
-            rows.append(row)
-            if path is not None:
-                with open(path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            keep(rows, row, n, commit, path)
     finally:
         try:
             cluster.stop()
