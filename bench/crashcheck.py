@@ -191,7 +191,7 @@ def run_trials(
     from bench import meta
 
     rng = random.Random(seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     commit = meta.git_commit()
     path = None
     if out is not None:

@@ -272,7 +272,7 @@ def run_pg_trials(
         path = out / "crash-postgres-full.jsonl"
         path.write_text("")
     cluster = make_cluster()
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         for n in tqdm(range(trials), desc="crashcheck postgres", disable=not progress):
             trial = PgTrial(
