@@ -18,8 +18,10 @@ def test_a_decoded_job_shares_its_names_and_equal_times_and_is_unchanged() -> No
     assert a.kind is not b.kind  # the decoder makes a new string per job
     a, b = a.compact(), b.compact()
     assert a == b == original
-    assert a.kind is b.kind and a.queue is b.queue
-    assert a.updated_at is a.created_at and a.ready_at is a.created_at
+    assert a.kind is b.kind
+    assert a.queue is b.queue
+    assert a.updated_at is a.created_at
+    assert a.ready_at is a.created_at
     delayed = Job.new(kind="sleep", args={}, now=NOW, ready_at=NOW + 5)
     again = msgspec.json.decode(msgspec.json.encode(delayed), type=Job).compact()
     assert again == delayed

@@ -162,7 +162,7 @@ class SqlqRun(JRun):
                 return asyncio.run(self._measure([n.url for n in nodes]))
             finally:
                 for n in nodes:
-                    n.stop(signal.SIGTERM)
+                    n.cleanup()  # SIGTERM, and the data directory it made
 
     async def _measure(self, urls: list[str]) -> dict[str, Any]:
         work_ms = 20 if self.workload == "20ms" else 0
@@ -323,7 +323,7 @@ class SqlqRescueRun(JRun):
                 rescue = asyncio.run(self._measure(nodes, dsn))
             finally:
                 for n in nodes:
-                    n.stop(signal.SIGTERM)
+                    n.cleanup()  # SIGTERM, and the data directory it made
         return {"system": self.system, "phase": "rescue", "nodes": 2, "jobs": RESCUE_JOBS,
                 "rescue_s": rescue}  # fmt: skip
 
