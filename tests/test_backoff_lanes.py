@@ -95,7 +95,8 @@ def test_loading_many_at_once_hands_them_out_as_pushing_them_one_by_one_does() -
     pushed, loaded = Lanes(), Lanes()
     for job_id, ready_at, priority in sorted(jobs, key=lambda j: j[1]):  # in due order
         pushed.push(job_id, ready_at, priority, now)
-    loaded.load(list(jobs), now)
+    ids, due, priorities = (list(column) for column in zip(*jobs, strict=True))
+    loaded.load(ids, due, priorities, now)
     assert len(loaded) == len(pushed) == 500
     assert loaded.sizes() == pushed.sizes()
     out_pushed, out_loaded = [], []

@@ -24,7 +24,7 @@ from common.engine.base import DurableStore
 from common.engine.groupcommit import Pending
 from common.engine.index import JobIndex, expired
 from common.errors import CorruptLogError, SqlqError, StoreError
-from common.models import Job, State, Transition
+from common.models import TERMINAL, Job, State, Transition
 from common.store import Change, CompactionReport, JobQuery, Recovery
 from walq import log
 from walq.compact import Compactor, Snapshot
@@ -134,12 +134,9 @@ class WalStore(DurableStore):
         if self._snapshot_jobs:
             self._job_bytes = max(100.0, sc.valid_end / max(1, sc.records))
         self._seq = sc.last_seq if sc.header is not None else 0
-        self._index.prune(self._cutoff())
-        self._finished = deque(
-            sorted((j.updated_at, j.id) for j in self._index.jobs.values() if j.terminal)
-        )
+        live, finished = self._sort_out()
+        self._finished = deque(finished)
         self._fd = fs.open_append(self.path)
-        live = self._index.live()
         return Recovery(
             jobs=live,
             running=[j.id for j in live if j.state is State.RUNNING],
@@ -148,6 +145,25 @@ class WalStore(DurableStore):
             seconds=time.perf_counter() - t0,
             notes=notes,
         )
+
+    def _sort_out(self) -> tuple[list[Job], list[tuple[float, str]]]:
+        """In one pass over the recovered jobs: forget those past retention, and return the
+        live ones and the finished ones' (updated_at, id) in age order (for ``_expire``)."""
+        cutoff = self._cutoff()
+        live: list[Job] = []
+        finished: list[tuple[float, str]] = []
+        doomed: list[str] = []
+        for job in self._index.jobs.values():
+            if job.state not in TERMINAL:
+                live.append(job)
+            elif expired(job, cutoff):
+                doomed.append(job.id)
+            else:
+                finished.append((job.updated_at, job.id))
+        for job_id in doomed:
+            self._index.forget(job_id)
+        finished.sort()
+        return live, finished
 
     def _create_fresh(self, start_seq: int) -> None:
         fd = self.fs.open_new(self.tmp_path)

@@ -184,11 +184,7 @@ class LocalClaims:
             live.totals["requeued_at_recovery"] += len(requeue)
             for t in requeue:
                 self._metrics.event("requeued", live.jobs[t.job_id])
-        self.scheduler.load(
-            (job.id, job.ready_at, job.priority, job.queue)
-            for job in live.jobs.values()
-            if job.state is State.SCHEDULED
-        )
+        self.scheduler.load([job for job in live.jobs.values() if job.state is State.SCHEDULED])
         self.scheduler.start()
 
     async def stop(self) -> None:

@@ -38,19 +38,18 @@ class Lanes:
         heapq.heappush(self.delayed, (ready_at, next(self._arrival), priority, job_id))
         return True
 
-    def load(self, jobs: list[tuple[str, float, int]], now: float) -> None:
-        """Many ``(job_id, ready_at, priority)`` at once (recovery): the due ones in due order,
-        the delayed ones heapified once instead of pushed one by one."""
-        due = sorted((j for j in jobs if j[1] <= now), key=lambda j: j[1])
+    def load(self, ids: list[str], due: list[float], priorities: list[int], now: float) -> None:
+        """Many jobs at once (recovery), as columns: the due ones in due order, the delayed
+        ones heapified once instead of pushed one by one (tuples built by C loops)."""
         self._promote(now)
-        for job_id, _, priority in due:
+        ready = sorted((t, i, p) for t, i, p in zip(due, ids, priorities, strict=True) if t <= now)
+        for _, job_id, priority in ready:
             self._make_due(job_id, priority)
-        arrival = self._arrival
-        self.delayed.extend(
-            (ready_at, next(arrival), priority, job_id)
-            for job_id, ready_at, priority in jobs
-            if ready_at > now
-        )
+        if len(ready) == len(ids):
+            return
+        # zip stops at the shortest: the arrival counter never ends.
+        later = [e for e in zip(due, self._arrival, priorities, ids, strict=False) if e[0] > now]
+        self.delayed.extend(later)
         heapq.heapify(self.delayed)
 
     def next_wakeup(self) -> float | None:

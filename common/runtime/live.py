@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from operator import attrgetter
 
 from common.models import TERMINAL, Job, Transition
 
@@ -33,9 +34,10 @@ class LiveJobs:
 
     def load(self, jobs: list[Job]) -> None:
         """What recovery found, at once (counted by C loops, not one ``add`` per job)."""
-        self.jobs.update((job.id, job) for job in jobs)
-        self.counts.update(job.state.value for job in jobs)
-        self.queues.update(job.queue for job in jobs)
+        self.jobs.update(zip(map(attrgetter("id"), jobs), jobs, strict=True))
+        for state, n in Counter(map(attrgetter("state"), jobs)).items():
+            self.counts[state.value] += n
+        self.queues.update(map(attrgetter("queue"), jobs))
 
     def applied(self, job: Job, t: Transition) -> Job:
         """``job`` after the durable transition ``t``; finished jobs leave the view."""

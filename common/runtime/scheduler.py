@@ -21,10 +21,14 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 from common.clock import Clock
+from common.models import Job
 from common.runtime.lanes import Lanes
+
+_ID, _DUE, _PRIORITY = attrgetter("id"), attrgetter("ready_at"), attrgetter("priority")
 
 Gate = Callable[[str], bool]  # may a job of this queue start now?
 Taken = Callable[[str], None]  # a job of this queue was handed to a worker
@@ -74,18 +78,23 @@ class Scheduler:
             elif ready_at < self._armed:
                 self._wake.set()  # re-arm the timer for the earlier one
 
-    def load(self, jobs: Iterable[tuple[str, float, int, str]]) -> None:
-        """Many ``(job_id, ready_at, priority, queue)`` at once, before any worker waits
-        (recovery): one heapify per queue instead of a push per job."""
-        by_queue: dict[str, list[tuple[str, float, int]]] = {}
-        for job_id, ready_at, priority, queue in jobs:
-            by_queue.setdefault(queue, []).append((job_id, ready_at, priority))
+    def load(self, jobs: Sequence[Job]) -> None:
+        """Many scheduled jobs at once, before any worker waits (recovery): one heapify per
+        queue instead of a push per job."""
+        by_queue: dict[str, list[Job]] = {}
+        if len({job.queue for job in jobs}) == 1:
+            by_queue[jobs[0].queue] = list(jobs)
+        else:
+            for job in jobs:
+                by_queue.setdefault(job.queue, []).append(job)
         now = self._clock.time()
-        for queue, entries in by_queue.items():
+        for queue, group in by_queue.items():
             lanes = self._queues.get(queue)
             if lanes is None:
                 lanes = self._queues[queue] = Lanes()
-            lanes.load(entries, now)
+            lanes.load(
+                list(map(_ID, group)), list(map(_DUE, group)), list(map(_PRIORITY, group)), now
+            )
         if self._waiting:
             self._hand_out()
             self._wake.set()
