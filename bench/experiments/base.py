@@ -17,7 +17,7 @@ from bench.experiments.rows import LoadRow
 from bench.report import Report, cell, group
 from sqlq.engines import DURABLE, NAMES
 
-__all__ = ["DURABLE", "NAMES", "BenchRun", "LoadRun", "off_on_table", "off_then_on"]
+__all__ = ["DURABLE", "NAMES", "BenchRun", "LoadRun", "Run", "off_on_table", "off_then_on"]
 
 
 class BenchRun(Protocol):
@@ -34,12 +34,19 @@ class BenchRun(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoadRun:
-    """A fresh server, one load from ``sqlq loadgen``'s engine, then stop."""
+class Run:
+    """The fields every ``BenchRun`` has: where its row goes, and what it is called."""
 
     experiment: str
     store: str
     label: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadRun(Run):
+    """A fresh server, one load from ``sqlq loadgen``'s engine, then stop."""
+
     sync: str = "full"
     workers: int = 16
     jobs: int = 2000
@@ -53,7 +60,6 @@ class LoadRun:
     rate: float = 0.0
     flags: tuple[str, ...] = ()
     drain_timeout: float = 120.0
-    params: dict[str, Any] = field(default_factory=dict)
 
     def execute(self) -> dict[str, Any]:
         with ServerProcess.engine(

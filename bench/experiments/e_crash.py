@@ -6,7 +6,7 @@ import asyncio
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -15,7 +15,7 @@ import uvloop
 from bench.client.http import HTTPError, HttpPool
 from bench.client.loadgen import wait_drained
 from bench.client.server import ServerProcess
-from bench.experiments.base import DURABLE, NAMES, BenchRun
+from bench.experiments.base import DURABLE, NAMES, BenchRun, Run
 from bench.experiments.rows import Row
 from bench.report import Report, cell, group
 
@@ -36,15 +36,11 @@ ROW = CrashRow
 
 
 @dataclass(frozen=True, kw_only=True)
-class CrashRun:
-    experiment: str
-    store: str
-    label: str
+class CrashRun(Run):
     jobs: int = 3000
     work_ms: int = 30
     workers: int = 16
     kill_at: float = 0.25
-    params: dict[str, Any] = field(default_factory=dict)
 
     def execute(self) -> dict[str, Any]:
         return uvloop.run(self._go())

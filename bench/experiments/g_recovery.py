@@ -11,7 +11,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -20,7 +20,7 @@ import uvloop
 from bench.client.http import HttpPool
 from bench.client.loadgen import job_body, run_load
 from bench.client.server import ServerProcess
-from bench.experiments.base import DURABLE, NAMES, BenchRun
+from bench.experiments.base import DURABLE, NAMES, BenchRun, Run
 from bench.experiments.rows import Latency, Row
 from bench.report import Report, cell, group, med
 
@@ -54,12 +54,8 @@ class Summary:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RecoveryRun:
-    experiment: str
-    store: str
-    label: str
+class RecoveryRun(Run):
     transitions: int
-    params: dict[str, Any] = field(default_factory=dict)
 
     def execute(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-recovery-") as d:
@@ -96,14 +92,10 @@ class RecoveryRun:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CompactionRun:
+class CompactionRun(Run):
     """A long walq run with a small compaction floor, sampling the log size."""
 
-    experiment: str
-    store: str
-    label: str
     jobs: int
-    params: dict[str, Any] = field(default_factory=dict)
 
     def execute(self) -> dict[str, Any]:
         flags = ("--compact-floor-mb", "1", "--retention", "1", "--workers", "64")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -12,7 +12,7 @@ import uvloop
 
 from bench.client.loadgen import job_body, run_load
 from bench.client.server import ServerProcess
-from bench.experiments.base import NAMES, BenchRun
+from bench.experiments.base import NAMES, BenchRun, Run
 from bench.experiments.rows import Latency, Row
 from bench.report import Report, med
 
@@ -37,16 +37,12 @@ ROW = LatencyRow
 
 
 @dataclass(frozen=True, kw_only=True)
-class LatencyRun:
+class LatencyRun(Run):
     """Measure the closed-loop peak, then open-loop arrivals at fractions of it."""
 
-    experiment: str
-    store: str
-    label: str
     fractions: tuple[float, ...]
     seconds: float
     peak_jobs: int = 3000
-    params: dict[str, Any] = field(default_factory=dict)
 
     def execute(self) -> dict[str, Any]:
         body = job_body(0, 0, 0, "sleep", 0)

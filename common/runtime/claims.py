@@ -138,8 +138,12 @@ class QueueInfo:
     paused: bool
 
 
-class LocalClaims:
-    """Claims from the scheduler's lanes in this process; outcomes through the store."""
+class ClaimsBase:
+    """What both implementations of ``Claims`` do alike: how an attempt ends.
+
+    The outcome's transition is built here (completed, or through the retry policy),
+    counted, and written in the background by the subclass's ``_commit_outcome``.
+    """
 
     def __init__(
         self,
@@ -157,11 +161,61 @@ class LocalClaims:
         self._config = config
         self._clock = clock
         self._rng = rng
-        self.scheduler = Scheduler(clock, gate=self._open, taken=self._taken)
         self._caps = dict(config.queue_caps)
+        self._running: Counter[str] = Counter()  # attempts started here and not yet over, by queue
+        self._background: set[asyncio.Task[None]] = set()  # outcomes being written
+
+    def completed(self, claim: Claim, result: JSON) -> None:
+        self._over(claim)
+        self._record(claim, claim.job.complete(result, self._clock.time()))
+
+    def failed(self, claim: Claim, error: str) -> None:
+        self._over(claim)
+        self._record(claim, self._after_failure(claim.job, error, self._clock.time()))
+
+    def hung(self, claim: Claim, reason: str) -> None:
+        self._live.totals["requeued_hung"] += 1
+        self._metrics.event("requeued", claim.job)
+        self.failed(claim, reason)
+
+    def _over(self, claim: Claim) -> None:
+        """The attempt ended: its queue has room for one more."""
+        started = claim.job.started_at
+        if started is not None:
+            self._metrics.run.observe(max(0.0, self._clock.time() - started))
+        self._release(claim.job.queue)
+
+    def _release(self, queue: str) -> None:
+        self._running[queue] -= 1
+
+    def _after_failure(self, job: Job, error: str, now: float) -> Transition:
+        return after_failure(job, error, now, self._config.retry, self._rng)
+
+    def _record(self, claim: Claim, t: Transition) -> None:
+        task = asyncio.create_task(self._commit_outcome(claim, t))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _commit_outcome(self, claim: Claim, t: Transition) -> None:
+        raise NotImplementedError
+
+
+class LocalClaims(ClaimsBase):
+    """Claims from the scheduler's lanes in this process; outcomes through the store."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        live: LiveJobs,
+        config: RuntimeConfig,
+        *,
+        clock: Clock,
+        rng: random.Random,
+        metrics: Metrics | None = None,
+    ) -> None:
+        super().__init__(store, live, config, clock=clock, rng=rng, metrics=metrics)
+        self.scheduler = Scheduler(clock, gate=self._open, taken=self._taken)
         self._paused: set[str] = set()
-        self._running: Counter[str] = Counter()  # attempts started and not yet over, by queue
-        self._background: set[asyncio.Task[None]] = set()
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
         self._skipped: set[str] = set()  # taken by a worker while its cancel was in flight
@@ -325,40 +379,12 @@ class LocalClaims:
         self._live.applied(job, t)
         return ClaimResult.CLAIMED
 
-    def completed(self, claim: Claim, result: JSON) -> None:
-        self._over(claim)
-        self._record(claim, claim.job.complete(result, self._clock.time()))
-
-    def failed(self, claim: Claim, error: str) -> None:
-        self._over(claim)
-        self._record(claim, self._after_failure(claim.job, error, self._clock.time()))
-
-    def _over(self, claim: Claim) -> None:
-        """The attempt ended: its queue has room for one more."""
-        started = claim.job.started_at
-        if started is not None:
-            self._metrics.run.observe(max(0.0, self._clock.time() - started))
-        self._release(claim.job.queue)
-
     def _release(self, queue: str) -> None:
-        self._running[queue] -= 1
+        super()._release(queue)
         if queue in self._caps:
             self.scheduler.poke()
 
-    def hung(self, claim: Claim, reason: str) -> None:
-        self._live.totals["requeued_hung"] += 1
-        self._metrics.event("requeued", claim.job)
-        self.failed(claim, reason)
-
     # -- outcomes, in the background ----------------------------------------------------------
-
-    def _after_failure(self, job: Job, error: str, now: float) -> Transition:
-        return after_failure(job, error, now, self._config.retry, self._rng)
-
-    def _record(self, claim: Claim, t: Transition) -> None:
-        task = asyncio.create_task(self._commit_outcome(claim, t))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def _commit_outcome(self, claim: Claim, t: Transition) -> None:
         totals = self._live.totals

@@ -36,7 +36,6 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
-from common.backoff import after_failure
 from common.clock import Clock
 from common.errors import (
     IllegalTransitionError,
@@ -47,8 +46,8 @@ from common.errors import (
     TransitionError,
     UnencodableError,
 )
-from common.models import JSON, Job, State, Transition
-from common.runtime.claims import OUTCOME_EVENT, Claim, ClaimResult, QueueInfo
+from common.models import Job, State, Transition
+from common.runtime.claims import OUTCOME_EVENT, Claim, ClaimResult, ClaimsBase, QueueInfo
 from common.runtime.config import RuntimeConfig
 from common.runtime.live import LiveJobs
 from common.runtime.metrics import Metrics
@@ -60,7 +59,9 @@ RESCUE_BATCH = 500  # expired leases requeued per round
 RETRY_OUTCOME_S = 0.2  # an outcome the database did not answer is written again after this
 
 
-class SharedClaims:
+class SharedClaims(ClaimsBase):
+    _store: SharedStore
+
     def __init__(
         self,
         store: SharedStore,
@@ -71,21 +72,13 @@ class SharedClaims:
         rng: random.Random,
         metrics: Metrics | None = None,
     ) -> None:
-        self._store = store
-        self._live = live
-        self._config = config
-        self._clock = clock
-        self._rng = rng
-        self._metrics = metrics or Metrics()
+        super().__init__(store, live, config, clock=clock, rng=rng, metrics=metrics)
         self.lease_s = config.lease_s
         self.poll_s = config.poll_s
-        self._caps = dict(config.queue_caps)
         self._waiting: deque[asyncio.Future[Claim]] = deque()  # workers waiting for a claim
         self._ready: deque[Claim] = deque()  # claimed, its worker went away: the next taker's
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
-        self._running: Counter[str] = Counter()  # attempts on this node, by queue
         self._held: set[str] = set()  # claimed here, outcome not yet written: leases to renew
         self._census: dict[tuple[str, str], int] = {}  # (state, queue) -> jobs, on every node
         self._paused: set[str] = set()
@@ -266,33 +259,6 @@ class SharedClaims:
         return done
 
     # -- outcomes ---------------------------------------------------------------------------
-
-    def _after_failure(self, job: Job, error: str, now: float) -> Transition:
-        return after_failure(job, error, now, self._config.retry, self._rng)
-
-    def completed(self, claim: Claim, result: JSON) -> None:
-        self._over(claim)
-        self._record(claim, claim.job.complete(result, self._clock.time()))
-
-    def failed(self, claim: Claim, error: str) -> None:
-        self._over(claim)
-        self._record(claim, self._after_failure(claim.job, error, self._clock.time()))
-
-    def hung(self, claim: Claim, reason: str) -> None:
-        self._live.totals["requeued_hung"] += 1
-        self._metrics.event("requeued", claim.job)
-        self.failed(claim, reason)
-
-    def _over(self, claim: Claim) -> None:
-        started = claim.job.started_at
-        if started is not None:
-            self._metrics.run.observe(max(0.0, self._clock.time() - started))
-        self._running[claim.job.queue] -= 1
-
-    def _record(self, claim: Claim, t: Transition) -> None:
-        task = asyncio.create_task(self._commit_outcome(claim, t))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def _commit_outcome(self, claim: Claim, t: Transition) -> None:
         try:
