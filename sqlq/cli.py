@@ -70,6 +70,7 @@ def serve(**flags: Any) -> None:
     from common.http.guard import Security, is_loopback
     from common.runtime.config import RuntimeState
     from common.runtime.service import Service
+    from common.ui.app import UiOptions
     from sqlq.engines import engine, make_store
     from sqlq.serve import ServeOptions, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
@@ -99,6 +100,8 @@ def serve(**flags: Any) -> None:
         raise click.UsageError(
             f"--store {s.store} needs --dsn (or SQLQ_DSN): the database to share"
         )
+    if s.ui_read_only and not s.ui:
+        raise click.UsageError("--ui-read-only is for the dashboard, which --no-ui removes")
     if s.dsn and not shared:
         raise click.UsageError(f"--dsn is for --store postgres; --store {s.store} keeps --data")
     try:
@@ -115,6 +118,7 @@ def serve(**flags: Any) -> None:
         security=Security.for_binding(s.host, s.token, s.allowed_hosts),
         max_connections=s.max_connections,
         keep_alive_s=s.keep_alive,
+        ui=UiOptions(read_only=s.ui_read_only) if s.ui else None,
     )
     install_default_signals()
     try:

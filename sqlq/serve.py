@@ -14,7 +14,7 @@ import gc
 import importlib
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 
 import uvicorn
@@ -23,6 +23,7 @@ from common.http.app import create_app
 from common.http.guard import Security
 from common.runtime.config import RuntimeState
 from common.runtime.service import Service
+from common.ui.app import UiOptions
 
 log = logging.getLogger("sqlq")
 
@@ -37,6 +38,7 @@ class ServeOptions:
     security: Security
     max_connections: int = 2048
     keep_alive_s: int = 5
+    ui: UiOptions | None = field(default_factory=UiOptions)  # None: --no-ui
 
 
 class _Server(uvicorn.Server):
@@ -91,7 +93,9 @@ async def serve(runtime: Service, opts: ServeOptions) -> None:
         recovery.seconds,
         recovery.torn_bytes,
     )
-    app = create_app(runtime, start_runtime=False, grace_s=opts.grace_s, security=opts.security)
+    app = create_app(
+        runtime, start_runtime=False, grace_s=opts.grace_s, security=opts.security, ui=opts.ui
+    )
     config = uvicorn.Config(
         app,
         host=opts.host,
@@ -106,6 +110,9 @@ async def serve(runtime: Service, opts: ServeOptions) -> None:
         timeout_keep_alive=opts.keep_alive_s,
         proxy_headers=False,  # loopback by default; never trust X-Forwarded-* blindly
     )
+    if opts.ui is not None:
+        log.info("dashboard at http://%s:%d/ui/%s", opts.host, opts.port,
+                 " (read-only)" if opts.ui.read_only else "")  # fmt: skip
     server = _Server(config)
     server.runtime = runtime
     server.hurry = asyncio.get_running_loop()

@@ -192,6 +192,17 @@ class ServeSettings:
         help="On loopback, also answer requests whose Host header is NAME (repeatable); "
         "others get 421.",
     )
+    ui: bool = opt(
+        True,
+        "--ui/--no-ui",
+        help="Serve the dashboard at /ui (behind --token like the API; --no-ui: no dashboard).",
+    )
+    ui_read_only: bool = opt(
+        False,
+        "--ui-read-only",
+        is_flag=True,
+        help="The dashboard shows everything and changes nothing (no retry, cancel or pause).",
+    )
     max_queued: int = opt(
         _RUNTIME.max_queued,
         "--max-queued",

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from common.errors import (
@@ -47,6 +47,8 @@ from common.runtime.claims import QueueInfo
 from common.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from common.runtime.service import Service
 from common.specs import BadJSON, BatchSpec, JobSpec, RetrySpec, decode
+from common.ui.app import PREFIX as UI_PREFIX
+from common.ui.app import Dashboard, UiOptions
 
 log = logging.getLogger(__name__)
 
@@ -206,12 +208,18 @@ def create_app(
     start_runtime: bool = True,
     grace_s: float = 10.0,
     security: Security | None = None,
+    ui: UiOptions | None = UiOptions(),  # noqa: B008 (frozen)
 ) -> Starlette:
     """The ASGI app. Its lifespan stops the runtime (and starts it, unless the
     caller already did, as ``sqlq serve`` does so recovery finishes before the
-    port opens). ``security`` defaults to a loopback server without a token."""
+    port opens). ``security`` defaults to a loopback server without a token;
+    ``ui=None`` leaves the dashboard out (``--no-ui``)."""
 
     api_document = document(VERSION)
+    security = security or Security()
+    dashboard = (
+        None if ui is None else Dashboard(runtime, ui, token=security.token, clock=runtime.clock)
+    )
 
     async def submit(request: Request) -> Response:
         key = params.idempotency_key(request.headers.get("idempotency-key"))
@@ -300,9 +308,13 @@ def create_app(
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         if start_runtime:
             await runtime.start()
+        if dashboard is not None:
+            dashboard.sampler.start()
         try:
             yield
         finally:
+            if dashboard is not None:
+                await dashboard.sampler.stop()
             await runtime.stop(grace_s)
 
     app = Starlette(
@@ -322,12 +334,16 @@ def create_app(
             Route("/stats", stats, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            *([] if dashboard is None else [Mount(UI_PREFIX, routes=dashboard.routes())]),
         ],
         exception_handlers=ERRORS,
         lifespan=lifespan,
         middleware=[
             Middleware(
-                Guard, security=security or Security(), fast={("POST", "/jobs"): submit_fast}
+                Guard,
+                security=security,
+                fast={("POST", "/jobs"): submit_fast},
+                delegated=() if dashboard is None else (UI_PREFIX,),
             )
         ],
     )

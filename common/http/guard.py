@@ -16,6 +16,11 @@ One pure ASGI middleware, in this order:
    ``application/*+json``. An HTML form cannot send those cross-site without a
    CORS preflight, which this server never grants.
 
+Paths under a ``delegated`` prefix (the dashboard, ``/ui``) pass 1 and 3 here
+and bring their own 2 and 4: a browser cannot put a bearer header on a link or
+a JSON body in a form, so the dashboard checks a session cookie and a CSRF
+field instead (``common.ui.app``).
+
 It is plain ASGI, not Starlette's ``BaseHTTPMiddleware``, because it runs on
 every request and the latter wraps each one in extra tasks and streams.
 """
@@ -94,11 +99,17 @@ class Guard:
         app: ASGIApp,
         security: Security,
         fast: dict[tuple[str, str], ASGIApp] | None = None,
+        delegated: tuple[str, ...] = (),
     ) -> None:
         self.app = app
         self.security = security
         self._token = security.token.encode() if security.token else None
         self._fast = fast or {}
+        self._delegated = delegated
+
+    def _own_checks(self, path: str) -> bool:
+        """Whether ``path`` is under a prefix that checks its own token and content type."""
+        return any(path == p or path.startswith(p + "/") for p in self._delegated)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -134,7 +145,8 @@ class Guard:
                 "host",
                 [],
             )
-        if self._token is not None and scope["path"] not in PROBES:
+        own = bool(self._delegated) and self._own_checks(scope["path"])
+        if self._token is not None and scope["path"] not in PROBES and not own:
             given = headers.get(b"authorization", b"")
             scheme, _, credential = given.partition(b" ")
             ok = scheme.lower() == b"bearer" and hmac.compare_digest(credential, self._token)
@@ -152,7 +164,7 @@ class Guard:
             if authority != host.strip().lower():
                 return (403, "cross_origin", "cross-origin requests are refused", "origin", [])
         method: Any = scope["method"]
-        if method in BODY_METHODS:
+        if method in BODY_METHODS and not own:
             content_type = headers.get(b"content-type")
             has_body = b"transfer-encoding" in headers or headers.get(
                 b"content-length", b"0"

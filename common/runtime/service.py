@@ -49,7 +49,7 @@ from common.runtime.metrics import Metrics, gauge
 from common.runtime.shared import SharedClaims
 from common.runtime.workers import WorkerPool
 from common.specs import MAX_DELAY_MS, JobSpec, RetrySpec
-from common.store import MAX_PAGE, JobQuery, JobStore, Recovery, SharedStore
+from common.store import MAX_PAGE, CompactionReport, JobQuery, JobStore, Recovery, SharedStore
 
 MAX_WAIT_S = 60.0
 WAIT_POLL_S = 0.1  # shared mode: how often GET ?wait= looks at the database
@@ -119,6 +119,7 @@ class Service:
         self._maintenance: asyncio.Task[None] | None = None
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # GET ?wait= by job id
+        self.last_compaction: tuple[float, CompactionReport] | None = None  # (wall time, report)
         self.live.on_finished = self._finished
 
     # -- lifecycle ------------------------------------------------------------------
@@ -443,6 +444,7 @@ class Service:
                 log.error("periodic compaction failed: %s", exc)
                 continue
             self.live.totals["compactions"] += 1
+            self.last_compaction = (self.clock.time(), report)
             log.info(
                 "compacted: pruned %d jobs, %d -> %d bytes",
                 report.jobs_pruned,
