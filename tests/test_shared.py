@@ -436,3 +436,29 @@ async def test_one_idempotency_key_makes_one_job_across_nodes(nodes: Node) -> No
         other = {**spec, "args": {"name": "different"}}
         r = await cb.post("/jobs", json=other, headers={"Idempotency-Key": "k-1"})
         assert r.status_code == 409
+
+
+async def test_the_dashboard_shows_the_nodes_that_share_the_queue(nodes: Node) -> None:
+    import httpx
+
+    from common.http.app import create_app
+
+    a, b = nodes(workers=2), nodes(workers=2)
+    for rt in (a, b):
+        await rt.start()
+    await submit(b, 3, delay_ms=60_000, queue="mail")  # on the other node
+    app = create_app(a, start_runtime=False)
+    transport = httpx.ASGITransport(app=app)
+    names = [rt.store.node for rt in (a, b)]  # type: ignore[attr-defined]
+    page: list[str] = [""]
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+
+        async def both_listed() -> bool:  # a node's row comes with its first lease renewal
+            page[0] = (await c.get("/ui/")).text
+            return all(f">{name}" in page[0] for name in names)
+
+        await wait_for(both_listed, what="both nodes on the overview")
+    html = page[0]
+    assert "Nodes sharing the queue" in html
+    assert f"{names[0]} (this)" in html
+    assert 'id="count-scheduled">3<' in html  # the queue's count, not this node's

@@ -24,6 +24,7 @@ from bench.experiments import (
     i_disk,
     j_scaleout,
     k_limits,
+    l_dashboard,
 )
 from bench.experiments.answer import answer
 from bench.experiments.base import BenchRun
@@ -33,6 +34,7 @@ MODULES = (
     i_disk,
     j_scaleout,
     k_limits,
+    l_dashboard,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so

@@ -139,10 +139,13 @@ class Dashboard:
             undefined=StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
+            auto_reload=False,  # templates are package data: no stat() per render on the loop
         )
         env.filters.update(when=_when, size=_size, pretty=_pretty, short=_short)
         env.globals.update(prefix=PREFIX, states=[s.value for s in State])
         self.env = env
+        for name in env.list_templates():  # compiled now: a first refresh costs ~25 ms more
+            env.get_template(name)
         self.static = {}
         for name, media in STATIC.items():
             body = resources.files("common.ui").joinpath("static", name).read_bytes()
