@@ -84,6 +84,10 @@ def import_handlers(modules: tuple[str, ...]) -> None:
 
 async def serve(runtime: Service, opts: ServeOptions) -> None:
     recovery = await runtime.start()
+    # Built before tune_gc, so the routes and the dashboard's compiled templates are frozen too.
+    app = create_app(
+        runtime, start_runtime=False, grace_s=opts.grace_s, security=opts.security, ui=opts.ui
+    )
     tune_gc()
     log.info(
         "recovered %d live jobs (%d were running) from %d records in %.3f s; torn bytes: %d",
@@ -92,9 +96,6 @@ async def serve(runtime: Service, opts: ServeOptions) -> None:
         recovery.records,
         recovery.seconds,
         recovery.torn_bytes,
-    )
-    app = create_app(
-        runtime, start_runtime=False, grace_s=opts.grace_s, security=opts.security, ui=opts.ui
     )
     config = uvicorn.Config(
         app,
