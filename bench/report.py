@@ -59,11 +59,14 @@ class Report:
         self.checks: list[str] = []
         self.summaries: dict[str, Any] = {}  # experiment name -> its typed summary
         self.meta: dict[str, Any] | None = None
+        self.metas: dict[str, dict[str, Any]] = {}  # experiment name -> its run's meta
 
     def rows(self, name: str, row: type[R]) -> list[R]:
         rows = load(self.out, name, row)
         if rows and self.meta is None:
             self.meta = rows[0].meta
+        if rows:
+            self.metas.setdefault(name, rows[0].meta)
         return rows
 
     def add(self, *lines: str) -> None:
@@ -115,8 +118,14 @@ class Report:
                 f"- command: `{m['command']}`",
                 "- every run: a fresh `sqlq serve` subprocess, a fresh data directory, "
                 "`--sync full` unless stated; engines alternate within each repeat",
-                "",
             ]
+            for name, other in self.metas.items():  # experiments run on their own since
+                if other.get("git_commit") != m.get("git_commit") and "command" in other:
+                    lines.append(
+                        f"- {name} ran on its own: git commit {other['git_commit']}, "
+                        f"repeats: {other.get('repeats', '?')}, `{other['command']}`"
+                    )
+            lines.append("")
         return lines
 
 

@@ -28,7 +28,7 @@ from common.ui.charts import line_chart, nice_ceiling, short
 from common.ui.history import History, Sample, quantile
 from common.ui.overview import Sampler
 from common.ui.session import MAX_FAILURES, SESSION_S, Sessions
-from tests.helpers import ROOT, submit, wait_for
+from tests.helpers import ROOT, ServiceFactory, StoreFactory, submit, wait_for
 
 INF = float("inf")
 BOUNDS = (0.001, 0.01, 0.1, 1.0, INF)
@@ -406,3 +406,22 @@ def test_templates_and_assets_are_package_data() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"common.ui" = ["templates/*.html", "static/*"]' in pyproject
     assert any(Path(ROOT, "common/ui/templates").glob("*.html"))
+
+
+async def test_the_overview_shows_the_last_compaction(
+    durable_factory: StoreFactory, services: ServiceFactory
+) -> None:
+    rt = services(durable_factory(), compact_every_s=0.05)
+    await rt.start()
+    await submit(rt, delay_ms=60_000)
+    app = create_app(rt, start_runtime=False)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+        seen: list[str] = [""]
+
+        async def compacted() -> bool:
+            seen[0] = (await c.get("/ui/")).text
+            return "none since start" not in seen[0]
+
+        await wait_for(compacted, what="a compaction on the overview")
+    assert re.search(r" ago: pruned \d+, [\d.]+ \w*B → [\d.]+ \w*B in [\d.]+ s", seen[0])

@@ -152,12 +152,14 @@ class Compactor:
         self._waiters: Waiters = []  # asked, not started yet
         self._inflight: Waiters = []  # waiting on the snapshot being written
         self._started = 0.0
+        self._started_at = 0.0
         self._bytes_before = 0
         self.compactions = 0
         self.failures = 0
         self.max_switch_stall_s = 0.0
         self.carried_bytes = 0  # appended during the last compaction, carried to the new log
         self.last: CompactionReport | None = None
+        self.last_at = 0.0  # wall-clock seconds the last compaction started at
 
     @property
     def running(self) -> bool:
@@ -197,6 +199,7 @@ class Compactor:
         self._carry = []
         self._inflight, self._waiters = self._waiters, []
         self._started = time.perf_counter()
+        self._started_at = now  # the host's wall clock, for /stats
         self._bytes_before = self._host.log_bytes()
         h = self._host
         fut = asyncio.get_running_loop().run_in_executor(
@@ -236,7 +239,7 @@ class Compactor:
             jobs_pruned=pruned,
             seconds=time.perf_counter() - self._started,
         )
-        self.last = report
+        self.last, self.last_at = report, self._started_at
         logger.info("walq: compacted %d -> %d bytes", report.bytes_before, report.bytes_after)
         self._resolve(waiters, report)
 
@@ -259,6 +262,15 @@ class Compactor:
             "compacting": self.running,
             "max_compaction_stall_ms": round(self.max_switch_stall_s * 1000, 3),
             "last_compaction_carried_bytes": self.carried_bytes,
+            "last_compaction": None
+            if self.last is None
+            else {
+                "at": self.last_at,
+                "jobs_pruned": self.last.jobs_pruned,
+                "bytes_before": self.last.bytes_before,
+                "bytes_after": self.last.bytes_after,
+                "seconds": round(self.last.seconds, 6),
+            },
         }
 
     @staticmethod

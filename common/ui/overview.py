@@ -109,7 +109,9 @@ async def overview(runtime: Service, history: History) -> dict[str, Any]:
         "workers": stats["workers"],
         "store": store,
         "disk_bytes": store.get("log_bytes", store.get("disk_bytes")),
-        "compaction": None if compaction is None else _report(*compaction),
+        # walq reports every compaction it made (its own too); others, the periodic ones
+        "compaction": store.get("last_compaction")
+        or (None if compaction is None else _report(*compaction)),
         "recovery": stats["recovery"],
         "shared": stats.get("shared"),
     }
