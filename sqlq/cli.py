@@ -100,8 +100,9 @@ def serve(**flags: Any) -> None:
         raise click.UsageError(
             f"--store {s.store} needs --dsn (or SQLQ_DSN): the database to share"
         )
-    if s.ui_read_only and not s.ui:
-        raise click.UsageError("--ui-read-only is for the dashboard, which --no-ui removes")
+    if (s.ui_read_only or s.ui_secure_cookie) and not s.ui:
+        flag = "--ui-read-only" if s.ui_read_only else "--ui-secure-cookie"
+        raise click.UsageError(f"{flag} is for the dashboard, which --no-ui removes")
     if s.dsn and not shared:
         raise click.UsageError(f"--dsn is for --store postgres; --store {s.store} keeps --data")
     try:
@@ -118,7 +119,7 @@ def serve(**flags: Any) -> None:
         security=Security.for_binding(s.host, s.token, s.allowed_hosts),
         max_connections=s.max_connections,
         keep_alive_s=s.keep_alive,
-        ui=UiOptions(read_only=s.ui_read_only) if s.ui else None,
+        ui=UiOptions(read_only=s.ui_read_only, secure_cookie=s.ui_secure_cookie) if s.ui else None,
     )
     install_default_signals()
     try:

@@ -203,6 +203,13 @@ class ServeSettings:
         is_flag=True,
         help="The dashboard shows everything and changes nothing (no retry, cancel or pause).",
     )
+    ui_secure_cookie: bool = opt(
+        False,
+        "--ui-secure-cookie",
+        is_flag=True,
+        help="Mark the dashboard's session cookie Secure (behind a proxy that serves HTTPS; "
+        "sqlq itself sees plain HTTP).",
+    )
     max_queued: int = opt(
         _RUNTIME.max_queued,
         "--max-queued",

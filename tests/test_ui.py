@@ -327,9 +327,9 @@ async def test_read_only_shows_no_action_and_refuses_every_one(ui: Client) -> No
         assert "/ui/confirm/" not in html
         assert "read-only" in html
     assert (await c.get(f"/ui/confirm/cancel?job={job.id}")).status_code == 403
-    anon = Sessions(None)  # the secret differs, but read-only refuses before any CSRF check
-    r = await c.post("/ui/do/cancel", data={"job": job.id, "csrf": anon.csrf(None)})
+    r = await c.post("/ui/do/cancel", data={"job": job.id})  # before any form or CSRF check
     assert r.status_code == 403
+    assert "read-only (--ui-read-only)" in r.text
     assert (await c.get(f"/jobs/{job.id}")).json()["state"] == "scheduled"
 
 
@@ -358,6 +358,7 @@ async def test_with_a_token_the_dashboard_asks_for_it_once(ui: Client) -> None:
     for attribute in ("HttpOnly", "SameSite=strict", "Path=/ui", "Max-Age="):
         assert attribute.lower() in cookie.lower()
     assert TOKEN not in cookie
+    assert "secure" not in cookie.lower()  # plain HTTP: a Secure cookie would not be kept
     assert (await c.get("/ui/queues")).status_code == 200  # the client kept the cookie
     assert (await c.get("/queues")).status_code == 401  # the API wants the bearer token
     r = await c.post("/ui/logout", data={"csrf": _csrf((await c.get("/ui/")).text)})
@@ -425,3 +426,22 @@ async def test_the_overview_shows_the_last_compaction(
 
         await wait_for(compacted, what="a compaction on the overview")
     assert re.search(r" ago: pruned \d+, [\d.]+ \w*B → [\d.]+ \w*B in [\d.]+ s", seen[0])
+
+
+async def test_behind_a_tls_proxy_the_cookie_can_be_marked_secure(ui: Client) -> None:
+    c = await ui(security=Security(token=TOKEN), ui=UiOptions(secure_cookie=True))
+    csrf = _csrf((await c.get("/ui/login")).text)
+    r = await c.post("/ui/login", data={"token": TOKEN, "csrf": csrf})
+    assert r.status_code == 303
+    assert "; secure" in r.headers["set-cookie"].lower()
+
+
+def test_dashboard_flags_without_the_dashboard_are_a_usage_error() -> None:
+    from click.testing import CliRunner
+
+    from sqlq.cli import main
+
+    for flag in ("--ui-read-only", "--ui-secure-cookie"):
+        r = CliRunner().invoke(main, ["serve", "--no-ui", flag])
+        assert r.exit_code == 2
+        assert f"{flag} is for the dashboard, which --no-ui removes" in r.output

@@ -74,6 +74,7 @@ Action = Callable[[dict[str, str]], Awaitable[str]]
 @dataclass(frozen=True, kw_only=True)
 class UiOptions:
     read_only: bool = False  # --ui-read-only: pages only, every action refused
+    secure_cookie: bool = False  # --ui-secure-cookie: behind a proxy that terminates TLS
 
 
 class Refused(Exception):
@@ -170,7 +171,7 @@ class Dashboard:
             Route("/do/{action}", act(self.do), methods=["POST"]),
             Route("/login", self._safe(self.login_page), methods=["GET"]),
             Route("/login", self._safe(self.login), methods=["POST"]),
-            Route("/logout", act(self.logout), methods=["POST"]),
+            Route("/logout", act(self.logout, changes=False), methods=["POST"]),
             Route("/static/{name}", self.asset, methods=["GET"]),
         ]
 
@@ -200,11 +201,16 @@ class Dashboard:
 
         return self._safe(gated)
 
-    def _action(self, handler: Handler) -> Handler:
+    def _action(self, handler: Handler, *, changes: bool = True) -> Handler:
+        """``handler`` behind the checks every POST passes (``changes``: it changes jobs
+        or queues, so ``--ui-read-only`` refuses it; signing out changes neither)."""
+
         async def gated(request: Request) -> Response:
             cookie = request.cookies.get(COOKIE)
             if not self.sessions.valid(cookie):
                 raise Refused(401, "Sign in first", "This action needs a signed-in session.")
+            if changes:
+                self._writable()
             form = await self.form(request)
             if not self.sessions.csrf_ok(cookie, form.get("csrf")):
                 raise Refused(
@@ -330,7 +336,7 @@ class Dashboard:
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(
             COOKIE, cookie, max_age=SESSION_S, path=PREFIX, httponly=True, samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=self.options.secure_cookie or request.url.scheme == "https",
         )  # fmt: skip
         return response
 
@@ -370,11 +376,14 @@ class Dashboard:
                            back=_back(action, fields))  # fmt: skip
 
     def _known(self, action: str) -> str:
+        self._writable()
         if action not in self.actions:
             raise Refused(404, "No such action", f"Actions: {', '.join(self.actions)}.")
+        return action
+
+    def _writable(self) -> None:
         if self.options.read_only:
             raise Refused(403, "Read-only", "This dashboard is read-only (--ui-read-only).")
-        return action
 
     def _fields(self, action: str, given: dict[str, str]) -> dict[str, str]:
         """The fields ``action`` takes, checked as the API checks them."""
