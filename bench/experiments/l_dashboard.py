@@ -1,17 +1,25 @@
-"""L. What an open dashboard costs the queue: experiment D's ``20ms-single`` workload
-(20 ms jobs, 32 clients, one job per POST, ``--sync full``, group commit) with the
-dashboard off (``--no-ui``), with one viewer and with ten.
+"""L. What an open dashboard costs the queue: the submit phase of experiment D's
+``20ms-single`` workload (20 ms jobs, 32 clients, one job per POST, ``--sync full``,
+group commit; the workers run the jobs meanwhile) with the dashboard off
+(``--no-ui``), with one viewer and with ten.
 
 A viewer does what an open overview tab does (``common/ui/static/ui.js``): every
 second, ``GET /ui/`` with ``HX-Request: true``, the page's live part. The viewers
 are threads in a process of their own rather than a browser, so that a browser's
 own CPU on this 2-core machine is not charged to the server; the server's work per
-refresh is the same. Within a repeat the three variants run back to back per engine, and
-each ratio is taken against ``--no-ui`` of the same repeat before the median.
+refresh is the same.
 
-The submit phase is about two seconds, and on this shared machine its rate varies
-by more than the few refreshes that land in it can move it; so the **refresh**
-part measures what one refresh costs directly: a server with ``QUEUED`` jobs
+Only the submit phase is timed (no drain), so a run takes seconds and a repeat can
+hold each variant twice: per engine, in order and then in reverse (no-ui, 1, 10,
+10, 1, no-ui), so drift within a repeat favours none. Each ratio is a repeat's
+mean over its ``--no-ui`` mean, and the table shows the median over repeats. An
+earlier design that drained 20,000 jobs (27 s a run, 8 repeats, three variants
+in one order) gave 1-viewer ratios of 0.97-0.99 in one run and 0.82-0.94 in the
+next, with CPU per job unmoved in the first: its noise was larger than the effect.
+
+A few refreshes land in a submit phase, and on this shared machine its rate varies
+by more than they can move it; so the **refresh** part also measures what one
+refresh costs directly: a server with ``QUEUED`` jobs
 waiting and no load, ``REFRESHES`` refreshes on one keep-alive connection, and
 the server's process CPU (``/stats``) before and after.
 """
@@ -23,7 +31,6 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -58,6 +65,8 @@ class Viewers:
 
     Not threads of the benchmark's process: they would take the GIL from the load
     generator's event loop and so slow the submissions they are meant to observe.
+    The process imports only the standard library and is running (its first
+    refreshes done) before ``__enter__`` returns, so its start is not in the load.
     """
 
     def __init__(self, url: str, n: int) -> None:
@@ -67,11 +76,13 @@ class Viewers:
 
     def __enter__(self) -> Viewers:
         if self.n:
-            code = f"from bench.experiments.l_dashboard import view; view({self.url!r}, {self.n})"
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                text=True,
+                [sys.executable, "-S", "-c", VIEWER_CODE, self.url, str(self.n)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
+            assert self._proc.stdout is not None
+            if self._proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("the viewers did not start")
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -80,30 +91,43 @@ class Viewers:
             self.times = json.loads(out)
 
 
-def view(url: str, n: int, every_s: float = 1.0) -> None:
-    """The viewers' process: refresh until stdin closes, then print every refresh's time."""
-    stop = threading.Event()
-    times: list[float] = []
+# The viewers' process: stdlib only (and ``-S``), so that starting it costs next to
+# nothing; it says "ready" once every viewer's first refresh is done, and the load
+# starts after that. It prints the refreshes' times when its stdin closes.
+VIEWER_CODE = """
+import json, sys, threading, time, urllib.request
 
-    def one() -> None:
+def main(url, n):
+    stop, times, started = threading.Event(), [], threading.Semaphore(0)
+
+    def one():
         request = urllib.request.Request(url + "/ui/", headers={"HX-Request": "true"})
-        next_at = time.monotonic()
+        next_at, first = time.monotonic(), True
         while not stop.is_set():
             t0 = time.perf_counter()
             with urllib.request.urlopen(request, timeout=10) as r:
                 r.read()
             times.append(time.perf_counter() - t0)
-            next_at += every_s
+            if first:
+                started.release()
+                first = False
+            next_at += 1.0
             stop.wait(max(0.0, next_at - time.monotonic()))
 
     threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
     for t in threads:
         t.start()
+    for _ in threads:
+        started.acquire()
+    print("ready", flush=True)
     sys.stdin.read()
     stop.set()
     for t in threads:
         t.join()
-    print(json.dumps(times))
+    print(json.dumps(times[n:]))  # the first refreshes were before the load
+
+main(sys.argv[1], int(sys.argv[2]))
+"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +135,8 @@ class ViewedRun(LoadRun):
     viewers: int = 0
 
     def execute(self) -> dict[str, Any]:
+        """The submit phase only: the server's CPU and the rate, from first POST to last
+        acknowledgement (the workers run the jobs meanwhile, as in D)."""
         flags = self.flags + (("--no-ui",) if self.viewers == 0 else ())
         with (
             ServerProcess.engine(
@@ -118,6 +144,7 @@ class ViewedRun(LoadRun):
             ) as srv,  # fmt: skip
             Viewers(srv.url, self.viewers) as viewers,
         ):
+            before = _stats(srv.url)
             result = run(
                 srv.url,
                 jobs=self.jobs,
@@ -125,8 +152,11 @@ class ViewedRun(LoadRun):
                 concurrency=self.concurrency,
                 batch=self.batch,
                 label=self.label,
-                drain_timeout=self.drain_timeout,
+                drain=False,
             )
+            after = _stats(srv.url)
+        result["server_cpu_s"] = round(after["process_cpu_s"] - before["process_cpu_s"], 3)
+        result["store_stats"] = after["store"]
         result["refreshes"] = len(viewers.times)
         result["refresh_ms_p50"] = (
             round(1000 * statistics.median(viewers.times), 3) if viewers.times else 0.0
@@ -135,6 +165,12 @@ class ViewedRun(LoadRun):
                             "work_ms": self.work_ms, "concurrency": self.concurrency,
                             "batch": self.batch, "flags": list(flags)}  # fmt: skip
         return result
+
+
+def _stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "/stats", timeout=30) as r:
+        stats: dict[str, Any] = json.loads(r.read())
+    return stats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,21 +212,24 @@ def _cpu(conn: http.client.HTTPConnection) -> float:
 
 
 def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[BenchRun]:
-    jobs = 500 if quick else 20_000  # a submit phase of seconds, so refreshes land in it
+    """Per engine, the variants in order and then in reverse (no-ui, 1, 10, 10, 1, no-ui),
+    so that drift within a repeat does not favour whichever runs first."""
+    jobs = 500 if quick else 30_000  # a submit phase of about three seconds
     engines = [s for s in ENGINES if s in stores][: 1 if quick else None]
+    variants = VIEWERS[:2] if quick else VIEWERS
     for store in engines:
-        for viewers in VIEWERS[:2] if quick else VIEWERS:
-            yield ViewedRun(
-                experiment=NAME,
-                store=store,
-                label=f"L/{store}/viewers-{viewers}",
-                jobs=jobs,
-                work_ms=20,
-                concurrency=32,
-                viewers=viewers,
-                drain_timeout=300.0,
-                params={"viewers": viewers},
-            )
+        for half, order in enumerate((variants, variants[::-1])):
+            for viewers in order:
+                yield ViewedRun(
+                    experiment=NAME,
+                    store=store,
+                    label=f"L/{store}/viewers-{viewers}/{half}",
+                    jobs=jobs,
+                    work_ms=20,
+                    concurrency=32,
+                    viewers=viewers,
+                    params={"viewers": viewers, "half": half},
+                )
         for queued in QUEUED[:1] if quick else QUEUED:
             yield RefreshRun(
                 experiment=NAME,
@@ -203,12 +242,16 @@ def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[BenchRun]:
 
 
 def _ratios(rows: list[LRow], store: str, viewers: int, field: str) -> list[float]:
-    """Per repeat: the variant's figure over ``--no-ui``'s, for the same engine."""
-    by = {(r.repeat, int(r.params["viewers"])): r for r in rows if r.store == store}
+    """Per repeat: the variant's figure over ``--no-ui``'s, same engine, each the mean of
+    the repeat's two runs (one in each half)."""
+    runs: dict[tuple[int, int], list[float]] = {}
+    for r in rows:
+        if r.store == store:
+            runs.setdefault((r.repeat, int(r.params["viewers"])), []).append(getattr(r, field))
     return [
-        getattr(by[rep, viewers], field) / getattr(base, field)
-        for (rep, v), base in by.items()
-        if v == 0 and (rep, viewers) in by and getattr(base, field)
+        statistics.fmean(runs[rep, viewers]) / statistics.fmean(base)
+        for (rep, v), base in runs.items()
+        if v == 0 and (rep, viewers) in runs and statistics.fmean(base)
     ]
 
 
@@ -222,12 +265,13 @@ def section(rep: Report) -> None:
     rep.add(
         "## L. What an open dashboard costs",
         "",
-        f"Experiment D's `20ms-single` workload ({n:,} jobs of 20 ms, 32 clients, one job "
-        "per POST, 16 workers, `--sync full`, group commit) with `--no-ui`, and with the "
-        "dashboard served and 1 or 10 viewers refreshing the overview's live part once a "
-        "second (what an open tab does). `x no-ui`: the median over repeats of each "
-        "repeat's ratio to `--no-ui` on the same engine (submit rate: higher is better; "
-        "CPU per job: lower is better).",
+        f"The submit phase of experiment D's `20ms-single` workload ({n:,} jobs of 20 ms, 32 "
+        "clients, one job per POST, 16 workers running them meanwhile, `--sync full`, group "
+        "commit) with `--no-ui`, and with the dashboard served and 1 or 10 viewers "
+        "refreshing the overview's live part once a second (what an open tab does). Each "
+        "variant runs twice a repeat, in order and in reverse. `x no-ui`: the median over "
+        "repeats of each repeat's mean over its `--no-ui` mean, same engine (submit rate: "
+        "higher is better; server CPU per job in the submit phase: lower is better).",
         "",
         "| store | viewers | submit jobs/s | x no-ui | CPU us/job | x no-ui | refreshes | "
         "refresh p50 ms |",
@@ -262,7 +306,7 @@ def section(rep: Report) -> None:
         f"What one refresh costs the server: {refresh[0].refreshes:,} refreshes of the "
         "overview's live part on one keep-alive connection, no other load, with 0 or 20,000 "
         "jobs waiting. `share of the run's CPU`: one viewer's cost per second over the "
-        "server's CPU per second in the `--no-ui` runs above.",
+        "server's CPU per second in the `--no-ui` submit phases above.",
         "",
         "| store | jobs waiting | server CPU us/refresh | refresh p50 ms | "
         "share of the run's CPU (1 viewer) |",
