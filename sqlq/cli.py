@@ -70,7 +70,7 @@ def serve(**flags: Any) -> None:
     from common.http.guard import Security, is_loopback
     from common.runtime.config import RuntimeState
     from common.runtime.service import Service
-    from common.ui.app import UiOptions
+    from common.ui.options import UiOptions
     from sqlq.engines import engine, make_store
     from sqlq.serve import ServeOptions, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server

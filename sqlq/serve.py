@@ -23,7 +23,7 @@ from common.http.app import create_app
 from common.http.guard import Security
 from common.runtime.config import RuntimeState
 from common.runtime.service import Service
-from common.ui.app import UiOptions
+from common.ui.options import UiOptions
 
 log = logging.getLogger("sqlq")
 

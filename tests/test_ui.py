@@ -23,9 +23,9 @@ from common.http.guard import Security
 from common.runtime.config import RuntimeConfig
 from common.runtime.kinds import Registry, task
 from common.runtime.service import Service
-from common.ui.app import UiOptions
 from common.ui.charts import line_chart, nice_ceiling, short
 from common.ui.history import History, Sample, quantile
+from common.ui.options import UiOptions
 from common.ui.overview import Sampler
 from common.ui.session import MAX_FAILURES, SESSION_S, Sessions
 from tests.helpers import ROOT, ServiceFactory, StoreFactory, submit, wait_for

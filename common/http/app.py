@@ -47,8 +47,8 @@ from common.runtime.claims import QueueInfo
 from common.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from common.runtime.service import Service
 from common.specs import BadJSON, BatchSpec, JobSpec, RetrySpec, decode
-from common.ui.app import PREFIX as UI_PREFIX
-from common.ui.app import Dashboard, UiOptions
+from common.ui.options import PREFIX as UI_PREFIX
+from common.ui.options import UiOptions
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +217,11 @@ def create_app(
 
     api_document = document(VERSION)
     security = security or Security()
-    dashboard = (
-        None if ui is None else Dashboard(runtime, ui, token=security.token, clock=runtime.clock)
-    )
+    dashboard = None
+    if ui is not None:  # imported here: without the dashboard, no Jinja2 at all
+        from common.ui.app import Dashboard
+
+        dashboard = Dashboard(runtime, ui, token=security.token, clock=runtime.clock)
 
     async def submit(request: Request) -> Response:
         key = params.idempotency_key(request.headers.get("idempotency-key"))

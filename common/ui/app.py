@@ -25,7 +25,6 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -43,10 +42,10 @@ from common.http import params
 from common.models import State
 from common.runtime.service import Service
 from common.specs import RetrySpec
+from common.ui.options import PREFIX, UiOptions
 from common.ui.overview import Sampler, overview
 from common.ui.session import COOKIE, SESSION_S, Sessions
 
-PREFIX = "/ui"
 PAGE_SIZE = 50
 MAX_FORM = 16 << 10
 MAX_SHOWN_JSON = 64 << 10  # characters of args or result a job page shows
@@ -69,12 +68,6 @@ STATIC = {  # file -> media type; pinned versions in static/VENDORED.md
 }
 Handler = Callable[[Request], Awaitable[Response]]
 Action = Callable[[dict[str, str]], Awaitable[str]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class UiOptions:
-    read_only: bool = False  # --ui-read-only: pages only, every action refused
-    secure_cookie: bool = False  # --ui-secure-cookie: behind a proxy that terminates TLS
 
 
 class Refused(Exception):
