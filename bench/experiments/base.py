@@ -61,10 +61,29 @@ class LoadRun(Run):
     flags: tuple[str, ...] = ()
     drain_timeout: float = 120.0
 
+    def server(self, extra: tuple[str, ...] = ()) -> ServerProcess:
+        """This run's fresh server (its flags, then ``extra``)."""
+        return ServerProcess.engine(
+            store=self.store, sync=self.sync, workers=self.workers, flags=self.flags + extra
+        )
+
+    def config(self, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+        """What the row records of how the run was made."""
+        return {
+            "workers": self.workers,
+            "sync": self.sync,
+            "jobs": self.jobs,
+            "work_ms": self.work_ms,
+            "kind": self.kind,
+            "rounds": self.rounds,
+            "concurrency": self.concurrency,
+            "batch": self.batch,
+            "rate": self.rate,
+            "flags": [*self.flags, *extra],
+        }
+
     def execute(self) -> dict[str, Any]:
-        with ServerProcess.engine(
-            store=self.store, sync=self.sync, workers=self.workers, flags=self.flags
-        ) as srv:
+        with self.server() as srv:
             result = run(
                 srv.url,
                 jobs=self.jobs,
@@ -80,18 +99,7 @@ class LoadRun(Run):
                 drain_timeout=self.drain_timeout,
             )
             result["ready_s"] = round(srv.ready_s, 4)
-        result["config"] = {
-            "workers": self.workers,
-            "sync": self.sync,
-            "jobs": self.jobs,
-            "work_ms": self.work_ms,
-            "kind": self.kind,
-            "rounds": self.rounds,
-            "concurrency": self.concurrency,
-            "batch": self.batch,
-            "rate": self.rate,
-            "flags": list(self.flags),
-        }
+        result["config"] = self.config()
         return result
 
 

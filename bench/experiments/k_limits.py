@@ -29,12 +29,13 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.client.loadgen import run
 from bench.client.server import ServerProcess
+from bench.experiments.base import Run
 from bench.experiments.rows import Row
 from bench.report import Report, med
 
@@ -97,18 +98,11 @@ def _submit_delayed(url: str, jobs: int) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MemoryRun:
+class MemoryRun(Run):
     """Restart on N live jobs (ready time, RSS), or N submitted to a fresh server (RSS)."""
 
-    store: str
     jobs: int
     part: str  # "restart" or "submit"
-    experiment: str = NAME
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"K/{self.part}/{self.store}/{self.jobs}"
 
     def execute(self) -> dict[str, Any]:
         empty = _empty_rss(self.store)
@@ -152,17 +146,10 @@ print(decode[len(decode) // 2], replay[len(replay) // 2])
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplayRun:
+class ReplayRun(Run):
     """walq's recovery of a log against the plain decode loop over the same file."""
 
     transitions: int
-    store: str = "walq"
-    experiment: str = NAME
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"K/replay/{self.transitions}"
 
     def execute(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-k-") as d:
@@ -179,18 +166,11 @@ class ReplayRun:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CpuRun:
+class CpuRun(Run):
     """No-op jobs by single POST (or by batch, for the huey comparison): CPU and rate."""
 
-    store: str
     jobs: int
     batch: int = 1
-    experiment: str = NAME
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"K/cpu/{self.store}/batch{self.batch}"
 
     def execute(self) -> dict[str, Any]:
         with ServerProcess.engine(store=self.store, workers=64) as srv:
@@ -226,15 +206,8 @@ os._exit(0)
 
 
 @dataclass(frozen=True, kw_only=True)
-class HueyRun:
+class HueyRun(Run):
     jobs: int
-    store: str = "huey"
-    experiment: str = NAME
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return "K/huey"
 
     def execute(self) -> dict[str, Any]:
         out = subprocess.run([sys.executable, "-c", HUEY_SCRIPT, str(self.jobs)], check=True,
@@ -247,16 +220,18 @@ def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[Any]:
     for n in sizes:
         for part in ("restart", "submit"):
             for store in ENGINES:
-                yield MemoryRun(store=store, jobs=n, part=part)
-    yield ReplayRun(transitions=20_000 if quick else 1_000_000)
+                yield MemoryRun(experiment=NAME, store=store, label=f"K/{part}/{store}/{n}",
+                                jobs=n, part=part)  # fmt: skip
+    transitions = 20_000 if quick else 1_000_000
+    yield ReplayRun(experiment=NAME, store="walq", label=f"K/replay/{transitions}",
+                    transitions=transitions)  # fmt: skip
     cpu_jobs = 3000 if quick else 30_000
-    for store in ("memory", *ENGINES):
-        yield CpuRun(store=store, jobs=cpu_jobs)
-    for store in ENGINES:
-        yield CpuRun(store=store, jobs=cpu_jobs, batch=100)
+    for store, batch in [*((s, 1) for s in ("memory", *ENGINES)), *((s, 100) for s in ENGINES)]:
+        yield CpuRun(experiment=NAME, store=store, label=f"K/cpu/{store}/batch{batch}",
+                     jobs=cpu_jobs, batch=batch)  # fmt: skip
     if importlib.util.find_spec("huey") is None:  # pip install -e '.[peers]'
         return
-    yield HueyRun(jobs=cpu_jobs)
+    yield HueyRun(experiment=NAME, store="huey", label="K/huey", jobs=cpu_jobs)
 
 
 def section(rep: Report) -> None:

@@ -137,13 +137,8 @@ class ViewedRun(LoadRun):
     def execute(self) -> dict[str, Any]:
         """The submit phase only: the server's CPU and the rate, from first POST to last
         acknowledgement (the workers run the jobs meanwhile, as in D)."""
-        flags = self.flags + (("--no-ui",) if self.viewers == 0 else ())
-        with (
-            ServerProcess.engine(
-                store=self.store, sync=self.sync, workers=self.workers, flags=flags
-            ) as srv,  # fmt: skip
-            Viewers(srv.url, self.viewers) as viewers,
-        ):
+        extra = ("--no-ui",) if self.viewers == 0 else ()
+        with self.server(extra) as srv, Viewers(srv.url, self.viewers) as viewers:
             before = _stats(srv.url)
             result = run(
                 srv.url,
@@ -161,9 +156,7 @@ class ViewedRun(LoadRun):
         result["refresh_ms_p50"] = (
             round(1000 * statistics.median(viewers.times), 3) if viewers.times else 0.0
         )
-        result["config"] = {"workers": self.workers, "sync": self.sync, "jobs": self.jobs,
-                            "work_ms": self.work_ms, "concurrency": self.concurrency,
-                            "batch": self.batch, "flags": list(flags)}  # fmt: skip
+        result["config"] = self.config(extra)
         return result
 
 

@@ -164,6 +164,11 @@ class ClaimsBase:
         self._caps = dict(config.queue_caps)
         self._running: Counter[str] = Counter()  # attempts started here and not yet over, by queue
         self._background: set[asyncio.Task[None]] = set()  # outcomes being written
+        self._setup()
+
+    def _setup(self) -> None:
+        """A subclass's own state, made at the end of ``__init__`` (so that the
+        constructor's signature is written once, here)."""
 
     def completed(self, claim: Claim, result: JSON) -> None:
         self._over(claim)
@@ -203,18 +208,8 @@ class ClaimsBase:
 class LocalClaims(ClaimsBase):
     """Claims from the scheduler's lanes in this process; outcomes through the store."""
 
-    def __init__(
-        self,
-        store: JobStore,
-        live: LiveJobs,
-        config: RuntimeConfig,
-        *,
-        clock: Clock,
-        rng: random.Random,
-        metrics: Metrics | None = None,
-    ) -> None:
-        super().__init__(store, live, config, clock=clock, rng=rng, metrics=metrics)
-        self.scheduler = Scheduler(clock, gate=self._open, taken=self._taken)
+    def _setup(self) -> None:
+        self.scheduler = Scheduler(self._clock, gate=self._open, taken=self._taken)
         self._paused: set[str] = set()
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable

@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
-from common.clock import Clock
 from common.errors import (
     IllegalTransitionError,
     JobNotFoundError,
@@ -48,9 +46,6 @@ from common.errors import (
 )
 from common.models import Job, State, Transition
 from common.runtime.claims import OUTCOME_EVENT, Claim, ClaimResult, ClaimsBase, QueueInfo
-from common.runtime.config import RuntimeConfig
-from common.runtime.live import LiveJobs
-from common.runtime.metrics import Metrics
 from common.store import Fence, Recovery, SharedStore
 
 log = logging.getLogger(__name__)
@@ -60,21 +55,11 @@ RETRY_OUTCOME_S = 0.2  # an outcome the database did not answer is written again
 
 
 class SharedClaims(ClaimsBase):
-    _store: SharedStore
+    _store: SharedStore  # the constructor's store; Service passes only a shared one
 
-    def __init__(
-        self,
-        store: SharedStore,
-        live: LiveJobs,
-        config: RuntimeConfig,
-        *,
-        clock: Clock,
-        rng: random.Random,
-        metrics: Metrics | None = None,
-    ) -> None:
-        super().__init__(store, live, config, clock=clock, rng=rng, metrics=metrics)
-        self.lease_s = config.lease_s
-        self.poll_s = config.poll_s
+    def _setup(self) -> None:
+        self.lease_s = self._config.lease_s
+        self.poll_s = self._config.poll_s
         self._waiting: deque[asyncio.Future[Claim]] = deque()  # workers waiting for a claim
         self._ready: deque[Claim] = deque()  # claimed, its worker went away: the next taker's
         self._kick = asyncio.Event()
