@@ -20,6 +20,7 @@ from common.errors import StoreFailedError
 from common.http.app import create_app
 from common.runtime.config import RuntimeConfig
 from common.runtime.service import Service
+from common.specs import JobSpec
 from tests.helpers import spawn_server, unavailable
 from tests.walq_helpers import FaultyFiles
 from walq.store import WalStore
@@ -128,3 +129,54 @@ def test_a_full_filesystem_is_a_503_and_space_back_recovers_every_ack(
     finally:
         again.stop()
     assert os.path.ismount(tiny_fs)
+
+
+async def _client_views(rt: Service) -> list[str]:
+    """What a client sees of the store: /stats, /readyz and the dashboard's overview."""
+    app = create_app(rt, start_runtime=False)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+    ) as c:
+        pages = [await c.get(p) for p in ("/stats", "/readyz", "/ui/")]
+    assert pages[0].status_code == 200
+    assert pages[2].status_code == 200
+    return [p.text for p in pages]
+
+
+def _no_absolute_path(text: str, tmp_path: Path) -> None:
+    assert str(tmp_path) not in text
+    assert "/tmp" not in text
+
+
+async def test_a_torn_tail_is_reported_without_its_directory(tmp_path: Path) -> None:
+    store = WalStore(tmp_path)
+    await store.open()
+    await store.close()
+    with (tmp_path / "walq.log").open("ab") as f:
+        f.write(b'{"seq":9,"ops":[{"put"')  # a torn last record
+    rt = Service(WalStore(tmp_path), RuntimeConfig(workers=1, compact_every_s=0))
+    await rt.start()
+    try:
+        stats, _, overview = await _client_views(rt)
+        assert "walq.log.broken-1" in stats  # the file is named, by its base name
+        assert "walq.log.broken-1" in overview
+        for text in (stats, overview):
+            _no_absolute_path(text, tmp_path)
+    finally:
+        await rt.stop(0)
+
+
+async def test_a_failed_store_is_reported_without_its_directory(tmp_path: Path) -> None:
+    fs = FaultyFiles("fdatasync", where="walq.log", nth=1)
+    rt = Service(WalStore(tmp_path, fs=fs), RuntimeConfig(workers=1, compact_every_s=0))
+    await rt.start()
+    try:
+        with pytest.raises(StoreFailedError):
+            await rt.submit([JobSpec(kind="sleep")])
+        stats, ready, overview = await _client_views(rt)
+        assert "injected failure" in stats
+        assert "injected failure" in overview
+        for text in (stats, ready, overview):
+            _no_absolute_path(text, tmp_path)
+    finally:
+        await rt.stop(0)

@@ -121,11 +121,12 @@ class WalStore(DurableStore):
                 raise CorruptLogError(self.path, sc.bad_offset, sc.bad_reason or "bad record")
             torn = len(data) - sc.bad_offset
             kept_as = log.cut_tail(fs, self.path, data, sc.bad_offset)
-            notes.append(
-                f"torn tail of {torn} bytes at offset {sc.bad_offset} ({sc.bad_reason}); "
-                f"kept as {kept_as}"
+            # The note reaches /stats and the dashboard: the base name there, the path in the log.
+            note = (
+                f"torn tail of {torn} bytes at offset {sc.bad_offset} ({sc.bad_reason}); kept as "
             )
-            logger.warning("walq: %s", notes[-1])
+            notes.append(note + os.path.basename(kept_as))
+            logger.warning("walq: %s%s", note, kept_as)
         if sc.header is None:
             self._create_fresh(start_seq=1)
             self._log_bytes = len(log.header(1, 0.0))

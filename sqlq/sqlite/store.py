@@ -177,7 +177,9 @@ class SQLiteStore(DurableStore):
                     lambda db: self._durably(write_one_by_one(db, changes))
                 )
         except sqlite3.Error as exc:
-            raise StoreFailedError(f"{self.path}: {exc}") from exc
+            # The failure is shown in /stats and on the dashboard: the base name there.
+            logger.error("sqlite: writing %s failed: %s", self.path, exc)
+            raise StoreFailedError(f"{DB_NAME}: {exc}") from exc
         self.commits += 1
         self.rows += len(inserts) + len(updates)
         return outcomes
