@@ -16,11 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.engine.groupcommit import Pending
 from common.errors import StoreFailedError
 from common.http.app import create_app
 from common.runtime.config import RuntimeConfig
 from common.runtime.service import Service
 from common.specs import JobSpec
+from sqlq.engines import DURABLE, make_store
 from tests.helpers import spawn_server, unavailable
 from tests.walq_helpers import FaultyFiles
 from walq.store import WalStore
@@ -180,3 +182,36 @@ async def test_a_failed_store_is_reported_without_its_directory(tmp_path: Path) 
             _no_absolute_path(text, tmp_path)
     finally:
         await rt.stop(0)
+
+
+@pytest.mark.parametrize("engine", DURABLE)
+async def test_no_write_gets_past_a_failed_store(
+    tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pause (or a compaction) after a store failure is refused like a commit, and
+    nothing of it is durable."""
+    store = make_store(engine, tmp_path)
+
+    async def failing_flush(batch: list[Pending]) -> list[BaseException | None]:
+        raise OSError(errno.EIO, "injected I/O failure")
+
+    monkeypatch.setattr(store, "_flush", failing_flush)
+    rt = Service(store, RuntimeConfig(workers=1, compact_every_s=0))
+    await rt.start()
+    app = create_app(rt, start_runtime=False)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as c:
+            assert (await c.post("/jobs", json={"kind": "sleep"})).status_code == 503
+            r = await c.post("/queues/default/pause")
+            assert r.status_code == 503, r.text
+            assert r.json()["error"] == "unavailable"
+        with pytest.raises(StoreFailedError):
+            await store.compact()
+    finally:
+        await rt.stop(0)
+    again = make_store(engine, tmp_path)
+    recovery = await again.open()
+    await again.close()
+    assert recovery.paused_queues == []

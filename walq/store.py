@@ -265,7 +265,7 @@ class WalStore(DurableStore):
         return self._index.get(job_id)
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
-        self._live()
+        self._writable()
         names = (self._paused | {queue}) if paused else (self._paused - {queue})
         try:
             await self._on_io(write_paused, self.fs, self.queues_path, sorted(names))
@@ -284,9 +284,7 @@ class WalStore(DurableStore):
     # -- compaction (the Compactor's host) ---------------------------------------------
 
     async def compact(self) -> CompactionReport:
-        committer = self._live()
-        if committer.failure is not None:
-            raise StoreError(f"walq has failed: {committer.failure}")
+        self._writable()
         return await self.compactor.compact()
 
     async def _idle(self) -> None:

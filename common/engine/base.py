@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from common.clock import SYSTEM_CLOCK, Clock
 from common.engine.datadir import DirLock, prepare_dir
 from common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
-from common.errors import StoreError
+from common.errors import StoreError, StoreFailedError
 from common.redact import redact_paths
 from common.store import DEFAULT_RETENTION_S, Change, Recovery, StoreStats, SyncLevel
 
@@ -127,6 +127,17 @@ class DurableStore(Committing):
         self._committer.observer = self._observer
         self._committer.start()
         return recovery
+
+    def _writable(self) -> GroupCommitter:
+        """The committer of an open store that has not failed. Every write that does not go
+        through the committer (a queue pause, a compaction) asks this first: after a failed
+        write or sync nothing more may become durable, whatever path it takes."""
+        committer = self._live()
+        if committer.failure is not None:
+            raise StoreFailedError(
+                f"{self.name} has failed: {committer.failure}"
+            ) from committer.failure
+        return committer
 
     async def commit(self, changes: Sequence[Change]) -> None:
         committer = self._live()

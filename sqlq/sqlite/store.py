@@ -199,7 +199,7 @@ class SQLiteStore(DurableStore):
         return row_job(rows[0]) if rows else None
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
-        self._live()
+        self._writable()
 
         def write(db: sqlite3.Connection) -> None:
             db.execute(Q["set_queue_paused"], (queue, int(paused)))  # autocommit: one statement
@@ -230,7 +230,7 @@ class SQLiteStore(DurableStore):
 
     async def compact(self) -> CompactionReport:
         """Delete terminal jobs past retention and truncate the WAL file."""
-        self._live()
+        self._writable()
         t0 = time.perf_counter()
         before = self._disk_bytes()
         cutoff = self.clock.time() - self.retention
