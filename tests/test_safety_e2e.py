@@ -208,3 +208,24 @@ def test_an_idempotency_key_survives_kill9(tmp_path: Path, store: str) -> None:
             assert len(c.get("/jobs").json()["jobs"]) == 1
     finally:
         again.stop()
+
+
+def test_repair_refuses_while_a_server_holds_the_directory(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = spawn_server("--store", "walq", "--data", str(data))
+    try:
+        server.wait_ready()
+        assert httpx.post(server.url + "/jobs", json={"kind": "sleep"}).status_code == 201
+        log = (data / "walq" / "walq.log").read_bytes()
+        r = CliRunner().invoke(main, ["repair", "--data", str(data)])
+        assert r.exit_code == 1, r.output
+        assert "walq.lock is held by another process" in r.output
+        assert "stop the server" in r.output
+        assert "Traceback" not in r.output
+        assert (data / "walq" / "walq.log").read_bytes() == log  # untouched
+        assert not list((data / "walq").glob("walq.log.broken-*"))
+    finally:
+        server.stop()
+    r = CliRunner().invoke(main, ["repair", "--data", str(data)])
+    assert r.exit_code == 0, r.output  # the server is gone: the lock is free
+    assert "no damage found" in r.output
