@@ -12,6 +12,7 @@ import pytest
 from common.engine.memory import MemoryStore
 from common.http.app import create_app
 from common.http.guard import Security, is_loopback
+from common.http.throttle import MAX_FAILURES
 from common.runtime.config import RuntimeConfig
 from common.runtime.service import Service
 
@@ -240,3 +241,33 @@ async def test_long_input_is_not_echoed_back(make_client: Client) -> None:
     r = await c.get("/jobs/" + "a" * 5000)
     assert r.status_code == 404
     assert len(r.text) < 400
+
+
+async def test_wrong_tokens_are_throttled_per_client_address() -> None:
+    rt = Service(MemoryStore(), RuntimeConfig(workers=1))
+    await rt.start()
+    app = create_app(rt, start_runtime=False, security=Security(token=TOKEN))
+
+    def client(address: str) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=app, client=(address, 4711))
+        return httpx.AsyncClient(transport=transport, base_url="http://localhost")
+
+    good = {"authorization": f"Bearer {TOKEN}"}
+    try:
+        async with client("192.0.2.1") as guesser, client("192.0.2.2") as other:
+            for i in range(MAX_FAILURES):
+                r = await guesser.get("/stats", headers={"authorization": f"Bearer guess-{i}"})
+                assert r.status_code == 401
+            for headers in ({"authorization": "Bearer one-more"}, good):
+                r = await guesser.get("/stats", headers=headers)
+                assert r.status_code == 429, r.text  # not even the right token is compared
+                assert r.json()["field"] == "authorization"
+                assert 1 <= int(r.headers["retry-after"]) <= 60
+            # Another address is not locked out, and a request without a header is no guess.
+            assert (await other.get("/stats", headers=good)).status_code == 200
+            for _ in range(3 * MAX_FAILURES):
+                assert (await other.get("/stats")).status_code == 401
+            assert (await other.get("/stats", headers=good)).status_code == 200
+            assert (await guesser.get("/healthz")).status_code == 200  # probes need no token
+    finally:
+        await rt.stop(0)

@@ -8,7 +8,9 @@ One pure ASGI middleware, in this order:
    own DNS name to 127.0.0.1 still sends its own name as ``Host``.
 2. **Token** (401): with ``--token`` set, every path except the probes
    (``/healthz``, ``/readyz``) needs ``Authorization: Bearer <token>``, compared
-   in constant time.
+   in constant time. A client address that sent ``MAX_FAILURES`` wrong ones in
+   a minute gets 429 with ``Retry-After`` instead, its token not even compared
+   (``common.http.throttle``): others are not affected.
 3. **Origin** (403): a browser sends ``Origin`` with every cross-site POST; one
    that names another host than ``Host`` is refused, so a page elsewhere cannot
    drive the API even on loopback without a token.
@@ -28,11 +30,14 @@ every request and the latter wraps each one in extra tasks and streams.
 from __future__ import annotations
 
 import hmac
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from common.http.throttle import Throttle
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 PROBES = frozenset({"/healthz", "/readyz"})
@@ -100,9 +105,11 @@ class Guard:
         security: Security,
         fast: dict[tuple[str, str], ASGIApp] | None = None,
         delegated: tuple[str, ...] = (),
+        throttle: Throttle | None = None,
     ) -> None:
         self.app = app
         self.security = security
+        self.throttle = throttle or Throttle()
         self._token = security.token.encode() if security.token else None
         self._fast = fast or {}
         self._delegated = delegated
@@ -147,10 +154,23 @@ class Guard:
             )
         own = bool(self._delegated) and self._own_checks(scope["path"])
         if self._token is not None and scope["path"] not in PROBES and not own:
+            client = scope.get("client")
+            address = client[0] if client else None
+            wait = self.throttle.retry_after(address)
+            if wait is not None:  # refused before the compare: no oracle while throttled
+                return (
+                    429,
+                    "too_many_attempts",
+                    "too many wrong tokens from this address lately: try again later",
+                    "authorization",
+                    [(b"retry-after", str(max(1, math.ceil(wait))).encode())],
+                )
             given = headers.get(b"authorization", b"")
             scheme, _, credential = given.partition(b" ")
             ok = scheme.lower() == b"bearer" and hmac.compare_digest(credential, self._token)
             if not ok:
+                if given:  # a guess; a request without the header guesses nothing
+                    self.throttle.failed(address)
                 return (
                     401,
                     "unauthorized",
