@@ -110,6 +110,35 @@ def test_loopback_addresses() -> None:
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
 
 
+def _never_resolves(name: str) -> list[str]:
+    raise OSError(f"no such name: {name}")
+
+
+@pytest.mark.parametrize(
+    "host", ["127.evil.example", "127.0.0.1.nip.io", "127.", "127.0.0.1x", "[127.0.0.1]x", ""]
+)
+def test_a_name_that_starts_like_loopback_is_not_loopback(host: str) -> None:
+    assert not is_loopback(host, resolve=_never_resolves)
+    assert not is_loopback(host, resolve=lambda _: ["10.0.0.7"])
+
+
+def test_a_name_is_loopback_only_if_every_address_it_has_is() -> None:
+    assert is_loopback("queue.local", resolve=lambda _: ["127.0.0.1", "::1"])
+    assert not is_loopback("queue.local", resolve=lambda _: ["127.0.0.1", "192.0.2.1"])
+    assert not is_loopback("queue.local", resolve=lambda _: [])
+    assert not is_loopback("queue.local", resolve=_never_resolves)
+    assert not is_loopback("queue.local", resolve=lambda _: ["fe80::1%eth0", "junk"])
+
+
+async def test_allowed_host_is_enforced_on_a_non_loopback_binding(make_client: Client) -> None:
+    c = await make_client(Security.for_binding("0.0.0.0", TOKEN, ("queue.example",)))
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    for host, status in [("queue.example", 201), ("queue.example:8080", 201),
+                         ("evil.example", 421), ("localhost", 421)]:  # fmt: skip
+        r = await c.post("/jobs", json={"kind": "sleep"}, headers={"host": host, **auth})
+        assert r.status_code == status, (host, r.text)
+
+
 @pytest.mark.parametrize(
     ("content_type", "status"),
     [

@@ -79,14 +79,34 @@ def test_a_non_loopback_host_without_a_token_refuses_to_start() -> None:
     assert "--token" in r.output
     r = CliRunner().invoke(
         main,
-        ["serve", "--host", "0.0.0.0", "--allow-no-token", "--import", "no_such_module_xyz"],
-    )
+        ["serve", "--host", "0.0.0.0", "--allow-no-token", "--allowed-host", "queue.internal",
+         "--import", "no_such_module_xyz"],
+    )  # fmt: skip
     assert r.exit_code == 2  # past the token check; stopped by the next bad flag
     assert "--import" in r.output
     assert "--token" not in r.output
     r = CliRunner().invoke(main, ["serve", "--token", " ", "--store", "memory"])
     assert r.exit_code == 2
     assert "--token" in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "says"),
+    [
+        (["--token", "short-token"], "--token", "at least 16 characters"),
+        (["--token", "0123456789abcde"], "--token", "at least 16 characters"),
+        (["--host", "0.0.0.0", "--allow-no-token"], "--allowed-host", "--allowed-host"),
+        (["--host", "127.evil.example"], "--token", "reachable from other machines"),
+    ],
+)
+def test_serve_refuses_a_weak_token_or_an_open_binding(
+    args: list[str], flag: str, says: str
+) -> None:
+    r = CliRunner().invoke(main, ["serve", "--store", "memory", *args])
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
+    assert says in r.output
+    assert "Traceback" not in r.output
 
 
 def test_the_token_from_the_environment_guards_the_api_and_never_reaches_logs(

@@ -5,7 +5,10 @@ One pure ASGI middleware, in this order:
 1. **Host** (421): while the server is bound to loopback, a request whose
    ``Host`` is not ``localhost``, ``127.0.0.1`` or ``[::1]`` (any port), or a
    name added with ``--allowed-host``, is refused. A web page that rebinds its
-   own DNS name to 127.0.0.1 still sends its own name as ``Host``.
+   own DNS name to 127.0.0.1 still sends its own name as ``Host``. On any other
+   binding the ``--allowed-host`` names, when given, are the only ones answered.
+   Loopback means an address ``ipaddress`` calls loopback, or a name all of
+   whose addresses are (``127.evil.example`` is a name like any other).
 2. **Token** (401): with ``--token`` set, every path except the probes
    (``/healthz``, ``/readyz``) needs ``Authorization: Bearer <token>``, compared
    in constant time. A client address that sent ``MAX_FAILURES`` wrong ones in
@@ -30,7 +33,10 @@ every request and the latter wraps each one in extra tasks and streams.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import math
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,16 +50,40 @@ PROBES = frozenset({"/healthz", "/readyz"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
-def is_loopback(host: str) -> bool:
-    """Whether binding to ``host`` keeps the server on this machine only."""
-    h = host.strip("[]").lower()
-    return h in ("localhost", "::1") or h.startswith("127.")
+MIN_TOKEN_LENGTH = 16  # characters; ``sqlq serve`` refuses a shorter --token
+
+
+def _addresses(name: str) -> list[str]:
+    """Every address ``name`` resolves to (``OSError`` if it does not)."""
+    return [str(info[4][0]) for info in socket.getaddrinfo(name, None)]
+
+
+def is_loopback(host: str, resolve: Callable[[str], list[str]] = _addresses) -> bool:
+    """Whether binding to ``host`` keeps the server on this machine only: a loopback
+    address, or a name whose every address is one (resolved with ``resolve``)."""
+    name = host.strip()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    if not name:
+        return False
+    try:
+        found = resolve(name)
+    except (OSError, UnicodeError):
+        return False
+    try:
+        return bool(found) and all(ipaddress.ip_address(a).is_loopback for a in found)
+    except ValueError:  # an address we cannot judge (a scoped IPv6 one, say): not loopback
+        return False
 
 
 @dataclass(frozen=True, kw_only=True)
 class Security:
     token: str | None = None  # None: no token asked (only allowed on loopback, or by override)
-    # Host names accepted in the Host header; None: any (the server is not on loopback).
+    # Host names accepted in the Host header; None: any (not on loopback, no --allowed-host).
     allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS
     extra_hosts: frozenset[str] = field(default_factory=frozenset)
 
@@ -62,7 +92,7 @@ class Security:
         cls, host: str, token: str | None, extra_hosts: tuple[str, ...] = ()
     ) -> Security:
         extra = frozenset(h.lower() for h in extra_hosts)
-        allowed = LOOPBACK_HOSTS | extra if is_loopback(host) else None
+        allowed = LOOPBACK_HOSTS | extra if is_loopback(host) else (extra or None)
         return cls(token=token, allowed_hosts=allowed, extra_hosts=extra)
 
 
@@ -148,7 +178,7 @@ class Guard:
             return (
                 421,
                 "misdirected",
-                "this server answers only to localhost names (see --allowed-host)",
+                "this server answers only to its own names (see --allowed-host)",
                 "host",
                 [],
             )
