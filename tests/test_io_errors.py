@@ -8,7 +8,9 @@ engines, by really filling a small filesystem.
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +24,7 @@ from common.http.app import create_app
 from common.runtime.config import RuntimeConfig
 from common.runtime.service import Service
 from common.specs import JobSpec
-from sqlq.engines import DURABLE, make_store
+from sqlq.engines import DURABLE, ENGINES, make_store
 from tests.helpers import spawn_server, unavailable
 from tests.walq_helpers import FaultyFiles
 from walq.store import WalStore
@@ -215,3 +217,39 @@ async def test_no_write_gets_past_a_failed_store(
     recovery = await again.open()
     await again.close()
     assert recovery.paused_queues == []
+
+
+@pytest.mark.parametrize("engine", DURABLE)
+async def test_loose_modes_are_tightened_when_the_engine_opens(
+    tmp_path: Path, engine: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Files left 0644 and directories 0755 (by an older sqlq, a restore, a umask) are the
+    engine's own: it makes them 0600 and 0700 as it opens them, and says so in the log."""
+    data = tmp_path / "data"
+    store = make_store(engine, data)
+    await store.open()
+    await store.set_queue_paused("mail", True)  # walq keeps pauses in a file of their own
+    await store.close()
+    own = data / ENGINES[engine].subdir  # type: ignore[operator]
+    if engine == "sqlite":
+        for suffix in ("-wal", "-shm"):  # SQLite removed them at close; as a crash leaves them
+            (own / f"sqlq.db{suffix}").touch()
+    files = [p for p in own.iterdir() if p.is_file()]
+    assert len(files) >= 3
+    for p in files:
+        p.chmod(0o644)
+    for d in (data, own):
+        d.chmod(0o755)
+    caplog.set_level(logging.WARNING)
+    again = make_store(engine, data)
+    recovery = await again.open()
+    try:
+        assert recovery.paused_queues == ["mail"]
+        for d in (data, own):
+            assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+        for p in files:
+            assert stat.S_IMODE(p.stat().st_mode) == 0o600, p.name
+            assert any(p.name in r.getMessage() and "0600" in r.getMessage()
+                       for r in caplog.records), p.name  # fmt: skip
+    finally:
+        await again.close()

@@ -110,8 +110,13 @@ class SQLiteStore(DurableStore):
     def _open_db(self) -> list[Job]:
         """On the I/O thread: create 0600, connect, set pragmas and schema, read live jobs."""
         # Create the database 0600 ourselves (SQLite would use the umask, 0644);
-        # SQLite gives its -wal and -shm files the database file's mode.
+        # SQLite gives its -wal and -shm files the database file's mode. Existing ones
+        # (a crash leaves them) are tightened too, before SQLite opens them: closing a
+        # descriptor of a file SQLite has open would drop its POSIX locks.
         os.close(open_private(self.path, os.O_RDWR | os.O_CREAT))
+        for suffix in ("-wal", "-shm"):
+            if os.path.lexists(self.path + suffix):
+                os.close(open_private(self.path + suffix, os.O_RDONLY))
         # Batch statements differ by row count; keep them all prepared.
         db = sqlite3.connect(
             self.path,
