@@ -67,7 +67,7 @@ def serve(**flags: Any) -> None:
     """Run the job queue service: recover, then serve HTTP on HOST:PORT."""
     import uvloop
 
-    from common.http.guard import Security, is_loopback
+    from common.http.guard import MIN_TOKEN_LENGTH, Security, is_loopback
     from common.runtime.config import RuntimeState
     from common.runtime.service import Service
     from common.ui.options import UiOptions
@@ -76,12 +76,22 @@ def serve(**flags: Any) -> None:
     from sqlq.serve import serve as run_server
 
     s = ServeSettings(**flags)
-    if s.token is not None and not s.token.strip():
-        raise click.BadParameter("must not be empty", param_hint="--token")
-    if not is_loopback(s.host) and s.token is None and not s.allow_no_token:
+    if s.token is not None and len(s.token.strip()) < MIN_TOKEN_LENGTH:
+        raise click.BadParameter(
+            f"must be at least {MIN_TOKEN_LENGTH} characters, not {len(s.token.strip())} "
+            "(make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))')",
+            param_hint="--token",
+        )
+    loopback = is_loopback(s.host)
+    if not loopback and s.token is None and not s.allow_no_token:
         raise click.UsageError(
             f"--host {s.host} is reachable from other machines: set --token (or SQLQ_TOKEN), "
             "or pass --allow-no-token if something in front of sqlq authenticates"
+        )
+    if not loopback and s.token is None and not s.allowed_hosts:
+        raise click.UsageError(
+            f"--allow-no-token on --host {s.host} needs --allowed-host NAME, the names the "
+            "proxy in front of sqlq uses: without a token the Host check is the one wall left"
         )
     logging.basicConfig(
         level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -175,22 +175,22 @@ class ServeSettings:
         "--token",
         show_default=False,
         help="Require 'Authorization: Bearer TOKEN' on every endpoint but /healthz and "
-        "/readyz. Prefer SQLQ_TOKEN: a flag shows in the process list.",
+        "/readyz; at least 16 characters. Prefer SQLQ_TOKEN: a flag shows in the process list.",
     )
     allow_no_token: bool = opt(
         False,
         "--allow-no-token",
         is_flag=True,
         help="Serve a non-loopback --host without a token (only behind something that "
-        "authenticates).",
+        "authenticates; needs --allowed-host).",
     )
     allowed_hosts: tuple[str, ...] = opt(
         (),
         "--allowed-host",
         multiple=True,
         metavar="NAME",
-        help="On loopback, also answer requests whose Host header is NAME (repeatable); "
-        "others get 421.",
+        help="Answer requests whose Host header is NAME (repeatable; on loopback, besides "
+        "the localhost names); others get 421.",
     )
     ui: bool = opt(
         True,

@@ -12,6 +12,7 @@ import pytest
 from common.engine.memory import MemoryStore
 from common.http.app import create_app
 from common.http.guard import Security, is_loopback
+from common.http.throttle import MAX_FAILURES
 from common.runtime.config import RuntimeConfig
 from common.runtime.service import Service
 
@@ -107,6 +108,35 @@ async def test_a_non_loopback_binding_does_not_check_host(make_client: Client) -
 def test_loopback_addresses() -> None:
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.3.2.1", "localhost", "::1", "[::1]"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+
+
+def _never_resolves(name: str) -> list[str]:
+    raise OSError(f"no such name: {name}")
+
+
+@pytest.mark.parametrize(
+    "host", ["127.evil.example", "127.0.0.1.nip.io", "127.", "127.0.0.1x", "[127.0.0.1]x", ""]
+)
+def test_a_name_that_starts_like_loopback_is_not_loopback(host: str) -> None:
+    assert not is_loopback(host, resolve=_never_resolves)
+    assert not is_loopback(host, resolve=lambda _: ["10.0.0.7"])
+
+
+def test_a_name_is_loopback_only_if_every_address_it_has_is() -> None:
+    assert is_loopback("queue.local", resolve=lambda _: ["127.0.0.1", "::1"])
+    assert not is_loopback("queue.local", resolve=lambda _: ["127.0.0.1", "192.0.2.1"])
+    assert not is_loopback("queue.local", resolve=lambda _: [])
+    assert not is_loopback("queue.local", resolve=_never_resolves)
+    assert not is_loopback("queue.local", resolve=lambda _: ["fe80::1%eth0", "junk"])
+
+
+async def test_allowed_host_is_enforced_on_a_non_loopback_binding(make_client: Client) -> None:
+    c = await make_client(Security.for_binding("0.0.0.0", TOKEN, ("queue.example",)))
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    for host, status in [("queue.example", 201), ("queue.example:8080", 201),
+                         ("evil.example", 421), ("localhost", 421)]:  # fmt: skip
+        r = await c.post("/jobs", json={"kind": "sleep"}, headers={"host": host, **auth})
+        assert r.status_code == status, (host, r.text)
 
 
 @pytest.mark.parametrize(
@@ -240,3 +270,33 @@ async def test_long_input_is_not_echoed_back(make_client: Client) -> None:
     r = await c.get("/jobs/" + "a" * 5000)
     assert r.status_code == 404
     assert len(r.text) < 400
+
+
+async def test_wrong_tokens_are_throttled_per_client_address() -> None:
+    rt = Service(MemoryStore(), RuntimeConfig(workers=1))
+    await rt.start()
+    app = create_app(rt, start_runtime=False, security=Security(token=TOKEN))
+
+    def client(address: str) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=app, client=(address, 4711))
+        return httpx.AsyncClient(transport=transport, base_url="http://localhost")
+
+    good = {"authorization": f"Bearer {TOKEN}"}
+    try:
+        async with client("192.0.2.1") as guesser, client("192.0.2.2") as other:
+            for i in range(MAX_FAILURES):
+                r = await guesser.get("/stats", headers={"authorization": f"Bearer guess-{i}"})
+                assert r.status_code == 401
+            for headers in ({"authorization": "Bearer one-more"}, good):
+                r = await guesser.get("/stats", headers=headers)
+                assert r.status_code == 429, r.text  # not even the right token is compared
+                assert r.json()["field"] == "authorization"
+                assert 1 <= int(r.headers["retry-after"]) <= 60
+            # Another address is not locked out, and a request without a header is no guess.
+            assert (await other.get("/stats", headers=good)).status_code == 200
+            for _ in range(3 * MAX_FAILURES):
+                assert (await other.get("/stats")).status_code == 401
+            assert (await other.get("/stats", headers=good)).status_code == 200
+            assert (await guesser.get("/healthz")).status_code == 200  # probes need no token
+    finally:
+        await rt.stop(0)

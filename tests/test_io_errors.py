@@ -8,7 +8,9 @@ engines, by really filling a small filesystem.
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -16,10 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.engine.groupcommit import Pending
 from common.errors import StoreFailedError
 from common.http.app import create_app
 from common.runtime.config import RuntimeConfig
 from common.runtime.service import Service
+from common.specs import JobSpec
+from sqlq.engines import DURABLE, ENGINES, make_store
 from tests.helpers import spawn_server, unavailable
 from tests.walq_helpers import FaultyFiles
 from walq.store import WalStore
@@ -128,3 +133,123 @@ def test_a_full_filesystem_is_a_503_and_space_back_recovers_every_ack(
     finally:
         again.stop()
     assert os.path.ismount(tiny_fs)
+
+
+async def _client_views(rt: Service) -> list[str]:
+    """What a client sees of the store: /stats, /readyz and the dashboard's overview."""
+    app = create_app(rt, start_runtime=False)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+    ) as c:
+        pages = [await c.get(p) for p in ("/stats", "/readyz", "/ui/")]
+    assert pages[0].status_code == 200
+    assert pages[2].status_code == 200
+    return [p.text for p in pages]
+
+
+def _no_absolute_path(text: str, tmp_path: Path) -> None:
+    assert str(tmp_path) not in text
+    assert "/tmp" not in text
+
+
+async def test_a_torn_tail_is_reported_without_its_directory(tmp_path: Path) -> None:
+    store = WalStore(tmp_path)
+    await store.open()
+    await store.close()
+    with (tmp_path / "walq.log").open("ab") as f:
+        f.write(b'{"seq":9,"ops":[{"put"')  # a torn last record
+    rt = Service(WalStore(tmp_path), RuntimeConfig(workers=1, compact_every_s=0))
+    await rt.start()
+    try:
+        stats, _, overview = await _client_views(rt)
+        assert "walq.log.broken-1" in stats  # the file is named, by its base name
+        assert "walq.log.broken-1" in overview
+        for text in (stats, overview):
+            _no_absolute_path(text, tmp_path)
+    finally:
+        await rt.stop(0)
+
+
+async def test_a_failed_store_is_reported_without_its_directory(tmp_path: Path) -> None:
+    fs = FaultyFiles("fdatasync", where="walq.log", nth=1)
+    rt = Service(WalStore(tmp_path, fs=fs), RuntimeConfig(workers=1, compact_every_s=0))
+    await rt.start()
+    try:
+        with pytest.raises(StoreFailedError):
+            await rt.submit([JobSpec(kind="sleep")])
+        stats, ready, overview = await _client_views(rt)
+        assert "injected failure" in stats
+        assert "injected failure" in overview
+        for text in (stats, ready, overview):
+            _no_absolute_path(text, tmp_path)
+    finally:
+        await rt.stop(0)
+
+
+@pytest.mark.parametrize("engine", DURABLE)
+async def test_no_write_gets_past_a_failed_store(
+    tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pause (or a compaction) after a store failure is refused like a commit, and
+    nothing of it is durable."""
+    store = make_store(engine, tmp_path)
+
+    async def failing_flush(batch: list[Pending]) -> list[BaseException | None]:
+        raise OSError(errno.EIO, "injected I/O failure")
+
+    monkeypatch.setattr(store, "_flush", failing_flush)
+    rt = Service(store, RuntimeConfig(workers=1, compact_every_s=0))
+    await rt.start()
+    app = create_app(rt, start_runtime=False)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as c:
+            assert (await c.post("/jobs", json={"kind": "sleep"})).status_code == 503
+            r = await c.post("/queues/default/pause")
+            assert r.status_code == 503, r.text
+            assert r.json()["error"] == "unavailable"
+        with pytest.raises(StoreFailedError):
+            await store.compact()
+    finally:
+        await rt.stop(0)
+    again = make_store(engine, tmp_path)
+    recovery = await again.open()
+    await again.close()
+    assert recovery.paused_queues == []
+
+
+@pytest.mark.parametrize("engine", DURABLE)
+async def test_loose_modes_are_tightened_when_the_engine_opens(
+    tmp_path: Path, engine: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Files left 0644 and directories 0755 (by an older sqlq, a restore, a umask) are the
+    engine's own: it makes them 0600 and 0700 as it opens them, and says so in the log."""
+    data = tmp_path / "data"
+    store = make_store(engine, data)
+    await store.open()
+    await store.set_queue_paused("mail", True)  # walq keeps pauses in a file of their own
+    await store.close()
+    own = data / ENGINES[engine].subdir  # type: ignore[operator]
+    if engine == "sqlite":
+        for suffix in ("-wal", "-shm"):  # SQLite removed them at close; as a crash leaves them
+            (own / f"sqlq.db{suffix}").touch()
+    files = [p for p in own.iterdir() if p.is_file()]
+    assert len(files) >= 3
+    for p in files:
+        p.chmod(0o644)
+    for d in (data, own):
+        d.chmod(0o755)
+    caplog.set_level(logging.WARNING)
+    again = make_store(engine, data)
+    recovery = await again.open()
+    try:
+        assert recovery.paused_queues == ["mail"]
+        for d in (data, own):
+            assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+        for p in files:
+            assert stat.S_IMODE(p.stat().st_mode) == 0o600, p.name
+            assert any(p.name in r.getMessage() and "0600" in r.getMessage()
+                       for r in caplog.records), p.name  # fmt: skip
+    finally:
+        await again.close()

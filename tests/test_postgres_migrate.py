@@ -94,3 +94,47 @@ def test_serve_refuses_an_unmigrated_database_and_a_bad_dsn_in_one_line(
     r = runner.invoke(main, ["serve", "--store", "sqlite", "--dsn", bad])
     assert r.exit_code == 2
     assert "--dsn" in r.output
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        ("postgresql://sqlq:hunter2@db.internal:5433/jobs", "db.internal:5433/jobs"),
+        ("postgres://sqlq:hunter2@db.internal/jobs?sslmode=require", "db.internal/jobs"),
+        ("postgresql://sqlq:hun%2Fter2@[::1]:5432/jobs", "[::1]:5432/jobs"),
+        (
+            "host=db.internal port=5433 dbname=jobs user=sqlq password=hunter2",
+            "db.internal:5433/jobs",
+        ),
+        ("password='hunter2 x' host = db.internal  dbname=jobs", "db.internal/jobs"),
+        ("dbname=jobs password=hunter2", "localhost/jobs"),
+        # A '/' in the password (not percent-encoded) makes the rest unparsable as a URI.
+        ("postgresql://sqlq:hun/ter2@db.internal:5432/jobs", "the DSN (not shown)"),
+        ("postgresql://sqlq:hunter2/x@db.internal/jobs", "the DSN (not shown)"),
+        ("postgresql://sqlq:5432/hunter2@db.internal/jobs", "the DSN (not shown)"),
+        ("host=db password='hunter2", "the DSN (not shown)"),
+        ("hunter2", "the DSN (not shown)"),
+        ("", "the DSN (not shown)"),
+    ],
+)
+def test_where_shows_host_port_and_database_only(dsn: str, shown: str) -> None:
+    from sqlq.postgres.migrate import where
+
+    assert where(dsn) == shown
+    assert "ter2" not in where(dsn)
+
+
+SECRET_DSNS = [
+    "host=127.0.0.1 port=9 dbname=x user=sqlq password=hunter2",
+    "postgresql://sqlq:5432/hunter2@127.0.0.1:9/x",
+]
+
+
+@pytest.mark.parametrize("dsn", SECRET_DSNS, ids=["keywords", "slash-in-password"])
+def test_no_password_from_migrate_or_serve(dsn: str) -> None:
+    for args in (["migrate", "--dsn", dsn], ["serve", "--store", "postgres", "--dsn", dsn]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1, r.output
+        assert "ter2" not in r.output, r.output
+        assert "Traceback" not in r.output
+        assert "cannot connect to PostgreSQL at" in r.output

@@ -79,14 +79,34 @@ def test_a_non_loopback_host_without_a_token_refuses_to_start() -> None:
     assert "--token" in r.output
     r = CliRunner().invoke(
         main,
-        ["serve", "--host", "0.0.0.0", "--allow-no-token", "--import", "no_such_module_xyz"],
-    )
+        ["serve", "--host", "0.0.0.0", "--allow-no-token", "--allowed-host", "queue.internal",
+         "--import", "no_such_module_xyz"],
+    )  # fmt: skip
     assert r.exit_code == 2  # past the token check; stopped by the next bad flag
     assert "--import" in r.output
     assert "--token" not in r.output
     r = CliRunner().invoke(main, ["serve", "--token", " ", "--store", "memory"])
     assert r.exit_code == 2
     assert "--token" in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "says"),
+    [
+        (["--token", "short-token"], "--token", "at least 16 characters"),
+        (["--token", "0123456789abcde"], "--token", "at least 16 characters"),
+        (["--host", "0.0.0.0", "--allow-no-token"], "--allowed-host", "--allowed-host"),
+        (["--host", "127.evil.example"], "--token", "reachable from other machines"),
+    ],
+)
+def test_serve_refuses_a_weak_token_or_an_open_binding(
+    args: list[str], flag: str, says: str
+) -> None:
+    r = CliRunner().invoke(main, ["serve", "--store", "memory", *args])
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
+    assert says in r.output
+    assert "Traceback" not in r.output
 
 
 def test_the_token_from_the_environment_guards_the_api_and_never_reaches_logs(
@@ -208,3 +228,24 @@ def test_an_idempotency_key_survives_kill9(tmp_path: Path, store: str) -> None:
             assert len(c.get("/jobs").json()["jobs"]) == 1
     finally:
         again.stop()
+
+
+def test_repair_refuses_while_a_server_holds_the_directory(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = spawn_server("--store", "walq", "--data", str(data))
+    try:
+        server.wait_ready()
+        assert httpx.post(server.url + "/jobs", json={"kind": "sleep"}).status_code == 201
+        log = (data / "walq" / "walq.log").read_bytes()
+        r = CliRunner().invoke(main, ["repair", "--data", str(data)])
+        assert r.exit_code == 1, r.output
+        assert "walq.lock is held by another process" in r.output
+        assert "stop the server" in r.output
+        assert "Traceback" not in r.output
+        assert (data / "walq" / "walq.log").read_bytes() == log  # untouched
+        assert not list((data / "walq").glob("walq.log.broken-*"))
+    finally:
+        server.stop()
+    r = CliRunner().invoke(main, ["repair", "--data", str(data)])
+    assert r.exit_code == 0, r.output  # the server is gone: the lock is free
+    assert "no damage found" in r.output

@@ -4,16 +4,23 @@ Opening refuses a log with damage before its tail, because silently dropping
 acknowledged history is worse than stopping. Repair is the operator's explicit
 decision to go on from the last good record; the bytes after it are kept as
 ``<log>.broken-<n>``, never deleted.
+
+Repair takes the data directory's lock, the one a server holds while it runs: cut
+under a live writer, the log would lose the records the writer appends meanwhile,
+acknowledged ones among them. A held lock is refused with its reason.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 
+from common.engine.datadir import DirLock
+from common.errors import StoreLockedError
 from walq import log
 from walq.files import OS_FILES, FileOps
-from walq.store import LOG_NAME
+from walq.store import LOCK_NAME, LOG_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +35,25 @@ class RepairReport:
 def repair(data_dir: str | os.PathLike[str], fs: FileOps = OS_FILES) -> RepairReport:
     """Cut the log at its first bad record. A healthy log is left as it is.
 
-    Must not run while a server has the directory open.
+    ``StoreLockedError`` while a server (or another repair) has the directory open.
     """
-    path = os.path.join(os.fspath(data_dir), LOG_NAME)
-    data = fs.read(path)
-    sc = log.scan(data)
-    if sc.bad_offset is None:
-        return RepairReport(path, len(data), 0, None, None)
-    moved_to = log.cut_tail(fs, path, data, sc.bad_offset)
-    return RepairReport(path, sc.bad_offset, len(data) - sc.bad_offset, moved_to, sc.bad_reason)
+    directory = os.fspath(data_dir)
+    path = os.path.join(directory, LOG_NAME)
+    if not fs.exists(path):
+        raise FileNotFoundError(errno.ENOENT, "no walq log", path)
+    lock = DirLock(directory, LOCK_NAME)
+    try:
+        lock.acquire()
+    except StoreLockedError as exc:
+        raise StoreLockedError(
+            f"refusing to repair: {exc}; stop the server that uses {directory} first"
+        ) from None
+    try:
+        data = fs.read(path)
+        sc = log.scan(data)
+        if sc.bad_offset is None:
+            return RepairReport(path, len(data), 0, None, None)
+        moved_to = log.cut_tail(fs, path, data, sc.bad_offset)
+        return RepairReport(path, sc.bad_offset, len(data) - sc.bad_offset, moved_to, sc.bad_reason)
+    finally:
+        lock.release()

@@ -121,11 +121,12 @@ class WalStore(DurableStore):
                 raise CorruptLogError(self.path, sc.bad_offset, sc.bad_reason or "bad record")
             torn = len(data) - sc.bad_offset
             kept_as = log.cut_tail(fs, self.path, data, sc.bad_offset)
-            notes.append(
-                f"torn tail of {torn} bytes at offset {sc.bad_offset} ({sc.bad_reason}); "
-                f"kept as {kept_as}"
+            # The note reaches /stats and the dashboard: the base name there, the path in the log.
+            note = (
+                f"torn tail of {torn} bytes at offset {sc.bad_offset} ({sc.bad_reason}); kept as "
             )
-            logger.warning("walq: %s", notes[-1])
+            notes.append(note + os.path.basename(kept_as))
+            logger.warning("walq: %s%s", note, kept_as)
         if sc.header is None:
             self._create_fresh(start_seq=1)
             self._log_bytes = len(log.header(1, 0.0))
@@ -264,7 +265,7 @@ class WalStore(DurableStore):
         return self._index.get(job_id)
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
-        self._live()
+        self._writable()
         names = (self._paused | {queue}) if paused else (self._paused - {queue})
         try:
             await self._on_io(write_paused, self.fs, self.queues_path, sorted(names))
@@ -283,9 +284,7 @@ class WalStore(DurableStore):
     # -- compaction (the Compactor's host) ---------------------------------------------
 
     async def compact(self) -> CompactionReport:
-        committer = self._live()
-        if committer.failure is not None:
-            raise StoreError(f"walq has failed: {committer.failure}")
+        self._writable()
         return await self.compactor.compact()
 
     async def _idle(self) -> None:

@@ -13,7 +13,8 @@ This class does the rest the same way for every engine:
   I/O thread and drops the lock, and is idempotent;
 - the emulated sync delay (a benchmark knob) is paid at ``--sync full`` only, on
   the I/O thread, right after the engine's real sync;
-- ``stats`` fills the fields every engine reports.
+- ``stats`` fills the fields every engine reports; a failure's text without its
+  absolute paths (a client reads it; the log has the whole of it).
 
 One I/O thread per engine, a plain single-thread executor: all of an engine's
 blocking calls (write, fdatasync, every SQLite statement) run there in order,
@@ -34,7 +35,8 @@ from typing import Any, TypeVar
 from common.clock import SYSTEM_CLOCK, Clock
 from common.engine.datadir import DirLock, prepare_dir
 from common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
-from common.errors import StoreError
+from common.errors import StoreError, StoreFailedError
+from common.redact import redact_paths
 from common.store import DEFAULT_RETENTION_S, Change, Recovery, StoreStats, SyncLevel
 
 T = TypeVar("T")
@@ -126,6 +128,17 @@ class DurableStore(Committing):
         self._committer.start()
         return recovery
 
+    def _writable(self) -> GroupCommitter:
+        """The committer of an open store that has not failed. Every write that does not go
+        through the committer (a queue pause, a compaction) asks this first: after a failed
+        write or sync nothing more may become durable, whatever path it takes."""
+        committer = self._live()
+        if committer.failure is not None:
+            raise StoreFailedError(
+                f"{self.name} has failed: {committer.failure}"
+            ) from committer.failure
+        return committer
+
     async def commit(self, changes: Sequence[Change]) -> None:
         committer = self._live()
         if changes:
@@ -159,4 +172,9 @@ class DurableStore(Committing):
             syncs=self.syncs,
             detail=self._detail(),
         )
-        return self._committer.fill(stats) if self._committer is not None else stats
+        if self._committer is None:
+            return stats
+        stats = self._committer.fill(stats)
+        if stats.failed is not None:  # for /stats and the dashboard; the log has the full text
+            stats.failed = redact_paths(stats.failed)
+        return stats

@@ -6,6 +6,11 @@ or that group or others may write, is refused at start: whoever can write there
 can swap the log for a link or a forged record. Files are opened with
 ``O_NOFOLLOW``, so a link planted in place of one is an error, never followed.
 
+A directory or file of ours that is merely too open (0755, 0644: an older sqlq,
+a restore from a backup, a umask) is not refused but tightened, to 0700 and
+0600, when the engine opens it, and the log says so: the data is ours, and
+refusing to start over a mode would be a restart that exits for nothing.
+
 The lock is an exclusive, advisory ``flock``, held for the life of an engine.
 The kernel releases it when the process dies, so a kill -9 never leaves a stale
 lock behind, while a second live opener is refused at once.
@@ -14,10 +19,13 @@ lock behind, while a second live opener is refused at once.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import stat
 
 from common.errors import StoreError, StoreLockedError
+
+log = logging.getLogger(__name__)
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -36,6 +44,19 @@ def prepare_dir(path: str) -> None:
         except FileExistsError:
             pass  # made meanwhile by someone else: checked below like any existing one
     check_dir(path)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _tighten(fd, path, DIR_MODE)
+    finally:
+        os.close(fd)
+
+
+def _tighten(fd: int, path: str, mode: int) -> None:
+    """Give the open ``fd`` (at ``path``) ``mode`` if group or others have any access."""
+    was = stat.S_IMODE(os.fstat(fd).st_mode)
+    if was & 0o077:
+        os.fchmod(fd, mode)
+        log.warning("%s was mode %04o; tightened to %04o", path, was, mode)
 
 
 def check_dir(path: str) -> None:
@@ -59,8 +80,15 @@ def check_dir(path: str) -> None:
 
 
 def open_private(path: str, flags: int) -> int:
-    """``os.open`` for the engines' files: never through a link, created 0600."""
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    """``os.open`` for the engines' files: never through a link, created 0600, and an
+    existing one that group or others may read made 0600 (and logged)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        _tighten(fd, path, FILE_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 class DirLock:

@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import logging
 import os
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,6 +42,7 @@ from common.http import params
 from common.http.guard import Guard, Security
 from common.http.openapi import document
 from common.models import Job
+from common.redact import redact_paths
 from common.runtime.claims import QueueInfo
 from common.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from common.runtime.service import Service
@@ -57,14 +57,8 @@ MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
 MAX_ID_LENGTH = 64
 VERSION = "0.2.0"  # job ids are 32 hex digits; a longer one cannot exist
 
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\":,;()]+/)*([^\s'\":,;()/]+)")
 _request_ids = itertools.count(1)
 _PROCESS_TAG = os.urandom(3).hex()
-
-
-def redact_paths(message: str) -> str:
-    """``message`` with every absolute path cut to its last component."""
-    return _ABSOLUTE_PATH.sub(lambda m: m.group(1), message)
 
 
 class JSONResponse(Response):

@@ -5,10 +5,15 @@ One pure ASGI middleware, in this order:
 1. **Host** (421): while the server is bound to loopback, a request whose
    ``Host`` is not ``localhost``, ``127.0.0.1`` or ``[::1]`` (any port), or a
    name added with ``--allowed-host``, is refused. A web page that rebinds its
-   own DNS name to 127.0.0.1 still sends its own name as ``Host``.
+   own DNS name to 127.0.0.1 still sends its own name as ``Host``. On any other
+   binding the ``--allowed-host`` names, when given, are the only ones answered.
+   Loopback means an address ``ipaddress`` calls loopback, or a name all of
+   whose addresses are (``127.evil.example`` is a name like any other).
 2. **Token** (401): with ``--token`` set, every path except the probes
    (``/healthz``, ``/readyz``) needs ``Authorization: Bearer <token>``, compared
-   in constant time.
+   in constant time. A client address that sent ``MAX_FAILURES`` wrong ones in
+   a minute gets 429 with ``Retry-After`` instead, its token not even compared
+   (``common.http.throttle``): others are not affected.
 3. **Origin** (403): a browser sends ``Origin`` with every cross-site POST; one
    that names another host than ``Host`` is refused, so a page elsewhere cannot
    drive the API even on loopback without a token.
@@ -28,27 +33,57 @@ every request and the latter wraps each one in extra tasks and streams.
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import math
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from common.http.throttle import Throttle
+
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 PROBES = frozenset({"/healthz", "/readyz"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
-def is_loopback(host: str) -> bool:
-    """Whether binding to ``host`` keeps the server on this machine only."""
-    h = host.strip("[]").lower()
-    return h in ("localhost", "::1") or h.startswith("127.")
+MIN_TOKEN_LENGTH = 16  # characters; ``sqlq serve`` refuses a shorter --token
+
+
+def _addresses(name: str) -> list[str]:
+    """Every address ``name`` resolves to (``OSError`` if it does not)."""
+    return [str(info[4][0]) for info in socket.getaddrinfo(name, None)]
+
+
+def is_loopback(host: str, resolve: Callable[[str], list[str]] = _addresses) -> bool:
+    """Whether binding to ``host`` keeps the server on this machine only: a loopback
+    address, or a name whose every address is one (resolved with ``resolve``)."""
+    name = host.strip()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    if not name:
+        return False
+    try:
+        found = resolve(name)
+    except (OSError, UnicodeError):
+        return False
+    try:
+        return bool(found) and all(ipaddress.ip_address(a).is_loopback for a in found)
+    except ValueError:  # an address we cannot judge (a scoped IPv6 one, say): not loopback
+        return False
 
 
 @dataclass(frozen=True, kw_only=True)
 class Security:
     token: str | None = None  # None: no token asked (only allowed on loopback, or by override)
-    # Host names accepted in the Host header; None: any (the server is not on loopback).
+    # Host names accepted in the Host header; None: any (not on loopback, no --allowed-host).
     allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS
     extra_hosts: frozenset[str] = field(default_factory=frozenset)
 
@@ -57,7 +92,7 @@ class Security:
         cls, host: str, token: str | None, extra_hosts: tuple[str, ...] = ()
     ) -> Security:
         extra = frozenset(h.lower() for h in extra_hosts)
-        allowed = LOOPBACK_HOSTS | extra if is_loopback(host) else None
+        allowed = LOOPBACK_HOSTS | extra if is_loopback(host) else (extra or None)
         return cls(token=token, allowed_hosts=allowed, extra_hosts=extra)
 
 
@@ -100,9 +135,11 @@ class Guard:
         security: Security,
         fast: dict[tuple[str, str], ASGIApp] | None = None,
         delegated: tuple[str, ...] = (),
+        throttle: Throttle | None = None,
     ) -> None:
         self.app = app
         self.security = security
+        self.throttle = throttle or Throttle()
         self._token = security.token.encode() if security.token else None
         self._fast = fast or {}
         self._delegated = delegated
@@ -141,16 +178,29 @@ class Guard:
             return (
                 421,
                 "misdirected",
-                "this server answers only to localhost names (see --allowed-host)",
+                "this server answers only to its own names (see --allowed-host)",
                 "host",
                 [],
             )
         own = bool(self._delegated) and self._own_checks(scope["path"])
         if self._token is not None and scope["path"] not in PROBES and not own:
+            client = scope.get("client")
+            address = client[0] if client else None
+            wait = self.throttle.retry_after(address)
+            if wait is not None:  # refused before the compare: no oracle while throttled
+                return (
+                    429,
+                    "too_many_attempts",
+                    "too many wrong tokens from this address lately: try again later",
+                    "authorization",
+                    [(b"retry-after", str(max(1, math.ceil(wait))).encode())],
+                )
             given = headers.get(b"authorization", b"")
             scheme, _, credential = given.partition(b" ")
             ok = scheme.lower() == b"bearer" and hmac.compare_digest(credential, self._token)
             if not ok:
+                if given:  # a guess; a request without the header guesses nothing
+                    self.throttle.failed(address)
                 return (
                     401,
                     "unauthorized",

@@ -320,9 +320,10 @@ class Dashboard:
             return RedirectResponse(target, status_code=303)
         if not self.sessions.csrf_ok(request.cookies.get(COOKIE), form.get("csrf")):
             raise Refused(403, "Refused", "The form is stale: reload the page and try again.")
-        if self.sessions.throttled():
+        client = request.client.host if request.client else None
+        if self.sessions.throttled(client):
             raise Refused(429, "Too many attempts", "Too many wrong tokens: wait a minute.")
-        cookie = self.sessions.login(form.get("token", ""))
+        cookie = self.sessions.login(form.get("token", ""), client)
         if cookie is None:
             return self.render(request, "login.html", status=401, next=target,
                                error="That is not the server's token.")  # fmt: skip

@@ -14,8 +14,14 @@ token): a page on another site can neither read it nor compute it. SameSite and
 the guard's Origin check are two more walls; this one also holds for browsers
 that send neither. A token from before a restart is refused (reload the page).
 
-**Guessing.** Failed logins are limited (``MAX_FAILURES`` a minute, then 429),
-so the login form is no faster an oracle than the API's 401.
+**Guessing.** Failed logins are limited per client address (``MAX_FAILURES`` a
+minute, then 429; ``common.http.throttle``, as the API's 401 is), so the login
+form is no faster an oracle than the API, and one address guessing never locks
+the right token out for the others.
+
+**The cookie is input.** It is parsed by one ASCII pattern with a bounded
+expiry, never by ``str.isdigit`` (which takes ``²``) and ``int`` (which refuses
+5,000 digits): a crafted cookie is just not a session.
 """
 
 from __future__ import annotations
@@ -23,14 +29,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections import deque
+import re
 
 from common.clock import SYSTEM_CLOCK, Clock
+from common.http.throttle import MAX_FAILURES, WINDOW_S, Throttle
 
 COOKIE = "sqlq_ui"
 SESSION_S = 12 * 3600
-MAX_FAILURES = 10  # failed logins per FAILURE_WINDOW_S, then 429
-FAILURE_WINDOW_S = 60.0
+FAILURE_WINDOW_S = WINDOW_S
+__all__ = ["COOKIE", "FAILURE_WINDOW_S", "MAX_FAILURES", "SESSION_S", "Sessions"]
+# <expires>.<mac>: an epoch second (12 digits last until the year 33658) and a SHA-256 hex mac
+_COOKIE_VALUE = re.compile(r"([0-9]{1,12})\.([0-9a-f]{64})", re.ASCII)
 
 
 def _mac(key: bytes, message: str) -> str:
@@ -44,38 +53,37 @@ class Sessions:
         self._token = token.encode() if token else None
         self._clock = clock
         self._secret = secret or os.urandom(32)
-        self._failures: deque[float] = deque()
+        self._throttle = Throttle(clock)
 
     @property
     def required(self) -> bool:
         """Whether the dashboard asks for the token at all (``--token`` set)."""
         return self._token is not None
 
-    def login(self, given: str) -> str | None:
-        """A new session cookie's value for the right token; None for a wrong one."""
+    def login(self, given: str, client: str | None = None) -> str | None:
+        """A new session cookie's value for the right token; None for a wrong one, which
+        counts against ``client`` (the connection's address)."""
         if self._token is None:
             return None
         if not hmac.compare_digest(given.encode(), self._token):
-            self._failures.append(self._clock.monotonic())
+            self._throttle.failed(client)
             return None
         expires = int(self._clock.time()) + SESSION_S
         return f"{expires}.{_mac(self._token, f'sqlq-ui:{expires}')}"
 
-    def throttled(self) -> bool:
-        """Too many failed logins lately: refuse to check another."""
-        now = self._clock.monotonic()
-        while self._failures and now - self._failures[0] > FAILURE_WINDOW_S:
-            self._failures.popleft()
-        return len(self._failures) >= MAX_FAILURES
+    def throttled(self, client: str | None = None) -> bool:
+        """Too many failed logins from ``client`` lately: refuse to check another."""
+        return self._throttle.retry_after(client) is not None
 
     def valid(self, cookie: str | None) -> bool:
         """Whether a request with this cookie may see the dashboard."""
         if self._token is None:
             return True
-        if not cookie or "." not in cookie:
+        m = _COOKIE_VALUE.fullmatch(cookie) if cookie else None
+        if m is None:
             return False
-        expires, mac = cookie.split(".", 1)
-        if not expires.isdigit() or int(expires) < self._clock.time():
+        expires, mac = m.groups()
+        if int(expires) < self._clock.time():
             return False
         return hmac.compare_digest(mac, _mac(self._token, f"sqlq-ui:{expires}"))
 

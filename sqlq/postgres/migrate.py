@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import resources
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
 import asyncpg
 
@@ -48,16 +48,55 @@ def migrations() -> list[Migration]:
 LATEST = len(migrations())
 
 
+# A URI as libpq reads it, strictly: a '/', '?' or '@' where none may be (a password
+# holding an unencoded '/', say) makes it unparsable, so no part of it is ever shown.
+_URI = re.compile(
+    r"postgres(?:ql)?://(?:(?P<user>[^@/?#:]*)(?::[^@/?#]*)?@)?"
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._%-]*)(?::(?P<port>[0-9]{1,5}))?"
+    r"(?:/(?P<db>[^/?#@]*))?(?:\?[^#]*)?",
+    re.ASCII,
+)
+# One ``key = value`` pair of a libpq keyword DSN; a value is bare or single-quoted
+# with backslash escapes.
+_PAIR = re.compile(r"\s*([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+)\s*", re.ASCII)
+_SHOWN = frozenset({"host", "port", "dbname", "user"})
+NOT_SHOWN = "the DSN (not shown)"
+MAX_SHOWN = 200  # characters of a host or database name worth printing
+
+
+def _keywords(dsn: str) -> dict[str, str] | None:
+    """A keyword DSN's host, port, dbname and user; None unless all of it parses."""
+    found: dict[str, str] = {}
+    at = 0
+    while at < len(dsn):
+        m = _PAIR.match(dsn, at)
+        if m is None or m.end() == at:
+            return None
+        key, value = m.group(1).lower(), m.group(2)
+        if key in _SHOWN:
+            found[key] = re.sub(r"\\(.)", r"\1", value[1:-1]) if value[0] == "'" else value
+        at = m.end()
+    return found if found or dsn.strip() else None
+
+
 def where(dsn: str) -> str:
-    """``host:port/database`` of a DSN, for messages: never the user's password."""
-    try:
-        parts = urlsplit(dsn)
-        host = parts.hostname or "localhost"
-        port = f":{parts.port}" if parts.port else ""
-        database = parts.path.lstrip("/") or parts.username or "?"
-    except ValueError:
-        return "an unparsable DSN"
-    return f"{host}{port}/{database}"
+    """``host:port/database`` of a DSN, for messages: never any part of its password.
+
+    Only a DSN that parses whole (a ``postgresql://`` URI, or libpq's
+    ``key=value`` words) is shown, and only its host, port and database; anything
+    else is "the DSN (not shown)", since a half-parsed DSN may show its secret.
+    """
+    uri = _URI.fullmatch(dsn.strip())
+    if uri is not None:
+        host, port = unquote(uri["host"]) or "localhost", uri["port"]
+        database = unquote(uri["db"] or "") or unquote(uri["user"] or "") or "?"
+    elif "://" in dsn or (words := _keywords(dsn)) is None:
+        return NOT_SHOWN
+    else:
+        host, port = words.get("host", "localhost"), words.get("port")
+        database = words.get("dbname") or words.get("user") or "?"
+    text = f"{host}{f':{port}' if port else ''}/{database}"
+    return text if len(text) <= MAX_SHOWN and text.isprintable() else NOT_SHOWN
 
 
 class SchemaMismatch(StoreError):

@@ -110,8 +110,13 @@ class SQLiteStore(DurableStore):
     def _open_db(self) -> list[Job]:
         """On the I/O thread: create 0600, connect, set pragmas and schema, read live jobs."""
         # Create the database 0600 ourselves (SQLite would use the umask, 0644);
-        # SQLite gives its -wal and -shm files the database file's mode.
+        # SQLite gives its -wal and -shm files the database file's mode. Existing ones
+        # (a crash leaves them) are tightened too, before SQLite opens them: closing a
+        # descriptor of a file SQLite has open would drop its POSIX locks.
         os.close(open_private(self.path, os.O_RDWR | os.O_CREAT))
+        for suffix in ("-wal", "-shm"):
+            if os.path.lexists(self.path + suffix):
+                os.close(open_private(self.path + suffix, os.O_RDONLY))
         # Batch statements differ by row count; keep them all prepared.
         db = sqlite3.connect(
             self.path,
@@ -177,7 +182,9 @@ class SQLiteStore(DurableStore):
                     lambda db: self._durably(write_one_by_one(db, changes))
                 )
         except sqlite3.Error as exc:
-            raise StoreFailedError(f"{self.path}: {exc}") from exc
+            # The failure is shown in /stats and on the dashboard: the base name there.
+            logger.error("sqlite: writing %s failed: %s", self.path, exc)
+            raise StoreFailedError(f"{DB_NAME}: {exc}") from exc
         self.commits += 1
         self.rows += len(inserts) + len(updates)
         return outcomes
@@ -197,7 +204,7 @@ class SQLiteStore(DurableStore):
         return row_job(rows[0]) if rows else None
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
-        self._live()
+        self._writable()
 
         def write(db: sqlite3.Connection) -> None:
             db.execute(Q["set_queue_paused"], (queue, int(paused)))  # autocommit: one statement
@@ -228,7 +235,7 @@ class SQLiteStore(DurableStore):
 
     async def compact(self) -> CompactionReport:
         """Delete terminal jobs past retention and truncate the WAL file."""
-        self._live()
+        self._writable()
         t0 = time.perf_counter()
         before = self._disk_bytes()
         cutoff = self.clock.time() - self.retention
