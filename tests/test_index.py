@@ -3,6 +3,7 @@ plain models: what a page returns, and that a page does not look at the jobs it 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from hypothesis import given, settings
@@ -167,3 +168,62 @@ def test_notes_of_changes_are_bounded_when_nobody_lists() -> None:
         index.forget(job.id)
     assert len(index._pending) <= index_module.PENDING_SLACK + len(index.jobs) // 2 + 1
     assert len(index.page(JobQuery(state=State.SCHEDULED, limit=1000))) == 100
+
+
+def _expect(index: JobIndex, query: JobQuery) -> list[Job]:
+    found = [index.jobs[i] for i in sorted(index.jobs) if query.matches(index.jobs[i])]
+    return [j for j in found if query.after is None or j.id > query.after][: query.limit]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    first=st.lists(st.tuples(st.sampled_from(QUEUES), st.sampled_from(KINDS)), max_size=40),
+    built=st.none() | queries,
+    wanted=queries,
+    meanwhile=steps,
+    later=queries,
+)
+def test_a_family_built_off_the_loop_takes_in_what_changed_meanwhile(
+    first: list[tuple[str, str]],
+    built: JobQuery | None,
+    wanted: JobQuery,
+    meanwhile: list[Any],
+    later: JobQuery,
+) -> None:
+    """``page_async`` builds from a snapshot on another thread; jobs submitted, moved and
+    forgotten meanwhile (and pages of families already built) are in the pages after."""
+    old = sortedids.LOAD
+    sortedids.LOAD = 4
+    try:
+        index = JobIndex()
+        index.load(_job(n, queue, kind) for n, (queue, kind) in enumerate(first))
+        if built is not None:
+            index.page(built)
+        n = 1000
+
+        async def offload(build: Any) -> Any:
+            nonlocal n
+            result = await asyncio.to_thread(build)  # the snapshot is taken: now change things
+            for step in meanwhile:
+                n += 1
+                ids = sorted(index.jobs)
+                if step[0] == "new":
+                    job = _job(n, step[1], step[2])
+                    index.publish({job.id: job})
+                elif step[0] == "move" and ids:
+                    job = index.jobs[ids[step[1] % len(ids)]]
+                    index.publish({job.id: _moved(job, step[2], n)})
+                elif step[0] == "forget" and ids:
+                    index.forget(ids[step[1] % len(ids)])
+                elif step[0] == "page" and built is not None:
+                    assert index.page(built) == _expect(index, built)
+            return result
+
+        async def run() -> None:
+            assert await index.page_async(wanted, offload) == _expect(index, wanted)
+            for query in (wanted, later, *([built] if built else [])):
+                assert await index.page_async(query, asyncio.to_thread) == _expect(index, query)
+
+        asyncio.run(run())
+    finally:
+        sortedids.LOAD = old
