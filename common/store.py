@@ -248,6 +248,11 @@ class SharedStore(JobStore, Protocol):
 
     async def paused_queues(self) -> list[str]: ...
 
+    async def finished(self, ids: Sequence[str]) -> list[Job]:
+        """The jobs among ``ids`` that are finished (completed, dead or cancelled), in one
+        statement: how a node's waiters (``GET /jobs/{id}?wait=``) hear of other nodes'."""
+        ...
+
     async def nodes(self, now: float) -> list[dict[str, Any]]:
         """The nodes seen lately, and how many jobs each holds."""
         ...

@@ -20,10 +20,13 @@ from common.backoff import RetryPolicy
 from common.clock import SYSTEM_CLOCK, FakeClock
 from common.errors import StaleEpochError, UnencodableError
 from common.models import Job, State
+from common.runtime.config import RuntimeConfig
 from common.runtime.kinds import JobContext, Registry, task
+from common.runtime.live import LiveJobs
 from common.runtime.service import Service
+from common.runtime.shared import SharedClaims
 from common.specs import JobSpec
-from common.store import Fence
+from common.store import Fence, Recovery
 from sqlq.postgres.store import PostgresStore
 from tests.helpers import NOW, ServiceFactory, final, wait_for
 
@@ -462,3 +465,93 @@ async def test_the_dashboard_shows_the_nodes_that_share_the_queue(nodes: Node) -
     assert "Nodes sharing the queue" in html
     assert f"{names[0]} (this)" in html
     assert 'id="count-scheduled">3<' in html  # the queue's count, not this node's
+
+
+# -- waiting on a job (GET /jobs/{id}?wait=) ----------------------------------------------------
+
+
+async def test_waiters_share_one_poll_and_wake_when_another_node_finishes(
+    nodes: Node, pg_db: str
+) -> None:
+    """Many requests waiting on a node cost one statement per poll between them (not one
+    each, every 0.1 s), and each wakes when another node finishes its job."""
+    b = nodes(workers=1)
+    await b.start()
+    other = PostgresStore(pg_db)  # the node that finishes the jobs
+    await other.open()
+    try:
+        now = SYSTEM_CLOCK.time()
+        jobs = [Job.new(kind="work", args={}, now=now, ready_at=now + 3600) for _ in range(20)]
+        await other.commit(jobs)  # due in an hour: b's claimer leaves them alone
+        claimed = {j.id: j for j in await other.claim(20, now + 7200, now + 7200, {})}
+        held = [claimed[j.id] for j in jobs]  # other claims them early, for an hour
+        gets: Counter[str] = Counter()
+        polled: list[int] = []
+        get = b.store.get
+
+        async def counted_get(job_id: str) -> Job | None:
+            gets[job_id] += 1
+            return await get(job_id)
+
+        b.store.get = counted_get  # type: ignore[method-assign]
+        finished = getattr(b.store, "finished", None)
+        if finished is not None:
+
+            async def counted_finished(ids: list[str]) -> list[Job]:
+                polled.append(len(ids))
+                return await finished(ids)  # type: ignore[no-any-return]
+
+            b.store.finished = counted_finished  # type: ignore[attr-defined]
+        waited = [*jobs, *jobs[:5]]  # five jobs with two waiters each
+        waiters = [asyncio.create_task(b.wait(j.id, 30)) for j in waited]
+        await wait_for(lambda: len(polled) >= 3 or max(gets.values(), default=0) > 2, 10,
+                       "the waiters to poll a few times")  # fmt: skip
+        done = [j.apply(j.complete("elsewhere", now)) for j in held[:10]]
+        await other.commit_fenced(
+            [j.complete("elsewhere", now) for j in held[:10]], Fence(holder=other.node)
+        )
+        woken = await asyncio.gather(*waiters[:10])
+        assert [(j.state, j.result) for j in woken] == [(State.COMPLETED, "elsewhere")] * 10
+        assert {j.id for j in woken} == {j.id for j in done}
+        await other.commit_fenced(
+            [j.complete("later", now) for j in held[10:]], Fence(holder=other.node)
+        )
+        rest = await asyncio.gather(*waiters[10:])
+        assert all(j.state is State.COMPLETED for j in rest)
+        assert max(gets.values()) <= 2, gets  # its waiters' own first looks, no more
+        assert max(polled, default=0) == 20  # one statement for every job waited on
+    finally:
+        await other.close()
+
+
+async def test_a_claim_no_worker_took_is_given_back_and_uncounted_at_stop(stores: Any) -> None:
+    """A claim whose worker went away while it was in flight waits for the next taker; a stop
+    gives it back, and no longer counts it as running here (or against its queue's cap)."""
+    store = await stores()
+    config = RuntimeConfig(lease_s=2.0, poll_s=30.0, listen=False)
+    claims = SharedClaims(store, LiveJobs(), config, clock=SYSTEM_CLOCK, rng=random.Random(1))
+    in_flight, gate = asyncio.Event(), asyncio.Event()
+    claim = store.claim
+
+    async def held_claim(*args: Any) -> list[Job]:
+        jobs = await claim(*args)
+        if jobs:
+            in_flight.set()
+            await gate.wait()
+        return jobs
+
+    store.claim = held_claim  # type: ignore[method-assign]
+    await claims.start(Recovery(jobs=[], running=[], records=0))
+    job = Job.new(kind="work", args={}, now=SYSTEM_CLOCK.time())
+    await store.commit([job])
+    worker = asyncio.create_task(claims.next())
+    await asyncio.wait_for(in_flight.wait(), 10)
+    worker.cancel()  # the worker is gone before its claim arrives
+    gate.set()
+    await wait_for(lambda: claims.stats()["shared"]["running_here"] == 1, 10, "the claim")
+    await claims.stop()
+    assert claims.stats()["shared"]["running_here"] == 0
+    await claims.drain()
+    back = await store.get(job.id)
+    assert back is not None
+    assert (back.state, back.last_error) == (State.SCHEDULED, "not started: the node stopped")

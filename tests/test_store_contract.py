@@ -527,6 +527,109 @@ async def test_pages_come_in_id_order_with_filters(store: JobStore) -> None:
     assert await store.list_jobs(JobQuery(kind="nope")) == []
 
 
+FILTERS = [
+    JobQuery(state=State.DEAD),
+    JobQuery(state=State.SCHEDULED),
+    JobQuery(kind="mail"),
+    JobQuery(queue="q2"),
+    JobQuery(state=State.SCHEDULED, queue="q1"),
+    JobQuery(state=State.CANCELLED, kind="mail"),
+    JobQuery(queue="q1", kind="sleep"),
+    JobQuery(state=State.DEAD, queue="q2", kind="mail"),
+    JobQuery(kind="none-such"),
+    JobQuery(state=State.RUNNING, queue="none-such"),
+    JobQuery(),
+]
+
+
+class Listed:
+    """What the store should list: the jobs committed through it, as they are now."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.jobs: dict[str, Job] = {}
+
+    async def submit(self, jobs: list[Job]) -> None:
+        await self.store.commit(jobs)
+        self.jobs.update((j.id, j) for j in jobs)
+
+    async def move(self, changes: list[Transition]) -> None:
+        await self.store.commit(changes)
+        for t in changes:
+            self.jobs[t.job_id] = self.jobs[t.job_id].apply(t)
+
+    async def bury(self, jobs: list[Job], now: float) -> None:
+        await self.move([j.start(now) for j in jobs])
+        await self.move([self.jobs[j.id].bury("boom", now) for j in jobs])
+
+    def expect(self, query: JobQuery) -> list[Job]:
+        found = [j for i, j in sorted(self.jobs.items()) if query.matches(j)]
+        return [j for j in found if query.after is None or j.id > query.after][: query.limit]
+
+    async def check_pages(self, query: JobQuery, limit: int = 3) -> None:
+        """Page through ``query`` from its cursor: each page is what the jobs say."""
+        after = query.after
+        while True:
+            q = JobQuery(
+                state=query.state, kind=query.kind, queue=query.queue, after=after, limit=limit
+            )
+            page = await self.store.list_jobs(q)
+            assert page == self.expect(q), q
+            if len(page) < limit:
+                return
+            after = page[-1].id
+
+
+async def test_filtered_pages_hold_across_changes_compaction_and_retention(
+    factory: StoreFactory, clock: FakeClock
+) -> None:
+    """Every filter (state, kind, queue, any two, all three, none matching), paged by the
+    cursor: with jobs changing between pages, a compaction between them, and the cursor's
+    own job pruned past retention (or never there)."""
+    s = factory(retention=60.0)
+    await s.open()
+    try:
+        listed = Listed(s)
+        now = clock.time()
+
+        def job(i: int) -> Job:
+            kind, queue = ("mail" if i % 3 == 0 else "sleep"), ("q2" if i % 2 else "q1")
+            return Job.new(kind=kind, args={"n": i}, now=now + i / 1000, queue=queue)
+
+        first = [job(i) for i in range(40)]
+        await listed.submit(first)
+        await listed.bury(first[:20:4], now)
+        await listed.move([j.cancel(now) for j in first[21::5]])
+        for query in FILTERS:
+            await listed.check_pages(query)
+        # Changes and a compaction between one page and the next of the same listing.
+        page = await s.list_jobs(JobQuery(state=State.SCHEDULED, limit=4))
+        assert page == listed.expect(JobQuery(state=State.SCHEDULED, limit=4))
+        ahead = listed.expect(JobQuery(state=State.SCHEDULED, after=page[-1].id, limit=3))
+        await listed.move([ahead[0].cancel(now), page[1].cancel(now)])
+        await s.compact()
+        await listed.check_pages(JobQuery(state=State.SCHEDULED, after=page[-1].id))
+        cursor = (await s.list_jobs(JobQuery(state=State.DEAD, limit=2)))[-1].id
+        # Past retention: every finished job so far is pruned, the cursor's among them.
+        clock.advance(120)
+        later = [job(1000 + i) for i in range(12)]
+        await listed.submit(later)
+        await listed.bury(later[::3], clock.time())
+        await s.compact()
+        cutoff = clock.time() - 60.0
+        listed.jobs = {
+            i: j for i, j in listed.jobs.items() if not (j.terminal and j.updated_at < cutoff)
+        }
+        assert await s.get(cursor) is None
+        for query in FILTERS:
+            await listed.check_pages(query)
+            for after in (cursor, first[7].id[:-1] + "g", later[4].id):  # pruned, never, live
+                q = JobQuery(state=query.state, kind=query.kind, queue=query.queue, after=after)
+                await listed.check_pages(q)
+    finally:
+        await s.close()
+
+
 async def test_an_idempotency_key_belongs_to_one_job(store: JobStore) -> None:
     first = new_job(1, idempotency_key="k-1", request_hash="h")
     await store.commit([first])

@@ -10,6 +10,7 @@ rewrites the log as a snapshot (see ``walq.compact``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -275,7 +276,7 @@ class WalStore(DurableStore):
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         self._live()
-        return self._index.page(query)
+        return await self._index.page_async(query, asyncio.to_thread)  # a build: off the loop
 
     async def find_key(self, key: str) -> Job | None:
         self._live()

@@ -7,6 +7,7 @@ drift from a durable engine's.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 
@@ -81,7 +82,7 @@ class MemoryStore:
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         if not self._open:
             raise StoreClosedError("memory store is not open")
-        return self._index.page(query)
+        return await self._index.page_async(query, asyncio.to_thread)  # a build: off the loop
 
     async def find_key(self, key: str) -> Job | None:
         if not self._open:

@@ -52,7 +52,8 @@ from common.specs import MAX_DELAY_MS, JobSpec, RetrySpec
 from common.store import MAX_PAGE, CompactionReport, JobQuery, JobStore, Recovery, SharedStore
 
 MAX_WAIT_S = 60.0
-WAIT_POLL_S = 0.1  # shared mode: how often GET ?wait= looks at the database
+WAIT_POLL_S = 0.1  # shared mode: how often this node looks at the jobs GET ?wait= waits on
+MAX_WAIT_IDS = 1000  # job ids in one statement of that look
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ class Service:
         self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
         self._maintenance: asyncio.Task[None] | None = None
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # GET ?wait= by job id
+        self._waiters: dict[str, list[asyncio.Future[Job | None]]] = {}  # GET ?wait=, by job id
+        self._wait_poll: asyncio.Task[None] | None = None  # shared mode: see _poll_waited
         self.last_compaction: tuple[float, CompactionReport] | None = None  # (wall time, report)
         self.live.on_finished = self._finished
 
@@ -143,6 +145,8 @@ class Service:
         if self.state in (RuntimeState.STOPPING, RuntimeState.STOPPED):
             return
         self.state = RuntimeState.STOPPING
+        if self._wait_poll is not None:
+            self._wait_poll.cancel()
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
@@ -275,35 +279,58 @@ class Service:
         return job if job is not None else await self.store.get(job_id)
 
     async def wait(self, job_id: str, timeout_s: float) -> Job | None:
-        """The job once it is finished, or as it stands after ``timeout_s`` (at most 60)."""
-        job = await self.get(job_id)
-        if job is None or job.terminal or timeout_s <= 0:
-            return job
-        deadline = self.clock.monotonic() + min(timeout_s, MAX_WAIT_S)
-        # Another node may finish it (shared mode): then nobody here is told, so look again.
-        step = WAIT_POLL_S if self.store.shared else MAX_WAIT_S
-        while (left := deadline - self.clock.monotonic()) > 0:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.setdefault(job_id, []).append(waiter)
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), min(left, step))
-            except TimeoutError:
-                pass
-            finally:
-                waiting = self._waiters.get(job_id)
-                if waiting is not None and waiter in waiting:
-                    waiting.remove(waiter)
-                    if not waiting:
-                        del self._waiters[job_id]
+        """The job once it is finished, or as it stands after ``timeout_s`` (at most 60).
+
+        Woken by this node's own outcomes (``_finished``). In shared mode another node
+        may finish the job, and nobody here is told: then one poll per node
+        (``_poll_waited``) looks at every job waited on here at once.
+        """
+        if timeout_s <= 0:
+            return await self.get(job_id)
+        waiter: asyncio.Future[Job | None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(job_id, []).append(waiter)  # before the look: no wake lost
+        try:
             job = await self.get(job_id)
             if job is None or job.terminal:
                 return job
+            if self.store.shared and (self._wait_poll is None or self._wait_poll.done()):
+                self._wait_poll = asyncio.create_task(self._poll_waited(), name="sqlq-wait-poll")
+            try:
+                return await asyncio.wait_for(waiter, min(timeout_s, MAX_WAIT_S))
+            except TimeoutError:
+                pass
+        finally:
+            waiting = self._waiters.get(job_id)
+            if waiting is not None and waiter in waiting:
+                waiting.remove(waiter)
+                if not waiting:
+                    del self._waiters[job_id]
         return await self.get(job_id)
+
+    async def _poll_waited(self) -> None:
+        """Shared mode, while anyone here waits: every ``WAIT_POLL_S``, one statement (per
+        ``MAX_WAIT_IDS``) for the jobs waited on that are finished, on whichever node;
+        not one per waiting request."""
+        store = cast(SharedStore, self.store)
+        while self._waiters:
+            await asyncio.sleep(WAIT_POLL_S)
+            ids = list(self._waiters)
+            for start in range(0, len(ids), MAX_WAIT_IDS):
+                try:
+                    finished = await store.finished(ids[start : start + MAX_WAIT_IDS])
+                except StoreError as exc:
+                    log.warning("could not look at the jobs waited on: %s", exc)
+                    break
+                except Exception:  # a bug must not leave every waiter to its timeout
+                    log.exception("the poll for waited-on jobs failed; it goes on")
+                    break
+                for job in finished:
+                    self._finished(job)
 
     def _finished(self, job: Job) -> None:
         for waiter in self._waiters.pop(job.id, ()):
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(job)
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         return await self.store.list_jobs(query)

@@ -106,6 +106,7 @@ class SharedClaims(ClaimsBase):
             waiter.cancel()
         while self._ready:
             claim = self._ready.popleft()
+            self._release(claim.job.queue)  # it never started, but it was counted as running
             self._record(claim, claim.job.retry("not started: the node stopped", claim.job.ready_at,
                                                 self._clock.time()))  # fmt: skip
 

@@ -146,6 +146,12 @@ SELECT n.name, n.started_at, n.seen_at,
 -- name: get
 SELECT {job_columns} FROM jobs WHERE id = $1;
 
+-- name: finished
+-- Which of the jobs this node's GET ?wait= requests wait on ($1) are finished: one
+-- statement for all of them, each found by its primary key.
+SELECT {job_columns} FROM jobs
+ WHERE id = ANY($1::text[]) AND state IN ('completed', 'dead', 'cancelled');
+
 -- name: find_key
 SELECT {job_columns} FROM jobs WHERE idempotency_key = $1;
 

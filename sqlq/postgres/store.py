@@ -391,6 +391,10 @@ class PostgresStore(Committing):
     async def paused_queues(self) -> list[str]:
         return [r[0] for r in await self._read(lambda c: c.fetch(Q["paused"]))]
 
+    async def finished(self, ids: Sequence[str]) -> list[Job]:
+        rows = await self._read(lambda c: c.fetch(Q["finished"], list(ids)))
+        return [row_job(r) for r in rows]
+
     async def claim(
         self, n: int, now: float, lease_until: float, caps: dict[str, int]
     ) -> list[Job]:
