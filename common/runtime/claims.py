@@ -222,17 +222,19 @@ class LocalClaims(ClaimsBase):
         live = self._live
         live.load(recovery.jobs)
         now = self._clock.time()
-        requeue = [
-            self._after_failure(j, "interrupted: the server stopped", now)
-            for j in (live.jobs[job_id] for job_id in recovery.running)
+        interrupted = [live.jobs[job_id] for job_id in recovery.running]
+        moves = [
+            self._after_failure(j, "interrupted: the server stopped", now) for j in interrupted
         ]
-        if requeue:
-            await self._store.commit(requeue)
-            for t in requeue:
-                live.applied(live.jobs[t.job_id], t)
-            live.totals["requeued_at_recovery"] += len(requeue)
-            for t in requeue:
-                self._metrics.event("requeued", live.jobs[t.job_id])
+        if moves:
+            await self._store.commit(moves)
+        for job, t in zip(interrupted, moves, strict=True):
+            # On its last attempt the policy buries it: the view drops it (and counts it
+            # dead), so it is counted from ``job``, never looked up again.
+            live.applied(job, t)
+            event = "requeued" if t.state is State.SCHEDULED else "dead"
+            live.totals[f"{event}_at_recovery"] += 1
+            self._metrics.event(event, job)
         self.scheduler.load([job for job in live.jobs.values() if job.state is State.SCHEDULED])
         self.scheduler.start()
 

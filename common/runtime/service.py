@@ -135,8 +135,11 @@ class Service:
         if self.config.compact_every_s > 0:
             self._maintenance = asyncio.create_task(self._maintain(), name="sqlq-maintenance")
         self.state = RuntimeState.READY
-        requeued = self.live.totals["requeued_at_recovery"]
-        log.info("recovery: %s; requeued %d", recovery.summary(), requeued)
+        totals = self.live.totals
+        log.info(
+            "recovery: %s; requeued %d, dead (on their last attempt) %d",
+            recovery.summary(), totals["requeued_at_recovery"], totals["dead_at_recovery"],
+        )  # fmt: skip
         return recovery
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -397,6 +400,7 @@ class Service:
             "retried": totals["retried"],
             "requeued_hung": totals["requeued_hung"],
             "requeued_at_recovery": totals["requeued_at_recovery"],
+            "dead_at_recovery": totals["dead_at_recovery"],  # interrupted on their last attempt
             "fenced": totals["fenced"],
             "claim_failed": totals["claim_failed"],
             "unencodable_results": totals["unencodable"],

@@ -232,7 +232,7 @@ class SharedClaims(ClaimsBase):
         for (job, t), outcome in zip(moves, outcomes, strict=True):
             if outcome is None:
                 done += 1
-                self._metrics.event("requeued", job)
+                self._metrics.event("requeued" if t.state is State.SCHEDULED else "dead", job)
                 if t.state is State.DEAD:
                     self._finished(job.apply(t))
             elif not isinstance(outcome, TransitionError):  # another node rescued it first
