@@ -15,9 +15,10 @@ import pytest
 
 from common.backoff import RetryPolicy
 from common.clock import FakeClock
-from common.models import State
+from common.models import Job, State
 from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import SLEEP, JobContext, Kind, Registry, task
+from common.runtime.kinds import SLEEP, JobContext, JobFailed, Kind, Registry, task
+from common.runtime.scheduler import Scheduler
 from common.runtime.service import Service
 from common.specs import JobSpec
 from tests.helpers import NOW, ServiceFactory, StoreFactory, final, submit, wait_for
@@ -283,3 +284,111 @@ def test_registry_refuses_a_duplicate_kind() -> None:
     registry.register(SLEEP)
     with pytest.raises(ValueError, match="already registered"):
         registry.register(SLEEP)
+
+
+async def test_a_cancelled_delayed_job_leaves_the_depth_at_once(services: ServiceFactory) -> None:
+    rt = services()
+    await rt.start()
+    job = await submit(rt, delay_ms=3_600_000, queue="later")
+    assert (await rt.queues())["later"].depth == 1
+    await rt.cancel(job.id)
+    assert rt.claims.scheduler.depth("later") == 0  # not at its due time, an hour from now
+    assert rt.stats()["lanes"]["delayed"] == 0
+    assert "later" not in await rt.queues()
+    assert rt.claims.scheduler.queues_held() == 0  # and nothing of it is kept
+
+
+async def test_cancel_then_retry_runs_at_the_retry_never_at_the_old_due_time(
+    services: ServiceFactory,
+) -> None:
+    """The stale entry of a cancelled job must not start it at the old due time: after the
+    retry fails, its backoff (a minute) holds, where the old entry fired at 10 s."""
+    clock = FakeClock(NOW)
+    started: list[float] = []
+
+    async def flaky(args: Any, ctx: JobContext) -> Any:
+        started.append(clock.time())
+        if len(started) == 1:
+            raise JobFailed("the first attempt fails")
+        return None
+
+    registry = Registry()
+    registry.register(Kind("flaky", lambda a: a, flaky))
+    retry = RetryPolicy(base_s=60.0, cap_s=60.0, jitter=0.0)
+    rt = services(clock=clock, kinds=registry, workers=1, retry=retry, healthcheck=False)
+    await rt.start()
+    job = await submit(rt, kind="flaky", delay_ms=10_000)  # due at NOW + 10
+    await rt.cancel(job.id)
+    assert rt.claims.queue_now("default").depth == 0
+    await rt.retry(job.id)  # due now
+    await wait_for(lambda: rt.stats()["retried"] == 1, 5, "the retry's attempt to fail")
+    assert started == [NOW]
+    assert rt.claims.queue_now("default").depth == 1  # the backoff's entry, and only that
+    dispatched = rt.claims.scheduler.dispatched
+    clock.advance(10.0)  # the old due time: nothing is due
+    rt.claims.scheduler.poke()
+    assert rt.claims.scheduler.dispatched == dispatched
+    clock.advance(50.0)  # the backoff's time
+    rt.claims.scheduler.poke()
+    done = await final(rt, job.id)
+    assert done.state is State.COMPLETED
+    assert started == [NOW, NOW + 60.0]
+    assert rt.claims.scheduler.queues_held() == 0
+
+
+async def test_queues_used_and_emptied_are_dropped(clock: FakeClock) -> None:
+    sched = Scheduler(clock)
+    for i in range(10_000):
+        sched.add(Job.new(kind="sleep", args={}, now=NOW, queue=f"q{i}"))
+    assert sched.queues_held() == 10_000
+    taken = {(await sched.take()).queue for _ in range(10_000)}
+    assert len(taken) == 10_000
+    assert sched.queues_held() == 0
+    assert sched.sizes() == {"immediate": 0, "delayed": 0, "workers_waiting": 0}
+
+
+async def test_ties_between_queues_take_turns_and_priority_goes_first(clock: FakeClock) -> None:
+    sched = Scheduler(clock)
+    for name in ("a", "b", "c"):
+        for _ in range(3):
+            sched.add(Job.new(kind="sleep", args={}, now=NOW, queue=name))
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="c", priority=5))
+    order = [(await sched.take()).queue for _ in range(10)]
+    assert order[0] == "c"  # the highest priority of every open queue first
+    assert order[1:] == ["a", "b", "c"] * 3  # then equal ones in turn
+
+
+async def test_a_closed_queue_is_not_looked_at_on_every_pop(clock: FakeClock) -> None:
+    """1,000 paused queues full of due jobs: a pop asks about each of them once, not each time."""
+    asked: list[str] = []
+
+    def gate(queue: str) -> bool:
+        asked.append(queue)
+        return not queue.startswith("paused")
+
+    sched = Scheduler(clock, gate=gate)
+    for i in range(1000):
+        sched.add(Job.new(kind="sleep", args={}, now=NOW, queue=f"paused{i}", priority=1))
+    for _ in range(500):
+        sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="open"))
+    for _ in range(500):
+        assert (await sched.take()).queue == "open"
+    assert len(asked) <= 1000 + 500
+    sched.poke("paused7")  # reopened (it is still paused: asked once more, closed again)
+    asked.clear()
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="open"))
+    assert (await sched.take()).queue == "open"
+    assert len(asked) <= 2
+
+
+async def test_a_delayed_job_of_another_queue_goes_first_once_due(clock: FakeClock) -> None:
+    sched = Scheduler(clock)
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="a"))
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="a"))
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, ready_at=NOW + 5, queue="b", priority=3))
+    assert sched._next_wakeup() == NOW + 5
+    assert (await sched.take()).queue == "a"
+    clock.advance(5)
+    assert (await sched.take()).queue == "b"
+    assert (await sched.take()).queue == "a"
+    assert sched.queues_held() == 0

@@ -209,7 +209,9 @@ class LocalClaims(ClaimsBase):
     """Claims from the scheduler's lanes in this process; outcomes through the store."""
 
     def _setup(self) -> None:
-        self.scheduler = Scheduler(self._clock, gate=self._open, taken=self._taken)
+        self.scheduler = Scheduler(
+            self._clock, gate=self._open, taken=self._taken, current=self._current
+        )
         self._paused: set[str] = set()
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
@@ -253,7 +255,13 @@ class LocalClaims(ClaimsBase):
             self._schedule(job)
 
     def _schedule(self, job: Job) -> None:
-        self.scheduler.add(job.id, job.ready_at, job.priority, job.queue)
+        self.scheduler.add(job)
+
+    def _current(self, entry: Job) -> bool:
+        """Is the scheduler's ``entry`` still this job as scheduled? (Not once cancelled,
+        nor once a retry scheduled it again with a new epoch.)"""
+        job = self._live.jobs.get(entry.id)
+        return job is not None and job.state is State.SCHEDULED and job.epoch == entry.epoch
 
     def _open(self, queue: str) -> bool:
         """The scheduler's gate: may a job of ``queue`` start now?"""
@@ -271,7 +279,7 @@ class LocalClaims(ClaimsBase):
             self._paused.add(queue)
         else:
             self._paused.discard(queue)
-            self.scheduler.poke()
+            self.scheduler.poke(queue)
 
     async def queues(self) -> dict[str, QueueInfo]:
         return self.queues_now()
@@ -317,15 +325,19 @@ class LocalClaims(ClaimsBase):
         t = job.cancel(self._clock.time())
         self._cancelling.add(job_id)
         try:
-            await self._store.commit([t])
-        except BaseException:
-            if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
-                self._schedule(job)
-            raise
+            try:
+                await self._store.commit([t])
+            except BaseException:
+                if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
+                    self._schedule(job)
+                raise
+            cancelled = self._live.applied(job, t)
+            if job_id not in self._skipped:  # its entry is still in the lanes: out of the depth
+                self.scheduler.discard(job)  # (after ``applied``: the lanes ask ``_current``)
         finally:
             self._cancelling.discard(job_id)
             self._skipped.discard(job_id)
-        return self._live.applied(job, t)
+        return cancelled
 
     async def retry(self, jobs: Sequence[Job]) -> list[Job]:
         now = self._clock.time()
@@ -344,16 +356,19 @@ class LocalClaims(ClaimsBase):
 
     async def next(self) -> Claim:
         while True:
-            job_id, queue = await self.scheduler.take()
-            claim = self._claim(job_id)
+            entry = await self.scheduler.take()
+            claim = self._claim(entry)
             if claim is not None:
                 return claim
-            self._release(queue)  # handed out, but it will not run: give the slot back
+            self._release(entry.queue)  # handed out, but it will not run: give the slot back
 
-    def _claim(self, job_id: str) -> Claim | None:
+    def _claim(self, entry: Job) -> Claim | None:
+        job_id = entry.id
         job = self._live.get(job_id)
-        if job is None or job.state is not State.SCHEDULED or job_id in self._claiming:
+        if job is None or job.state is not State.SCHEDULED or job.epoch != entry.epoch:
             return None  # cancelled (or otherwise moved on) while it waited
+        if job_id in self._claiming:
+            return None
         if job_id in self._cancelling:
             self._skipped.add(job_id)  # the cancel decides: re-added if it fails
             return None
@@ -379,7 +394,7 @@ class LocalClaims(ClaimsBase):
     def _release(self, queue: str) -> None:
         super()._release(queue)
         if queue in self._caps:
-            self.scheduler.poke()
+            self.scheduler.poke(queue)
 
     # -- outcomes, in the background ----------------------------------------------------------
 
@@ -410,8 +425,8 @@ class LocalClaims(ClaimsBase):
         except StoreError as exc:
             log.error("could not record the outcome of job %s: %s", job.id, exc)
             return
-        self._live.applied(job, t)
+        after = self._live.applied(job, t)
         self._metrics.event(OUTCOME_EVENT[t.state], job)
         if t.state is State.SCHEDULED:
             totals["retried"] += 1
-            self._schedule(job.apply(t))
+            self._schedule(after)
