@@ -11,16 +11,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from common.backoff import RetryPolicy
 from common.clock import FakeClock
+from common.http.app import create_app
 from common.models import Job, State
 from common.runtime.config import RuntimeConfig
 from common.runtime.kinds import SLEEP, JobContext, JobFailed, Kind, Registry, task
 from common.runtime.scheduler import Scheduler
 from common.runtime.service import Service
 from common.specs import JobSpec
+from common.store import JobQuery
 from tests.helpers import NOW, ServiceFactory, StoreFactory, final, submit, wait_for
 
 
@@ -392,3 +395,103 @@ async def test_a_delayed_job_of_another_queue_goes_first_once_due(clock: FakeClo
     assert (await sched.take()).queue == "b"
     assert (await sched.take()).queue == "a"
     assert sched.queues_held() == 0
+
+
+async def _http(rt: Service) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(rt, start_runtime=False)),
+        base_url="http://localhost",
+    )
+
+
+async def test_max_queues_counts_queues_with_live_jobs_and_paused_ones(
+    services: ServiceFactory,
+) -> None:
+    rt = services(max_queues=3)
+    await rt.start()
+    async with await _http(rt) as c:
+        later = {"kind": "sleep", "delay_ms": 3_600_000}
+        a = await c.post("/jobs", json={**later, "queue": "a"})
+        assert a.status_code == 201
+        assert (await c.post("/jobs", json={**later, "queue": "b"})).status_code == 201
+        # pausing a name nobody used makes a durable entry: it counts too
+        assert (await c.post("/queues/p/pause")).status_code == 200
+        r = await c.post("/jobs", json={**later, "queue": "c"})
+        assert (r.status_code, r.json()["field"]) == (422, "queue")
+        assert "--max-queues (3)" in r.json()["message"]
+        r = await c.post("/jobs/batch", json={"jobs": [{**later, "queue": "a"},
+                                                        {**later, "queue": "c"}]})  # fmt: skip
+        assert (r.status_code, r.json()["field"]) == (422, "jobs[1].queue")
+        r = await c.post("/queues/x/pause")
+        assert (r.status_code, r.json()["field"]) == (422, "queue")
+        assert (await c.post("/jobs", json={**later, "queue": "a"})).status_code == 201
+        assert (await c.post("/queues/a/pause")).status_code == 200  # in use already
+        assert rt.stats()["queues_used"] == 3
+        for job in await rt.list_jobs(JobQuery(queue="b")):
+            await rt.cancel(job.id)  # b has no live job left: a slot is free
+        assert (await c.post("/jobs", json={**later, "queue": "c"})).status_code == 201
+        assert (await c.post("/queues/p/resume")).status_code == 200
+        assert (await c.post("/queues/x/pause")).status_code == 200
+
+
+async def test_the_census_is_kept_as_jobs_move_with_no_entry_for_an_empty_queue(
+    services: ServiceFactory,
+) -> None:
+    rt = services(workers=2, retry=RetryPolicy(base_s=0.001), max_attempts=2)
+    await rt.start()
+
+    def walked() -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for job in rt.live.jobs.values():
+            out[job.state.value, job.queue] = out.get((job.state.value, job.queue), 0) + 1
+        return out
+
+    jobs = []
+    for i in range(30):
+        spec = {"args": {"work_ms": 2, "fail_prob": 1.0 if i % 3 == 0 else 0.0}}
+        jobs.append(await submit(rt, queue=f"q{i % 4}", **spec))
+    later = await submit(rt, delay_ms=3_600_000, queue="later")
+    assert rt.claims.census() == walked()
+    for job in jobs:
+        await final(rt, job.id)
+        assert rt.claims.census() == walked()
+    assert rt.claims.census() == {("scheduled", "later"): 1}
+    assert set(rt.live.queues) == {"later"}
+    await rt.cancel(later.id)
+    assert rt.claims.census() == {}
+    assert not rt.live.queues
+
+
+async def test_metrics_series_of_a_queue_with_no_live_job_go_after_a_scrape_saw_them(
+    services: ServiceFactory,
+) -> None:
+    rt = services()
+    await rt.start()
+    stays = await submit(rt, delay_ms=3_600_000, queue="stays")
+    for i in range(50):
+        await final(rt, (await submit(rt, queue=f"once{i}")).id)
+
+    def series() -> list[str]:
+        text = rt.metrics.exposition().decode()
+        return [
+            ln for ln in text.splitlines() if ln.startswith(("sqlq_jobs_total", "sqlq_jobs_live"))
+        ]
+
+    first = series()
+    assert any('queue="once7"' in ln and 'event="completed"' in ln for ln in first)  # last counts
+    again = series()
+    assert not any("once" in ln for ln in again)  # seen once; now gone
+    assert any('queue="stays"' in ln and 'event="submitted"' in ln for ln in again)
+    assert any(ln.startswith("sqlq_jobs_live") and 'queue="stays"' in ln for ln in again)
+    assert set(rt.metrics.events) == {"stays"}
+    await rt.cancel(stays.id)
+    series()
+    assert rt.metrics.events == {}
+
+
+async def test_metrics_series_stay_bounded_when_nobody_scrapes(services: ServiceFactory) -> None:
+    rt = services(max_queues=10)  # series for 20 queues at most
+    await rt.start()
+    for i in range(200):
+        await final(rt, (await submit(rt, queue=f"once{i}")).id)
+    assert len(rt.metrics.events) <= 20

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -127,6 +127,18 @@ class Claims(Protocol):
         """Live jobs by (state, queue), for ``/metrics``."""
         ...
 
+    def live_queues(self) -> Collection[str]:
+        """The queues that have a live job (scheduled or running) now."""
+        ...
+
+    def in_use(self, queue: str) -> bool:
+        """Whether ``queue`` counts already for ``--max-queues`` (live jobs, or paused)."""
+        ...
+
+    def queues_used(self) -> int:
+        """Distinct queues with live jobs or paused: what ``--max-queues`` bounds."""
+        ...
+
     def stats(self) -> dict[str, Any]: ...
 
 
@@ -144,6 +156,8 @@ class ClaimsBase:
     The outcome's transition is built here (completed, or through the retry policy),
     counted, and written in the background by the subclass's ``_commit_outcome``.
     """
+
+    _paused: set[str]  # paused queues (each subclass's ``_setup`` makes it)
 
     def __init__(
         self,
@@ -182,6 +196,16 @@ class ClaimsBase:
         self._live.totals["requeued_hung"] += 1
         self._metrics.event("requeued", claim.job)
         self.failed(claim, reason)
+
+    def live_queues(self) -> Collection[str]:
+        return self._live.queues  # (no zero entries)
+
+    def in_use(self, queue: str) -> bool:
+        return queue in self._paused or queue in self.live_queues()
+
+    def queues_used(self) -> int:
+        live = self.live_queues()
+        return len(live) + sum(1 for q in self._paused if q not in live)
 
     def _over(self, claim: Claim) -> None:
         """The attempt ended: its queue has room for one more."""
@@ -296,10 +320,7 @@ class LocalClaims(ClaimsBase):
         return len(self._live)
 
     def census(self) -> dict[tuple[str, str], int]:
-        live: Counter[tuple[str, str]] = Counter()
-        for job in self._live.jobs.values():
-            live[job.state.value, job.queue] += 1
-        return dict(live)
+        return dict(self._live.census)  # kept as the view changes: no walk over the jobs
 
     def queue_now(self, name: str) -> QueueInfo:
         """One queue's state; a queue nobody has used is empty, uncapped and running."""

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -91,7 +92,7 @@ class Service:
             kinds or REGISTRY, fault_injection=config.fault_injection, cpu=self.cpu
         )
         self.live = LiveJobs()
-        self.metrics = Metrics()
+        self.metrics = Metrics(limit=2 * config.max_queues)
         self.claims: Claims
         if store.shared:  # the queue is the database's: claims are made there
             self.claims = SharedClaims(
@@ -102,6 +103,7 @@ class Service:
             self.claims = LocalClaims(
                 store, self.live, config, clock=clock, rng=rng, metrics=self.metrics
             )
+        self.metrics.live_queues = self.claims.live_queues  # a gone queue's series go
         store.observe_batches(self.metrics.batch_written)
         self.metrics.gauges(self._gauges)
         self.executor = Executor(all_kinds, config, rng=rng, clock=clock)
@@ -116,6 +118,7 @@ class Service:
         self.state = RuntimeState.NEW
         self.recovery: Recovery | None = None
         self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
+        self._new_queues: Counter[str] = Counter()  # their new queue names, for --max-queues
         self._maintenance: asyncio.Task[None] | None = None
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # GET ?wait= by job id
@@ -262,16 +265,44 @@ class Service:
         if self.claims.backlog() + self._admitting + len(jobs) > limit:
             self.live.totals["refused_full"] += len(jobs)
             raise QueueFullError(limit)
+        new = self._new_queues_of(jobs, batch)
         self._admitting += len(jobs)
+        self._new_queues.update(new)
         try:
             await self.store.commit(jobs)
         finally:
             self._admitting -= len(jobs)
+            self._new_queues.subtract(new)
+            for queue in new:
+                if self._new_queues[queue] <= 0:
+                    del self._new_queues[queue]
         self.claims.submitted(jobs)
         self.live.totals["submitted"] += len(jobs)
         for job in jobs:
             self.metrics.event("submitted", job)
         return jobs
+
+    def _new_queues_of(self, jobs: Sequence[Job], batch: bool) -> list[str]:
+        """The queue names ``jobs`` would add (``--max-queues``); ``ValidationError`` naming
+        the field of the first job past the bound."""
+        claims, pending = self.claims, self._new_queues
+        new: list[str] = []
+        for i, job in enumerate(jobs):
+            queue = job.queue
+            if queue in pending or claims.in_use(queue) or queue in new:
+                continue
+            self._check_new_queue(f"jobs[{i}].queue" if batch else "queue", len(new))
+            new.append(queue)
+        return new
+
+    def _check_new_queue(self, field: str, more: int = 0) -> None:
+        """One more queue (with ``more`` already counted in this request) must fit."""
+        limit = self.config.max_queues
+        if self.claims.queues_used() + len(self._new_queues) + more + 1 > limit:
+            raise ValidationError(
+                field, f"would be one more than --max-queues ({limit}) queues with live jobs "
+                "or paused; use an existing queue, or wait for one to empty",
+            )  # fmt: skip
 
     async def get(self, job_id: str) -> Job | None:
         job = self.live.get(job_id)
@@ -317,6 +348,8 @@ class Service:
     async def pause(self, queue: str, paused: bool) -> QueueInfo:
         """Pause or resume a queue, durably: running jobs finish, no new ones start."""
         self._check_accepting()
+        if paused and not self.claims.in_use(queue):  # a pause is durable: it counts too
+            self._check_new_queue("queue")
         await self.claims.pause(queue, paused)
         return await self.claims.queue(queue)
 
@@ -406,6 +439,8 @@ class Service:
             "unencodable_results": totals["unencodable"],
             "refused_queue_full": totals["refused_full"],
             "max_queued": self.config.max_queued,
+            "max_queues": self.config.max_queues,
+            "queues_used": self.claims.queues_used(),
             "workers": {
                 **self.pool.stats(),
                 "handler_threads": threads.size,

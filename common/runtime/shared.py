@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from common.errors import (
@@ -386,6 +386,9 @@ class SharedClaims(ClaimsBase):
 
     def census(self) -> dict[tuple[str, str], int]:
         return dict(self._census)
+
+    def live_queues(self) -> Collection[str]:
+        return {queue for _, queue in self._census}  # on every node, as of the last count
 
     def stats(self) -> dict[str, Any]:
         jobs: Counter[str] = Counter()
