@@ -46,7 +46,7 @@ class Lanes(Generic[T]):
     delayed: list[tuple[float, int, int, T]] = field(default_factory=list)
     _levels: list[int] = field(default_factory=list)  # -priority of every non-empty deque
     _arrival: itertools.count[int] = field(default_factory=itertools.count)
-    _due: int = 0
+    due: int = 0  # entries in the deques, stale ones included
     seen: float = -math.inf  # the latest ``now``: an entry is due iff its ready_at <= seen
     stale_ready: int = 0  # discarded entries still in a deque
     stale_delayed: int = 0  # discarded entries still in the heap
@@ -54,7 +54,11 @@ class Lanes(Generic[T]):
     def push(self, item: T, ready_at: float, priority: int, now: float) -> bool:
         """Queue an entry; returns True if it went to the delayed lane."""
         if ready_at <= now or ready_at <= self.seen:
-            self._promote(now)
+            if now > self.seen:
+                self.seen = now
+            delayed = self.delayed
+            if delayed and delayed[0][0] <= self.seen:
+                self._promote(now)
             self._make_due(item, priority)
             return False
         heapq.heappush(self.delayed, (ready_at, next(self._arrival), priority, item))
@@ -87,13 +91,24 @@ class Lanes(Generic[T]):
 
     def pop(self, now: float) -> T | None:
         """The next entry to hand to a worker at ``now``, or None if none is due."""
-        self._promote(now)
-        priority = self.top()
-        if priority is None:
+        if now > self.seen:  # (``_promote`` inlined up to its loop: this is the hot path)
+            self.seen = now
+        delayed = self.delayed
+        if delayed and delayed[0][0] <= self.seen:
+            self._promote(now)
+        levels = self._levels
+        if not levels:
             return None
+        if self.stale_ready:
+            top = self.top()
+            if top is None:
+                return None
+            priority = top
+        else:
+            priority = -levels[0]
         lane = self.ready[priority]
         item = lane.popleft()
-        self._due -= 1
+        self.due -= 1
         if not lane:
             heapq.heappop(self._levels)
             del self.ready[priority]
@@ -115,7 +130,7 @@ class Lanes(Generic[T]):
             if self.current(lane[0]):
                 return priority
             lane.popleft()
-            self._due -= 1
+            self.due -= 1
             self.stale_ready -= 1
             if not lane:
                 heapq.heappop(levels)
@@ -140,7 +155,7 @@ class Lanes(Generic[T]):
         keep = self.current
         for priority, lane in list(self.ready.items()):
             kept = deque(item for item in lane if keep(item))
-            self._due -= len(lane) - len(kept)
+            self.due -= len(lane) - len(kept)
             if kept:
                 self.ready[priority] = kept
             else:
@@ -157,7 +172,7 @@ class Lanes(Generic[T]):
             lane = self.ready[priority] = deque()
             heapq.heappush(self._levels, -priority)
         lane.append(item)
-        self._due += 1
+        self.due += 1
 
     def _promote(self, now: float) -> None:
         if now > self.seen:
@@ -173,14 +188,15 @@ class Lanes(Generic[T]):
 
     @property
     def entries(self) -> int:
-        """Entries held, stale ones included: the lanes are empty when this is 0."""
-        return self._due + len(self.delayed)
+        """Entries held, stale ones included: the lanes are empty when this is 0 (the
+        scheduler's hot path reads ``due`` and ``delayed`` itself)."""
+        return self.due + len(self.delayed)
 
     def __len__(self) -> int:
-        return self._due + len(self.delayed) - self.stale_ready - self.stale_delayed
+        return self.due + len(self.delayed) - self.stale_ready - self.stale_delayed
 
     def sizes(self) -> dict[str, int]:
         return {
-            "immediate": self._due - self.stale_ready,
+            "immediate": self.due - self.stale_ready,
             "delayed": len(self.delayed) - self.stale_delayed,
         }

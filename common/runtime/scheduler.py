@@ -121,13 +121,13 @@ class Scheduler:
         q = self._queues.get(job.queue)
         if q is None:
             q = self._queues[job.queue] = _Queue(job.queue, self._current)
+            if not self._heaped and len(self._queues) > 1:
+                self._rebuild(now)  # a second queue holds jobs: from now on, choose
         ready_at = job.ready_at
         delayed = q.lanes.push(job, ready_at, job.priority, now)
         if self._heaped:
             self._arm(q)
             self._offer(q)
-        elif len(self._queues) > 1:
-            self._rebuild(now)
         # With every worker busy there is nobody to hand it to: the next take pops it.
         if self._waiting:
             if not delayed:
@@ -230,10 +230,11 @@ class Scheduler:
             name = q.name
             if not self._gate(name):
                 return None
-            job = q.lanes.pop(now)
+            lanes = q.lanes
+            job = lanes.pop(now)
             if job is None:
                 return None
-            if not q.lanes.entries:
+            if not lanes.due and not lanes.delayed:
                 self._queues = {}  # (a fresh dict: see _drop_if_empty)
             self._taken(name)
             return job
