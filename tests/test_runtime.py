@@ -495,3 +495,23 @@ async def test_metrics_series_stay_bounded_when_nobody_scrapes(services: Service
     for i in range(200):
         await final(rt, (await submit(rt, queue=f"once{i}")).id)
     assert len(rt.metrics.events) <= 20
+
+
+def test_the_max_queues_flag_reaches_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    import sqlq.serve
+    from sqlq.cli import main
+
+    seen: dict[str, Any] = {}
+
+    async def fake_serve(runtime: Any, opts: Any) -> None:
+        seen["runtime"] = runtime
+
+    monkeypatch.setattr(sqlq.serve, "serve", fake_serve)
+    r = CliRunner().invoke(main, ["serve", "--store", "memory", "--max-queues", "7"])
+    assert r.exit_code == 0, r.output
+    assert seen["runtime"].config.max_queues == 7
+    r = CliRunner().invoke(main, ["serve", "--store", "memory", "--max-queues", "0"])
+    assert r.exit_code == 2
+    assert "--max-queues" in r.output

@@ -7,7 +7,7 @@ disagree with each other.
 The counts by queue and by (state, queue) are kept as the view changes, so that
 ``/metrics`` and ``--max-queues`` read them without walking every live job, and a
 queue with no live job has no entry in them at all (a name used once costs nothing
-from then on); ``on_idle`` hears of each queue as its last live job leaves.
+from then on).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ class LiveJobs:
         self.on_finished: Callable[[Job], None] | None = None  # told of every job that ends
         self.queues: Counter[str] = Counter()  # live jobs by queue; no zero entries
         self.census: Counter[tuple[str, str]] = Counter()  # by (state, queue); no zero entries
-        self.on_idle: Callable[[str], None] | None = None  # told of a queue left with no live job
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -65,8 +64,8 @@ class LiveJobs:
         if old is not None and was_live:
             self.counts[old.state.value] -= 1
             _uncount(self.census, (old.state.value, old.queue))
-            if moved and _uncount(self.queues, old.queue) and self.on_idle is not None:
-                self.on_idle(old.queue)
+            if moved:
+                _uncount(self.queues, old.queue)
         if live:
             self.jobs[new.id] = new
             self.counts[new.state.value] += 1
@@ -80,10 +79,8 @@ class LiveJobs:
                 self.on_finished(new)
 
 
-def _uncount(counter: Counter[K], key: K) -> bool:
-    """One fewer of ``key``; True if that was the last (its entry is gone, not left at 0)."""
+def _uncount(counter: Counter[K], key: K) -> None:
+    """One fewer of ``key``; the last one takes its entry with it (never left at 0)."""
     n = counter.pop(key, 0)
     if n > 1:
         counter[key] = n - 1
-        return False
-    return True
