@@ -171,3 +171,18 @@ def test_a_clock_that_steps_back_never_hides_a_due_entry() -> None:
     # the wall clock stepped back to 105: a job due at 107 was due at 110 already
     assert lanes.push("b", ready_at=107.0, priority=0, now=105.0) is False
     assert lanes.sizes() == {"immediate": 1, "delayed": 0}
+
+
+def test_the_last_live_entry_popped_takes_the_stale_ones_with_it() -> None:
+    """A cancelled job due in a year must not keep its lanes (and its args) for a year once
+    the live job beside it has gone."""
+    wanted = Wanted()
+    lanes: Lanes[str] = Lanes(wanted)
+    lanes.push("a-year-away", ready_at=100.0 + 365 * 86400, priority=0, now=100.0)
+    lanes.push("now", ready_at=100.0, priority=0, now=100.0)
+    wanted.gone.add("a-year-away")
+    lanes.discard(100.0 + 365 * 86400)  # one of two: no purge yet
+    assert lanes.entries == 2
+    assert lanes.pop(100.0) == "now"
+    assert lanes.entries == 0
+    assert lanes.next_wakeup() is None

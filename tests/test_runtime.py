@@ -7,6 +7,7 @@ durable ones.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -515,3 +516,59 @@ def test_the_max_queues_flag_reaches_the_runtime(monkeypatch: pytest.MonkeyPatch
     r = CliRunner().invoke(main, ["serve", "--store", "memory", "--max-queues", "0"])
     assert r.exit_code == 2
     assert "--max-queues" in r.output
+
+
+@pytest.mark.parametrize("seed", [*range(6), 83])  # 83 found a queue kept by stale entries
+def test_the_scheduler_against_a_brute_force_model(seed: int) -> None:
+    """Random adds (queues, priorities, delays), cancels, pauses, resumes and clock steps; each
+    pop must be a due, live job of an open queue with the highest priority of every open
+    queue's due jobs; depths must be exact; at the end everything left comes out."""
+    rng = random.Random(seed)
+    clock = FakeClock(NOW)
+    paused: set[str] = set()
+    live: dict[str, Job] = {}  # the model: every job scheduled and not yet taken or cancelled
+    sched = Scheduler(clock, gate=lambda q: q not in paused, current=lambda j: live.get(j.id) is j)
+    queues = [f"q{i}" for i in range(rng.choice([1, 2, 5, 40]))]
+    popped = 0
+    for _ in range(3000):
+        op = rng.random()
+        now = clock.time()
+        if op < 0.45:
+            delay = rng.choice([0, 0, 0, 0.5, 3, 20])
+            job = Job.new(kind="sleep", args={}, now=now, ready_at=now + delay,
+                          queue=rng.choice(queues), priority=rng.choice([0, 0, 1, 5]))  # fmt: skip
+            live[job.id] = job
+            sched.add(job)
+        elif op < 0.55 and live:
+            job = live.pop(rng.choice(list(live)))  # cancelled: the claims discard its entry
+            sched.discard(job)
+        elif op < 0.6:
+            q = rng.choice(queues)
+            if q in paused:
+                paused.discard(q)
+                sched.poke(q)
+            else:
+                paused.add(q)
+        elif op < 0.7:
+            clock.advance(rng.choice([0.1, 1, 5]))
+        else:
+            due = [j for j in live.values() if j.ready_at <= now and j.queue not in paused]
+            job = sched._pop(now)  # (take() without a loop: the choice itself)
+            if job is None:
+                assert not due
+                continue
+            assert live.pop(job.id) is job
+            assert job.ready_at <= now
+            assert job.queue not in paused
+            assert job.priority == max(j.priority for j in due)
+            popped += 1
+        for q in queues:
+            assert sched.depth(q) == sum(1 for j in live.values() if j.queue == q)
+    paused.clear()
+    sched.poke()
+    clock.advance(60)
+    while (job := sched._pop(clock.time())) is not None:
+        assert live.pop(job.id) is job
+    assert not live
+    assert sched.queues_held() == 0
+    assert popped > 300

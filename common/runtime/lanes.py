@@ -16,8 +16,9 @@ Stale entries. A job cancelled while it waits (or moved on otherwise) is not
 looked for in a deque or a heap (O(n)): ``discard`` counts it, ``current`` is
 asked of entries only while such counts are above zero, and a stale entry is
 dropped when it reaches the front. Sizes exclude stale entries, so a depth is
-exact at once; once stale entries are more than half of the lanes they are
-purged (O(n), paid for by the discards), so they never hold memory unbounded.
+exact at once; whenever stale entries are more than half of the lanes (after a
+discard or a pop) they are purged (O(n), paid for by the discards and pops), so
+they never hold memory unbounded, nor a queue past its last live job.
 
 Nothing here reads a clock or sleeps: every decision takes ``now``.
 """
@@ -112,6 +113,8 @@ class Lanes(Generic[T]):
         if not lane:
             heapq.heappop(self._levels)
             del self.ready[priority]
+        if (self.stale_ready or self.stale_delayed) and self._mostly_stale():
+            self.purge()  # what is left is mostly stale: hold none of it until its due time
         return item
 
     def peek(self, now: float) -> int | None:
@@ -147,8 +150,11 @@ class Lanes(Generic[T]):
             self.stale_ready += 1
         else:
             self.stale_delayed += 1
-        if 2 * (self.stale_ready + self.stale_delayed) > self.entries:
+        if self._mostly_stale():
             self.purge()
+
+    def _mostly_stale(self) -> bool:
+        return 2 * (self.stale_ready + self.stale_delayed) > self.due + len(self.delayed)
 
     def purge(self) -> None:
         """Drop every stale entry now: O(n), so only when they are the larger part."""

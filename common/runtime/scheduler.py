@@ -232,10 +232,10 @@ class Scheduler:
                 return None
             lanes = q.lanes
             job = lanes.pop(now)
-            if job is None:
-                return None
             if not lanes.due and not lanes.delayed:
                 self._queues = {}  # (a fresh dict: see _drop_if_empty)
+            if job is None:
+                return None
             self._taken(name)
             return job
         self._fire(now)
