@@ -216,6 +216,13 @@ class ServeSettings:
         type=click.IntRange(1),
         help="Live jobs the queue holds; a submission past it gets 429 with Retry-After.",
     )
+    max_queues: int = opt(
+        _RUNTIME.max_queues,
+        "--max-queues",
+        type=click.IntRange(1),
+        help="Distinct queues with live jobs, paused ones included; a job (or a pause) that "
+        "would make one more gets 422 naming the field queue.",
+    )
     max_connections: int = opt(
         2048,
         "--max-connections",
@@ -288,6 +295,7 @@ class ServeSettings:
             cpu_beat_while_queued=self.cpu_beat_while_queued,
             fault_injection=self.fault_injection,
             max_queued=self.max_queued,
+            max_queues=self.max_queues,
             max_abandoned=self.max_abandoned,
             handler_threads=self.handler_threads,
             queue_caps=queue_caps(self.queues),

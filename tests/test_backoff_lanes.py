@@ -107,3 +107,82 @@ def test_loading_many_at_once_hands_them_out_as_pushing_them_one_by_one_does() -
             out_loaded.append(b)
     assert out_loaded == out_pushed
     assert len(out_loaded) == 500
+
+
+class Wanted:
+    """What the lanes ask of an entry once something was discarded: still wanted?"""
+
+    def __init__(self) -> None:
+        self.gone: set[str] = set()
+
+    def __call__(self, item: str) -> bool:
+        return item not in self.gone
+
+
+def test_a_discarded_delayed_entry_leaves_the_sizes_at_once_and_is_never_handed_out() -> None:
+    wanted = Wanted()
+    lanes: Lanes[str] = Lanes(wanted)
+    lanes.push("keep", ready_at=110.0, priority=0, now=100.0)
+    for i in range(3):
+        lanes.push(f"gone{i}", ready_at=105.0, priority=0, now=100.0)
+    lanes.push("due", ready_at=100.0, priority=0, now=100.0)
+    wanted.gone.add("gone0")
+    lanes.discard(105.0)  # in the heap: counted out of it at once
+    assert lanes.sizes() == {"immediate": 1, "delayed": 3}
+    assert len(lanes) == 4
+    assert [lanes.pop(200.0) for _ in range(5)] == ["due", "gone1", "gone2", "keep", None]
+    assert lanes.sizes() == {"immediate": 0, "delayed": 0}
+    assert lanes.entries == 0
+
+
+def test_a_discarded_due_entry_is_skipped_at_the_front() -> None:
+    wanted = Wanted()
+    lanes: Lanes[str] = Lanes(wanted)
+    for name in ("a", "b", "c", "d"):
+        lanes.push(name, ready_at=100.0, priority=0, now=100.0)
+    wanted.gone.add("a")
+    lanes.discard(100.0)
+    assert lanes.sizes()["immediate"] == 3
+    assert lanes.peek(100.0) == 0
+    assert [lanes.pop(100.0) for _ in range(4)] == ["b", "c", "d", None]
+
+
+def test_stale_entries_are_purged_once_they_are_half_so_they_hold_no_memory() -> None:
+    wanted = Wanted()
+    lanes: Lanes[str] = Lanes(wanted)
+    for i in range(10):
+        lanes.push(f"j{i}", ready_at=1000.0 + i, priority=0, now=100.0)
+    for i in range(6):
+        wanted.gone.add(f"j{i}")
+        lanes.discard(1000.0 + i)
+    assert lanes.entries == len(lanes) == 4  # purged at the sixth: nothing stale is held
+    assert lanes.stale_delayed == 0
+    assert lanes.next_wakeup() == 1006.0
+    lone: Lanes[str] = Lanes(wanted)
+    lone.push("j0", ready_at=5000.0, priority=0, now=100.0)
+    lone.discard(5000.0)
+    assert lone.entries == 0  # its only entry was stale: empty at once, not at its due time
+
+
+def test_a_clock_that_steps_back_never_hides_a_due_entry() -> None:
+    lanes: Lanes[str] = Lanes()
+    lanes.push("a", ready_at=100.0, priority=0, now=100.0)
+    assert lanes.pop(110.0) == "a"
+    # the wall clock stepped back to 105: a job due at 107 was due at 110 already
+    assert lanes.push("b", ready_at=107.0, priority=0, now=105.0) is False
+    assert lanes.sizes() == {"immediate": 1, "delayed": 0}
+
+
+def test_the_last_live_entry_popped_takes_the_stale_ones_with_it() -> None:
+    """A cancelled job due in a year must not keep its lanes (and its args) for a year once
+    the live job beside it has gone."""
+    wanted = Wanted()
+    lanes: Lanes[str] = Lanes(wanted)
+    lanes.push("a-year-away", ready_at=100.0 + 365 * 86400, priority=0, now=100.0)
+    lanes.push("now", ready_at=100.0, priority=0, now=100.0)
+    wanted.gone.add("a-year-away")
+    lanes.discard(100.0 + 365 * 86400)  # one of two: no purge yet
+    assert lanes.entries == 2
+    assert lanes.pop(100.0) == "now"
+    assert lanes.entries == 0
+    assert lanes.next_wakeup() is None

@@ -7,19 +7,24 @@ durable ones.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from common.backoff import RetryPolicy
 from common.clock import FakeClock
-from common.models import State
+from common.http.app import create_app
+from common.models import Job, State
 from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import SLEEP, JobContext, Kind, Registry, task
+from common.runtime.kinds import SLEEP, JobContext, JobFailed, Kind, Registry, task
+from common.runtime.scheduler import Scheduler
 from common.runtime.service import Service
 from common.specs import JobSpec
+from common.store import JobQuery
 from tests.helpers import NOW, ServiceFactory, StoreFactory, final, submit, wait_for
 
 
@@ -283,3 +288,287 @@ def test_registry_refuses_a_duplicate_kind() -> None:
     registry.register(SLEEP)
     with pytest.raises(ValueError, match="already registered"):
         registry.register(SLEEP)
+
+
+async def test_a_cancelled_delayed_job_leaves_the_depth_at_once(services: ServiceFactory) -> None:
+    rt = services()
+    await rt.start()
+    job = await submit(rt, delay_ms=3_600_000, queue="later")
+    assert (await rt.queues())["later"].depth == 1
+    await rt.cancel(job.id)
+    assert rt.claims.scheduler.depth("later") == 0  # not at its due time, an hour from now
+    assert rt.stats()["lanes"]["delayed"] == 0
+    assert "later" not in await rt.queues()
+    assert rt.claims.scheduler.queues_held() == 0  # and nothing of it is kept
+
+
+async def test_cancel_then_retry_runs_at_the_retry_never_at_the_old_due_time(
+    services: ServiceFactory,
+) -> None:
+    """The stale entry of a cancelled job must not start it at the old due time: after the
+    retry fails, its backoff (a minute) holds, where the old entry fired at 10 s."""
+    clock = FakeClock(NOW)
+    started: list[float] = []
+
+    async def flaky(args: Any, ctx: JobContext) -> Any:
+        started.append(clock.time())
+        if len(started) == 1:
+            raise JobFailed("the first attempt fails")
+        return None
+
+    registry = Registry()
+    registry.register(Kind("flaky", lambda a: a, flaky))
+    retry = RetryPolicy(base_s=60.0, cap_s=60.0, jitter=0.0)
+    rt = services(clock=clock, kinds=registry, workers=1, retry=retry, healthcheck=False)
+    await rt.start()
+    job = await submit(rt, kind="flaky", delay_ms=10_000)  # due at NOW + 10
+    await rt.cancel(job.id)
+    assert rt.claims.queue_now("default").depth == 0
+    await rt.retry(job.id)  # due now
+    await wait_for(lambda: rt.stats()["retried"] == 1, 5, "the retry's attempt to fail")
+    assert started == [NOW]
+    assert rt.claims.queue_now("default").depth == 1  # the backoff's entry, and only that
+    dispatched = rt.claims.scheduler.dispatched
+    clock.advance(10.0)  # the old due time: nothing is due
+    rt.claims.scheduler.poke()
+    assert rt.claims.scheduler.dispatched == dispatched
+    clock.advance(50.0)  # the backoff's time
+    rt.claims.scheduler.poke()
+    done = await final(rt, job.id)
+    assert done.state is State.COMPLETED
+    assert started == [NOW, NOW + 60.0]
+    assert rt.claims.scheduler.queues_held() == 0
+
+
+async def test_queues_used_and_emptied_are_dropped(clock: FakeClock) -> None:
+    sched = Scheduler(clock)
+    for i in range(10_000):
+        sched.add(Job.new(kind="sleep", args={}, now=NOW, queue=f"q{i}"))
+    assert sched.queues_held() == 10_000
+    taken = {(await sched.take()).queue for _ in range(10_000)}
+    assert len(taken) == 10_000
+    assert sched.queues_held() == 0
+    assert sched.sizes() == {"immediate": 0, "delayed": 0, "workers_waiting": 0}
+
+
+async def test_ties_between_queues_take_turns_and_priority_goes_first(clock: FakeClock) -> None:
+    sched = Scheduler(clock)
+    for name in ("a", "b", "c"):
+        for _ in range(3):
+            sched.add(Job.new(kind="sleep", args={}, now=NOW, queue=name))
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="c", priority=5))
+    order = [(await sched.take()).queue for _ in range(10)]
+    assert order[0] == "c"  # the highest priority of every open queue first
+    assert order[1:] == ["a", "b", "c"] * 3  # then equal ones in turn
+
+
+async def test_a_closed_queue_is_not_looked_at_on_every_pop(clock: FakeClock) -> None:
+    """1,000 paused queues full of due jobs: a pop asks about each of them once, not each time."""
+    asked: list[str] = []
+
+    def gate(queue: str) -> bool:
+        asked.append(queue)
+        return not queue.startswith("paused")
+
+    sched = Scheduler(clock, gate=gate)
+    for i in range(1000):
+        sched.add(Job.new(kind="sleep", args={}, now=NOW, queue=f"paused{i}", priority=1))
+    for _ in range(500):
+        sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="open"))
+    for _ in range(500):
+        assert (await sched.take()).queue == "open"
+    assert len(asked) <= 1000 + 500
+    sched.poke("paused7")  # reopened (it is still paused: asked once more, closed again)
+    asked.clear()
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="open"))
+    assert (await sched.take()).queue == "open"
+    assert len(asked) <= 2
+
+
+async def test_a_delayed_job_of_another_queue_goes_first_once_due(clock: FakeClock) -> None:
+    sched = Scheduler(clock)
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="a"))
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="a"))
+    sched.add(Job.new(kind="sleep", args={}, now=NOW, ready_at=NOW + 5, queue="b", priority=3))
+    assert sched._next_wakeup() == NOW + 5
+    assert (await sched.take()).queue == "a"
+    clock.advance(5)
+    assert (await sched.take()).queue == "b"
+    assert (await sched.take()).queue == "a"
+    assert sched.queues_held() == 0
+
+
+async def _http(rt: Service) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(rt, start_runtime=False)),
+        base_url="http://localhost",
+    )
+
+
+async def test_max_queues_counts_queues_with_live_jobs_and_paused_ones(
+    services: ServiceFactory,
+) -> None:
+    rt = services(max_queues=3)
+    await rt.start()
+    async with await _http(rt) as c:
+        later = {"kind": "sleep", "delay_ms": 3_600_000}
+        a = await c.post("/jobs", json={**later, "queue": "a"})
+        assert a.status_code == 201
+        assert (await c.post("/jobs", json={**later, "queue": "b"})).status_code == 201
+        # pausing a name nobody used makes a durable entry: it counts too
+        assert (await c.post("/queues/p/pause")).status_code == 200
+        r = await c.post("/jobs", json={**later, "queue": "c"})
+        assert (r.status_code, r.json()["field"]) == (422, "queue")
+        assert "--max-queues (3)" in r.json()["message"]
+        r = await c.post("/jobs/batch", json={"jobs": [{**later, "queue": "a"},
+                                                        {**later, "queue": "c"}]})  # fmt: skip
+        assert (r.status_code, r.json()["field"]) == (422, "jobs[1].queue")
+        r = await c.post("/queues/x/pause")
+        assert (r.status_code, r.json()["field"]) == (422, "queue")
+        assert (await c.post("/jobs", json={**later, "queue": "a"})).status_code == 201
+        assert (await c.post("/queues/a/pause")).status_code == 200  # in use already
+        assert rt.stats()["queues_used"] == 3
+        for job in await rt.list_jobs(JobQuery(queue="b")):
+            await rt.cancel(job.id)  # b has no live job left: a slot is free
+        assert (await c.post("/jobs", json={**later, "queue": "c"})).status_code == 201
+        assert (await c.post("/queues/p/resume")).status_code == 200
+        assert (await c.post("/queues/x/pause")).status_code == 200
+
+
+async def test_the_census_is_kept_as_jobs_move_with_no_entry_for_an_empty_queue(
+    services: ServiceFactory,
+) -> None:
+    rt = services(workers=2, retry=RetryPolicy(base_s=0.001), max_attempts=2)
+    await rt.start()
+
+    def walked() -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for job in rt.live.jobs.values():
+            out[job.state.value, job.queue] = out.get((job.state.value, job.queue), 0) + 1
+        return out
+
+    jobs = []
+    for i in range(30):
+        spec = {"args": {"work_ms": 2, "fail_prob": 1.0 if i % 3 == 0 else 0.0}}
+        jobs.append(await submit(rt, queue=f"q{i % 4}", **spec))
+    later = await submit(rt, delay_ms=3_600_000, queue="later")
+    assert rt.claims.census() == walked()
+    for job in jobs:
+        await final(rt, job.id)
+        assert rt.claims.census() == walked()
+    assert rt.claims.census() == {("scheduled", "later"): 1}
+    assert set(rt.live.queues) == {"later"}
+    await rt.cancel(later.id)
+    assert rt.claims.census() == {}
+    assert not rt.live.queues
+
+
+async def test_metrics_series_of_a_queue_with_no_live_job_go_after_a_scrape_saw_them(
+    services: ServiceFactory,
+) -> None:
+    rt = services()
+    await rt.start()
+    stays = await submit(rt, delay_ms=3_600_000, queue="stays")
+    for i in range(50):
+        await final(rt, (await submit(rt, queue=f"once{i}")).id)
+
+    def series() -> list[str]:
+        text = rt.metrics.exposition().decode()
+        return [
+            ln for ln in text.splitlines() if ln.startswith(("sqlq_jobs_total", "sqlq_jobs_live"))
+        ]
+
+    first = series()
+    assert any('queue="once7"' in ln and 'event="completed"' in ln for ln in first)  # last counts
+    again = series()
+    assert not any("once" in ln for ln in again)  # seen once; now gone
+    assert any('queue="stays"' in ln and 'event="submitted"' in ln for ln in again)
+    assert any(ln.startswith("sqlq_jobs_live") and 'queue="stays"' in ln for ln in again)
+    assert set(rt.metrics.events) == {"stays"}
+    await rt.cancel(stays.id)
+    series()
+    assert rt.metrics.events == {}
+
+
+async def test_metrics_series_stay_bounded_when_nobody_scrapes(services: ServiceFactory) -> None:
+    rt = services(max_queues=10)  # series for 20 queues at most
+    await rt.start()
+    for i in range(200):
+        await final(rt, (await submit(rt, queue=f"once{i}")).id)
+    assert len(rt.metrics.events) <= 20
+
+
+def test_the_max_queues_flag_reaches_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    import sqlq.serve
+    from sqlq.cli import main
+
+    seen: dict[str, Any] = {}
+
+    async def fake_serve(runtime: Any, opts: Any) -> None:
+        seen["runtime"] = runtime
+
+    monkeypatch.setattr(sqlq.serve, "serve", fake_serve)
+    r = CliRunner().invoke(main, ["serve", "--store", "memory", "--max-queues", "7"])
+    assert r.exit_code == 0, r.output
+    assert seen["runtime"].config.max_queues == 7
+    r = CliRunner().invoke(main, ["serve", "--store", "memory", "--max-queues", "0"])
+    assert r.exit_code == 2
+    assert "--max-queues" in r.output
+
+
+@pytest.mark.parametrize("seed", [*range(6), 83])  # 83 found a queue kept by stale entries
+def test_the_scheduler_against_a_brute_force_model(seed: int) -> None:
+    """Random adds (queues, priorities, delays), cancels, pauses, resumes and clock steps; each
+    pop must be a due, live job of an open queue with the highest priority of every open
+    queue's due jobs; depths must be exact; at the end everything left comes out."""
+    rng = random.Random(seed)
+    clock = FakeClock(NOW)
+    paused: set[str] = set()
+    live: dict[str, Job] = {}  # the model: every job scheduled and not yet taken or cancelled
+    sched = Scheduler(clock, gate=lambda q: q not in paused, current=lambda j: live.get(j.id) is j)
+    queues = [f"q{i}" for i in range(rng.choice([1, 2, 5, 40]))]
+    popped = 0
+    for _ in range(3000):
+        op = rng.random()
+        now = clock.time()
+        if op < 0.45:
+            delay = rng.choice([0, 0, 0, 0.5, 3, 20])
+            job = Job.new(kind="sleep", args={}, now=now, ready_at=now + delay,
+                          queue=rng.choice(queues), priority=rng.choice([0, 0, 1, 5]))  # fmt: skip
+            live[job.id] = job
+            sched.add(job)
+        elif op < 0.55 and live:
+            job = live.pop(rng.choice(list(live)))  # cancelled: the claims discard its entry
+            sched.discard(job)
+        elif op < 0.6:
+            q = rng.choice(queues)
+            if q in paused:
+                paused.discard(q)
+                sched.poke(q)
+            else:
+                paused.add(q)
+        elif op < 0.7:
+            clock.advance(rng.choice([0.1, 1, 5]))
+        else:
+            due = [j for j in live.values() if j.ready_at <= now and j.queue not in paused]
+            job = sched._pop(now)  # (take() without a loop: the choice itself)
+            if job is None:
+                assert not due
+                continue
+            assert live.pop(job.id) is job
+            assert job.ready_at <= now
+            assert job.queue not in paused
+            assert job.priority == max(j.priority for j in due)
+            popped += 1
+        for q in queues:
+            assert sched.depth(q) == sum(1 for j in live.values() if j.queue == q)
+    paused.clear()
+    sched.poke()
+    clock.advance(60)
+    while (job := sched._pop(clock.time())) is not None:
+        assert live.pop(job.id) is job
+    assert not live
+    assert sched.queues_held() == 0
+    assert popped > 300

@@ -25,6 +25,7 @@ from bench.experiments import (
     j_scaleout,
     k_limits,
     l_dashboard,
+    m_queues,
 )
 from bench.experiments.answer import answer
 from bench.experiments.base import BenchRun
@@ -35,6 +36,7 @@ MODULES = (
     j_scaleout,
     k_limits,
     l_dashboard,
+    m_queues,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so

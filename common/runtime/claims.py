@@ -30,7 +30,7 @@ import asyncio
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -127,6 +127,18 @@ class Claims(Protocol):
         """Live jobs by (state, queue), for ``/metrics``."""
         ...
 
+    def live_queues(self) -> Collection[str]:
+        """The queues that have a live job (scheduled or running) now."""
+        ...
+
+    def in_use(self, queue: str) -> bool:
+        """Whether ``queue`` counts already for ``--max-queues`` (live jobs, or paused)."""
+        ...
+
+    def queues_used(self) -> int:
+        """Distinct queues with live jobs or paused: what ``--max-queues`` bounds."""
+        ...
+
     def stats(self) -> dict[str, Any]: ...
 
 
@@ -144,6 +156,8 @@ class ClaimsBase:
     The outcome's transition is built here (completed, or through the retry policy),
     counted, and written in the background by the subclass's ``_commit_outcome``.
     """
+
+    _paused: set[str]  # paused queues (each subclass's ``_setup`` makes it)
 
     def __init__(
         self,
@@ -183,6 +197,16 @@ class ClaimsBase:
         self._metrics.event("requeued", claim.job)
         self.failed(claim, reason)
 
+    def live_queues(self) -> Collection[str]:
+        return self._live.queues  # (no zero entries)
+
+    def in_use(self, queue: str) -> bool:
+        return queue in self._paused or queue in self.live_queues()
+
+    def queues_used(self) -> int:
+        live = self.live_queues()
+        return len(live) + sum(1 for q in self._paused if q not in live)
+
     def _over(self, claim: Claim) -> None:
         """The attempt ended: its queue has room for one more."""
         started = claim.job.started_at
@@ -209,7 +233,9 @@ class LocalClaims(ClaimsBase):
     """Claims from the scheduler's lanes in this process; outcomes through the store."""
 
     def _setup(self) -> None:
-        self.scheduler = Scheduler(self._clock, gate=self._open, taken=self._taken)
+        self.scheduler = Scheduler(
+            self._clock, gate=self._open, taken=self._taken, current=self._current
+        )
         self._paused: set[str] = set()
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
@@ -222,17 +248,19 @@ class LocalClaims(ClaimsBase):
         live = self._live
         live.load(recovery.jobs)
         now = self._clock.time()
-        requeue = [
-            self._after_failure(j, "interrupted: the server stopped", now)
-            for j in (live.jobs[job_id] for job_id in recovery.running)
+        interrupted = [live.jobs[job_id] for job_id in recovery.running]
+        moves = [
+            self._after_failure(j, "interrupted: the server stopped", now) for j in interrupted
         ]
-        if requeue:
-            await self._store.commit(requeue)
-            for t in requeue:
-                live.applied(live.jobs[t.job_id], t)
-            live.totals["requeued_at_recovery"] += len(requeue)
-            for t in requeue:
-                self._metrics.event("requeued", live.jobs[t.job_id])
+        if moves:
+            await self._store.commit(moves)
+        for job, t in zip(interrupted, moves, strict=True):
+            # On its last attempt the policy buries it: the view drops it (and counts it
+            # dead), so it is counted from ``job``, never looked up again.
+            live.applied(job, t)
+            event = "requeued" if t.state is State.SCHEDULED else "dead"
+            live.totals[f"{event}_at_recovery"] += 1
+            self._metrics.event(event, job)
         self.scheduler.load([job for job in live.jobs.values() if job.state is State.SCHEDULED])
         self.scheduler.start()
 
@@ -251,7 +279,13 @@ class LocalClaims(ClaimsBase):
             self._schedule(job)
 
     def _schedule(self, job: Job) -> None:
-        self.scheduler.add(job.id, job.ready_at, job.priority, job.queue)
+        self.scheduler.add(job)
+
+    def _current(self, entry: Job) -> bool:
+        """Is the scheduler's ``entry`` still this job as scheduled? (Not once cancelled,
+        nor once a retry scheduled it again with a new epoch.)"""
+        job = self._live.jobs.get(entry.id)
+        return job is not None and job.state is State.SCHEDULED and job.epoch == entry.epoch
 
     def _open(self, queue: str) -> bool:
         """The scheduler's gate: may a job of ``queue`` start now?"""
@@ -269,7 +303,7 @@ class LocalClaims(ClaimsBase):
             self._paused.add(queue)
         else:
             self._paused.discard(queue)
-            self.scheduler.poke()
+            self.scheduler.poke(queue)
 
     async def queues(self) -> dict[str, QueueInfo]:
         return self.queues_now()
@@ -286,10 +320,7 @@ class LocalClaims(ClaimsBase):
         return len(self._live)
 
     def census(self) -> dict[tuple[str, str], int]:
-        live: Counter[tuple[str, str]] = Counter()
-        for job in self._live.jobs.values():
-            live[job.state.value, job.queue] += 1
-        return dict(live)
+        return dict(self._live.census)  # kept as the view changes: no walk over the jobs
 
     def queue_now(self, name: str) -> QueueInfo:
         """One queue's state; a queue nobody has used is empty, uncapped and running."""
@@ -315,15 +346,19 @@ class LocalClaims(ClaimsBase):
         t = job.cancel(self._clock.time())
         self._cancelling.add(job_id)
         try:
-            await self._store.commit([t])
-        except BaseException:
-            if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
-                self._schedule(job)
-            raise
+            try:
+                await self._store.commit([t])
+            except BaseException:
+                if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
+                    self._schedule(job)
+                raise
+            cancelled = self._live.applied(job, t)
+            if job_id not in self._skipped:  # its entry is still in the lanes: out of the depth
+                self.scheduler.discard(job)  # (after ``applied``: the lanes ask ``_current``)
         finally:
             self._cancelling.discard(job_id)
             self._skipped.discard(job_id)
-        return self._live.applied(job, t)
+        return cancelled
 
     async def retry(self, jobs: Sequence[Job]) -> list[Job]:
         now = self._clock.time()
@@ -342,16 +377,19 @@ class LocalClaims(ClaimsBase):
 
     async def next(self) -> Claim:
         while True:
-            job_id, queue = await self.scheduler.take()
-            claim = self._claim(job_id)
+            entry = await self.scheduler.take()
+            claim = self._claim(entry)
             if claim is not None:
                 return claim
-            self._release(queue)  # handed out, but it will not run: give the slot back
+            self._release(entry.queue)  # handed out, but it will not run: give the slot back
 
-    def _claim(self, job_id: str) -> Claim | None:
+    def _claim(self, entry: Job) -> Claim | None:
+        job_id = entry.id
         job = self._live.get(job_id)
-        if job is None or job.state is not State.SCHEDULED or job_id in self._claiming:
+        if job is None or job.state is not State.SCHEDULED or job.epoch != entry.epoch:
             return None  # cancelled (or otherwise moved on) while it waited
+        if job_id in self._claiming:
+            return None
         if job_id in self._cancelling:
             self._skipped.add(job_id)  # the cancel decides: re-added if it fails
             return None
@@ -377,7 +415,7 @@ class LocalClaims(ClaimsBase):
     def _release(self, queue: str) -> None:
         super()._release(queue)
         if queue in self._caps:
-            self.scheduler.poke()
+            self.scheduler.poke(queue)
 
     # -- outcomes, in the background ----------------------------------------------------------
 
@@ -408,8 +446,8 @@ class LocalClaims(ClaimsBase):
         except StoreError as exc:
             log.error("could not record the outcome of job %s: %s", job.id, exc)
             return
-        self._live.applied(job, t)
+        after = self._live.applied(job, t)
         self._metrics.event(OUTCOME_EVENT[t.state], job)
         if t.state is State.SCHEDULED:
             totals["retried"] += 1
-            self._schedule(job.apply(t))
+            self._schedule(after)

@@ -8,7 +8,17 @@ Delayed jobs wait in a min-heap on ``(ready_at, arrival)``, O(log n). Before
 any push or pop at ``now``, the delayed jobs due by ``now`` move into their
 level's deque in due order, so a job that came due earlier is ahead of one
 that arrived due later at the same priority; a job due now never waits behind
-the heap.
+the heap. An entry is due once ``ready_at`` is at or before the latest ``now``
+seen (``seen``), so a clock that steps back never hides a job already due, and
+``discard`` can tell from ``ready_at`` alone which lane an entry is in.
+
+Stale entries. A job cancelled while it waits (or moved on otherwise) is not
+looked for in a deque or a heap (O(n)): ``discard`` counts it, ``current`` is
+asked of entries only while such counts are above zero, and a stale entry is
+dropped when it reaches the front. Sizes exclude stale entries, so a depth is
+exact at once; whenever stale entries are more than half of the lanes (after a
+discard or a pop) they are purged (O(n), paid for by the discards and pops), so
+they never hold memory unbounded, nor a queue past its last live job.
 
 Nothing here reads a clock or sleeps: every decision takes ``now``.
 """
@@ -17,80 +27,182 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def _always(_: object) -> bool:
+    return True
 
 
 @dataclass(slots=True)
-class Lanes:
-    ready: dict[int, deque[str]] = field(default_factory=dict)  # priority -> due job ids
-    delayed: list[tuple[float, int, int, str]] = field(default_factory=list)
+class Lanes(Generic[T]):
+    current: Callable[[T], bool] = _always  # is this entry still wanted? (see "stale" above)
+    ready: dict[int, deque[T]] = field(default_factory=dict)  # priority -> due entries
+    delayed: list[tuple[float, int, int, T]] = field(default_factory=list)
     _levels: list[int] = field(default_factory=list)  # -priority of every non-empty deque
     _arrival: itertools.count[int] = field(default_factory=itertools.count)
-    _due: int = 0
+    due: int = 0  # entries in the deques, stale ones included
+    seen: float = -math.inf  # the latest ``now``: an entry is due iff its ready_at <= seen
+    stale_ready: int = 0  # discarded entries still in a deque
+    stale_delayed: int = 0  # discarded entries still in the heap
 
-    def push(self, job_id: str, ready_at: float, priority: int, now: float) -> bool:
-        """Queue a job; returns True if it went to the delayed lane."""
-        if ready_at <= now:
-            self._promote(now)
-            self._make_due(job_id, priority)
+    def push(self, item: T, ready_at: float, priority: int, now: float) -> bool:
+        """Queue an entry; returns True if it went to the delayed lane."""
+        if ready_at <= now or ready_at <= self.seen:
+            if now > self.seen:
+                self.seen = now
+            delayed = self.delayed
+            if delayed and delayed[0][0] <= self.seen:
+                self._promote(now)
+            self._make_due(item, priority)
             return False
-        heapq.heappush(self.delayed, (ready_at, next(self._arrival), priority, job_id))
+        heapq.heappush(self.delayed, (ready_at, next(self._arrival), priority, item))
         return True
 
-    def load(self, ids: list[str], due: list[float], priorities: list[int], now: float) -> None:
-        """Many jobs at once (recovery), as columns: the due ones in due order, the delayed
+    def load(self, items: list[T], due: list[float], priorities: list[int], now: float) -> None:
+        """Many entries at once (recovery), as columns: the due ones in due order, the delayed
         ones heapified once instead of pushed one by one (tuples built by C loops)."""
         self._promote(now)
-        ready = sorted((t, i, p) for t, i, p in zip(due, ids, priorities, strict=True) if t <= now)
-        for _, job_id, priority in ready:
-            self._make_due(job_id, priority)
-        if len(ready) == len(ids):
+        seen = self.seen
+        ready = sorted(
+            ((t, n, p) for n, (t, p) in enumerate(zip(due, priorities, strict=True)) if t <= seen)
+        )
+        for _, n, priority in ready:
+            self._make_due(items[n], priority)
+        if len(ready) == len(items):
             return
         # zip stops at the shortest: the arrival counter never ends.
-        later = [e for e in zip(due, self._arrival, priorities, ids, strict=False) if e[0] > now]
+        later = [e for e in zip(due, self._arrival, priorities, items, strict=False) if e[0] > seen]
         self.delayed.extend(later)
         heapq.heapify(self.delayed)
 
     def next_wakeup(self) -> float | None:
-        """When the earliest delayed job becomes due; None if the heap is empty."""
-        return self.delayed[0][0] if self.delayed else None
+        """When the earliest delayed entry becomes due; None if the heap is empty."""
+        delayed = self.delayed
+        while self.stale_delayed and delayed and not self.current(delayed[0][3]):
+            heapq.heappop(delayed)
+            self.stale_delayed -= 1
+        return delayed[0][0] if delayed else None
 
-    def pop(self, now: float) -> str | None:
-        """The next job to hand to a worker at ``now``, or None if none is due."""
-        self._promote(now)
-        if not self._levels:
+    def pop(self, now: float) -> T | None:
+        """The next entry to hand to a worker at ``now``, or None if none is due."""
+        if now > self.seen:  # (``_promote`` inlined up to its loop: this is the hot path)
+            self.seen = now
+        delayed = self.delayed
+        if delayed and delayed[0][0] <= self.seen:
+            self._promote(now)
+        levels = self._levels
+        if not levels:
             return None
-        priority = -self._levels[0]
+        if self.stale_ready:
+            top = self.top()
+            if top is None:
+                return None
+            priority = top
+        else:
+            priority = -levels[0]
         lane = self.ready[priority]
-        job_id = lane.popleft()
-        self._due -= 1
+        item = lane.popleft()
+        self.due -= 1
         if not lane:
             heapq.heappop(self._levels)
             del self.ready[priority]
-        return job_id
+        if (self.stale_ready or self.stale_delayed) and self._mostly_stale():
+            self.purge()  # what is left is mostly stale: hold none of it until its due time
+        return item
 
     def peek(self, now: float) -> int | None:
-        """The priority of the job ``pop`` would hand out at ``now``, or None."""
+        """The priority of the entry ``pop`` would hand out at ``now``, or None."""
         self._promote(now)
-        return -self._levels[0] if self._levels else None
+        return self.top()
 
-    def _make_due(self, job_id: str, priority: int) -> None:
+    def top(self) -> int | None:
+        """The priority of the next due entry as of the last ``now`` (stale fronts dropped)."""
+        levels = self._levels
+        while levels:
+            priority = -levels[0]
+            if not self.stale_ready:
+                return priority
+            lane = self.ready[priority]
+            if self.current(lane[0]):
+                return priority
+            lane.popleft()
+            self.due -= 1
+            self.stale_ready -= 1
+            if not lane:
+                heapq.heappop(levels)
+                del self.ready[priority]
+        return None
+
+    def promote(self, now: float) -> None:
+        """Move what is due by ``now`` from the heap to the deques."""
+        self._promote(now)
+
+    def discard(self, ready_at: float) -> None:
+        """An entry (due at ``ready_at``) that is in these lanes is no longer wanted."""
+        if ready_at <= self.seen:
+            self.stale_ready += 1
+        else:
+            self.stale_delayed += 1
+        if self._mostly_stale():
+            self.purge()
+
+    def _mostly_stale(self) -> bool:
+        return 2 * (self.stale_ready + self.stale_delayed) > self.due + len(self.delayed)
+
+    def purge(self) -> None:
+        """Drop every stale entry now: O(n), so only when they are the larger part."""
+        keep = self.current
+        for priority, lane in list(self.ready.items()):
+            kept = deque(item for item in lane if keep(item))
+            self.due -= len(lane) - len(kept)
+            if kept:
+                self.ready[priority] = kept
+            else:
+                del self.ready[priority]
+        self._levels = [-p for p in self.ready]
+        heapq.heapify(self._levels)
+        self.delayed = [e for e in self.delayed if keep(e[3])]
+        heapq.heapify(self.delayed)
+        self.stale_ready = self.stale_delayed = 0
+
+    def _make_due(self, item: T, priority: int) -> None:
         lane = self.ready.get(priority)
         if lane is None:
             lane = self.ready[priority] = deque()
             heapq.heappush(self._levels, -priority)
-        lane.append(job_id)
-        self._due += 1
+        lane.append(item)
+        self.due += 1
 
     def _promote(self, now: float) -> None:
+        if now > self.seen:
+            self.seen = now
+        seen = self.seen
         delayed = self.delayed
-        while delayed and delayed[0][0] <= now:
-            _, _, priority, job_id = heapq.heappop(delayed)
-            self._make_due(job_id, priority)
+        while delayed and delayed[0][0] <= seen:
+            _, _, priority, item = heapq.heappop(delayed)
+            if self.stale_delayed and not self.current(item):
+                self.stale_delayed -= 1  # it leaves here, not in a deque
+                continue
+            self._make_due(item, priority)
+
+    @property
+    def entries(self) -> int:
+        """Entries held, stale ones included: the lanes are empty when this is 0 (the
+        scheduler's hot path reads ``due`` and ``delayed`` itself)."""
+        return self.due + len(self.delayed)
 
     def __len__(self) -> int:
-        return self._due + len(self.delayed)
+        return self.due + len(self.delayed) - self.stale_ready - self.stale_delayed
 
     def sizes(self) -> dict[str, int]:
-        return {"immediate": self._due, "delayed": len(self.delayed)}
+        return {
+            "immediate": self.due - self.stale_ready,
+            "delayed": len(self.delayed) - self.stale_delayed,
+        }

@@ -1,10 +1,17 @@
 """``/metrics``: the service's figures in Prometheus text format, through prometheus-client.
 
 Counting sits on the hot path (every submit, every outcome), so events are
-plain ``Counter`` increments keyed by (kind, queue) and are turned into metric
-families only when Prometheus scrapes (``Collector.collect``). The durations
-are prometheus-client ``Histogram``s. Every ``Service`` has its own registry, so
-two services in one process (the tests) never share a metric.
+plain ``Counter`` increments keyed by (event, kind) per queue and are turned into
+metric families only when Prometheus scrapes (``Collector.collect``). The
+durations are prometheus-client ``Histogram``s. Every ``Service`` has its own
+registry, so two services in one process (the tests) never share a metric.
+
+A queue's series last as long as the queue: once it has no live job and a
+scrape has shown its last counts, its ``sqlq_jobs_total`` series are dropped, as
+Prometheus expects of a series whose subject is gone (a name used again later
+starts from zero, which ``rate`` and ``increase`` read as a reset). So a queue
+name used once costs nothing for ever; and if nobody scrapes, the queues with
+no live job are dropped as soon as more than ``limit`` queues have series.
 
     sqlq_jobs_total{event, kind, queue}   submitted, completed, retried, dead,
                                           fenced, requeued (hung or at recovery)
@@ -20,7 +27,7 @@ two services in one process (the tests) never share a metric.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -35,10 +42,18 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192)
 
 
+def _none() -> Container[str]:
+    return ()
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(
+        self, live_queues: Callable[[], Container[str]] = _none, limit: int = 2_000
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.events: Counter[tuple[str, str, str]] = Counter()  # (event, kind, queue)
+        self.events: dict[str, Counter[tuple[str, str]]] = {}  # queue -> (event, kind) -> n
+        self.live_queues = live_queues  # the queues that have a live job now
+        self.limit = limit  # queues with series, past which those without live jobs go at once
         self.queue_wait = Histogram(
             "sqlq_queue_wait_seconds",
             "From ready (due) to started, per attempt.",
@@ -65,7 +80,28 @@ class Metrics:
         )
 
     def event(self, event: str, job: Job, n: int = 1) -> None:
-        self.events[event, job.kind, job.queue] += n
+        queue = job.queue
+        counts = self.events.get(queue)
+        if counts is None:
+            if len(self.events) >= self.limit:
+                self.prune()
+                self.limit = max(self.limit, 2 * len(self.events))  # all live: amortised
+            counts = self.events[queue] = Counter()
+        counts[event, job.kind] += n
+
+    def prune(self) -> None:
+        """Drop the series of queues with no live job."""
+        live = self.live_queues()
+        for queue in [q for q in self.events if q not in live]:
+            del self.events[queue]
+
+    def series(self) -> Iterator[tuple[str, str, str, int]]:
+        """(event, kind, queue, n) of every series, in order; once shown, a queue with no
+        live job has its last counts seen, and its series go."""
+        for queue in sorted(self.events):
+            for (event, kind), n in sorted(self.events[queue].items()):
+                yield event, kind, queue, n
+        self.prune()
 
     def batch_written(self, calls: int, seconds: float) -> None:
         """A store's batch observer (see ``GroupCommitter``)."""
@@ -92,7 +128,7 @@ class _Scrape(Collector):
         events = CounterMetricFamily(
             "sqlq_jobs", "Job events since this process started.", labels=["event", "kind", "queue"]
         )
-        for (event, kind, queue), n in sorted(self._metrics.events.items()):
+        for event, kind, queue, n in self._metrics.series():
             events.add_metric([event, kind, queue], n)
         yield events
         yield from self._source()

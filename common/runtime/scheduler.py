@@ -9,16 +9,38 @@ to it. The dispatcher task only wakes waiting workers when delayed jobs come
 due: it sleeps on one timer armed for the earliest ``ready_at``, re-armed by
 ``add`` for an earlier one. No polling loop.
 
-Each named queue has its own lanes. A queue may be closed for now (paused, or
-running as many jobs as its cap allows): ``gate`` says which, and ``poke``
-tells the dispatcher when that may have changed. Of the open queues, the one
-whose next job has the highest priority goes first; ties take turns, so one
-queue cannot starve another of equal priority.
+Each named queue has its own lanes, kept only while they hold a job: a queue
+used once and emptied costs nothing from then on. A queue may be closed for now
+(paused, or running as many jobs as its cap allows): ``gate`` says which, and
+``poke(queue)`` tells the scheduler when that may have changed. Of the open
+queues, the one whose next job has the highest priority goes first; ties take
+turns, so one queue cannot starve another of equal priority.
+
+With one queue holding jobs (the common case) there is nothing to choose: its
+lanes are popped directly. With more, choosing is O(log q), never a scan:
+
+- a heap of the open queues with a due job, keyed ``(-priority of its next job,
+  turn)``; a queue's turn is a fresh number each time it is served (or its key
+  changes), so among equal priorities the one served longest ago goes first;
+- a heap of the queues with delayed jobs, on their earliest ``ready_at``, which
+  moves a queue into the first heap when its jobs fall due;
+- a queue found closed at the top leaves the first heap until ``poke`` names it.
+
+Entries in either heap are checked against their queue's record when they reach
+the top (an outdated one is dropped), and a heap that grows past twice its
+queues is rebuilt, so neither holds more than O(q).
+
+Entries in the lanes are the ``Job`` as it was scheduled. A job cancelled while
+it waits is ``discard``-ed: counted out of the depth at once and dropped when
+it reaches the front (see ``lanes``), so a retry, which schedules it again
+with a new epoch, can never be started by the old entry at the old due time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,23 +50,51 @@ from common.clock import Clock
 from common.models import Job
 from common.runtime.lanes import Lanes
 
-_ID, _DUE, _PRIORITY = attrgetter("id"), attrgetter("ready_at"), attrgetter("priority")
+_DUE, _PRIORITY = attrgetter("ready_at"), attrgetter("priority")
+_SLACK = 64  # a heap is rebuilt once it holds more than twice its queues and this
 
 Gate = Callable[[str], bool]  # may a job of this queue start now?
 Taken = Callable[[str], None]  # a job of this queue was handed to a worker
+Current = Callable[[Job], bool]  # is this entry still the job as scheduled? (after a discard)
+
+
+def _always(_: Job) -> bool:
+    return True
+
+
+class _Queue:
+    """One queue with jobs in its lanes, and where it stands in the scheduler's heaps."""
+
+    __slots__ = ("closed", "lanes", "name", "prio", "timer", "turn")
+
+    def __init__(self, name: str, current: Current) -> None:
+        self.name = name
+        self.lanes: Lanes[Job] = Lanes(current)
+        self.turn = -1  # its one valid entry in the due heap; -1: not there
+        self.prio = 0  # that entry's priority
+        self.timer: float | None = None  # its one valid entry in the timer heap
+        self.closed = False  # found closed at the top; back when poked
 
 
 class Scheduler:
     def __init__(
-        self, clock: Clock, gate: Gate = lambda _: True, taken: Taken = lambda _: None
+        self,
+        clock: Clock,
+        gate: Gate = lambda _: True,
+        taken: Taken = lambda _: None,
+        current: Current = _always,
     ) -> None:
         self._clock = clock
         self._gate = gate
         self._taken = taken  # called before the next gate check, so a cap counts it at once
-        self._queues: dict[str, Lanes] = {}
-        self._turn = 0  # rotates ties between queues
-        # workers, longest-waiting first; each gets (job id, its queue)
-        self._waiting: deque[asyncio.Future[tuple[str, str]]] = deque()
+        self._current = current
+        self._queues: dict[str, _Queue] = {}  # only queues whose lanes hold an entry
+        self._heaped = False  # the heaps are kept while more than one queue holds jobs
+        self._due: list[tuple[int, int, str]] = []  # (-priority, turn, queue)
+        self._timers: list[tuple[float, str]] = []  # (earliest ready_at, queue)
+        self._turns = itertools.count()
+        # workers, longest-waiting first; each gets the job's entry
+        self._waiting: deque[asyncio.Future[Job]] = deque()
         self._wake = asyncio.Event()
         self._armed = math.inf  # the ready_at the dispatcher's timer is set for
         self._timer: asyncio.TimerHandle | None = None
@@ -66,11 +116,18 @@ class Scheduler:
                 pass
             self._task = None
 
-    def add(self, job_id: str, ready_at: float, priority: int = 0, queue: str = "default") -> None:
-        lanes = self._queues.get(queue)
-        if lanes is None:
-            lanes = self._queues[queue] = Lanes()
-        delayed = lanes.push(job_id, ready_at, priority, self._clock.time())
+    def add(self, job: Job) -> None:
+        now = self._clock.time()
+        q = self._queues.get(job.queue)
+        if q is None:
+            q = self._queues[job.queue] = _Queue(job.queue, self._current)
+            if not self._heaped and len(self._queues) > 1:
+                self._rebuild(now)  # a second queue holds jobs: from now on, choose
+        ready_at = job.ready_at
+        delayed = q.lanes.push(job, ready_at, job.priority, now)
+        if self._heaped:
+            self._arm(q)
+            self._offer(q)
         # With every worker busy there is nobody to hand it to: the next take pops it.
         if self._waiting:
             if not delayed:
@@ -88,25 +145,35 @@ class Scheduler:
             for job in jobs:
                 by_queue.setdefault(job.queue, []).append(job)
         now = self._clock.time()
-        for queue, group in by_queue.items():
-            lanes = self._queues.get(queue)
-            if lanes is None:
-                lanes = self._queues[queue] = Lanes()
-            lanes.load(
-                list(map(_ID, group)), list(map(_DUE, group)), list(map(_PRIORITY, group)), now
-            )
+        for name, group in by_queue.items():
+            q = self._queues.get(name)
+            if q is None:
+                q = self._queues[name] = _Queue(name, self._current)
+            q.lanes.load(group, list(map(_DUE, group)), list(map(_PRIORITY, group)), now)
+        if len(self._queues) > 1:
+            self._rebuild(now)
         if self._waiting:
             self._hand_out()
             self._wake.set()
 
-    async def take(self) -> tuple[str, str]:
-        """The next due job's id and queue; waits until there is one."""
+    def discard(self, job: Job) -> None:
+        """``job``'s entry, still in its lanes, is no longer wanted (cancelled)."""
+        q = self._queues.get(job.queue)
+        if q is None:
+            return
+        q.lanes.discard(job.ready_at)
+        if self._heaped:
+            self._offer(q)
+        self._drop_if_empty(q)
+
+    async def take(self) -> Job:
+        """The next due job's entry; waits until there is one."""
         if not self._waiting:  # nobody has waited longer: take the next one now
             taken = self._pop(self._clock.time())
             if taken is not None:
                 self.dispatched += 1
                 return taken
-        waiter: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         self._wake.set()  # the dispatcher arms the timer for the next delayed job
         return await waiter
@@ -122,49 +189,154 @@ class Scheduler:
             worker.set_result(taken)
             self.dispatched += 1
 
-    def poke(self) -> None:
-        """A queue may have opened (capacity freed, resumed): look again."""
+    def poke(self, queue: str | None = None) -> None:
+        """``queue`` (None: any) may have opened (capacity freed, resumed): look again."""
+        if self._heaped:
+            now = self._clock.time()
+            reopen = self._queues.values() if queue is None else [self._queues.get(queue)]
+            for q in reopen:
+                if q is not None and q.closed:
+                    q.closed = False
+                    q.lanes.promote(now)
+                    self._offer(q)
         if self._waiting:
             self._hand_out()
 
     def sizes(self) -> dict[str, int]:
-        due = sum(lanes.sizes()["immediate"] for lanes in self._queues.values())
-        delayed = sum(lanes.sizes()["delayed"] for lanes in self._queues.values())
+        due = delayed = 0
+        for q in self._queues.values():
+            sizes = q.lanes.sizes()
+            due += sizes["immediate"]
+            delayed += sizes["delayed"]
         return {"immediate": due, "delayed": delayed, "workers_waiting": len(self._waiting)}
 
     def depth(self, queue: str) -> int:
-        lanes = self._queues.get(queue)
-        return len(lanes) if lanes is not None else 0
+        q = self._queues.get(queue)
+        return len(q.lanes) if q is not None else 0
 
-    def _pop(self, now: float) -> tuple[str, str] | None:
+    def queues_held(self) -> int:
+        """Queues whose lanes hold an entry now (every other one costs nothing)."""
+        return len(self._queues)
+
+    # -- choosing -----------------------------------------------------------------------
+
+    def _pop(self, now: float) -> Job | None:
         """The next job of the open queue whose next job has the highest priority."""
-        if len(self._queues) == 1:  # the common case: no choosing
-            [(name, lanes)] = self._queues.items()
-            job_id = lanes.pop(now) if self._gate(name) else None
-            if job_id is None:
+        queues = self._queues
+        if not self._heaped:  # the common case: one queue (or none), no choosing
+            if not queues:
+                return None
+            [q] = queues.values()
+            name = q.name
+            if not self._gate(name):
+                return None
+            lanes = q.lanes
+            job = lanes.pop(now)
+            if not lanes.due and not lanes.delayed:
+                self._queues = {}  # (a fresh dict: see _drop_if_empty)
+            if job is None:
                 return None
             self._taken(name)
-            return job_id, name
-        best: tuple[int, str, Lanes] | None = None
-        names = list(self._queues)
-        self._turn = (self._turn + 1) % max(1, len(names))
-        for name in names[self._turn :] + names[: self._turn]:
-            lanes = self._queues[name]
-            top = lanes.peek(now)
-            if top is not None and (best is None or top > best[0]) and self._gate(name):
-                best = (top, name, lanes)
-        if best is None:
-            return None
-        job_id = best[2].pop(now)
-        assert job_id is not None  # peek saw it
-        self._taken(best[1])
-        return job_id, best[1]
+            return job
+        self._fire(now)
+        due = self._due
+        while due:
+            _, turn, name = due[0]
+            held = queues.get(name)
+            if held is None or held.turn != turn:
+                heapq.heappop(due)  # outdated: its queue moved on
+                continue
+            heapq.heappop(due)
+            q = held
+            q.turn = -1
+            if not self._gate(name):
+                q.closed = True  # out of the heap until poked: never looked at again meanwhile
+                continue
+            job = q.lanes.pop(now)
+            self._offer(q)  # its next job, if any, at a fresh turn: behind its equals
+            self._drop_if_empty(q)
+            if job is not None:
+                self._taken(name)
+                return job
+            if not self._heaped:  # one queue is left: the direct path decides
+                return self._pop(now)
+        return None
+
+    def _offer(self, q: _Queue) -> None:
+        """Keep ``q``'s entry in the due heap true: there iff open with a due job, keyed on it."""
+        if q.closed:
+            return
+        top = q.lanes.top()
+        if top is None:
+            q.turn = -1
+            return
+        if q.turn >= 0 and top == q.prio:
+            return
+        q.prio, q.turn = top, next(self._turns)
+        heapq.heappush(self._due, (-top, q.turn, q.name))
+        if len(self._due) > 2 * len(self._queues) + _SLACK:
+            self._due = [(-x.prio, x.turn, x.name) for x in self._queues.values() if x.turn >= 0]
+            heapq.heapify(self._due)
+
+    def _arm(self, q: _Queue) -> None:
+        """Keep ``q``'s entry in the timer heap at its earliest delayed job."""
+        wake = q.lanes.next_wakeup()
+        if wake is None or (q.timer is not None and q.timer <= wake):
+            return
+        q.timer = wake
+        heapq.heappush(self._timers, (wake, q.name))
+        if len(self._timers) > 2 * len(self._queues) + _SLACK:
+            self._timers = [(x.timer, x.name) for x in self._queues.values() if x.timer is not None]
+            heapq.heapify(self._timers)
+
+    def _fire(self, now: float) -> None:
+        """Queues whose delayed jobs fell due by ``now`` join the due heap."""
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            at, name = heapq.heappop(timers)
+            q = self._queues.get(name)
+            if q is None or q.timer != at:
+                continue
+            q.timer = None
+            q.lanes.promote(now)
+            self._arm(q)
+            self._offer(q)
+
+    def _drop_if_empty(self, q: _Queue) -> None:
+        if q.lanes.entries or self._queues.get(q.name) is not q:
+            return
+        del self._queues[q.name]
+        q.turn, q.timer = -1, None
+        if len(self._queues) <= 1:  # one queue left (or none): back to the direct path
+            self._heaped = False
+            self._due, self._timers = [], []
+            # A dict never shrinks, and walking one that held 10,000 queues skips every
+            # hole (the direct path's unpacking did, measured): start a fresh one.
+            self._queues = {x.name: x for x in self._queues.values()}
+
+    def _rebuild(self, now: float) -> None:
+        """Both heaps from the queues' records (more than one queue holds jobs now)."""
+        self._heaped = True
+        self._due, self._timers = [], []
+        for q in self._queues.values():
+            q.turn, q.timer, q.closed = -1, None, False
+            q.lanes.promote(now)
+            self._arm(q)
+            self._offer(q)
 
     def _next_wakeup(self) -> float | None:
-        times = [t for lanes in self._queues.values() if (t := lanes.next_wakeup()) is not None]
-        return min(times) if times else None
+        if not self._heaped:
+            return next((q.lanes.next_wakeup() for q in self._queues.values()), None)
+        timers = self._timers
+        while timers:
+            at, name = timers[0]
+            q = self._queues.get(name)
+            if q is not None and q.timer == at:
+                return at
+            heapq.heappop(timers)
+        return None
 
-    def _next_worker(self) -> asyncio.Future[tuple[str, str]] | None:
+    def _next_worker(self) -> asyncio.Future[Job] | None:
         while self._waiting and self._waiting[0].done():  # cancelled while it waited
             self._waiting.popleft()
         return self._waiting[0] if self._waiting else None

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -92,7 +93,7 @@ class Service:
             kinds or REGISTRY, fault_injection=config.fault_injection, cpu=self.cpu
         )
         self.live = LiveJobs()
-        self.metrics = Metrics()
+        self.metrics = Metrics(limit=2 * config.max_queues)
         self.claims: Claims
         if store.shared:  # the queue is the database's: claims are made there
             self.claims = SharedClaims(
@@ -103,6 +104,7 @@ class Service:
             self.claims = LocalClaims(
                 store, self.live, config, clock=clock, rng=rng, metrics=self.metrics
             )
+        self.metrics.live_queues = self.claims.live_queues  # a gone queue's series go
         store.observe_batches(self.metrics.batch_written)
         self.metrics.gauges(self._gauges)
         self.executor = Executor(all_kinds, config, rng=rng, clock=clock)
@@ -117,6 +119,7 @@ class Service:
         self.state = RuntimeState.NEW
         self.recovery: Recovery | None = None
         self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
+        self._new_queues: Counter[str] = Counter()  # their new queue names, for --max-queues
         self._maintenance: asyncio.Task[None] | None = None
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
         self._waiters: dict[str, list[asyncio.Future[Job | None]]] = {}  # GET ?wait=, by job id
@@ -137,8 +140,11 @@ class Service:
         if self.config.compact_every_s > 0:
             self._maintenance = asyncio.create_task(self._maintain(), name="sqlq-maintenance")
         self.state = RuntimeState.READY
-        requeued = self.live.totals["requeued_at_recovery"]
-        log.info("recovery: %s; requeued %d", recovery.summary(), requeued)
+        totals = self.live.totals
+        log.info(
+            "recovery: %s; requeued %d, dead (on their last attempt) %d",
+            recovery.summary(), totals["requeued_at_recovery"], totals["dead_at_recovery"],
+        )  # fmt: skip
         return recovery
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -263,16 +269,44 @@ class Service:
         if self.claims.backlog() + self._admitting + len(jobs) > limit:
             self.live.totals["refused_full"] += len(jobs)
             raise QueueFullError(limit)
+        new = self._new_queues_of(jobs, batch)
         self._admitting += len(jobs)
+        self._new_queues.update(new)
         try:
             await self.store.commit(jobs)
         finally:
             self._admitting -= len(jobs)
+            self._new_queues.subtract(new)
+            for queue in new:
+                if self._new_queues[queue] <= 0:
+                    del self._new_queues[queue]
         self.claims.submitted(jobs)
         self.live.totals["submitted"] += len(jobs)
         for job in jobs:
             self.metrics.event("submitted", job)
         return jobs
+
+    def _new_queues_of(self, jobs: Sequence[Job], batch: bool) -> list[str]:
+        """The queue names ``jobs`` would add (``--max-queues``); ``ValidationError`` naming
+        the field of the first job past the bound."""
+        claims, pending = self.claims, self._new_queues
+        new: list[str] = []
+        for i, job in enumerate(jobs):
+            queue = job.queue
+            if queue in pending or claims.in_use(queue) or queue in new:
+                continue
+            self._check_new_queue(f"jobs[{i}].queue" if batch else "queue", len(new))
+            new.append(queue)
+        return new
+
+    def _check_new_queue(self, field: str, more: int = 0) -> None:
+        """One more queue (with ``more`` already counted in this request) must fit."""
+        limit = self.config.max_queues
+        if self.claims.queues_used() + len(self._new_queues) + more + 1 > limit:
+            raise ValidationError(
+                field, f"would be one more than --max-queues ({limit}) queues with live jobs "
+                "or paused; use an existing queue, or wait for one to empty",
+            )  # fmt: skip
 
     async def get(self, job_id: str) -> Job | None:
         job = self.live.get(job_id)
@@ -341,6 +375,8 @@ class Service:
     async def pause(self, queue: str, paused: bool) -> QueueInfo:
         """Pause or resume a queue, durably: running jobs finish, no new ones start."""
         self._check_accepting()
+        if paused and not self.claims.in_use(queue):  # a pause is durable: it counts too
+            self._check_new_queue("queue")
         await self.claims.pause(queue, paused)
         return await self.claims.queue(queue)
 
@@ -424,11 +460,14 @@ class Service:
             "retried": totals["retried"],
             "requeued_hung": totals["requeued_hung"],
             "requeued_at_recovery": totals["requeued_at_recovery"],
+            "dead_at_recovery": totals["dead_at_recovery"],  # interrupted on their last attempt
             "fenced": totals["fenced"],
             "claim_failed": totals["claim_failed"],
             "unencodable_results": totals["unencodable"],
             "refused_queue_full": totals["refused_full"],
             "max_queued": self.config.max_queued,
+            "max_queues": self.config.max_queues,
+            "queues_used": self.claims.queues_used(),
             "workers": {
                 **self.pool.stats(),
                 "handler_threads": threads.size,

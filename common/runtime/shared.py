@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from common.errors import (
@@ -233,7 +233,7 @@ class SharedClaims(ClaimsBase):
         for (job, t), outcome in zip(moves, outcomes, strict=True):
             if outcome is None:
                 done += 1
-                self._metrics.event("requeued", job)
+                self._metrics.event("requeued" if t.state is State.SCHEDULED else "dead", job)
                 if t.state is State.DEAD:
                     self._finished(job.apply(t))
             elif not isinstance(outcome, TransitionError):  # another node rescued it first
@@ -387,6 +387,9 @@ class SharedClaims(ClaimsBase):
 
     def census(self) -> dict[tuple[str, str], int]:
         return dict(self._census)
+
+    def live_queues(self) -> Collection[str]:
+        return {queue for _, queue in self._census}  # on every node, as of the last count
 
     def stats(self) -> dict[str, Any]:
         jobs: Counter[str] = Counter()
