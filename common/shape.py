@@ -44,6 +44,23 @@ def _builtin(value: Any) -> Any:
         return None  # not encodable at all: the engine's encoder says so, and counts it
 
 
+def bound(text: bytes) -> tuple[int, int]:
+    """Upper bounds on the depth and the items of the JSON value ``text``, from counts.
+
+    Nesting needs a bracket a level, and a container of n members has n - 1 commas:
+    so depth <= brackets and items <= 1 + 2 * (commas + brackets), keys included.
+    Brackets and commas inside strings only raise the bounds. A few C-speed counts
+    (~0.3 us for a typical job) that spare the walk for every value surely within.
+    """
+    brackets = text.count(b"[") + text.count(b"{")
+    return brackets, 1 + 2 * (text.count(b",") + brackets)
+
+
+def surely_within(text: bytes) -> bool:
+    depth, items = bound(text)
+    return depth <= MAX_DEPTH and items <= MAX_ITEMS
+
+
 def measure(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> int:
     """The number of items in ``value``; ``ShapeError`` past ``max_depth`` or ``max_items``.
 

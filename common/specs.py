@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.errors import ValidationError
-from common.shape import MAX_ITEMS, ShapeError, measure
+from common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
 
 MAX_BATCH = 10_000
 # Items (see common.shape) in all of a batch's args together: a batch of typical jobs
@@ -124,9 +124,12 @@ def check_args(args: Any, field: str = "args") -> int:
         raise ValidationError(field, str(exc)) from None
 
 
+_ARGS = msgspec.json.Decoder(dict[str, Any])  # one decoder: a type per call is re-analysed
+
+
 def _args(raw: msgspec.Raw, field: str) -> dict[str, Any]:
     try:
-        args: dict[str, Any] = msgspec.json.decode(raw, type=dict[str, Any])
+        args: dict[str, Any] = _ARGS.decode(raw)
     except msgspec.ValidationError as exc:
         raise ValidationError(*_field(str(exc), field)) from None
     except RecursionError:  # deeper than the stack allows is far past MAX_DEPTH
@@ -135,9 +138,11 @@ def _args(raw: msgspec.Raw, field: str) -> dict[str, Any]:
 
 
 def decode_job(body: bytes) -> JobSpec:
-    """One job: ``JobSpec`` with its args held to ``common.shape``."""
+    """One job: ``JobSpec`` with its args held to ``common.shape`` (walked only when the
+    whole body's bracket and comma counts do not already keep them within)."""
     spec: JobSpec = decode(body, JobSpec)
-    check_args(spec.args)
+    if not surely_within(body):
+        check_args(spec.args)
     return spec
 
 
@@ -146,17 +151,38 @@ def decode_batch(body: bytes) -> BatchSpec:
     raw = decode(body, _RawBatch)
     jobs: list[JobSpec] = []
     total = 0
+    exact = False  # counting by the walk; until then by ``bound``, which may overcount
     for i, job in enumerate(raw.jobs):
         field = f"jobs[{i}].args"
         args = _args(job.args, field)
-        total += check_args(args, field)
+        depth, items = bound(bytes(job.args))
+        if exact or depth > MAX_DEPTH or items > MAX_ITEMS:
+            items = check_args(args, field)
+        total += items
+        if total > MAX_BATCH_ITEMS and not exact:  # perhaps only the bounds: count exactly
+            exact = True
+            total = items + sum(check_args(j.args, f"jobs[{k}].args") for k, j in enumerate(jobs))
         if total > MAX_BATCH_ITEMS:
             raise ValidationError(
                 "jobs", f"the jobs' args hold more than {MAX_BATCH_ITEMS} values in all; "
                 "submit fewer jobs at a time"
             )  # fmt: skip
-        jobs.append(JobSpec(args=args, **{name: getattr(job, name) for name in _FIELDS}))
+        jobs.append(_spec(job, args))
     return BatchSpec(jobs)
+
+
+def _spec(job: Any, args: dict[str, Any]) -> JobSpec:
+    """The ``JobSpec`` of a ``_RawJob``: named one by one, ~2x as fast as ``**`` a dict
+    (a tenth of a 10,000-job batch); the assertion below keeps the names complete."""
+    return JobSpec(
+        kind=job.kind, args=args, delay_ms=job.delay_ms, run_at=job.run_at,
+        max_attempts=job.max_attempts, priority=job.priority, queue=job.queue,
+        idempotency_key=job.idempotency_key,
+    )  # fmt: skip
+
+
+assert _FIELDS == ("kind", "delay_ms", "run_at", "max_attempts", "priority", "queue",
+                   "idempotency_key"), "a JobSpec field _spec does not copy"  # fmt: skip
 
 
 def decode(body: bytes, spec: type[Any]) -> Any:
