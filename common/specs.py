@@ -95,6 +95,18 @@ _RawBatch = msgspec.defstruct(
 _FIELDS = tuple(f.name for f in msgspec.structs.fields(JobSpec) if f.name != "args")
 
 
+_DIGITS = re.compile("[0-9]{1,18}")  # ASCII only; 18 digits cannot overflow an int64
+
+
+def whole_number(raw: str) -> int | None:
+    """``raw`` as a non-negative int if it is 1 to 18 ASCII digits, else None.
+
+    Not ``str.isdigit``: that also takes ``²`` (which ``int`` refuses) and any
+    number of digits (``int`` refuses past 4,300, and a huge one is no count).
+    """
+    return int(raw) if _DIGITS.fullmatch(raw) else None
+
+
 _AT = re.compile(r" - at `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
 

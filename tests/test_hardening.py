@@ -532,3 +532,31 @@ def test_every_page_holding_a_job_at_the_depth_limit_answers_200(
         r = c.post("/jobs", json={"kind": "echo", "args": {"a": [deep]}})
         assert r.status_code == 422, r.text
         assert r.json()["field"] == "args"
+
+
+@pytest.mark.parametrize("bad", ["mail=²", "mail=" + "1" * 5000, "mail=٣", "mail\n=2"])
+def test_queue_caps_take_only_ascii_digits_and_names(bad: str) -> None:
+    from click.testing import CliRunner
+
+    from sqlq.cli import main
+
+    # Off loopback without a token: should the value pass, serve still refuses to start.
+    args = ["serve", "--store", "memory", "--host", "0.0.0.0", "--queue", bad]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, (bad[:20], r.output[-300:])
+    assert "--queue" in r.output
+
+
+UPGRADE = (
+    b"upgrade: websocket\r\nconnection: Upgrade, close\r\n"
+    b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+)
+
+
+def test_a_websocket_upgrade_is_never_switched(deep_server: ServerProcess) -> None:
+    """uvicorn runs with ws="none": an upgrade is an ordinary request the Guard checks."""
+    answer = _head(deep_server.port, b"GET /ui/ HTTP/1.1\r\nhost: localhost\r\n" + UPGRADE)
+    assert answer.startswith(b"HTTP/1.1 "), answer[:100]
+    assert not answer.startswith(b"HTTP/1.1 101"), answer[:200]
+    evil = _head(deep_server.port, b"GET /jobs HTTP/1.1\r\nhost: evil.example\r\n" + UPGRADE)
+    assert evil.startswith(b"HTTP/1.1 421"), evil[:200]

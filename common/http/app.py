@@ -50,7 +50,7 @@ from common.models import Job
 from common.runtime.claims import QueueInfo
 from common.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from common.runtime.service import Service
-from common.specs import BadJSON, RetrySpec, decode, decode_batch, decode_job
+from common.specs import BadJSON, RetrySpec, decode, decode_batch, decode_job, whole_number
 from common.ui.options import PREFIX as UI_PREFIX
 from common.ui.options import UiOptions
 
@@ -174,7 +174,7 @@ ERRORS: dict[Any, Any] = {
 
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    size = None if declared is None else params.whole_number(declared)
+    size = None if declared is None else whole_number(declared)
     if size is not None and size > limit:
         raise BodyTooLarge(limit)
     chunks = []

@@ -19,7 +19,7 @@ from starlette.datastructures import QueryParams
 
 from common.errors import ValidationError, clip
 from common.models import State
-from common.specs import KEY_PATTERN, MAX_KIND, QUEUE_PATTERN
+from common.specs import KEY_PATTERN, MAX_KIND, QUEUE_PATTERN, whole_number
 from common.store import MAX_PAGE, JobQuery
 
 LIST_PARAMS = frozenset({"state", "kind", "queue", "limit", "after"})
@@ -27,17 +27,11 @@ _QUEUE = re.compile(QUEUE_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
 JOB_ID_PATTERN = "[0-9a-f]{32}"  # what ``common.models.new_job_id`` makes
 _ID = re.compile(JOB_ID_PATTERN)
-_DIGITS = re.compile("[0-9]{1,18}")  # ASCII only; 18 digits cannot overflow an int64
 
 
 def is_job_id(value: str) -> bool:
     """Whether ``value`` has the shape of a job id: anything else needs no store lookup."""
     return _ID.fullmatch(value) is not None
-
-
-def whole_number(raw: str) -> int | None:
-    """``raw`` as a non-negative int if it is 1 to 18 ASCII digits, else None."""
-    return int(raw) if _DIGITS.fullmatch(raw) else None
 
 
 def cursor(job_id: str) -> str:
