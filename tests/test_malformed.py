@@ -166,6 +166,7 @@ CASES: list[tuple[str, str, str, dict[str, str], bytes, int, str | None]] = [
     ("retry-id-not-hex", "POST", "/jobs/" + "z" * 32 + "/retry", {}, b"", 404, None),
     ("kind-filter-nul", "GET", "/jobs?kind=a%00b", {}, b"", 422, "kind"),
     ("cursor-newline", "GET", "/jobs?after=" + "YWFh" + "Cg", {}, b"", 422, "after"),
+    ("batch-args-over-1mib", "POST", "/jobs/batch", J, echo_batch(b'{"kind":"echo","args":{"a":"' + b"x" * (3 << 19) + b'"}}'), 422, "jobs[0].args"),
 ]
 # fmt: on
 

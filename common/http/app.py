@@ -50,13 +50,21 @@ from common.models import Job
 from common.runtime.claims import QueueInfo
 from common.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from common.runtime.service import Service
-from common.specs import BadJSON, RetrySpec, decode, decode_batch, decode_job, whole_number
+from common.specs import (
+    MAX_JOB_BYTES,
+    BadJSON,
+    RetrySpec,
+    decode,
+    decode_batch,
+    decode_job,
+    whole_number,
+)
 from common.ui.options import PREFIX as UI_PREFIX
 from common.ui.options import UiOptions
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 1 << 20  # one job
+MAX_BODY = MAX_JOB_BYTES  # one job
 MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
 VERSION = "0.2.0"
 
