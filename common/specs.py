@@ -2,6 +2,14 @@
 
 Errors name the offending field (``jobs[3].max_attempts``) because msgspec
 reports the JSON path; kind-specific arguments are checked later by the kind.
+A job's args are also held to ``common.shape`` (depth and items) here, so no
+stored job is one that a deeper stack cannot read back.
+
+A batch is decoded in two steps: its jobs with their args left as raw JSON
+(``msgspec.Raw``, no objects made), then each job's args on its own, counted
+against ``MAX_BATCH_ITEMS`` as they come. A batch of small containers is then
+refused after at most that many items are made, not after the whole body is
+(a 15 MiB batch of them was 337 MB of objects and 2 s of the event loop).
 """
 
 from __future__ import annotations
@@ -13,15 +21,25 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from common.errors import ValidationError
+from common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
 
 MAX_BATCH = 10_000
+MAX_JOB_BYTES = 1 << 20  # one job's JSON: the body of POST /jobs, the args of a batch's job
+# Items (see common.shape) in all of a batch's args together: a batch of typical jobs
+# (a few to a few dozen items each) fits; decoding and checking this many costs the
+# event loop ~30 ms at most (measured: ~150 ns an item for msgspec and the walk).
+MAX_BATCH_ITEMS = 4 * MAX_ITEMS
 MAX_DELAY_MS = 366 * 24 * 3600 * 1000  # a year and a day
 
 
 MAX_KIND = 128
 MAX_RUN_AT = 4_102_444_800.0  # 2100-01-01; the runtime also bounds it by MAX_DELAY_MS from now
-QUEUE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
-KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"  # printable ASCII, no spaces: fits a header
+# Anchored at both ends of the whole string. msgspec checks a pattern with ``re.search``,
+# and in Python ``$`` also matches before a final newline (``default\n`` would be a
+# queue apart from ``default`` that prints the same); ``(?!\n)`` refuses that. The same
+# text is a valid ECMA-262 pattern, where ``$`` is already the end, for /openapi.json.
+QUEUE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$(?!\n)"
+KEY_PATTERN = r"^[\x21-\x7e]{1,255}$(?!\n)"  # printable ASCII, no spaces: fits a header
 
 Queue = Annotated[str, msgspec.Meta(pattern=QUEUE_PATTERN)]
 IdempotencyKey = Annotated[str, msgspec.Meta(pattern=KEY_PATTERN)]
@@ -56,6 +74,40 @@ class BatchSpec(msgspec.Struct, forbid_unknown_fields=True):
     jobs: Annotated[list[JobSpec], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
 
 
+# The same fields, args left raw: what a batch is decoded into first (see the docstring).
+_RawJob = msgspec.defstruct(
+    "_RawJob",
+    [
+        (f.name, msgspec.Raw, msgspec.Raw(b"{}"))
+        if f.name == "args"
+        else (f.name, f.type)
+        if f.required
+        else (f.name, f.type, f.default)
+        for f in msgspec.structs.fields(JobSpec)
+    ],
+    kw_only=True,
+    forbid_unknown_fields=True,
+)
+_RawBatch = msgspec.defstruct(
+    "_RawBatch",
+    [("jobs", Annotated[list[_RawJob], msgspec.Meta(min_length=1, max_length=MAX_BATCH)])],  # type: ignore[valid-type]
+    forbid_unknown_fields=True,
+)
+_FIELDS = tuple(f.name for f in msgspec.structs.fields(JobSpec) if f.name != "args")
+
+
+_DIGITS = re.compile("[0-9]{1,18}")  # ASCII only; 18 digits cannot overflow an int64
+
+
+def whole_number(raw: str) -> int | None:
+    """``raw`` as a non-negative int if it is 1 to 18 ASCII digits, else None.
+
+    Not ``str.isdigit``: that also takes ``²`` (which ``int`` refuses) and any
+    number of digits (``int`` refuses past 4,300, and a huge one is no count).
+    """
+    return int(raw) if _DIGITS.fullmatch(raw) else None
+
+
 _AT = re.compile(r" - at `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
 
@@ -64,13 +116,88 @@ class BadJSON(ValueError):
     """The body is not JSON at all."""
 
 
-def _field(message: str) -> tuple[str, str]:
+def _field(message: str, within: str = "") -> tuple[str, str]:
+    """The JSON path a msgspec message names (``body`` for the root) and the message
+    without it; ``within`` is where the decoded value sits (``jobs[3].args``)."""
     m = _AT.search(message)
     path = m.group(1) if m else ""
     missing = _MISSING.search(message)
     if missing:
         path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    if within:
+        path = within + (path if path.startswith("[") or not path else "." + path)
     return (path or "body"), _AT.sub("", message)
+
+
+def check_args(args: Any, field: str = "args") -> int:
+    """The number of items in ``args``; a ``ValidationError`` naming ``field`` past a bound."""
+    try:
+        return measure(args)
+    except ShapeError as exc:
+        raise ValidationError(field, str(exc)) from None
+
+
+_ARGS = msgspec.json.Decoder(dict[str, Any])  # one decoder: a type per call is re-analysed
+
+
+def _args(raw: msgspec.Raw, field: str) -> dict[str, Any]:
+    try:
+        args: dict[str, Any] = _ARGS.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise ValidationError(*_field(str(exc), field)) from None
+    except RecursionError:  # deeper than the stack allows is far past MAX_DEPTH
+        raise ValidationError(field, "nested deeper than the limit") from None
+    return args
+
+
+def decode_job(body: bytes) -> JobSpec:
+    """One job: ``JobSpec`` with its args held to ``common.shape`` (walked only when the
+    whole body's bracket and comma counts do not already keep them within)."""
+    spec: JobSpec = decode(body, JobSpec)
+    if not surely_within(body):
+        check_args(spec.args)
+    return spec
+
+
+def decode_batch(body: bytes) -> BatchSpec:
+    """A batch, its args decoded one job at a time (see the module's docstring)."""
+    raw = decode(body, _RawBatch)
+    jobs: list[JobSpec] = []
+    total = 0
+    exact = False  # counting by the walk; until then by ``bound``, which may overcount
+    for i, job in enumerate(raw.jobs):
+        field = f"jobs[{i}].args"
+        if len(job.args) > MAX_JOB_BYTES:  # else one job of a 16 MiB batch: 1.7 s, 450 MB
+            raise ValidationError(field, f"larger than {MAX_JOB_BYTES} bytes, a job's limit")
+        args = _args(job.args, field)
+        depth, items = bound(bytes(job.args))
+        if exact or depth > MAX_DEPTH or items > MAX_ITEMS:
+            items = check_args(args, field)
+        total += items
+        if total > MAX_BATCH_ITEMS and not exact:  # perhaps only the bounds: count exactly
+            exact = True
+            total = items + sum(check_args(j.args, f"jobs[{k}].args") for k, j in enumerate(jobs))
+        if total > MAX_BATCH_ITEMS:
+            raise ValidationError(
+                "jobs", f"the jobs' args hold more than {MAX_BATCH_ITEMS} values in all; "
+                "submit fewer jobs at a time"
+            )  # fmt: skip
+        jobs.append(_spec(job, args))
+    return BatchSpec(jobs)
+
+
+def _spec(job: Any, args: dict[str, Any]) -> JobSpec:
+    """The ``JobSpec`` of a ``_RawJob``: named one by one, ~2x as fast as ``**`` a dict
+    (a tenth of a 10,000-job batch); the assertion below keeps the names complete."""
+    return JobSpec(
+        kind=job.kind, args=args, delay_ms=job.delay_ms, run_at=job.run_at,
+        max_attempts=job.max_attempts, priority=job.priority, queue=job.queue,
+        idempotency_key=job.idempotency_key,
+    )  # fmt: skip
+
+
+assert _FIELDS == ("kind", "delay_ms", "run_at", "max_attempts", "priority", "queue",
+                   "idempotency_key"), "a JobSpec field _spec does not copy"  # fmt: skip
 
 
 def decode(body: bytes, spec: type[Any]) -> Any:

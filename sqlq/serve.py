@@ -5,6 +5,11 @@ request meets a half-recovered queue, and a corrupt log or a locked directory
 is a plain error message, not a traceback. The graceful stop runs in the ASGI
 lifespan's shutdown, inside ``serve()``, because uvicorn re-raises the signal
 it caught once ``serve()`` returns.
+
+uvicorn speaks HTTP through ``sqlq.httphead.BoundedHttpTools`` (httptools with
+the request head capped at 32 KiB) and no WebSocket at all (``ws="none"``):
+sqlq has no WebSocket route, and an upgrade it cannot refuse is one the Guard
+would never see as HTTP.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from common.http.guard import Security
 from common.runtime.config import RuntimeState
 from common.runtime.service import Service
 from common.ui.options import UiOptions
+from sqlq.httphead import BoundedHttpTools
 
 log = logging.getLogger("sqlq")
 
@@ -102,7 +108,8 @@ async def serve(runtime: Service, opts: ServeOptions) -> None:
         host=opts.host,
         port=opts.port,
         loop="none",  # we already run inside uvloop
-        http="httptools",
+        http=BoundedHttpTools,
+        ws="none",
         lifespan="on",
         access_log=opts.access_log,
         log_level=opts.log_level,

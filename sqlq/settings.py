@@ -19,7 +19,7 @@ import click
 
 from common.backoff import RetryPolicy
 from common.runtime.config import RuntimeConfig
-from common.specs import QUEUE_PATTERN
+from common.specs import QUEUE_PATTERN, whole_number
 from common.store import DEFAULT_RETENTION_S
 from sqlq.engines import CHOICES
 
@@ -322,7 +322,8 @@ def _queue_caps(values: tuple[str, ...]) -> tuple[str, ...]:
     caps: dict[str, int] = {}
     for value in values:
         name, sep, n = value.partition("=")
-        if not sep or not re.match(QUEUE_PATTERN, name) or not n.isdigit() or int(n) < 1:
+        count = whole_number(n)
+        if not sep or not re.fullmatch(QUEUE_PATTERN, name) or count is None or count < 1:
             raise click.BadParameter(
                 f"{value!r}: expected NAME=N, a queue name and a positive number",
                 param_hint="--queue",

@@ -7,12 +7,15 @@ work, the queue limit, fault injection, and the cancel/claim race.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+import httpx
 import pytest
 
+from bench.client.server import ServerProcess
 from common.backoff import RetryPolicy
 from common.engine.memory import MemoryStore
 from common.errors import (
@@ -26,9 +29,18 @@ from common.models import MAX_ERROR_BYTES, Job, State, Transition
 from common.runtime.config import RuntimeConfig
 from common.runtime.kinds import JobContext, Registry, task
 from common.runtime.service import Service
+from common.shape import MAX_DEPTH
 from common.specs import JobSpec
 from common.store import Change, JobStore
-from tests.helpers import ServiceFactory, final, submit, wait_for
+from tests.helpers import (
+    ROOT,
+    ServiceFactory,
+    StoreFactory,
+    final,
+    spawn_server,
+    submit,
+    wait_for,
+)
 
 FAST_RETRY = RetryPolicy(base_s=0.001, cap_s=0.002)
 
@@ -44,6 +56,13 @@ def handlers() -> Registry:
     @task(registry=reg)
     def surrogate_result(args: Any) -> Any:
         return "name-\udcff"
+
+    @task(registry=reg)
+    def deep_result(args: Any) -> Any:  # nested args["depth"] levels in all
+        value: Any = []
+        for _ in range(args["depth"] - 1):
+            value = [value]
+        return value
 
     @task(registry=reg)
     def broken_error(args: Any) -> Any:
@@ -338,3 +357,206 @@ async def test_a_store_failure_during_a_claim_is_not_counted_as_fenced(
     await submit(rt, args={"work_ms": 1})
     await wait_for(lambda: rt.stats()["claim_failed"] == 1, 5, "the failed claim to be counted")
     assert rt.stats()["fenced"] == 0
+
+
+# -- bounds that hold whatever the stack (issue 19, item 2) ---------------------------------
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 600, 100_000])
+async def test_a_result_nested_past_the_limit_fails_the_attempt_not_the_store(
+    runtimes: ServiceFactory, depth: int
+) -> None:
+    rt = runtimes()
+    done = await dead_after(rt, "deep_result", args={"depth": depth}, max_attempts=2)
+    assert done.attempts == 2
+    assert done.result is None
+    assert done.last_error is not None
+    assert f"nested deeper than {MAX_DEPTH} levels" in done.last_error
+    assert rt.readiness() == (True, "ready")
+    ok = await final(rt, (await submit(rt, "deep_result", args={"depth": MAX_DEPTH})).id)
+    assert ok.state is State.COMPLETED  # at the limit is fine
+    assert ok.result is not None
+
+
+def _deep(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+async def test_a_value_nested_past_the_stack_is_unencodable_not_a_crash(
+    durable_factory: StoreFactory,
+) -> None:
+    """What the bounds leave to the encoder: a RecursionError is an UnencodableError for
+    that caller, and the store goes on (walq's encode used to make it a 500)."""
+    from common.errors import UnencodableError
+
+    store = durable_factory()
+    await store.open()
+    try:
+        job = Job.new(kind="sleep", args={"a": _deep(100_000)}, now=1.0)
+        with pytest.raises(UnencodableError, match="nested too deeply"):
+            await store.commit([job])
+        ok = Job.new(kind="sleep", args={}, now=1.0)
+        await store.commit([ok])
+        assert await store.get(ok.id) is not None
+        assert store.stats().failed is None
+    finally:
+        await store.close()
+
+
+async def test_a_nul_in_a_postgres_read_is_a_validation_error(pg_db: str, tmp_path: Any) -> None:
+    from common.store import JobQuery
+    from sqlq.engines import make_store
+
+    store = make_store("postgres", tmp_path, dsn=pg_db)
+    await store.open()
+    try:
+        with pytest.raises(ValidationError) as kind:
+            await store.list_jobs(JobQuery(kind="a\x00b"))
+        assert kind.value.field == "kind"
+        with pytest.raises(ValidationError) as job_id:
+            await store.get("a\x00b")
+        assert job_id.value.field == "job_id"
+        with pytest.raises(ValidationError):
+            await store.find_key("k\x00")
+        assert await store.list_jobs(JobQuery(kind="sleep")) == []
+    finally:
+        await store.close()
+
+
+# -- a real server: the request head, and pages over a job at the depth limit ----------------
+
+DEEP_TASKS = """
+from sqlq import task
+
+
+@task()
+def echo(args):
+    return args
+
+
+@task()
+def refuse(args):
+    raise RuntimeError("no")
+"""
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def deep_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    handlers = tmp_path_factory.mktemp("handlers")
+    (handlers / "deeptasks.py").write_text(DEEP_TASKS)
+    srv = spawn_server(
+        "--store", "sqlite", "--data", str(tmp_path_factory.mktemp("deep")),
+        "--import", "deeptasks", env={"PYTHONPATH": f"{handlers}:{ROOT}"},
+    )  # fmt: skip
+    srv.wait_ready()
+    yield srv
+    srv.stop()
+
+
+def _head(port: int, request: bytes) -> bytes:
+    """Send ``request``; what came back before the server closed (or 10 s passed)."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(request)
+            while chunk := s.recv(65536):
+                answer += chunk
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused while we were still sending: closed, as it should be
+    return answer
+
+
+def test_a_1_mib_header_is_431_and_costs_the_server_no_memory(deep_server: ServerProcess) -> None:
+    assert deep_server.proc is not None
+    pid = deep_server.proc.pid
+    with httpx.Client(base_url=deep_server.url, timeout=10) as c:
+        assert c.get("/stats").status_code == 200  # warm
+    before = _rss_kib(pid)
+    for _ in range(8):
+        answer = _head(
+            deep_server.port,
+            b"GET /stats HTTP/1.1\r\nhost: localhost\r\nx-filler: "
+            + b"a" * (1 << 20)
+            + b"\r\n\r\n",
+        )
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    url = _head(deep_server.port, b"GET /" + b"a" * (1 << 20) + b" HTTP/1.1\r\n\r\n")
+    assert url == b"" or url.startswith(b"HTTP/1.1 431"), url[:200]
+    grown = _rss_kib(pid) - before
+    assert grown < 4 << 10, f"RSS grew by {grown} KiB"
+    with httpx.Client(base_url=deep_server.url, timeout=10) as c:
+        assert c.get("/stats", headers={"x-filler": "a" * (16 << 10)}).status_code == 200
+        r = c.post("/jobs", json={"kind": "echo", "args": {"x": "y" * (200 << 10)}})
+        assert r.status_code == 201  # a large body is not a large head
+
+
+def test_every_page_holding_a_job_at_the_depth_limit_answers_200(
+    deep_server: ServerProcess,
+) -> None:
+    deep: Any = []
+    for _ in range(MAX_DEPTH - 2):
+        deep = [deep]
+    args = {"a": deep}  # MAX_DEPTH levels in all
+    with httpx.Client(base_url=deep_server.url, timeout=10) as c:
+        echo = c.post("/jobs", json={"kind": "echo", "args": args})
+        assert echo.status_code == 201, echo.text
+        dead = c.post("/jobs", json={"kind": "refuse", "args": args, "max_attempts": 1})
+        assert dead.status_code == 201, dead.text
+        batch = c.post("/jobs/batch", json={"jobs": [{"kind": "echo", "args": args}] * 3})
+        assert batch.status_code == 201, batch.text
+        for job in (echo.json(), dead.json()):
+            r = c.get(f"/jobs/{job['id']}", params={"wait": 10})
+            assert r.status_code == 200, r.text[:300]
+            assert r.json()["state"] in ("completed", "dead")
+            assert r.json()["args"] == args
+        assert c.get(f"/jobs/{echo.json()['id']}").json()["result"] == args
+        ids = [echo.json()["id"], dead.json()["id"]]
+        pages = ["/jobs", "/jobs?kind=echo", "/jobs?state=dead", "/ui/jobs", "/ui/dead", "/ui/"]
+        pages += [f"/ui/jobs/{job_id}" for job_id in ids]
+        for page in pages:
+            r = c.get(page)
+            assert r.status_code == 200, (page, r.text[:300])
+        r = c.post("/jobs/retry", json={"kind": "refuse"})
+        assert (r.status_code, r.json()) == (200, {"retried": 1})
+        r = c.post("/jobs", json={"kind": "echo", "args": {"a": [deep]}})
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == "args"
+
+
+@pytest.mark.parametrize("bad", ["mail=²", "mail=" + "1" * 5000, "mail=٣", "mail\n=2"])
+def test_queue_caps_take_only_ascii_digits_and_names(bad: str) -> None:
+    from click.testing import CliRunner
+
+    from sqlq.cli import main
+
+    # Off loopback without a token: should the value pass, serve still refuses to start.
+    args = ["serve", "--store", "memory", "--host", "0.0.0.0", "--queue", bad]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, (bad[:20], r.output[-300:])
+    assert "--queue" in r.output
+
+
+UPGRADE = (
+    b"upgrade: websocket\r\nconnection: Upgrade, close\r\n"
+    b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+)
+
+
+def test_a_websocket_upgrade_is_never_switched(deep_server: ServerProcess) -> None:
+    """uvicorn runs with ws="none": an upgrade is an ordinary request the Guard checks."""
+    answer = _head(deep_server.port, b"GET /ui/ HTTP/1.1\r\nhost: localhost\r\n" + UPGRADE)
+    assert answer.startswith(b"HTTP/1.1 "), answer[:100]
+    assert not answer.startswith(b"HTTP/1.1 101"), answer[:200]
+    evil = _head(deep_server.port, b"GET /jobs HTTP/1.1\r\nhost: evil.example\r\n" + UPGRADE)
+    assert evil.startswith(b"HTTP/1.1 421"), evil[:200]

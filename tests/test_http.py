@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -147,3 +148,70 @@ async def test_readyz_is_503_when_the_store_has_failed(tmp_path: object) -> None
         assert r.status_code == 503
         assert "store failed" in r.json()["reason"]
     await rt.stop(0)
+
+
+async def test_the_guard_refuses_a_websocket_before_accepting_it() -> None:
+    from common.http.guard import Guard, Security
+
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["type"])
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    guard = Guard(app, Security())
+    scope = {"type": "websocket", "path": "/jobs", "headers": [(b"host", b"localhost")]}
+    await guard(scope, receive, send)
+    assert reached == []
+    assert sent == [{"type": "websocket.close", "code": 1008}]
+    await guard({"type": "lifespan"}, receive, send)
+    assert reached == ["lifespan"]
+    with pytest.raises(RuntimeError, match="unsupported ASGI scope"):
+        await guard({"type": "mystery"}, receive, send)
+
+
+async def test_the_job_page_renders_args_once_and_never_in_a_refresh(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import common.ui.app as ui
+
+    rendered: list[Any] = []
+    pretty = ui._pretty
+
+    def counting(value: Any) -> str:
+        rendered.append(value)
+        return pretty(value)
+
+    monkeypatch.setattr(ui, "_pretty", counting)
+    r = await client.post("/jobs", json={"kind": "sleep", "args": {"work_ms": 60_000}})
+    job_id = r.json()["id"]
+    args = r.json()["args"]
+    page = await client.get(f"/ui/jobs/{job_id}")
+    assert page.status_code == 200
+    assert "work_ms&#34;: 60000" in page.text
+    for _ in range(3):
+        live = await client.get(f"/ui/jobs/{job_id}", headers={"hx-request": "true"})
+        assert live.status_code == 200
+        assert "work_ms" not in live.text
+    again = await client.get(f"/ui/jobs/{job_id}")
+    assert "work_ms&#34;: 60000" in again.text
+    assert [v for v in rendered if v == args] == [args]  # once, for the first full page
+
+
+async def test_an_error_echoes_at_most_200_characters_of_the_input(
+    client: httpx.AsyncClient,
+) -> None:
+    r = await client.post("/jobs", json={"kind": "sleep", "k" * 100_000: 1})
+    assert r.status_code == 422
+    assert len(r.json()["message"]) < 300
+    r = await client.get("/jobs", params={"limit": "²"})
+    assert (r.status_code, r.json()["field"]) == (422, "limit")
+    r = await client.get("/jobs/" + "0" * 31 + "g")
+    assert r.status_code == 404

@@ -198,7 +198,7 @@ async def test_a_500_says_internal_error_with_a_request_id_and_nothing_else(
 
     rt = _runtime_of(c)
     rt.get = explode  # type: ignore[method-assign]
-    r = await c.get("/jobs/abc")
+    r = await c.get("/jobs/" + "0" * 32)  # a job id's shape: the store is asked
     assert r.status_code == 500
     body = r.json()
     assert body["error"] == "internal"

@@ -18,9 +18,10 @@ import httpx
 import pytest
 
 from bench.client.server import ServerProcess
-from tests.helpers import spawn_server
+from tests.helpers import ROOT, spawn_server
 
 J = {"content-type": "application/json"}
+ECHO_TASKS = "from sqlq import task\n\n\n@task()\ndef echo(args):\n    return args\n"
 YEAR_AND_A_MONTH = 400 * 86400
 
 
@@ -34,6 +35,20 @@ def nested(depth: int, open_: bytes = b"[", close: bytes = b"]") -> bytes:
 
 def nested_objects(depth: int) -> bytes:
     return b'{"kind":"sleep","args":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
+
+
+def echo_nested(depth: int) -> bytes:
+    """An ``echo`` job (any JSON is its args) whose args nest ``depth`` levels in all."""
+    return b'{"kind":"echo","args":{"a":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}}"
+
+
+def echo_batch(*jobs: bytes) -> bytes:
+    return b'{"jobs":[' + b",".join(jobs) + b"]}"
+
+
+# Small containers: 1 MiB of them would be ~22 MB of objects.
+MANY_LISTS = b'{"kind":"echo","args":{"a":[' + b",".join([b"[]"] * 300_000) + b"]}}"
+SOME_LISTS = b'{"kind":"echo","args":{"a":[' + b",".join([b"[]"] * 40_000) + b"]}}"
 
 
 # (id, method, path, headers, body, status, field or None)
@@ -124,13 +139,46 @@ CASES: list[tuple[str, str, str, dict[str, str], bytes, int, str | None]] = [
     ("get-batch", "GET", "/jobs/batch", {}, b"", 404, None),
     ("post-stats", "POST", "/stats", J, raw({}), 405, None),
     ("delete-healthz", "DELETE", "/healthz", {}, b"", 405, None),
+    ("args-nested-972", "POST", "/jobs", J, echo_nested(972), 422, "args"),
+    ("args-nested-65", "POST", "/jobs", J, echo_nested(65), 422, "args"),
+    ("args-300k-lists", "POST", "/jobs", J, MANY_LISTS, 422, "args"),
+    ("batch-args-nested", "POST", "/jobs/batch", J, echo_batch(*[echo_nested(2)] * 3, echo_nested(500)), 422, "jobs[3].args"),
+    ("batch-args-nested-65", "POST", "/jobs/batch", J, echo_batch(echo_nested(65)), 422, "jobs[0].args"),
+    ("batch-values-total", "POST", "/jobs/batch", J, echo_batch(*[SOME_LISTS] * 8), 422, "jobs"),
+    ("batch-args-300k-lists", "POST", "/jobs/batch", J, echo_batch(MANY_LISTS), 422, "jobs[0].args"),
+    ("batch-args-not-object", "POST", "/jobs/batch", J, raw({"jobs": [{"kind": "echo", "args": [1]}]}), 422, "jobs[0].args"),
+    ("batch-args-null", "POST", "/jobs/batch", J, raw({"jobs": [{"kind": "echo", "args": None}]}), 422, "jobs[0].args"),
+    ("header-40k", "GET", "/stats", {"x-filler": "a" * (40 << 10)}, b"", 431, "headers"),
+    ("unknown-key-100k", "POST", "/jobs", J, raw({"kind": "sleep", "k" * 100_000: 1}), 422, "body"),
+    ("unknown-param-100k", "GET", "/jobs?" + "p" * 20_000 + "=1", {}, b"", 422, None),
+    ("unknown-kind-100k", "POST", "/jobs/batch", J, raw({"jobs": [{"kind": "k" * 100}, {"kind": "k" * 128}]}), 422, "jobs[0].kind"),
+    ("limit-superscript", "GET", "/jobs?limit=%C2%B2", {}, b"", 422, "limit"),
+    ("limit-5000-digits", "GET", "/jobs?limit=" + "1" * 5000, {}, b"", 422, "limit"),
+    ("limit-arabic-digits", "GET", "/jobs?limit=%D9%A3", {}, b"", 422, "limit"),
+    ("queue-newline", "POST", "/jobs", J, raw({"kind": "sleep", "queue": "default\n"}), 422, "queue"),
+    ("queue-param-newline", "GET", "/jobs?queue=default%0A", {}, b"", 422, "queue"),
+    ("pause-newline", "POST", "/queues/default%0A/pause", {}, b"", 422, "queue"),
+    ("batch-key-newline", "POST", "/jobs/batch", J, raw({"jobs": [{"kind": "sleep", "idempotency_key": "k\n"}]}), 422, "jobs[0].idempotency_key"),
+    ("retry-queue-newline", "POST", "/jobs/retry", J, raw({"queue": "default\n"}), 422, "queue"),
+    ("job-id-nul", "GET", "/jobs/%00", {}, b"", 404, None),
+    ("job-id-31-hex", "GET", "/jobs/" + "a" * 31, {}, b"", 404, None),
+    ("job-id-upper-hex", "DELETE", "/jobs/" + "A" * 32, {}, b"", 404, None),
+    ("retry-id-not-hex", "POST", "/jobs/" + "z" * 32 + "/retry", {}, b"", 404, None),
+    ("kind-filter-nul", "GET", "/jobs?kind=a%00b", {}, b"", 422, "kind"),
+    ("cursor-newline", "GET", "/jobs?after=" + "YWFh" + "Cg", {}, b"", 422, "after"),
+    ("batch-args-over-1mib", "POST", "/jobs/batch", J, echo_batch(b'{"kind":"echo","args":{"a":"' + b"x" * (3 << 19) + b'"}}'), 422, "jobs[0].args"),
 ]
 # fmt: on
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = spawn_server("--store", "sqlite", "--data", str(tmp_path_factory.mktemp("malformed")))
+    handlers = tmp_path_factory.mktemp("handlers")
+    (handlers / "echotasks.py").write_text(ECHO_TASKS)
+    srv = spawn_server(
+        "--store", "sqlite", "--data", str(tmp_path_factory.mktemp("malformed")),
+        "--import", "echotasks", env={"PYTHONPATH": f"{handlers}:{ROOT}"},
+    )  # fmt: skip
     srv.wait_ready()
     yield srv
     srv.stop()

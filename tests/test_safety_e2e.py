@@ -235,7 +235,12 @@ def test_repair_refuses_while_a_server_holds_the_directory(tmp_path: Path) -> No
     server = spawn_server("--store", "walq", "--data", str(data))
     try:
         server.wait_ready()
-        assert httpx.post(server.url + "/jobs", json={"kind": "sleep"}).status_code == 201
+        submitted = httpx.post(server.url + "/jobs", json={"kind": "sleep"})
+        assert submitted.status_code == 201
+        # Once the job is finished the server writes nothing more: the log must then stay
+        # as it is while repair looks at it (a repair that cut it would change it).
+        done = httpx.get(f"{server.url}/jobs/{submitted.json()['id']}?wait=30", timeout=40)
+        assert done.json()["state"] == "completed"
         log = (data / "walq" / "walq.log").read_bytes()
         r = CliRunner().invoke(main, ["repair", "--data", str(data)])
         assert r.exit_code == 1, r.output

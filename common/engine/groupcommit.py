@@ -48,8 +48,10 @@ Hook = Callable[[], Awaitable[None]]
 
 # What encoders raise for a value they cannot encode: msgspec raises TypeError for
 # an unsupported type, UnicodeEncodeError (a ValueError) for a lone surrogate,
-# OverflowError for an int too large for the engine.
-ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
+# OverflowError for an int too large for the engine, RecursionError for a value
+# nested deeper than the stack allows (args and results are held to
+# common.shape.MAX_DEPTH before they get here; this is what remains).
+ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 
 
 def describe_unencodable(exc: BaseException) -> str:
@@ -60,6 +62,8 @@ def describe_unencodable(exc: BaseException) -> str:
         return text.split(marker, 1)[1].split(" ", 1)[0]
     if isinstance(exc, UnicodeEncodeError):
         return "str with a lone surrogate"
+    if isinstance(exc, RecursionError):
+        return "a value nested too deeply"
     return type(exc).__name__
 
 

@@ -1,8 +1,10 @@
 """The HTTP front end: thin handlers over one ``Service``.
 
 Each handler parses and validates, makes one runtime call and answers JSON.
-Domain errors become HTTP statuses in one table (``ERRORS``); nothing here
-touches a file or a database. What reaches a client never leaks the server's
+Domain errors become HTTP statuses in one table (``ERRORS``), and every error
+body is made by ``_error``, which clips what it echoes (``common.errors.clip``:
+a 100,000-character unknown key came back whole); nothing here touches a file
+or a database. What reaches a client never leaks the server's
 insides: a 500 says "internal error" with a request id (the details go to the
 log under that id), and 503 messages carry no absolute paths. Every request
 first passes ``common.http.guard`` (host, token, origin, content type).
@@ -27,6 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from common.errors import (
+    ECHO_LIMIT,
     DuplicateKeyError,
     IdempotencyConflictError,
     JobNotFoundError,
@@ -37,6 +40,7 @@ from common.errors import (
     TransitionError,
     UnencodableError,
     ValidationError,
+    clip,
 )
 from common.http import params
 from common.http.guard import Guard, Security
@@ -46,16 +50,23 @@ from common.redact import redact_paths
 from common.runtime.claims import QueueInfo
 from common.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from common.runtime.service import Service
-from common.specs import BadJSON, BatchSpec, JobSpec, RetrySpec, decode
+from common.specs import (
+    MAX_JOB_BYTES,
+    BadJSON,
+    RetrySpec,
+    decode,
+    decode_batch,
+    decode_job,
+    whole_number,
+)
 from common.ui.options import PREFIX as UI_PREFIX
 from common.ui.options import UiOptions
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 1 << 20  # one job
+MAX_BODY = MAX_JOB_BYTES  # one job
 MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
-MAX_ID_LENGTH = 64
-VERSION = "0.2.0"  # job ids are 32 hex digits; a longer one cannot exist
+VERSION = "0.2.0"
 
 _request_ids = itertools.count(1)
 _PROCESS_TAG = os.urandom(3).hex()
@@ -74,9 +85,10 @@ class BodyTooLarge(SqlqError):
 
 
 def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
-    body: dict[str, Any] = {"error": code, "message": message}
+    """Every error body: the message and the field clipped, whatever they quote."""
+    body: dict[str, Any] = {"error": code, "message": clip(message)}
     if field is not None:
-        body["field"] = field
+        body["field"] = clip(field, ECHO_LIMIT // 2)
     return JSONResponse(body, status_code=status)
 
 
@@ -164,7 +176,8 @@ ERRORS: dict[Any, Any] = {
 
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    size = None if declared is None else whole_number(declared)
+    if size is not None and size > limit:
         raise BodyTooLarge(limit)
     chunks = []
     size = 0
@@ -191,7 +204,7 @@ def _info(info: QueueInfo) -> dict[str, Any]:
 
 def _job_id(request: Request) -> str:
     job_id: str = request.path_params["job_id"]
-    if len(job_id) > MAX_ID_LENGTH:
+    if not params.is_job_id(job_id):
         raise JobNotFoundError(job_id)  # no store lookup for an id that cannot exist
     return job_id
 
@@ -219,7 +232,7 @@ def create_app(
 
     async def submit(request: Request) -> Response:
         key = params.idempotency_key(request.headers.get("idempotency-key"))
-        spec = decode(await read_body(request, MAX_BODY), JobSpec)
+        spec = decode_job(await read_body(request, MAX_BODY))
         if key is not None:
             if spec.idempotency_key not in (None, key):
                 raise ValidationError("idempotency_key", "differs from the Idempotency-Key header")
@@ -228,7 +241,7 @@ def create_app(
         return JSONResponse(view(job), status_code=201 if created else 200)
 
     async def submit_batch(request: Request) -> Response:
-        batch = decode(await read_body(request, MAX_BATCH_BODY), BatchSpec)
+        batch = decode_batch(await read_body(request, MAX_BATCH_BODY))
         jobs, created = await runtime.submit_idempotent(batch.jobs, batch=True)
         body = {"ids": [j.id for j in jobs], "created": created}
         return JSONResponse(body, status_code=201 if any(created) else 200)

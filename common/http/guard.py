@@ -150,7 +150,7 @@ class Guard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            await self._other(scope, receive, send)
             return
         refusal = self.check(scope)
         if refusal is None:
@@ -166,6 +166,16 @@ class Guard:
         ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Lifespan passes; a WebSocket is refused before it is accepted (sqlq serves none,
+        and ``sqlq serve`` runs uvicorn with ``ws="none"``); any other type is an error."""
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # policy violation
+        else:
+            raise RuntimeError(f"unsupported ASGI scope type {scope['type']!r}")
 
     def check(self, scope: Scope) -> Refusal | None:
         """Why the request is refused (status, code, message, header, extra headers)."""

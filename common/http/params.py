@@ -3,6 +3,10 @@
 The listing cursor is opaque to clients: the last id of a page, base64url
 encoded, so that it can change shape later without breaking anyone who only
 passes it back.
+
+Every check is a ``fullmatch`` of an ASCII pattern: ``str.isdigit`` also takes
+``²`` and Arabic-Indic digits (which ``int`` then refuses, or accepts), and
+``re.match`` with ``$`` takes a trailing newline.
 """
 
 from __future__ import annotations
@@ -15,13 +19,19 @@ from starlette.datastructures import QueryParams
 
 from common.errors import ValidationError, clip
 from common.models import State
-from common.specs import KEY_PATTERN, MAX_KIND, QUEUE_PATTERN
+from common.specs import KEY_PATTERN, MAX_KIND, QUEUE_PATTERN, whole_number
 from common.store import MAX_PAGE, JobQuery
 
 LIST_PARAMS = frozenset({"state", "kind", "queue", "limit", "after"})
 _QUEUE = re.compile(QUEUE_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
-_ID = re.compile(r"^[0-9a-f]{1,64}$")
+JOB_ID_PATTERN = "[0-9a-f]{32}"  # what ``common.models.new_job_id`` makes
+_ID = re.compile(JOB_ID_PATTERN)
+
+
+def is_job_id(value: str) -> bool:
+    """Whether ``value`` has the shape of a job id: anything else needs no store lookup."""
+    return _ID.fullmatch(value) is not None
 
 
 def cursor(job_id: str) -> str:
@@ -33,7 +43,7 @@ def _uncursor(value: str) -> str:
         job_id = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         job_id = ""
-    if not _ID.match(job_id):
+    if not is_job_id(job_id):
         raise ValidationError("after", "not a cursor this server gave out (pass `next` back)")
     return job_id
 
@@ -42,9 +52,10 @@ def _int(params: QueryParams, name: str, low: int, high: int, default: int) -> i
     raw = params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    value = whole_number(raw)
+    if value is None or not low <= value <= high:
         raise ValidationError(name, f"must be a whole number from {low} to {high}")
-    return int(raw)
+    return value
 
 
 def job_query(params: QueryParams) -> JobQuery:
@@ -57,8 +68,10 @@ def job_query(params: QueryParams) -> JobQuery:
     kind = params.get("kind")
     if kind is not None and not 1 <= len(kind) <= MAX_KIND:
         raise ValidationError("kind", f"1 to {MAX_KIND} characters")
+    if kind is not None and "\x00" in kind:  # no kind holds one; PostgreSQL text cannot
+        raise ValidationError("kind", "must not contain NUL")
     queue = params.get("queue")
-    if queue is not None and not _QUEUE.match(queue):
+    if queue is not None and not _QUEUE.fullmatch(queue):
         raise ValidationError("queue", f"must match {QUEUE_PATTERN}")
     after = params.get("after")
     return JobQuery(
@@ -84,7 +97,7 @@ def wait_seconds(params: QueryParams) -> float:
 
 
 def queue_name(name: str) -> str:
-    if not _QUEUE.match(name):
+    if not _QUEUE.fullmatch(name):
         raise ValidationError("queue", f"must match {QUEUE_PATTERN}")
     return name
 
@@ -92,6 +105,6 @@ def queue_name(name: str) -> str:
 def idempotency_key(header: str | None) -> str | None:
     if header is None:
         return None
-    if not _KEY.match(header):
+    if not _KEY.fullmatch(header):
         raise ValidationError("Idempotency-Key", "1 to 255 printable ASCII characters, no spaces")
     return header

@@ -5,18 +5,27 @@ its kind up, gives the handler a ``JobContext`` carrying that kind's limits
 (heartbeat timeout and timeout, with "server" resolved to ``--hb-timeout``) and
 the pool plain handlers run in, and runs it. Where the job came from and where
 its outcome goes is the business of ``Claims``, not of this module.
+
+A result is held to the bounds every stored value keeps (``common.shape``:
+depth and items) before it goes anywhere: one nested past ``MAX_DEPTH`` could
+be stored but not read back on a deeper stack, so it fails its attempt like a
+result JSON cannot encode, and the store never sees it.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable
 
 from common.clock import Clock
 from common.models import JSON, Job
 from common.runtime.config import RuntimeConfig
 from common.runtime.cpu import CpuPool, cpu_kind
 from common.runtime.kinds import HandlerThreads, JobContext, Kind, Registry, sleep_kind
+from common.shape import ShapeError, measure
+
+
+class UnstorableResult(Exception):
+    """A handler's result is past a bound of ``common.shape``; its attempt fails."""
 
 
 def build_registry(user: Registry, *, fault_injection: bool, cpu: CpuPool) -> Registry:
@@ -63,9 +72,15 @@ class Executor:
             job, self._rng, clock=self._clock, threads=self.threads, hb_timeout=hb, timeout=timeout
         )
 
-    def execute(self, job: Job, ctx: JobContext) -> Awaitable[JSON]:
-        """Run the job's handler; an unknown kind (its module not imported) fails the attempt."""
-        return self.kinds.get(job.kind).run(job.args, ctx)
+    async def execute(self, job: Job, ctx: JobContext) -> JSON:
+        """Run the job's handler; an unknown kind (its module not imported) or a result
+        past the bounds of a stored value fails the attempt."""
+        result = await self.kinds.get(job.kind).run(job.args, ctx)
+        try:
+            measure(result)
+        except ShapeError as exc:
+            raise UnstorableResult(f"the result {exc}") from None
+        return result
 
     def shutdown(self) -> None:
         self.threads.shutdown()

@@ -47,6 +47,7 @@ from common.errors import (
     StoreError,
     StoreUnavailableError,
     UnencodableError,
+    ValidationError,
 )
 from common.models import TRANSITIONS, Job, State, Transition
 from common.store import (
@@ -366,22 +367,32 @@ class PostgresStore(Committing):
         except UNAVAILABLE as exc:
             raise StoreUnavailableError(self._unreachable(exc)) from None
 
-    async def _read(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def _read(
+        self, fn: Callable[[asyncpg.Connection], Awaitable[T]], field: str = "query"
+    ) -> T:
+        """``fn`` on a pooled connection. A value PostgreSQL refuses to compare (a NUL in
+        text, say) is the caller's bad input, named by ``field``: a 422, never a 500."""
         async with self._conn() as conn:
-            return await fn(conn)
+            try:
+                return await fn(conn)
+            except asyncpg.DataError as exc:
+                raise ValidationError(
+                    field, f"PostgreSQL cannot take this value ({exc.sqlstate})"
+                ) from None
 
     async def get(self, job_id: str) -> Job | None:
-        row = await self._read(lambda c: c.fetchrow(Q["get"], job_id))
+        row = await self._read(lambda c: c.fetchrow(Q["get"], job_id), "job_id")
         return None if row is None else row_job(row)
 
     async def find_key(self, key: str) -> Job | None:
-        row = await self._read(lambda c: c.fetchrow(Q["find_key"], key))
+        row = await self._read(lambda c: c.fetchrow(Q["find_key"], key), "idempotency_key")
         return None if row is None else row_job(row)
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         state = None if query.state is None else query.state.value
         rows = await self._read(
-            lambda c: c.fetch(Q["list"], state, query.kind, query.queue, query.after, query.limit)
+            lambda c: c.fetch(Q["list"], state, query.kind, query.queue, query.after, query.limit),
+            "kind",  # the one free-text filter: state, queue and the cursor are checked shapes
         )
         return [row_job(r) for r in rows]
 

@@ -197,11 +197,8 @@ class SQLiteStore(DurableStore):
 
     async def get(self, job_id: str) -> Job | None:
         self._live()
-        try:
-            rows = await self._on_db(lambda db: db.execute(Q["get_job"], (job_id,)).fetchall())
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
-        return row_job(rows[0]) if rows else None
+        jobs = await self._select(Q["get_job"], (job_id,))
+        return jobs[0] if jobs else None
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         self._writable()
@@ -227,11 +224,12 @@ class SQLiteStore(DurableStore):
         return rows[0] if rows else None
 
     async def _select(self, sql: str, params: tuple[Any, ...]) -> list[Job]:
+        """The jobs ``sql`` selects, decoded on the I/O thread as recovery decodes them:
+        off the event loop, and on that thread's shallow stack, not a request's."""
         try:
-            rows = await self._on_db(lambda db: db.execute(sql, params).fetchall())
+            return await self._on_db(lambda db: [row_job(r) for r in db.execute(sql, params)])
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
-        return [row_job(r) for r in rows]
 
     async def compact(self) -> CompactionReport:
         """Delete terminal jobs past retention and truncate the WAL file."""
