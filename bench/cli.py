@@ -161,7 +161,17 @@ def loadgen(
 )
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
-def crashcheck(store: str, sync: str, trials: int, jobs: int, seed: int, out: str) -> None:
+@click.option(
+    "--workload",
+    type=click.Choice(["mixed", "plain"]),
+    default="mixed",
+    show_default=True,
+    help="mixed: failing, long, hanging and delayed jobs with cancels, retries and pauses; "
+    "plain: 2 ms jobs that always succeed.",
+)
+def crashcheck(
+    store: str, sync: str, trials: int, jobs: int, seed: int, out: str, workload: str
+) -> None:
     """Kill -9 a real server at random moments and verify nothing acknowledged was lost.
 
     Verification reads the files without the engine's code. With --store postgres:
@@ -177,14 +187,21 @@ def crashcheck(store: str, sync: str, trials: int, jobs: int, seed: int, out: st
     if engine(store).shared:  # three nodes and a throwaway PostgreSQL, both killed
         from bench.crashcheck_pg import run_pg_trials
 
-        rows = run_pg_trials(trials=trials, jobs=jobs, seed=seed, out=Path(out))
+        rows = run_pg_trials(trials=trials, jobs=jobs, seed=seed, out=Path(out), workload=workload)
     else:
-        rows = run_trials(store=name, sync=sync, trials=trials, jobs=jobs, seed=seed, out=Path(out))
+        rows = run_trials(
+            store=name, sync=sync, trials=trials, jobs=jobs, seed=seed, out=Path(out),
+            workload=workload,
+        )  # fmt: skip
     write_report(Path(out))
     bad = [r for r in rows if not r["ok"]]
     acked = sum(r["acknowledged"] for r in rows)
     lost = sum(r["lost"] for r in rows)
-    click.echo(f"{name} --sync {sync}: {trials} trials, {acked} acknowledged, {lost} lost")
+    restarts = sum(1 for r in rows if not r.get("first_restart_ok", True))
+    click.echo(
+        f"{name} --sync {sync} --workload {workload}: {trials} trials, {acked} acknowledged, "
+        f"{lost} lost, {restarts} first restarts failed"
+    )
     for r in bad:
         click.echo(f"  trial {r['trial']}: {'; '.join(r['problems'])}", err=True)
     if bad:

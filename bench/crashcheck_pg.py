@@ -24,6 +24,7 @@ import asyncio
 import random
 import signal
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ import asyncpg
 import msgspec
 
 from bench.client.http import HTTPError, HttpPool
-from bench.client.server import ServerProcess
+from bench.client.server import ServerError, ServerProcess
+from bench.crashcheck import PLAIN, QUEUES, READY_WITHIN_S, Ledger, mixed_spec, operate
+from bench.offline import JobFacts, judge
 from bench.pgcluster import Cluster, make_cluster
 
 NODES = 3
@@ -46,14 +49,18 @@ class PgTrial:
     kill_db: bool
     db_kill_delay_s: float
     lease_s: float = 5.0
+    workload: str = "mixed"
 
 
-def node(dsn: str, lease_s: float, workdir: Path, n: int) -> ServerProcess:
+def node(
+    dsn: str, lease_s: float, workdir: Path, n: int, ready_within: float = 60
+) -> ServerProcess:
     args = (
         "--store", "postgres", "--dsn", dsn, "--workers", "16", "--lease", str(lease_s),
         "--log-level", "warning", "--grace", "0",
+        "--fault-injection",  # the mixed workload's jobs fail and hang on purpose
     )  # fmt: skip
-    return ServerProcess(*args, log_path=workdir / f"node{n}.log", ready_within=60)
+    return ServerProcess(*args, log_path=workdir / f"node{n}.log", ready_within=ready_within)
 
 
 class Targets:
@@ -68,6 +75,9 @@ class Targets:
         self.pools.append(pool)
         self.all.append(pool)
 
+    def first(self) -> HttpPool | None:
+        return self.pools[0] if self.pools else None
+
     def drop(self, pool: HttpPool) -> None:
         if pool in self.pools:
             self.pools.remove(pool)
@@ -77,31 +87,41 @@ class Targets:
             await pool.__aexit__(None, None, None)
 
 
-async def _load(targets: Targets, budget: int, stop: asyncio.Event) -> list[str]:
-    """Clients submit until stopped or the budget is acknowledged; the acknowledged ids."""
-    acked: list[str] = []
-    body = msgspec.json.encode({"kind": "sleep", "args": {"work_ms": 2}})
+async def _load(
+    targets: Targets, budget: int, stop: asyncio.Event, ledger: Ledger, workload: str,
+    rng: random.Random,
+) -> list[str]:  # fmt: skip
+    """Clients submit until stopped or the budget is acknowledged (and, in the mixed
+    workload, an operator acts on one live node at a time); the acknowledged ids."""
+    mixed = workload == "mixed"
 
     async def client(i: int) -> None:
         n = i
-        while not stop.is_set() and len(acked) < budget:
+        while not stop.is_set() and len(ledger.acked) < budget:
             if not targets.pools:
                 await asyncio.sleep(0.02)
                 continue
             pool = targets.pools[n % len(targets.pools)]
             n += 1
+            spec, can_fail = mixed_spec(rng) if mixed else (PLAIN, False)
             try:
-                status, reply = await pool.json("POST", "/jobs", body)
+                status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(spec))
             except (HTTPError, OSError, TimeoutError):
                 targets.drop(pool)  # that node is down: the others take the load
                 continue
             if status == 201:
-                acked.append(reply["id"])
+                ledger.ack(reply["id"], spec.get("max_attempts"), can_fail)
+                if "delay_ms" in spec:
+                    ledger.delayed.append(reply["id"])
             else:  # 503 while the database is down: not acknowledged, try again
                 await asyncio.sleep(0.02)
 
-    await asyncio.gather(*(client(i) for i in range(CLIENTS)))
-    return acked
+    clients = [client(i) for i in range(CLIENTS)]
+    if mixed:
+        first = targets.first
+        clients.append(operate(first, ledger, random.Random(rng.random()), stop, gone=targets.drop))
+    await asyncio.gather(*clients)
+    return ledger.acked
 
 
 async def _sql(dsn: str, query: str, *args: Any, within: float = 60.0) -> list[asyncpg.Record]:
@@ -152,6 +172,8 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
     for url in urls:
         await targets.add(url)
     stop = asyncio.Event()
+    restart_problems: list[str] = []
+    ledger = Ledger(workdir / "ledger.txt")
     held_by_victim: set[str] = set()
     running_at_db_crash: set[str] = set()
     events: dict[str, float] = {}
@@ -163,11 +185,18 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         rows = await _sql(dsn, "SELECT id FROM jobs WHERE node = $1 AND state = 'running'",
                           victim_name)  # fmt: skip
         held_by_victim.update(r[0] for r in rows)
-        again = node(dsn, trial.lease_s, workdir, NODES + 1)
+        again = node(dsn, trial.lease_s, workdir, NODES + 1, READY_WITHIN_S)
         started.append(again)
         again.spawn()
         nodes[victim] = again
-        await asyncio.to_thread(again.wait_ready)
+        try:
+            await asyncio.to_thread(again.wait_ready)
+        except ServerError as exc:  # the restart of a killed node must come up
+            restart_problems.append(f"the killed node's restart failed: {str(exc)[:300]}")
+            again = node(dsn, trial.lease_s, workdir, NODES + 2)
+            started.append(again)
+            nodes[victim] = again.spawn()
+            await asyncio.to_thread(again.wait_ready)
         await targets.add(again.url)
         if trial.kill_db:
             await asyncio.sleep(trial.db_kill_delay_s)
@@ -189,10 +218,15 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
             await asyncio.sleep(0.05)
         stop.set()
 
-    load = asyncio.create_task(_load(targets, trial.jobs, stop))
+    load = asyncio.create_task(_load(targets, trial.jobs, stop, ledger, trial.workload, rng))
     try:
         await chaos()
-        acked = await load
+        await load
+        if trial.workload == "mixed":  # the operator resumes what it paused
+            pool = targets.first()
+            assert pool is not None
+            for q in QUEUES:
+                await pool.json("POST", f"/queues/{q}/resume")
     finally:
         await targets.close()
     # Drain: nothing scheduled or running, read in plain SQL.
@@ -204,26 +238,43 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         await asyncio.sleep(0.05)
     for n in nodes:
         await asyncio.to_thread(n.stop, signal.SIGTERM)
-    return await verify(dsn, trial, acked, held_by_victim, running_at_db_crash, events)
+    return await verify(
+        dsn, trial, ledger, held_by_victim, running_at_db_crash, events, restart_problems
+    )
 
 
 async def verify(
-    dsn: str, trial: PgTrial, acked: list[str], held: set[str], at_crash: set[str],
-    events: dict[str, float],
+    dsn: str, trial: PgTrial, ledger: Ledger | list[str], held: set[str], at_crash: set[str],
+    events: dict[str, float], problems: list[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    rows = await _sql(dsn, "SELECT id, state, attempts FROM jobs")
-    jobs = {r[0]: (r[1], r[2]) for r in rows}
-    problems: list[str] = []
-    ack_set = set(acked)
+    """The verdict in plain SQL: every acknowledged job ended as the client's story allows
+    (``bench.offline.judge``; a plain job: completed), and every rerun of a job that
+    cannot fail is explained by a death."""
+    if isinstance(ledger, list):  # ids alone: acknowledged plain jobs
+        ids, ledger = ledger, Ledger(Path("unused"))
+        for i in ids:
+            ledger.ack(i, None, False)
+    rows = await _sql(
+        dsn, "SELECT id, state, epoch, attempts, max_attempts, attempts_total FROM jobs"
+    )
+    jobs = {r[0]: JobFacts(r[1], r[2], r[3], max_attempts=r[4], attempts_total=r[5]) for r in rows}
+    problems = list(problems or [])
+    acked = ledger.acked
     lost = [i for i in acked if i not in jobs]
-    unfinished = [i for i in acked if i in jobs and jobs[i][0] != "completed"]
+    verdicts = {i: judge(jobs[i], ledger.records[i]) for i in acked if i in jobs}
+    plain = {i for i in acked if not ledger.records[i].can_fail and not ledger.records[i].events}
+    unfinished = {i: v for i, v in verdicts.items() if v is not None}
+    ack_set = set(acked)
     unknown = [i for i in jobs if i not in ack_set]
-    reruns = {i for i, (_, attempts) in jobs.items() if attempts > 1}
+    reruns = {i for i in plain if i in jobs and jobs[i].attempts > 1}
     unexplained = reruns - held - at_crash
     if lost:
         problems.append(f"{len(lost)} acknowledged jobs missing")
     if unfinished:
-        problems.append(f"{len(unfinished)} acknowledged jobs not completed")
+        example = next(iter(unfinished.items()))
+        problems.append(
+            f"{len(unfinished)} acknowledged jobs ended wrong, e.g. {example[0]}: {example[1]}"
+        )
     failures = 2 + (1 if trial.kill_db else 0)  # a node kill, its restart, a database kill
     if len(unknown) > CLIENTS * failures:
         problems.append(f"{len(unknown)} jobs never acknowledged")
@@ -234,6 +285,7 @@ async def verify(
     return {
         "store": "postgres",
         "sync": "full",
+        "workload": trial.workload,
         "nodes": NODES,
         "kill_after_s": round(trial.kill_after_s, 3),
         "db_killed": trial.kill_db,
@@ -247,6 +299,8 @@ async def verify(
         "rescue_s": round(events.get("rescue_s", -1.0), 3),
         "db_down_s": round(events.get("db_down_s", 0.0), 3),
         "lease_s": trial.lease_s,
+        "ended": dict(Counter(jobs[i].state for i in acked if i in jobs)),
+        "first_restart_ok": not any("restart" in p for p in problems),
         "problems": problems,
         "ok": not problems,
     }
@@ -254,7 +308,7 @@ async def verify(
 
 def run_pg_trials(
     *, trials: int, jobs: int, seed: int, out: Path | None, db_kill_every: int = 2,
-    progress: bool = True,
+    progress: bool = True, workload: str = "mixed",
 ) -> list[dict[str, Any]]:  # fmt: skip
     """``trials`` trials on one throwaway cluster; rows to ``crash-postgres-full.jsonl``."""
     import tempfile
@@ -269,7 +323,7 @@ def run_pg_trials(
     path = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        path = out / "crash-postgres-full.jsonl"
+        path = out / f"crash-postgres-full{'' if workload == 'plain' else '-' + workload}.jsonl"
         path.write_text("")
     cluster = make_cluster()
     rows: list[dict[str, Any]] = []
@@ -280,6 +334,7 @@ def run_pg_trials(
                 kill_after_s=rng.uniform(0.2, 1.5),
                 kill_db=n % db_kill_every == 0,
                 db_kill_delay_s=rng.uniform(0.1, 0.8),
+                workload=workload,
             )
             with tempfile.TemporaryDirectory(prefix="sqlq-crashcheck-pg-") as d:
                 row = asyncio.run(run_pg_trial(cluster, trial, Path(d), rng))
