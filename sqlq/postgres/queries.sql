@@ -156,14 +156,26 @@ SELECT {job_columns} FROM jobs
 SELECT {job_columns} FROM jobs WHERE idempotency_key = $1;
 
 -- name: list
--- One page in id order; a NULL filter matches everything.
+-- One page in id order, one statement per filter shape (sqlq.listing): {filters} is
+-- the AND of the list_by_* terms the query sets, numbered from $2, or true. A single
+-- statement with `$1 IS NULL OR state = $1` terms reached a generic plan after five
+-- runs (asyncpg prepares it) that walked jobs_pkey and filtered every row.
 SELECT {job_columns} FROM jobs
- WHERE ($1::text IS NULL OR state = $1)
-   AND ($2::text IS NULL OR kind = $2)
-   AND ($3::text IS NULL OR queue = $3)
-   AND ($4::text IS NULL OR id > $4)
+ WHERE {filters}
  ORDER BY id
- LIMIT $5;
+ LIMIT $1;
+
+-- name: list_by_state
+state = $state::text
+
+-- name: list_by_kind
+kind = $kind::text
+
+-- name: list_by_queue
+queue = $queue::text
+
+-- name: list_by_after
+id > $after::text
 
 -- name: set_paused
 WITH up AS (
