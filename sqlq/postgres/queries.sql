@@ -159,7 +159,12 @@ SELECT {job_columns} FROM jobs WHERE idempotency_key = $1;
 -- One page in id order, one statement per filter shape (sqlq.listing): {filters} is
 -- the AND of the list_by_* terms the query sets, numbered from $2, or true. A single
 -- statement with `$1 IS NULL OR state = $1` terms reached a generic plan after five
--- runs (asyncpg prepares it) that walked jobs_pkey and filtered every row.
+-- runs (asyncpg prepares it) that walked jobs_pkey and filtered every row; listings
+-- also run on connections that plan each run for its values (LIST_SETTINGS in
+-- store.py). A state filter reads jobs_state_id. kind and queue have no index: every
+-- index is written at every claim and completion, and (kind, id) with (queue, id)
+-- cost +26 us of PostgreSQL CPU per no-op job (74 -> 100) and 15.4k -> 12.1k
+-- transitions/s (bench/listing.py --write), so those filters scan.
 SELECT {job_columns} FROM jobs
  WHERE {filters}
  ORDER BY id
