@@ -156,14 +156,31 @@ SELECT {job_columns} FROM jobs
 SELECT {job_columns} FROM jobs WHERE idempotency_key = $1;
 
 -- name: list
--- One page in id order; a NULL filter matches everything.
+-- One page in id order, one statement per filter shape (sqlq.listing): {filters} is
+-- the AND of the list_by_* terms the query sets, numbered from $2, or true. A single
+-- statement with `$1 IS NULL OR state = $1` terms reached a generic plan after five
+-- runs (asyncpg prepares it) that walked jobs_pkey and filtered every row; listings
+-- also run on connections that plan each run for its values (LIST_SETTINGS in
+-- store.py). A state filter reads jobs_state_id. kind and queue have no index: every
+-- index is written at every claim and completion, and (kind, id) with (queue, id)
+-- cost +26 us of PostgreSQL CPU per no-op job (74 -> 100) and 15.4k -> 12.1k
+-- transitions/s (bench/listing.py --write), so those filters scan.
 SELECT {job_columns} FROM jobs
- WHERE ($1::text IS NULL OR state = $1)
-   AND ($2::text IS NULL OR kind = $2)
-   AND ($3::text IS NULL OR queue = $3)
-   AND ($4::text IS NULL OR id > $4)
+ WHERE {filters}
  ORDER BY id
- LIMIT $5;
+ LIMIT $1;
+
+-- name: list_by_state
+state = $state::text
+
+-- name: list_by_kind
+kind = $kind::text
+
+-- name: list_by_queue
+queue = $queue::text
+
+-- name: list_by_after
+id > $after::text
 
 -- name: set_paused
 WITH up AS (

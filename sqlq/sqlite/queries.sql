@@ -42,13 +42,34 @@ SELECT {job_columns}
   FROM jobs WHERE idempotency_key = ?;
 
 -- name: list_jobs
--- Keyset paging in id order: (after, state, state, kind, kind, queue, queue, limit).
+-- Keyset paging in id order, one statement per filter shape: {filters} is the AND of
+-- the list_by_* terms the query sets (sqlq.listing), so that each shape plans on an
+-- index. The one statement with `? IS NULL OR state = ?` planned every filter as a walk
+-- of the primary key, which reads every retained job when the filter matches few.
 SELECT {job_columns}
   FROM jobs
- WHERE id > ? AND (? IS NULL OR state = ?) AND (? IS NULL OR kind = ?)
-   AND (? IS NULL OR queue = ?)
+ WHERE id > :after{filters}
  ORDER BY id
- LIMIT ?;
+ LIMIT :limit;
+
+-- name: list_by_live_state
+-- The IN term, which the bound state implies, lets the planner use the partial jobs_live.
+state IN ('scheduled', 'running') AND state = :state
+
+-- name: list_by_retryable_state
+-- The same for jobs_retryable.
+state IN ('dead', 'cancelled') AND state = :state
+
+-- name: list_by_state
+-- Completed jobs have no index (indexes.sql says why): most retained jobs are
+-- completed, so a page of them fills from the primary key.
+state = :state
+
+-- name: list_by_kind
+kind = :kind
+
+-- name: list_by_queue
+queue = :queue
 
 -- name: table_columns
 SELECT name FROM pragma_table_info('jobs');

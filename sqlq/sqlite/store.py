@@ -34,6 +34,7 @@ from common.errors import (
 )
 from common.models import TRANSITIONS, Job, State
 from common.store import Change, CompactionReport, JobQuery, Recovery, SyncLevel
+from sqlq.listing import sqlite_params, sqlite_shape, sqlite_statements
 from sqlq.rows import row_job
 from sqlq.sqlite.batch import (
     STATEMENT_CACHE,
@@ -56,6 +57,7 @@ SCHEMA_VERSION = "2"
 SCHEMA = load_script("schema.sql")
 MIGRATE_V2 = load_script("migrate_v2.sql")
 INDEXES = load_script("indexes.sql")
+LIST_STATEMENTS = sqlite_statements(Q)
 
 # Pragmas, by name (diskcache's DEFAULT_SETTINGS idea). WAL journal mode for
 # both sync levels; only `synchronous` differs: FULL syncs the WAL at every
@@ -213,17 +215,15 @@ class SQLiteStore(DurableStore):
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         self._live()
-        state = None if query.state is None else query.state.value
-        params = (query.after or "", state, state, query.kind, query.kind, query.queue,
-                  query.queue, query.limit)  # fmt: skip
-        return await self._select(Q["list_jobs"], params)
+        sql = LIST_STATEMENTS[sqlite_shape(query)]
+        return await self._select(sql, sqlite_params(query))
 
     async def find_key(self, key: str) -> Job | None:
         self._live()
         rows = await self._select(Q["find_key"], (key,))
         return rows[0] if rows else None
 
-    async def _select(self, sql: str, params: tuple[Any, ...]) -> list[Job]:
+    async def _select(self, sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[Job]:
         """The jobs ``sql`` selects, decoded on the I/O thread as recovery decodes them:
         off the event loop, and on that thread's shallow stack, not a request's."""
         try:
