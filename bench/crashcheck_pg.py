@@ -261,7 +261,10 @@ async def verify(
     problems = list(problems or [])
     acked = ledger.acked
     lost = [i for i in acked if i not in jobs]
-    verdicts = {i: judge(jobs[i], ledger.records[i]) for i in acked if i in jobs}
+    # A shared claim takes a new epoch, and so does the requeue after a failed attempt.
+    verdicts = {
+        i: judge(jobs[i], ledger.records[i], epochs_per_attempt=2) for i in acked if i in jobs
+    }
     plain = {i for i in acked if not ledger.records[i].can_fail and not ledger.records[i].events}
     unfinished = {i: v for i, v in verdicts.items() if v is not None}
     ack_set = set(acked)
