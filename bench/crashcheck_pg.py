@@ -71,7 +71,9 @@ class Targets:
         self.all: list[HttpPool] = []
 
     async def add(self, url: str) -> None:
-        pool = await HttpPool(url, CLIENTS).__aenter__()
+        # A connection for each client and the operator: nobody waits for one. (A pool whose
+        # node died loses the connections it cannot replace, and a waiter would wait forever.)
+        pool = await HttpPool(url, CLIENTS + 1).__aenter__()
         self.pools.append(pool)
         self.all.append(pool)
 

@@ -468,8 +468,22 @@ class ServiceModel(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         """A clean stop, and a start on the same files."""
-        self.run(self.service.stop(0))
+        self.run(self._stop(self.service))
         self._reopen()
+
+    async def _stop(self, service: Service) -> None:
+        """A clean stop must end: nothing the machine did leaves it waiting."""
+        try:
+            await asyncio.wait_for(asyncio.shield(task := asyncio.ensure_future(service.stop(0))),
+                                   CLAIM_WITHIN_S)  # fmt: skip
+        except TimeoutError:
+            stuck = [
+                f"{t.get_name()}: {t.get_stack(limit=3)}"
+                for t in asyncio.all_tasks()
+                if t is not asyncio.current_task() and not t.done()
+            ]
+            task.cancel()
+            raise AssertionError(f"stop did not end within {CLAIM_WITHIN_S}s: {stuck}") from None
 
     @precondition(lambda self: self.durable and self.starts < MAX_STARTS)
     @rule(mode=st.sampled_from(TAIL_MODES), in_flight=st.none() | st.integers(0, 4))
