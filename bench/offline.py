@@ -66,14 +66,14 @@ class ClientRecord:
         return max((i for i, e in enumerate(self.events) if e == event), default=-1)
 
 
-def judge(job: JobFacts | None, rec: ClientRecord) -> str | None:
+def judge(job: JobFacts | None, rec: ClientRecord, *, epochs_per_attempt: int = 1) -> str | None:
     """Whether an acknowledged job's end is one the client's own story allows; why not if not.
 
     It must be there and finished; a job that nothing could fail, completed. A cancel
     the client saw succeed, with no retry sent after it, leaves it cancelled; it is
     cancelled only if a cancel was sent and no retry was answered after it. Dead means
     its attempts were used up. Every epoch bump is a requeue after an attempt or an
-    operator's retry.
+    operator's retry (and, in shared mode, ``epochs_per_attempt=2``: a claim too).
     """
     if job is None:
         return "missing"
@@ -97,7 +97,7 @@ def judge(job: JobFacts | None, rec: ClientRecord) -> str | None:
         if job.attempts != job.max_attempts or (rec.max_attempts and limit != job.max_attempts):
             return f"dead after {job.attempts} of {limit} attempts"
     revivals = rec.events.count("retry?")
-    if job.epoch > job.attempts + job.attempts_total + revivals:
+    if job.epoch > epochs_per_attempt * (job.attempts + job.attempts_total) + revivals:
         return f"epoch {job.epoch} but only {job.attempts + job.attempts_total} attempts"
     return None
 

@@ -152,3 +152,9 @@ def test_the_verdict_on_how_an_acknowledged_job_may_end(
     else:
         assert verdict is not None
         assert problem in verdict
+
+
+def test_in_shared_mode_a_claim_takes_an_epoch_too() -> None:
+    job = _job("completed", 3, 3, epoch=6)  # claimed, failed, claimed, failed, claimed, done
+    assert judge(job, ClientRecord(3, True), epochs_per_attempt=2) is None
+    assert judge(job, ClientRecord(3, True)) is not None
