@@ -116,7 +116,10 @@ class HttpPool:
                 if method != "GET" or attempt == 2:
                     raise
             finally:
-                self._free.put_nowait(conn if not conn.closed else await self._connect())
+                # Back as it is, even closed: the next borrower replaces it above. Replacing
+                # it here raised when the server was gone, and the pool lost the connection
+                # (its other users then waited for ever).
+                self._free.put_nowait(conn)
         raise AssertionError("unreachable")
 
     async def json(self, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
