@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from bench.experiments.rows import Row, load
+from bench.experiments.rows import CodedRow, Row, load
 
 R = TypeVar("R", bound=Row)
+RB = TypeVar("RB", bound=CodedRow)
 K = TypeVar("K")
 
 
@@ -68,6 +69,15 @@ class Report:
         if rows:
             self.metas.setdefault(name, rows[0].meta)
         return rows
+
+    def before_after(self, name: str, row: type[RB]) -> tuple[list[RB], list[str]]:
+        """``name``'s rows with those of ``<name>-before`` (the same experiment run on the
+        tree before a change, its code set to "before"), and the codes, "before" first."""
+        before = self.rows(f"{name}-before", row)
+        for r in before:
+            r.code = "before"
+        rows = before + self.rows(name, row)
+        return rows, sorted({r.code for r in rows}, key=lambda c: (c != "before", c))
 
     def add(self, *lines: str) -> None:
         self.lines.extend(lines)

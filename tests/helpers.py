@@ -76,3 +76,17 @@ async def final(rt: Service, job_id: str, within: float = 20.0) -> Job:
 def spawn_server(*serve_args: str, env: dict[str, str] | None = None) -> ServerProcess:
     """A real ``sqlq serve`` with these flags, started but not waited for (``wait_ready``)."""
     return ServerProcess(*serve_args, env={"PYTHONPATH": str(ROOT), **(env or {})}).spawn()
+
+
+def serve_tasks(
+    tmp: pytest.TempPathFactory, module: str, source: str, *serve_args: str
+) -> ServerProcess:
+    """A ready ``sqlq serve --store sqlite`` that imports ``source`` as ``module``."""
+    handlers = tmp.mktemp("handlers")
+    (handlers / f"{module}.py").write_text(source)
+    srv = spawn_server(
+        "--store", "sqlite", "--data", str(tmp.mktemp(module)), "--import", module,
+        *serve_args, env={"PYTHONPATH": f"{handlers}:{ROOT}"},
+    )  # fmt: skip
+    srv.wait_ready()
+    return srv

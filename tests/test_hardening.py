@@ -33,11 +33,10 @@ from common.shape import MAX_DEPTH
 from common.specs import JobSpec
 from common.store import Change, JobStore
 from tests.helpers import (
-    ROOT,
     ServiceFactory,
     StoreFactory,
     final,
-    spawn_server,
+    serve_tasks,
     submit,
     wait_for,
 )
@@ -453,13 +452,7 @@ def _rss_kib(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def deep_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    handlers = tmp_path_factory.mktemp("handlers")
-    (handlers / "deeptasks.py").write_text(DEEP_TASKS)
-    srv = spawn_server(
-        "--store", "sqlite", "--data", str(tmp_path_factory.mktemp("deep")),
-        "--import", "deeptasks", env={"PYTHONPATH": f"{handlers}:{ROOT}"},
-    )  # fmt: skip
-    srv.wait_ready()
+    srv = serve_tasks(tmp_path_factory, "deeptasks", DEEP_TASKS)
     yield srv
     srv.stop()
 

@@ -83,6 +83,21 @@ steps = st.lists(
 )
 
 
+def _change(index: JobIndex, step: Any, n: int, ids: list[str]) -> bool:
+    """Apply a step that changes the jobs (new, move, forget); False for any other step."""
+    if step[0] == "new":
+        job = _job(n, step[1], step[2])
+        index.publish({job.id: job})
+    elif step[0] == "move" and ids:
+        job = index.jobs[ids[step[1] % len(ids)]]
+        index.publish({job.id: _moved(job, step[2], n)})
+    elif step[0] == "forget" and ids:
+        index.forget(ids[step[1] % len(ids)])
+    else:
+        return step[0] in ("move", "forget")  # nothing to change yet
+    return True
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps=steps)
 def test_a_page_is_the_filtered_jobs_after_the_cursor_in_id_order(steps: list[Any]) -> None:
@@ -95,15 +110,9 @@ def test_a_page_is_the_filtered_jobs_after_the_cursor_in_id_order(steps: list[An
         for step in steps:
             n += 1
             ids = sorted(index.jobs)
-            if step[0] == "new":
-                job = _job(n, step[1], step[2])
-                index.publish({job.id: job})
-            elif step[0] == "move" and ids:
-                job = index.jobs[ids[step[1] % len(ids)]]
-                index.publish({job.id: _moved(job, step[2], n)})
-            elif step[0] == "forget" and ids:
-                index.forget(ids[step[1] % len(ids)])
-            elif step[0] == "page":
+            if _change(index, step, n, ids):
+                continue
+            if step[0] == "page":
                 query: JobQuery = step[1]
                 after = ids[step[2] % len(ids)] if ids and step[2] % 3 else None
                 q = JobQuery(
@@ -206,16 +215,9 @@ def test_a_family_built_off_the_loop_takes_in_what_changed_meanwhile(
             result = await asyncio.to_thread(build)  # the snapshot is taken: now change things
             for step in meanwhile:
                 n += 1
-                ids = sorted(index.jobs)
-                if step[0] == "new":
-                    job = _job(n, step[1], step[2])
-                    index.publish({job.id: job})
-                elif step[0] == "move" and ids:
-                    job = index.jobs[ids[step[1] % len(ids)]]
-                    index.publish({job.id: _moved(job, step[2], n)})
-                elif step[0] == "forget" and ids:
-                    index.forget(ids[step[1] % len(ids)])
-                elif step[0] == "page" and built is not None:
+                if _change(index, step, n, sorted(index.jobs)):
+                    continue
+                if step[0] == "page" and built is not None:
                     assert index.page(built) == _expect(index, built)
             return result
 

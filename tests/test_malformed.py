@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from bench.client.server import ServerProcess
-from tests.helpers import ROOT, spawn_server
+from tests.helpers import serve_tasks
 
 J = {"content-type": "application/json"}
 ECHO_TASKS = "from sqlq import task\n\n\n@task()\ndef echo(args):\n    return args\n"
@@ -173,13 +173,7 @@ CASES: list[tuple[str, str, str, dict[str, str], bytes, int, str | None]] = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    handlers = tmp_path_factory.mktemp("handlers")
-    (handlers / "echotasks.py").write_text(ECHO_TASKS)
-    srv = spawn_server(
-        "--store", "sqlite", "--data", str(tmp_path_factory.mktemp("malformed")),
-        "--import", "echotasks", env={"PYTHONPATH": f"{handlers}:{ROOT}"},
-    )  # fmt: skip
-    srv.wait_ready()
+    srv = serve_tasks(tmp_path_factory, "echotasks", ECHO_TASKS)
     yield srv
     srv.stop()
 

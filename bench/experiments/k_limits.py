@@ -36,7 +36,7 @@ from typing import Any
 from bench.client.loadgen import run
 from bench.client.server import ServerProcess
 from bench.experiments.base import Run
-from bench.experiments.rows import Row
+from bench.experiments.rows import CodedRow
 from bench.report import Report, med
 
 NAME = "K"
@@ -47,7 +47,7 @@ CPU_GOAL_US = 50.0
 ENGINES = ("walq", "sqlite")
 
 
-class KRow(Row, kw_only=True):
+class KRow(CodedRow, kw_only=True):
     part: str  # restart, submit, replay, cpu, huey
     jobs: int = 0
     ready_s: float = 0.0
@@ -57,8 +57,6 @@ class KRow(Row, kw_only=True):
     decode_s: float = 0.0
     cpu_us_per_job: float = 0.0
     jobs_per_s: float = 0.0
-
-    code: str = "after"  # which tree: set from the file it was read from
 
     @property
     def rss_per_job(self) -> float:
@@ -235,13 +233,9 @@ def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[Any]:
 
 
 def section(rep: Report) -> None:
-    before = rep.rows(f"{NAME}-before", KRow)
-    for r in before:
-        r.code = "before"
-    rows = before + rep.rows(NAME, KRow)
+    rows, codes = rep.before_after(NAME, KRow)
     if not rows:
         return
-    codes = sorted({r.code for r in rows}, key=lambda c: (c != "before", c))
     rep.add(
         "## K. Close to the machine's limits",
         "",

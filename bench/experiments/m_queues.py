@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.experiments.base import Run
-from bench.experiments.rows import Row
+from bench.experiments.rows import CodedRow
 from bench.report import Report, med
 from common.clock import FakeClock
 from common.models import Job
@@ -40,12 +40,11 @@ WARM_UP = 200  # add+take rounds before the timing
 NOW = 1_700_000_000.0
 
 
-class MRow(Row, kw_only=True):
+class MRow(CodedRow, kw_only=True):
     used: int  # queues used and emptied before the timing
     busy: int  # queues the timed jobs go to, in turn
     jobs: int
     cpu_s: float
-    code: str = "after"  # which tree: set from the file it was read from
 
     @property
     def us_per_job(self) -> float:
@@ -108,13 +107,9 @@ def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[QueuesRun]:
 
 
 def section(rep: Report) -> None:
-    before = rep.rows(f"{NAME}-before", MRow)
-    for r in before:
-        r.code = "before"
-    rows = before + rep.rows(NAME, MRow)
+    rows, codes = rep.before_after(NAME, MRow)
     if not rows:
         return
-    codes = sorted({r.code for r in rows}, key=lambda c: (c != "before", c))
     rep.add(
         "## M. Dispatch against the queues ever used",
         "",

@@ -33,6 +33,12 @@ class Row(msgspec.Struct, kw_only=True):
     meta: dict[str, Any] = {}
 
 
+class CodedRow(Row, kw_only=True):
+    """A row of an experiment kept before and after a change (``<name>-before.jsonl``)."""
+
+    code: str = "after"  # which tree: set from the file it was read from
+
+
 class LoadRow(Row, kw_only=True):
     """One load through a fresh server: submit, run, drain (``bench.client.loadgen``)."""
 
