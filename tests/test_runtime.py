@@ -385,6 +385,33 @@ async def test_a_closed_queue_is_not_looked_at_on_every_pop(clock: FakeClock) ->
     assert len(asked) <= 2
 
 
+async def test_a_closed_queue_whose_delayed_job_falls_due_does_not_spin_the_dispatcher(
+    clock: FakeClock,
+) -> None:
+    """One queue, paused, with a delayed job that comes due while a worker waits: the
+    dispatcher sleeps until the queue is poked, instead of re-arming a timer for a time
+    already past on every turn of the loop (a busy loop, found by review)."""
+    paused = {"only"}
+    sched = Scheduler(clock, gate=lambda q: q not in paused)
+    sched.start()
+    try:
+        sched.add(Job.new(kind="sleep", args={}, now=NOW, ready_at=NOW + 0.05, queue="only"))
+        worker = asyncio.ensure_future(sched.take())
+        await asyncio.sleep(0)
+        clock.advance(1)  # the job is due, its queue still closed
+        sched.add(Job.new(kind="sleep", args={}, now=NOW, ready_at=NOW + 60, queue="only"))
+        before = sched.wakeups
+        for _ in range(200):  # turns of the event loop, not time: a spinning dispatcher
+            await asyncio.sleep(0)  # wakes on (nearly) every one of them
+        assert sched.wakeups - before <= 2
+        assert not worker.done()
+        paused.clear()
+        sched.poke("only")
+        assert (await worker).ready_at == NOW + 0.05
+    finally:
+        await sched.stop()
+
+
 async def test_a_delayed_job_of_another_queue_goes_first_once_due(clock: FakeClock) -> None:
     sched = Scheduler(clock)
     sched.add(Job.new(kind="sleep", args={}, now=NOW, queue="a"))

@@ -214,6 +214,10 @@ class Scheduler:
         q = self._queues.get(queue)
         return len(q.lanes) if q is not None else 0
 
+    def held(self) -> dict[str, list[Job]]:
+        """Every queue's entries still wanted (O(n): for checks such as the model test)."""
+        return {name: q.lanes.held() for name, q in self._queues.items()}
+
     def queues_held(self) -> int:
         """Queues whose lanes hold an entry now (every other one costs nothing)."""
         return len(self._queues)
@@ -228,9 +232,12 @@ class Scheduler:
                 return None
             [q] = queues.values()
             name = q.name
-            if not self._gate(name):
-                return None
             lanes = q.lanes
+            if not self._gate(name):
+                # What fell due moves to its deque anyway: left in the heap, it would be
+                # the next wakeup, already past, and the dispatcher would spin until poked.
+                lanes.promote(now)
+                return None
             job = lanes.pop(now)
             if not lanes.due and not lanes.delayed:
                 self._queues = {}  # (a fresh dict: see _drop_if_empty)
