@@ -553,3 +553,22 @@ def test_a_websocket_upgrade_is_never_switched(deep_server: ServerProcess) -> No
     assert not answer.startswith(b"HTTP/1.1 101"), answer[:200]
     evil = _head(deep_server.port, b"GET /jobs HTTP/1.1\r\nhost: evil.example\r\n" + UPGRADE)
     assert evil.startswith(b"HTTP/1.1 421"), evil[:200]
+
+
+async def test_args_past_the_bounds_are_refused_in_python_too(runtimes: ServiceFactory) -> None:
+    """The bounds hold for a spec built in Python, not only for bytes that came over HTTP."""
+    rt = runtimes()
+    await rt.start()
+    deep: Any = {}
+    for _ in range(900):
+        deep = {"a": deep}
+    with pytest.raises(ValidationError) as err:
+        await submit(rt, "broken_error", args=deep)
+    assert err.value.field == "args"
+    with pytest.raises(ValidationError) as err:
+        await rt.submit(
+            [JobSpec(kind="broken_error"), JobSpec(kind="broken_error", args={"x": [0] * 60_000})],
+            batch=True,
+        )
+    assert err.value.field == "jobs[1].args"
+    assert rt.stats()["submitted"] == 0

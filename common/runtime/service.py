@@ -49,7 +49,7 @@ from common.runtime.live import LiveJobs
 from common.runtime.metrics import Metrics, gauge
 from common.runtime.shared import SharedClaims
 from common.runtime.workers import WorkerPool
-from common.specs import MAX_DELAY_MS, JobSpec, RetrySpec
+from common.specs import MAX_DELAY_MS, JobSpec, RetrySpec, check_args
 from common.store import MAX_PAGE, CompactionReport, JobQuery, JobStore, Recovery, SharedStore
 
 MAX_WAIT_S = 60.0
@@ -168,6 +168,7 @@ class Service:
 
     def build(self, spec: JobSpec, now: float) -> Job:
         """A new job from a client's spec; raises ``ValidationError`` naming the field."""
+        check_args(spec.args)  # HTTP checked the bytes; a spec built in Python is checked here
         args = self.executor.kinds.get(spec.kind).validate(spec.args)
         if spec.delay_ms is not None and spec.run_at is not None:
             raise ValidationError("run_at", "give delay_ms or run_at, not both")
