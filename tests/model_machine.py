@@ -637,9 +637,9 @@ class ServiceModel(RuleBasedStateMachine):
         """No lane holds a job that is not scheduled in its queue, and none holds one twice."""
         live = {j.id for j in fold.values() if j.state in LIVE}
         assert set(claims._live.jobs) == live, "the live view differs from the records"
-        for q, lanes in claims.scheduler._queues.items():
-            ids = [i for lane in lanes.ready.values() for i in lane]
-            ids += [entry[3] for entry in lanes.delayed]
+        for q, entries in claims.scheduler.held().items():
+            ids = [job.id for job in entries]
+            assert len(ids) == claims.scheduler.depth(q), f"queue {q}'s depth is not its lanes"
             stale = [i for i in ids if i not in fold or fold[i].state is not State.SCHEDULED]
             assert not stale, f"queue {q}'s lanes hold jobs that are not scheduled: {stale}"
             assert len(ids) == len(set(ids)), f"queue {q}'s lanes hold a job twice"

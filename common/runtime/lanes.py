@@ -198,6 +198,12 @@ class Lanes(Generic[T]):
         scheduler's hot path reads ``due`` and ``delayed`` itself)."""
         return self.due + len(self.delayed)
 
+    def held(self) -> list[T]:
+        """Every entry still wanted, due ones first (O(n): for checks, never the hot path)."""
+        keep = self.current
+        items = [item for lane in self.ready.values() for item in lane]
+        return [i for i in items + [e[3] for e in self.delayed] if keep(i)]
+
     def __len__(self) -> int:
         return self.due + len(self.delayed) - self.stale_ready - self.stale_delayed
 
