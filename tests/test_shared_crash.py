@@ -33,4 +33,6 @@ def test_three_nodes_a_killed_node_and_a_killed_database_lose_nothing(
     if workload == "mixed":
         assert {"completed", "dead"} <= set(row["ended"])
     assert row["db_down_s"] > 0  # the database really went down and came back
-    assert 0 < row["rescue_s"] < 10  # the dead node's jobs ran again within 10 s
+    # The dead node's jobs ran again (the trial fails if they never do); how soon is a
+    # timing claim, which crash.md reports from the 200-trial runs, not a pass/fail test.
+    assert row["rescue_s"] > 0
