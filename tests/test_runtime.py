@@ -462,6 +462,33 @@ async def test_max_queues_counts_queues_with_live_jobs_and_paused_ones(
         assert (await c.post("/queues/x/pause")).status_code == 200
 
 
+async def test_retries_count_against_max_queues_and_max_queued(services: ServiceFactory) -> None:
+    """A retry makes jobs live again, perhaps in queues nothing else uses: the same bounds
+    as a submission hold (review found six queues and six live jobs past limits of 2 and 3)."""
+    rt = services(max_queues=2, max_queued=3, workers=0)  # a retried job is due: none runs
+    await rt.start()
+    later = {"kind": "sleep", "delay_ms": 3_600_000}
+    async with await _http(rt) as c:
+        ids = {}
+        for q in "abcdef":
+            ids[q] = (await c.post("/jobs", json={**later, "queue": q})).json()["id"]
+            assert (await c.delete(f"/jobs/{ids[q]}")).status_code == 200
+        r = await c.post("/jobs/retry", json={"state": "cancelled"})  # six live: past 3
+        assert r.status_code == 429
+        assert (await c.post(f"/jobs/{ids['a']}/retry")).status_code == 200
+        assert (await c.post(f"/jobs/{ids['b']}/retry")).status_code == 200
+        r = await c.post(f"/jobs/{ids['c']}/retry")  # a third queue
+        assert (r.status_code, r.json()["field"]) == (422, "queue")
+        assert (await c.post("/jobs", json={**later, "queue": "a"})).status_code == 201
+        assert len(rt.live) == 3
+        r = await c.post("/jobs/retry", json={"state": "cancelled", "queue": "a"})
+        assert r.status_code == 200 and r.json()["retried"] == 0  # nothing left to retry in a
+        r = await c.post("/jobs", json={**later, "queue": "b"})
+        assert r.status_code == 429
+    assert rt.stats()["queues_used"] == 2
+    assert len(rt.live) == 3
+
+
 async def test_the_census_is_kept_as_jobs_move_with_no_entry_for_an_empty_queue(
     services: ServiceFactory,
 ) -> None:

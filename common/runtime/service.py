@@ -18,6 +18,7 @@ and handed in; the service owns them from then on and shuts the pool down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -264,28 +265,43 @@ class Service:
         return reservation
 
     async def _submit_new(self, specs: Sequence[JobSpec], batch: bool) -> list[Job]:
-        now = self.clock.time()
-        jobs = self._build_all(specs, now, batch)
+        jobs = self._build_all(specs, self.clock.time(), batch)
+        with self._admission(jobs, batch):
+            await self.store.commit(jobs)
+        self.claims.submitted(jobs)
+        self.live.totals["submitted"] += len(jobs)
+        for job in jobs:
+            self.metrics.event("submitted", job)
+        return jobs
+
+    @contextlib.contextmanager
+    def _admission(self, jobs: Sequence[Job], batch: bool) -> Iterator[None]:
+        """Admit ``jobs`` as live under ``--max-queued`` and ``--max-queues``, holding their
+        place (and their new queue names) until the commit that makes them live is over.
+        Submissions and retries alike: both add live jobs, perhaps in new queues."""
         limit = self.config.max_queued
         if self.claims.backlog() + self._admitting + len(jobs) > limit:
             self.live.totals["refused_full"] += len(jobs)
             raise QueueFullError(limit)
         new = self._new_queues_of(jobs, batch)
         self._admitting += len(jobs)
-        self._new_queues.update(new)
         try:
-            await self.store.commit(jobs)
+            with self._holding(new):
+                yield
         finally:
             self._admitting -= len(jobs)
+
+    @contextlib.contextmanager
+    def _holding(self, new: list[str]) -> Iterator[None]:
+        """Count the queue names ``new`` as used while a commit that may add them runs."""
+        self._new_queues.update(new)
+        try:
+            yield
+        finally:
             self._new_queues.subtract(new)
             for queue in new:
                 if self._new_queues[queue] <= 0:
                     del self._new_queues[queue]
-        self.claims.submitted(jobs)
-        self.live.totals["submitted"] += len(jobs)
-        for job in jobs:
-            self.metrics.event("submitted", job)
-        return jobs
 
     def _new_queues_of(self, jobs: Sequence[Job], batch: bool) -> list[str]:
         """The queue names ``jobs`` would add (``--max-queues``); ``ValidationError`` naming
@@ -376,9 +392,11 @@ class Service:
     async def pause(self, queue: str, paused: bool) -> QueueInfo:
         """Pause or resume a queue, durably: running jobs finish, no new ones start."""
         self._check_accepting()
-        if paused and not self.claims.in_use(queue):  # a pause is durable: it counts too
+        new = [queue] if paused and not self.claims.in_use(queue) else []
+        if new:  # a pause is durable: it counts too, and holds its name while it commits
             self._check_new_queue("queue")
-        await self.claims.pause(queue, paused)
+        with self._holding(new):
+            await self.claims.pause(queue, paused)
         return await self.claims.queue(queue)
 
     async def retry(self, job_id: str) -> Job:
@@ -391,7 +409,8 @@ class Service:
             raise IllegalTransitionError(
                 job_id, f"only a dead or cancelled job can be retried; it is {job.state.value}"
             )
-        [revived] = await self.claims.retry([job])
+        with self._admission([job], batch=False):
+            [revived] = await self.claims.retry([job])
         return revived
 
     async def retry_matching(self, spec: RetrySpec) -> int:
@@ -407,7 +426,8 @@ class Service:
             if not matches:
                 return 0
             try:
-                return len(await self.claims.retry(matches))
+                with self._admission(matches, batch=False):
+                    return len(await self.claims.retry(matches))
             except TransitionError:
                 continue
         raise IllegalTransitionError("*", "the matching jobs kept changing; try again")
