@@ -215,7 +215,10 @@ class ClaimsBase:
         self._release(claim.job.queue)
 
     def _release(self, queue: str) -> None:
-        self._running[queue] -= 1
+        running = self._running
+        running[queue] -= 1
+        if running[queue] <= 0:
+            del running[queue]  # a queue that ran a job once costs nothing after
 
     def _after_failure(self, job: Job, error: str, now: float) -> Transition:
         return after_failure(job, error, now, self._config.retry, self._rng)
