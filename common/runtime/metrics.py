@@ -6,12 +6,13 @@ metric families only when Prometheus scrapes (``Collector.collect``). The
 durations are prometheus-client ``Histogram``s. Every ``Service`` has its own
 registry, so two services in one process (the tests) never share a metric.
 
-A queue's series last as long as the queue: once it has no live job and a
-scrape has shown its last counts, its ``sqlq_jobs_total`` series are dropped, as
-Prometheus expects of a series whose subject is gone (a name used again later
-starts from zero, which ``rate`` and ``increase`` read as a reset). So a queue
-name used once costs nothing for ever; and if nobody scrapes, the queues with
-no live job are dropped as soon as more than ``limit`` queues have series.
+A queue's ``sqlq_jobs_total`` series stay while fewer than ``limit`` queues have
+series (2 x ``--max-queues``), so a queue that empties between jobs keeps its
+counters from scrape to scrape. Past the limit, the series of queues with no
+live job are dropped, as Prometheus expects of a series whose subject is gone (a
+name used again starts from zero, which ``rate`` and ``increase`` read as a
+reset). So the number of series is bounded whatever names clients send, and a
+name used once costs nothing once the room is needed.
 
     sqlq_jobs_total{event, kind, queue}   submitted, completed, retried, dead,
                                           fenced, requeued (hung or at recovery)
@@ -96,12 +97,10 @@ class Metrics:
             del self.events[queue]
 
     def series(self) -> Iterator[tuple[str, str, str, int]]:
-        """(event, kind, queue, n) of every series, in order; once shown, a queue with no
-        live job has its last counts seen, and its series go."""
+        """(event, kind, queue, n) of every series, in order."""
         for queue in sorted(self.events):
             for (event, kind), n in sorted(self.events[queue].items()):
                 yield event, kind, queue, n
-        self.prune()
 
     def batch_written(self, calls: int, seconds: float) -> None:
         """A store's batch observer (see ``GroupCommitter``)."""
