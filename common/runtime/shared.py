@@ -98,6 +98,7 @@ class SharedClaims(ClaimsBase):
     async def stop(self) -> None:
         """Claim no more; a claim no worker took yet is given back now."""
         self._stopping = True
+        self._kick.set()
         for task in self._tasks:
             if task.get_name() == "sqlq-shared-claimer":
                 task.cancel()
@@ -145,7 +146,11 @@ class SharedClaims(ClaimsBase):
         return sum(1 for w in self._waiting if not w.done())
 
     async def _claimer(self) -> None:
-        while True:
+        # Ends on ``_stopping`` too, not only by cancellation: in Python 3.11, wait_for
+        # swallows a cancel that lands as its inner wait completes (a kick at the stop), and
+        # the claimer then looped on and ``stop`` waited for it for ever (the model test's
+        # PostgreSQL tier hung once so).
+        while not self._stopping:
             timeout = self.poll_s
             if self._next_due is not None:
                 timeout = min(timeout, max(0.0, self._next_due - self._clock.time()))
@@ -154,6 +159,8 @@ class SharedClaims(ClaimsBase):
             except TimeoutError:
                 pass
             self._kick.clear()
+            if self._stopping:
+                return
             try:
                 await self._claim_for_waiting()
             except StoreError as exc:
