@@ -8,6 +8,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import schemathesis
+
+# Imported here, at collection, not lazily inside the test: CPython 3.11 compiles a module
+# with "AST constructor recursion depth mismatch" after another test in this process hit a
+# RecursionError (the depth-limit tests make them on purpose), and schemathesis loads
+# these modules on first use.
+import schemathesis.specs.openapi.schemas
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import (
     content_type_conformance,
