@@ -324,42 +324,43 @@ class ServiceModel(RuleBasedStateMachine):
         i = data.draw(st.integers(0, MAX_JOBS))
         return pool[i % len(pool)] if pool else "0" * 32
 
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        job_id = self._pick(data, list(self.jobs))
+    def _operate(
+        self, job_id: str, op: Callable[[str], Coroutine[Any, Any, Job]], accepts: tuple[State, ...]
+    ) -> tuple[Expected, Job] | None:
+        """Run an operation on one job. An unknown id must be unknown to the model, a refusal
+        must come from a state the operation does not accept, and a success from one it does."""
         e = self.jobs.get(job_id)
         try:
-            job = self.run(self.service.cancel(job_id))
+            job = self.run(op(job_id))
         except JobNotFoundError:
             assert e is None
-            return
+            return None
         except TransitionError:
             assert e is not None
-            assert e.state is not State.SCHEDULED, f"{e} was not cancelled"
-            return
+            assert e.state not in accepts, f"{e} was refused"
+            return None
         assert e is not None
-        assert e.state is State.SCHEDULED, f"cancelled {e}"
+        assert e.state in accepts, f"{op.__name__} took {e}"
+        return e, job
+
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        done = self._operate(self._pick(data, list(self.jobs)), self.service.cancel,
+                             (State.SCHEDULED,))  # fmt: skip
+        if done is None:
+            return
+        e, job = done
         assert job.state is State.CANCELLED
         e.move(State.CANCELLED)
         self.ended[State.CANCELLED.value] += 1
 
     @rule(data=st.data())
     def retry(self, data: st.DataObject) -> None:
-        job_id = self._pick(data, list(self.jobs))
-        e = self.jobs.get(job_id)
         now = self.clock.time()
-        try:
-            job = self.run(self.service.retry(job_id))
-        except JobNotFoundError:
-            assert e is None
-            return
-        except TransitionError:
-            assert e is not None
-            assert e.state not in (State.DEAD, State.CANCELLED), e
-            return
-        assert e is not None
-        assert e.state in (State.DEAD, State.CANCELLED), f"retried {e}"
-        self._revived(e, job, now)
+        done = self._operate(self._pick(data, list(self.jobs)), self.service.retry,
+                             (State.DEAD, State.CANCELLED))  # fmt: skip
+        if done is not None:
+            self._revived(*done, now)
 
     def _revived(self, e: Expected, job: Job, now: float) -> None:
         e.move(State.SCHEDULED)
