@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from bench.experiments import ORDER
-from sqlq.engines import DURABLE_CHOICES, NAMES, engine
+from sqlq.bench.experiments import ORDER
+from sqlq.engines.registry import DURABLE_CHOICES, NAMES, engine
 
 
 def _need_bench_extra() -> None:
@@ -75,10 +75,10 @@ def bench(
     from pathlib import Path
 
     _need_bench_extra()
-    from bench.experiments import build_report
+    from sqlq.bench.experiments import build_report
 
     if not report_only:
-        from bench.runner import run_suite
+        from sqlq.bench.runner import run_suite
 
         run_suite(
             only=only or ORDER,
@@ -134,7 +134,7 @@ def loadgen(
     import json
 
     _need_bench_extra()
-    from bench.client.loadgen import run
+    from sqlq.bench.client.loadgen import run
 
     try:
         result = run(
@@ -181,11 +181,11 @@ def crashcheck(
     from pathlib import Path
 
     _need_bench_extra()
-    from bench.crashcheck import run_trials, write_report
+    from sqlq.bench.crashcheck import run_trials, write_report
 
     name = engine(store).name
     if engine(store).shared:  # three nodes and a throwaway PostgreSQL, both killed
-        from bench.crashcheck_pg import run_pg_trials
+        from sqlq.bench.crashcheck_pg import run_pg_trials
 
         rows = run_pg_trials(trials=trials, jobs=jobs, seed=seed, out=Path(out), workload=workload)
     else:

@@ -5,7 +5,7 @@ clients submit jobs and append every acknowledged id to a client-side ledger
 (fsynced); SIGKILL at a random moment (for walq, some trials run with a tiny
 compaction floor so the kill often lands inside a compaction); restart on the
 same data; wait for the queue to drain; stop. Then the data is verified
-**without the engine's code** (``bench.offline``): walq's log by a minimal
+**without the engine's code** (``sqlq.bench.offline``): walq's log by a minimal
 parser (framing, CRC-32, sequence numbers, fold), SQLite's file with the stdlib
 ``sqlite3`` module and plain SQL.
 
@@ -18,7 +18,7 @@ restart the operator resumes the queues and the trial drains.
 
 A trial fails if its first restart exits or is not ready within
 ``READY_WITHIN_S``; if an acknowledged id is missing, not finished, or ended in
-a way the client's own story does not allow (``bench.offline.judge``: a cancel
+a way the client's own story does not allow (``sqlq.bench.offline.judge``: a cancel
 the client saw succeed stays cancelled; a dead job used its attempts); if the
 store holds more unacknowledged jobs than could have been in flight at the kill
 (one per client); or if a job's epoch history is inconsistent.
@@ -43,10 +43,10 @@ from typing import Any
 import msgspec
 import uvloop
 
-from bench.client.http import HTTPError, HttpPool
-from bench.client.loadgen import wait_drained
-from bench.client.server import ServerError, ServerProcess
-from bench.offline import ClientRecord, JobFacts, VerifyError, judge, read_sqlite, read_walq
+from sqlq.bench.client.http import HTTPError, HttpPool
+from sqlq.bench.client.loadgen import wait_drained
+from sqlq.bench.client.server import ServerError, ServerProcess
+from sqlq.bench.offline import ClientRecord, JobFacts, VerifyError, judge, read_sqlite, read_walq
 
 READY_WITHIN_S = 30.0  # a first restart slower than this fails the trial
 QUEUES = ("default", "mail")  # mixed: "mail" is the one the operator pauses
@@ -365,7 +365,7 @@ def run_trials(
     """
     from tqdm import tqdm
 
-    from bench import meta
+    from sqlq.bench import meta
 
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
@@ -406,7 +406,7 @@ def keep(rows: list[dict[str, Any]], row: dict[str, Any], n: int, commit: str,
 
 def write_report(out: Path) -> str:
     """results/crash.md from every crash-*.jsonl beside it."""
-    from bench import meta
+    from sqlq.bench import meta
 
     info = meta.collect(str(out))
     lines = [
@@ -473,7 +473,7 @@ def write_report(out: Path) -> str:
 
 
 def _shared_section(runs: list[list[dict[str, Any]]]) -> list[str]:
-    """The PostgreSQL trials (``bench.crashcheck_pg``): nodes and the database killed."""
+    """The PostgreSQL trials (``sqlq.bench.crashcheck_pg``): nodes and the database killed."""
     first = runs[0][0]
     lines = [
         "## PostgreSQL: three nodes on one database (`sqlq crashcheck --store postgres`)",

@@ -32,11 +32,11 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from bench.client.http import HTTPError, HttpPool
-from bench.client.server import ServerError, ServerProcess
-from bench.crashcheck import PLAIN, QUEUES, READY_WITHIN_S, Ledger, mixed_spec, operate
-from bench.offline import JobFacts, judge
-from bench.pgcluster import Cluster, make_cluster
+from sqlq.bench.client.http import HTTPError, HttpPool
+from sqlq.bench.client.server import ServerError, ServerProcess
+from sqlq.bench.crashcheck import PLAIN, QUEUES, READY_WITHIN_S, Ledger, mixed_spec, operate
+from sqlq.bench.offline import JobFacts, judge
+from sqlq.bench.pgcluster import Cluster, make_cluster
 
 NODES = 3
 CLIENTS = 8
@@ -250,7 +250,7 @@ async def verify(
     events: dict[str, float], problems: list[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The verdict in plain SQL: every acknowledged job ended as the client's story allows
-    (``bench.offline.judge``; a plain job: completed), and every rerun of a job that
+    (``sqlq.bench.offline.judge``; a plain job: completed), and every rerun of a job that
     cannot fail is explained by a death."""
     if isinstance(ledger, list):  # ids alone: acknowledged plain jobs
         ids, ledger = ledger, Ledger(Path("unused"))
@@ -320,8 +320,8 @@ def run_pg_trials(
 
     from tqdm import tqdm
 
-    from bench import meta
-    from bench.crashcheck import keep
+    from sqlq.bench import meta
+    from sqlq.bench.crashcheck import keep
 
     rng = random.Random(seed)
     commit = meta.git_commit()

@@ -4,7 +4,7 @@ C concurrent appenders each loop submit -> start -> complete, one change per
 ``commit`` call, until N transitions are done in all. This measures the store
 alone (no HTTP, no workers): what group commit buys as concurrency grows.
 
-    python -m bench.engines --repeats 3 --out results
+    python -m sqlq.bench.engines --repeats 3 --out results
 
 Every run uses a fresh data directory; a warm-up is excluded; engines alternate
 within each repeat so machine drift hits all of them alike.
@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import meta
-from bench.stats import median_minmax, spread, summary_ms
-from common.models import Job
-from common.store import JobStore, SyncLevel
-from sqlq.engines import make_store
+from sqlq.bench import meta
+from sqlq.bench.stats import median_minmax, spread, summary_ms
+from sqlq.common.models import Job
+from sqlq.common.store import JobStore, SyncLevel
+from sqlq.engines.registry import make_store
 
 
 async def _appender(store: JobStore, budget: list[int], latencies: list[float]) -> None:
@@ -114,7 +114,7 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         "C concurrent appenders, each looping submit -> start -> complete with one change per "
         "`commit`; the store alone, no HTTP. Medians over repeats, with [min-max]. "
         "`syncs/s` is fdatasyncs (walq) or committed transactions (sqlite; each is synced at "
-        "`full`). Produced by `python -m bench.engines`; do not edit by hand.",
+        "`full`). Produced by `python -m sqlq.bench.engines`; do not edit by hand.",
         "",
         f"- command: `{info['command']}`",
         f"- git commit: {info['git_commit']}; Python {info['python']} on {info['platform']}",

@@ -11,8 +11,8 @@ import argparse
 import asyncio
 import time
 
-from common.models import Job
-from sqlq.engines import make_store
+from sqlq.common.models import Job
+from sqlq.engines.registry import make_store
 
 CHUNK = 1000
 

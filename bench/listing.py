@@ -1,12 +1,12 @@
 """The SQL engines' listings at scale, and what their indexes cost the write path.
 
-    python -m bench.listing --engine sqlite --jobs 200000          # listing page times
-    python -m bench.listing --engine postgres --write --index kind,id --index queue,id
+    python -m sqlq.bench.listing --engine sqlite --jobs 200000          # listing page times
+    python -m sqlq.bench.listing --engine postgres --write --index kind,id --index queue,id
 
 ``--jobs`` fills a store with finished no-op jobs (1 in 500 dead, the rest
 completed) and times one page (limit 50) of each filter that matches few or none,
 after ten warm-up runs (a prepared statement takes PostgreSQL's generic plan after
-five). ``--write`` runs bench.engines' submit -> start -> complete loop at C=64 with
+five). ``--write`` runs sqlq.bench.engines' submit -> start -> complete loop at C=64 with
 the engine's indexes, then without the ones named by ``--index`` (dropped after
 open), alternating, and reports transitions/s and the CPU per job of this process
 and, for PostgreSQL, of the cluster. Short runs on a shared machine: read the spread.
@@ -22,10 +22,10 @@ import tempfile
 import time
 from typing import Any
 
-from bench.engines import _appender
-from common.models import Job, State
-from common.store import JobQuery, JobStore
-from sqlq.engines import make_store
+from sqlq.bench.engines import _appender
+from sqlq.common.models import Job, State
+from sqlq.common.store import JobQuery, JobStore
+from sqlq.engines.registry import make_store
 
 NOW = 1_700_000_000.0
 FILTERS = {
@@ -174,9 +174,9 @@ def sqlite_micro(rounds: int, jobs: int, batch: int) -> None:
     batches, each index set in turn, per round: process CPU per job, min over rounds."""
     import sqlite3
 
-    from common.models import TRANSITIONS
-    from sqlq.sqlite.batch import Q, encode_rows, plan, write_batch
-    from sqlq.sqlite.store import INDEXES, SCHEMA
+    from sqlq.common.models import TRANSITIONS
+    from sqlq.engines.sqlite.batch import Q, encode_rows, plan, write_batch
+    from sqlq.engines.sqlite.store import INDEXES, SCHEMA
 
     got: dict[str, list[float]] = {k: [] for k in SQLITE_SETS}
     for _ in range(rounds):
@@ -234,7 +234,7 @@ def main() -> None:
     cluster = None
     dsn = postmaster = None
     if args.engine == "postgres":
-        from bench.pgcluster import make_cluster
+        from sqlq.bench.pgcluster import make_cluster
 
         cluster = make_cluster()
         dsn, postmaster = cluster.create_database(), cluster.pid()

@@ -1,6 +1,6 @@
 """The PostgreSQL queues experiment J compares sqlq with, each driven through its own API.
 
-``python -m bench.peers PEER worker|enqueue|install --dsn DSN ...`` runs one side
+``python -m sqlq.bench.peers PEER worker|enqueue|install --dsn DSN ...`` runs one side
 of one peer in its own process, so the benchmark can start two workers, kill
 one with SIGKILL and count in plain SQL, as it does for sqlq's nodes. Each
 peer's defaults are its own; only what the issue names is set (PgQueuer's
@@ -144,7 +144,7 @@ async def proc_worker(dsn: str, concurrency: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.peers")
+    p = argparse.ArgumentParser(prog="python -m sqlq.bench.peers")
     p.add_argument("peer", choices=PEERS)
     p.add_argument("action", choices=["install", "enqueue", "worker"])
     p.add_argument("--dsn", required=True)

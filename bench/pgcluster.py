@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.client.server import free_port
-from sqlq.postgres.migrate import migrate
+from sqlq.bench.client.server import free_port
+from sqlq.engines.postgres.migrate import migrate
 
 
 def bindir() -> Path | None:

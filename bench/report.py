@@ -1,7 +1,7 @@
 """The frame of ``results/REPORT.md``: header, bars, answer, then each experiment's section.
 
 Every number in the report is computed from the JSON lines; nothing is typed
-in by hand. Each experiment module (``bench.experiments``) writes its own
+in by hand. Each experiment module (``sqlq.bench.experiments``) writes its own
 section through a ``Report`` and may leave a typed summary in
 ``report.summaries`` for the cross-experiment answer. This module imports no
 experiment: ``build`` is handed them.
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from bench.experiments.rows import CodedRow, Row, load
+from sqlq.bench.experiments.rows import CodedRow, Row, load
 
 R = TypeVar("R", bound=Row)
 RB = TypeVar("RB", bound=CodedRow)
@@ -45,7 +45,7 @@ def group(rows: Iterable[R], key: Callable[[R], K]) -> dict[K, list[R]]:
 
 
 class Experiment(Protocol):
-    """What an experiment module provides (see ``bench.experiments``)."""
+    """What an experiment module provides (see ``sqlq.bench.experiments``)."""
 
     NAME: str
 

@@ -5,7 +5,7 @@ on a free port, drives it, and stops it. Within each repeat the engines
 alternate (memory, walq, sqlite, memory, ...) so that drift on this shared
 machine hits all of them alike. Each run is one JSON line in
 ``<out>/<experiment>.jsonl`` carrying the machine, versions and exact command;
-each experiment's section (``bench.experiments``) turns its lines into its part
+each experiment's section (``sqlq.bench.experiments``) turns its lines into its part
 of ``REPORT.md``.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import meta
-from bench.experiments import EXPERIMENTS, ORDER, BenchRun
+from sqlq.bench import meta
+from sqlq.bench.experiments import EXPERIMENTS, ORDER, BenchRun
 
 
 def plan(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from common.models import Job, Transition
+from sqlq.common.models import Job, Transition
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

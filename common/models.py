@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from common.errors import IllegalTransitionError, StaleEpochError
+from sqlq.common.errors import IllegalTransitionError, StaleEpochError
 
 JSON = Any  # a value msgspec.json can encode: dict, list, str, int, float, bool, None
 

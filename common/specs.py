@@ -2,7 +2,7 @@
 
 Errors name the offending field (``jobs[3].max_attempts``) because msgspec
 reports the JSON path; kind-specific arguments are checked later by the kind.
-A job's args are also held to ``common.shape`` (depth and items) here, so no
+A job's args are also held to ``sqlq.common.shape`` (depth and items) here, so no
 stored job is one that a deeper stack cannot read back.
 
 A batch is decoded in two steps: its jobs with their args left as raw JSON
@@ -20,12 +20,12 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from common.errors import ValidationError
-from common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
+from sqlq.common.errors import ValidationError
+from sqlq.common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
 
 MAX_BATCH = 10_000
 MAX_JOB_BYTES = 1 << 20  # one job's JSON: the body of POST /jobs, the args of a batch's job
-# Items (see common.shape) in all of a batch's args together: a batch of typical jobs
+# Items (see sqlq.common.shape) in all of a batch's args together: a batch of typical jobs
 # (a few to a few dozen items each) fits; decoding and checking this many costs the
 # event loop ~30 ms at most (measured: ~150 ns an item for msgspec and the walk).
 MAX_BATCH_ITEMS = 4 * MAX_ITEMS
@@ -151,7 +151,7 @@ def _args(raw: msgspec.Raw, field: str) -> dict[str, Any]:
 
 
 def decode_job(body: bytes) -> JobSpec:
-    """One job: ``JobSpec`` with its args held to ``common.shape`` (walked only when the
+    """One job: ``JobSpec`` with its args held to ``sqlq.common.shape`` (walked only when the
     whole body's bracket and comma counts do not already keep them within)."""
     spec: JobSpec = decode(body, JobSpec)
     if not surely_within(body):

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from common.models import Job, State, Transition
+from sqlq.common.models import Job, State, Transition
 
 SyncLevel = Literal["full", "os"]
 DEFAULT_RETENTION_S = 3600.0  # how long finished jobs stay readable

@@ -7,14 +7,16 @@ The public surface::
 ``task`` registers a handler (``sqlq serve --import yourmodule``); ``Client`` and
 ``AsyncClient`` talk to a server. Their errors: ``ApiError`` and its kinds
 ``Invalid``, ``Unauthorized``, ``NotFound``, ``Conflict``, ``RateLimited``,
-``Unavailable``. ``Job`` is what they return. Everything under ``common`` and
-``bench`` is internal.
+``Unavailable``. ``Job`` is what they return. Everything else is internal:
+``sqlq.common`` (the kernel), ``sqlq.walq`` (the WAL engine) and ``sqlq.bench``
+(the benchmarks) are the repository's top-level folders, installed here so that
+no package of a user's can shadow them.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from common.models import Job, State
-from common.runtime.kinds import JobContext, JobFailed, task
+from sqlq.common.models import Job, State
+from sqlq.runtime.kinds import JobContext, JobFailed, task
 
 if TYPE_CHECKING:
     from sqlq.client import (

@@ -17,8 +17,8 @@ from typing import Any
 
 import click
 
-from common.errors import SqlqError
 from sqlq import ops
+from sqlq.common.errors import SqlqError
 from sqlq.settings import ServeSettings, options
 
 PLUGIN_GROUP = "sqlq.commands"
@@ -67,13 +67,13 @@ def serve(**flags: Any) -> None:
     """Run the job queue service: recover, then serve HTTP on HOST:PORT."""
     import uvloop
 
-    from common.http.guard import MIN_TOKEN_LENGTH, Security, is_loopback
-    from common.runtime.config import RuntimeState
-    from common.runtime.service import Service
-    from common.ui.options import UiOptions
-    from sqlq.engines import engine, make_store
+    from sqlq.engines.registry import engine, make_store
+    from sqlq.http.guard import MIN_TOKEN_LENGTH, Security, is_loopback
+    from sqlq.runtime.config import RuntimeState
+    from sqlq.runtime.service import Service
     from sqlq.serve import ServeOptions, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
+    from sqlq.ui.options import UiOptions
 
     s = ServeSettings(**flags)
     if s.token is not None and len(s.token.strip()) < MIN_TOKEN_LENGTH:
@@ -152,8 +152,8 @@ def migrate(dsn: str) -> None:
     """Bring a PostgreSQL database's sqlq schema up to this version (safe to repeat)."""
     import asyncio
 
-    from sqlq.postgres.migrate import migrate as apply
-    from sqlq.postgres.migrate import where
+    from sqlq.engines.postgres.migrate import migrate as apply
+    from sqlq.engines.postgres.migrate import where
 
     try:
         before, after = asyncio.run(apply(dsn))
@@ -176,7 +176,7 @@ def migrate(dsn: str) -> None:
 )
 def repair(data_dir: str) -> None:
     """Cut a damaged walq log at its first bad record; the rest is kept aside, never deleted."""
-    from walq.repair import repair as repair_log
+    from sqlq.walq.repair import repair as repair_log
 
     try:
         report = repair_log(os.path.join(data_dir, "walq"))

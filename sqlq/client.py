@@ -30,9 +30,9 @@ from typing import Any, Self, TypeVar
 import httpx
 import msgspec
 
-from common.errors import SqlqError
-from common.http.openapi import BatchResult, JobPage, QueueList, QueueView, Retried
-from common.models import TERMINAL, Job
+from sqlq.common.errors import SqlqError
+from sqlq.common.models import TERMINAL, Job
+from sqlq.common.wire import BatchResult, JobPage, QueueList, QueueView, Retried
 
 T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8080"

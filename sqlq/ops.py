@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from common.models import Job
 from sqlq.client import DEFAULT_URL, ApiError, Client
+from sqlq.common.models import Job
 
 F = TypeVar("F", bound=Callable[..., Any])
 COLUMNS = ("id", "kind", "queue", "state", "attempts", "updated", "last_error")

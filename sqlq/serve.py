@@ -6,7 +6,7 @@ is a plain error message, not a traceback. The graceful stop runs in the ASGI
 lifespan's shutdown, inside ``serve()``, because uvicorn re-raises the signal
 it caught once ``serve()`` returns.
 
-uvicorn speaks HTTP through ``sqlq.httphead.BoundedHttpTools`` (httptools with
+uvicorn speaks HTTP through ``sqlq.http.head.BoundedHttpTools`` (httptools with
 the request head capped at 32 KiB) and no WebSocket at all (``ws="none"``):
 sqlq has no WebSocket route, and an upgrade it cannot refuse is one the Guard
 would never see as HTTP.
@@ -24,12 +24,12 @@ from types import FrameType
 
 import uvicorn
 
-from common.http.app import create_app
-from common.http.guard import Security
-from common.runtime.config import RuntimeState
-from common.runtime.service import Service
-from common.ui.options import UiOptions
-from sqlq.httphead import BoundedHttpTools
+from sqlq.http.app import create_app
+from sqlq.http.guard import Security
+from sqlq.http.head import BoundedHttpTools
+from sqlq.runtime.config import RuntimeState
+from sqlq.runtime.service import Service
+from sqlq.ui.options import UiOptions
 
 log = logging.getLogger("sqlq")
 

@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 
 import click
 
-from common.backoff import RetryPolicy
-from common.runtime.config import RuntimeConfig
-from common.specs import QUEUE_PATTERN, whole_number
-from common.store import DEFAULT_RETENTION_S
-from sqlq.engines import CHOICES
+from sqlq.common.backoff import RetryPolicy
+from sqlq.common.specs import QUEUE_PATTERN, whole_number
+from sqlq.common.store import DEFAULT_RETENTION_S
+from sqlq.engines.registry import CHOICES
+from sqlq.runtime.config import RuntimeConfig
 
 _RUNTIME = RuntimeConfig()
 _RETRY = RetryPolicy()
@@ -306,7 +306,7 @@ class ServeSettings:
 
     def store_options(self) -> dict[str, Any]:
         """Options for ``make_store``: the shared ones, then the engine's own."""
-        from sqlq.engines import engine
+        from sqlq.engines.registry import engine
 
         return {
             "dsn": self.dsn,

@@ -10,8 +10,8 @@ import argparse
 import asyncio
 import sys
 
-from common.models import Job
-from sqlq.engines import make_store
+from sqlq.common.models import Job
+from sqlq.engines.registry import make_store
 
 
 def _report_compactions(store: object) -> None:

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from bench.pgcluster import Cluster, make_cluster
-from common.clock import SYSTEM_CLOCK, Clock, FakeClock
-from common.engine.memory import MemoryStore
-from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import Registry
-from common.runtime.service import Service
-from common.store import JobStore
-from sqlq.engines import ALL, DURABLE, SHARED, make_store
+from sqlq.bench.pgcluster import Cluster, make_cluster
+from sqlq.common.clock import SYSTEM_CLOCK, Clock, FakeClock
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.store import JobStore
+from sqlq.engines.registry import ALL, DURABLE, SHARED, make_store
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.kinds import Registry
+from sqlq.runtime.service import Service
 from tests.helpers import NOW, ServiceFactory, StoreFactory, unavailable
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from bench.client.server import ServerProcess
-from common.models import Job
-from common.runtime.service import Service
-from common.specs import JobSpec
-from common.store import JobStore
+from sqlq.bench.client.server import ServerProcess
+from sqlq.common.models import Job
+from sqlq.common.specs import JobSpec
+from sqlq.common.store import JobStore
+from sqlq.runtime.service import Service
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 NOW = 1_700_000_000.0  # the wall-clock second every fake clock starts at

@@ -35,28 +35,28 @@ from typing import Any, TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from common import models
-from common.backoff import RetryPolicy
-from common.clock import FakeClock
-from common.errors import (
+from sqlq.common import models
+from sqlq.common.backoff import RetryPolicy
+from sqlq.common.clock import FakeClock
+from sqlq.common.errors import (
     IdempotencyConflictError,
     JobNotFoundError,
     StoreError,
     TransitionError,
     ValidationError,
 )
-from common.models import LIVE, TRANSITIONS, Job, State
-from common.runtime.claims import Claim, ClaimResult, LocalClaims
-from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import JobContext, Kind, Registry
-from common.runtime.service import Service
-from common.runtime.shared import SharedClaims
-from common.specs import JobSpec, RetrySpec
-from common.store import MAX_PAGE, JobQuery, JobStore
-from sqlq.engines import ENGINES, make_store
+from sqlq.common.models import LIVE, TRANSITIONS, Job, State
+from sqlq.common.specs import JobSpec, RetrySpec
+from sqlq.common.store import MAX_PAGE, JobQuery, JobStore
+from sqlq.engines.registry import ENGINES, make_store
+from sqlq.runtime.claims import Claim, ClaimResult, LocalClaims
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.kinds import JobContext, Kind, Registry
+from sqlq.runtime.service import Service
+from sqlq.runtime.shared import SharedClaims
+from sqlq.walq.store import WalStore
 from tests.helpers import NOW
 from tests.powerloss import TAIL_MODES, SimDisk
-from walq.store import WalStore
 
 T = TypeVar("T")
 

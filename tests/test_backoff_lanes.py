@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from common.backoff import RetryPolicy, retry_delay, should_retry
-from common.runtime.lanes import Lanes
+from sqlq.common.backoff import RetryPolicy, retry_delay, should_retry
+from sqlq.runtime.lanes import Lanes
 
 
 class FixedRandom(random.Random):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.client.http import HttpPool
+from sqlq.bench.client.http import HttpPool
 
 
 async def test_a_dead_server_fails_every_borrower_and_hangs_none() -> None:

@@ -9,8 +9,6 @@ from typing import Any
 import httpx
 import pytest
 
-from common.http.app import create_app
-from common.http.guard import Security
 from sqlq import (
     AsyncClient,
     Client,
@@ -24,6 +22,8 @@ from sqlq import (
     task,
 )
 from sqlq.client import ApiError
+from sqlq.http.app import create_app
+from sqlq.http.guard import Security
 from tests.helpers import ServiceFactory, spawn_server
 
 Make = Callable[..., Any]
@@ -160,6 +160,6 @@ def test_the_sync_client_and_task_submit_against_a_real_server(tmp_path: Any) ->
 
 
 def _scratch() -> Any:
-    from common.runtime.kinds import Registry
+    from sqlq.runtime.kinds import Registry
 
     return Registry()

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.offline import JobFacts, read_sqlite, read_walq
+from sqlq.bench.offline import JobFacts, read_sqlite, read_walq
 from tests.helpers import ROOT, spawn_server
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 def _fill(store: str, data: Path, transitions: int) -> None:
     subprocess.run(
-        [sys.executable, "-m", "bench.fill", "--store", store, "--data", str(data),
+        [sys.executable, "-m", "sqlq.bench.fill", "--store", store, "--data", str(data),
          "--transitions", str(transitions)],
         check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.crashcheck import Ledger, Trial, run_trials, verify
-from bench.offline import ClientRecord, JobFacts, VerifyError, judge, read_walq
+from sqlq.bench.crashcheck import Ledger, Trial, run_trials, verify
+from sqlq.bench.offline import ClientRecord, JobFacts, VerifyError, judge, read_walq
 
 
 @pytest.mark.slow

@@ -15,23 +15,23 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.client.server import ServerProcess
-from common.backoff import RetryPolicy
-from common.engine.memory import MemoryStore
-from common.errors import (
+from sqlq.bench.client.server import ServerProcess
+from sqlq.common.backoff import RetryPolicy
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.errors import (
     IllegalTransitionError,
     JobRunningError,
     QueueFullError,
     StoreFailedError,
     ValidationError,
 )
-from common.models import MAX_ERROR_BYTES, Job, State, Transition
-from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import JobContext, Registry, task
-from common.runtime.service import Service
-from common.shape import MAX_DEPTH
-from common.specs import JobSpec
-from common.store import Change, JobStore
+from sqlq.common.models import MAX_ERROR_BYTES, Job, State, Transition
+from sqlq.common.shape import MAX_DEPTH
+from sqlq.common.specs import JobSpec
+from sqlq.common.store import Change, JobStore
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.kinds import JobContext, Registry, task
+from sqlq.runtime.service import Service
 from tests.helpers import (
     ServiceFactory,
     StoreFactory,
@@ -389,7 +389,7 @@ async def test_a_value_nested_past_the_stack_is_unencodable_not_a_crash(
 ) -> None:
     """What the bounds leave to the encoder: a RecursionError is an UnencodableError for
     that caller, and the store goes on (walq's encode used to make it a 500)."""
-    from common.errors import UnencodableError
+    from sqlq.common.errors import UnencodableError
 
     store = durable_factory()
     await store.open()
@@ -406,8 +406,8 @@ async def test_a_value_nested_past_the_stack_is_unencodable_not_a_crash(
 
 
 async def test_a_nul_in_a_postgres_read_is_a_validation_error(pg_db: str, tmp_path: Any) -> None:
-    from common.store import JobQuery
-    from sqlq.engines import make_store
+    from sqlq.common.store import JobQuery
+    from sqlq.engines.registry import make_store
 
     store = make_store("postgres", tmp_path, dsn=pg_db)
     await store.open()

@@ -8,10 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from common.engine.memory import MemoryStore
-from common.http.app import create_app
-from common.runtime.config import RuntimeConfig
-from common.runtime.service import Service
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.http.app import create_app
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.service import Service
 from tests.helpers import wait_for
 
 JSON_TYPE = {"content-type": "application/json"}
@@ -131,8 +131,8 @@ async def test_health_and_readiness(client: httpx.AsyncClient) -> None:
 async def test_readyz_is_503_when_the_store_has_failed(tmp_path: object) -> None:
     from pathlib import Path
 
+    from sqlq.walq.store import WalStore
     from tests.walq_helpers import FaultyFiles
-    from walq.store import WalStore
 
     fs = FaultyFiles("fdatasync", where="walq.log", nth=1)
     rt = Service(WalStore(Path(str(tmp_path)), fs=fs), RuntimeConfig(workers=1))
@@ -151,7 +151,7 @@ async def test_readyz_is_503_when_the_store_has_failed(tmp_path: object) -> None
 
 
 async def test_the_guard_refuses_a_websocket_before_accepting_it() -> None:
-    from common.http.guard import Guard, Security
+    from sqlq.http.guard import Guard, Security
 
     reached: list[str] = []
 
@@ -180,7 +180,7 @@ async def test_the_guard_refuses_a_websocket_before_accepting_it() -> None:
 async def test_the_job_page_renders_args_once_and_never_in_a_refresh(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import common.ui.app as ui
+    import sqlq.ui.app as ui
 
     rendered: list[Any] = []
     pretty = ui._pretty

@@ -9,12 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from common.engine.memory import MemoryStore
-from common.http.app import create_app
-from common.http.guard import Security, is_loopback
-from common.http.throttle import MAX_FAILURES
-from common.runtime.config import RuntimeConfig
-from common.runtime.service import Service
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.http.app import create_app
+from sqlq.http.guard import Security, is_loopback
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.service import Service
+from sqlq.throttle import MAX_FAILURES
 
 TOKEN = "s3cret-token-value"
 Client = Callable[..., Any]
@@ -217,8 +217,8 @@ def _runtime_of(c: httpx.AsyncClient) -> Service:
 
 
 async def test_a_failed_store_is_503_on_healthz_and_readyz_without_paths(tmp_path: Path) -> None:
+    from sqlq.walq.store import WalStore
     from tests.walq_helpers import FaultyFiles
-    from walq.store import WalStore
 
     fs = FaultyFiles("fdatasync", where="walq.log", nth=1)
     rt = Service(WalStore(tmp_path / "walq", fs=fs), RuntimeConfig(workers=1))

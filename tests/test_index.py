@@ -9,12 +9,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.engine import index as index_module
-from common.engine import sortedids
-from common.engine.index import JobIndex
-from common.engine.sortedids import SortedIds
-from common.models import Job, State
-from common.store import JobQuery
+from sqlq.common.engine import index as index_module
+from sqlq.common.engine import sortedids
+from sqlq.common.engine.index import JobIndex
+from sqlq.common.engine.sortedids import SortedIds
+from sqlq.common.models import Job, State
+from sqlq.common.store import JobQuery
 from tests.helpers import NOW
 
 STATES = list(State)

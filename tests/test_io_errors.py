@@ -18,16 +18,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.engine.groupcommit import Pending
-from common.errors import StoreFailedError
-from common.http.app import create_app
-from common.runtime.config import RuntimeConfig
-from common.runtime.service import Service
-from common.specs import JobSpec
-from sqlq.engines import DURABLE, ENGINES, make_store
+from sqlq.common.engine.groupcommit import Pending
+from sqlq.common.errors import StoreFailedError
+from sqlq.common.specs import JobSpec
+from sqlq.engines.registry import DURABLE, ENGINES, make_store
+from sqlq.http.app import create_app
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.service import Service
+from sqlq.walq.store import WalStore
 from tests.helpers import spawn_server, unavailable
 from tests.walq_helpers import FaultyFiles
-from walq.store import WalStore
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["once", "persistent"])

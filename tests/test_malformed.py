@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.client.server import ServerProcess
+from sqlq.bench.client.server import ServerProcess
 from tests.helpers import serve_tasks
 
 J = {"content-type": "application/json"}

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from bench.pgcluster import Cluster
-from sqlq.engines import ALL, ENGINES
+from sqlq.bench.pgcluster import Cluster
+from sqlq.engines.registry import ALL, ENGINES
 from tests.model_machine import machine_for
 
 FAST = ("memory", "walq")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from common.models import Job
+from sqlq.common.models import Job
 from tests.helpers import NOW
 
 

@@ -24,8 +24,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from bench.client.server import ServerProcess
-from common.http.openapi import OPS
+from sqlq.bench.client.server import ServerProcess
+from sqlq.http.openapi import OPS
 from tests.helpers import spawn_server
 
 EXAMPLES = 40  # per operation; hypothesis shrinks any failure to a minimal request

@@ -9,12 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from common.backoff import RetryPolicy
-from common.http.app import create_app
-from common.models import State
-from common.runtime.kinds import JobContext, Registry, task
-from common.runtime.service import Service
-from common.specs import JobSpec
+from sqlq.common.backoff import RetryPolicy
+from sqlq.common.models import State
+from sqlq.common.specs import JobSpec
+from sqlq.http.app import create_app
+from sqlq.runtime.kinds import JobContext, Registry, task
+from sqlq.runtime.service import Service
 from tests.helpers import ServiceFactory, final, wait_for
 
 GATE = asyncio.Event()
@@ -253,7 +253,7 @@ async def test_a_paused_queue_starts_nothing_until_resumed(api: Client) -> None:
 
 
 async def test_pause_survives_a_restart(durable_factory: Any, services: ServiceFactory) -> None:
-    from common.clock import SYSTEM_CLOCK
+    from sqlq.common.clock import SYSTEM_CLOCK
 
     first = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
     await first.start()
@@ -315,7 +315,7 @@ async def test_metrics_count_events_by_kind_and_queue(api: Client) -> None:
 
 
 async def test_metrics_follow_the_token(services: ServiceFactory) -> None:
-    from common.http.guard import Security
+    from sqlq.http.guard import Security
 
     rt = services()
     await rt.start()
@@ -331,7 +331,7 @@ async def test_metrics_follow_the_token(services: ServiceFactory) -> None:
 async def test_durable_engines_report_their_batches(
     durable_factory: Any, services: ServiceFactory
 ) -> None:
-    from common.clock import SYSTEM_CLOCK
+    from sqlq.common.clock import SYSTEM_CLOCK
 
     rt = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
     await rt.start()

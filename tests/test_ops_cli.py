@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bench.client.server import ServerProcess
+from sqlq.bench.client.server import ServerProcess
 from sqlq.cli import main
 from tests.helpers import spawn_server
 

@@ -8,10 +8,10 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-from bench.pgcluster import Cluster
-from common.errors import StoreError
+from sqlq.bench.pgcluster import Cluster
 from sqlq.cli import main
-from sqlq.postgres.migrate import LATEST, SchemaMismatch, check, connect, migrate, version
+from sqlq.common.errors import StoreError
+from sqlq.engines.postgres.migrate import LATEST, SchemaMismatch, check, connect, migrate, version
 
 
 async def test_migrate_makes_the_schema_once(pg_dsn: str) -> None:
@@ -118,7 +118,7 @@ def test_serve_refuses_an_unmigrated_database_and_a_bad_dsn_in_one_line(
     ],
 )
 def test_where_shows_host_port_and_database_only(dsn: str, shown: str) -> None:
-    from sqlq.postgres.migrate import where
+    from sqlq.engines.postgres.migrate import where
 
     assert where(dsn) == shown
     assert "ter2" not in where(dsn)

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.client.server import ServerProcess
-from bench.pgcluster import Cluster
-from sqlq.engines import ENGINES
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.pgcluster import Cluster
+from sqlq.engines.registry import ENGINES
 from tests.helpers import spawn_server, wait_for
 
 DURABLE_ENGINES = tuple(name for name, e in ENGINES.items() if e.durable)

@@ -15,16 +15,16 @@ from typing import Any
 import httpx
 import pytest
 
-from common.backoff import RetryPolicy
-from common.clock import FakeClock
-from common.http.app import create_app
-from common.models import Job, State
-from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import SLEEP, JobContext, JobFailed, Kind, Registry, task
-from common.runtime.scheduler import Scheduler
-from common.runtime.service import Service
-from common.specs import JobSpec
-from common.store import JobQuery
+from sqlq.common.backoff import RetryPolicy
+from sqlq.common.clock import FakeClock
+from sqlq.common.models import Job, State
+from sqlq.common.specs import JobSpec
+from sqlq.common.store import JobQuery
+from sqlq.http.app import create_app
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.kinds import SLEEP, JobContext, JobFailed, Kind, Registry, task
+from sqlq.runtime.scheduler import Scheduler
+from sqlq.runtime.service import Service
 from tests.helpers import NOW, ServiceFactory, StoreFactory, final, submit, wait_for
 
 
@@ -228,7 +228,7 @@ async def test_restart_requeues_only_unfinished_jobs(
     durable_engine: str, durable_factory: StoreFactory, tmp_path: Path
 ) -> None:
     engine, factory = durable_engine, durable_factory
-    from common.clock import SYSTEM_CLOCK
+    from sqlq.common.clock import SYSTEM_CLOCK
 
     first = Service(factory(clock=SYSTEM_CLOCK), RuntimeConfig(workers=3, seed=1))
     await first.start()
@@ -263,7 +263,7 @@ async def test_restart_requeues_only_unfinished_jobs(
 
 
 async def test_periodic_compaction_prunes_past_retention(factory: StoreFactory) -> None:
-    from common.clock import FakeClock
+    from sqlq.common.clock import FakeClock
 
     clock = FakeClock(time.time())
     store = factory(retention=60.0, clock=clock)

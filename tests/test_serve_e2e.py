@@ -185,7 +185,7 @@ def test_env_vars_set_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     }
     r = CliRunner().invoke(main, ["serve"], env=env)
     assert r.exit_code == 0, r.output
-    from common.runtime.service import Service
+    from sqlq.runtime.service import Service
 
     runtime = seen["runtime"]
     assert isinstance(runtime, Service)
@@ -200,7 +200,7 @@ def test_env_vars_set_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_corrupt_log_is_a_clean_error_not_a_traceback(tmp_path: Path) -> None:
-    from walq import log
+    from sqlq.walq import log
 
     d = tmp_path / "walq"
     d.mkdir()

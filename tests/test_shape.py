@@ -1,4 +1,4 @@
-"""``common.shape``: the walk agrees with plain recursion, and ``bound`` never undercounts."""
+"""``sqlq.common.shape``: the walk agrees with plain recursion, and ``bound`` never undercounts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure
+from sqlq.common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure
 
 SCALARS = (
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)

@@ -16,18 +16,18 @@ from typing import Any
 import asyncpg
 import pytest
 
-from common.backoff import RetryPolicy
-from common.clock import SYSTEM_CLOCK, FakeClock
-from common.errors import StaleEpochError, UnencodableError
-from common.models import Job, State
-from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import JobContext, Registry, task
-from common.runtime.live import LiveJobs
-from common.runtime.service import Service
-from common.runtime.shared import SharedClaims
-from common.specs import JobSpec
-from common.store import Fence, Recovery
-from sqlq.postgres.store import PostgresStore
+from sqlq.common.backoff import RetryPolicy
+from sqlq.common.clock import SYSTEM_CLOCK, FakeClock
+from sqlq.common.errors import StaleEpochError, UnencodableError
+from sqlq.common.models import Job, State
+from sqlq.common.specs import JobSpec
+from sqlq.common.store import Fence, Recovery
+from sqlq.engines.postgres.store import PostgresStore
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.kinds import JobContext, Registry, task
+from sqlq.runtime.live import LiveJobs
+from sqlq.runtime.service import Service
+from sqlq.runtime.shared import SharedClaims
 from tests.helpers import NOW, ServiceFactory, final, wait_for
 
 Node = Callable[..., Service]
@@ -366,7 +366,7 @@ async def test_a_node_survives_its_connections_being_cut(nodes: Node, pg_db: str
 async def _api(rt: Service) -> Any:
     import httpx
 
-    from common.http.app import create_app
+    from sqlq.http.app import create_app
 
     transport = httpx.ASGITransport(app=create_app(rt, start_runtime=False))
     return httpx.AsyncClient(transport=transport, base_url="http://localhost")
@@ -444,7 +444,7 @@ async def test_one_idempotency_key_makes_one_job_across_nodes(nodes: Node) -> No
 async def test_the_dashboard_shows_the_nodes_that_share_the_queue(nodes: Node) -> None:
     import httpx
 
-    from common.http.app import create_app
+    from sqlq.http.app import create_app
 
     a, b = nodes(workers=2), nodes(workers=2)
     for rt in (a, b):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.crashcheck_pg import PgTrial, run_pg_trial
-from bench.pgcluster import Cluster
+from sqlq.bench.crashcheck_pg import PgTrial, run_pg_trial
+from sqlq.bench.pgcluster import Cluster
 
 
 @pytest.mark.slow
@@ -21,7 +21,7 @@ def test_three_nodes_a_killed_node_and_a_killed_database_lose_nothing(
     pg_cluster: Cluster, tmp_path: Path, workload: str
 ) -> None:
     """mixed: failing, long, hanging and delayed jobs, cancels, retries and pauses; every
-    acknowledged job ends as the client's story allows (``bench.offline.judge``)."""
+    acknowledged job ends as the client's story allows (``sqlq.bench.offline.judge``)."""
     trial = PgTrial(
         jobs=4000, kill_after_s=0.4, kill_db=True, db_kill_delay_s=0.2, workload=workload
     )

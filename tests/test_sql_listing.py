@@ -10,7 +10,7 @@ Which shapes have an index: every shape that filters on a live state (scheduled,
 running) or a retryable one (dead, cancelled), whatever else it filters on. Completed
 jobs, and kind or queue on their own, have none: an index for them costs the write
 path more than the listing saves (sqlq/sqlite/indexes.sql and the ``list`` statement
-of sqlq/postgres/queries.sql give the measurements); those scan.
+of sqlq/engines/postgres/queries.sql give the measurements); those scan.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from common.models import LIVE, RETRYABLE, Job, State
-from common.store import Change, JobQuery, JobStore
-from sqlq.engines import make_store
+from sqlq.common.models import LIVE, RETRYABLE, Job, State
+from sqlq.common.store import Change, JobQuery, JobStore
+from sqlq.engines.registry import make_store
 
 NOW = 1_700_000_000.0
 STATES = (None, *State)

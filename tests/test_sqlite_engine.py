@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common.models import TRANSITIONS, Job, State
-from sqlq.sqlite.store import SQLiteStore
+from sqlq.common.models import TRANSITIONS, Job, State
+from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
 
 

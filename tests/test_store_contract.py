@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.clock import FakeClock
-from common.errors import (
+from sqlq.common.clock import FakeClock
+from sqlq.common.errors import (
     DuplicateJobError,
     DuplicateKeyError,
     IllegalTransitionError,
@@ -25,8 +25,8 @@ from common.errors import (
     StoreLockedError,
     UnencodableError,
 )
-from common.models import Job, State, Transition
-from common.store import JobQuery, JobStore
+from sqlq.common.models import Job, State, Transition
+from sqlq.common.store import JobQuery, JobStore
 from tests.helpers import NOW, StoreFactory
 
 
@@ -472,7 +472,7 @@ def test_kill9_loses_no_acknowledged_transition(
             child.stderr.close()
 
     async def check() -> None:
-        from sqlq.engines import make_store
+        from sqlq.engines.registry import make_store
 
         store = make_store(engine, tmp_path, sync=sync)  # type: ignore[arg-type]
         recovery = await store.open()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.clock import FakeClock
-from common.http.throttle import Throttle, client_key
+from sqlq.common.clock import FakeClock
+from sqlq.throttle import Throttle, client_key
 
 
 def test_one_client_guessing_locks_out_that_client_only() -> None:

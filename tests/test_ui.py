@@ -16,18 +16,18 @@ from typing import Any
 import httpx
 import pytest
 
-from common.clock import FakeClock
-from common.engine.memory import MemoryStore
-from common.http.app import create_app
-from common.http.guard import Security
-from common.runtime.config import RuntimeConfig
-from common.runtime.kinds import Registry, task
-from common.runtime.service import Service
-from common.ui.charts import line_chart, nice_ceiling, short
-from common.ui.history import History, Sample, quantile
-from common.ui.options import UiOptions
-from common.ui.overview import Sampler
-from common.ui.session import MAX_FAILURES, SESSION_S, Sessions
+from sqlq.common.clock import FakeClock
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.http.app import create_app
+from sqlq.http.guard import Security
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.kinds import Registry, task
+from sqlq.runtime.service import Service
+from sqlq.ui.charts import line_chart, nice_ceiling, short
+from sqlq.ui.history import History, Sample, quantile
+from sqlq.ui.options import UiOptions
+from sqlq.ui.overview import Sampler
+from sqlq.ui.session import MAX_FAILURES, SESSION_S, Sessions
 from tests.helpers import ROOT, ServiceFactory, StoreFactory, submit, wait_for
 
 INF = float("inf")
@@ -394,7 +394,7 @@ async def test_the_sampler_reads_the_services_totals(ui: Client) -> None:
 
 
 def test_the_vendored_htmx_is_the_pinned_one() -> None:
-    static = ROOT / "common" / "ui" / "static"
+    static = ROOT / "sqlq" / "ui" / "static"
     pinned = re.search(r"`htmx.min.js` \| htmx \| ([\d.]+) .*?`([0-9a-f]{64})`",
                        (static / "VENDORED.md").read_text())  # fmt: skip
     assert pinned, "VENDORED.md names htmx's version and hash"
@@ -405,8 +405,8 @@ def test_the_vendored_htmx_is_the_pinned_one() -> None:
 
 def test_templates_and_assets_are_package_data() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert '"common.ui" = ["templates/*.html", "static/*"]' in pyproject
-    assert any(Path(ROOT, "common/ui/templates").glob("*.html"))
+    assert '"sqlq.ui" = ["templates/*.html", "static/*"]' in pyproject
+    assert any(Path(ROOT, "sqlq/ui/templates").glob("*.html"))
 
 
 async def test_the_overview_shows_the_last_compaction(

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from bench.client.server import ServerProcess
+from sqlq.bench.client.server import ServerProcess
 from tests.helpers import ROOT, spawn_server, unavailable
 
 pytestmark = pytest.mark.slow

@@ -9,12 +9,12 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from common.engine.memory import MemoryStore
-from common.http.app import create_app
-from common.http.guard import Security
-from common.runtime.config import RuntimeConfig
-from common.runtime.service import Service
-from common.ui.session import COOKIE, MAX_FAILURES, Sessions
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.http.app import create_app
+from sqlq.http.guard import Security
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.service import Service
+from sqlq.ui.session import COOKIE, MAX_FAILURES, Sessions
 
 TOKEN = "t0ken-for-the-ui-gate"
 

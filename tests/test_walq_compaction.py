@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from common.clock import FakeClock
-from common.errors import StoreError, StoreFailedError
-from common.models import Job
+from sqlq.common.clock import FakeClock
+from sqlq.common.errors import StoreError, StoreFailedError
+from sqlq.common.models import Job
+from sqlq.walq import log
+from sqlq.walq.store import WalStore
 from tests.walq_helpers import NOW, FaultyFiles, log_path, read_state, write_history
-from walq import log
-from walq.store import WalStore
 
 
 def header_of(d: Path) -> dict[str, object]:

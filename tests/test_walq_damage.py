@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.clock import FakeClock
-from common.errors import CorruptLogError
+from sqlq.common.clock import FakeClock
+from sqlq.common.errors import CorruptLogError
+from sqlq.walq import log
+from sqlq.walq.repair import repair
+from sqlq.walq.store import WalStore
 from tests.walq_helpers import NOW, log_path, read_state, write_history
-from walq import log
-from walq.repair import repair
-from walq.store import WalStore
 
 _SOURCE = Path(tempfile.mkdtemp(prefix="walq-damage-src-"))
 asyncio.run(write_history(_SOURCE, n=12))

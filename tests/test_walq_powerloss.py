@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from common.clock import FakeClock
-from common.errors import StoreError
-from common.models import Job, Transition
+from sqlq.common.clock import FakeClock
+from sqlq.common.errors import StoreError
+from sqlq.common.models import Job, Transition
+from sqlq.walq.store import WalStore
 from tests.helpers import NOW
 from tests.powerloss import TAIL_MODES, SimDisk
-from walq.store import WalStore
 
 
 @dataclass

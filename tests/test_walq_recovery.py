@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from common.clock import FakeClock
-from common.errors import CorruptLogError, StoreFailedError
-from common.models import Job, State
+from sqlq.common.clock import FakeClock
+from sqlq.common.errors import CorruptLogError, StoreFailedError
+from sqlq.common.models import Job, State
+from sqlq.walq import log
+from sqlq.walq.repair import repair
+from sqlq.walq.store import WalStore
 from tests.walq_helpers import NOW, FaultyFiles, log_path, read_state, write_history
-from walq import log
-from walq.repair import repair
-from walq.store import WalStore
 
 
 def last_record_offset(data: bytes) -> int:

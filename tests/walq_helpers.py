@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.clock import FakeClock
-from common.models import Job
+from sqlq.common.clock import FakeClock
+from sqlq.common.models import Job
+from sqlq.walq.files import OsFileOps
+from sqlq.walq.store import LOG_NAME, WalStore
 from tests.helpers import NOW
-from walq.files import OsFileOps
-from walq.store import LOG_NAME, WalStore
 
 
 class Boom(OSError):

@@ -1,5 +1,5 @@
 """walq: a hand-rolled append-only JSON Lines write-ahead log engine."""
 
-from walq.store import WalStore
+from sqlq.walq.store import WalStore
 
 __all__ = ["WalStore"]

@@ -34,12 +34,12 @@ from typing import Any, Protocol
 
 import msgspec
 
-from common.engine.index import expired
-from common.errors import StoreClosedError, StoreError, StoreFailedError
-from common.models import Job
-from common.store import CompactionReport
-from walq import log
-from walq.files import FileOps
+from sqlq.common.engine.index import expired
+from sqlq.common.errors import StoreClosedError, StoreError, StoreFailedError
+from sqlq.common.models import Job
+from sqlq.common.store import CompactionReport
+from sqlq.walq import log
+from sqlq.walq.files import FileOps
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
-from common.engine.datadir import open_private
+from sqlq.common.engine.datadir import open_private
 
 
 class FileOps(Protocol):

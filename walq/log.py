@@ -43,8 +43,8 @@ from typing import Any
 
 import msgspec
 
-from common.models import Job, Transition
-from walq.files import FileOps
+from sqlq.common.models import Job, Transition
+from sqlq.walq.files import FileOps
 
 MAGIC = "walq"
 VERSION = 1

@@ -12,7 +12,7 @@ import os
 
 import msgspec
 
-from walq.files import FileOps
+from sqlq.walq.files import FileOps
 
 QUEUES_NAME = "queues.json"
 

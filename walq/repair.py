@@ -16,11 +16,11 @@ import errno
 import os
 from dataclasses import dataclass
 
-from common.engine.datadir import DirLock
-from common.errors import StoreLockedError
-from walq import log
-from walq.files import OS_FILES, FileOps
-from walq.store import LOCK_NAME, LOG_NAME
+from sqlq.common.engine.datadir import DirLock
+from sqlq.common.errors import StoreLockedError
+from sqlq.walq import log
+from sqlq.walq.files import OS_FILES, FileOps
+from sqlq.walq.store import LOCK_NAME, LOG_NAME
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,16 +21,16 @@ from typing import Any
 
 import msgspec
 
-from common.engine.base import DurableStore
-from common.engine.groupcommit import Pending
-from common.engine.index import JobIndex, expired
-from common.errors import CorruptLogError, SqlqError, StoreError
-from common.models import TERMINAL, Job, State, Transition
-from common.store import Change, CompactionReport, JobQuery, Recovery
-from walq import log
-from walq.compact import Compactor, Snapshot
-from walq.files import OS_FILES, FileOps
-from walq.queues import QUEUES_NAME, read_paused, write_paused
+from sqlq.common.engine.base import DurableStore
+from sqlq.common.engine.groupcommit import Pending
+from sqlq.common.engine.index import JobIndex, expired
+from sqlq.common.errors import CorruptLogError, SqlqError, StoreError
+from sqlq.common.models import TERMINAL, Job, State, Transition
+from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery
+from sqlq.walq import log
+from sqlq.walq.compact import Compactor, Snapshot
+from sqlq.walq.files import OS_FILES, FileOps
+from sqlq.walq.queues import QUEUES_NAME, read_paused, write_paused
 
 logger = logging.getLogger(__name__)
 

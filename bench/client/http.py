@@ -1,6 +1,6 @@
 """A minimal keep-alive HTTP/1.1 client for the load generator.
 
-Measured here against the bare ASGI endpoint of ``bench.trivial`` (32
+Measured here against the bare ASGI endpoint of ``sqlq.bench.trivial`` (32
 connections, uvloop): aiohttp spent 167 us of client CPU per request (4.8k
 req/s), this client 36 us (15.5k req/s). On a 2-core machine the client's CPU
 is taken from the server being measured, so that difference is the server's.

@@ -1,6 +1,6 @@
 """Load generator: submit jobs over keep-alive HTTP, wait for the drain, report.
 
-It runs on uvloop with the minimal client of ``bench.client.http``, whose
+It runs on uvloop with the minimal client of ``sqlq.bench.client.http``, whose
 ceiling against a trivial endpoint the report shows beside every result.
 Closed loop (``--rate 0``): C clients each submit as soon as their previous
 submit is acknowledged. Open loop (``--rate R``): submissions are *scheduled*
@@ -18,8 +18,8 @@ import json
 import time
 from typing import Any
 
-from bench.client.http import HttpPool
-from bench.stats import percentile, summary_ms
+from sqlq.bench.client.http import HttpPool
+from sqlq.bench.stats import percentile, summary_ms
 
 
 def job_body(work_ms: int, fail_prob: float, hang_prob: float, kind: str, rounds: int) -> Any:
@@ -56,7 +56,7 @@ async def run_load(
     """Submit ``jobs`` jobs and (``drain``) wait until they are all finished.
 
     ``drain=False`` only submits and counts acknowledgements: it is how the
-    client's own ceiling is measured against the trivial app in ``bench.trivial``.
+    client's own ceiling is measured against the trivial app in ``sqlq.bench.trivial``.
     """
     latencies: list[float] = []
     ids: list[str] = []

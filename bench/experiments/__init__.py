@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import report
-from bench.experiments import (
+from sqlq.bench import report
+from sqlq.bench.experiments import (
     a_scaling,
     b_retries,
     c_hangs,
@@ -27,8 +27,8 @@ from bench.experiments import (
     l_dashboard,
     m_queues,
 )
-from bench.experiments.answer import answer
-from bench.experiments.base import BenchRun
+from sqlq.bench.experiments.answer import answer
+from sqlq.bench.experiments.base import BenchRun
 
 MODULES = (
     ceiling, a_scaling, b_retries, c_hangs, d_durability, e_crash, f_cpu, g_recovery, h_latency,

@@ -6,8 +6,8 @@ so it cannot say the opposite of what this run measured.
 
 from __future__ import annotations
 
-from bench.experiments import d_durability, g_recovery
-from bench.report import Report
+from sqlq.bench.experiments import d_durability, g_recovery
+from sqlq.bench.report import Report
 
 
 def answer(rep: Report) -> list[str]:

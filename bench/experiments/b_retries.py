@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from bench.experiments.base import BenchRun, off_on_table, off_then_on
-from bench.experiments.rows import LoadRow
-from bench.report import Report, med
+from sqlq.bench.experiments.base import BenchRun, off_on_table, off_then_on
+from sqlq.bench.experiments.rows import LoadRow
+from sqlq.bench.report import Report, med
 
 NAME = "B"
 ROW = LoadRow

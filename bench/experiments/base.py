@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bench.client.loadgen import run
-from bench.client.server import ServerProcess
-from bench.experiments.rows import LoadRow
-from bench.report import Report, cell, group
-from sqlq.engines import DURABLE, NAMES
+from sqlq.bench.client.loadgen import run
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.experiments.rows import LoadRow
+from sqlq.bench.report import Report, cell, group
+from sqlq.engines.registry import DURABLE, NAMES
 
 __all__ = ["DURABLE", "NAMES", "BenchRun", "LoadRun", "Run", "off_on_table", "off_then_on"]
 

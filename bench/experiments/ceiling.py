@@ -1,7 +1,7 @@
 """The client's ceiling: the load generator against a trivial endpoint on the same stack.
 
 If the client could not outrun the server, every submit rate in the report
-would measure the client. A bare ASGI app (``bench.trivial``) on the same
+would measure the client. A bare ASGI app (``sqlq.bench.trivial``) on the same
 uvicorn/uvloop/httptools stack shows how fast the client can go.
 """
 
@@ -17,11 +17,11 @@ from typing import Any
 
 import uvloop
 
-from bench.client.loadgen import job_body, run_load
-from bench.client.server import free_port
-from bench.experiments.base import BenchRun
-from bench.experiments.rows import Latency, LoadRow, Row
-from bench.report import Report, cell, med
+from sqlq.bench.client.loadgen import job_body, run_load
+from sqlq.bench.client.server import free_port
+from sqlq.bench.experiments.base import BenchRun
+from sqlq.bench.experiments.rows import Latency, LoadRow, Row
+from sqlq.bench.report import Report, cell, med
 
 NAME = "ceiling"
 LOAD_EXPERIMENTS = ("A", "B", "C", "D", "I")  # whose submit rates the ceiling must exceed
@@ -46,7 +46,7 @@ class CeilingRun:
 
     def execute(self) -> dict[str, Any]:
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "bench.trivial", str(port)])
+        proc = subprocess.Popen([sys.executable, "-m", "sqlq.bench.trivial", str(port)])
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.perf_counter() + 30
@@ -82,7 +82,7 @@ def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[BenchRun]:
 
 
 def section(rep: Report) -> None:
-    from bench.experiments.h_latency import LatencyRow
+    from sqlq.bench.experiments.h_latency import LatencyRow
 
     rows = rep.rows(NAME, CeilingRow)
     if not rows:

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from bench.experiments.base import DURABLE, NAMES, BenchRun, LoadRun
-from bench.experiments.rows import LoadRow
-from bench.report import Report, cell, group, med
+from sqlq.bench.experiments.base import DURABLE, NAMES, BenchRun, LoadRun
+from sqlq.bench.experiments.rows import LoadRow
+from sqlq.bench.report import Report, cell, group, med
 
 NAME = "D"
 ROW = LoadRow

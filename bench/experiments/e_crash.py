@@ -12,12 +12,12 @@ from typing import Any
 import msgspec
 import uvloop
 
-from bench.client.http import HTTPError, HttpPool
-from bench.client.loadgen import wait_drained
-from bench.client.server import ServerProcess
-from bench.experiments.base import DURABLE, NAMES, BenchRun, Run
-from bench.experiments.rows import Row
-from bench.report import Report, cell, group
+from sqlq.bench.client.http import HTTPError, HttpPool
+from sqlq.bench.client.loadgen import wait_drained
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.experiments.base import DURABLE, NAMES, BenchRun, Run
+from sqlq.bench.experiments.rows import Row
+from sqlq.bench.report import Report, cell, group
 
 NAME = "E"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from bench.experiments.base import BenchRun, LoadRun
-from bench.experiments.rows import LoadRow
-from bench.report import Report, cell, group, med
+from sqlq.bench.experiments.base import BenchRun, LoadRun
+from sqlq.bench.experiments.rows import LoadRow
+from sqlq.bench.report import Report, cell, group, med
 
 NAME = "F"
 ROW = LoadRow

@@ -17,12 +17,12 @@ from typing import Any
 import msgspec
 import uvloop
 
-from bench.client.http import HttpPool
-from bench.client.loadgen import job_body, run_load
-from bench.client.server import ServerProcess
-from bench.experiments.base import DURABLE, NAMES, BenchRun, Run
-from bench.experiments.rows import Latency, Row
-from bench.report import Report, cell, group, med
+from sqlq.bench.client.http import HttpPool
+from sqlq.bench.client.loadgen import job_body, run_load
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.experiments.base import DURABLE, NAMES, BenchRun, Run
+from sqlq.bench.experiments.rows import Latency, Row
+from sqlq.bench.report import Report, cell, group, med
 
 NAME = "G"
 
@@ -61,7 +61,7 @@ class RecoveryRun(Run):
         with tempfile.TemporaryDirectory(prefix="sqlq-recovery-") as d:
             t0 = time.perf_counter()
             subprocess.run(
-                [sys.executable, "-m", "bench.fill", "--store", self.store, "--data", d,
+                [sys.executable, "-m", "sqlq.bench.fill", "--store", self.store, "--data", d,
                  "--transitions", str(self.transitions)],
                 check=True,
             )  # fmt: skip

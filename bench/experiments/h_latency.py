@@ -10,11 +10,11 @@ from typing import Any
 import msgspec
 import uvloop
 
-from bench.client.loadgen import job_body, run_load
-from bench.client.server import ServerProcess
-from bench.experiments.base import NAMES, BenchRun, Run
-from bench.experiments.rows import Latency, Row
-from bench.report import Report, med
+from sqlq.bench.client.loadgen import job_body, run_load
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.experiments.base import NAMES, BenchRun, Run
+from sqlq.bench.experiments.rows import Latency, Row
+from sqlq.bench.report import Report, med
 
 NAME = "H"
 

@@ -39,12 +39,12 @@ from typing import Any
 
 import asyncpg
 
-from bench.client.http import HttpPool
-from bench.client.server import ServerProcess
-from bench.experiments.rows import Row
-from bench.peers import NOT_INSTALLABLE, PEERS, installed
-from bench.pgcluster import Cluster, make_cluster
-from bench.report import Report, med
+from sqlq.bench.client.http import HttpPool
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.experiments.rows import Row
+from sqlq.bench.peers import NOT_INSTALLABLE, PEERS, installed
+from sqlq.bench.pgcluster import Cluster, make_cluster
+from sqlq.bench.report import Report, med
 
 NAME = "J"
 WORKERS = 64  # per sqlq node, and the procrastinate workers' concurrency
@@ -214,7 +214,7 @@ class SqlqRun(JRun):
 
 
 def _peer(peer: str, action: str, dsn: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "bench.peers", peer, action, "--dsn", dsn, *extra]
+    return [sys.executable, "-m", "sqlq.bench.peers", peer, action, "--dsn", dsn, *extra]
 
 
 def _peer_env() -> dict[str, str]:

@@ -6,11 +6,11 @@ same experiment run on the tree before the work on these costs (the same
 machine), kept so the report shows both side by side.
 
 - **restart**: N jobs delayed by a day are written through the engine
-  (``bench.fill --live``); ``sqlq serve`` starts on them; seconds from spawn to
+  (``sqlq.bench.fill --live``); ``sqlq serve`` starts on them; seconds from spawn to
   ``/readyz`` 200, and the server's RSS (``VmRSS``) less an empty server's, per
   job. **submit**: the same N jobs submitted over HTTP (``/jobs/batch``, 1,000
   each) to a fresh server; its RSS less the empty server's, per job.
-- **replay**: a walq log of 1,000,000 transitions (``bench.fill``); in one
+- **replay**: a walq log of 1,000,000 transitions (``sqlq.bench.fill``); in one
   process, alternately, the engine's recovery (``WalStore.open``) and the plain
   loop that decodes every line with msgspec; the ratio of their times.
 - **cpu**: 30,000 no-op jobs by single POST from 32 clients, 64 workers,
@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.client.loadgen import run
-from bench.client.server import ServerProcess
-from bench.experiments.base import Run
-from bench.experiments.rows import CodedRow
-from bench.report import Report, med
+from sqlq.bench.client.loadgen import run
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.experiments.base import Run
+from sqlq.bench.experiments.rows import CodedRow
+from sqlq.bench.report import Report, med
 
 NAME = "K"
 READY_GOAL_S = 3.0
@@ -107,7 +107,7 @@ class MemoryRun(Run):
         row: dict[str, Any] = {"part": self.part, "jobs": self.jobs, "empty_rss_bytes": empty}
         with tempfile.TemporaryDirectory(prefix="sqlq-k-") as d:
             if self.part == "restart":
-                subprocess.run([sys.executable, "-m", "bench.fill", "--store", self.store,
+                subprocess.run([sys.executable, "-m", "sqlq.bench.fill", "--store", self.store,
                                 "--data", d, "--live", str(self.jobs)], check=True)  # fmt: skip
             srv = ServerProcess.engine(store=self.store, data_dir=d, workers=16,
                                        ready_within=600)  # fmt: skip
@@ -121,7 +121,7 @@ class MemoryRun(Run):
 
 REPLAY_SCRIPT = """
 import asyncio, sys, time, msgspec
-from walq.store import WalStore
+from sqlq.walq.store import WalStore
 path, data, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
 decode, replay = [], []
 for _ in range(repeats):
@@ -151,7 +151,7 @@ class ReplayRun(Run):
 
     def execute(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-k-") as d:
-            subprocess.run([sys.executable, "-m", "bench.fill", "--store", "walq", "--data", d,
+            subprocess.run([sys.executable, "-m", "sqlq.bench.fill", "--store", "walq", "--data", d,
                             "--transitions", str(self.transitions)], check=True)  # fmt: skip
             walq = str(Path(d) / "walq")
             out = subprocess.run(

@@ -3,7 +3,7 @@
 group commit; the workers run the jobs meanwhile) with the dashboard off
 (``--no-ui``), with one viewer and with ten.
 
-A viewer does what an open overview tab does (``common/ui/static/ui.js``): every
+A viewer does what an open overview tab does (``sqlq/ui/static/ui.js``): every
 second, ``GET /ui/`` with ``HX-Request: true``, the page's live part. The viewers
 are threads in a process of their own rather than a browser, so that a browser's
 own CPU on this 2-core machine is not charged to the server; the server's work per
@@ -37,11 +37,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench.client.loadgen import run
-from bench.client.server import ServerProcess
-from bench.experiments.base import BenchRun, LoadRun, Run
-from bench.experiments.rows import LoadRow
-from bench.report import Report, cell, group, med
+from sqlq.bench.client.loadgen import run
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.experiments.base import BenchRun, LoadRun, Run
+from sqlq.bench.experiments.rows import LoadRow
+from sqlq.bench.report import Report, cell, group, med
 
 NAME = "L"
 BAR = 0.95  # submit rate with the dashboard open, x without it

@@ -26,12 +26,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench.experiments.base import Run
-from bench.experiments.rows import CodedRow
-from bench.report import Report, med
-from common.clock import FakeClock
-from common.models import Job
-from common.runtime.scheduler import Scheduler
+from sqlq.bench.experiments.base import Run
+from sqlq.bench.experiments.rows import CodedRow
+from sqlq.bench.report import Report, med
+from sqlq.common.clock import FakeClock
+from sqlq.common.models import Job
+from sqlq.runtime.scheduler import Scheduler
 
 NAME = "M"
 GOAL_X = 2.0  # 10,000 queues ever used, against one queue

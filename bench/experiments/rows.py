@@ -40,7 +40,7 @@ class CodedRow(Row, kw_only=True):
 
 
 class LoadRow(Row, kw_only=True):
-    """One load through a fresh server: submit, run, drain (``bench.client.loadgen``)."""
+    """One load through a fresh server: submit, run, drain (``sqlq.bench.client.loadgen``)."""
 
     jobs: int
     acknowledged: int = 0

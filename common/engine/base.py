@@ -32,12 +32,12 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from common.clock import SYSTEM_CLOCK, Clock
-from common.engine.datadir import DirLock, prepare_dir
-from common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
-from common.errors import StoreError, StoreFailedError
-from common.redact import redact_paths
-from common.store import DEFAULT_RETENTION_S, Change, Recovery, StoreStats, SyncLevel
+from sqlq.common.clock import SYSTEM_CLOCK, Clock
+from sqlq.common.engine.datadir import DirLock, prepare_dir
+from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
+from sqlq.common.errors import StoreError, StoreFailedError
+from sqlq.common.redact import redact_paths
+from sqlq.common.store import DEFAULT_RETENTION_S, Change, Recovery, StoreStats, SyncLevel
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ import logging
 import os
 import stat
 
-from common.errors import StoreError, StoreLockedError
+from sqlq.common.errors import StoreError, StoreLockedError
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import StoreClosedError, StoreError, StoreFailedError, UnencodableError
-from common.store import Change, StoreStats
+from sqlq.common.errors import StoreClosedError, StoreError, StoreFailedError, UnencodableError
+from sqlq.common.store import Change, StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ Hook = Callable[[], Awaitable[None]]
 # an unsupported type, UnicodeEncodeError (a ValueError) for a lone surrogate,
 # OverflowError for an int too large for the engine, RecursionError for a value
 # nested deeper than the stack allows (args and results are held to
-# common.shape.MAX_DEPTH before they get here; this is what remains).
+# sqlq.common.shape.MAX_DEPTH before they get here; this is what remains).
 ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 
 

@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
 
-from common.engine.sortedids import SortedIds
-from common.errors import DuplicateJobError, DuplicateKeyError, JobNotFoundError
-from common.models import TERMINAL, Job, State, Transition
-from common.store import Change, JobQuery
+from sqlq.common.engine.sortedids import SortedIds
+from sqlq.common.errors import DuplicateJobError, DuplicateKeyError, JobNotFoundError
+from sqlq.common.models import TERMINAL, Job, State, Transition
+from sqlq.common.store import Change, JobQuery
 
 
 def expired(job: Job, cutoff: float) -> bool:

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from common.clock import SYSTEM_CLOCK, Clock
-from common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
-from common.engine.index import JobIndex
-from common.errors import StoreClosedError, StoreError, UnencodableError
-from common.models import Job
-from common.store import (
+from sqlq.common.clock import SYSTEM_CLOCK, Clock
+from sqlq.common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
+from sqlq.common.engine.index import JobIndex
+from sqlq.common.errors import StoreClosedError, StoreError, UnencodableError
+from sqlq.common.models import Job
+from sqlq.common.store import (
     DEFAULT_RETENTION_S,
     Change,
     CompactionReport,

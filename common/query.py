@@ -1,0 +1,110 @@
+"""Query parameters, checked like bodies: a bad one is a 422 that names it.
+
+The listing cursor is opaque to clients: the last id of a page, base64url
+encoded, so that it can change shape later without breaking anyone who only
+passes it back.
+
+Every check is a ``fullmatch`` of an ASCII pattern: ``str.isdigit`` also takes
+``²`` and Arabic-Indic digits (which ``int`` then refuses, or accepts), and
+``re.match`` with ``$`` takes a trailing newline.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from starlette.datastructures import QueryParams
+
+from sqlq.common.errors import ValidationError, clip
+from sqlq.common.models import State
+from sqlq.common.specs import KEY_PATTERN, MAX_KIND, QUEUE_PATTERN, whole_number
+from sqlq.common.store import MAX_PAGE, JobQuery
+
+LIST_PARAMS = frozenset({"state", "kind", "queue", "limit", "after"})
+_QUEUE = re.compile(QUEUE_PATTERN)
+_KEY = re.compile(KEY_PATTERN)
+JOB_ID_PATTERN = "[0-9a-f]{32}"  # what ``sqlq.common.models.new_job_id`` makes
+_ID = re.compile(JOB_ID_PATTERN)
+
+
+def is_job_id(value: str) -> bool:
+    """Whether ``value`` has the shape of a job id: anything else needs no store lookup."""
+    return _ID.fullmatch(value) is not None
+
+
+def cursor(job_id: str) -> str:
+    return base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
+
+
+def _uncursor(value: str) -> str:
+    try:
+        job_id = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        job_id = ""
+    if not is_job_id(job_id):
+        raise ValidationError("after", "not a cursor this server gave out (pass `next` back)")
+    return job_id
+
+
+def _int(params: QueryParams, name: str, low: int, high: int, default: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    value = whole_number(raw)
+    if value is None or not low <= value <= high:
+        raise ValidationError(name, f"must be a whole number from {low} to {high}")
+    return value
+
+
+def job_query(params: QueryParams) -> JobQuery:
+    unknown = sorted(set(params) - LIST_PARAMS)
+    if unknown:
+        raise ValidationError(clip(unknown[0], 60), f"unknown parameter; use {sorted(LIST_PARAMS)}")
+    state = params.get("state")
+    if state is not None and state not in State.__members__.values():
+        raise ValidationError("state", f"one of {', '.join(s.value for s in State)}")
+    kind = params.get("kind")
+    if kind is not None and not 1 <= len(kind) <= MAX_KIND:
+        raise ValidationError("kind", f"1 to {MAX_KIND} characters")
+    if kind is not None and "\x00" in kind:  # no kind holds one; PostgreSQL text cannot
+        raise ValidationError("kind", "must not contain NUL")
+    queue = params.get("queue")
+    if queue is not None and not _QUEUE.fullmatch(queue):
+        raise ValidationError("queue", f"must match {QUEUE_PATTERN}")
+    after = params.get("after")
+    return JobQuery(
+        state=None if state is None else State(state),
+        kind=kind,
+        queue=queue,
+        after=None if after is None else _uncursor(after),
+        limit=_int(params, "limit", 1, MAX_PAGE, 100),
+    )
+
+
+def wait_seconds(params: QueryParams) -> float:
+    raw = params.get("wait")
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 60.0:
+        raise ValidationError("wait", "seconds from 0 to 60")
+    return value
+
+
+def queue_name(name: str) -> str:
+    if not _QUEUE.fullmatch(name):
+        raise ValidationError("queue", f"must match {QUEUE_PATTERN}")
+    return name
+
+
+def idempotency_key(header: str | None) -> str | None:
+    if header is None:
+        return None
+    if not _KEY.fullmatch(header):
+        raise ValidationError("Idempotency-Key", "1 to 255 printable ASCII characters, no spaces")
+    return header

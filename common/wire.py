@@ -1,0 +1,54 @@
+"""The response bodies that the server writes and the client reads.
+
+Both sides decode and encode these same msgspec structs, so a field is named
+once; ``sqlq.http.openapi`` publishes their JSON Schema, and the client reads
+responses with them, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from sqlq.common.models import Job
+
+
+class ErrorBody(msgspec.Struct):
+    error: str  # a stable code: invalid, bad_json, not_found, conflict, running, ...
+    message: str  # for people; never more than ~200 characters of the request
+    field: str | None = None  # what was wrong: a JSON path, a parameter, a header
+
+
+class JobPage(msgspec.Struct):
+    jobs: list[Job]
+    next: str | None  # pass back as ?after= for the next page; null on the last one
+
+
+class BatchResult(msgspec.Struct):
+    ids: list[str]
+    created: list[bool]  # false: an idempotency key returned an existing job
+
+
+class Retried(msgspec.Struct):
+    retried: int
+
+
+class QueueView(msgspec.Struct):
+    name: str
+    depth: int
+    running: int
+    limit: int | None
+    paused: bool
+
+
+class QueueList(msgspec.Struct):
+    queues: list[QueueView]
+
+
+class Health(msgspec.Struct):
+    status: str
+    reason: str
+
+
+class Ready(msgspec.Struct):
+    ready: bool
+    reason: str

@@ -1,0 +1,99 @@
+"""Engines by name: the one place that knows each engine's name, aliases, directory and options.
+
+The command line, the benchmarks and the tests pick an engine here. Each
+engine declares what it takes beyond what every engine takes (``sync``,
+``retention``, ``clock``), so a new engine is one entry in ``ENGINES``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlq.common.engine.datadir import prepare_dir
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.store import JobStore, SyncLevel
+from sqlq.engines.postgres.store import PostgresStore
+from sqlq.engines.sqlite import SQLiteStore
+from sqlq.walq.store import WalStore
+
+MiB = 1 << 20
+DURABLE_OPTIONS = ("group_commit", "sync_delay_s")
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    build: Callable[..., JobStore]
+    durable: bool
+    subdir: str | None = None  # where under --data its files live; None: it keeps none
+    aliases: tuple[str, ...] = ()
+    shared: bool = False  # many nodes share its queue (a database): it needs a dsn, not --data
+    options: tuple[str, ...] = ()  # constructor options beyond sync, retention and clock
+    # From the serve settings (a plain mapping) to this engine's own options.
+    from_settings: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda _: {})
+
+
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine("memory", MemoryStore, durable=False),
+        Engine(
+            "walq",
+            WalStore,
+            durable=True,
+            subdir="walq",
+            aliases=("wal",),
+            options=(*DURABLE_OPTIONS, "fs", "compact_floor_bytes", "compact_ratio"),
+            from_settings=lambda s: {
+                "compact_floor_bytes": int(s["compact_floor_mb"] * MiB),
+                "compact_ratio": s["compact_ratio"],
+            },
+        ),
+        Engine("sqlite", SQLiteStore, durable=True, subdir="sqlite", options=DURABLE_OPTIONS),
+        Engine(
+            "postgres",
+            PostgresStore,
+            durable=True,
+            shared=True,
+            aliases=("pg",),
+            options=("dsn", "group_commit", "pool_size", "node"),
+        ),
+    )
+}
+ALL = tuple(ENGINES)  # every engine: the contract suite runs over these
+NAMES = tuple(n for n, e in ENGINES.items() if not e.shared)  # single-node: memory, walq, sqlite
+DURABLE = tuple(n for n in NAMES if ENGINES[n].durable)  # single-node and durable
+SHARED = tuple(n for n, e in ENGINES.items() if e.shared)
+_BY_NAME = {alias: e for e in ENGINES.values() for alias in (e.name, *e.aliases)}
+CHOICES = tuple(_BY_NAME)  # what --store accepts
+DURABLE_CHOICES = tuple(a for a, e in _BY_NAME.items() if e.durable)
+
+
+def engine(name: str) -> Engine:
+    """The engine called ``name`` or one of its aliases (``wal`` is ``walq``)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown store {name!r}; choose one of {', '.join(CHOICES)}") from None
+
+
+def make_store(
+    name: str, data_dir: str | os.PathLike[str], *, sync: SyncLevel = "full", **options: Any
+) -> JobStore:
+    """An engine on ``data_dir`` (a shared engine on ``dsn=`` instead); options it does not
+    take (a durable knob for memory) are dropped, so one call site can serve every engine."""
+    e = engine(name)
+    allowed = {"retention", "clock", *e.options}
+    kwargs = {k: v for k, v in options.items() if k in allowed}
+    if e.shared:
+        dsn = kwargs.pop("dsn", None)
+        if not dsn:
+            raise ValueError(f"the {e.name} store needs a database: give --dsn or SQLQ_DSN")
+        return e.build(dsn, sync=sync, **kwargs)
+    if e.subdir is None:
+        return e.build(sync=sync, **kwargs)
+    prepare_dir(os.fspath(data_dir))  # the top of --data is checked like the engine's own
+    return e.build(os.path.join(os.fspath(data_dir), e.subdir), sync=sync, **kwargs)

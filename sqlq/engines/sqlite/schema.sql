@@ -1,0 +1,45 @@
+-- sqlq SQLite schema, version 2. Readable with the stdlib sqlite3 module and plain SQL.
+CREATE TABLE IF NOT EXISTS jobs (
+    id           TEXT PRIMARY KEY,
+    kind         TEXT NOT NULL,
+    args         TEXT NOT NULL,            -- JSON
+    state        TEXT NOT NULL,            -- scheduled | running | completed | dead | cancelled
+    attempts     INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    ready_at     REAL NOT NULL,            -- unix seconds
+    priority     INTEGER NOT NULL,
+    epoch        INTEGER NOT NULL,         -- bumped at every requeue; fences stale workers
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL,
+    last_error   TEXT,
+    result       TEXT,                     -- JSON
+    started_at   REAL,                     -- when the latest attempt started
+    queue        TEXT NOT NULL DEFAULT 'default',
+    idempotency_key TEXT,                  -- a client's key: one retained job per key
+    request_hash TEXT,                     -- what was asked with that key
+    attempts_total INTEGER NOT NULL DEFAULT 0  -- attempts before the latest operator retry
+) WITHOUT ROWID;
+
+-- Recovery reads only live jobs; pruning reads only old terminal ones.
+CREATE INDEX IF NOT EXISTS jobs_live ON jobs (state) WHERE state IN ('scheduled', 'running');
+CREATE INDEX IF NOT EXISTS jobs_terminal_age ON jobs (updated_at)
+    WHERE state IN ('completed', 'dead', 'cancelled');
+
+-- A copy of sqlq.common.models.TRANSITIONS, rewritten at every open, so the guarded
+-- UPDATE refuses exactly the moves the Python fold refuses.
+CREATE TABLE IF NOT EXISTS legal_transitions (
+    from_state TEXT NOT NULL,
+    to_state   TEXT NOT NULL,
+    PRIMARY KEY (from_state, to_state)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- Queues an operator paused (durable: a restart keeps them paused).
+CREATE TABLE IF NOT EXISTS queues (
+    name   TEXT PRIMARY KEY,
+    paused INTEGER NOT NULL
+) WITHOUT ROWID;

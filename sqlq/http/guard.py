@@ -1,0 +1,242 @@
+"""What a request must pass before any handler sees it.
+
+One pure ASGI middleware, in this order:
+
+1. **Host** (421): while the server is bound to loopback, a request whose
+   ``Host`` is not ``localhost``, ``127.0.0.1`` or ``[::1]`` (any port), or a
+   name added with ``--allowed-host``, is refused. A web page that rebinds its
+   own DNS name to 127.0.0.1 still sends its own name as ``Host``. On any other
+   binding the ``--allowed-host`` names, when given, are the only ones answered.
+   Loopback means an address ``ipaddress`` calls loopback, or a name all of
+   whose addresses are (``127.evil.example`` is a name like any other).
+2. **Token** (401): with ``--token`` set, every path except the probes
+   (``/healthz``, ``/readyz``) needs ``Authorization: Bearer <token>``, compared
+   in constant time. A client address that sent ``MAX_FAILURES`` wrong ones in
+   a minute gets 429 with ``Retry-After`` instead, its token not even compared
+   (``sqlq.throttle``): others are not affected.
+3. **Origin** (403): a browser sends ``Origin`` with every cross-site POST; one
+   that names another host than ``Host`` is refused, so a page elsewhere cannot
+   drive the API even on loopback without a token.
+4. **Content type** (415): a body must be ``application/json`` or
+   ``application/*+json``. An HTML form cannot send those cross-site without a
+   CORS preflight, which this server never grants.
+
+Paths under a ``delegated`` prefix (the dashboard, ``/ui``) pass 1 and 3 here
+and bring their own 2 and 4: a browser cannot put a bearer header on a link or
+a JSON body in a form, so the dashboard checks a session cookie and a CSRF
+field instead (``sqlq.ui.app``).
+
+It is plain ASGI, not Starlette's ``BaseHTTPMiddleware``, because it runs on
+every request and the latter wraps each one in extra tasks and streams.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import math
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sqlq.throttle import Throttle
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+PROBES = frozenset({"/healthz", "/readyz"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+MIN_TOKEN_LENGTH = 16  # characters; ``sqlq serve`` refuses a shorter --token
+
+
+def _addresses(name: str) -> list[str]:
+    """Every address ``name`` resolves to (``OSError`` if it does not)."""
+    return [str(info[4][0]) for info in socket.getaddrinfo(name, None)]
+
+
+def is_loopback(host: str, resolve: Callable[[str], list[str]] = _addresses) -> bool:
+    """Whether binding to ``host`` keeps the server on this machine only: a loopback
+    address, or a name whose every address is one (resolved with ``resolve``)."""
+    name = host.strip()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    if not name:
+        return False
+    try:
+        found = resolve(name)
+    except (OSError, UnicodeError):
+        return False
+    try:
+        return bool(found) and all(ipaddress.ip_address(a).is_loopback for a in found)
+    except ValueError:  # an address we cannot judge (a scoped IPv6 one, say): not loopback
+        return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Security:
+    token: str | None = None  # None: no token asked (only allowed on loopback, or by override)
+    # Host names accepted in the Host header; None: any (not on loopback, no --allowed-host).
+    allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS
+    extra_hosts: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def for_binding(
+        cls, host: str, token: str | None, extra_hosts: tuple[str, ...] = ()
+    ) -> Security:
+        extra = frozenset(h.lower() for h in extra_hosts)
+        allowed = LOOPBACK_HOSTS | extra if is_loopback(host) else (extra or None)
+        return cls(token=token, allowed_hosts=allowed, extra_hosts=extra)
+
+
+def _host_name(value: str) -> str:
+    """``Host`` without its port: ``[::1]:8080`` -> ``[::1]``, ``a:80`` -> ``a``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _origin_authority(origin: str) -> str | None:
+    """``https://a.example:8080`` -> ``a.example:8080``; None for ``null`` or junk."""
+    if "://" not in origin:
+        return None
+    return origin.split("://", 1)[1].split("/", 1)[0].lower()
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json":
+        return True
+    return media.startswith("application/") and media.endswith("+json")
+
+
+Refusal = tuple[int, str, str, str, list[tuple[bytes, bytes]]]
+
+
+class Guard:
+    """Every request's checks; then the app, or a route's fast path.
+
+    ``fast`` maps ``(method, path)`` to an ASGI app that answers that route
+    without the router and exception middleware between (the single submit, the
+    hot path: about 10 us of a request's CPU); it must answer every error itself.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        security: Security,
+        fast: dict[tuple[str, str], ASGIApp] | None = None,
+        delegated: tuple[str, ...] = (),
+        throttle: Throttle | None = None,
+    ) -> None:
+        self.app = app
+        self.security = security
+        self.throttle = throttle or Throttle()
+        self._token = security.token.encode() if security.token else None
+        self._fast = fast or {}
+        self._delegated = delegated
+
+    def _own_checks(self, path: str) -> bool:
+        """Whether ``path`` is under a prefix that checks its own token and content type."""
+        return any(path == p or path.startswith(p + "/") for p in self._delegated)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._other(scope, receive, send)
+            return
+        refusal = self.check(scope)
+        if refusal is None:
+            fast = self._fast.get((scope["method"], scope["path"]))
+            await (fast or self.app)(scope, receive, send)
+            return
+        status, code, message, header, extra = refusal
+        body = msgspec.json.encode({"error": code, "message": message, "field": header})
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *extra,
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Lifespan passes; a WebSocket is refused before it is accepted (sqlq serves none,
+        and ``sqlq serve`` runs uvicorn with ``ws="none"``); any other type is an error."""
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # policy violation
+        else:
+            raise RuntimeError(f"unsupported ASGI scope type {scope['type']!r}")
+
+    def check(self, scope: Scope) -> Refusal | None:
+        """Why the request is refused (status, code, message, header, extra headers)."""
+        headers: dict[bytes, bytes] = {}
+        for k, v in scope["headers"]:
+            headers.setdefault(k, v)  # the first of a repeated header
+        sec = self.security
+        host = headers.get(b"host", b"").decode("latin-1")
+        if sec.allowed_hosts is not None and _host_name(host) not in sec.allowed_hosts:
+            return (
+                421,
+                "misdirected",
+                "this server answers only to its own names (see --allowed-host)",
+                "host",
+                [],
+            )
+        own = bool(self._delegated) and self._own_checks(scope["path"])
+        if self._token is not None and scope["path"] not in PROBES and not own:
+            client = scope.get("client")
+            address = client[0] if client else None
+            wait = self.throttle.retry_after(address)
+            if wait is not None:  # refused before the compare: no oracle while throttled
+                return (
+                    429,
+                    "too_many_attempts",
+                    "too many wrong tokens from this address lately: try again later",
+                    "authorization",
+                    [(b"retry-after", str(max(1, math.ceil(wait))).encode())],
+                )
+            given = headers.get(b"authorization", b"")
+            scheme, _, credential = given.partition(b" ")
+            ok = scheme.lower() == b"bearer" and hmac.compare_digest(credential, self._token)
+            if not ok:
+                if given:  # a guess; a request without the header guesses nothing
+                    self.throttle.failed(address)
+                return (
+                    401,
+                    "unauthorized",
+                    "a valid Authorization: Bearer <token> header is required",
+                    "authorization",
+                    [(b"www-authenticate", b'Bearer realm="sqlq"')],
+                )
+        origin = headers.get(b"origin")
+        if origin is not None:
+            authority = _origin_authority(origin.decode("latin-1"))
+            if authority != host.strip().lower():
+                return (403, "cross_origin", "cross-origin requests are refused", "origin", [])
+        method: Any = scope["method"]
+        if method in BODY_METHODS and not own:
+            content_type = headers.get(b"content-type")
+            has_body = b"transfer-encoding" in headers or headers.get(
+                b"content-length", b"0"
+            ) not in (b"0", b"")
+            if (content_type is not None or has_body) and not _is_json(
+                (content_type or b"").decode("latin-1")
+            ):
+                return (
+                    415,
+                    "unsupported_media_type",
+                    "the body must be application/json",
+                    "content-type",
+                    [],
+                )
+        return None

@@ -1,0 +1,216 @@
+"""``GET /openapi.json``: the API described by the same msgspec types that validate it.
+
+Requests are the structs the handlers decode (``JobSpec``, ``BatchSpec``,
+``RetrySpec``); responses are the wire types of ``common.wire`` and the ``Job`` model itself.
+msgspec writes their JSON Schema (2020-12, what OpenAPI 3.1 uses); this module
+only lays out the operations. Nothing about a field is written twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from sqlq.common.models import Job
+from sqlq.common.specs import KEY_PATTERN, QUEUE_PATTERN, BatchSpec, JobSpec, RetrySpec
+from sqlq.common.store import MAX_PAGE
+from sqlq.common.wire import (
+    BatchResult,
+    ErrorBody,
+    Health,
+    JobPage,
+    QueueList,
+    QueueView,
+    Ready,
+    Retried,
+)
+
+ERRORS = (400, 401, 403, 404, 409, 413, 415, 421, 422, 429, 503)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str  # "query", "path", "header"
+    schema: dict[str, Any]
+    description: str = ""
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Op:
+    method: str
+    path: str
+    summary: str
+    ok: dict[int, type | None]  # success statuses and their body (None: free-form JSON)
+    body: type | None = None
+    params: tuple[Param, ...] = ()
+    errors: tuple[int, ...] = ERRORS
+    text: bool = False  # the success body is text/plain (metrics)
+    tags: tuple[str, ...] = field(default=())
+
+
+JOB_ID = Param("job_id", "path", {"type": "string"}, "a job id", True)
+QUEUE = Param("queue", "path", {"type": "string", "pattern": QUEUE_PATTERN}, "a queue", True)
+STATES = ["scheduled", "running", "completed", "dead", "cancelled"]
+OPS = (
+    Op(
+        "post",
+        "/jobs",
+        "Submit one job; 201 when made, 200 when a key returned it",
+        {201: Job, 200: Job},
+        JobSpec,
+        (
+            Param(
+                "Idempotency-Key",
+                "header",
+                {"type": "string", "pattern": KEY_PATTERN},
+                "the same key and request return the original job",
+            ),
+        ),
+    ),
+    Op(
+        "get",
+        "/jobs",
+        "List jobs in id order, a page at a time",
+        {200: JobPage},
+        params=(
+            Param("state", "query", {"type": "string", "enum": STATES}),
+            Param("kind", "query", {"type": "string", "minLength": 1, "maxLength": 128}),
+            Param("queue", "query", {"type": "string", "pattern": QUEUE_PATTERN}),
+            Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
+            Param("after", "query", {"type": "string"}, "the `next` of the previous page"),
+        ),
+    ),
+    Op(
+        "post",
+        "/jobs/batch",
+        "Submit many jobs in one atomic, durable commit",
+        {201: BatchResult, 200: BatchResult},
+        BatchSpec,
+    ),
+    Op(
+        "post",
+        "/jobs/retry",
+        "Retry every dead (or cancelled) job that matches",
+        {200: Retried},
+        RetrySpec,
+    ),
+    Op(
+        "get",
+        "/jobs/{job_id}",
+        "A job; with ?wait=S, once it finishes or S seconds pass",
+        {200: Job},
+        params=(
+            JOB_ID,
+            Param("wait", "query", {"type": "number", "minimum": 0, "maximum": 60}),
+        ),
+    ),
+    Op(
+        "delete",
+        "/jobs/{job_id}",
+        "Cancel a job that has not started",
+        {200: Job},
+        params=(JOB_ID,),
+    ),
+    Op(
+        "post",
+        "/jobs/{job_id}/retry",
+        "Retry a dead or cancelled job",
+        {200: Job},
+        params=(JOB_ID,),
+    ),
+    Op("get", "/queues", "Each queue's depth, running count, cap and pause", {200: QueueList}),
+    Op(
+        "post",
+        "/queues/{queue}/pause",
+        "Stop starting jobs of a queue (durable)",
+        {200: QueueView},
+        params=(QUEUE,),
+    ),
+    Op(
+        "post",
+        "/queues/{queue}/resume",
+        "Start jobs of a queue again",
+        {200: QueueView},
+        params=(QUEUE,),
+    ),
+    Op(
+        "get",
+        "/healthz",
+        "Liveness: 503 once the store has failed",
+        {200: Health},
+        errors=(421, 503),
+    ),
+    Op(
+        "get",
+        "/readyz",
+        "Readiness: 503 while recovering, failed, or overloaded",
+        {200: Ready},
+        errors=(421, 503),
+    ),
+    Op("get", "/stats", "Counters, workers, lanes, store and recovery", {200: None}),
+    Op("get", "/metrics", "Prometheus text format", {200: None}, text=True),
+    Op("get", "/openapi.json", "This document", {200: None}),
+)
+
+
+def _body(schema: dict[str, Any], text: bool = False) -> dict[str, Any]:
+    media = "text/plain" if text else "application/json"
+    return {"content": {media: {"schema": schema}}}
+
+
+def document(version: str) -> dict[str, Any]:
+    types = sorted(
+        {t for op in OPS for t in (op.body, *op.ok.values()) if t is not None} | {ErrorBody},
+        key=lambda t: t.__name__,
+    )
+    refs, components = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}"
+    )
+    ref = dict(zip(types, refs, strict=True))
+    error = _body(ref[ErrorBody])
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPS:
+        responses: dict[str, Any] = {}
+        for status, body in op.ok.items():
+            schema = (
+                ref[body]
+                if body is not None
+                else ({"type": "string"} if op.text else {"type": "object"})
+            )
+            responses[str(status)] = {"description": "OK", **_body(schema, op.text)}
+        for status in op.errors:
+            responses[str(status)] = {"description": "an error, as JSON", **error}
+        spec: dict[str, Any] = {"summary": op.summary, "responses": responses}
+        if op.params:
+            spec["parameters"] = [
+                {
+                    "name": p.name,
+                    "in": p.where,
+                    "required": p.required or p.where == "path",
+                    "schema": p.schema,
+                    **({"description": p.description} if p.description else {}),
+                }
+                for p in op.params
+            ]
+        if op.body is not None:
+            spec["requestBody"] = {"required": op.body is not RetrySpec, **_body(ref[op.body])}
+        paths.setdefault(op.path, {})[op.method] = spec
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "sqlq",
+            "version": version,
+            "description": "A durable background-job queue. Bodies are JSON; errors "
+            "are JSON bodies naming the field.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{}, {"bearer": []}],  # a token when the server has one
+    }

@@ -1,0 +1,40 @@
+"""The runtime's settings, one default each, and the states it goes through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sqlq.common.backoff import RetryPolicy
+
+
+class RuntimeState(StrEnum):
+    NEW = "new"  # built, not started
+    RECOVERING = "recovering"  # the store is replaying; no request is served yet
+    READY = "ready"  # accepting work
+    STOPPING = "stopping"  # refusing new work; running jobs get their grace period
+    STOPPED = "stopped"  # the store is closed
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    workers: int = 16
+    max_attempts: int = 5
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    hb_timeout_s: float = 0.200  # the built-in kinds' heartbeat timeout (they beat every 10 ms)
+    healthcheck: bool = True
+    seed: int | None = None  # retry jitter and fault injection; None: from the OS
+    cpu_processes: int | None = None  # the cpu kind's process pool; None: one per core
+    cpu_beat_while_queued: bool = True
+    compact_every_s: float = 300.0  # prune past retention and compact; 0 turns it off
+    fault_injection: bool = False  # accept sleep's fail_prob / hang_prob (tests, benchmarks)
+    max_queued: int = 1_000_000  # live jobs; a submission past it is refused (429)
+    max_queues: int = 1_000  # queues with live jobs, or paused; a new one past it is a 422
+    max_abandoned: int = 100  # cut-off handlers still running; past it, /readyz is 503
+    handler_threads: int | None = None  # the sync handlers' pool; None: one per worker
+    queue_caps: dict[str, int] = field(default_factory=dict)  # queue -> jobs running at once
+    # Shared mode (a shared store): how long a claim lasts unrenewed, the claimer's
+    # backstop poll, and whether to LISTEN for other nodes' submissions at all.
+    lease_s: float = 5.0
+    poll_s: float = 1.0
+    listen: bool = True

@@ -1,0 +1,322 @@
+"""Job kinds by name: what a job of each kind accepts and how it runs.
+
+A kind validates its arguments when a job is submitted (so bad input is a 422
+naming the field, never a failed job later) and runs with a ``JobContext``
+whose ``beat()`` is the heartbeat the health loop watches.
+
+Built in: ``sleep`` (the fault injector of the experiments) and ``cpu`` (see
+``sqlq.runtime.cpu``). User handlers register with the ``task`` decorator from a
+module that ``sqlq serve --import`` imports::
+
+    from sqlq import task
+
+    @task(timeout=60)
+    async def resize(args, ctx):   # async: runs on the event loop
+        ...
+        return {"ok": True}        # stored as the job's result
+
+    @task(name="crunch")
+    def crunch(args, ctx):         # plain function: runs in the handler thread pool
+        ctx.beat()                 # optional; see hb_timeout below
+        return sum(args["xs"])
+
+Limits: an attempt that runs past ``timeout`` (default 300 s) is cut off, and
+with ``hb_timeout`` set, so is one silent for longer than that between
+``ctx.beat()`` calls. A handler that never beats is judged by ``timeout``
+alone. A cut-off async handler is cancelled; a thread cannot be, so it is
+abandoned (its eventual result is dropped) and counted in ``/stats``. Either
+way the attempt fails and the job retries or dead-letters like any other
+failure. The built-in kinds beat every 10 ms and are judged by the server's
+``--hb-timeout``.
+
+An exception fails the attempt; its message becomes ``last_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import re
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from sqlq.common.clock import SYSTEM_CLOCK, Clock
+from sqlq.common.errors import ValidationError, clip
+from sqlq.common.models import JSON, Job
+
+MAX_WORK_MS = 600_000  # ten minutes: longer sleeps are a typo, not an experiment
+BEAT_EVERY_S = 0.010  # the sleep kind's heartbeat slice
+MAX_KIND_LENGTH = 128
+DEFAULT_TASK_TIMEOUT_S = 300.0
+
+# A kind's heartbeat timeout: seconds, None (never judged by heartbeat), or
+# "server": the server's --hb-timeout, for kinds that beat every 10 ms.
+HbTimeout = float | Literal["server"] | None
+
+
+class HandlerThreads:
+    """The thread pool plain (sync) handlers run in, sized for the worker pool.
+
+    asyncio's default executor has ``min(32, cores + 4)`` threads: six here, so
+    sixteen workers running sync handlers would queue behind six threads and be
+    judged hung while they waited. A thread cannot be cancelled: when its
+    attempt is cut off, it is *abandoned* (counted in ``abandoned`` until it
+    returns; its result is dropped).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._executor = ThreadPoolExecutor(size, thread_name_prefix="sqlq-handler")
+        self.abandoned = 0
+        self.abandoned_total = 0
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        cf = self._executor.submit(fn)
+        try:
+            return await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            if not cf.done():  # running: it goes on without us
+                loop = asyncio.get_running_loop()
+                self.abandoned += 1
+                self.abandoned_total += 1
+                cf.add_done_callback(lambda _: _call_soon(loop, self._returned))
+            raise
+
+    def _returned(self) -> None:
+        self.abandoned -= 1
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    try:
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:  # the loop is closed: the server is gone, nobody counts
+        pass
+
+
+class JobContext:
+    """What a running handler may touch: its job, a heartbeat and an RNG.
+
+    ``hb_timeout`` and ``deadline`` (monotonic seconds) are the limits the
+    health loop applies to this attempt; ``None`` means no such limit.
+    """
+
+    __slots__ = ("_clock", "deadline", "hb_timeout", "job", "last_beat", "rng", "threads")
+
+    def __init__(
+        self,
+        job: Job,
+        rng: random.Random,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        threads: HandlerThreads | None = None,
+        hb_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.job = job
+        self.rng = rng
+        self.threads = threads
+        self._clock = clock
+        self.last_beat = clock.monotonic()
+        self.hb_timeout = hb_timeout
+        self.deadline = None if timeout is None else self.last_beat + timeout
+
+    def beat(self) -> None:
+        """I am alive and working. Safe to call from any thread."""
+        self.last_beat = self._clock.monotonic()
+
+
+class JobFailed(Exception):
+    """A handler's way to fail an attempt with a message."""
+
+
+Validate = Callable[[JSON], JSON]
+Run = Callable[[JSON, JobContext], Awaitable[JSON]]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    name: str
+    validate: Validate
+    run: Run
+    timeout_s: float | None = None  # an attempt running longer is cut off
+    hb_timeout_s: HbTimeout = "server"  # an attempt silent longer is cut off
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._kinds: dict[str, Kind] = {}
+
+    def register(self, kind: Kind) -> None:
+        if not kind.name or len(kind.name) > MAX_KIND_LENGTH:
+            raise ValueError(f"a job kind's name has 1 to {MAX_KIND_LENGTH} characters")
+        if kind.name in self._kinds:
+            raise ValueError(f"a job kind named {kind.name!r} is already registered")
+        self._kinds[kind.name] = kind
+
+    def get(self, name: str) -> Kind:
+        kind = self._kinds.get(name)
+        if kind is None:
+            if len(name) > MAX_KIND_LENGTH:
+                raise ValidationError("kind", f"longer than {MAX_KIND_LENGTH} characters")
+            known = clip(", ".join(sorted(self._kinds)))
+            raise ValidationError("kind", f"unknown kind {clip(name, 60)!r}; known kinds: {known}")
+        return kind
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._kinds
+
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+
+# -- argument validation through msgspec, with the field named ----------------------
+
+_AT = re.compile(r" - at `\$(?:\.|\[)?([^`]*)`$")
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def convert_args(args: JSON, spec: type[S], prefix: str = "args") -> S:
+    """``args`` as a ``spec``, or a ``ValidationError`` naming the offending field."""
+    if not isinstance(args, dict):
+        raise ValidationError(prefix, "must be a JSON object")
+    try:
+        return msgspec.convert(args, spec)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        m = _AT.search(message)
+        field = prefix + ("." + m.group(1).rstrip("]") if m and m.group(1) else "")
+        if not m and "missing required field" in message:
+            field = prefix + "." + message.rsplit("`", 2)[-2]
+        raise ValidationError(field, _AT.sub("", message)) from None
+
+
+# -- sleep: the fault injector ----------------------------------------------------------
+
+Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class SleepArgs(msgspec.Struct, forbid_unknown_fields=True):
+    work_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_WORK_MS)] = 0
+    fail_prob: Prob = 0.0
+    hang_prob: Prob = 0.0
+
+
+FAULT_FLAG = "--fault-injection"
+
+
+def sleep_kind(*, fault_injection: bool) -> Kind:
+    """The ``sleep`` kind; its fault arguments only where the server allows them.
+
+    ``fail_prob`` and ``hang_prob`` exist for the experiments and the tests. In
+    production they would let any client make jobs fail or hang on purpose, so
+    they are refused unless the server runs with ``--fault-injection``.
+    """
+
+    def validate(args: JSON) -> JSON:
+        a = convert_args(args, SleepArgs)
+        if not fault_injection:
+            for name in ("fail_prob", "hang_prob"):
+                if getattr(a, name):
+                    raise ValidationError(
+                        f"args.{name}",
+                        f"fault injection is off; start the server with {FAULT_FLAG} to use it",
+                    )
+        return msgspec.to_builtins(a)
+
+    return Kind("sleep", validate, _run_sleep)
+
+
+async def _run_sleep(args: JSON, ctx: JobContext) -> JSON:
+    """Sleep ``work_ms`` in slices of at most 10 ms with a heartbeat after each.
+
+    Slices aim at one deadline, so timer overshoot is paid once, not per slice.
+    ``hang_prob``: stop beating and never return. ``fail_prob``: raise at the end.
+    """
+    a = SleepArgs(**args)
+    if a.hang_prob and ctx.rng.random() < a.hang_prob:
+        await asyncio.Event().wait()  # hangs until cancelled, with no heartbeat
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + a.work_ms / 1000
+    while (left := deadline - loop.time()) > 0:
+        await asyncio.sleep(min(BEAT_EVERY_S, left))
+        ctx.beat()
+    if a.fail_prob and ctx.rng.random() < a.fail_prob:
+        raise JobFailed("injected failure (fail_prob)")
+    return {"slept_ms": a.work_ms}
+
+
+SLEEP = sleep_kind(fault_injection=False)
+
+
+# -- user handlers ------------------------------------------------------------------------
+
+REGISTRY = Registry()  # what @task registers into; the runtime adds the built-in kinds
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def task(
+    name: str | None = None,
+    *,
+    timeout: float | None = DEFAULT_TASK_TIMEOUT_S,
+    hb_timeout: float | None = None,
+    registry: Registry | None = None,
+) -> Callable[[F], F]:
+    """Register a function as a job kind (default name: the function's name).
+
+    It is called as ``fn(args)`` or, if it takes two parameters, ``fn(args, ctx)``.
+    Async functions run on the event loop; plain ones in the handler thread pool.
+    ``timeout``: seconds an attempt may run (None: no limit). ``hb_timeout``:
+    seconds it may go without ``ctx.beat()`` (None: not judged by heartbeat).
+    """
+    for label, value in (("timeout", timeout), ("hb_timeout", hb_timeout)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{label} must be a positive number of seconds or None")
+
+    def decorate(fn: F) -> F:
+        wants_ctx = len(inspect.signature(fn).parameters) >= 2
+        if inspect.iscoroutinefunction(fn):
+
+            async def run(args: JSON, ctx: JobContext) -> JSON:
+                return await (fn(args, ctx) if wants_ctx else fn(args))
+
+        else:
+
+            async def run(args: JSON, ctx: JobContext) -> JSON:
+                call = (lambda: fn(args, ctx)) if wants_ctx else (lambda: fn(args))
+                if ctx.threads is None:
+                    return await asyncio.to_thread(call)
+                return await ctx.threads.run(call)
+
+        kind = Kind(name or fn.__name__, _any_json, run, timeout, hb_timeout)
+        (registry or REGISTRY).register(kind)
+        fn.submit = _submitter(kind.name)  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def _submitter(name: str) -> Callable[..., Any]:
+    """``resize.submit(client, args, **options)``: enqueue by the task's own name.
+
+    Works with ``sqlq.Client`` (returns the job) and ``sqlq.AsyncClient`` (returns
+    an awaitable), or anything with their ``submit(kind, args, **options)``.
+    """
+
+    def submit(client: Any, args: JSON = None, **options: Any) -> Any:
+        return client.submit(name, args, **options)
+
+    return submit
+
+
+def _any_json(args: JSON) -> JSON:
+    return args

@@ -1,0 +1,86 @@
+"""``LiveJobs``: this process's view of every scheduled or running job, and its counters.
+
+Every change to the view goes through ``add`` or ``applied``, after the change
+is durable, so the view, the counts by state and the event totals can never
+disagree with each other.
+
+The counts by queue and by (state, queue) are kept as the view changes, so that
+``/metrics`` and ``--max-queues`` read them without walking every live job, and a
+queue with no live job has no entry in them at all (a name used once costs nothing
+from then on).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+from operator import attrgetter
+from typing import TypeVar
+
+from sqlq.common.models import TERMINAL, Job, Transition
+
+_STATE_QUEUE = attrgetter("state", "queue")
+K = TypeVar("K", bound=Hashable)
+
+
+class LiveJobs:
+    def __init__(self) -> None:
+        self.jobs: dict[str, Job] = {}
+        self.counts: Counter[str] = Counter()  # live jobs by state
+        self.totals: Counter[str] = Counter()  # events since this process started
+        self.on_finished: Callable[[Job], None] | None = None  # told of every job that ends
+        self.queues: Counter[str] = Counter()  # live jobs by queue; no zero entries
+        self.census: Counter[tuple[str, str]] = Counter()  # by (state, queue); no zero entries
+
+    def get(self, job_id: str) -> Job | None:
+        return self.jobs.get(job_id)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, job: Job) -> None:
+        """A job that is now durable: submitted, or found at recovery."""
+        self._publish(job)
+
+    def load(self, jobs: list[Job]) -> None:
+        """What recovery found, at once (counted by C loops, not one ``add`` per job)."""
+        self.jobs.update(zip(map(attrgetter("id"), jobs), jobs, strict=True))
+        census = Counter(map(_STATE_QUEUE, jobs))
+        for (state, queue), n in census.items():
+            self.counts[state.value] += n
+            self.queues[queue] += n
+            self.census[state.value, queue] += n
+
+    def applied(self, job: Job, t: Transition) -> Job:
+        """``job`` after the durable transition ``t``; finished jobs leave the view."""
+        new = job.apply(t)
+        self._publish(new, job)
+        return new
+
+    def _publish(self, new: Job, old: Job | None = None) -> None:
+        was_live = old is not None and old.state not in TERMINAL  # (a revived one was not)
+        live = new.state not in TERMINAL
+        moved = not (was_live and live and old is not None and old.queue == new.queue)
+        if old is not None and was_live:
+            self.counts[old.state.value] -= 1
+            _uncount(self.census, (old.state.value, old.queue))
+            if moved:
+                _uncount(self.queues, old.queue)
+        if live:
+            self.jobs[new.id] = new
+            self.counts[new.state.value] += 1
+            self.census[new.state.value, new.queue] += 1
+            if moved:
+                self.queues[new.queue] += 1
+        else:
+            self.jobs.pop(new.id, None)
+            self.totals[new.state.value] += 1
+            if self.on_finished is not None:
+                self.on_finished(new)
+
+
+def _uncount(counter: Counter[K], key: K) -> None:
+    """One fewer of ``key``; the last one takes its entry with it (never left at 0)."""
+    n = counter.pop(key, 0)
+    if n > 1:
+        counter[key] = n - 1

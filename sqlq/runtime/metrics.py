@@ -1,0 +1,140 @@
+"""``/metrics``: the service's figures in Prometheus text format, through prometheus-client.
+
+Counting sits on the hot path (every submit, every outcome), so events are
+plain ``Counter`` increments keyed by (event, kind) per queue and are turned into
+metric families only when Prometheus scrapes (``Collector.collect``). The
+durations are prometheus-client ``Histogram``s. Every ``Service`` has its own
+registry, so two services in one process (the tests) never share a metric.
+
+A queue's ``sqlq_jobs_total`` series stay while fewer than ``limit`` queues have
+series (2 x ``--max-queues``), so a queue that empties between jobs keeps its
+counters from scrape to scrape. Past the limit, the series of queues with no
+live job are dropped, as Prometheus expects of a series whose subject is gone (a
+name used again starts from zero, which ``rate`` and ``increase`` read as a
+reset). So the number of series is bounded whatever names clients send, and a
+name used once costs nothing once the room is needed.
+
+    sqlq_jobs_total{event, kind, queue}   submitted, completed, retried, dead,
+                                          fenced, requeued (hung or at recovery)
+    sqlq_jobs_live{state, queue}          scheduled and running jobs now
+    sqlq_queue_wait_seconds               ready to started, per attempt
+    sqlq_run_seconds                      started to outcome, per attempt
+    sqlq_store_commit_seconds             one group-commit batch, write to durable
+    sqlq_store_batch_size                 commit calls per batch
+    sqlq_workers{status}                  busy, live, hung (declared), replaced
+    sqlq_recovery_seconds, sqlq_recovery_records
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Container, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sqlq.common.models import Job
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                   10, 30, 60, 300)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192)
+
+
+def _none() -> Container[str]:
+    return ()
+
+
+class Metrics:
+    def __init__(
+        self, live_queues: Callable[[], Container[str]] = _none, limit: int = 2_000
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.events: dict[str, Counter[tuple[str, str]]] = {}  # queue -> (event, kind) -> n
+        self.live_queues = live_queues  # the queues that have a live job now
+        self.limit = limit  # queues with series, past which those without live jobs go at once
+        self.queue_wait = Histogram(
+            "sqlq_queue_wait_seconds",
+            "From ready (due) to started, per attempt.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.run = Histogram(
+            "sqlq_run_seconds",
+            "From started to its outcome, per attempt.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit = Histogram(
+            "sqlq_store_commit_seconds",
+            "One group-commit batch, from its write to durable.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch = Histogram(
+            "sqlq_store_batch_size",
+            "Commit calls written together in one batch.",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+
+    def event(self, event: str, job: Job, n: int = 1) -> None:
+        queue = job.queue
+        counts = self.events.get(queue)
+        if counts is None:
+            if len(self.events) >= self.limit:
+                self.prune()
+                self.limit = max(self.limit, 2 * len(self.events))  # all live: amortised
+            counts = self.events[queue] = Counter()
+        counts[event, job.kind] += n
+
+    def prune(self) -> None:
+        """Drop the series of queues with no live job."""
+        live = self.live_queues()
+        for queue in [q for q in self.events if q not in live]:
+            del self.events[queue]
+
+    def series(self) -> Iterator[tuple[str, str, str, int]]:
+        """(event, kind, queue, n) of every series, in order."""
+        for queue in sorted(self.events):
+            for (event, kind), n in sorted(self.events[queue].items()):
+                yield event, kind, queue, n
+
+    def batch_written(self, calls: int, seconds: float) -> None:
+        """A store's batch observer (see ``GroupCommitter``)."""
+        self.batch.observe(calls)
+        self.commit.observe(seconds)
+
+    def gauges(self, source: Callable[[], Iterator[Metric]]) -> None:
+        """Register figures read at scrape time: live jobs, workers, recovery."""
+        self.registry.register(_Scrape(self, source))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Scrape(Collector):
+    def __init__(self, metrics: Metrics, source: Callable[[], Iterator[Metric]]) -> None:
+        self._metrics = metrics
+        self._source = source
+
+    def describe(self) -> list[Any]:
+        return []  # collected at scrape time; nothing to describe up front
+
+    def collect(self) -> Iterator[Metric]:
+        events = CounterMetricFamily(
+            "sqlq_jobs", "Job events since this process started.", labels=["event", "kind", "queue"]
+        )
+        for event, kind, queue, n in self._metrics.series():
+            events.add_metric([event, kind, queue], n)
+        yield events
+        yield from self._source()
+
+
+def gauge(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
+    return family

@@ -1,0 +1,193 @@
+"""The worker pool and the health loop that replaces hung workers.
+
+N worker tasks take job ids from the scheduler. While a worker holds a job its
+handler heartbeats through ``JobContext.beat``. Every ``hb_timeout / 4`` the
+health loop looks for a worker past one of its attempt's limits: silent longer
+than the kind's heartbeat timeout, or running past the kind's timeout. That
+worker is declared hung and *abandoned*: its job is requeued with a new epoch
+through the retry policy, a replacement starts at once, and its task is
+cancelled. An async handler stops there. A handler in a thread or a process
+cannot be stopped; its task ends and the thread is counted as abandoned until
+it returns (``HandlerThreads``). A handler that swallows the cancellation and
+returns late has its result fenced off by the epoch (and counted). So at most
+N workers are ever live (not hung), and abandoned tasks do not pile up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlq.common.clock import SYSTEM_CLOCK, Clock
+from sqlq.runtime.claims import Claim, Claims
+from sqlq.runtime.executor import Executor
+from sqlq.runtime.kinds import JobContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class Worker:
+    wid: int
+    task: asyncio.Task[None] | None = None
+    ctx: JobContext | None = None
+    claim: Claim | None = None
+    hung: bool = False
+    jobs_done: int = 0
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as ``last_error`` text (``clean_error`` bounds and cleans it)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def overdue(ctx: JobContext, now: float) -> str | None:
+    """Why the attempt behind ``ctx`` must be cut off at ``now``, or None."""
+    if ctx.deadline is not None and now > ctx.deadline:
+        return f"timed out: still running {now - ctx.deadline:.3f} s past its timeout"
+    if ctx.hb_timeout is not None and now - ctx.last_beat > ctx.hb_timeout:
+        return f"worker hung: no heartbeat for {(now - ctx.last_beat) * 1000:.0f} ms"
+    return None
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        claims: Claims,
+        executor: Executor,
+        *,
+        workers: int,
+        hb_timeout_s: float,
+        healthcheck: bool,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._claims = claims
+        self._executor = executor
+        self._clock = clock
+        self.size = workers
+        self.hb_timeout = hb_timeout_s
+        self.healthcheck = healthcheck
+        self.live: list[Worker] = []
+        self.abandoned: list[Worker] = []
+        self._ids = itertools.count(1)
+        self._health_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._idle = asyncio.Event()  # set when stopping and no live worker holds a job
+        self.declared_hung = 0
+        self.timed_out = 0
+        self.replaced = 0
+        self.max_live_seen = 0
+
+    def start(self) -> None:
+        for _ in range(self.size):
+            self._spawn()
+        if self.healthcheck:
+            self._health_task = asyncio.create_task(self._health(), name="sqlq-health")
+
+    def _spawn(self) -> None:
+        w = Worker(next(self._ids))
+        w.task = asyncio.create_task(self._work(w), name=f"sqlq-worker-{w.wid}")
+        w.task.add_done_callback(lambda _: self._ended(w))
+        self.live.append(w)
+        self.max_live_seen = max(self.max_live_seen, len(self.live))
+
+    def _ended(self, w: Worker) -> None:
+        if w.hung:
+            self.abandoned.remove(w)
+
+    async def _work(self, w: Worker) -> None:
+        claims, executor = self._claims, self._executor
+        while not self._stopping and not w.hung:
+            claim = await claims.next()
+            ctx = executor.context(claim.job)
+            w.ctx, w.claim = ctx, claim
+            try:
+                result = await executor.execute(claim.job, ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                claims.failed(claim, describe(exc))
+            else:
+                claims.completed(claim, result)
+            w.ctx = w.claim = None
+            w.jobs_done += 1
+            if self._stopping and not self.busy():
+                self._idle.set()
+            # If it was declared hung while it worked, its job was requeued and a
+            # replacement runs in its place; its late outcome above is fenced, and
+            # the loop ends here.
+
+    async def _health(self) -> None:
+        while True:
+            await asyncio.sleep(self.hb_timeout / 4)
+            self.check(self._clock.monotonic())
+
+    def check(self, now: float) -> list[Worker]:
+        """Declare every worker past its attempt's heartbeat or time limit hung."""
+        hung: list[Worker] = []
+        for w in list(self.live):
+            ctx = w.ctx
+            if ctx is None:
+                continue
+            reason = overdue(ctx, now)
+            if reason is None:
+                continue
+            assert w.claim is not None
+            hung.append(w)
+            w.hung = True
+            self.live.remove(w)
+            self.abandoned.append(w)
+            self.declared_hung += 1
+            if reason.startswith("timed out"):
+                self.timed_out += 1
+            log.warning("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
+            self._claims.hung(w.claim, reason)
+            if w.task is not None:
+                w.task.cancel()  # an async handler stops; a thread is abandoned
+            if not self._stopping:
+                self._spawn()
+                self.replaced += 1
+        return hung
+
+    def hurry(self) -> None:
+        """Cut the grace period short (a second signal). Safe from a signal handler."""
+        self._idle.set()
+
+    def busy(self) -> int:
+        return sum(1 for w in self.live if w.ctx is not None)
+
+    async def stop(self, grace_s: float) -> None:
+        """Take no new jobs; give running ones ``grace_s`` to finish; cancel the rest."""
+        self._stopping = True
+        if self._health_task is not None:
+            self._health_task.cancel()
+        if self.busy():
+            try:
+                await asyncio.wait_for(self._idle.wait(), grace_s)
+            except TimeoutError:
+                log.warning("grace period over: cancelling %d running jobs", self.busy())
+        tasks = [w.task for w in (*self.live, *self.abandoned) if w.task is not None]
+        if self._health_task is not None:
+            tasks.append(self._health_task)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "configured": self.size,
+            "live": len(self.live),
+            "busy": self.busy(),
+            "healthy": len(self.live),
+            "hung_declared": self.declared_hung,
+            "timed_out": self.timed_out,
+            "replaced": self.replaced,
+            "abandoned_still_running": len(self.abandoned),
+            "max_live_seen": self.max_live_seen,
+            "healthcheck": self.healthcheck,
+            "hb_timeout_ms": self.hb_timeout * 1000,
+        }

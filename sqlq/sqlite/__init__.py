@@ -1,5 +1,0 @@
-"""The SQLite engine: one table in WAL mode; its SQL lives in the .sql files beside it."""
-
-from sqlq.sqlite.store import SQLiteStore
-
-__all__ = ["SQLiteStore"]
