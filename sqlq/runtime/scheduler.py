@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 
-from sqlq.common.clock import Clock
+from sqlq.common.clock import Clock, Timer
 from sqlq.common.models import Job
 from sqlq.runtime.lanes import Lanes
 
@@ -97,7 +97,7 @@ class Scheduler:
         self._waiting: deque[asyncio.Future[Job]] = deque()
         self._wake = asyncio.Event()
         self._armed = math.inf  # the ready_at the dispatcher's timer is set for
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None  # on the injected clock: a fake one jumps to it
         self._task: asyncio.Task[None] | None = None
         self.dispatched = 0
         self.wakeups = 0
@@ -349,7 +349,6 @@ class Scheduler:
         return self._waiting[0] if self._waiting else None
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             self._hand_out()
             worker = self._next_worker()
@@ -363,6 +362,6 @@ class Scheduler:
             else:
                 self._armed = wake_at
                 delay = max(0.0, wake_at - self._clock.time())
-                self._timer = loop.call_later(delay, self._wake.set)
+                self._timer = self._clock.call_later(delay, self._wake.set)
             await self._wake.wait()
             self.wakeups += 1
