@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from sqlq.bench.client.server import ServerProcess
@@ -30,7 +31,7 @@ from sqlq.common.shape import MAX_DEPTH
 from sqlq.common.specs import JobSpec
 from sqlq.common.store import Change, JobStore
 from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.kinds import JobContext, Registry, task
+from sqlq.runtime.kinds import JobContext, Registry, convert_args, task
 from sqlq.runtime.service import Service
 from tests.helpers import (
     ServiceFactory,
@@ -572,3 +573,23 @@ async def test_args_past_the_bounds_are_refused_in_python_too(runtimes: ServiceF
         )
     assert err.value.field == "jobs[1].args"
     assert rt.stats()["submitted"] == 0
+
+
+class _Listed(msgspec.Struct, forbid_unknown_fields=True):
+    xs: list[int] = []
+    n: int = 0
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [({"xs": [1, "b"]}, "args.xs[1]"), ({"n": "x"}, "args.n"), ({"zz": 1}, "args")],
+)
+def test_a_kind_names_a_bad_argument_as_the_http_decoder_does(
+    args: dict[str, Any], field: str
+) -> None:
+    """One parser of msgspec's error paths (``specs.error_field``): a kind's own one cut
+    the closing bracket off an item's path (``args.xs[1``)."""
+    with pytest.raises(ValidationError) as err:
+        convert_args(args, _Listed)
+    assert err.value.field == field
+    assert " - at `$" not in err.value.message

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
@@ -47,6 +46,7 @@ import msgspec
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.errors import ValidationError, clip
 from sqlq.common.models import JSON, Job
+from sqlq.common.specs import error_field
 from sqlq.runtime.threads import HandlerThreads
 
 MAX_WORK_MS = 600_000  # ten minutes: longer sleeps are a typo, not an experiment
@@ -142,8 +142,6 @@ class Registry:
 
 # -- argument validation through msgspec, with the field named ----------------------
 
-_AT = re.compile(r" - at `\$(?:\.|\[)?([^`]*)`$")
-
 S = TypeVar("S", bound=msgspec.Struct)
 
 
@@ -154,12 +152,7 @@ def convert_args(args: JSON, spec: type[S], prefix: str = "args") -> S:
     try:
         return msgspec.convert(args, spec)
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        m = _AT.search(message)
-        field = prefix + ("." + m.group(1).rstrip("]") if m and m.group(1) else "")
-        if not m and "missing required field" in message:
-            field = prefix + "." + message.rsplit("`", 2)[-2]
-        raise ValidationError(field, _AT.sub("", message)) from None
+        raise ValidationError(*error_field(str(exc), prefix)) from None
 
 
 # -- sleep: the fault injector ----------------------------------------------------------
