@@ -11,6 +11,8 @@ the clock instead of waiting a minute.
 (``advance``) or, with ``autojump`` on and the loop from ``new_event_loop``, by
 itself whenever the loop has nothing else to do: trio's
 ``MockClock(autojump_threshold=0)``, built on asyncio's public selector seam.
+Work in the loop's executor holds the jump back; I/O it cannot see (a socket
+awaiting a reply, a thread of a library's own) does not.
 """
 
 from __future__ import annotations
