@@ -2,7 +2,9 @@
 
 A kind validates its arguments when a job is submitted (so bad input is a 422
 naming the field, never a failed job later) and runs with a ``JobContext``
-whose ``beat()`` is the heartbeat the health loop watches.
+whose ``beat()`` is the heartbeat the health loop watches, and whose ``clock`` is
+the server's (a handler that waits a while waits on it, as ``sleep`` does, so a
+test on a fake clock runs it at once).
 
 Built in: ``sleep`` (the fault injector of the experiments) and ``cpu`` (see
 ``sqlq.runtime.cpu``). User handlers register with the ``task`` decorator from a
