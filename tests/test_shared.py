@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -23,9 +23,10 @@ from sqlq.common.models import Job, State
 from sqlq.common.specs import JobSpec
 from sqlq.common.store import Fence, Recovery
 from sqlq.engines.postgres.store import PostgresStore
+from sqlq.runtime.claims import Parts
 from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.events import Event
 from sqlq.runtime.kinds import JobContext, Registry, task
-from sqlq.runtime.live import LiveJobs
 from sqlq.runtime.service import Service
 from sqlq.runtime.shared import SharedClaims
 from tests.helpers import NOW, ServiceFactory, final, wait_for
@@ -193,7 +194,7 @@ def nodes(services: ServiceFactory, pg_db: str) -> Node:
 
 async def submit(rt: Service, n: int = 1, **spec: Any) -> list[Job]:
     args = spec.pop("args", {})
-    return await rt.submit([JobSpec(kind="work", args=args, **spec) for _ in range(n)])
+    return (await rt.submit([JobSpec(kind="work", args=args, **spec) for _ in range(n)]))[0]
 
 
 async def test_jobs_submitted_to_any_node_run_once_each_across_nodes(nodes: Node) -> None:
@@ -216,18 +217,18 @@ async def test_a_partitioned_node_loses_its_job_and_its_late_result_is_fenced(
     await a.start()
     [job] = await submit(a, args={"name": "first"})
     await wait_for(lambda: STARTED == ["first"], 10, "node a to start the job")
-    for t in a.claims._tasks:  # type: ignore[attr-defined]
-        if t.get_name() == "sqlq-shared-leases":
-            t.cancel()  # a is cut off: it keeps working but can no longer renew
+    assert isinstance(a.claims, SharedClaims)
+    a.claims.by_hand()  # a is cut off: it keeps working but can no longer renew (nor rescue)
     b = nodes(workers=1, lease_s=1.0)  # an ungated kind: b finishes at once
     await b.start()
     done = await final(b, job.id)
     assert (done.state, done.attempts, done.epoch) == (State.COMPLETED, 2, 3)
     gate.set()  # a's handler returns now, long after its lease ran out
-    await wait_for(lambda: a.live.totals["fenced"] == 1, 10, "a's late outcome to be fenced")
+    await wait_for(lambda: a.events.totals[Event.FENCED] == 1, 10, "a's late outcome to be fenced")
     again = await b.get(job.id)
     assert again == done  # b's result stands
-    assert b.live.totals["requeued_expired_lease"] + a.live.totals["requeued_expired_lease"] == 1
+    requeued = [rt.events.totals[Event.REQUEUED_EXPIRED_LEASE] for rt in (a, b)]
+    assert sum(requeued) == 1
 
 
 async def test_a_job_past_max_attempts_on_expired_leases_is_dead(nodes: Node) -> None:
@@ -238,12 +239,13 @@ async def test_a_job_past_max_attempts_on_expired_leases_is_dead(nodes: Node) ->
     [job] = await submit(a)
     await wait_for(lambda: len(STARTED) == 1, 10, "the job to start")
     clock.advance(60)  # every lease a holds is long gone, and a cannot have renewed since
-    await a.claims.rescue()  # type: ignore[attr-defined]  # (or its own loop got there first)
+    assert isinstance(a.claims, SharedClaims)
+    await a.claims.rescue()  # (or its own loop got there first)
     dead = await final(a, job.id)
     assert dead.state is State.DEAD
     assert "lease expired" in (dead.last_error or "")
     gate.set()
-    await wait_for(lambda: a.live.totals["fenced"] == 1, 10, "the late outcome to be fenced")
+    await wait_for(lambda: a.events.totals[Event.FENCED] == 1, 10, "the late outcome to be fenced")
 
 
 async def test_notify_wakes_an_idle_node_long_before_its_poll(nodes: Node, pg_db: str) -> None:
@@ -494,14 +496,15 @@ async def test_waiters_share_one_poll_and_wake_when_another_node_finishes(
             return await get(job_id)
 
         b.store.get = counted_get  # type: ignore[method-assign]
-        finished = getattr(b.store, "finished", None)
-        if finished is not None:
+        store = b.store
+        assert isinstance(store, PostgresStore)
+        finished = store.finished
 
-            async def counted_finished(ids: list[str]) -> list[Job]:
-                polled.append(len(ids))
-                return await finished(ids)  # type: ignore[no-any-return]
+        async def counted_finished(ids: Sequence[str]) -> list[Job]:
+            polled.append(len(ids))
+            return await finished(ids)
 
-            b.store.finished = counted_finished  # type: ignore[attr-defined]
+        store.finished = counted_finished  # type: ignore[method-assign]
         waited = [*jobs, *jobs[:5]]  # five jobs with two waiters each
         waiters = [asyncio.create_task(b.wait(j.id, 30)) for j in waited]
         await wait_for(lambda: len(polled) >= 3 or max(gets.values(), default=0) > 2, 10,
@@ -510,14 +513,14 @@ async def test_waiters_share_one_poll_and_wake_when_another_node_finishes(
         await other.commit_fenced(
             [j.complete("elsewhere", now) for j in held[:10]], Fence(holder=other.node)
         )
-        woken = await asyncio.gather(*waiters[:10])
+        woken = [j for j in await asyncio.gather(*waiters[:10]) if j is not None]
         assert [(j.state, j.result) for j in woken] == [(State.COMPLETED, "elsewhere")] * 10
         assert {j.id for j in woken} == {j.id for j in done}
         await other.commit_fenced(
             [j.complete("later", now) for j in held[10:]], Fence(holder=other.node)
         )
         rest = await asyncio.gather(*waiters[10:])
-        assert all(j.state is State.COMPLETED for j in rest)
+        assert all(j is not None and j.state is State.COMPLETED for j in rest)
         assert max(gets.values()) <= 2, gets  # its waiters' own first looks, no more
         assert max(polled, default=0) == 20  # one statement for every job waited on
     finally:
@@ -527,9 +530,9 @@ async def test_waiters_share_one_poll_and_wake_when_another_node_finishes(
 async def test_a_claim_no_worker_took_is_given_back_and_uncounted_at_stop(stores: Any) -> None:
     """A claim whose worker went away while it was in flight waits for the next taker; a stop
     gives it back, and no longer counts it as running here (or against its queue's cap)."""
-    store = await stores()
+    store: PostgresStore = await stores()
     config = RuntimeConfig(lease_s=2.0, poll_s=30.0, listen=False)
-    claims = SharedClaims(store, LiveJobs(), config, clock=SYSTEM_CLOCK, rng=random.Random(1))
+    claims = SharedClaims(Parts.of(store, config, clock=SYSTEM_CLOCK, rng=random.Random(1)))
     in_flight, gate = asyncio.Event(), asyncio.Event()
     claim = store.claim
 
@@ -540,7 +543,7 @@ async def test_a_claim_no_worker_took_is_given_back_and_uncounted_at_stop(stores
             await gate.wait()
         return jobs
 
-    store.claim = held_claim  # type: ignore[method-assign]
+    store.claim = held_claim  # type: ignore[method-assign,assignment]
     await claims.start(Recovery(jobs=[], running=[], records=0))
     job = Job.new(kind="work", args={}, now=SYSTEM_CLOCK.time())
     await store.commit([job])
