@@ -10,13 +10,14 @@ import httpx
 import pytest
 
 from sqlq.common.backoff import RetryPolicy
+from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
 from sqlq.common.specs import JobSpec
 from sqlq.http.app import create_app
 from sqlq.runtime.events import Event
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
-from tests.helpers import ServiceFactory, final, wait_for
+from tests.helpers import NOW, ServiceFactory, final, wait_for
 
 GATE = asyncio.Event()
 STARTED: list[str] = []
@@ -203,6 +204,25 @@ async def test_a_wait_that_expires_returns_the_job_as_it_stands(api: Client) -> 
     for bad in ("-1", "61", "soon"):
         r = await c.get(f"/jobs/{job['id']}?wait={bad}")
         assert (r.status_code, r.json()["field"]) == (422, "wait")
+
+
+async def test_a_wait_runs_on_the_injected_clock(services: ServiceFactory) -> None:
+    """?wait= is a timeout on the service's clock: it ends when the clock says 30 s have
+    passed, not half a minute of real time later."""
+    clock = FakeClock(NOW)
+    rt = services(clock=clock)
+    await rt.start()
+    [job], _ = await rt.submit([JobSpec(kind="sleep", delay_ms=3_600_000)])
+    waiting = asyncio.ensure_future(rt.wait(job.id, 30))
+    await wait_for(lambda: job.id in rt.waiters.waited_on(), 5, "the wait to begin")
+    clock.advance(29.9)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    clock.advance(0.1)
+    got = await asyncio.wait_for(waiting, 5)
+    assert got is not None
+    assert got.state is State.SCHEDULED
+    assert not rt.waiters.waited_on()
 
 
 async def test_a_queue_cap_bounds_how_many_of_its_jobs_run_at_once(api: Client) -> None:

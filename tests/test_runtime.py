@@ -277,12 +277,13 @@ async def test_periodic_compaction_prunes_past_retention(factory: StoreFactory) 
 
     clock = FakeClock(time.time())
     store = factory(retention=60.0, clock=clock)
-    rt = Service(store, RuntimeConfig(workers=2, compact_every_s=0.05), clock=clock)
+    rt = Service(store, RuntimeConfig(workers=2, compact_every_s=600), clock=clock)
     await rt.start()
     try:
         job = await submit(rt)
         await final(rt, job.id)
-        clock.advance(3600)  # long past retention
+        assert rt.events.totals[Event.COMPACTED] == 0
+        clock.advance(3600)  # long past retention, and past the compaction interval
         await wait_for(lambda: rt.events.totals[Event.COMPACTED] >= 1, 10, "a periodic compaction")
 
         async def gone() -> bool:
@@ -652,3 +653,26 @@ async def test_a_queue_that_ran_jobs_leaves_no_running_entry(services: ServiceFa
         await final(rt, job.id)
     await wait_for(lambda: rt.claims.backlog() == 0, 10, "every job to leave the view")
     assert not rt.claims.running_here()  # the leak lived here
+
+
+async def test_a_hang_on_the_last_attempt_is_dead_not_requeued_in_stats_and_metrics(
+    services: ServiceFactory,
+) -> None:
+    """ "Requeued" means one thing in /stats and /metrics alike: put back, scheduled. A job
+    whose only attempt hangs is dead (review found it counted requeued in both, and dead)."""
+    clock = FakeClock(NOW)
+    rt = services(clock=clock, workers=1, healthcheck=False, hb_timeout_s=0.2, max_attempts=1)
+    await rt.start()
+    job = await submit(rt, args={"hang_prob": 1.0})
+    await wait_for(lambda: rt.pool.busy() == 1, 5, "the job to start, and hang")
+    clock.advance(0.201)
+    assert len(rt.pool.check(clock.monotonic())) == 1
+    assert (await final(rt, job.id)).state is State.DEAD
+    stats = rt.stats()
+    assert (stats["requeued_hung"], stats["retried"], stats["jobs"]["dead"]) == (0, 0, 1)
+    events = {
+        line.split('event="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in rt.metrics.exposition().decode().splitlines()
+        if line.startswith("sqlq_jobs_total{")
+    }
+    assert events == {"submitted": 1.0, "dead": 1.0}

@@ -212,15 +212,24 @@ async def test_jobs_submitted_to_any_node_run_once_each_across_nodes(nodes: Node
 async def test_a_partitioned_node_loses_its_job_and_its_late_result_is_fenced(
     nodes: Node,
 ) -> None:
+    """On the injected clock: the lease runs out when the test says so, not a second later."""
+    clock = FakeClock(NOW)
     gate = asyncio.Event()
-    a = nodes(workers=1, kinds_=kinds(gate), lease_s=1.0)
+    a = nodes(workers=1, kinds_=kinds(gate), lease_s=1.0, clock=clock)
     await a.start()
     [job] = await submit(a, args={"name": "first"})
     await wait_for(lambda: STARTED == ["first"], 10, "node a to start the job")
     assert isinstance(a.claims, SharedClaims)
     a.claims.by_hand()  # a is cut off: it keeps working but can no longer renew (nor rescue)
-    b = nodes(workers=1, lease_s=1.0)  # an ungated kind: b finishes at once
+    now = RetryPolicy(base_s=0.0, cap_s=0.0)  # b requeues it due at once: the clock stands
+    b = nodes(workers=1, lease_s=1.0, clock=clock, retry=now)  # ungated: b finishes at once
     await b.start()
+    assert isinstance(b.claims, SharedClaims)
+    b.claims.by_hand()  # b's rescue runs when the test says
+    clock.advance(0.9)
+    assert await b.claims.rescue() == 0  # a's lease still holds
+    clock.advance(0.2)
+    assert await b.claims.rescue() == 1  # now it has run out
     done = await final(b, job.id)
     assert (done.state, done.attempts, done.epoch) == (State.COMPLETED, 2, 3)
     gate.set()  # a's handler returns now, long after its lease ran out
@@ -244,6 +253,8 @@ async def test_a_job_past_max_attempts_on_expired_leases_is_dead(nodes: Node) ->
     dead = await final(a, job.id)
     assert dead.state is State.DEAD
     assert "lease expired" in (dead.last_error or "")
+    assert a.stats()["jobs"]["dead"] == 1
+    assert a.events.totals[Event.REQUEUED_EXPIRED_LEASE] == 0  # dead, so not requeued
     gate.set()
     await wait_for(lambda: a.events.totals[Event.FENCED] == 1, 10, "the late outcome to be fenced")
 
@@ -279,9 +290,20 @@ async def test_the_poll_finds_work_when_notify_is_lost(nodes: Node, pg_db: str) 
 
 
 async def test_a_delayed_job_runs_when_due_without_waiting_for_the_poll(nodes: Node) -> None:
-    a = nodes(workers=1, poll_s=30.0)
+    """On the injected clock: the claimer arms a timer for the due time (the first deadline,
+    before every loop's), and the job runs when the clock reaches it."""
+    clock = FakeClock(NOW)
+    a = nodes(workers=1, poll_s=30.0, clock=clock)
     await a.start()
     [job] = await submit(a, args={"name": "later"}, delay_ms=300)
+
+    def due_timer() -> bool:
+        deadline = clock.next_deadline()
+        return deadline is not None and deadline <= clock.monotonic() + 0.3
+
+    await wait_for(due_timer, 10, "the claimer to arm its timer for the due time")
+    assert STARTED == []
+    clock.advance(0.3)
     done = await final(a, job.id, within=10)
     assert done.started_at is not None
     assert done.started_at >= job.ready_at
