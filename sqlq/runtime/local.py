@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from sqlq.common.errors import (
@@ -92,8 +92,8 @@ class LocalClaims(ClaimsBase):
             self._events.record(Event.CLAIM_FAILED, claim.job)
         return result is ClaimResult.CLAIMED
 
-    async def _write(self, t: Transition, at: float) -> None:
-        await self._store.commit([t])
+    def _write(self, t: Transition, at: float) -> Awaitable[None]:
+        return self._store.commit([t])
 
     def _applied(self, job: Job, t: Transition) -> Job:
         return self._live.applied(job, t)
