@@ -45,6 +45,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.DEAD, State.CANCELLED})
 RETRYABLE: frozenset[State] = frozenset({State.DEAD, State.CANCELLED})
 LIVE: frozenset[State] = frozenset(State) - TERMINAL
+DEFAULT_MAX_ATTEMPTS = 5  # a job's attempts unless it (or --max-attempts) says otherwise
 
 
 MAX_ERROR_BYTES = 4096  # last_error is a diagnosis, not a log: longer text is cut
@@ -123,7 +124,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     args: JSON
     state: State = State.SCHEDULED
     attempts: int = 0  # attempts started so far
-    max_attempts: int = 5
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     ready_at: float  # wall-clock seconds; not before this
     priority: int = 0  # among jobs that are due, higher runs first; equal ones FIFO
     epoch: int = 0  # bumped at every requeue; fences stale workers
@@ -245,7 +246,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         args: JSON,
         now: float,
         ready_at: float | None = None,
-        max_attempts: int = 5,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         priority: int = 0,
         job_id: str | None = None,
         queue: str = "default",

@@ -21,6 +21,7 @@ from sqlq.common.errors import ValidationError, clip
 from sqlq.common.models import State
 from sqlq.common.specs import KEY_PATTERN, MAX_KIND, QUEUE_PATTERN, whole_number
 from sqlq.common.store import MAX_PAGE, JobQuery
+from sqlq.common.wire import MAX_WAIT_S
 
 LIST_PARAMS = frozenset({"state", "kind", "queue", "limit", "after"})
 _QUEUE = re.compile(QUEUE_PATTERN)
@@ -91,8 +92,8 @@ def wait_seconds(params: QueryParams) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 0.0 <= value <= 60.0:
-        raise ValidationError("wait", "seconds from 0 to 60")
+    if not 0.0 <= value <= MAX_WAIT_S:
+        raise ValidationError("wait", f"seconds from 0 to {MAX_WAIT_S:g}")
     return value
 
 

@@ -11,6 +11,8 @@ import msgspec
 
 from sqlq.common.models import Job
 
+MAX_WAIT_S = 60  # seconds: the longest GET /jobs/{id}?wait= the server holds a request for
+
 
 class ErrorBody(msgspec.Struct):
     error: str  # a stable code: invalid, bad_json, not_found, conflict, running, ...

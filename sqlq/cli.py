@@ -70,8 +70,7 @@ def serve(**flags: Any) -> None:
     from sqlq.engines.registry import engine, make_store
     from sqlq.http.guard import MIN_TOKEN_LENGTH, Security, is_loopback
     from sqlq.runtime.config import RuntimeState
-    from sqlq.runtime.service import Service
-    from sqlq.serve import ServeOptions, import_handlers, install_default_signals
+    from sqlq.serve import ServeOptions, build_runtime, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
     from sqlq.ui.options import UiOptions
 
@@ -119,7 +118,7 @@ def serve(**flags: Any) -> None:
         store = make_store(s.store, s.data_dir, sync=s.sync, **s.store_options())  # type: ignore[arg-type]
     except SqlqError as exc:
         raise click.ClickException(str(exc)) from exc
-    runtime = Service(store, s.runtime_config())
+    runtime = build_runtime(store, s.runtime_config())
     opts = ServeOptions(
         host=s.host,
         port=s.port,

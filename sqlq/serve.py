@@ -24,10 +24,12 @@ from types import FrameType
 
 import uvicorn
 
+from sqlq.common.store import JobStore
 from sqlq.http.app import create_app
 from sqlq.http.guard import Security
 from sqlq.http.head import BoundedHttpTools
-from sqlq.runtime.config import RuntimeState
+from sqlq.runtime.config import RuntimeConfig, RuntimeState
+from sqlq.runtime.modes import claims_for
 from sqlq.runtime.service import Service
 from sqlq.ui.options import UiOptions
 
@@ -42,8 +44,8 @@ class ServeOptions:
     access_log: bool
     log_level: str
     security: Security
-    max_connections: int = 2048
-    keep_alive_s: int = 5
+    max_connections: int  # (the defaults of these are the settings': ServeSettings)
+    keep_alive_s: int
     ui: UiOptions | None = field(default_factory=UiOptions)  # None: --no-ui
 
 
@@ -81,6 +83,12 @@ def tune_gc() -> None:
     gc.freeze()
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
+def build_runtime(store: JobStore, config: RuntimeConfig) -> Service:
+    """The composition root's one decision about the runtime: where the queue lives
+    (``claims_for``: the database's for a shared store, this process's lanes otherwise)."""
+    return Service(store, config, claims=claims_for(store))
 
 
 def import_handlers(modules: tuple[str, ...]) -> None:

@@ -20,8 +20,8 @@ import click
 from sqlq.common.backoff import RetryPolicy
 from sqlq.common.specs import QUEUE_PATTERN, whole_number
 from sqlq.common.store import DEFAULT_RETENTION_S
-from sqlq.engines.registry import CHOICES
-from sqlq.runtime.config import RuntimeConfig
+from sqlq.engines.registry import CHOICES, COMPACT_FLOOR_MB, DEFAULT_COMPACT_RATIO
+from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig
 
 _RUNTIME = RuntimeConfig()
 _RETRY = RetryPolicy()
@@ -116,7 +116,7 @@ class ServeSettings:
         help="Run the loop that cuts off hung or timed-out attempts.",
     )
     grace: float = opt(
-        10.0,
+        DEFAULT_GRACE_S,
         "--grace",
         type=click.FloatRange(0, 3600),
         help="Seconds running jobs get to finish on SIGTERM/SIGINT.",
@@ -148,13 +148,13 @@ class ServeSettings:
         "(reported as emulated in /stats).",
     )
     compact_floor_mb: float = opt(
-        64.0,
+        COMPACT_FLOOR_MB,
         "--compact-floor-mb",
         type=click.FloatRange(0.01),
         help="walq compacts once its log exceeds this and 4x its live size.",
     )
     compact_ratio: float = opt(
-        4.0,
+        DEFAULT_COMPACT_RATIO,
         "--compact-ratio",
         type=click.FloatRange(1.01),
         help="walq compacts once its log exceeds this many times its live size (and the floor).",

@@ -54,7 +54,7 @@ async def wait_for(
 
 
 async def submit(rt: Service, kind: str = "sleep", **spec: Any) -> Job:
-    [job] = await rt.submit([JobSpec(kind=kind, **spec)])
+    [job] = (await rt.submit([JobSpec(kind=kind, **spec)]))[0]
     return job
 
 

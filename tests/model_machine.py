@@ -45,18 +45,21 @@ from sqlq.common.errors import (
     TransitionError,
     ValidationError,
 )
-from sqlq.common.models import LIVE, TRANSITIONS, Job, State
+from sqlq.common.models import TERMINAL, TRANSITIONS, Job, State
 from sqlq.common.specs import JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, JobQuery, JobStore
 from sqlq.engines.registry import ENGINES, make_store
-from sqlq.runtime.claims import Claim, ClaimResult, LocalClaims
+from sqlq.runtime.claims import Claim, ClaimResult
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Kind, Registry
+from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.service import Service
 from sqlq.runtime.shared import SharedClaims
 from sqlq.walq.store import WalStore
 from tests.helpers import NOW
 from tests.powerloss import TAIL_MODES, SimDisk
+
+LIVE = frozenset(State) - TERMINAL
 
 T = TypeVar("T")
 
@@ -170,7 +173,7 @@ class ServiceModel(RuleBasedStateMachine):
     def _store(self) -> JobStore:
         if self.disk is not None:  # walq on the simulated disk that can lose power
             return WalStore(
-                f"{self.dir}/walq", fs=self.disk, clock=self.clock,  # type: ignore[arg-type]
+                f"{self.dir}/walq", fs=self.disk, clock=self.clock,
                 retention=RETENTION_S, compact_floor_bytes=1500, compact_ratio=1.5,
             )  # fmt: skip
         # A crash here is the process's, not the power's: the OS keeps what was written.
@@ -196,15 +199,11 @@ class ServiceModel(RuleBasedStateMachine):
         nothing changes a job behind the model's back (the claimer still runs)."""
         claims = self.service.claims
         if isinstance(claims, SharedClaims):
-            for task in claims._tasks:
-                if task.get_name() in ("sqlq-shared-leases", "sqlq-shared-rescue"):
-                    task.cancel()
+            claims.by_hand()
 
     async def _settle(self) -> None:
         """Every outcome handed to the claims is written (they write in the background)."""
-        claims = self.service.claims
-        while claims._background:
-            await asyncio.gather(*list(claims._background), return_exceptions=True)
+        await self.service.claims.settle()
 
     def teardown(self) -> None:
         async def stop() -> None:
@@ -284,7 +283,7 @@ class ServiceModel(RuleBasedStateMachine):
         )
         now = self.clock.time()
         try:
-            jobs, new = self.run(self.service.submit_idempotent(batch, batch=is_batch))
+            jobs, new = self.run(self.service.submit(batch, batch=is_batch))
         except ValidationError:
             assert len(set(keys)) < len(keys), "only a key twice in one batch is refused"
             return
@@ -392,8 +391,7 @@ class ServiceModel(RuleBasedStateMachine):
         self.clock.advance(seconds)
         claims = self.service.claims
         if isinstance(claims, SharedClaims) and self.held:  # the lease loop, by hand
-            now = self.clock.time()
-            self.run(claims._store.renew(now, now + LEASE_S, list(self.held)))
+            self.run(claims.renew())
 
     # -- rules: the workers -------------------------------------------------------------------
 
@@ -516,7 +514,7 @@ class ServiceModel(RuleBasedStateMachine):
             await asyncio.gather(task, return_exceptions=True)
             self.disk.cut_after = len(self.disk.calls)
             if not task.exception():  # acknowledged before the cut: it must be there
-                [job] = task.result()
+                [job], _ = task.result()
                 self.jobs[job.id] = Expected(
                     id=job.id, queue="mail", priority=0, max_attempts=DEFAULT_ATTEMPTS,
                     key=None, request_hash=spec.request_hash(), ready_at=job.ready_at,
@@ -640,7 +638,7 @@ class ServiceModel(RuleBasedStateMachine):
     def _check_lanes(self, claims: LocalClaims, fold: dict[str, Job]) -> None:
         """No lane holds a job that is not scheduled in its queue, and none holds one twice."""
         live = {j.id for j in fold.values() if j.state in LIVE}
-        assert set(claims._live.jobs) == live, "the live view differs from the records"
+        assert set(self.service.live.jobs) == live, "the live view differs from the records"
         for q, entries in claims.scheduler.held().items():
             ids = [job.id for job in entries]
             assert len(ids) == claims.scheduler.depth(q), f"queue {q}'s depth is not its lanes"

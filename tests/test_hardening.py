@@ -33,6 +33,7 @@ from sqlq.common.specs import JobSpec
 from sqlq.common.store import Change, JobStore
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, convert_args, task
+from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.service import Service
 from tests.helpers import (
     ServiceFactory,
@@ -166,7 +167,7 @@ async def test_a_plain_half_second_handler_completes_first_time_with_default_fla
     rt = runtimes(retry=RetryPolicy())  # every other setting at its default too
     assert rt.config.hb_timeout_s == 0.2  # shorter than the handler: it must not matter
     await rt.start()
-    jobs = await rt.submit([JobSpec(kind="half_second") for _ in range(8)])
+    jobs = (await rt.submit([JobSpec(kind="half_second") for _ in range(8)]))[0]
     for job in jobs:
         done = await final(rt, job.id)
         assert (done.state, done.attempts, done.result) == (State.COMPLETED, 1, "done")
@@ -179,7 +180,7 @@ async def test_sync_handlers_get_a_thread_per_worker() -> None:
     rt = Service(MemoryStore(), RuntimeConfig(workers=16, max_attempts=1), kinds=handlers())
     await rt.start()
     try:
-        jobs = await rt.submit([JobSpec(kind="together") for _ in range(16)])
+        jobs = (await rt.submit([JobSpec(kind="together") for _ in range(16)]))[0]
         for job in jobs:
             done = await final(rt, job.id, within=30)
             assert (done.state, done.result) == (State.COMPLETED, "together"), done.last_error
@@ -224,9 +225,11 @@ async def test_hung_async_handlers_are_cancelled_so_abandoned_tasks_do_not_pile_
 ) -> None:
     rt = runtimes(workers=4, hb_timeout_s=0.05, fault_injection=True, clock=fake_clock)
     await rt.start()
-    hanging = await rt.submit(
-        [JobSpec(kind="sleep", args={"hang_prob": 1.0}, max_attempts=4) for _ in range(10)]
-    )
+    hanging = (
+        await rt.submit(
+            [JobSpec(kind="sleep", args={"hang_prob": 1.0}, max_attempts=4) for _ in range(10)]
+        )
+    )[0]
     timing_out = await submit(rt, "stuck_async", max_attempts=2)
     for job in [*hanging, timing_out]:
         assert (await final(rt, job.id)).state is State.DEAD
@@ -320,7 +323,9 @@ async def cancel_held_while_due(
     job = await submit(rt, delay_ms=300)
     cancel = asyncio.ensure_future(rt.cancel(job.id))
     await asyncio.wait_for(store.held.wait(), 5)
-    await wait_for(lambda: job.id in rt.claims._skipped, 5, "the worker to pass it over")
+    claims = rt.claims
+    assert isinstance(claims, LocalClaims)
+    await wait_for(lambda: claims.passed_over(job.id), 5, "the worker to pass it over")
     return rt, job, cancel
 
 

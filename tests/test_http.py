@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import httpx
@@ -158,9 +158,9 @@ async def test_the_guard_refuses_a_websocket_before_accepting_it() -> None:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         reached.append(scope["type"])
 
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     async def receive() -> dict[str, Any]:

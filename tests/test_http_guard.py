@@ -37,6 +37,7 @@ async def make_client() -> AsyncIterator[Client]:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         c = httpx.AsyncClient(transport=transport, base_url=base_url)
         clients.append(c)
+        _RUNTIMES[id(c)] = rt
         return c
 
     yield make
@@ -211,9 +212,11 @@ async def test_a_500_says_internal_error_with_a_request_id_and_nothing_else(
     )
 
 
+_RUNTIMES: dict[int, Service] = {}  # the service behind each of make_client's clients
+
+
 def _runtime_of(c: httpx.AsyncClient) -> Service:
-    runtime: Service = c._transport.app.state.runtime  # type: ignore[attr-defined]
-    return runtime
+    return _RUNTIMES[id(c)]
 
 
 async def test_a_failed_store_is_503_on_healthz_and_readyz_without_paths(tmp_path: Path) -> None:

@@ -10,12 +10,14 @@ import httpx
 import pytest
 
 from sqlq.common.backoff import RetryPolicy
+from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
 from sqlq.common.specs import JobSpec
 from sqlq.http.app import create_app
+from sqlq.runtime.events import Event
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
-from tests.helpers import ServiceFactory, final, wait_for
+from tests.helpers import NOW, ServiceFactory, final, wait_for
 
 GATE = asyncio.Event()
 STARTED: list[str] = []
@@ -135,7 +137,7 @@ async def test_retry_every_match_in_one_commit(api: Client) -> None:
         await final(rt, job_id)
     r = await c.post("/jobs/retry", json={"state": "dead", "queue": "default"})
     assert r.json() == {"retried": 3}
-    assert rt.live.totals["operator_retried"] == 3
+    assert rt.events.totals[Event.OPERATOR_RETRIED] == 3
     assert (await c.post("/jobs/retry", json={"state": "dead", "kind": "nope"})).json() == {
         "retried": 0
     }
@@ -184,12 +186,12 @@ async def test_wait_returns_when_the_job_finishes(api: Client) -> None:
     rt, c = await api()
     job = (await c.post("/jobs", json={"kind": "gate"})).json()
     waiting = asyncio.ensure_future(c.get(f"/jobs/{job['id']}?wait=30"))
-    await wait_for(lambda: job["id"] in rt._waiters, 5, "the request to wait")
+    await wait_for(lambda: job["id"] in rt.waiters.waited_on(), 5, "the request to wait")
     assert not waiting.done()
     GATE.set()
     r = await asyncio.wait_for(waiting, 10)
     assert (r.status_code, r.json()["state"], r.json()["result"]) == (200, "completed", "opened")
-    assert rt._waiters == {}
+    assert not rt.waiters.waited_on()
 
 
 async def test_a_wait_that_expires_returns_the_job_as_it_stands(api: Client) -> None:
@@ -198,19 +200,38 @@ async def test_a_wait_that_expires_returns_the_job_as_it_stands(api: Client) -> 
                                       "delay_ms": 60_000})).json()  # fmt: skip
     r = await c.get(f"/jobs/{job['id']}?wait=0.05")
     assert (r.status_code, r.json()["state"]) == (200, "scheduled")
-    assert rt._waiters == {}
+    assert not rt.waiters.waited_on()
     for bad in ("-1", "61", "soon"):
         r = await c.get(f"/jobs/{job['id']}?wait={bad}")
         assert (r.status_code, r.json()["field"]) == (422, "wait")
+
+
+async def test_a_wait_runs_on_the_injected_clock(services: ServiceFactory) -> None:
+    """?wait= is a timeout on the service's clock: it ends when the clock says 30 s have
+    passed, not half a minute of real time later."""
+    clock = FakeClock(NOW)
+    rt = services(clock=clock)
+    await rt.start()
+    [job], _ = await rt.submit([JobSpec(kind="sleep", delay_ms=3_600_000)])
+    waiting = asyncio.ensure_future(rt.wait(job.id, 30))
+    await wait_for(lambda: job.id in rt.waiters.waited_on(), 5, "the wait to begin")
+    clock.advance(29.9)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    clock.advance(0.1)
+    got = await asyncio.wait_for(waiting, 5)
+    assert got is not None
+    assert got.state is State.SCHEDULED
+    assert not rt.waiters.waited_on()
 
 
 async def test_a_queue_cap_bounds_how_many_of_its_jobs_run_at_once(api: Client) -> None:
     rt, c = await api(workers=8, queue_caps={"mail": 2})
     peak = 0
 
-    def sample() -> bool:
+    async def sample() -> bool:
         nonlocal peak
-        peak = max(peak, rt.claims.queues_now()["mail"].running)
+        peak = max(peak, (await rt.claims.queue("mail")).running)
         return len(STARTED) == 8
 
     for i in range(6):
@@ -244,7 +265,7 @@ async def test_a_paused_queue_starts_nothing_until_resumed(api: Client) -> None:
     other = (await c.post("/jobs", json={"kind": "record", "args": {"name": "free"}})).json()
     await final(rt, other["id"])  # other queues run on
     assert STARTED == ["free"]
-    assert rt.claims.queues_now()["mail"].depth == 3
+    assert (await rt.queues())["mail"].depth == 3
     r = await c.post("/queues/mail/resume")
     assert (r.status_code, r.json()["paused"]) == (200, False)
     for job_id in ids:
@@ -258,12 +279,12 @@ async def test_pause_survives_a_restart(durable_factory: Any, services: ServiceF
     first = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
     await first.start()
     await first.pause("mail", True)
-    job = (await first.submit([JobSpec(kind="record", args={"name": "x"}, queue="mail")]))[0]
+    job = (await first.submit([JobSpec(kind="record", args={"name": "x"}, queue="mail")]))[0][0]
     await first.stop(0)
     second = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
     await second.start()
-    assert second.claims.queues_now()["mail"].paused
-    assert second.claims.queues_now()["mail"].depth == 1
+    mail = (await second.queues())["mail"]
+    assert (mail.paused, mail.depth) == (True, 1)
     await second.pause("mail", False)
     assert (await final(second, job.id)).state is State.COMPLETED
 
@@ -290,7 +311,7 @@ async def test_metrics_count_events_by_kind_and_queue(api: Client) -> None:
     dead = (await c.post("/jobs", json={"kind": "boom", "max_attempts": 2})).json()
     await c.post("/jobs", json={"kind": "record", "args": {"name": "later"}, "delay_ms": 60_000})
     await final(rt, dead["id"])
-    await wait_for(lambda: rt.live.totals["completed"] == 3, 5, "the three to complete")
+    await wait_for(lambda: rt.events.totals[Event.COMPLETED] == 3, 5, "the three to complete")
     r = await c.get("/metrics")
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
@@ -335,7 +356,7 @@ async def test_durable_engines_report_their_batches(
 
     rt = services(durable_factory(clock=SYSTEM_CLOCK), kinds=kinds())
     await rt.start()
-    jobs = await rt.submit([JobSpec(kind="record", args={"name": f"x{i}"}) for i in range(20)])
+    jobs = (await rt.submit([JobSpec(kind="record", args={"name": f"x{i}"}) for i in range(20)]))[0]
     for job in jobs:
         await final(rt, job.id)
     text = rt.metrics.exposition().decode()

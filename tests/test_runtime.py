@@ -22,16 +22,24 @@ from sqlq.common.specs import JobSpec
 from sqlq.common.store import JobQuery
 from sqlq.http.app import create_app
 from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.events import Event
 from sqlq.runtime.kinds import SLEEP, JobContext, JobFailed, Kind, Registry, task
+from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.scheduler import Scheduler
 from sqlq.runtime.service import Service
 from tests.helpers import NOW, ServiceFactory, StoreFactory, final, submit, wait_for
 
 
+def lanes(rt: Service) -> Scheduler:
+    """The scheduler of a service on a single-node store (the tests of the lanes)."""
+    assert isinstance(rt.claims, LocalClaims)
+    return rt.claims.scheduler
+
+
 async def test_all_jobs_complete(services: ServiceFactory) -> None:
     rt = services(workers=8)
     await rt.start()
-    jobs = await rt.submit([JobSpec(kind="sleep", args={"work_ms": 5}) for _ in range(200)])
+    jobs = (await rt.submit([JobSpec(kind="sleep", args={"work_ms": 5}) for _ in range(200)]))[0]
     for job in jobs:
         done = await final(rt, job.id)
         assert done.state is State.COMPLETED
@@ -100,7 +108,7 @@ async def test_hung_worker_is_replaced_and_its_job_requeued_with_a_new_epoch(
     workers = rt.stats()["workers"]
     assert (workers["hung_declared"], workers["replaced"], workers["live"]) == (2, 2, 2)
     assert workers["max_live_seen"] <= 2
-    assert rt.stats()["requeued_hung"] == 2
+    assert rt.stats()["requeued_hung"] == 1  # (the second hang buried it: dead, not requeued)
     await wait_for(lambda: not rt.pool.abandoned, 5, "the hung tasks to be cancelled")
 
 
@@ -171,7 +179,7 @@ async def test_cpu_jobs_longer_than_the_heartbeat_timeout_are_not_hung(
 ) -> None:
     rt = services(workers=4, hb_timeout_s=0.05)  # 4 workers, 2 cores: jobs queue for a CPU
     await rt.start()
-    jobs = await rt.submit([JobSpec(kind="cpu", args={"rounds": 200_000}) for _ in range(4)])
+    jobs = (await rt.submit([JobSpec(kind="cpu", args={"rounds": 200_000}) for _ in range(4)]))[0]
     for job in jobs:
         done = await final(rt, job.id, within=60)
         assert done.state is State.COMPLETED
@@ -215,13 +223,13 @@ async def test_immediate_jobs_skip_100k_delayed_ones(services: ServiceFactory) -
         await rt.submit(
             [JobSpec(kind="sleep", delay_ms=3_600_000) for _ in range(10_000)], batch=True
         )
-    assert rt.claims.scheduler.sizes()["delayed"] == 100_000
-    now_jobs = await rt.submit([JobSpec(kind="sleep") for _ in range(200)])
+    assert lanes(rt).sizes()["delayed"] == 100_000
+    now_jobs = (await rt.submit([JobSpec(kind="sleep") for _ in range(200)]))[0]
     for job in now_jobs:
         assert (await final(rt, job.id)).state is State.COMPLETED
     # Only the immediate jobs went through the dispatcher; the heap was never scanned.
-    assert rt.claims.scheduler.dispatched == 200
-    assert rt.claims.scheduler.sizes()["delayed"] == 100_000
+    assert lanes(rt).dispatched == 200
+    assert lanes(rt).sizes()["delayed"] == 100_000
 
 
 async def test_cancel_a_scheduled_job(services: ServiceFactory) -> None:
@@ -243,10 +251,12 @@ async def test_restart_requeues_only_unfinished_jobs(
 
     first = Service(factory(clock=SYSTEM_CLOCK), RuntimeConfig(workers=3, seed=1))
     await first.start()
-    quick = await first.submit([JobSpec(kind="sleep", args={"work_ms": 1}) for _ in range(5)])
+    quick = (await first.submit([JobSpec(kind="sleep", args={"work_ms": 1}) for _ in range(5)]))[0]
     for job in quick:
         await final(first, job.id)
-    slow = await first.submit([JobSpec(kind="sleep", args={"work_ms": 60_000}) for _ in range(5)])
+    slow = (
+        await first.submit([JobSpec(kind="sleep", args={"work_ms": 60_000}) for _ in range(5)])
+    )[0]
     await wait_for(lambda: first.stats()["jobs"]["running"] == 3, 10, "3 running")
     await first.stop(grace_s=0)  # the 3 running jobs are left "running" in the store
     if engine == "walq":  # and the crash tore the last line
@@ -278,13 +288,14 @@ async def test_periodic_compaction_prunes_past_retention(factory: StoreFactory) 
 
     clock = FakeClock(time.time())
     store = factory(retention=60.0, clock=clock)
-    rt = Service(store, RuntimeConfig(workers=2, compact_every_s=0.05), clock=clock)
+    rt = Service(store, RuntimeConfig(workers=2, compact_every_s=600), clock=clock)
     await rt.start()
     try:
         job = await submit(rt)
         await final(rt, job.id)
-        clock.advance(3600)  # long past retention
-        await wait_for(lambda: rt.live.totals["compactions"] >= 1, 10, "a periodic compaction")
+        assert rt.events.totals[Event.COMPACTED] == 0
+        clock.advance(3600)  # long past retention, and past the compaction interval
+        await wait_for(lambda: rt.events.totals[Event.COMPACTED] >= 1, 10, "a periodic compaction")
 
         async def gone() -> bool:
             return await rt.get(job.id) is None
@@ -307,10 +318,10 @@ async def test_a_cancelled_delayed_job_leaves_the_depth_at_once(services: Servic
     job = await submit(rt, delay_ms=3_600_000, queue="later")
     assert (await rt.queues())["later"].depth == 1
     await rt.cancel(job.id)
-    assert rt.claims.scheduler.depth("later") == 0  # not at its due time, an hour from now
+    assert lanes(rt).depth("later") == 0  # not at its due time, an hour from now
     assert rt.stats()["lanes"]["delayed"] == 0
     assert "later" not in await rt.queues()
-    assert rt.claims.scheduler.queues_held() == 0  # and nothing of it is kept
+    assert lanes(rt).queues_held() == 0  # and nothing of it is kept
 
 
 async def test_cancel_then_retry_runs_at_the_retry_never_at_the_old_due_time(
@@ -334,21 +345,21 @@ async def test_cancel_then_retry_runs_at_the_retry_never_at_the_old_due_time(
     await rt.start()
     job = await submit(rt, kind="flaky", delay_ms=10_000)  # due at NOW + 10
     await rt.cancel(job.id)
-    assert rt.claims.queue_now("default").depth == 0
+    assert (await rt.claims.queue("default")).depth == 0
     await rt.retry(job.id)  # due now
     await wait_for(lambda: rt.stats()["retried"] == 1, 5, "the retry's attempt to fail")
     assert started == [NOW]
-    assert rt.claims.queue_now("default").depth == 1  # the backoff's entry, and only that
-    dispatched = rt.claims.scheduler.dispatched
+    assert (await rt.claims.queue("default")).depth == 1  # the backoff's entry, and only that
+    dispatched = lanes(rt).dispatched
     clock.advance(10.0)  # the old due time: nothing is due
-    rt.claims.scheduler.poke()
-    assert rt.claims.scheduler.dispatched == dispatched
+    lanes(rt).poke()
+    assert lanes(rt).dispatched == dispatched
     clock.advance(50.0)  # the backoff's time
-    rt.claims.scheduler.poke()
+    lanes(rt).poke()
     done = await final(rt, job.id)
     assert done.state is State.COMPLETED
     assert started == [NOW, NOW + 60.0]
-    assert rt.claims.scheduler.queues_held() == 0
+    assert lanes(rt).queues_held() == 0
 
 
 async def test_queues_used_and_emptied_are_dropped(clock: FakeClock) -> None:
@@ -514,8 +525,8 @@ async def test_the_census_is_kept_as_jobs_move_with_no_entry_for_an_empty_queue(
 
     jobs = []
     for i in range(30):
-        spec = {"args": {"work_ms": 2, "fail_prob": 1.0 if i % 3 == 0 else 0.0}}
-        jobs.append(await submit(rt, queue=f"q{i % 4}", **spec))
+        args = {"work_ms": 2, "fail_prob": 1.0 if i % 3 == 0 else 0.0}
+        jobs.append(await submit(rt, queue=f"q{i % 4}", args=args))
     later = await submit(rt, delay_ms=3_600_000, queue="later")
     assert rt.claims.census() == walked()
     for job in jobs:
@@ -553,7 +564,7 @@ async def test_metrics_series_of_an_idle_queue_last_until_the_bound_needs_their_
     for i in range(40):
         await final(rt, (await submit(rt, queue=f"once{i}")).id)
     again = series()
-    assert len(rt.metrics.events) <= 20
+    assert len(rt.events.queues()) <= 20
     assert any('queue="stays"' in ln and 'event="submitted"' in ln for ln in again)
     assert any(ln.startswith("sqlq_jobs_live") and 'queue="stays"' in ln for ln in again)
     await rt.cancel(stays.id)
@@ -564,7 +575,7 @@ async def test_metrics_series_stay_bounded_when_nobody_scrapes(services: Service
     await rt.start()
     for i in range(200):
         await final(rt, (await submit(rt, queue=f"once{i}")).id)
-    assert len(rt.metrics.events) <= 20
+    assert len(rt.events.queues()) <= 20
 
 
 def test_the_max_queues_flag_reaches_the_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -622,22 +633,22 @@ def test_the_scheduler_against_a_brute_force_model(seed: int) -> None:
             clock.advance(rng.choice([0.1, 1, 5]))
         else:
             due = [j for j in live.values() if j.ready_at <= now and j.queue not in paused]
-            job = sched._pop(now)  # (take() without a loop: the choice itself)
-            if job is None:
+            popped_job = sched._pop(now)  # (take() without a loop: the choice itself)
+            if popped_job is None:
                 assert not due
                 continue
-            assert live.pop(job.id) is job
-            assert job.ready_at <= now
-            assert job.queue not in paused
-            assert job.priority == max(j.priority for j in due)
+            assert live.pop(popped_job.id) is popped_job
+            assert popped_job.ready_at <= now
+            assert popped_job.queue not in paused
+            assert popped_job.priority == max(j.priority for j in due)
             popped += 1
         for q in queues:
             assert sched.depth(q) == sum(1 for j in live.values() if j.queue == q)
     paused.clear()
     sched.poke()
     clock.advance(60)
-    while (job := sched._pop(clock.time())) is not None:
-        assert live.pop(job.id) is job
+    while (left := sched._pop(clock.time())) is not None:
+        assert live.pop(left.id) is left
     assert not live
     assert sched.queues_held() == 0
     assert popped > 300
@@ -652,4 +663,27 @@ async def test_a_queue_that_ran_jobs_leaves_no_running_entry(services: ServiceFa
     for job in jobs:
         await final(rt, job.id)
     await wait_for(lambda: rt.claims.backlog() == 0, 10, "every job to leave the view")
-    assert not rt.claims._running  # the leak lived here
+    assert not rt.claims.running_here()  # the leak lived here
+
+
+async def test_a_hang_on_the_last_attempt_is_dead_not_requeued_in_stats_and_metrics(
+    services: ServiceFactory,
+) -> None:
+    """ "Requeued" means one thing in /stats and /metrics alike: put back, scheduled. A job
+    whose only attempt hangs is dead (review found it counted requeued in both, and dead)."""
+    clock = FakeClock(NOW)
+    rt = services(clock=clock, workers=1, healthcheck=False, hb_timeout_s=0.2, max_attempts=1)
+    await rt.start()
+    job = await submit(rt, args={"hang_prob": 1.0})
+    await wait_for(lambda: rt.pool.busy() == 1, 5, "the job to start, and hang")
+    clock.advance(0.201)
+    assert len(rt.pool.check(clock.monotonic())) == 1
+    assert (await final(rt, job.id)).state is State.DEAD
+    stats = rt.stats()
+    assert (stats["requeued_hung"], stats["retried"], stats["jobs"]["dead"]) == (0, 0, 1)
+    events = {
+        line.split('event="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in rt.metrics.exposition().decode().splitlines()
+        if line.startswith("sqlq_jobs_total{")
+    }
+    assert events == {"submitted": 1.0, "dead": 1.0}

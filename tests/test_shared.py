@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -23,9 +23,10 @@ from sqlq.common.models import Job, State
 from sqlq.common.specs import JobSpec
 from sqlq.common.store import Fence, Recovery
 from sqlq.engines.postgres.store import PostgresStore
+from sqlq.runtime.claims import Parts
 from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.events import Event
 from sqlq.runtime.kinds import JobContext, Registry, task
-from sqlq.runtime.live import LiveJobs
 from sqlq.runtime.service import Service
 from sqlq.runtime.shared import SharedClaims
 from tests.helpers import NOW, ServiceFactory, final, wait_for
@@ -193,7 +194,7 @@ def nodes(services: ServiceFactory, pg_db: str) -> Node:
 
 async def submit(rt: Service, n: int = 1, **spec: Any) -> list[Job]:
     args = spec.pop("args", {})
-    return await rt.submit([JobSpec(kind="work", args=args, **spec) for _ in range(n)])
+    return (await rt.submit([JobSpec(kind="work", args=args, **spec) for _ in range(n)]))[0]
 
 
 async def test_jobs_submitted_to_any_node_run_once_each_across_nodes(nodes: Node) -> None:
@@ -211,23 +212,32 @@ async def test_jobs_submitted_to_any_node_run_once_each_across_nodes(nodes: Node
 async def test_a_partitioned_node_loses_its_job_and_its_late_result_is_fenced(
     nodes: Node,
 ) -> None:
+    """On the injected clock: the lease runs out when the test says so, not a second later."""
+    clock = FakeClock(NOW)
     gate = asyncio.Event()
-    a = nodes(workers=1, kinds_=kinds(gate), lease_s=1.0)
+    a = nodes(workers=1, kinds_=kinds(gate), lease_s=1.0, clock=clock)
     await a.start()
     [job] = await submit(a, args={"name": "first"})
     await wait_for(lambda: STARTED == ["first"], 10, "node a to start the job")
-    for t in a.claims._tasks:  # type: ignore[attr-defined]
-        if t.get_name() == "sqlq-shared-leases":
-            t.cancel()  # a is cut off: it keeps working but can no longer renew
-    b = nodes(workers=1, lease_s=1.0)  # an ungated kind: b finishes at once
+    assert isinstance(a.claims, SharedClaims)
+    a.claims.by_hand()  # a is cut off: it keeps working but can no longer renew (nor rescue)
+    now = RetryPolicy(base_s=0.0, cap_s=0.0)  # b requeues it due at once: the clock stands
+    b = nodes(workers=1, lease_s=1.0, clock=clock, retry=now)  # ungated: b finishes at once
     await b.start()
+    assert isinstance(b.claims, SharedClaims)
+    b.claims.by_hand()  # b's rescue runs when the test says
+    clock.advance(0.9)
+    assert await b.claims.rescue() == 0  # a's lease still holds
+    clock.advance(0.2)
+    assert await b.claims.rescue() == 1  # now it has run out
     done = await final(b, job.id)
     assert (done.state, done.attempts, done.epoch) == (State.COMPLETED, 2, 3)
     gate.set()  # a's handler returns now, long after its lease ran out
-    await wait_for(lambda: a.live.totals["fenced"] == 1, 10, "a's late outcome to be fenced")
+    await wait_for(lambda: a.events.totals[Event.FENCED] == 1, 10, "a's late outcome to be fenced")
     again = await b.get(job.id)
     assert again == done  # b's result stands
-    assert b.live.totals["requeued_expired_lease"] + a.live.totals["requeued_expired_lease"] == 1
+    requeued = [rt.events.totals[Event.REQUEUED_EXPIRED_LEASE] for rt in (a, b)]
+    assert sum(requeued) == 1
 
 
 async def test_a_job_past_max_attempts_on_expired_leases_is_dead(nodes: Node) -> None:
@@ -238,12 +248,15 @@ async def test_a_job_past_max_attempts_on_expired_leases_is_dead(nodes: Node) ->
     [job] = await submit(a)
     await wait_for(lambda: len(STARTED) == 1, 10, "the job to start")
     clock.advance(60)  # every lease a holds is long gone, and a cannot have renewed since
-    await a.claims.rescue()  # type: ignore[attr-defined]  # (or its own loop got there first)
+    assert isinstance(a.claims, SharedClaims)
+    await a.claims.rescue()  # (or its own loop got there first)
     dead = await final(a, job.id)
     assert dead.state is State.DEAD
     assert "lease expired" in (dead.last_error or "")
+    assert a.stats()["jobs"]["dead"] == 1
+    assert a.events.totals[Event.REQUEUED_EXPIRED_LEASE] == 0  # dead, so not requeued
     gate.set()
-    await wait_for(lambda: a.live.totals["fenced"] == 1, 10, "the late outcome to be fenced")
+    await wait_for(lambda: a.events.totals[Event.FENCED] == 1, 10, "the late outcome to be fenced")
 
 
 async def test_notify_wakes_an_idle_node_long_before_its_poll(nodes: Node, pg_db: str) -> None:
@@ -277,9 +290,20 @@ async def test_the_poll_finds_work_when_notify_is_lost(nodes: Node, pg_db: str) 
 
 
 async def test_a_delayed_job_runs_when_due_without_waiting_for_the_poll(nodes: Node) -> None:
-    a = nodes(workers=1, poll_s=30.0)
+    """On the injected clock: the claimer arms a timer for the due time (the first deadline,
+    before every loop's), and the job runs when the clock reaches it."""
+    clock = FakeClock(NOW)
+    a = nodes(workers=1, poll_s=30.0, clock=clock)
     await a.start()
     [job] = await submit(a, args={"name": "later"}, delay_ms=300)
+
+    def due_timer() -> bool:
+        deadline = clock.next_deadline()
+        return deadline is not None and deadline <= clock.monotonic() + 0.3
+
+    await wait_for(due_timer, 10, "the claimer to arm its timer for the due time")
+    assert STARTED == []
+    clock.advance(0.3)
     done = await final(a, job.id, within=10)
     assert done.started_at is not None
     assert done.started_at >= job.ready_at
@@ -494,14 +518,15 @@ async def test_waiters_share_one_poll_and_wake_when_another_node_finishes(
             return await get(job_id)
 
         b.store.get = counted_get  # type: ignore[method-assign]
-        finished = getattr(b.store, "finished", None)
-        if finished is not None:
+        store = b.store
+        assert isinstance(store, PostgresStore)
+        finished = store.finished
 
-            async def counted_finished(ids: list[str]) -> list[Job]:
-                polled.append(len(ids))
-                return await finished(ids)  # type: ignore[no-any-return]
+        async def counted_finished(ids: Sequence[str]) -> list[Job]:
+            polled.append(len(ids))
+            return await finished(ids)
 
-            b.store.finished = counted_finished  # type: ignore[attr-defined]
+        store.finished = counted_finished  # type: ignore[method-assign]
         waited = [*jobs, *jobs[:5]]  # five jobs with two waiters each
         waiters = [asyncio.create_task(b.wait(j.id, 30)) for j in waited]
         await wait_for(lambda: len(polled) >= 3 or max(gets.values(), default=0) > 2, 10,
@@ -510,14 +535,14 @@ async def test_waiters_share_one_poll_and_wake_when_another_node_finishes(
         await other.commit_fenced(
             [j.complete("elsewhere", now) for j in held[:10]], Fence(holder=other.node)
         )
-        woken = await asyncio.gather(*waiters[:10])
+        woken = [j for j in await asyncio.gather(*waiters[:10]) if j is not None]
         assert [(j.state, j.result) for j in woken] == [(State.COMPLETED, "elsewhere")] * 10
         assert {j.id for j in woken} == {j.id for j in done}
         await other.commit_fenced(
             [j.complete("later", now) for j in held[10:]], Fence(holder=other.node)
         )
         rest = await asyncio.gather(*waiters[10:])
-        assert all(j.state is State.COMPLETED for j in rest)
+        assert all(j is not None and j.state is State.COMPLETED for j in rest)
         assert max(gets.values()) <= 2, gets  # its waiters' own first looks, no more
         assert max(polled, default=0) == 20  # one statement for every job waited on
     finally:
@@ -527,9 +552,9 @@ async def test_waiters_share_one_poll_and_wake_when_another_node_finishes(
 async def test_a_claim_no_worker_took_is_given_back_and_uncounted_at_stop(stores: Any) -> None:
     """A claim whose worker went away while it was in flight waits for the next taker; a stop
     gives it back, and no longer counts it as running here (or against its queue's cap)."""
-    store = await stores()
+    store: PostgresStore = await stores()
     config = RuntimeConfig(lease_s=2.0, poll_s=30.0, listen=False)
-    claims = SharedClaims(store, LiveJobs(), config, clock=SYSTEM_CLOCK, rng=random.Random(1))
+    claims = SharedClaims(Parts.of(store, config, clock=SYSTEM_CLOCK, rng=random.Random(1)))
     in_flight, gate = asyncio.Event(), asyncio.Event()
     claim = store.claim
 
@@ -540,7 +565,7 @@ async def test_a_claim_no_worker_took_is_given_back_and_uncounted_at_stop(stores
             await gate.wait()
         return jobs
 
-    store.claim = held_claim  # type: ignore[method-assign]
+    store.claim = held_claim  # type: ignore[method-assign,assignment]
     await claims.start(Recovery(jobs=[], running=[], records=0))
     job = Job.new(kind="work", args={}, now=SYSTEM_CLOCK.time())
     await store.commit([job])

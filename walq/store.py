@@ -54,6 +54,11 @@ def change_record(seq: int, ops: bytes) -> bytes:
     return log.frame(b'{"seq":%d,"ops":[%s]}' % (seq, ops))
 
 
+# Compact once the log exceeds both this size and this many times its live size.
+COMPACT_FLOOR_BYTES = 64 << 20
+COMPACT_RATIO = 4.0
+
+
 class WalStore(DurableStore):
     name = "walq"
     lock_name = LOCK_NAME
@@ -63,8 +68,8 @@ class WalStore(DurableStore):
         data_dir: str | os.PathLike[str],
         *,
         fs: FileOps = OS_FILES,
-        compact_floor_bytes: int = 64 << 20,
-        compact_ratio: float = 4.0,
+        compact_floor_bytes: int = COMPACT_FLOOR_BYTES,
+        compact_ratio: float = COMPACT_RATIO,
         **options: Any,
     ) -> None:
         super().__init__(data_dir, **options)

@@ -7,6 +7,7 @@ engine declares what it takes beyond what every engine takes (``sync``,
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,23 +18,31 @@ from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.store import JobStore, SyncLevel
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.sqlite import SQLiteStore
-from sqlq.walq.store import WalStore
+from sqlq.walq.store import COMPACT_FLOOR_BYTES, COMPACT_RATIO, WalStore
 
 MiB = 1 << 20
 DURABLE_OPTIONS = ("group_commit", "sync_delay_s")
+# walq's compaction thresholds as ``sqlq serve`` shows them (the defaults live in walq)
+COMPACT_FLOOR_MB = COMPACT_FLOOR_BYTES / MiB
+DEFAULT_COMPACT_RATIO = COMPACT_RATIO
 
 
 @dataclass(frozen=True)
 class Engine:
     name: str
-    build: Callable[..., JobStore]
+    build: Callable[..., JobStore]  # the store's class, which declares what it is (``shared``)
     durable: bool
     subdir: str | None = None  # where under --data its files live; None: it keeps none
     aliases: tuple[str, ...] = ()
-    shared: bool = False  # many nodes share its queue (a database): it needs a dsn, not --data
     options: tuple[str, ...] = ()  # constructor options beyond sync, retention and clock
     # From the serve settings (a plain mapping) to this engine's own options.
     from_settings: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda _: {})
+
+    @property
+    def shared(self) -> bool:
+        """Many nodes share its queue (a database): it needs a dsn, not --data. Declared
+        once, by the store's class (``JobStore.shared``), which the runtime reads too."""
+        return inspect.getattr_static(self.build, "shared", False) is True
 
 
 ENGINES: dict[str, Engine] = {
@@ -57,7 +66,6 @@ ENGINES: dict[str, Engine] = {
             "postgres",
             PostgresStore,
             durable=True,
-            shared=True,
             aliases=("pg",),
             options=("dsn", "group_commit", "pool_size", "node"),
         ),

@@ -57,6 +57,7 @@ from sqlq.common.specs import (
 from sqlq.http.guard import Guard, Security
 from sqlq.http.openapi import document
 from sqlq.runtime.claims import QueueInfo
+from sqlq.runtime.config import DEFAULT_GRACE_S
 from sqlq.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sqlq.runtime.service import Service
 from sqlq.ui.options import PREFIX as UI_PREFIX
@@ -213,7 +214,7 @@ def create_app(
     runtime: Service,
     *,
     start_runtime: bool = True,
-    grace_s: float = 10.0,
+    grace_s: float = DEFAULT_GRACE_S,
     security: Security | None = None,
     ui: UiOptions | None = UiOptions(),  # noqa: B008 (frozen)
 ) -> Starlette:
@@ -237,12 +238,12 @@ def create_app(
             if spec.idempotency_key not in (None, key):
                 raise ValidationError("idempotency_key", "differs from the Idempotency-Key header")
             spec = msgspec.structs.replace(spec, idempotency_key=key)
-        [job], [created] = await runtime.submit_idempotent([spec])
+        [job], [created] = await runtime.submit([spec])
         return JSONResponse(view(job), status_code=201 if created else 200)
 
     async def submit_batch(request: Request) -> Response:
         batch = decode_batch(await read_body(request, MAX_BATCH_BODY))
-        jobs, created = await runtime.submit_idempotent(batch.jobs, batch=True)
+        jobs, created = await runtime.submit(batch.jobs, batch=True)
         body = {"ids": [j.id for j in jobs], "created": created}
         return JSONResponse(body, status_code=201 if any(created) else 200)
 
@@ -356,5 +357,4 @@ def create_app(
             )
         ],
     )
-    app.state.runtime = runtime
     return app

@@ -17,6 +17,7 @@ from sqlq.common.models import Job
 from sqlq.common.specs import KEY_PATTERN, QUEUE_PATTERN, BatchSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE
 from sqlq.common.wire import (
+    MAX_WAIT_S,
     BatchResult,
     ErrorBody,
     Health,
@@ -105,7 +106,7 @@ OPS = (
         {200: Job},
         params=(
             JOB_ID,
-            Param("wait", "query", {"type": "number", "minimum": 0, "maximum": 60}),
+            Param("wait", "query", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}),
         ),
     ),
     Op(

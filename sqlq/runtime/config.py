@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sqlq.common.backoff import RetryPolicy
+from sqlq.common.models import DEFAULT_MAX_ATTEMPTS
+
+DEFAULT_GRACE_S = 10.0  # seconds running jobs get to finish at a stop (--grace)
 
 
 class RuntimeState(StrEnum):
@@ -19,7 +22,7 @@ class RuntimeState(StrEnum):
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
     workers: int = 16
-    max_attempts: int = 5
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     hb_timeout_s: float = 0.200  # the built-in kinds' heartbeat timeout (they beat every 10 ms)
     healthcheck: bool = True

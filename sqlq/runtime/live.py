@@ -1,8 +1,9 @@
-"""``LiveJobs``: this process's view of every scheduled or running job, and its counters.
+"""``LiveJobs``: this process's view of every scheduled or running job, and its counts.
 
 Every change to the view goes through ``add`` or ``applied``, after the change
-is durable, so the view, the counts by state and the event totals can never
-disagree with each other.
+is durable, so the view, the counts by state and the terminal events (recorded in
+``Events`` as a job leaves the view, through ``ended``) can never disagree with
+each other.
 
 The counts by queue and by (state, queue) are kept as the view changes, so that
 ``/metrics`` and ``--max-queues`` read them without walking every live job, and a
@@ -18,16 +19,17 @@ from operator import attrgetter
 from typing import TypeVar
 
 from sqlq.common.models import TERMINAL, Job, Transition
+from sqlq.runtime.events import Events
 
 _STATE_QUEUE = attrgetter("state", "queue")
 K = TypeVar("K", bound=Hashable)
 
 
 class LiveJobs:
-    def __init__(self) -> None:
+    def __init__(self, events: Events | None = None) -> None:
         self.jobs: dict[str, Job] = {}
         self.counts: Counter[str] = Counter()  # live jobs by state
-        self.totals: Counter[str] = Counter()  # events since this process started
+        self.events = events or Events()
         self.on_finished: Callable[[Job], None] | None = None  # told of every job that ends
         self.queues: Counter[str] = Counter()  # live jobs by queue; no zero entries
         self.census: Counter[tuple[str, str]] = Counter()  # by (state, queue); no zero entries
@@ -74,9 +76,14 @@ class LiveJobs:
                 self.queues[new.queue] += 1
         else:
             self.jobs.pop(new.id, None)
-            self.totals[new.state.value] += 1
-            if self.on_finished is not None:
-                self.on_finished(new)
+            self.ended(new)
+
+    def ended(self, job: Job) -> None:
+        """``job`` is finished (here, or on another node in shared mode): count it, and
+        tell whoever waits on it."""
+        self.events.ended(job)
+        if self.on_finished is not None:
+            self.on_finished(job)
 
 
 def _uncount(counter: Counter[K], key: K) -> None:

@@ -1,21 +1,14 @@
 """``/metrics``: the service's figures in Prometheus text format, through prometheus-client.
 
-Counting sits on the hot path (every submit, every outcome), so events are
-plain ``Counter`` increments keyed by (event, kind) per queue and are turned into
-metric families only when Prometheus scrapes (``Collector.collect``). The
-durations are prometheus-client ``Histogram``s. Every ``Service`` has its own
-registry, so two services in one process (the tests) never share a metric.
+The events (``sqlq_jobs_total``) are counted by ``Events``, the one sink that
+feeds ``/stats`` too (its docstring says which events show here, under which
+names, and how the number of series is bounded); they are turned into a metric
+family only when Prometheus scrapes (``Collector.collect``). The durations are
+prometheus-client ``Histogram``s. Every ``Service`` has its own registry, so two
+services in one process (the tests) never share a metric.
 
-A queue's ``sqlq_jobs_total`` series stay while fewer than ``limit`` queues have
-series (2 x ``--max-queues``), so a queue that empties between jobs keeps its
-counters from scrape to scrape. Past the limit, the series of queues with no
-live job are dropped, as Prometheus expects of a series whose subject is gone (a
-name used again starts from zero, which ``rate`` and ``increase`` read as a
-reset). So the number of series is bounded whatever names clients send, and a
-name used once costs nothing once the room is needed.
-
-    sqlq_jobs_total{event, kind, queue}   submitted, completed, retried, dead,
-                                          fenced, requeued (hung or at recovery)
+    sqlq_jobs_total{event, kind, queue}   submitted, completed, retried, dead, fenced,
+                                          requeued (hung, at recovery, expired lease)
     sqlq_jobs_live{state, queue}          scheduled and running jobs now
     sqlq_queue_wait_seconds               ready to started, per attempt
     sqlq_run_seconds                      started to outcome, per attempt
@@ -27,15 +20,14 @@ name used once costs nothing once the room is needed.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sqlq.common.models import Job
+from sqlq.runtime.events import Events
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
@@ -43,18 +35,10 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192)
 
 
-def _none() -> Container[str]:
-    return ()
-
-
 class Metrics:
-    def __init__(
-        self, live_queues: Callable[[], Container[str]] = _none, limit: int = 2_000
-    ) -> None:
+    def __init__(self, events: Events | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.events: dict[str, Counter[tuple[str, str]]] = {}  # queue -> (event, kind) -> n
-        self.live_queues = live_queues  # the queues that have a live job now
-        self.limit = limit  # queues with series, past which those without live jobs go at once
+        self.events = events or Events()
         self.queue_wait = Histogram(
             "sqlq_queue_wait_seconds",
             "From ready (due) to started, per attempt.",
@@ -79,28 +63,6 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
-
-    def event(self, event: str, job: Job, n: int = 1) -> None:
-        queue = job.queue
-        counts = self.events.get(queue)
-        if counts is None:
-            if len(self.events) >= self.limit:
-                self.prune()
-                self.limit = max(self.limit, 2 * len(self.events))  # all live: amortised
-            counts = self.events[queue] = Counter()
-        counts[event, job.kind] += n
-
-    def prune(self) -> None:
-        """Drop the series of queues with no live job."""
-        live = self.live_queues()
-        for queue in [q for q in self.events if q not in live]:
-            del self.events[queue]
-
-    def series(self) -> Iterator[tuple[str, str, str, int]]:
-        """(event, kind, queue, n) of every series, in order."""
-        for queue in sorted(self.events):
-            for (event, kind), n in sorted(self.events[queue].items()):
-                yield event, kind, queue, n
 
     def batch_written(self, calls: int, seconds: float) -> None:
         """A store's batch observer (see ``GroupCommitter``)."""
@@ -127,7 +89,7 @@ class _Scrape(Collector):
         events = CounterMetricFamily(
             "sqlq_jobs", "Job events since this process started.", labels=["event", "kind", "queue"]
         )
-        for event, kind, queue, n in self._metrics.series():
+        for event, kind, queue, n in self._metrics.events.series():
             events.add_metric([event, kind, queue], n)
         yield events
         yield from self._source()

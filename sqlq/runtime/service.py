@@ -2,60 +2,52 @@
 
 The data flow, left to right::
 
-    HTTP -> Service -> Claims (LocalClaims: scheduler + lanes) -> JobStore
+    HTTP -> Service -> Claims (LocalClaims: scheduler + lanes | SharedClaims) -> JobStore
                           ^
                WorkerPool -> Executor -> the job's kind
 
 The service validates submissions against the kinds, commits them (durable on
-return), and hands them to ``Claims``; workers take claims and report outcomes
-there; the executor runs each job by its kind. Every state change goes through
-the store first, and only once it is durable does anyone hear of it.
+return, ``Submissions``), and hands them to ``Claims``; workers take claims and
+report outcomes there; the executor runs each job by its kind. Every state
+change goes through the store first, and only once it is durable does anyone
+hear of it (``Waiters``, the events).
 
-The kinds (a ``Registry``) and the CPU pool are built by the caller (the CLI)
-and handed in; the service owns them from then on and shuts the pool down.
+The caller hands in the store and, if it likes, the claims (a ``ClaimsFactory``:
+``sqlq serve`` names them through ``modes.claims_for``), the kinds (default: what
+``@task`` registered) and the CPU pool; anything not handed in is built here. The
+service owns all of it from then on: it shuts the pool down and closes the store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-import time
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from typing import Any, cast
-
-from prometheus_client.core import Metric
+from collections.abc import Sequence
+from typing import Any
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.base import collector_off
 from sqlq.common.errors import (
-    DuplicateKeyError,
-    IdempotencyConflictError,
     IllegalTransitionError,
     JobNotFoundError,
-    QueueFullError,
     StoreError,
     TransitionError,
-    ValidationError,
 )
-from sqlq.common.models import RETRYABLE, TERMINAL, Job, State
-from sqlq.common.specs import MAX_DELAY_MS, JobSpec, RetrySpec, check_args
-from sqlq.common.store import MAX_PAGE, CompactionReport, JobQuery, JobStore, Recovery, SharedStore
-from sqlq.runtime.claims import Claims, LocalClaims, QueueInfo
-from sqlq.runtime.config import RuntimeConfig, RuntimeState
+from sqlq.common.models import RETRYABLE, Job, State
+from sqlq.common.specs import JobSpec, RetrySpec
+from sqlq.common.store import MAX_PAGE, CompactionReport, JobQuery, JobStore, Recovery
+from sqlq.runtime import report
+from sqlq.runtime.claims import Parts, QueueInfo
+from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig, RuntimeState
 from sqlq.runtime.cpu import CpuPool
+from sqlq.runtime.events import Event
 from sqlq.runtime.executor import Executor, build_registry
 from sqlq.runtime.kinds import REGISTRY, Registry
-from sqlq.runtime.live import LiveJobs
-from sqlq.runtime.metrics import Metrics, gauge
-from sqlq.runtime.shared import SharedClaims
+from sqlq.runtime.modes import ClaimsFactory, claims_for
+from sqlq.runtime.submissions import Submissions
+from sqlq.runtime.waiters import Waiters
 from sqlq.runtime.workers import WorkerPool
-
-MAX_WAIT_S = 60.0
-WAIT_POLL_S = 0.1  # shared mode: how often this node looks at the jobs GET ?wait= waits on
-MAX_WAIT_IDS = 1000  # job ids in one statement of that look
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +69,13 @@ class Service:
         store: JobStore,
         config: RuntimeConfig | None = None,
         *,
+        claims: ClaimsFactory | None = None,
         kinds: Registry | None = None,
         cpu: CpuPool | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """``kinds``: the user's handlers (default: what ``@task`` registered); the
+        """``claims``: where the queue lives (default: ``modes.claims_for(store)``);
+        ``kinds``: the user's handlers (default: what ``@task`` registered); the
         built-in ``sleep`` and ``cpu`` kinds are added unless a user kind takes a name."""
         self.store = store
         self.config = config = config or RuntimeConfig()
@@ -93,21 +87,13 @@ class Service:
         all_kinds = build_registry(
             kinds or REGISTRY, fault_injection=config.fault_injection, cpu=self.cpu
         )
-        self.live = LiveJobs()
-        self.metrics = Metrics(limit=2 * config.max_queues)
-        self.claims: Claims
-        if store.shared:  # the queue is the database's: claims are made there
-            self.claims = SharedClaims(
-                cast(SharedStore, store), self.live, config, clock=clock, rng=rng,
-                metrics=self.metrics,
-            )  # fmt: skip
-        else:
-            self.claims = LocalClaims(
-                store, self.live, config, clock=clock, rng=rng, metrics=self.metrics
-            )
-        self.metrics.live_queues = self.claims.live_queues  # a gone queue's series go
+        parts = Parts.of(store, config, clock=clock, rng=rng)
+        self.live, self.metrics = parts.live, parts.metrics
+        self.events = parts.live.events  # the one sink of /stats' totals and /metrics' events
+        self.claims = (claims or claims_for(store))(parts)
+        self.events.live_queues = self.claims.live_queues  # a gone queue's series go
         store.observe_batches(self.metrics.batch_written)
-        self.metrics.gauges(self._gauges)
+        self.metrics.gauges(lambda: report.gauges(self))
         self.executor = Executor(all_kinds, config, rng=rng, clock=clock)
         self.pool = WorkerPool(
             self.claims,
@@ -117,16 +103,13 @@ class Service:
             healthcheck=config.healthcheck,
             clock=clock,
         )
+        self.submissions = Submissions(store, self.claims, config, all_kinds, self.events, clock)
+        self.waiters = Waiters(self.claims, self.get, clock)
+        self.live.on_finished = self.waiters.finished
         self.state = RuntimeState.NEW
         self.recovery: Recovery | None = None
-        self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
-        self._new_queues: Counter[str] = Counter()  # their new queue names, for --max-queues
         self._maintenance: asyncio.Task[None] | None = None
-        self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
-        self._waiters: dict[str, list[asyncio.Future[Job | None]]] = {}  # GET ?wait=, by job id
-        self._wait_poll: asyncio.Task[None] | None = None  # shared mode: see _poll_waited
         self.last_compaction: tuple[float, CompactionReport] | None = None  # (wall time, report)
-        self.live.on_finished = self._finished
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -141,19 +124,18 @@ class Service:
         if self.config.compact_every_s > 0:
             self._maintenance = asyncio.create_task(self._maintain(), name="sqlq-maintenance")
         self.state = RuntimeState.READY
-        totals = self.live.totals
+        totals = self.events.totals
         log.info(
-            "recovery: %s; requeued %d, dead (on their last attempt) %d",
-            recovery.summary(), totals["requeued_at_recovery"], totals["dead_at_recovery"],
+            "recovery: %s; requeued %d, dead (on their last attempt) %d", recovery.summary(),
+            totals[Event.REQUEUED_AT_RECOVERY], totals[Event.DEAD_AT_RECOVERY],
         )  # fmt: skip
         return recovery
 
-    async def stop(self, grace_s: float = 10.0) -> None:
+    async def stop(self, grace_s: float = DEFAULT_GRACE_S) -> None:
         if self.state in (RuntimeState.STOPPING, RuntimeState.STOPPED):
             return
         self.state = RuntimeState.STOPPING
-        if self._wait_poll is not None:
-            self._wait_poll.cancel()
+        self.waiters.stop()
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
@@ -165,223 +147,41 @@ class Service:
         await self.store.close()
         self.state = RuntimeState.STOPPED
 
+    async def _maintain(self) -> None:
+        """Prune finished jobs past retention and compact, every ``compact_every_s``."""
+        while True:
+            await self.clock.sleep(self.config.compact_every_s)
+            try:
+                report = await self.store.compact()
+            except StoreError as exc:
+                log.error("periodic compaction failed: %s", exc)
+                continue
+            self.events.record(Event.COMPACTED)
+            self.last_compaction = (self.clock.time(), report)
+            log.info(
+                "compacted: pruned %d jobs, %d -> %d bytes",
+                report.jobs_pruned,
+                report.bytes_before,
+                report.bytes_after,
+            )
+
     # -- the API the HTTP layer uses -----------------------------------------------------
 
-    def build(self, spec: JobSpec, now: float) -> Job:
-        """A new job from a client's spec; raises ``ValidationError`` naming the field."""
-        check_args(spec.args)  # HTTP checked the bytes; a spec built in Python is checked here
-        args = self.executor.kinds.get(spec.kind).validate(spec.args)
-        if spec.delay_ms is not None and spec.run_at is not None:
-            raise ValidationError("run_at", "give delay_ms or run_at, not both")
-        ready_at = now
-        if spec.delay_ms is not None:
-            ready_at = now + spec.delay_ms / 1000
-        elif spec.run_at is not None:
-            if spec.run_at > now + MAX_DELAY_MS / 1000:
-                raise ValidationError("run_at", "more than a year and a day from now")
-            ready_at = spec.run_at
-        key = spec.idempotency_key
-        return Job.new(
-            kind=spec.kind,
-            args=args,
-            now=now,
-            ready_at=ready_at,
-            max_attempts=spec.max_attempts or self.config.max_attempts,
-            priority=spec.priority,
-            queue=spec.queue,
-            idempotency_key=key,
-            request_hash=None if key is None else spec.request_hash(),
-        )
-
-    def _build_all(self, specs: Sequence[JobSpec], now: float, batch: bool) -> list[Job]:
-        jobs = []
-        for i, spec in enumerate(specs):
-            try:
-                jobs.append(self.build(spec, now))
-            except ValidationError as exc:
-                if not batch:
-                    raise
-                raise ValidationError(f"jobs[{i}].{exc.field}", exc.message) from None
-        return jobs
-
-    async def submit(self, specs: Sequence[JobSpec], *, batch: bool = False) -> list[Job]:
-        """Validate, commit as one atomic change, then make claimable. Durable on return."""
-        jobs, _ = await self.submit_idempotent(specs, batch=batch)
-        return jobs
-
-    async def submit_idempotent(
+    async def submit(
         self, specs: Sequence[JobSpec], *, batch: bool = False
     ) -> tuple[list[Job], list[bool]]:
-        """Like ``submit``, honouring idempotency keys: the jobs, and which are new.
-
-        A spec whose key a retained job already holds gets that job back (not
-        new) if it asks for the same thing, and ``IdempotencyConflictError``
-        otherwise. Keys are reserved in this process for the length of the
-        check and the commit, so two concurrent requests with one key make one job.
-        """
+        """Validate, commit as one atomic change, then make claimable: the jobs (durable
+        on return), and which are new (an idempotency key may return an existing job)."""
         self._check_accepting()
-        keyed = {i: s.idempotency_key for i, s in enumerate(specs) if s.idempotency_key}
-        if not keyed:
-            return (jobs := await self._submit_new(specs, batch)), [True] * len(jobs)
-        seen: dict[str, int] = {}
-        for i, key in keyed.items():
-            if key in seen:
-                raise ValidationError(f"jobs[{i}].idempotency_key", "appears twice in this batch")
-            seen[key] = i
-        reservation = await self._reserve(list(seen))
-        try:
-            # Twice at most: a shared store's other nodes reserve nothing here, so a key
-            # may be taken between the look-up and the insert; then look again.
-            for last in (False, True):
-                existing: dict[int, Job] = {}
-                for i, key in keyed.items():
-                    job = await self.store.find_key(key)
-                    if job is not None:
-                        if job.request_hash != specs[i].request_hash():
-                            raise IdempotencyConflictError(key, job.id)
-                        existing[i] = job
-                new = [s for i, s in enumerate(specs) if i not in existing]
-                try:
-                    made = iter(await self._submit_new(new, batch) if new else [])
-                except DuplicateKeyError as exc:
-                    if last or not self.store.shared:
-                        raise IdempotencyConflictError(exc.key, "?") from exc
-                    continue
-                jobs = [existing[i] if i in existing else next(made) for i in range(len(specs))]
-                return jobs, [i not in existing for i in range(len(specs))]
-            raise AssertionError("unreachable")
-        finally:
-            for key in seen:
-                del self._keys[key]
-            reservation.set_result(None)
-
-    async def _reserve(self, keys: list[str]) -> asyncio.Future[None]:
-        """Hold ``keys`` for one submission; waits while another holds any of them."""
-        while busy := [self._keys[k] for k in keys if k in self._keys]:
-            await asyncio.wait(busy)
-        reservation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for k in keys:
-            self._keys[k] = reservation
-        return reservation
-
-    async def _submit_new(self, specs: Sequence[JobSpec], batch: bool) -> list[Job]:
-        jobs = self._build_all(specs, self.clock.time(), batch)
-        with self._admission(jobs, batch):
-            await self.store.commit(jobs)
-        self.claims.submitted(jobs)
-        self.live.totals["submitted"] += len(jobs)
-        for job in jobs:
-            self.metrics.event("submitted", job)
-        return jobs
-
-    @contextlib.contextmanager
-    def _admission(self, jobs: Sequence[Job], batch: bool) -> Iterator[None]:
-        """Admit ``jobs`` as live under ``--max-queued`` and ``--max-queues``, holding their
-        place (and their new queue names) until the commit that makes them live is over.
-        Submissions and retries alike: both add live jobs, perhaps in new queues."""
-        limit = self.config.max_queued
-        if self.claims.backlog() + self._admitting + len(jobs) > limit:
-            self.live.totals["refused_full"] += len(jobs)
-            raise QueueFullError(limit)
-        new = self._new_queues_of(jobs, batch)
-        self._admitting += len(jobs)
-        try:
-            with self._holding(new):
-                yield
-        finally:
-            self._admitting -= len(jobs)
-
-    @contextlib.contextmanager
-    def _holding(self, new: list[str]) -> Iterator[None]:
-        """Count the queue names ``new`` as used while a commit that may add them runs."""
-        self._new_queues.update(new)
-        try:
-            yield
-        finally:
-            self._new_queues.subtract(new)
-            for queue in new:
-                if self._new_queues[queue] <= 0:
-                    del self._new_queues[queue]
-
-    def _new_queues_of(self, jobs: Sequence[Job], batch: bool) -> list[str]:
-        """The queue names ``jobs`` would add (``--max-queues``); ``ValidationError`` naming
-        the field of the first job past the bound."""
-        claims, pending = self.claims, self._new_queues
-        new: list[str] = []
-        for i, job in enumerate(jobs):
-            queue = job.queue
-            if queue in pending or claims.in_use(queue) or queue in new:
-                continue
-            self._check_new_queue(f"jobs[{i}].queue" if batch else "queue", len(new))
-            new.append(queue)
-        return new
-
-    def _check_new_queue(self, field: str, more: int = 0) -> None:
-        """One more queue (with ``more`` already counted in this request) must fit."""
-        limit = self.config.max_queues
-        if self.claims.queues_used() + len(self._new_queues) + more + 1 > limit:
-            raise ValidationError(
-                field, f"would be one more than --max-queues ({limit}) queues with live jobs "
-                "or paused; use an existing queue, or wait for one to empty",
-            )  # fmt: skip
+        return await self.submissions.submit(specs, batch=batch)
 
     async def get(self, job_id: str) -> Job | None:
         job = self.live.get(job_id)
         return job if job is not None else await self.store.get(job_id)
 
     async def wait(self, job_id: str, timeout_s: float) -> Job | None:
-        """The job once it is finished, or as it stands after ``timeout_s`` (at most 60).
-
-        Woken by this node's own outcomes (``_finished``). In shared mode another node
-        may finish the job, and nobody here is told: then one poll per node
-        (``_poll_waited``) looks at every job waited on here at once.
-        """
-        if timeout_s <= 0:
-            return await self.get(job_id)
-        waiter: asyncio.Future[Job | None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(job_id, []).append(waiter)  # before the look: no wake lost
-        try:
-            job = await self.get(job_id)
-            if job is None or job.terminal:
-                return job
-            if self.store.shared and (self._wait_poll is None or self._wait_poll.done()):
-                self._wait_poll = asyncio.create_task(self._poll_waited(), name="sqlq-wait-poll")
-            try:
-                return await asyncio.wait_for(waiter, min(timeout_s, MAX_WAIT_S))
-            except TimeoutError:
-                pass
-        finally:
-            waiting = self._waiters.get(job_id)
-            if waiting is not None and waiter in waiting:
-                waiting.remove(waiter)
-                if not waiting:
-                    del self._waiters[job_id]
-        return await self.get(job_id)
-
-    async def _poll_waited(self) -> None:
-        """Shared mode, while anyone here waits: every ``WAIT_POLL_S``, one statement (per
-        ``MAX_WAIT_IDS``) for the jobs waited on that are finished, on whichever node;
-        not one per waiting request."""
-        store = cast(SharedStore, self.store)
-        while self._waiters:
-            await asyncio.sleep(WAIT_POLL_S)
-            ids = list(self._waiters)
-            for start in range(0, len(ids), MAX_WAIT_IDS):
-                try:
-                    finished = await store.finished(ids[start : start + MAX_WAIT_IDS])
-                except StoreError as exc:
-                    log.warning("could not look at the jobs waited on: %s", exc)
-                    break
-                except Exception:  # a bug must not leave every waiter to its timeout
-                    log.exception("the poll for waited-on jobs failed; it goes on")
-                    break
-                for job in finished:
-                    self._finished(job)
-
-    def _finished(self, job: Job) -> None:
-        for waiter in self._waiters.pop(job.id, ()):
-            if not waiter.done():
-                waiter.set_result(job)
+        """The job once it is finished, or as it stands after ``timeout_s`` (at most 60)."""
+        return await self.waiters.wait(job_id, timeout_s)
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         return await self.store.list_jobs(query)
@@ -394,8 +194,8 @@ class Service:
         self._check_accepting()
         new = [queue] if paused and not self.claims.in_use(queue) else []
         if new:  # a pause is durable: it counts too, and holds its name while it commits
-            self._check_new_queue("queue")
-        with self._holding(new):
+            self.submissions.check_new_queue("queue")
+        with self.submissions.holding(new):
             await self.claims.pause(queue, paused)
         return await self.claims.queue(queue)
 
@@ -409,7 +209,7 @@ class Service:
             raise IllegalTransitionError(
                 job_id, f"only a dead or cancelled job can be retried; it is {job.state.value}"
             )
-        with self._admission([job], batch=False):
+        with self.submissions.admission([job], batch=False):
             [revived] = await self.claims.retry([job])
         return revived
 
@@ -426,7 +226,7 @@ class Service:
             if not matches:
                 return 0
             try:
-                with self._admission(matches, batch=False):
+                with self.submissions.admission(matches, batch=False):
                     return len(await self.claims.retry(matches))
             except TransitionError:
                 continue
@@ -465,76 +265,4 @@ class Service:
         return True, "ready"
 
     def stats(self) -> dict[str, Any]:
-        counts, totals = self.live.counts, self.live.totals
-        jobs = {s.value: counts[s.value] for s in State if s not in TERMINAL}
-        if self.store.shared:  # the queue's, on every node, as of the last count
-            for (state, _queue), n in self.claims.census().items():
-                jobs[state] += n
-        jobs.update({s.value: totals[s.value] for s in TERMINAL})
-        threads = self.executor.threads
-        return {
-            "state": self.state.value,
-            "durable": self.store.durable,
-            "jobs": jobs,
-            "terminal_counts_are": "since this process started",
-            "submitted": totals["submitted"],
-            "retried": totals["retried"],
-            "requeued_hung": totals["requeued_hung"],
-            "requeued_at_recovery": totals["requeued_at_recovery"],
-            "dead_at_recovery": totals["dead_at_recovery"],  # interrupted on their last attempt
-            "fenced": totals["fenced"],
-            "claim_failed": totals["claim_failed"],
-            "unencodable_results": totals["unencodable"],
-            "refused_queue_full": totals["refused_full"],
-            "max_queued": self.config.max_queued,
-            "max_queues": self.config.max_queues,
-            "queues_used": self.claims.queues_used(),
-            "workers": {
-                **self.pool.stats(),
-                "handler_threads": threads.size,
-                "abandoned_threads_running": threads.abandoned,
-                "abandoned_threads_total": threads.abandoned_total,
-                "max_abandoned": self.config.max_abandoned,
-            },
-            **self.claims.stats(),
-            "store": self.store.stats().to_dict(),
-            "recovery": self.recovery.summary() if self.recovery else None,
-            "process_cpu_s": round(time.process_time(), 3),
-        }
-
-    def _gauges(self) -> Iterator[Metric]:
-        """What /metrics reads at scrape time: live jobs, workers, recovery."""
-        yield gauge(
-            "sqlq_jobs_live", "Scheduled and running jobs (in shared mode, on every node).",
-            ["state", "queue"], {k: float(n) for k, n in self.claims.census().items()},
-        )  # fmt: skip
-        pool = self.pool
-        yield gauge(
-            "sqlq_workers", "Workers: busy, live, hung (declared), replaced, abandoned.",
-            ["status"],
-            {("busy",): pool.busy(), ("live",): len(pool.live), ("hung",): pool.declared_hung,
-             ("replaced",): pool.replaced, ("abandoned",): self.abandoned()},
-        )  # fmt: skip
-        rec = self.recovery
-        yield gauge("sqlq_recovery_seconds", "How long this start's recovery took.", [],
-                    {(): rec.seconds if rec else 0.0})  # fmt: skip
-        yield gauge("sqlq_recovery_records", "Records (walq lines, SQLite rows) recovery read.",
-                    [], {(): float(rec.records) if rec else 0.0})  # fmt: skip
-
-    async def _maintain(self) -> None:
-        """Prune finished jobs past retention and compact, every ``compact_every_s``."""
-        while True:
-            await asyncio.sleep(self.config.compact_every_s)
-            try:
-                report = await self.store.compact()
-            except StoreError as exc:
-                log.error("periodic compaction failed: %s", exc)
-                continue
-            self.live.totals["compactions"] += 1
-            self.last_compaction = (self.clock.time(), report)
-            log.info(
-                "compacted: pruned %d jobs, %d -> %d bytes",
-                report.jobs_pruned,
-                report.bytes_before,
-                report.bytes_after,
-            )
+        return report.stats(self)

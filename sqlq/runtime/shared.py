@@ -31,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, deque
-from collections.abc import Collection, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from sqlq.common.errors import (
@@ -40,22 +40,26 @@ from sqlq.common.errors import (
     JobNotFoundError,
     JobRunningError,
     StoreError,
-    StoreUnavailableError,
     TransitionError,
-    UnencodableError,
 )
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.store import Fence, Recovery, SharedStore
-from sqlq.runtime.claims import OUTCOME_EVENT, Claim, ClaimResult, ClaimsBase, QueueInfo
+from sqlq.runtime.census import CENSUS_EVERY_S, Census
+from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase, QueueInfo
+from sqlq.runtime.events import Event
+from sqlq.runtime.leases import rescue_expired, write_fenced
 
 log = logging.getLogger(__name__)
 
-RESCUE_BATCH = 500  # expired leases requeued per round
-RETRY_OUTCOME_S = 0.2  # an outcome the database did not answer is written again after this
+ERROR_PAUSE_S = 0.5  # at most, after a claim the store failed, before the next
+WAIT_POLL_S = 0.1  # how often this node looks at the jobs a GET ?wait= here waits on
+MAX_FINISHED_IDS = 1000  # job ids in one statement of that look
 
 
 class SharedClaims(ClaimsBase):
-    _store: SharedStore  # the constructor's store; Service passes only a shared one
+    _store: SharedStore  # the parts' store; the composition root passes only a shared one
+    key_attempts = 2  # other nodes reserve no key here: a key taken meanwhile, look again
+    finish_poll_s = WAIT_POLL_S  # a job waited on here may finish on another node
 
     def _setup(self) -> None:
         self.lease_s = self._config.lease_s
@@ -63,12 +67,10 @@ class SharedClaims(ClaimsBase):
         self._waiting: deque[asyncio.Future[Claim]] = deque()  # workers waiting for a claim
         self._ready: deque[Claim] = deque()  # claimed, its worker went away: the next taker's
         self._kick = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []  # every loop below, the claimer's too
+        self._claimer: asyncio.Task[None] | None = None
         self._held: set[str] = set()  # claimed here, outcome not yet written: leases to renew
-        self._census: dict[tuple[str, str], int] = {}  # (state, queue) -> jobs, on every node
-        self._paused: set[str] = set()
-        self._nodes: list[dict[str, Any]] = []
-        self._submitted_since_census = 0
+        self._census = Census(self._store, self._clock)
         self._next_due: float | None = None
         self._stopping = False
         self.claims = 0  # claim statements run
@@ -87,22 +89,44 @@ class SharedClaims(ClaimsBase):
         await self._refresh()
         if self._config.listen:
             self._store.listen(self._woken)
-        for name, loop in (
-            ("claimer", self._claimer),
-            ("leases", self._leases),
-            ("rescue", self._rescue_loop),
-            ("census", self._census_loop),
-        ):
-            self._tasks.append(asyncio.create_task(loop(), name=f"sqlq-shared-{name}"))
+        self._claimer = asyncio.create_task(self._claim_loop(), name="sqlq-shared-claimer")
+        self._tasks = [
+            self._claimer,
+            self._every("leases", self.lease_s / 4, self.renew, "lease renewal failed"),
+            self._every("rescue", self.lease_s / 4, self.rescue, "rescue of expired leases failed"),
+            self._every("census", CENSUS_EVERY_S, self._refresh, "could not count the queue"),
+        ]
+
+    def by_hand(self) -> None:
+        """Stop renewing leases and rescuing expired ones: whoever calls this does both
+        (``renew``, ``rescue``) itself, as a test that drives shared mode step by step
+        does, or as a node cut off from the database would fail to."""
+        for task in self._tasks:
+            if task.get_name() in ("sqlq-shared-leases", "sqlq-shared-rescue"):
+                task.cancel()
+
+    def _every(
+        self, name: str, seconds: float, do: Callable[[], Awaitable[object]], what: str
+    ) -> asyncio.Task[None]:
+        """A task that calls ``do`` every ``seconds`` (on the clock) until cancelled."""
+
+        async def loop() -> None:
+            while True:
+                await self._clock.sleep(seconds)
+                try:
+                    await do()
+                except StoreError as exc:
+                    log.warning("%s: %s", what, exc)
+
+        return asyncio.create_task(loop(), name=f"sqlq-shared-{name}")
 
     async def stop(self) -> None:
         """Claim no more; a claim no worker took yet is given back now."""
         self._stopping = True
         self._kick.set()
-        for task in self._tasks:
-            if task.get_name() == "sqlq-shared-claimer":
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        if self._claimer is not None:
+            self._claimer.cancel()
+            await asyncio.gather(self._claimer, return_exceptions=True)
         for waiter in self._waiting:
             waiter.cancel()
         while self._ready:
@@ -113,8 +137,7 @@ class SharedClaims(ClaimsBase):
 
     async def drain(self) -> None:
         """Record every outcome, then end this node's leases so others rescue what is left."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self.settle()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -145,19 +168,18 @@ class SharedClaims(ClaimsBase):
             self._waiting.popleft()
         return sum(1 for w in self._waiting if not w.done())
 
-    async def _claimer(self) -> None:
-        # Ends on ``_stopping`` too, not only by cancellation: in Python 3.11, wait_for
-        # swallows a cancel that lands as its inner wait completes (a kick at the stop), and
-        # the claimer then looped on and ``stop`` waited for it for ever (the model test's
-        # PostgreSQL tier hung once so).
+    async def _claim_loop(self) -> None:
+        # Ends on ``_stopping`` too, not only by cancellation (in Python 3.11 a wait_for here
+        # swallowed a cancel at a kick, and ``stop`` waited for ever; now a timer kicks).
         while not self._stopping:
             timeout = self.poll_s
             if self._next_due is not None:
                 timeout = min(timeout, max(0.0, self._next_due - self._clock.time()))
+            timer = self._clock.call_later(timeout, self._kick.set)
             try:
-                await asyncio.wait_for(self._kick.wait(), timeout)
-            except TimeoutError:
-                pass
+                await self._kick.wait()
+            finally:
+                timer.cancel()
             self._kick.clear()
             if self._stopping:
                 return
@@ -165,10 +187,10 @@ class SharedClaims(ClaimsBase):
                 await self._claim_for_waiting()
             except StoreError as exc:
                 log.warning("claim failed: %s", exc)
-                await asyncio.sleep(min(self.poll_s, 0.5))
+                await self._clock.sleep(min(self.poll_s, ERROR_PAUSE_S))
             except Exception:  # a bug must not stop this node claiming for good
                 log.exception("the claimer failed; it goes on")
-                await asyncio.sleep(min(self.poll_s, 0.5))
+                await self._clock.sleep(min(self.poll_s, ERROR_PAUSE_S))
 
     async def _claim_for_waiting(self) -> None:
         while (n := self._hungry()) > 0:
@@ -201,122 +223,60 @@ class SharedClaims(ClaimsBase):
         self._ready.append(claim)
 
     def submitted(self, jobs: Sequence[Job]) -> None:
-        self._submitted_since_census += len(jobs)
+        self._census.since += len(jobs)
         self._kick.set()
 
     # -- leases and rescue -------------------------------------------------------------------
 
-    async def _leases(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease_s / 4)
-            now = self._clock.time()
-            try:
-                await self._store.renew(now, now + self.lease_s, list(self._held))
-                self.renewals += 1
-            except StoreError as exc:
-                log.warning("lease renewal failed: %s", exc)
-
-    async def _rescue_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease_s / 4)
-            try:
-                await self.rescue()
-            except StoreError as exc:
-                log.warning("rescue of expired leases failed: %s", exc)
+    async def renew(self) -> None:
+        """Extend every lease this node holds, in one statement (every ``lease_s / 4``)."""
+        now = self._clock.time()
+        await self._store.renew(now, now + self.lease_s, list(self._held))
+        self.renewals += 1
 
     async def rescue(self) -> int:
         """Requeue (or dead-letter) running jobs whose lease ran out; how many this node did."""
         now = self._clock.time()
-        expired = await self._store.expired(now, RESCUE_BATCH)
-        if not expired:
-            return 0
-        fence = Fence(lease_before=now)
-        moves = [(job, self._after_failure(job, "lease expired: its node died or was cut off",
-                                           now)) for job in expired]  # fmt: skip
-        outcomes = await asyncio.gather(
-            *(self._store.commit_fenced([t], fence) for _, t in moves), return_exceptions=True
-        )
-        done = 0
-        for (job, t), outcome in zip(moves, outcomes, strict=True):
-            if outcome is None:
-                done += 1
-                self._metrics.event("requeued" if t.state is State.SCHEDULED else "dead", job)
-                if t.state is State.DEAD:
-                    self._finished(job.apply(t))
-            elif not isinstance(outcome, TransitionError):  # another node rescued it first
-                log.warning("could not rescue job %s: %s", job.id, outcome)
-        self.rescued += done
-        self._live.totals["requeued_expired_lease"] += done
-        if done:
+        moves = await rescue_expired(self._store, now, lambda job: self._after_failure(
+            job, "lease expired: its node died or was cut off", now))  # fmt: skip
+        for job, t in moves:
+            if t.state is State.SCHEDULED:
+                self._events.record(Event.REQUEUED_EXPIRED_LEASE, job)
+            else:
+                self._applied(job, t)  # dead: counted so, and its waiters told
+        self.rescued += len(moves)
+        if moves:
             self._kick.set()
-        return done
+        return len(moves)
 
-    # -- outcomes ---------------------------------------------------------------------------
+    # -- the hooks: outcomes and waking ------------------------------------------------------
 
-    async def _commit_outcome(self, claim: Claim, t: Transition) -> None:
-        try:
-            await self._outcome(claim, t)
-        finally:
-            self._held.discard(claim.job.id)
+    async def _write(self, t: Transition, at: float) -> None:
+        """Fenced on this node's unexpired lease; written again while the database is out
+        of reach and the lease still runs (past it, the lease has run out anyway)."""
+        fence = Fence(holder=self._store.node, lease_from=at)
+        give_up = self._clock.time() + self.lease_s
+        await write_fenced(self._store, self._clock, t, fence, lambda: self._stopping or
+                           self._clock.time() > give_up)  # fmt: skip
 
-    async def _outcome(self, claim: Claim, t: Transition) -> None:
-        totals = self._live.totals
-        job = claim.job
-        fence = Fence(holder=self._store.node, lease_from=self._clock.time())
-        try:
-            try:
-                await self._write_outcome(job, t, fence)
-            except UnencodableError as exc:
-                totals["unencodable"] += 1
-                error = f"result is not JSON-serialisable: {exc.what}"
-                t = self._after_failure(job, error, self._clock.time())
-                await self._write_outcome(job, t, fence)
-        except TransitionError:
-            totals["fenced"] += 1  # its lease ran out: it was (or will be) rescued and rerun
-            self._metrics.event("fenced", job)
-            return
-        except StoreError as exc:
-            log.error("could not record the outcome of job %s: %s", job.id, exc)
-            return
-        self._metrics.event(OUTCOME_EVENT[t.state], job)
-        if t.state is State.SCHEDULED:
-            totals["retried"] += 1
-            self._kick.set()
-        else:
-            self._finished(job.apply(t))
+    def _let_go(self, claim: Claim) -> None:
+        self._held.discard(claim.job.id)  # no lease of it to renew from now on
 
-    async def _write_outcome(self, job: Job, t: Transition, fence: Fence) -> None:
-        """Write ``t``, again while the database is out of reach and the lease still runs.
+    def _applied(self, job: Job, t: Transition) -> Job:
+        new = job.apply(t)
+        if new.terminal:
+            self._live.ended(new)
+        return new
 
-        An answer lost in a reconnect may hide a write that landed: a refusal of
-        the rewrite is then checked against the row before it counts as fenced.
-        """
-        uncertain = False
-        give_up = self._clock.time() + self.lease_s  # past it, the lease has run out anyway
-        while True:
-            try:
-                await self._store.commit_fenced([t], fence)
-                return
-            except StoreUnavailableError:
-                if self._stopping or self._clock.time() > give_up:
-                    raise
-                uncertain = True
-                await asyncio.sleep(RETRY_OUTCOME_S)
-            except TransitionError:
-                if uncertain and await self._landed(t):
-                    return
-                raise
+    def _due(self, job: Job) -> None:
+        self._kick.set()
 
-    async def _landed(self, t: Transition) -> bool:
-        now = await self._store.get(t.job_id)
-        return now is not None and (now.state, now.epoch, now.updated_at) == (
-            t.state, t.epoch, t.updated_at,
-        )  # fmt: skip
+    def _opened(self, queue: str) -> None:
+        self._kick.set()
 
-    def _finished(self, job: Job) -> None:
-        self._live.totals[job.state.value] += 1
-        if self._live.on_finished is not None:
-            self._live.on_finished(job)
+    async def finished(self, ids: Sequence[str]) -> list[Job]:
+        at = range(0, len(ids), MAX_FINISHED_IDS)  # one statement per MAX_FINISHED_IDS ids
+        return [j for i in at for j in await self._store.finished(ids[i : i + MAX_FINISHED_IDS])]
 
     # -- the service's side -------------------------------------------------------------------
 
@@ -334,46 +294,16 @@ class SharedClaims(ClaimsBase):
             if now is not None and now.state is State.RUNNING:
                 raise JobRunningError(job_id, "a node claimed it and it may be running") from None
             raise
-        cancelled = job.apply(t)
-        self._finished(cancelled)
-        return cancelled
-
-    async def retry(self, jobs: Sequence[Job]) -> list[Job]:
-        now = self._clock.time()
-        revivals = [job.revive(now) for job in jobs]
-        await self._store.commit(revivals)
-        self._live.totals["operator_retried"] += len(jobs)
-        self._kick.set()
-        return [job.apply(t) for job, t in zip(jobs, revivals, strict=True)]
-
-    async def pause(self, queue: str, paused: bool) -> None:
-        await self._store.set_queue_paused(queue, paused)
-        if paused:
-            self._paused.add(queue)
-        else:
-            self._paused.discard(queue)
-            self._kick.set()
+        return self._applied(job, t)
 
     # -- what the queue holds, on every node ------------------------------------------------------
 
     async def _refresh(self) -> None:
-        counts = await self._store.census()
-        self._census = {(c.state.value, c.queue): c.jobs for c in counts}
-        self._paused = set(await self._store.paused_queues())
-        self._nodes = await self._store.nodes(self._clock.time())
-        self._submitted_since_census = 0
-
-    async def _census_loop(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                await self._refresh()
-            except StoreError as exc:
-                log.warning("could not count the queue: %s", exc)
+        self._paused = await self._census.refresh()
 
     async def queues(self) -> dict[str, QueueInfo]:
         await self._refresh()
-        names = {*self._caps, *self._paused, *(q for _, q in self._census)}
+        names = {*self._caps, *self._paused, *self._census.queues()}
         return {q: self._info(q) for q in sorted(names)}
 
     async def queue(self, name: str) -> QueueInfo:
@@ -381,34 +311,32 @@ class SharedClaims(ClaimsBase):
         return self._info(name)
 
     def _info(self, name: str) -> QueueInfo:
-        return QueueInfo(
-            depth=self._census.get((State.SCHEDULED.value, name), 0),
-            running=self._census.get((State.RUNNING.value, name), 0),
-            limit=self._caps.get(name),
-            paused=name in self._paused,
-        )
+        depth, running = self._census.of(name)
+        return QueueInfo(depth, running, limit=self._caps.get(name), paused=name in self._paused)
 
     def backlog(self) -> int:
-        """Live jobs on every node, as of the last count, plus what this node added since."""
-        return sum(self._census.values()) + self._submitted_since_census
+        return self._census.backlog()
 
     def census(self) -> dict[tuple[str, str], int]:
-        return dict(self._census)
+        return dict(self._census.jobs)
 
     def live_queues(self) -> Collection[str]:
-        return {queue for _, queue in self._census}  # on every node, as of the last count
+        return self._census.queues()
+
+    def live_counts(self) -> dict[str, int]:
+        counts = super().live_counts()  # (none: nothing is kept here) plus the queue's
+        for state, n in self._census.by_state().items():
+            counts[state] += n
+        return counts
 
     def stats(self) -> dict[str, Any]:
-        jobs: Counter[str] = Counter()
-        for (state, _), n in self._census.items():
-            jobs[state] += n
         return {
             "shared": {
                 "node": self._store.node,
                 "lease_s": self.lease_s,
                 "poll_s": self.poll_s,
                 "running_here": sum(self._running.values()),
-                "queue_totals": {s: jobs[s] for s in (State.SCHEDULED.value, State.RUNNING.value)},
+                "queue_totals": self._census.by_state(),
                 "claims": self.claims,
                 "claimed": self.claimed,
                 "mean_claim": round(self.claimed / self.claims, 2) if self.claims else 0.0,
@@ -416,6 +344,6 @@ class SharedClaims(ClaimsBase):
                 "rescued_here": self.rescued,
                 "lease_renewals": self.renewals,
                 "notifications": self.notified,
-                "nodes": self._nodes,
+                "nodes": self._census.nodes,
             }
         }

@@ -16,6 +16,7 @@ from prometheus_client import Histogram
 
 from sqlq.common.clock import Clock
 from sqlq.common.store import CompactionReport
+from sqlq.runtime.events import Event
 from sqlq.runtime.metrics import LATENCY_BUCKETS
 from sqlq.runtime.service import Service
 from sqlq.ui.charts import line_chart
@@ -36,12 +37,17 @@ def _buckets(histogram: Histogram) -> tuple[float, ...]:
 
 
 def sample(runtime: Service, at: float) -> Sample:
-    totals = runtime.live.totals
-    dead = totals["dead"]
+    totals = runtime.events.totals
+    dead = totals[Event.DEAD]
     metrics = runtime.metrics
     return Sample(
         at=at,
-        counts=(totals["submitted"], totals["completed"], totals["retried"] + dead, dead),
+        counts=(
+            totals[Event.SUBMITTED],
+            totals[Event.COMPLETED],
+            totals[Event.RETRIED] + dead,
+            dead,
+        ),
         wait=_buckets(metrics.queue_wait),
         run=_buckets(metrics.run),
         commit=_buckets(metrics.commit),

@@ -1,0 +1,54 @@
+"""``Census``: what a shared queue holds on every node, as of the last count.
+
+Shared mode keeps no job in the process, so what ``/stats``, ``/metrics``, the
+queue listing and ``--max-queued`` read is counted in the database: jobs by
+(state, queue), the paused queues and the nodes, one read every
+``CENSUS_EVERY_S`` (and before a queue is shown), plus what this node submitted
+since, so a burst of submissions between two counts is still bounded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlq.common.clock import Clock
+from sqlq.common.models import State
+from sqlq.common.store import SharedStore
+
+CENSUS_EVERY_S = 1.0  # how often the queue's counts (and pauses, and nodes) are read again
+_SCHEDULED, _RUNNING = State.SCHEDULED.value, State.RUNNING.value
+
+
+class Census:
+    def __init__(self, store: SharedStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self.jobs: dict[tuple[str, str], int] = {}  # (state, queue) -> jobs, on every node
+        self.nodes: list[dict[str, Any]] = []
+        self.since = 0  # jobs this node submitted since the last count
+
+    async def refresh(self) -> set[str]:
+        """Count again; returns the paused queues."""
+        counts = await self._store.census()
+        self.jobs = {(c.state.value, c.queue): c.jobs for c in counts}
+        paused = set(await self._store.paused_queues())
+        self.nodes = await self._store.nodes(self._clock.time())
+        self.since = 0
+        return paused
+
+    def of(self, queue: str) -> tuple[int, int]:
+        """(scheduled, running) jobs of ``queue``."""
+        return self.jobs.get((_SCHEDULED, queue), 0), self.jobs.get((_RUNNING, queue), 0)
+
+    def queues(self) -> set[str]:
+        return {queue for _, queue in self.jobs}
+
+    def by_state(self) -> dict[str, int]:
+        out = {_SCHEDULED: 0, _RUNNING: 0}
+        for (state, _), n in self.jobs.items():
+            out[state] = out.get(state, 0) + n
+        return out
+
+    def backlog(self) -> int:
+        """Live jobs on every node, as of the last count, plus what this node added since."""
+        return sum(self.jobs.values()) + self.since

@@ -1,0 +1,112 @@
+"""``Events``: the one sink every job event goes to, feeding both ``/stats`` and ``/metrics``.
+
+Each event is written once, here, as an ``Event``, and counted once, by
+``Events.record``: into ``totals`` (what ``/stats`` reports, since this process
+started) and, for the events ``/metrics`` shows, into the per-queue series of
+``sqlq_jobs_total{event, kind, queue}`` under the label ``LABEL`` gives it. So the
+two views can't disagree on what an event means, nor know of events the other
+lacks: an event without a label is one that has no job to label it by, or that
+``/metrics`` shows under another name (``requeued``, for the three ways a job is
+put back).
+
+"Requeued" means one thing: the runtime took an attempt away from its worker (a
+hang, the server stopping, an expired lease) and put the job back, scheduled. An
+attempt taken away on the job's last attempt is not requeued: it is dead, and
+counted so.
+
+Counting sits on the hot path (every submit, every outcome), so a record is a
+plain ``Counter`` increment; the series are turned into metric families only when
+Prometheus scrapes. A queue's series stay while fewer than ``limit`` queues have
+series (2 x ``--max-queues``), so a queue that empties between jobs keeps its
+counters from scrape to scrape. Past the limit, the series of queues with no
+live job are dropped, as Prometheus expects of a series whose subject is gone (a
+name used again starts from zero, which ``rate`` and ``increase`` read as a
+reset). So the number of series is bounded whatever names clients send.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator
+from enum import StrEnum
+
+from sqlq.common.models import Job, State
+
+
+class Event(StrEnum):
+    SUBMITTED = "submitted"
+    COMPLETED = "completed"  # the terminal events: a job left the live view so
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    RETRIED = "retried"  # an attempt failed (or was taken away) and the job is due again
+    REQUEUED_HUNG = "requeued_hung"  # its worker was declared hung (or timed out)
+    REQUEUED_AT_RECOVERY = "requeued_at_recovery"  # it was running when the server stopped
+    DEAD_AT_RECOVERY = "dead_at_recovery"  # so, and on its last attempt
+    REQUEUED_EXPIRED_LEASE = "requeued_expired_lease"  # shared mode: its node's lease ran out
+    FENCED = "fenced"  # an outcome refused: the attempt no longer held the job
+    CLAIM_FAILED = "claim_failed"  # the store failed to write a claim: nothing recorded
+    UNENCODABLE = "unencodable"  # a result JSON cannot hold: the attempt failed
+    REFUSED_FULL = "refused_full"  # a submission past --max-queued
+    OPERATOR_RETRIED = "operator_retried"  # a dead or cancelled job put back by a client
+    COMPACTED = "compactions"  # a periodic compaction (no job)
+
+
+# What /metrics calls each event it shows (``sqlq_jobs_total{event=...}``).
+LABEL: dict[Event, str] = {
+    Event.SUBMITTED: "submitted",
+    Event.COMPLETED: "completed",
+    Event.DEAD: "dead",
+    Event.RETRIED: "retried",
+    Event.FENCED: "fenced",
+    Event.REQUEUED_HUNG: "requeued",
+    Event.REQUEUED_AT_RECOVERY: "requeued",
+    Event.REQUEUED_EXPIRED_LEASE: "requeued",
+}
+ENDED = {State.COMPLETED: Event.COMPLETED, State.DEAD: Event.DEAD, State.CANCELLED: Event.CANCELLED}
+
+
+def _none() -> Collection[str]:
+    return ()
+
+
+class Events:
+    def __init__(self, limit: int = 2_000) -> None:
+        self.totals: Counter[Event] = Counter()  # every event since this process started
+        self._series: dict[str, Counter[tuple[str, str]]] = {}  # queue -> (label, kind) -> n
+        self.live_queues: Callable[[], Collection[str]] = _none  # set by the service
+        self.limit = limit  # queues with series, past which those without live jobs go
+
+    def record(self, event: Event, job: Job | None = None, n: int = 1) -> None:
+        """``n`` times ``event`` (of ``job``, for the series; ``None``: /stats only)."""
+        self.totals[event] += n
+        label = LABEL.get(event)
+        if label is None or job is None:
+            return
+        queue = job.queue
+        counts = self._series.get(queue)
+        if counts is None:
+            if len(self._series) >= self.limit:
+                self.prune()
+                self.limit = max(self.limit, 2 * len(self._series))  # all live: amortised
+            counts = self._series[queue] = Counter()
+        counts[label, job.kind] += n
+
+    def ended(self, job: Job) -> None:
+        """``job`` reached a terminal state (and left the live view)."""
+        self.record(ENDED[job.state], job)
+
+    def prune(self) -> None:
+        """Drop the series of queues with no live job."""
+        live = self.live_queues()
+        for queue in [q for q in self._series if q not in live]:
+            del self._series[queue]
+
+    def queues(self) -> Collection[str]:
+        """The queues that have series now (bounded, see the module's docstring)."""
+        return self._series.keys()
+
+    def series(self) -> Iterator[tuple[str, str, str, int]]:
+        """(label, kind, queue, n) of every series, in order."""
+        for queue in sorted(self._series):
+            for (label, kind), n in sorted(self._series[queue].items()):
+                yield label, kind, queue, n

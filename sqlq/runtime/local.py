@@ -1,0 +1,231 @@
+"""``LocalClaims``: the claim/outcome protocol over a queue only this process holds.
+
+The scheduler's lanes over a store only this process opens (memory, walq,
+sqlite). A job's claim (``scheduled -> running``) is committed while the work
+starts, and its outcome (completed, retried or dead) is committed after the claim
+is durable, in the background while the worker takes its next job. Nobody is told
+of either before it is durable. A crash before the claim is durable leaves the job
+``scheduled``; after, ``running`` and requeued at recovery: either way the job
+runs again, which is the at-least-once delivery the durability contract promises
+(and counts). A refused claim fences the outcome (counted as ``fenced``); a claim
+the store failed to write records nothing (counted as ``claim_failed``). Waiting
+for the claim before working cost about 1 ms of a 20 ms job (an fdatasync round
+trip), measured.
+
+A cancel and a claim of the same job can race. While a claim is in flight the
+job may already be running, so a cancel then answers 409 ``running``; while a
+cancel is in flight, workers skip the job (and it is put back if the cancel
+fails). So a job reported cancelled never starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from sqlq.common.errors import (
+    IllegalTransitionError,
+    JobNotFoundError,
+    JobRunningError,
+    StoreError,
+    TransitionError,
+)
+from sqlq.common.models import Job, State, Transition
+from sqlq.common.store import Recovery
+from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase, QueueInfo
+from sqlq.runtime.events import Event
+from sqlq.runtime.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class LocalClaims(ClaimsBase):
+    """Claims from the scheduler's lanes in this process; outcomes through the store."""
+
+    def _setup(self) -> None:
+        self.scheduler = Scheduler(
+            self._clock, gate=self._open, taken=self._taken, current=self._current
+        )
+        self._claiming: set[str] = set()  # claims committed but not yet durable
+        self._cancelling: set[str] = set()  # cancels committed but not yet durable
+        self._skipped: set[str] = set()  # taken by a worker while its cancel was in flight
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, recovery: Recovery) -> None:
+        self._paused = set(recovery.paused_queues)
+        live = self._live
+        live.load(recovery.jobs)
+        now = self._clock.time()
+        interrupted = [live.jobs[job_id] for job_id in recovery.running]
+        moves = [
+            self._after_failure(j, "interrupted: the server stopped", now) for j in interrupted
+        ]
+        if moves:
+            await self._store.commit(moves)
+        for job, t in zip(interrupted, moves, strict=True):
+            # On its last attempt the policy buries it: the view drops it (and counts it
+            # dead), so it is counted from ``job``, never looked up again.
+            live.applied(job, t)
+            again = t.state is State.SCHEDULED
+            self._events.record(
+                Event.REQUEUED_AT_RECOVERY if again else Event.DEAD_AT_RECOVERY, job
+            )
+        self.scheduler.load([job for job in live.jobs.values() if job.state is State.SCHEDULED])
+        self.scheduler.start()
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+
+    async def drain(self) -> None:
+        await self.settle()
+
+    # -- the hooks ------------------------------------------------------------------------
+
+    async def _stood(self, claim: Claim) -> bool:
+        result = await claim.claimed
+        if result is ClaimResult.REFUSED:  # this run never counted
+            self._events.record(Event.FENCED, claim.job)
+        elif result is ClaimResult.FAILED:  # the store is down
+            self._events.record(Event.CLAIM_FAILED, claim.job)
+        return result is ClaimResult.CLAIMED
+
+    def _write(self, t: Transition, at: float) -> Awaitable[None]:
+        return self._store.commit([t])
+
+    def _applied(self, job: Job, t: Transition) -> Job:
+        return self._live.applied(job, t)
+
+    def _due(self, job: Job) -> None:
+        self.scheduler.add(job)
+
+    def _opened(self, queue: str) -> None:
+        self.scheduler.poke(queue)
+
+    # -- the service's side ---------------------------------------------------------------
+
+    def submitted(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            self._live.add(job)
+            self._due(job)
+
+    def _current(self, entry: Job) -> bool:
+        """Is the scheduler's ``entry`` still this job as scheduled? (Not once cancelled,
+        nor once a retry scheduled it again with a new epoch.)"""
+        job = self._live.jobs.get(entry.id)
+        return job is not None and job.state is State.SCHEDULED and job.epoch == entry.epoch
+
+    def _open(self, queue: str) -> bool:
+        """The scheduler's gate: may a job of ``queue`` start now?"""
+        if queue in self._paused:
+            return False
+        cap = self._caps.get(queue)
+        return cap is None or self._running[queue] < cap
+
+    def _taken(self, queue: str) -> None:
+        self._running[queue] += 1  # until the attempt ends, or the claim turns out void
+
+    async def queues(self) -> dict[str, QueueInfo]:
+        live = (q for q, n in self._live.queues.items() if n > 0)
+        names = {*self._caps, *self._paused, *(q for q, n in self._running.items() if n > 0), *live}
+        return {q: self._info(q) for q in sorted(names)}
+
+    async def queue(self, name: str) -> QueueInfo:
+        return self._info(name)
+
+    def backlog(self) -> int:
+        return len(self._live)
+
+    def census(self) -> dict[tuple[str, str], int]:
+        return dict(self._live.census)  # kept as the view changes: no walk over the jobs
+
+    def _info(self, name: str) -> QueueInfo:
+        """One queue's state; a queue nobody has used is empty, uncapped and running."""
+        return QueueInfo(
+            depth=self.scheduler.depth(name),
+            running=self._running[name],
+            limit=self._caps.get(name),
+            paused=name in self._paused,
+        )
+
+    def passed_over(self, job_id: str) -> bool:
+        """Whether a worker passed ``job_id`` over because its cancel is in flight."""
+        return job_id in self._skipped
+
+    async def cancel(self, job_id: str) -> Job:
+        job = self._live.get(job_id)
+        if job is None:
+            if await self._store.get(job_id) is None:
+                raise JobNotFoundError(job_id)
+            raise IllegalTransitionError(job_id, "only a scheduled job can be cancelled")
+        if job.state is not State.SCHEDULED:
+            raise IllegalTransitionError(job_id, f"a {job.state.value} job cannot be cancelled")
+        if job_id in self._claiming:
+            raise JobRunningError(job_id, "a worker has claimed it and it may be running")
+        if job_id in self._cancelling:
+            raise IllegalTransitionError(job_id, "a cancel of this job is already in flight")
+        t = job.cancel(self._clock.time())
+        self._cancelling.add(job_id)
+        try:
+            try:
+                await self._store.commit([t])
+            except BaseException:
+                if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
+                    self._due(job)
+                raise
+            cancelled = self._live.applied(job, t)
+            if job_id not in self._skipped:  # its entry is still in the lanes: out of the depth
+                self.scheduler.discard(job)  # (after ``applied``: the lanes ask ``_current``)
+        finally:
+            self._cancelling.discard(job_id)
+            self._skipped.discard(job_id)
+        return cancelled
+
+    def stats(self) -> dict[str, Any]:
+        return {"lanes": self.scheduler.sizes()}
+
+    # -- the workers' side ------------------------------------------------------------------
+
+    async def next(self) -> Claim:
+        while True:
+            entry = await self.scheduler.take()
+            claim = self._claim(entry)
+            if claim is not None:
+                return claim
+            self._release(entry.queue)  # handed out, but it will not run: give the slot back
+
+    def _claim(self, entry: Job) -> Claim | None:
+        job_id = entry.id
+        job = self._live.get(job_id)
+        if job is None or job.state is not State.SCHEDULED or job.epoch != entry.epoch:
+            return None  # cancelled (or otherwise moved on) while it waited
+        if job_id in self._claiming:
+            return None
+        if job_id in self._cancelling:
+            self._skipped.add(job_id)  # the cancel decides: re-added if it fails
+            return None
+        t = job.start(self._clock.time())
+        self._claiming.add(job_id)
+        self._metrics.queue_wait.observe(max(0.0, t.updated_at - job.ready_at))  # due -> started
+        claimed = asyncio.ensure_future(self._commit_claim(job, t))
+        return Claim(job.apply(t), claimed)
+
+    async def _commit_claim(self, job: Job, t: Transition) -> ClaimResult:
+        try:
+            await self._store.commit([t])
+        except TransitionError:
+            return ClaimResult.REFUSED
+        except StoreError as exc:
+            log.error("could not claim job %s: %s", job.id, exc)
+            return ClaimResult.FAILED
+        finally:
+            self._claiming.discard(job.id)
+        self._live.applied(job, t)
+        return ClaimResult.CLAIMED
+
+    def _release(self, queue: str) -> None:
+        super()._release(queue)
+        if queue in self._caps:
+            self.scheduler.poke(queue)

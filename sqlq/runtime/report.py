@@ -1,0 +1,84 @@
+"""What a ``Service`` reports about itself: the ``/stats`` body and ``/metrics``' gauges.
+
+Reads only figures the service keeps anyway (the events' totals, the claims'
+counts, the pool's and the store's stats): nothing walks the live jobs, and
+nothing here does I/O, so a scrape or a dashboard refresh costs the queue next
+to nothing. The keys of ``/stats`` are an interface (the dashboard and clients
+read them); the event totals behind them are named once, in ``Event``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import Metric
+
+from sqlq.common.models import TERMINAL
+from sqlq.runtime.events import Event
+from sqlq.runtime.metrics import gauge
+
+if TYPE_CHECKING:
+    from sqlq.runtime.service import Service
+
+# /stats key -> the event total it reports
+TOTALS = {
+    "submitted": Event.SUBMITTED,
+    "retried": Event.RETRIED,
+    "requeued_hung": Event.REQUEUED_HUNG,
+    "requeued_at_recovery": Event.REQUEUED_AT_RECOVERY,
+    "dead_at_recovery": Event.DEAD_AT_RECOVERY,  # interrupted on their last attempt
+    "fenced": Event.FENCED,
+    "claim_failed": Event.CLAIM_FAILED,
+    "unencodable_results": Event.UNENCODABLE,
+    "refused_queue_full": Event.REFUSED_FULL,
+}
+
+
+def stats(rt: Service) -> dict[str, Any]:
+    totals = rt.events.totals
+    jobs: dict[str, int] = rt.claims.live_counts()  # (shared mode: on every node)
+    jobs.update({s.value: totals[Event(s.value)] for s in TERMINAL})
+    threads = rt.executor.threads
+    return {
+        "state": rt.state.value,
+        "durable": rt.store.durable,
+        "jobs": jobs,
+        "terminal_counts_are": "since this process started",
+        **{key: totals[event] for key, event in TOTALS.items()},
+        "max_queued": rt.config.max_queued,
+        "max_queues": rt.config.max_queues,
+        "queues_used": rt.claims.queues_used(),
+        "workers": {
+            **rt.pool.stats(),
+            "handler_threads": threads.size,
+            "abandoned_threads_running": threads.abandoned,
+            "abandoned_threads_total": threads.abandoned_total,
+            "max_abandoned": rt.config.max_abandoned,
+        },
+        **rt.claims.stats(),
+        "store": rt.store.stats().to_dict(),
+        "recovery": rt.recovery.summary() if rt.recovery else None,
+        "process_cpu_s": round(time.process_time(), 3),
+    }
+
+
+def gauges(rt: Service) -> Iterator[Metric]:
+    """What /metrics reads at scrape time: live jobs, workers, recovery."""
+    yield gauge(
+        "sqlq_jobs_live", "Scheduled and running jobs (in shared mode, on every node).",
+        ["state", "queue"], {k: float(n) for k, n in rt.claims.census().items()},
+    )  # fmt: skip
+    pool = rt.pool
+    yield gauge(
+        "sqlq_workers", "Workers: busy, live, hung (declared), replaced, abandoned.",
+        ["status"],
+        {("busy",): pool.busy(), ("live",): len(pool.live), ("hung",): pool.declared_hung,
+         ("replaced",): pool.replaced, ("abandoned",): rt.abandoned()},
+    )  # fmt: skip
+    rec = rt.recovery
+    yield gauge("sqlq_recovery_seconds", "How long this start's recovery took.", [],
+                {(): rec.seconds if rec else 0.0})  # fmt: skip
+    yield gauge("sqlq_recovery_records", "Records (walq lines, SQLite rows) recovery read.",
+                [], {(): float(rec.records) if rec else 0.0})  # fmt: skip

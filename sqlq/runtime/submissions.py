@@ -1,0 +1,203 @@
+"""``Submissions``: how a client's specs become durable, claimable jobs, under the bounds.
+
+A spec is checked against its kind and built into a job; the jobs of one request
+are committed as one atomic change (durable on return) and only then handed to
+the claims. Idempotency keys are reserved in this process for the length of the
+look-up and the commit, so two concurrent requests with one key make one job.
+``--max-queued`` and ``--max-queues`` hold across submissions and retries alike:
+each holds its place (and its new queue names) until the commit that makes its
+jobs live is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+from sqlq.common.clock import Clock
+from sqlq.common.errors import (
+    DuplicateKeyError,
+    IdempotencyConflictError,
+    QueueFullError,
+    ValidationError,
+)
+from sqlq.common.models import Job
+from sqlq.common.specs import MAX_DELAY_MS, JobSpec, check_args
+from sqlq.common.store import JobStore
+from sqlq.runtime.claims import Claims
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.events import Event, Events
+from sqlq.runtime.kinds import Registry
+
+
+class Submissions:
+    def __init__(
+        self,
+        store: JobStore,
+        claims: Claims,
+        config: RuntimeConfig,
+        kinds: Registry,
+        events: Events,
+        clock: Clock,
+    ) -> None:
+        self._store = store
+        self._claims = claims
+        self._config = config
+        self._kinds = kinds
+        self._events = events
+        self._clock = clock
+        self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
+        self._new_queues: Counter[str] = Counter()  # their new queue names, for --max-queues
+        self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
+
+    def build(self, spec: JobSpec, now: float) -> Job:
+        """A new job from a client's spec; raises ``ValidationError`` naming the field."""
+        check_args(spec.args)  # HTTP checked the bytes; a spec built in Python is checked here
+        args = self._kinds.get(spec.kind).validate(spec.args)
+        if spec.delay_ms is not None and spec.run_at is not None:
+            raise ValidationError("run_at", "give delay_ms or run_at, not both")
+        ready_at = now
+        if spec.delay_ms is not None:
+            ready_at = now + spec.delay_ms / 1000
+        elif spec.run_at is not None:
+            if spec.run_at > now + MAX_DELAY_MS / 1000:
+                raise ValidationError("run_at", "more than a year and a day from now")
+            ready_at = spec.run_at
+        key = spec.idempotency_key
+        return Job.new(
+            kind=spec.kind,
+            args=args,
+            now=now,
+            ready_at=ready_at,
+            max_attempts=spec.max_attempts or self._config.max_attempts,
+            priority=spec.priority,
+            queue=spec.queue,
+            idempotency_key=key,
+            request_hash=None if key is None else spec.request_hash(),
+        )
+
+    def _build_all(self, specs: Sequence[JobSpec], now: float, batch: bool) -> list[Job]:
+        jobs = []
+        for i, spec in enumerate(specs):
+            try:
+                jobs.append(self.build(spec, now))
+            except ValidationError as exc:
+                if not batch:
+                    raise
+                raise ValidationError(f"jobs[{i}].{exc.field}", exc.message) from None
+        return jobs
+
+    async def submit(
+        self, specs: Sequence[JobSpec], *, batch: bool = False
+    ) -> tuple[list[Job], list[bool]]:
+        """Validate, commit as one atomic change, then make claimable: the jobs (durable on
+        return), and which are new.
+
+        A spec whose key a retained job already holds gets that job back (not
+        new) if it asks for the same thing, and ``IdempotencyConflictError``
+        otherwise.
+        """
+        keyed = {i: s.idempotency_key for i, s in enumerate(specs) if s.idempotency_key}
+        if not keyed:
+            return (jobs := await self._submit_new(specs, batch)), [True] * len(jobs)
+        seen: dict[str, int] = {}
+        for i, key in keyed.items():
+            if key in seen:
+                raise ValidationError(f"jobs[{i}].idempotency_key", "appears twice in this batch")
+            seen[key] = i
+        reservation = await self._reserve(list(seen))
+        try:
+            attempts = self._claims.key_attempts  # see there: more than one where others insert
+            for attempt in range(1, attempts + 1):
+                existing: dict[int, Job] = {}
+                for i, key in keyed.items():
+                    job = await self._store.find_key(key)
+                    if job is not None:
+                        if job.request_hash != specs[i].request_hash():
+                            raise IdempotencyConflictError(key, job.id)
+                        existing[i] = job
+                new = [s for i, s in enumerate(specs) if i not in existing]
+                try:
+                    made = iter(await self._submit_new(new, batch) if new else [])
+                except DuplicateKeyError as exc:
+                    if attempt == attempts:
+                        raise IdempotencyConflictError(exc.key, "?") from exc
+                    continue
+                jobs = [existing[i] if i in existing else next(made) for i in range(len(specs))]
+                return jobs, [i not in existing for i in range(len(specs))]
+            raise AssertionError("unreachable")
+        finally:
+            for key in seen:
+                del self._keys[key]
+            reservation.set_result(None)
+
+    async def _reserve(self, keys: list[str]) -> asyncio.Future[None]:
+        """Hold ``keys`` for one submission; waits while another holds any of them."""
+        while busy := [self._keys[k] for k in keys if k in self._keys]:
+            await asyncio.wait(busy)
+        reservation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for k in keys:
+            self._keys[k] = reservation
+        return reservation
+
+    async def _submit_new(self, specs: Sequence[JobSpec], batch: bool) -> list[Job]:
+        jobs = self._build_all(specs, self._clock.time(), batch)
+        with self.admission(jobs, batch):
+            await self._store.commit(jobs)
+        self._claims.submitted(jobs)
+        for job in jobs:
+            self._events.record(Event.SUBMITTED, job)
+        return jobs
+
+    @contextlib.contextmanager
+    def admission(self, jobs: Sequence[Job], batch: bool) -> Iterator[None]:
+        """Admit ``jobs`` as live under ``--max-queued`` and ``--max-queues``, holding their
+        place (and their new queue names) until the commit that makes them live is over.
+        Submissions and retries alike: both add live jobs, perhaps in new queues."""
+        limit = self._config.max_queued
+        if self._claims.backlog() + self._admitting + len(jobs) > limit:
+            self._events.record(Event.REFUSED_FULL, n=len(jobs))
+            raise QueueFullError(limit)
+        new = self._new_queues_of(jobs, batch)
+        self._admitting += len(jobs)
+        try:
+            with self.holding(new):
+                yield
+        finally:
+            self._admitting -= len(jobs)
+
+    @contextlib.contextmanager
+    def holding(self, new: list[str]) -> Iterator[None]:
+        """Count the queue names ``new`` as used while a commit that may add them runs."""
+        self._new_queues.update(new)
+        try:
+            yield
+        finally:
+            self._new_queues.subtract(new)
+            for queue in new:
+                if self._new_queues[queue] <= 0:
+                    del self._new_queues[queue]
+
+    def _new_queues_of(self, jobs: Sequence[Job], batch: bool) -> list[str]:
+        """The queue names ``jobs`` would add (``--max-queues``); ``ValidationError`` naming
+        the field of the first job past the bound."""
+        claims, pending = self._claims, self._new_queues
+        new: list[str] = []
+        for i, job in enumerate(jobs):
+            queue = job.queue
+            if queue in pending or claims.in_use(queue) or queue in new:
+                continue
+            self.check_new_queue(f"jobs[{i}].queue" if batch else "queue", len(new))
+            new.append(queue)
+        return new
+
+    def check_new_queue(self, field: str, more: int = 0) -> None:
+        """One more queue (with ``more`` already counted in this request) must fit."""
+        limit = self._config.max_queues
+        if self._claims.queues_used() + len(self._new_queues) + more + 1 > limit:
+            raise ValidationError(
+                field, f"would be one more than --max-queues ({limit}) queues with live jobs "
+                "or paused; use an existing queue, or wait for one to empty",
+            )  # fmt: skip
