@@ -22,6 +22,7 @@ from sqlq.common.errors import (
     IllegalTransitionError,
     JobNotFoundError,
     StaleEpochError,
+    StoreUnavailableError,
     TransitionError,
 )
 from sqlq.common.models import Job, State
@@ -242,3 +243,40 @@ def test_the_engines_modules_are_small() -> None:
         p.name: n for p in PACKAGE.glob("*.py") if (n := len(p.read_text().splitlines())) > 350
     }
     assert too_big == {}
+
+
+async def test_a_writer_connection_in_a_broken_state_is_replaced(pg_db: str) -> None:
+    """asyncpg can leave a connection whose backend was terminated mid-answer in a state
+    it refuses every later call in ("another operation is in progress"), without
+    closing it. The writer must drop it like a lost one: the batch's callers hear
+    StoreUnavailableError (the runtime writes an outcome again on that) and the next
+    batch reconnects, instead of every batch failing on that connection."""
+    store = PostgresStore(pg_db)
+    await store.open()
+    try:
+        real = await store._db.writer()
+
+        class Stuck:
+            """The writer's connection as asyncpg left it: open, and refusing every call."""
+
+            def is_closed(self) -> bool:
+                return False
+
+            async def fetchrow(self, *_: object) -> None:
+                raise asyncpg.InternalClientError("cannot switch to state 12; another operation")
+
+            def terminate(self) -> None:
+                real.terminate()
+
+            async def close(self) -> None:
+                await real.close()
+
+        store._db._writer = Stuck()
+        job = Job.new(kind="k", args=None, now=NOW)
+        with pytest.raises(StoreUnavailableError):
+            await store.commit([job])
+        await store.commit([job])
+        assert store.stats().detail["reconnects"] == 1
+        assert await store.get(job.id) == job
+    finally:
+        await store.close()

@@ -42,6 +42,10 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,  # admin or crash shutdown, starting up
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    # A connection asyncpg left in a state it refuses every call in ("another operation
+    # is in progress"), seen after its backend was terminated mid-answer: unusable, but
+    # not closed. Dropped like a lost one, so the next call connects again.
+    asyncpg.InternalClientError,
 )
 
 
