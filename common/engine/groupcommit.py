@@ -108,13 +108,15 @@ class GroupCommitter:
         """Run the ``idle`` hook soon, even with nothing pending."""
         self._wake.set()
 
-    async def submit(self, changes: Sequence[Change]) -> None:
+    async def submit(self, changes: Sequence[Change], encode: Encode | None = None) -> None:
+        """Join the next batch; return once it is durable. ``encode``, if given, encodes
+        this call's changes in place of the engine's (a fenced commit binds its fence)."""
         if self.failure is not None:
             raise StoreFailedError(f"{self._name} has failed: {self.failure}") from self.failure
         if self._closing or self._task is None:
             raise StoreClosedError(f"{self._name} is not open")
         try:
-            encoded = self._encode(changes)
+            encoded = (encode or self._encode)(changes)
         except ENCODE_ERRORS as exc:
             raise UnencodableError(describe_unencodable(exc)) from exc
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -19,10 +19,12 @@ from urllib.parse import unquote
 
 import asyncpg
 
+from sqlq.common.engine.sql import load_queries
 from sqlq.common.errors import StoreError
 
 MIGRATE_LOCK = 0x5371_6C71  # "Sqlq": one advisory lock id for every sqlq migration
 _FILE = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
+Q = load_queries("sqlq.engines.postgres", "migrate.sql")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +116,10 @@ async def connect(dsn: str, **options: object) -> asyncpg.Connection:
 
 async def version(conn: asyncpg.Connection) -> int:
     """The schema version the database is at; 0 for a database sqlq never touched."""
-    exists = await conn.fetchval("SELECT to_regclass('sqlq_schema') IS NOT NULL")
+    exists = await conn.fetchval(Q["has_version"])
     if not exists:
         return 0
-    return int(await conn.fetchval("SELECT version FROM sqlq_schema"))
+    return int(await conn.fetchval(Q["version"]))
 
 
 async def migrate(dsn: str) -> tuple[int, int]:
@@ -125,7 +127,7 @@ async def migrate(dsn: str) -> tuple[int, int]:
     conn = await connect(dsn)
     try:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATE_LOCK)
+            await conn.execute(Q["lock"], MIGRATE_LOCK)
             before = await version(conn)
             if before > LATEST:
                 raise SchemaMismatch(
@@ -133,11 +135,11 @@ async def migrate(dsn: str) -> tuple[int, int]:
                     f"({LATEST}): upgrade sqlq"
                 )
             if before == 0:
-                await conn.execute("CREATE TABLE sqlq_schema (version integer NOT NULL)")
-                await conn.execute("INSERT INTO sqlq_schema VALUES (0)")
+                await conn.execute(Q["create_version"])
+                await conn.execute(Q["first_version"])
             for mg in migrations()[before:]:
                 await conn.execute(mg.sql)
-                await conn.execute("UPDATE sqlq_schema SET version = $1", mg.version)
+                await conn.execute(Q["set_version"], mg.version)
         return before, LATEST
     finally:
         await conn.close()

@@ -1,16 +1,17 @@
--- The PostgreSQL engine's statements, by name (loaded by sqlq.sqlite.sql.load_queries).
--- Times are unix seconds from the nodes' clocks, as in every engine.
-
--- name: job_columns
--- A job's columns, in the order of sqlq.sqlite.batch.job_values and row_job.
-id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, created_at,
-updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
-attempts_total
+-- The PostgreSQL engine's statements, by name (loaded by sqlq.common.engine.sql.load_queries,
+-- in sqlq.engines.postgres.queries). Times are unix seconds from the nodes' clocks, as in
+-- every engine.
+-- {job_columns} is a job's columns in the order of sqlq.engines.rows.JOB_COLUMNS (job_values
+-- and row_job read rows in that order); {move_columns} is a guarded transition's columns,
+-- sqlq.engines.postgres.batch.MOVE_COLUMNS. Both are written once, in Python, and put
+-- into these statements at import.
 
 -- name: write_batch
 -- One group-commit batch in one statement, so one round trip: the inserts as
--- columns ($1..$18), the guarded transitions as columns ($19..$33), then the
--- number of transitions asked for ($34) and whether to wake the claimers ($35).
+-- columns ($1..$18, in {job_columns} order), the guarded transitions as columns
+-- ($19..$33, in {move_columns} order), then the number of transitions asked for ($34)
+-- and whether to wake the claimers ($35). The casts are the table's column types, in
+-- those orders (tests/test_postgres_rows.py holds them to the table).
 -- A transition applies only if the job is at the expected epoch, the move is
 -- legal (``allowed`` lists the states it may come from, as |a|b|), and the
 -- fence holds: the holding node, and the lease still running (an outcome) or
@@ -37,8 +38,7 @@ WITH ins AS (
         $19::text[], $20::int8[], $21::text[], $22::text[], $23::int8[], $24::int8[],
         $25::float8[], $26::float8[], $27::text[], $28::text[], $29::float8[], $30::int8[],
         $31::text[], $32::float8[], $33::float8[])
-        AS u(id, expect_epoch, allowed, state, epoch, attempts, ready_at, updated_at,
-             last_error, result, started_at, attempts_total, holder, lease_from, lease_before)
+        AS u({move_columns})
      WHERE j.id = u.id
        AND j.epoch = u.expect_epoch
        AND strpos(u.allowed, '|' || j.state || '|') > 0
@@ -52,18 +52,21 @@ SELECT sqlq_expect((SELECT count(*) FROM upd), $34),
        (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $35) AS woken);
 
 -- name: why_refused
--- What a refused transition found, to name the error.
-SELECT state, epoch, node, lease_until FROM jobs WHERE id = $1;
+-- What a refused transition found, to name the error: the job, and who holds it until when.
+SELECT {job_columns}, node, lease_until FROM jobs WHERE id = $1;
 
 -- name: claimed
--- The due rows a claim locked (the CTE ``due``), marked running for this node ($5) with a
--- new epoch, one more attempt and a lease until $3.
+-- The due rows a claim locked (the CTE ``due``, its one column due_id), marked running
+-- for this node ($5) with a new epoch, one more attempt and a lease until $3. The job's
+-- columns by name: the table's physical order is not the rows' (a column dropped and
+-- added again moves to the end). RETURNING names the table's columns as they are after
+-- the update; due's column has its own name, so that no name is ambiguous.
 UPDATE jobs j
    SET state = 'running', epoch = j.epoch + 1, attempts = j.attempts + 1,
        started_at = $1, updated_at = $1, lease_until = $3, node = $5
   FROM due
- WHERE j.id = due.id
-RETURNING j.*;  -- the first columns of the table are the job columns, in order
+ WHERE j.id = due.due_id
+RETURNING {job_columns};
 
 -- name: claim
 -- Due jobs of queues that are neither paused nor capped (capped ones: claim_capped),
@@ -74,9 +77,9 @@ RETURNING j.*;  -- the first columns of the table are the job columns, in order
 -- that lag a burst of submissions, the planner would rather read every due row
 -- through another index and sort them all (26 ms for 20,000 due jobs, against
 -- 0.6 ms): the engine runs claims on a connection with sorts and bitmap scans
--- turned off (CLAIM_SETTINGS in store.py), which leaves only the ordered walk.
+-- turned off (CLAIM_SETTINGS in connections.py), which leaves only the ordered walk.
 WITH due AS (
-    SELECT id FROM jobs
+    SELECT id AS due_id FROM jobs
      WHERE state = 'scheduled' AND ready_at <= $1
        AND queue <> ALL ($4::text[] || ARRAY(SELECT name FROM queues WHERE paused))
      ORDER BY priority DESC, ready_at, id
@@ -85,13 +88,18 @@ WITH due AS (
 )
 {claimed}
 
+-- name: cap_lock
+-- A capped queue's claims, one node at a time: $1 is CAP_LOCK, $2 the queue. Held to the
+-- end of the transaction that claims.
+SELECT pg_advisory_xact_lock($1, hashtext($2));
+
 -- name: claim_capped
 -- The same for one capped queue ($4), taking at most what its cap ($6) leaves
 -- beside the jobs of that queue running on every node. The caller holds the
 -- queue's advisory lock, taken by an earlier statement of the transaction, so
 -- this statement's snapshot already sees every other node's claims.
 WITH due AS (
-    SELECT id FROM jobs
+    SELECT id AS due_id FROM jobs
      WHERE state = 'scheduled' AND queue = $4 AND ready_at <= $1
        AND NOT EXISTS (SELECT 1 FROM queues WHERE name = $4 AND paused)
      ORDER BY priority DESC, ready_at, id
@@ -108,14 +116,18 @@ SELECT min(ready_at) FROM jobs WHERE state = 'scheduled' AND ready_at > $1;
 -- The unexpired leases of the jobs this node's workers hold ($4), and the node's own
 -- row, in one statement. Only those jobs: a claim whose answer was lost in a
 -- dropped connection is this node's in the table but no worker's, and must run out.
+-- The one value is the number of leases renewed.
 WITH seen AS (
     INSERT INTO nodes (name, started_at, seen_at) VALUES ($1, $2, $2)
     ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
     RETURNING 1
+), renewed AS (
+    UPDATE jobs SET lease_until = $3
+     WHERE id = ANY ($4::text[]) AND node = $1 AND state = 'running' AND lease_until >= $2
+       AND (SELECT count(*) FROM seen) >= 0
+    RETURNING 1
 )
-UPDATE jobs SET lease_until = $3
- WHERE id = ANY ($4::text[]) AND node = $1 AND state = 'running' AND lease_until >= $2
-   AND (SELECT count(*) FROM seen) >= 0;
+SELECT count(*) FROM renewed;
 
 -- name: expired
 SELECT {job_columns} FROM jobs
@@ -125,11 +137,15 @@ SELECT {job_columns} FROM jobs
 
 -- name: release
 -- A clean stop: this node's leases end now, so any node rescues its jobs at once.
--- (Running jobs are few: jobs_leases finds them.)
-WITH gone AS (DELETE FROM nodes WHERE name = $1 RETURNING 1)
-UPDATE jobs SET lease_until = $2
- WHERE state = 'running' AND lease_until IS NOT NULL AND node = $1
-   AND (SELECT count(*) FROM gone) >= 0;
+-- (Running jobs are few: jobs_leases finds them.) The one value is the number released.
+WITH gone AS (DELETE FROM nodes WHERE name = $1 RETURNING 1),
+released AS (
+    UPDATE jobs SET lease_until = $2
+     WHERE state = 'running' AND lease_until IS NOT NULL AND node = $1
+       AND (SELECT count(*) FROM gone) >= 0
+    RETURNING 1
+)
+SELECT count(*) FROM released;
 
 -- name: census
 SELECT queue, state, count(*) FROM jobs
@@ -156,12 +172,12 @@ SELECT {job_columns} FROM jobs
 SELECT {job_columns} FROM jobs WHERE idempotency_key = $1;
 
 -- name: list
--- One page in id order, one statement per filter shape (sqlq.listing): {filters} is
+-- One page in id order, one statement per filter shape (sqlq.engines.listing): {filters} is
 -- the AND of the list_by_* terms the query sets, numbered from $2, or true. A single
 -- statement with `$1 IS NULL OR state = $1` terms reached a generic plan after five
 -- runs (asyncpg prepares it) that walked jobs_pkey and filtered every row; listings
 -- also run on connections that plan each run for its values (LIST_SETTINGS in
--- store.py). A state filter reads jobs_state_id. kind and queue have no index: every
+-- connections.py). A state filter reads jobs_state_id. kind and queue have no index: every
 -- index is written at every claim and completion, and (kind, id) with (queue, id)
 -- cost +26 us of PostgreSQL CPU per no-op job (74 -> 100) and 15.4k -> 12.1k
 -- transitions/s (bench/listing.py --write), so those filters scan.
@@ -193,6 +209,13 @@ SELECT (SELECT count(*) FROM up),
 
 -- name: paused
 SELECT name FROM queues WHERE paused ORDER BY name;
+
+-- name: prune_lock
+-- Pruning, one node at a time ($1 is PRUNE_LOCK): true if this node may prune now.
+SELECT pg_try_advisory_lock($1);
+
+-- name: prune_unlock
+SELECT pg_advisory_unlock($1);
 
 -- name: prune
 -- Finished jobs past retention, and nodes not seen for as long.

@@ -2,16 +2,9 @@
 
 Writes. One writer connection per node and a group committer in front of it,
 as in the single-node engines: concurrent commits become one batch, and a batch
-is one statement (``write_batch``: a multi-row INSERT from arrays, a guarded
-UPDATE ... FROM unnest, the NOTIFY), so one round trip and one WAL flush at
-``synchronous_commit = on``. If a guard refuses a row or an insert collides, the
-statement aborts as a whole and the batch is redone one caller at a time, each
-in its own transaction, so the caller at fault gets its error and the rest
-commit. That slow path runs only when a stale node or a bad request is in it.
-
-Claims, leases and reads go through a small pool. Nothing is kept in memory:
-``open`` recovers no jobs, because the queue is the database's, not this
-process's.
+is one statement (``batch.py``). Claims, leases and reads go through a small
+pool (``connections.py``). Nothing is kept in memory: ``open`` recovers no jobs,
+because the queue is the database's, not this process's.
 
 Failures. A lost connection or a database that is restarting is
 ``StoreUnavailableError`` for the calls it touched, and the engine reconnects
@@ -23,34 +16,20 @@ only the caller whose value it was (``UnencodableError``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
+import functools
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import asyncpg
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
-from sqlq.common.engine.sql import load_queries
-from sqlq.common.errors import (
-    DuplicateJobError,
-    DuplicateKeyError,
-    IllegalTransitionError,
-    JobNotFoundError,
-    SqlqError,
-    StaleEpochError,
-    StoreClosedError,
-    StoreError,
-    StoreUnavailableError,
-    UnencodableError,
-    ValidationError,
-)
-from sqlq.common.models import TRANSITIONS, Job, State, Transition
+from sqlq.common.errors import StoreError, StoreUnavailableError, ValidationError
+from sqlq.common.models import Job, State
 from sqlq.common.store import (
     DEFAULT_RETENTION_S,
     Change,
@@ -62,95 +41,20 @@ from sqlq.common.store import (
     StoreStats,
     SyncLevel,
 )
-from sqlq.engines.listing import postgres_args, postgres_shape, postgres_statements
-from sqlq.engines.postgres.migrate import check, connect, where
-from sqlq.engines.rows import job_values, row_job, transition_values
-
-log = logging.getLogger(__name__)
+from sqlq.engines.listing import postgres_args, postgres_shape
+from sqlq.engines.postgres.batch import Encoded, fast_path_safe, write_batch, write_one_by_one
+from sqlq.engines.postgres.connections import UNAVAILABLE, Connections
+from sqlq.engines.postgres.queries import LIST_STATEMENTS, Q
+from sqlq.engines.rows import row_job
 
 T = TypeVar("T")
-Q = load_queries("sqlq.engines.postgres", "queries.sql")
-LIST_STATEMENTS = postgres_statements(Q)
 PRUNE_LOCK = 0x5371_6C72  # one node at a time prunes
 CAP_LOCK = 0x5371_6C73  # with the queue's hash: one node at a time claims from a capped queue
-CHANNEL = "sqlq_jobs"
-NO_FENCE = Fence()
-# The claim connection's planner settings: see the claim statement in queries.sql.
-CLAIM_SETTINGS = {"enable_sort": "off", "enable_bitmapscan": "off"}
-# Listings run on connections of their own that plan every run for its values. asyncpg
-# reuses a prepared statement, and after five runs PostgreSQL takes a generic plan,
-# which for `kind = $2 ORDER BY id LIMIT $1` guesses from the column's few distinct
-# values that most rows match and walks jobs_pkey: at 200k jobs, 209-231 ms for a kind
-# or queue that matches none, against 56-72 ms for the custom plan's scan (a state
-# filter reads jobs_state_id either way: 1-3 ms), every second per dashboard viewer.
-LIST_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
-
-# The states a job may move into a state from, as "|a|b|" for write_batch's strpos.
-ALLOWED_FROM = {
-    to: "|" + "|".join(sorted(f.value for f, tos in TRANSITIONS.items() if to in tos)) + "|"
-    for to in State
-}
-
-# The database is out of reach (or going away): the call failed, the engine did not.
-UNAVAILABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,  # admin or crash shutdown, starting up
-    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
-)
-
-
-REFUSED = "SQ001"  # the SQLSTATE sqlq_expect raises: a guard refused a row of the batch
 
 
 def node_name() -> str:
     """Unique per start: a restarted process must not renew its dead predecessor's leases."""
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-
-
-def _transition_row(t: Transition, fence: Fence) -> tuple[Any, ...]:
-    return (
-        *transition_values(t)[:2],
-        ALLOWED_FROM[t.state],
-        *transition_values(t)[2:],
-        fence.holder,
-        fence.lease_from,
-        fence.lease_before,
-    )
-
-
-class Encoded:
-    """One caller's changes as rows, made on the caller's turn (see ``GroupCommitter``)."""
-
-    __slots__ = ("ids", "jobs", "moves", "wakes")
-
-    def __init__(self, changes: Sequence[Change], fence: Fence) -> None:
-        self.jobs = [job_values(c) for c in changes if isinstance(c, Job)]
-        self.moves = [_transition_row(c, fence) for c in changes if isinstance(c, Transition)]
-        self.ids = [c.id if isinstance(c, Job) else c.job_id for c in changes]
-        self.wakes = bool(self.jobs) or any(
-            isinstance(c, Transition) and c.state is State.SCHEDULED for c in changes
-        )
-
-
-def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    if not rows:
-        return [[] for _ in range(width)]
-    return [list(col) for col in zip(*rows, strict=True)]
-
-
-def _batch_args(encoded: Sequence[Encoded]) -> list[Any]:
-    jobs = [row for e in encoded for row in e.jobs]
-    moves = [row for e in encoded for row in e.moves]
-    return [*_columns(jobs, 18), *_columns(moves, 15), len(moves), any(e.wakes for e in encoded)]
-
-
-def _fast_path_safe(encoded: Sequence[Encoded]) -> bool:
-    """One statement sees one snapshot: every job at most once in the whole batch."""
-    ids = [i for e in encoded for i in e.ids]
-    return len(ids) == len(set(ids))
 
 
 class PostgresStore(Committing):
@@ -170,30 +74,19 @@ class PostgresStore(Committing):
         node: str | None = None,
     ) -> None:
         self.dsn = dsn
-        self.where = where(dsn)
         self.sync: SyncLevel = sync
         self.retention = retention
         self.clock = clock
         self.node = node or node_name()
         self._group = group_commit
-        self._pool_size = pool_size
-        self._settings = {"synchronous_commit": "on" if sync == "full" else "off"}
-        self._writer: asyncpg.Connection | None = None
-        self._pool: asyncpg.Pool | None = None
-        self._claimer: asyncpg.Pool | None = None  # one connection, only for claims
-        self._lister: asyncpg.Pool | None = None  # only for listings (LIST_SETTINGS)
-        self._listener: asyncpg.Connection | None = None
-        self._listen_task: asyncio.Task[None] | None = None
-        self._wake: Callable[[], None] | None = None
+        settings = {"synchronous_commit": "on" if sync == "full" else "off"}
+        self._db = Connections(dsn, name=self.name, settings=settings, pool_size=pool_size)
+        self.where = self._db.where
         self._committer: GroupCommitter | None = None
         self._observer: BatchObserver | None = None
         self._opened = False
-        self._closed = False
         self.syncs = 0  # batches committed (each one WAL flush at synchronous_commit=on)
-        self.reconnects = 0
-        self.unavailable = 0  # calls refused because the database was out of reach
         self.slow_batches = 0  # batches redone one caller at a time
-        self.last_error: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -202,31 +95,9 @@ class PostgresStore(Committing):
             raise StoreError(f"{self.name} store was already opened")
         self._opened = True
         t0 = time.perf_counter()
-        conn = await connect(self.dsn, server_settings=self._settings)
-        try:
-            await check(conn, self.dsn)
-            paused = [r[0] for r in await conn.fetch(Q["paused"])]
-        except BaseException:
-            await conn.close()
-            raise
-        self._writer = conn
-        try:
-            self._pool = await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=self._pool_size, server_settings=self._settings
-            )
-            self._claimer = await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=1,
-                server_settings={**self._settings, **CLAIM_SETTINGS},
-            )  # fmt: skip
-            self._lister = await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=self._pool_size,
-                server_settings={**self._settings, **LIST_SETTINGS},
-            )  # fmt: skip
-        except UNAVAILABLE as exc:
-            await conn.close()
-            raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {exc}") from None
+        paused = await self._db.open()
         self._committer = GroupCommitter(
-            self._flush, encode=self._encode, name=self.name, group=self._group
+            self._flush, encode=Encoded, name=self.name, group=self._group
         )
         self._committer.observer = self._observer
         self._committer.start()
@@ -243,145 +114,46 @@ class PostgresStore(Committing):
         if self._committer is not None:
             await self._committer.close()
             self._committer = None
-        if self._listen_task is not None:
-            self._listen_task.cancel()
-            await asyncio.gather(self._listen_task, return_exceptions=True)
-            self._listen_task = None
-        for conn in (self._writer, self._listener):
-            if conn is not None:
-                with contextlib.suppress(*UNAVAILABLE):
-                    await asyncio.wait_for(conn.close(), 5)
-        self._writer = self._listener = None
-        for pool in (self._pool, self._claimer, self._lister):
-            if pool is not None:
-                with contextlib.suppress(*UNAVAILABLE):
-                    await asyncio.wait_for(pool.close(), 5)
-        self._pool = self._claimer = self._lister = None
-        self._closed = True
+        await self._db.close()
 
     # -- writes ----------------------------------------------------------------------
 
     async def commit(self, changes: Sequence[Change]) -> None:
-        await self.commit_fenced(changes, NO_FENCE)
+        committer = self._live()
+        if changes:
+            await committer.submit(changes)
 
     async def commit_fenced(self, changes: Sequence[Change], fence: Fence) -> None:
         committer = self._live()
         if changes:
-            await committer.submit(_Fenced(changes, fence))
-
-    def _encode(self, changes: Sequence[Change]) -> Encoded:
-        fence = changes.fence if isinstance(changes, _Fenced) else NO_FENCE
-        return Encoded(changes, fence)
-
-    async def _writer_conn(self) -> asyncpg.Connection:
-        if self._writer is None or self._writer.is_closed():
-            try:
-                self._writer = await asyncpg.connect(self.dsn, server_settings=self._settings)
-            except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
-                raise StoreUnavailableError(self._unreachable(exc)) from None
-            self.reconnects += 1
-            log.warning("reconnected to PostgreSQL at %s", self.where)
-        return self._writer
-
-    def _unreachable(self, exc: BaseException) -> str:
-        self.unavailable += 1
-        self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return f"PostgreSQL at {self.where} is unavailable: {self.last_error}"
+            await committer.submit(changes, functools.partial(Encoded, fence=fence))
 
     async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
         encoded: list[Encoded] = [p.encoded for p in batch]
         try:
-            conn = await self._writer_conn()
-            if _fast_path_safe(encoded):
-                try:
-                    await conn.fetchrow(Q["write_batch"], *_batch_args(encoded))
-                except (asyncpg.UniqueViolationError, asyncpg.DataError):
-                    pass
-                except asyncpg.PostgresError as exc:
-                    if exc.sqlstate != REFUSED:
-                        raise
-                else:
-                    self.syncs += 1
-                    return [None] * len(batch)
+            conn = await self._db.writer()
+            if fast_path_safe(encoded) and await write_batch(conn, encoded):
+                self.syncs += 1
+                return [None] * len(batch)
             self.slow_batches += 1
-            outcomes = [await self._one_caller(conn, e) for e in encoded]
+            outcomes = await write_one_by_one(conn, batch, self._db.pool)
             self.syncs += 1
             return outcomes
         except UNAVAILABLE as exc:
             # The answer was lost: each caller hears so, and the next batch reconnects.
-            writer, self._writer = self._writer, None
-            if writer is not None:
-                writer.terminate()
-            error = StoreUnavailableError(self._unreachable(exc))
-            return [error] * len(batch)
-
-    async def _one_caller(self, conn: asyncpg.Connection, e: Encoded) -> BaseException | None:
-        """One caller's changes in one transaction, change by change, to name what failed."""
-        try:
-            async with conn.transaction():
-                for row in e.jobs:
-                    await self._one(conn, [row], [], e.wakes)
-                for row in e.moves:
-                    await self._one(conn, [], [row], e.wakes)
-        except SqlqError as exc:
-            return exc
-        except asyncpg.DataError as exc:
-            return UnencodableError(f"a value PostgreSQL cannot store ({exc.sqlstate})")
-        return None
-
-    async def _one(
-        self, conn: asyncpg.Connection, jobs: list[Any], moves: list[Any], wakes: bool
-    ) -> None:
-        args = [*_columns(jobs, 18), *_columns(moves, 15), len(moves), wakes]
-        try:
-            await conn.fetchrow(Q["write_batch"], *args)
-        except asyncpg.UniqueViolationError as exc:
-            job_id, key = jobs[0][0], jobs[0][15]
-            if exc.constraint_name == "jobs_key":
-                raise DuplicateKeyError(key) from None
-            raise DuplicateJobError(job_id) from None
-        except asyncpg.PostgresError as exc:
-            if exc.sqlstate != REFUSED:
-                raise
-            raise await self._why(moves[0]) from None
-
-    async def _why(self, row: tuple[Any, ...]) -> SqlqError:
-        """Name the guard that refused a transition, reading the row as it is now."""
-        assert self._pool is not None
-        job_id, expect_epoch, allowed, state = row[0], row[1], row[2], row[3]
-        holder, lease_from, lease_before = row[12], row[13], row[14]
-        found = await self._pool.fetchrow(Q["why_refused"], job_id)
-        if found is None:
-            return JobNotFoundError(job_id)
-        if found["epoch"] != expect_epoch:
-            return StaleEpochError(
-                job_id, f"epoch is {found['epoch']}, the change expected {expect_epoch}"
-            )
-        if f"|{found['state']}|" not in allowed:
-            return IllegalTransitionError(job_id, f"{found['state']} -> {state} is not allowed")
-        lease = found["lease_until"]
-        if holder is not None and found["node"] != holder:
-            return StaleEpochError(job_id, f"the claim belongs to {found['node']}, not {holder}")
-        if lease_from is not None and (lease is None or lease < lease_from):
-            return StaleEpochError(job_id, "the lease ran out before the outcome was recorded")
-        if lease_before is not None and (lease is None or lease >= lease_before):
-            return StaleEpochError(job_id, "the lease was renewed: its node is alive")
-        return StaleEpochError(job_id, "the job changed while the change was written")
+            return [StoreUnavailableError(self._db.lost_writer(exc))] * len(batch)
 
     # -- reads and the shared mode's calls ------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _conn(
+    def _conn(
         self, claims: bool = False, listing: bool = False
-    ) -> AsyncIterator[asyncpg.Connection]:
-        pool = self._claimer if claims else self._lister if listing else self._pool
-        if pool is None:
-            raise StoreClosedError(f"{self.name} store is not open")
-        try:
-            async with pool.acquire() as conn:
-                yield conn
-        except UNAVAILABLE as exc:
-            raise StoreUnavailableError(self._unreachable(exc)) from None
+    ) -> AbstractAsyncContextManager[asyncpg.Connection]:
+        return self._db.acquire(claims=claims, listing=listing)
+
+    @property
+    def _listener(self) -> asyncpg.Connection | None:
+        """The connection that LISTENs, while it does (tests wait for it)."""
+        return self._db.listener
 
     async def _read(
         self,
@@ -437,9 +209,7 @@ class PostgresStore(Committing):
                 if len(rows) >= n:
                     break
                 async with conn.transaction():
-                    await conn.execute(
-                        "SELECT pg_advisory_xact_lock($1, hashtext($2))", CAP_LOCK, queue
-                    )
+                    await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
                     rows += await conn.fetch(
                         Q["claim_capped"], now, n - len(rows), lease_until, queue, self.node,
                         caps[queue],
@@ -453,18 +223,18 @@ class PostgresStore(Committing):
         return due
 
     async def renew(self, now: float, lease_until: float, held: Sequence[str]) -> int:
-        status = await self._read(
-            lambda c: c.execute(Q["renew"], self.node, now, lease_until, list(held))
+        renewed: int = await self._read(
+            lambda c: c.fetchval(Q["renew"], self.node, now, lease_until, list(held))
         )
-        return int(status.split()[-1])
+        return renewed
 
     async def expired(self, now: float, limit: int) -> list[Job]:
         rows = await self._read(lambda c: c.fetch(Q["expired"], now, limit))
         return [row_job(r) for r in rows]
 
     async def release(self, now: float) -> int:
-        status = await self._read(lambda c: c.execute(Q["release"], self.node, now))
-        return int(status.split()[-1])
+        released: int = await self._read(lambda c: c.fetchval(Q["release"], self.node, now))
+        return released
 
     async def census(self) -> list[QueueCount]:
         rows = await self._read(lambda c: c.fetch(Q["census"]))
@@ -478,35 +248,9 @@ class PostgresStore(Committing):
             for r in rows
         ]  # fmt: skip
 
-    # -- waking ----------------------------------------------------------------------------
-
     def listen(self, wake: Callable[[], None]) -> None:
         """LISTEN on a connection of its own, reconnecting while the store is open."""
-        self._wake = wake
-        if self._listen_task is None:
-            self._listen_task = asyncio.create_task(self._listen(), name="sqlq-pg-listen")
-
-    async def _listen(self) -> None:
-        delay = 0.1
-        while True:
-            try:
-                conn = await asyncpg.connect(self.dsn)
-            except (*UNAVAILABLE, asyncpg.PostgresError):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            self._listener, delay = conn, 0.1
-            lost = asyncio.Event()
-            conn.add_termination_listener(lambda _c, ev=lost: ev.set())
-            await conn.add_listener(CHANNEL, self._notified)
-            if self._wake is not None:
-                self._wake()  # anything submitted while we were not listening
-            await lost.wait()
-            self._listener = None
-
-    def _notified(self, *_: object) -> None:
-        if self._wake is not None:
-            self._wake()
+        self._db.listen(wake)
 
     # -- maintenance -----------------------------------------------------------------------
 
@@ -516,18 +260,14 @@ class PostgresStore(Committing):
         async with self._conn() as conn:
             before = int(await conn.fetchval(Q["size"]))
             pruned = 0
-            if await conn.fetchval("SELECT pg_try_advisory_lock($1)", PRUNE_LOCK):
+            if await conn.fetchval(Q["prune_lock"], PRUNE_LOCK):
                 try:
                     horizon = self.clock.time() - self.retention
                     pruned, _nodes = await conn.fetchrow(Q["prune"], horizon)
                 finally:
-                    await conn.execute("SELECT pg_advisory_unlock($1)", PRUNE_LOCK)
+                    await conn.execute(Q["prune_unlock"], PRUNE_LOCK)
             after = int(await conn.fetchval(Q["size"]))
-            live = int(
-                await conn.fetchval(
-                    "SELECT count(*) FROM jobs WHERE state IN ('scheduled', 'running')"
-                )
-            )
+            live = int(await conn.fetchval(Q["live"]))
         return CompactionReport(
             bytes_before=before,
             bytes_after=after,
@@ -546,18 +286,10 @@ class PostgresStore(Committing):
             detail={
                 "database": self.where,
                 "node": self.node,
-                "reconnects": self.reconnects,
-                "unavailable_calls": self.unavailable,
+                "reconnects": self._db.reconnects,
+                "unavailable_calls": self._db.unavailable,
                 "slow_batches": self.slow_batches,
-                "last_db_error": self.last_error,
+                "last_db_error": self._db.last_error,
             },
         )
         return self._committer.fill(stats) if self._committer is not None else stats
-
-
-class _Fenced(list[Change]):
-    """A caller's changes with the fence they must also pass (the committer sees a list)."""
-
-    def __init__(self, changes: Sequence[Change], fence: Fence) -> None:
-        super().__init__(changes)
-        self.fence = fence

@@ -1,0 +1,175 @@
+"""The SQL side of one group-commit batch: rows, arguments, and the two write paths.
+
+A batch is one statement (``write_batch``: a multi-row INSERT from arrays, a
+guarded UPDATE ... FROM unnest, the NOTIFY), so one round trip and one WAL flush
+at ``synchronous_commit = on``. If a guard refuses a row or an insert collides,
+the statement aborts as a whole and the batch is redone one caller at a time,
+each in its own transaction, so the caller at fault gets its error and the rest
+commit. That slow path runs only when a stale node or a bad request is in it.
+
+Each caller's changes become rows on its own turn (``Encoded``, see
+``GroupCommitter``), with the fence they must also pass given to it by name; the
+writer's turn only concatenates them into columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from sqlq.common.engine.groupcommit import Pending
+from sqlq.common.errors import (
+    DuplicateJobError,
+    DuplicateKeyError,
+    JobNotFoundError,
+    SqlqError,
+    StaleEpochError,
+    TransitionError,
+    UnencodableError,
+)
+from sqlq.common.models import TRANSITIONS, Job, State, Transition
+from sqlq.common.store import Change, Fence
+from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
+from sqlq.engines.rows import JOB_COLUMNS, job_values, row_job, transition_values
+
+NO_FENCE = Fence()
+REFUSED = "SQ001"  # the SQLSTATE sqlq_expect raises: a guard refused a row of the batch
+JOB_WIDTH = len(JOB_COLUMNS)
+MOVE_WIDTH = len(MOVE_COLUMNS)
+ALLOWED_AT = MOVE_COLUMNS.index("allowed")  # where a move row departs from its transition's
+
+# The states a job may move into a state from, as "|a|b|" for write_batch's strpos.
+ALLOWED_FROM = {
+    to: "|" + "|".join(sorted(f.value for f, tos in TRANSITIONS.items() if to in tos)) + "|"
+    for to in State
+}
+
+
+def move_values(t: Transition, fence: Fence) -> tuple[Any, ...]:
+    """One guarded transition row, in ``MOVE_COLUMNS`` order."""
+    row = transition_values(t)
+    return (
+        *row[:ALLOWED_AT],
+        ALLOWED_FROM[t.state],
+        *row[ALLOWED_AT:],
+        fence.holder,
+        fence.lease_from,
+        fence.lease_before,
+    )
+
+
+class Encoded:
+    """One caller's changes as rows, made on the caller's turn (see ``GroupCommitter``),
+    every transition held to ``fence`` as well as to its epoch."""
+
+    __slots__ = ("fence", "ids", "jobs", "moves", "wakes")
+
+    def __init__(self, changes: Sequence[Change], fence: Fence = NO_FENCE) -> None:
+        self.fence = fence
+        self.jobs = [job_values(c) for c in changes if isinstance(c, Job)]
+        self.moves = [move_values(c, fence) for c in changes if isinstance(c, Transition)]
+        self.ids = [c.id if isinstance(c, Job) else c.job_id for c in changes]
+        self.wakes = bool(self.jobs) or any(
+            isinstance(c, Transition) and c.state is State.SCHEDULED for c in changes
+        )
+
+
+def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(col) for col in zip(*rows, strict=True)]
+
+
+def _args(jobs: list[tuple[Any, ...]], moves: list[tuple[Any, ...]], wakes: bool) -> list[Any]:
+    """write_batch's arguments: the job rows as columns, the move rows as columns, the
+    number of moves that must apply, and whether to wake the claimers."""
+    return [*_columns(jobs, JOB_WIDTH), *_columns(moves, MOVE_WIDTH), len(moves), wakes]
+
+
+def fast_path_safe(encoded: Sequence[Encoded]) -> bool:
+    """One statement sees one snapshot: every job at most once in the whole batch."""
+    ids = [i for e in encoded for i in e.ids]
+    return len(ids) == len(set(ids))
+
+
+async def write_batch(conn: asyncpg.Connection, encoded: Sequence[Encoded]) -> bool:
+    """The whole batch as one statement; False if it was refused (nothing of it written)."""
+    jobs = [row for e in encoded for row in e.jobs]
+    moves = [row for e in encoded for row in e.moves]
+    try:
+        await conn.fetchrow(Q["write_batch"], *_args(jobs, moves, any(e.wakes for e in encoded)))
+    except (asyncpg.UniqueViolationError, asyncpg.DataError):
+        return False
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != REFUSED:
+            raise
+        return False
+    return True
+
+
+async def write_one_by_one(
+    conn: asyncpg.Connection, batch: Sequence[Pending], pool: asyncpg.Pool
+) -> list[BaseException | None]:
+    """Each caller's changes in a transaction of their own, change by change, so that
+    the caller at fault hears why (read on ``pool``) and the others commit."""
+    return [await _one_caller(conn, p, pool) for p in batch]
+
+
+async def _one_caller(
+    conn: asyncpg.Connection, pending: Pending, pool: asyncpg.Pool
+) -> BaseException | None:
+    e: Encoded = pending.encoded
+    jobs = [c for c in pending.changes if isinstance(c, Job)]
+    moves = [c for c in pending.changes if isinstance(c, Transition)]
+    try:
+        async with conn.transaction():
+            for job, row in zip(jobs, e.jobs, strict=True):
+                try:
+                    await conn.fetchrow(Q["write_batch"], *_args([row], [], e.wakes))
+                except asyncpg.UniqueViolationError as exc:
+                    key = job.idempotency_key
+                    if exc.constraint_name == "jobs_key" and key is not None:
+                        raise DuplicateKeyError(key) from None
+                    raise DuplicateJobError(job.id) from None
+            for t, row in zip(moves, e.moves, strict=True):
+                try:
+                    await conn.fetchrow(Q["write_batch"], *_args([], [row], e.wakes))
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate != REFUSED:
+                        raise
+                    raise await why(pool, t, e.fence) from None
+    except SqlqError as exc:
+        return exc
+    except asyncpg.DataError as exc:
+        return UnencodableError(f"a value PostgreSQL cannot store ({exc.sqlstate})")
+    return None
+
+
+async def why(pool: asyncpg.Pool, t: Transition, fence: Fence) -> SqlqError:
+    """Name the guard that refused ``t``, reading its row as it is now: the job model's
+    own rule first (``Job.check``), then the fence."""
+    found = await pool.fetchrow(Q["why_refused"], t.job_id)
+    if found is None:
+        return JobNotFoundError(t.job_id)
+    values = tuple(found)
+    try:
+        row_job(values[:JOB_WIDTH]).check(t)
+    except TransitionError as exc:
+        return exc
+    node, lease = values[JOB_WIDTH:]
+    refusal = fence_refusal(fence, node, lease)
+    return StaleEpochError(t.job_id, refusal or "the job changed while the change was written")
+
+
+def fence_refusal(fence: Fence, node: str | None, lease: float | None) -> str | None:
+    """Why ``fence`` refuses a row held by ``node`` with a lease until ``lease``; None if
+    it passes (write_batch's last three guards, in words)."""
+    if fence.holder is not None and node != fence.holder:
+        return f"the claim belongs to {node}, not {fence.holder}"
+    if fence.lease_from is not None and (lease is None or lease < fence.lease_from):
+        return "the lease ran out before the outcome was recorded"
+    if fence.lease_before is not None and (lease is None or lease >= fence.lease_before):
+        return "the lease was renewed: its node is alive"
+    return None

@@ -1,0 +1,193 @@
+"""A node's connections to the shared database, and what it does when one is lost.
+
+One writer connection (the group committer's), a small pool for reads and the
+shared mode's calls, one connection only for claims (``CLAIM_SETTINGS``), a pool
+only for listings (``LIST_SETTINGS``), and one that LISTENs. A lost connection
+or a database that is restarting is ``StoreUnavailableError`` for the calls it
+touched, counted and kept as ``last_error``; the writer reconnects on the next
+batch, the pools on the next call, the listener by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import asyncpg
+
+from sqlq.common.errors import StoreClosedError, StoreError, StoreUnavailableError
+from sqlq.engines.postgres.migrate import check, connect, where
+from sqlq.engines.postgres.queries import Q
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "sqlq_jobs"
+# The claim connection's planner settings: see the claim statement in queries.sql.
+CLAIM_SETTINGS = {"enable_sort": "off", "enable_bitmapscan": "off"}
+# Listings run on connections of their own that plan every run for its values. asyncpg
+# reuses a prepared statement, and after five runs PostgreSQL takes a generic plan,
+# which for `kind = $2 ORDER BY id LIMIT $1` guesses from the column's few distinct
+# values that most rows match and walks jobs_pkey: at 200k jobs, 209-231 ms for a kind
+# or queue that matches none, against 56-72 ms for the custom plan's scan (a state
+# filter reads jobs_state_id either way: 1-3 ms), every second per dashboard viewer.
+LIST_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+
+# The database is out of reach (or going away): the call failed, the engine did not.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin or crash shutdown, starting up
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    # A connection asyncpg left in a state it refuses every call in ("another operation
+    # is in progress"), seen after its backend was terminated mid-answer: unusable, but
+    # not closed. Dropped like a lost one, so the next call connects again.
+    asyncpg.InternalClientError,
+)
+
+
+class Connections:
+    """Every connection of one node; ``name`` is the engine's, for messages."""
+
+    def __init__(self, dsn: str, *, name: str, settings: dict[str, str], pool_size: int) -> None:
+        self.dsn = dsn
+        self.where = where(dsn)
+        self._name = name
+        self._settings = settings
+        self._pool_size = pool_size
+        self._writer: asyncpg.Connection | None = None
+        self._pool: asyncpg.Pool | None = None
+        self._claimer: asyncpg.Pool | None = None  # one connection, only for claims
+        self._lister: asyncpg.Pool | None = None  # only for listings (LIST_SETTINGS)
+        self.listener: asyncpg.Connection | None = None  # while it LISTENs
+        self._listen_task: asyncio.Task[None] | None = None
+        self._wake: Callable[[], None] | None = None
+        self.reconnects = 0
+        self.unavailable = 0  # calls refused because the database was out of reach
+        self.last_error: str | None = None
+
+    async def open(self) -> list[str]:
+        """Connect, refuse a schema of another version, and open the pools. Returns the
+        paused queues, read on the first connection (the writer's) before the pools."""
+        conn = await connect(self.dsn, server_settings=self._settings)
+        try:
+            await check(conn, self.dsn)
+            paused = [r[0] for r in await conn.fetch(Q["paused"])]
+        except BaseException:
+            await conn.close()
+            raise
+        self._writer = conn
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=self._pool_size, server_settings=self._settings
+            )
+            self._claimer = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=1,
+                server_settings={**self._settings, **CLAIM_SETTINGS},
+            )  # fmt: skip
+            self._lister = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=self._pool_size,
+                server_settings={**self._settings, **LIST_SETTINGS},
+            )  # fmt: skip
+        except UNAVAILABLE as exc:
+            await conn.close()
+            raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {exc}") from None
+        return paused
+
+    async def close(self) -> None:
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            await asyncio.gather(self._listen_task, return_exceptions=True)
+            self._listen_task = None
+        for conn in (self._writer, self.listener):
+            if conn is not None:
+                with contextlib.suppress(*UNAVAILABLE):
+                    await asyncio.wait_for(conn.close(), 5)
+        self._writer = self.listener = None
+        for pool in (self._pool, self._claimer, self._lister):
+            if pool is not None:
+                with contextlib.suppress(*UNAVAILABLE):
+                    await asyncio.wait_for(pool.close(), 5)
+        self._pool = self._claimer = self._lister = None
+
+    # -- the writer ------------------------------------------------------------------
+
+    async def writer(self) -> asyncpg.Connection:
+        """The writer's connection, connecting again if it was lost."""
+        if self._writer is None or self._writer.is_closed():
+            try:
+                self._writer = await asyncpg.connect(self.dsn, server_settings=self._settings)
+            except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
+                raise StoreUnavailableError(self.unreachable(exc)) from None
+            self.reconnects += 1
+            log.warning("reconnected to PostgreSQL at %s", self.where)
+        return self._writer
+
+    def lost_writer(self, exc: BaseException) -> str:
+        """The writer's answer was lost to ``exc``: drop its connection (the next batch
+        connects again) and say so."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.terminate()
+        return self.unreachable(exc)
+
+    def unreachable(self, exc: BaseException) -> str:
+        """Count a call the database was out of reach for, and the message it fails with."""
+        self.unavailable += 1
+        self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return f"PostgreSQL at {self.where} is unavailable: {self.last_error}"
+
+    # -- the pools -------------------------------------------------------------------
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreClosedError(f"{self._name} store is not open")
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def acquire(
+        self, claims: bool = False, listing: bool = False
+    ) -> AsyncIterator[asyncpg.Connection]:
+        """A connection of the claims', the listings' or the general pool."""
+        pool = self._claimer if claims else self._lister if listing else self._pool
+        if pool is None:
+            raise StoreClosedError(f"{self._name} store is not open")
+        try:
+            async with pool.acquire() as conn:
+                yield conn
+        except UNAVAILABLE as exc:
+            raise StoreUnavailableError(self.unreachable(exc)) from None
+
+    # -- waking ----------------------------------------------------------------------
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """LISTEN on a connection of its own, reconnecting until ``close``."""
+        self._wake = wake
+        if self._listen_task is None:
+            self._listen_task = asyncio.create_task(self._listen(), name="sqlq-pg-listen")
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                conn = await asyncpg.connect(self.dsn)
+            except (*UNAVAILABLE, asyncpg.PostgresError):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            self.listener, delay = conn, 0.1
+            lost = asyncio.Event()
+            conn.add_termination_listener(lambda _c, ev=lost: ev.set())
+            await conn.add_listener(CHANNEL, self._notified)
+            if self._wake is not None:
+                self._wake()  # anything submitted while we were not listening
+            await lost.wait()
+            self.listener = None
+
+    def _notified(self, *_: object) -> None:
+        if self._wake is not None:
+            self._wake()
