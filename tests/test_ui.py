@@ -7,6 +7,7 @@ browser keeps it) is in ``test_ui_browser.py``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ import pytest
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.engine.memory import MemoryStore
+from sqlq.engines.postgres.store import PostgresStore
 from sqlq.http.app import create_app
 from sqlq.http.guard import Security
 from sqlq.runtime.config import RuntimeConfig
@@ -26,7 +28,7 @@ from sqlq.runtime.service import Service
 from sqlq.ui.charts import line_chart, nice_ceiling, short
 from sqlq.ui.history import History, Sample, quantile
 from sqlq.ui.options import UiOptions
-from sqlq.ui.overview import Sampler
+from sqlq.ui.overview import SAMPLE_EVERY_S, Sampler
 from sqlq.ui.session import MAX_FAILURES, SESSION_S, Sessions
 from tests.helpers import ROOT, ServiceFactory, StoreFactory, submit, wait_for
 
@@ -445,3 +447,55 @@ def test_dashboard_flags_without_the_dashboard_are_a_usage_error() -> None:
         r = CliRunner().invoke(main, ["serve", "--no-ui", flag])
         assert r.exit_code == 2
         assert f"{flag} is for the dashboard, which --no-ui removes" in r.output
+
+
+async def test_the_sampler_waits_on_the_injected_clock(services: ServiceFactory) -> None:
+    clock = FakeClock()
+    rt = services(clock=clock)
+    await rt.start()
+    sampler = Sampler(rt, clock)
+
+    async def turns() -> None:  # the sampler's task runs on the loop's next turns
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    sampler.start()
+    try:
+        await turns()
+        assert len(sampler.history) == 1  # one at the start
+        for n in (2, 3, 4):
+            clock.advance(SAMPLE_EVERY_S)  # fires the sampler's sleep; no real second passes
+            await turns()
+            assert len(sampler.history) == n
+    finally:
+        await sampler.stop()
+
+
+async def test_in_shared_mode_the_overview_reads_the_census_the_claimer_keeps(
+    pg_db: str, services: ServiceFactory
+) -> None:
+    store = PostgresStore(pg_db)
+    rt = services(store)
+    await rt.start()
+    await submit(rt, delay_ms=60_000, queue="mail")
+    await wait_for(lambda: ("scheduled", "mail") in rt.claims.census(), what="a census")
+    here = asyncio.current_task()  # the ASGI transport runs the app in this task
+    asked: list[str] = []
+    for name in ("census", "paused_queues", "nodes", "list_jobs", "get"):
+        real = getattr(store, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            if asyncio.current_task() is here:  # not the claimer's own census loop
+                asked.append(_name)
+            return _real(*args)
+
+        setattr(store, name, counted)
+    app = create_app(rt, start_runtime=False)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+    ) as c:
+        for _ in range(3):
+            live = (await c.get("/ui/", headers={"hx-request": "true"})).text
+    assert asked == []
+    assert ">mail<" in live
+    assert 'id="count-scheduled">1<' in live

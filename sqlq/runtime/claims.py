@@ -117,6 +117,11 @@ class Claims(Protocol):
 
     async def queues(self) -> dict[str, QueueInfo]: ...
 
+    def queues_now(self) -> dict[str, QueueInfo]:
+        """The queues as this node knows them now, without a store call: in shared mode,
+        as of the census the claimer takes every second (the dashboard's overview)."""
+        ...
+
     async def queue(self, name: str) -> QueueInfo: ...
 
     def backlog(self) -> int:

@@ -373,6 +373,9 @@ class SharedClaims(ClaimsBase):
 
     async def queues(self) -> dict[str, QueueInfo]:
         await self._refresh()
+        return self.queues_now()
+
+    def queues_now(self) -> dict[str, QueueInfo]:
         names = {*self._caps, *self._paused, *(q for _, q in self._census)}
         return {q: self._info(q) for q in sorted(names)}
 

@@ -151,7 +151,7 @@ class Dashboard:
     # -- pages ---------------------------------------------------------------------------
 
     async def overview_page(self, request: Request) -> Response:
-        data = await overview(self.runtime, self.sampler.history)
+        data = overview(self.runtime, self.sampler.history)
         return self.render(request, "overview.html", **data)
 
     async def jobs_page(self, request: Request) -> Response:

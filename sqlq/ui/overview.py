@@ -1,9 +1,10 @@
 """What the overview shows, read from a running ``Service``, and the sampler behind its chart.
 
 Everything here is a read of figures the service keeps anyway (``stats()``,
-the queues, the metrics' histograms): no store call but the queues' (which in
-shared mode is the census the claimer refreshes), nothing that walks the live
-jobs, so a dashboard refreshing every second costs the queue next to nothing.
+the queues, the metrics' histograms): no store call (in shared mode the queues
+are the census the claimer takes every second, not a count of their own),
+nothing that walks the live jobs, so a dashboard refreshing every second costs
+the queue next to nothing, however many tabs are open.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Sampler:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(SAMPLE_EVERY_S)
+            await self.clock.sleep(SAMPLE_EVERY_S)
             self.take()
 
 
@@ -83,10 +84,10 @@ def _ms(p: Percentiles) -> dict[str, Any]:
     return {"count": p.count, "p50": f(p.p50), "p90": f(p.p90), "p99": f(p.p99)}
 
 
-async def overview(runtime: Service, history: History) -> dict[str, Any]:
+def overview(runtime: Service, history: History) -> dict[str, Any]:
     """The overview page's figures, ready for the template."""
     stats = runtime.stats()
-    queues = await runtime.queues()
+    queues = runtime.claims.queues_now()
     rates = history.latest_rates()
     store = stats["store"]
     compaction = runtime.last_compaction
