@@ -19,6 +19,7 @@ import pytest
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.store import JobStore
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.http.app import create_app
 from sqlq.http.guard import Security
@@ -499,3 +500,21 @@ async def test_in_shared_mode_the_overview_reads_the_census_the_claimer_keeps(
     assert asked == []
     assert ">mail<" in live
     assert 'id="count-scheduled">1<' in live
+
+
+async def test_every_engine_fills_the_overviews_store_fields(store: JobStore) -> None:
+    """Disk size and the last compaction are common fields the dashboard reads by name;
+    ``/stats`` keeps each engine's own keys for them."""
+    assert store.stats().last_compaction is None
+    report = await store.compact()
+    stats = store.stats()
+    assert stats.last_compaction is not None
+    assert stats.last_compaction[1] == report
+    if store.name in ("walq", "sqlite"):
+        assert stats.disk_bytes is not None
+        assert stats.disk_bytes > 0
+    else:
+        assert stats.disk_bytes is None  # no files of its own
+    keys = set(stats.to_dict())
+    assert ("disk_bytes" in keys) == (store.name == "sqlite")
+    assert ({"log_bytes", "last_compaction"} <= keys) == (store.name == "walq")

@@ -89,8 +89,8 @@ def overview(runtime: Service, history: History) -> dict[str, Any]:
     stats = runtime.stats()
     queues = runtime.claims.queues_now()
     rates = history.latest_rates()
-    store = stats["store"]
-    compaction = runtime.last_compaction
+    store = runtime.store.stats()  # the typed fields: every engine fills them alike
+    compaction = store.last_compaction
     return {
         "stats": stats,
         "jobs": stats["jobs"],
@@ -108,11 +108,9 @@ def overview(runtime: Service, history: History) -> dict[str, Any]:
         "run": _ms(history.percentiles("run")),
         "commit": _ms(history.percentiles("commit")),
         "workers": stats["workers"],
-        "store": store,
-        "disk_bytes": store.get("log_bytes", store.get("disk_bytes")),
-        # walq reports every compaction it made (its own too); others, the periodic ones
-        "compaction": store.get("last_compaction")
-        or (None if compaction is None else _report(*compaction)),
+        "store": stats["store"],
+        "disk_bytes": store.disk_bytes,
+        "compaction": None if compaction is None else _report(*compaction),
         "recovery": stats["recovery"],
         "shared": stats.get("shared"),
     }
