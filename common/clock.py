@@ -11,6 +11,8 @@ the clock instead of waiting a minute.
 (``advance``) or, with ``autojump`` on and the loop from ``new_event_loop``, by
 itself whenever the loop has nothing else to do: trio's
 ``MockClock(autojump_threshold=0)``, built on asyncio's public selector seam.
+Work in the loop's executor holds the jump back; I/O it cannot see (a socket
+awaiting a reply, a thread of a library's own) does not.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ class FakeClock:
 
     def new_event_loop(self) -> asyncio.AbstractEventLoop:
         """A loop that, with ``autojump`` on, jumps this clock whenever it would block."""
-        return _JumpingLoop(self)
+        return AutojumpLoop(self)
 
 
 class _JumpingSelector(selectors.BaseSelector):
@@ -190,10 +192,11 @@ class _JumpingSelector(selectors.BaseSelector):
         return self._inner.get_map()
 
 
-class _JumpingLoop(asyncio.SelectorEventLoop):
-    """A selector loop that counts its executor work, for the selector above."""
+class AutojumpLoop(asyncio.SelectorEventLoop):
+    """A selector loop that jumps ``clock`` when idle, counting its executor work for that."""
 
     def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
         self._in_threads = 0
         super().__init__(_JumpingSelector(clock, lambda: self._in_threads > 0))
 
@@ -210,3 +213,23 @@ class _JumpingLoop(asyncio.SelectorEventLoop):
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+async def wait_event(clock: Clock, event: asyncio.Event, within: float) -> bool:
+    """Wait until ``event`` is set or ``within`` of ``clock``'s seconds pass; True if set.
+
+    ``asyncio.wait_for(event.wait(), within)`` on the injected clock: a policy's
+    timeout (a grace period, a poll) that a fake clock can drive. ``within`` of 0 or
+    less only looks, as ``wait_for`` does."""
+    if event.is_set() or within <= 0:
+        return event.is_set()
+    over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiter = asyncio.ensure_future(event.wait())
+    waiter.add_done_callback(lambda _: _wake(over))
+    timer = clock.call_later(within, lambda: _wake(over))
+    try:
+        await over
+    finally:
+        timer.cancel()
+        waiter.cancel()
+    return event.is_set()

@@ -116,9 +116,12 @@ class BadJSON(ValueError):
     """The body is not JSON at all."""
 
 
-def _field(message: str, within: str = "") -> tuple[str, str]:
+def error_field(message: str, within: str = "") -> tuple[str, str]:
     """The JSON path a msgspec message names (``body`` for the root) and the message
-    without it; ``within`` is where the decoded value sits (``jobs[3].args``)."""
+    without it; ``within`` is where the decoded value sits (``jobs[3].args``).
+
+    The one parser of msgspec's error paths: the HTTP decoders and every kind's
+    ``convert_args`` name a field the same way."""
     m = _AT.search(message)
     path = m.group(1) if m else ""
     missing = _MISSING.search(message)
@@ -144,7 +147,7 @@ def _args(raw: msgspec.Raw, field: str) -> dict[str, Any]:
     try:
         args: dict[str, Any] = _ARGS.decode(raw)
     except msgspec.ValidationError as exc:
-        raise ValidationError(*_field(str(exc), field)) from None
+        raise ValidationError(*error_field(str(exc), field)) from None
     except RecursionError:  # deeper than the stack allows is far past MAX_DEPTH
         raise ValidationError(field, "nested deeper than the limit") from None
     return args
@@ -204,7 +207,7 @@ def decode(body: bytes, spec: type[Any]) -> Any:
     try:
         return msgspec.json.decode(body, type=spec)
     except msgspec.ValidationError as exc:
-        field, message = _field(str(exc))
+        field, message = error_field(str(exc))
         raise ValidationError(field, message) from None
     except msgspec.DecodeError as exc:
         raise BadJSON(f"body is not valid JSON: {exc}") from None

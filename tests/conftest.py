@@ -7,15 +7,16 @@ the fake the runtime tests use cannot drift from the real engines.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sqlq.bench.pgcluster import Cluster, make_cluster
-from sqlq.common.clock import SYSTEM_CLOCK, Clock, FakeClock
+from sqlq.common.clock import SYSTEM_CLOCK, AutojumpLoop, Clock, FakeClock
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.store import JobStore
 from sqlq.engines.registry import ALL, DURABLE, SHARED, make_store
@@ -27,7 +28,37 @@ from tests.helpers import NOW, ServiceFactory, StoreFactory, unavailable
 
 @pytest.fixture
 def clock() -> FakeClock:
+    """A fake clock that moves only when the test says so (``advance``)."""
     return FakeClock(NOW)
+
+
+def _autojump_loop() -> asyncio.AbstractEventLoop:
+    return FakeClock(NOW, autojump=True).new_event_loop()
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """A test that asks for ``fake_clock`` runs on a loop that autojumps it; every other
+    one on asyncio's own loop (one factory each, so test names are unchanged)."""
+    if "fake_clock" in getattr(item, "fixturenames", ()):
+        return {"autojump": _autojump_loop}
+    return {"asyncio": asyncio.new_event_loop}
+
+
+@pytest.fixture
+async def fake_clock() -> FakeClock:
+    """The autojumping clock of this test's loop: whenever nothing is ready to run (and
+    nothing runs in the loop's executor), it jumps to its next deadline, so a test of a
+    60 s delay, a lease or a heartbeat timeout finishes at once and never waits in real time.
+
+    For the memory engine and engines whose I/O goes through ``run_in_executor``. A reply
+    awaited on a socket (PostgreSQL) or from a thread of its own looks like idleness: the
+    clock may jump while it is in flight. A test that needs time to stand still while a
+    thread works stuck on purpose moves the clock by hand (``advance``)."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, AutojumpLoop), "fake_clock runs only on the autojump loop"
+    return loop.clock
 
 
 @pytest.fixture(params=ALL)

@@ -47,7 +47,7 @@ def test_should_retry() -> None:
 
 
 def test_ready_job_skips_the_heap() -> None:
-    lanes = Lanes()
+    lanes: Lanes[str] = Lanes()
     assert lanes.push("now", ready_at=100.0, priority=0, now=100.0) is False
     assert lanes.push("later", ready_at=105.0, priority=0, now=100.0) is True
     assert lanes.sizes() == {"immediate": 1, "delayed": 1}
@@ -59,7 +59,7 @@ def test_ready_job_skips_the_heap() -> None:
 
 
 def test_among_due_jobs_higher_priority_first_then_fifo() -> None:
-    lanes = Lanes()
+    lanes: Lanes[str] = Lanes()
     lanes.push("c", ready_at=110.0, priority=0, now=100.0)
     lanes.push("b2", ready_at=105.0, priority=1, now=100.0)
     lanes.push("a", ready_at=105.0, priority=0, now=100.0)
@@ -72,7 +72,7 @@ def test_among_due_jobs_higher_priority_first_then_fifo() -> None:
 
 
 def test_one_priority_level_is_plain_fifo() -> None:
-    lanes = Lanes()
+    lanes: Lanes[str] = Lanes()
     for i in range(1000):
         lanes.push(f"j{i}", ready_at=100.0, priority=0, now=100.0)
     assert list(lanes.ready) == [0]  # one deque, no per-job heap work
@@ -80,7 +80,7 @@ def test_one_priority_level_is_plain_fifo() -> None:
 
 
 def test_due_delayed_jobs_go_before_later_immediate_ones() -> None:
-    lanes = Lanes()
+    lanes: Lanes[str] = Lanes()
     lanes.push("delayed", ready_at=101.0, priority=0, now=100.0)
     lanes.push("immediate", ready_at=102.0, priority=0, now=102.0)
     assert lanes.pop(102.0) == "delayed"
@@ -92,7 +92,8 @@ def test_loading_many_at_once_hands_them_out_as_pushing_them_one_by_one_does() -
     rng = random.Random(3)
     now = 100.0
     jobs = [(f"j{i:04d}", now + rng.uniform(-50, 50), rng.choice([0, 0, 1, 5])) for i in range(500)]
-    pushed, loaded = Lanes(), Lanes()
+    pushed: Lanes[str] = Lanes()
+    loaded: Lanes[str] = Lanes()
     for job_id, ready_at, priority in sorted(jobs, key=lambda j: j[1]):  # in due order
         pushed.push(job_id, ready_at, priority, now)
     ids, due, priorities = (list(column) for column in zip(*jobs, strict=True))

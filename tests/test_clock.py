@@ -14,7 +14,8 @@ import time
 import pytest
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, FakeClock
-from tests.helpers import NOW
+from sqlq.common.models import State
+from tests.helpers import NOW, ServiceFactory, final, submit
 
 
 def test_advance_fires_due_callbacks_in_deadline_order() -> None:
@@ -152,3 +153,16 @@ async def test_system_clock_sleeps_and_calls_later() -> None:
     await asyncio.sleep(0)
     assert cancelled == []
     assert clock.monotonic() >= before
+
+
+async def test_the_fake_clock_fixture_runs_the_test_on_its_autojump_loop(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A job delayed an hour, on a Service on the fixture's clock: done at once."""
+    rt = services(clock=fake_clock, healthcheck=False)
+    await rt.start()
+    job = await submit(rt, delay_ms=3_600_000)
+    await fake_clock.sleep(3601)
+    done = await final(rt, job.id)
+    assert done.state is State.COMPLETED
+    assert fake_clock.time() >= NOW + 3600

@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from sqlq.bench.client.server import ServerProcess
 from sqlq.common.backoff import RetryPolicy
+from sqlq.common.clock import FakeClock
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import (
     IllegalTransitionError,
@@ -30,7 +32,7 @@ from sqlq.common.shape import MAX_DEPTH
 from sqlq.common.specs import JobSpec
 from sqlq.common.store import Change, JobStore
 from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.kinds import JobContext, Registry, task
+from sqlq.runtime.kinds import JobContext, Registry, convert_args, task
 from sqlq.runtime.service import Service
 from tests.helpers import (
     ServiceFactory,
@@ -79,6 +81,7 @@ def handlers() -> Registry:
 
     @task(registry=reg, timeout=0.1)
     def stuck_thread(args: Any, ctx: JobContext) -> Any:
+        STUCK.append(ctx.job.attempts)
         RELEASE.wait(30)
         return "late"
 
@@ -97,6 +100,7 @@ def handlers() -> Registry:
 
 
 RELEASE = threading.Event()
+STUCK: list[int] = []  # the attempts of stuck_thread that started (list.append: thread-safe)
 BARRIER = threading.Barrier(16, timeout=20)
 
 
@@ -118,6 +122,7 @@ async def runtimes(services: ServiceFactory) -> AsyncIterator[ServiceFactory]:
         return services(store, kinds=handlers(), **config)
 
     RELEASE.clear()
+    STUCK.clear()
     yield make
     RELEASE.set()
 
@@ -183,10 +188,19 @@ async def test_sync_handlers_get_a_thread_per_worker() -> None:
 
 
 async def test_a_timed_out_thread_is_abandoned_and_counted(
-    runtimes: ServiceFactory,
+    runtimes: ServiceFactory, fake_clock: FakeClock
 ) -> None:
-    rt = runtimes(max_abandoned=1)
-    done = await dead_after(rt, "stuck_thread", max_attempts=2)
+    """On the fake clock, moved by hand: a thread at work holds the autojump back, so each
+    attempt's 0.1 s timeout passes when the test says, with no real wait."""
+    rt = runtimes(max_abandoned=1, clock=fake_clock)
+    await rt.start()
+    job = await submit(rt, "stuck_thread", max_attempts=2)
+    await wait_for(lambda: len(STUCK) == 1, 10, "the first attempt's thread to start")
+    fake_clock.advance(0.2)  # past its timeout: the health loop's next look cuts it off
+    await wait_for(lambda: len(STUCK) == 2, 10, "the second attempt's thread to start")
+    fake_clock.advance(0.2)
+    done = await final(rt, job.id)
+    assert done.state is State.DEAD
     assert done.attempts == 2
     assert done.last_error is not None
     assert done.last_error.startswith("timed out")
@@ -206,9 +220,9 @@ async def test_a_timed_out_thread_is_abandoned_and_counted(
 
 
 async def test_hung_async_handlers_are_cancelled_so_abandoned_tasks_do_not_pile_up(
-    runtimes: ServiceFactory,
+    runtimes: ServiceFactory, fake_clock: FakeClock
 ) -> None:
-    rt = runtimes(workers=4, hb_timeout_s=0.05, fault_injection=True)
+    rt = runtimes(workers=4, hb_timeout_s=0.05, fault_injection=True, clock=fake_clock)
     await rt.start()
     hanging = await rt.submit(
         [JobSpec(kind="sleep", args={"hang_prob": 1.0}, max_attempts=4) for _ in range(10)]
@@ -297,10 +311,11 @@ class GatedStore:
 
 
 async def cancel_held_while_due(
-    runtimes: ServiceFactory, store: GatedStore
+    runtimes: ServiceFactory, store: GatedStore, clock: FakeClock
 ) -> tuple[Service, Job, asyncio.Future[Job]]:
-    """A job whose cancel is not yet durable when it comes due and a worker passes it over."""
-    rt = runtimes(store=store, workers=1)
+    """A job whose cancel is not yet durable when it comes due and a worker passes it over
+    (due 300 ms later on the autojumping clock: at once)."""
+    rt = runtimes(store=store, workers=1, clock=clock)
     await rt.start()
     job = await submit(rt, delay_ms=300)
     cancel = asyncio.ensure_future(rt.cancel(job.id))
@@ -324,9 +339,11 @@ async def test_cancel_while_a_claim_is_in_flight_is_409_running(
     assert done.state is State.COMPLETED  # it ran, and nobody was told it was cancelled
 
 
-async def test_a_job_whose_cancel_is_in_flight_never_starts(runtimes: ServiceFactory) -> None:
+async def test_a_job_whose_cancel_is_in_flight_never_starts(
+    runtimes: ServiceFactory, fake_clock: FakeClock
+) -> None:
     store = GatedStore(State.CANCELLED)
-    rt, job, cancel = await cancel_held_while_due(runtimes, store)
+    rt, job, cancel = await cancel_held_while_due(runtimes, store, fake_clock)
     with pytest.raises(IllegalTransitionError):
         await rt.cancel(job.id)  # a second cancel meanwhile is a conflict, not a second commit
     store.gate.set()
@@ -336,9 +353,11 @@ async def test_a_job_whose_cancel_is_in_flight_never_starts(runtimes: ServiceFac
     assert (got.state, got.attempts) == (State.CANCELLED, 0)
 
 
-async def test_a_failed_cancel_puts_a_passed_over_job_back(runtimes: ServiceFactory) -> None:
+async def test_a_failed_cancel_puts_a_passed_over_job_back(
+    runtimes: ServiceFactory, fake_clock: FakeClock
+) -> None:
     store = GatedStore(State.CANCELLED, fail=StoreFailedError("injected"))
-    rt, job, cancel = await cancel_held_while_due(runtimes, store)
+    rt, job, cancel = await cancel_held_while_due(runtimes, store, fake_clock)
     store.gate.set()
     with pytest.raises(StoreFailedError):
         await cancel
@@ -572,3 +591,23 @@ async def test_args_past_the_bounds_are_refused_in_python_too(runtimes: ServiceF
         )
     assert err.value.field == "jobs[1].args"
     assert rt.stats()["submitted"] == 0
+
+
+class _Listed(msgspec.Struct, forbid_unknown_fields=True):
+    xs: list[int] = []
+    n: int = 0
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [({"xs": [1, "b"]}, "args.xs[1]"), ({"n": "x"}, "args.n"), ({"zz": 1}, "args")],
+)
+def test_a_kind_names_a_bad_argument_as_the_http_decoder_does(
+    args: dict[str, Any], field: str
+) -> None:
+    """One parser of msgspec's error paths (``specs.error_field``): a kind's own one cut
+    the closing bracket off an item's path (``args.xs[1``)."""
+    with pytest.raises(ValidationError) as err:
+        convert_args(args, _Listed)
+    assert err.value.field == field
+    assert " - at `$" not in err.value.message

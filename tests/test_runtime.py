@@ -128,8 +128,11 @@ async def test_a_timeout_is_judged_on_the_injected_clock(services: ServiceFactor
     assert rt.stats()["workers"]["timed_out"] == 1
 
 
-async def test_stale_worker_cannot_complete_a_requeued_job(services: ServiceFactory) -> None:
-    """A hung handler is cancelled; one that swallows the cancel and returns late is fenced."""
+async def test_stale_worker_cannot_complete_a_requeued_job(
+    services: ServiceFactory, fake_clock: FakeClock
+) -> None:
+    """A hung handler is cancelled; one that swallows the cancel and returns late is fenced.
+    (On the fake clock: the heartbeat timeout and the retry's backoff take no real time.)"""
     release = asyncio.Event()
     calls: list[int] = []
 
@@ -145,7 +148,10 @@ async def test_stale_worker_cannot_complete_a_requeued_job(services: ServiceFact
 
     registry = Registry()
     registry.register(Kind("flaky", lambda a: a, slow_then_fast))
-    rt = services(kinds=registry, workers=2, hb_timeout_s=0.05, retry=RetryPolicy(base_s=0.001))
+    rt = services(
+        kinds=registry, workers=2, hb_timeout_s=0.05, retry=RetryPolicy(base_s=0.001),
+        clock=fake_clock,
+    )  # fmt: skip
     await rt.start()
     job = await submit(rt, kind="flaky")
     done = await final(rt, job.id)
@@ -174,27 +180,32 @@ async def test_cpu_jobs_longer_than_the_heartbeat_timeout_are_not_hung(
 
 
 async def test_delayed_job_waits_and_an_earlier_one_wakes_the_dispatcher(
-    services: ServiceFactory,
+    services: ServiceFactory, fake_clock: FakeClock
 ) -> None:
+    """On the fake clock: had the earlier job not re-armed the dispatcher's timer (set for
+    the later one), it would start 30 s late, with the later one."""
     started: dict[str, float] = {}
+    ran = asyncio.Event()  # awaited, not polled: the test looks before the clock jumps on
 
     async def stamp(args: Any, ctx: JobContext) -> Any:
-        started[ctx.job.id] = time.time()
+        started[ctx.job.id] = ctx.clock.time()
+        ran.set()
         return None
 
     registry = Registry()
     registry.register(Kind("stamp", lambda a: a, stamp))
-    rt = services(kinds=registry)
+    rt = services(kinds=registry, clock=fake_clock)
     await rt.start()
     late = await submit(rt, kind="stamp", delay_ms=30_000)
     soon = await submit(rt, kind="stamp", delay_ms=150)
-    done = await final(rt, soon.id, within=10)
-    assert started[soon.id] >= soon.ready_at
-    assert done.state is State.COMPLETED
+    await ran.wait()
+    assert list(started) == [soon.id]
+    assert soon.ready_at <= started[soon.id] < late.ready_at
     current = await rt.get(late.id)
     assert current is not None
     assert current.state is State.SCHEDULED
-    assert late.id not in started
+    done = await final(rt, soon.id, within=10)
+    assert done.state is State.COMPLETED
 
 
 async def test_immediate_jobs_skip_100k_delayed_ones(services: ServiceFactory) -> None:

@@ -21,7 +21,8 @@ from sqlq.common.models import JSON, Job
 from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.cpu import CpuPool, cpu_kind
-from sqlq.runtime.kinds import HandlerThreads, JobContext, Kind, Registry, sleep_kind
+from sqlq.runtime.kinds import JobContext, Kind, Registry, sleep_kind
+from sqlq.runtime.threads import HandlerThreads
 
 
 class UnstorableResult(Exception):

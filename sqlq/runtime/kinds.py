@@ -2,7 +2,9 @@
 
 A kind validates its arguments when a job is submitted (so bad input is a 422
 naming the field, never a failed job later) and runs with a ``JobContext``
-whose ``beat()`` is the heartbeat the health loop watches.
+whose ``beat()`` is the heartbeat the health loop watches, and whose ``clock`` is
+the server's (a handler that waits a while waits on it, as ``sleep`` does, so a
+test on a fake clock runs it at once).
 
 Built in: ``sleep`` (the fault injector of the experiments) and ``cpu`` (see
 ``sqlq.runtime.cpu``). User handlers register with the ``task`` decorator from a
@@ -37,9 +39,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-import re
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -48,6 +48,8 @@ import msgspec
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.errors import ValidationError, clip
 from sqlq.common.models import JSON, Job
+from sqlq.common.specs import error_field
+from sqlq.runtime.threads import HandlerThreads
 
 MAX_WORK_MS = 600_000  # ten minutes: longer sleeps are a typo, not an experiment
 BEAT_EVERY_S = 0.010  # the sleep kind's heartbeat slice
@@ -57,48 +59,6 @@ DEFAULT_TASK_TIMEOUT_S = 300.0
 # A kind's heartbeat timeout: seconds, None (never judged by heartbeat), or
 # "server": the server's --hb-timeout, for kinds that beat every 10 ms.
 HbTimeout = float | Literal["server"] | None
-
-
-class HandlerThreads:
-    """The thread pool plain (sync) handlers run in, sized for the worker pool.
-
-    asyncio's default executor has ``min(32, cores + 4)`` threads: six here, so
-    sixteen workers running sync handlers would queue behind six threads and be
-    judged hung while they waited. A thread cannot be cancelled: when its
-    attempt is cut off, it is *abandoned* (counted in ``abandoned`` until it
-    returns; its result is dropped).
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._executor = ThreadPoolExecutor(size, thread_name_prefix="sqlq-handler")
-        self.abandoned = 0
-        self.abandoned_total = 0
-
-    async def run(self, fn: Callable[[], Any]) -> Any:
-        cf = self._executor.submit(fn)
-        try:
-            return await asyncio.wrap_future(cf)
-        except asyncio.CancelledError:
-            if not cf.done():  # running: it goes on without us
-                loop = asyncio.get_running_loop()
-                self.abandoned += 1
-                self.abandoned_total += 1
-                cf.add_done_callback(lambda _: _call_soon(loop, self._returned))
-            raise
-
-    def _returned(self) -> None:
-        self.abandoned -= 1
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
-    try:
-        loop.call_soon_threadsafe(fn)
-    except RuntimeError:  # the loop is closed: the server is gone, nobody counts
-        pass
 
 
 class JobContext:
@@ -127,6 +87,11 @@ class JobContext:
         self.last_beat = clock.monotonic()
         self.hb_timeout = hb_timeout
         self.deadline = None if timeout is None else self.last_beat + timeout
+
+    @property
+    def clock(self) -> Clock:
+        """The server's clock: a handler that waits a policy's time waits on it."""
+        return self._clock
 
     def beat(self) -> None:
         """I am alive and working. Safe to call from any thread."""
@@ -179,8 +144,6 @@ class Registry:
 
 # -- argument validation through msgspec, with the field named ----------------------
 
-_AT = re.compile(r" - at `\$(?:\.|\[)?([^`]*)`$")
-
 S = TypeVar("S", bound=msgspec.Struct)
 
 
@@ -191,12 +154,7 @@ def convert_args(args: JSON, spec: type[S], prefix: str = "args") -> S:
     try:
         return msgspec.convert(args, spec)
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        m = _AT.search(message)
-        field = prefix + ("." + m.group(1).rstrip("]") if m and m.group(1) else "")
-        if not m and "missing required field" in message:
-            field = prefix + "." + message.rsplit("`", 2)[-2]
-        raise ValidationError(field, _AT.sub("", message)) from None
+        raise ValidationError(*error_field(str(exc), prefix)) from None
 
 
 # -- sleep: the fault injector ----------------------------------------------------------
@@ -244,10 +202,10 @@ async def _run_sleep(args: JSON, ctx: JobContext) -> JSON:
     a = SleepArgs(**args)
     if a.hang_prob and ctx.rng.random() < a.hang_prob:
         await asyncio.Event().wait()  # hangs until cancelled, with no heartbeat
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + a.work_ms / 1000
-    while (left := deadline - loop.time()) > 0:
-        await asyncio.sleep(min(BEAT_EVERY_S, left))
+    clock = ctx.clock  # the injected one: on a fake clock a long sleep job takes no real time
+    deadline = clock.monotonic() + a.work_ms / 1000
+    while (left := deadline - clock.monotonic()) > 0:
+        await clock.sleep(min(BEAT_EVERY_S, left))
         ctx.beat()
     if a.fail_prob and ctx.rng.random() < a.fail_prob:
         raise JobFailed("injected failure (fail_prob)")

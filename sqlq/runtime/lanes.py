@@ -212,3 +212,17 @@ class Lanes(Generic[T]):
             "immediate": self.due - self.stale_ready,
             "delayed": len(self.delayed) - self.stale_delayed,
         }
+
+
+class QueueLanes(Generic[T]):
+    """One queue with entries in its lanes, and where it stands in the scheduler's heaps."""
+
+    __slots__ = ("closed", "lanes", "name", "prio", "timer", "turn")
+
+    def __init__(self, name: str, current: Callable[[T], bool]) -> None:
+        self.name = name
+        self.lanes: Lanes[T] = Lanes(current)
+        self.turn = -1  # its one valid entry in the due heap; -1: not there
+        self.prio = 0  # that entry's priority
+        self.timer: float | None = None  # its one valid entry in the timer heap
+        self.closed = False  # found closed at the top; back when poked

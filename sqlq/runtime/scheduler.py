@@ -46,9 +46,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 
-from sqlq.common.clock import Clock
+from sqlq.common.clock import Clock, Timer
 from sqlq.common.models import Job
-from sqlq.runtime.lanes import Lanes
+from sqlq.runtime.lanes import QueueLanes
 
 _DUE, _PRIORITY = attrgetter("ready_at"), attrgetter("priority")
 _SLACK = 64  # a heap is rebuilt once it holds more than twice its queues and this
@@ -58,37 +58,19 @@ Taken = Callable[[str], None]  # a job of this queue was handed to a worker
 Current = Callable[[Job], bool]  # is this entry still the job as scheduled? (after a discard)
 
 
-def _always(_: Job) -> bool:
-    return True
-
-
-class _Queue:
-    """One queue with jobs in its lanes, and where it stands in the scheduler's heaps."""
-
-    __slots__ = ("closed", "lanes", "name", "prio", "timer", "turn")
-
-    def __init__(self, name: str, current: Current) -> None:
-        self.name = name
-        self.lanes: Lanes[Job] = Lanes(current)
-        self.turn = -1  # its one valid entry in the due heap; -1: not there
-        self.prio = 0  # that entry's priority
-        self.timer: float | None = None  # its one valid entry in the timer heap
-        self.closed = False  # found closed at the top; back when poked
-
-
 class Scheduler:
     def __init__(
         self,
         clock: Clock,
         gate: Gate = lambda _: True,
         taken: Taken = lambda _: None,
-        current: Current = _always,
+        current: Current = lambda _: True,
     ) -> None:
         self._clock = clock
         self._gate = gate
         self._taken = taken  # called before the next gate check, so a cap counts it at once
         self._current = current
-        self._queues: dict[str, _Queue] = {}  # only queues whose lanes hold an entry
+        self._queues: dict[str, QueueLanes[Job]] = {}  # only queues whose lanes hold an entry
         self._heaped = False  # the heaps are kept while more than one queue holds jobs
         self._due: list[tuple[int, int, str]] = []  # (-priority, turn, queue)
         self._timers: list[tuple[float, str]] = []  # (earliest ready_at, queue)
@@ -97,7 +79,7 @@ class Scheduler:
         self._waiting: deque[asyncio.Future[Job]] = deque()
         self._wake = asyncio.Event()
         self._armed = math.inf  # the ready_at the dispatcher's timer is set for
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None  # on the injected clock: a fake one jumps to it
         self._task: asyncio.Task[None] | None = None
         self.dispatched = 0
         self.wakeups = 0
@@ -120,7 +102,7 @@ class Scheduler:
         now = self._clock.time()
         q = self._queues.get(job.queue)
         if q is None:
-            q = self._queues[job.queue] = _Queue(job.queue, self._current)
+            q = self._queues[job.queue] = QueueLanes(job.queue, self._current)
             if not self._heaped and len(self._queues) > 1:
                 self._rebuild(now)  # a second queue holds jobs: from now on, choose
         ready_at = job.ready_at
@@ -148,7 +130,7 @@ class Scheduler:
         for name, group in by_queue.items():
             q = self._queues.get(name)
             if q is None:
-                q = self._queues[name] = _Queue(name, self._current)
+                q = self._queues[name] = QueueLanes(name, self._current)
             q.lanes.load(group, list(map(_DUE, group)), list(map(_PRIORITY, group)), now)
         if len(self._queues) > 1:
             self._rebuild(now)
@@ -269,7 +251,7 @@ class Scheduler:
                 return self._pop(now)
         return None
 
-    def _offer(self, q: _Queue) -> None:
+    def _offer(self, q: QueueLanes[Job]) -> None:
         """Keep ``q``'s entry in the due heap true: there iff open with a due job, keyed on it."""
         if q.closed:
             return
@@ -285,7 +267,7 @@ class Scheduler:
             self._due = [(-x.prio, x.turn, x.name) for x in self._queues.values() if x.turn >= 0]
             heapq.heapify(self._due)
 
-    def _arm(self, q: _Queue) -> None:
+    def _arm(self, q: QueueLanes[Job]) -> None:
         """Keep ``q``'s entry in the timer heap at its earliest delayed job."""
         wake = q.lanes.next_wakeup()
         if wake is None or (q.timer is not None and q.timer <= wake):
@@ -309,7 +291,7 @@ class Scheduler:
             self._arm(q)
             self._offer(q)
 
-    def _drop_if_empty(self, q: _Queue) -> None:
+    def _drop_if_empty(self, q: QueueLanes[Job]) -> None:
         if q.lanes.entries or self._queues.get(q.name) is not q:
             return
         del self._queues[q.name]
@@ -349,7 +331,6 @@ class Scheduler:
         return self._waiting[0] if self._waiting else None
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             self._hand_out()
             worker = self._next_worker()
@@ -363,6 +344,6 @@ class Scheduler:
             else:
                 self._armed = wake_at
                 delay = max(0.0, wake_at - self._clock.time())
-                self._timer = loop.call_later(delay, self._wake.set)
+                self._timer = self._clock.call_later(delay, self._wake.set)
             await self._wake.wait()
             self.wakeups += 1

@@ -16,12 +16,13 @@ N workers are ever live (not hung), and abandoned tasks do not pile up.
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sqlq.common.clock import SYSTEM_CLOCK, Clock
+from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.runtime.claims import Claim, Claims
 from sqlq.runtime.executor import Executor
 from sqlq.runtime.kinds import JobContext
@@ -45,12 +46,20 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def overdue(ctx: JobContext, now: float) -> str | None:
-    """Why the attempt behind ``ctx`` must be cut off at ``now``, or None."""
+class Limit(enum.Enum):
+    """Which of an attempt's limits it ran past."""
+
+    TIMEOUT = "timeout"
+    HEARTBEAT = "heartbeat"
+
+
+def overdue(ctx: JobContext, now: float) -> tuple[Limit, str] | None:
+    """Which limit the attempt behind ``ctx`` ran past at ``now``, and why, or None."""
     if ctx.deadline is not None and now > ctx.deadline:
-        return f"timed out: still running {now - ctx.deadline:.3f} s past its timeout"
-    if ctx.hb_timeout is not None and now - ctx.last_beat > ctx.hb_timeout:
-        return f"worker hung: no heartbeat for {(now - ctx.last_beat) * 1000:.0f} ms"
+        late = now - ctx.deadline
+        return Limit.TIMEOUT, f"timed out: still running {late:.3f} s past its timeout"
+    if ctx.hb_timeout is not None and (silent := now - ctx.last_beat) > ctx.hb_timeout:
+        return Limit.HEARTBEAT, f"worker hung: no heartbeat for {silent * 1000:.0f} ms"
     return None
 
 
@@ -123,7 +132,7 @@ class WorkerPool:
 
     async def _health(self) -> None:
         while True:
-            await asyncio.sleep(self.hb_timeout / 4)
+            await self._clock.sleep(self.hb_timeout / 4)
             self.check(self._clock.monotonic())
 
     def check(self, now: float) -> list[Worker]:
@@ -133,16 +142,17 @@ class WorkerPool:
             ctx = w.ctx
             if ctx is None:
                 continue
-            reason = overdue(ctx, now)
-            if reason is None:
+            past = overdue(ctx, now)
+            if past is None:
                 continue
+            limit, reason = past
             assert w.claim is not None
             hung.append(w)
             w.hung = True
             self.live.remove(w)
             self.abandoned.append(w)
             self.declared_hung += 1
-            if reason.startswith("timed out"):
+            if limit is Limit.TIMEOUT:
                 self.timed_out += 1
             log.warning("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
             self._claims.hung(w.claim, reason)
@@ -165,11 +175,8 @@ class WorkerPool:
         self._stopping = True
         if self._health_task is not None:
             self._health_task.cancel()
-        if self.busy():
-            try:
-                await asyncio.wait_for(self._idle.wait(), grace_s)
-            except TimeoutError:
-                log.warning("grace period over: cancelling %d running jobs", self.busy())
+        if self.busy() and not await wait_event(self._clock, self._idle, grace_s):
+            log.warning("grace period over: cancelling %d running jobs", self.busy())
         tasks = [w.task for w in (*self.live, *self.abandoned) if w.task is not None]
         if self._health_task is not None:
             tasks.append(self._health_task)
