@@ -79,12 +79,18 @@ class JobQuery:
         )
 
 
+IN_DETAIL = ("disk_bytes", "last_compaction")  # in /stats under each engine's own names
+
+
 class StoreStats(msgspec.Struct, kw_only=True):
     """What an engine reports for ``/stats``: cheap to build, no I/O.
 
-    The fields every engine has are attributes, so the runtime and the benchmark
-    read them by name; what only one engine has goes in ``detail`` and is
-    flattened beside them in the JSON.
+    The fields every engine has are attributes, so the runtime, the dashboard and
+    the benchmark read them by name; what only one engine has goes in ``detail`` and
+    is flattened beside them in the JSON. ``disk_bytes`` and ``last_compaction`` are
+    for readers in this process: ``/stats`` keeps the names each engine gave them
+    (walq's ``log_bytes`` and ``last_compaction``, SQLite's ``disk_bytes``), in its
+    ``detail``.
     """
 
     engine: str
@@ -98,10 +104,15 @@ class StoreStats(msgspec.Struct, kw_only=True):
     max_batch: int = 0
     syncs: int = 0  # points where data was made durable: fdatasyncs, SQLite commits
     failed: str | None = None  # why the engine refuses writes; None while healthy
+    disk_bytes: int | None = None  # what its files take now; None: no files (memory, postgres)
+    # The last compaction this engine made, whoever asked for it: (wall time it began, report)
+    last_compaction: tuple[float, CompactionReport] | None = None
     detail: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = msgspec.structs.asdict(self)
+        for name in IN_DETAIL:
+            del d[name]
         detail = d.pop("detail")
         return {**d, **detail}
 

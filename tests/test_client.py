@@ -3,6 +3,7 @@ submit that never makes a second job."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -163,3 +164,54 @@ def _scratch() -> Any:
     from sqlq.runtime.kinds import Registry
 
     return Registry()
+
+
+PUBLIC = [n for n in vars(Client) if not n.startswith("_") and n != "close"]
+
+
+def test_both_clients_have_every_method_alike() -> None:
+    """One request layer: each method of one client is the other's, same signature and
+    docstring, the async one awaited (``jobs``: iterated)."""
+    assert PUBLIC == [n for n in vars(AsyncClient) if not n.startswith("_") and n != "aclose"]
+    for name in PUBLIC:
+        sync, awaited = getattr(Client, name), getattr(AsyncClient, name)
+        assert sync.__doc__ == awaited.__doc__, name
+        want = inspect.signature(sync)
+        got = inspect.signature(awaited)
+        if name == "jobs":
+            assert inspect.isasyncgenfunction(awaited)
+            got = got.replace(return_annotation=want.return_annotation)
+        else:
+            assert inspect.iscoroutinefunction(awaited), name
+        assert got == want, name
+
+
+def _job(job_id: str) -> dict[str, Any]:
+    return {"id": job_id, "kind": "sleep", "args": {}, "state": "scheduled", "queue": "default",
+            "priority": 0, "attempts": 0, "max_attempts": 5, "epoch": 0, "created_at": 1.0,
+            "ready_at": 1.0, "updated_at": 1.0}  # fmt: skip
+
+
+def test_the_sync_client_retries_what_may_be_retried_and_pages_on() -> None:
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        if len(sent) in (1, 5):  # the first submit, and the cancel: reply lost
+            raise httpx.ReadError("connection reset", request=request)
+        if request.url.path == "/jobs" and request.method == "GET":
+            after = request.url.params.get("after")
+            page = {None: (["a" * 32], "cursor"), "cursor": (["b" * 32], None)}[after]
+            return httpx.Response(200, json={"jobs": [_job(i) for i in page[0]], "next": page[1]})
+        return httpx.Response(201, json=_job("c" * 32))
+
+    with Client("http://q", transport=httpx.MockTransport(handler), backoff_s=0.0) as c:
+        assert c.submit("sleep").id == "c" * 32
+        keys = [r.headers["idempotency-key"] for r in sent]
+        assert len(set(keys)) == 1  # sent again, with the same key
+        assert len(keys) == 2
+        assert [j.id[0] for j in c.jobs(queue="default")] == ["a", "b"]
+        assert [r.url.params.get("limit") for r in sent[2:]] == ["1000", "1000"]
+        with pytest.raises(Unavailable):
+            c.cancel("c" * 32)  # a cancel is not sent twice
+        assert len(sent) == 5

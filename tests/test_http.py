@@ -180,16 +180,16 @@ async def test_the_guard_refuses_a_websocket_before_accepting_it() -> None:
 async def test_the_job_page_renders_args_once_and_never_in_a_refresh(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sqlq.ui.app as ui
+    import sqlq.ui.render as ui
 
     rendered: list[Any] = []
-    pretty = ui._pretty
+    pretty = ui.pretty
 
     def counting(value: Any) -> str:
         rendered.append(value)
         return pretty(value)
 
-    monkeypatch.setattr(ui, "_pretty", counting)
+    monkeypatch.setattr(ui, "pretty", counting)
     r = await client.post("/jobs", json={"kind": "sleep", "args": {"work_ms": 60_000}})
     job_id = r.json()["id"]
     args = r.json()["args"]

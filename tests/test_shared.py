@@ -23,10 +23,10 @@ from sqlq.common.models import Job, State
 from sqlq.common.specs import JobSpec
 from sqlq.common.store import Fence, Recovery
 from sqlq.engines.postgres.store import PostgresStore
-from sqlq.runtime.claims import Parts
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.events import Event
 from sqlq.runtime.kinds import JobContext, Registry, task
+from sqlq.runtime.parts import Parts
 from sqlq.runtime.service import Service
 from sqlq.runtime.shared import SharedClaims
 from tests.helpers import NOW, ServiceFactory, final, wait_for

@@ -376,7 +376,11 @@ def _traffic(c: httpx.Client, seconds: float) -> None:
                    args={"work_ms": 5 + i % 20, "fail_prob": 0.15})
             for i in range(n)
         ]  # fmt: skip
-        until(lambda js=jobs: all(state_of(c, j) in ("completed", "dead") for j in js), "a wave")
+
+        def finished(js: list[str] = jobs) -> bool:
+            return all(state_of(c, j) in ("completed", "dead") for j in js)
+
+        until(finished, "a wave")
         wave += 1
         if time.monotonic() > end:
             return

@@ -26,7 +26,7 @@ from sqlq.common.engine.groupcommit import Pending
 from sqlq.common.engine.index import JobIndex, expired
 from sqlq.common.errors import CorruptLogError, SqlqError, StoreError
 from sqlq.common.models import TERMINAL, Job, State, Transition
-from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery
+from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery, StoreStats
 from sqlq.walq import log
 from sqlq.walq.compact import Compactor, Snapshot
 from sqlq.walq.files import OS_FILES, FileOps
@@ -328,6 +328,13 @@ class WalStore(DurableStore):
     @property
     def last_compaction(self) -> CompactionReport | None:
         return self.compactor.last
+
+    def stats(self) -> StoreStats:
+        stats = super().stats()
+        stats.disk_bytes = self._log_bytes  # in /stats: log_bytes
+        last = self.compactor.last  # its own compactions too, not only the runtime's
+        stats.last_compaction = None if last is None else (self.compactor.last_at, last)
+        return stats
 
     def _detail(self) -> dict[str, Any]:
         return {

@@ -98,25 +98,30 @@ class MemoryStore:
         (self._paused.add if paused else self._paused.discard)(queue)
 
     async def compact(self) -> CompactionReport:
-        t0 = time.perf_counter()
+        t0, began = time.perf_counter(), self._clock.time()
         kept_before = len(self._index)
         pruned = self._index.prune(self._clock.time() - self._retention)
-        return CompactionReport(
+        report = CompactionReport(
             bytes_before=0,
             bytes_after=0,
             jobs_kept=kept_before - pruned,
             jobs_pruned=pruned,
             seconds=time.perf_counter() - t0,
         )
+        self._last_compaction = (began, report)
+        return report
 
     async def close(self) -> None:
         self._open = False
+
+    _last_compaction: tuple[float, CompactionReport] | None = None
 
     def stats(self) -> StoreStats:
         return StoreStats(
             engine=self.name,
             sync="none",
             durable=False,
+            last_compaction=self._last_compaction,
             detail={
                 "commits": self._commits,
                 "changes": self._changes,

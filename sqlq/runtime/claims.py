@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import Counter
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,14 +27,11 @@ from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
 from sqlq.common.backoff import after_failure
-from sqlq.common.clock import Clock
 from sqlq.common.errors import StoreError, TransitionError, UnencodableError
 from sqlq.common.models import JSON, Job, State, Transition
-from sqlq.common.store import JobStore, Recovery
-from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.events import Event, Events
-from sqlq.runtime.live import LiveJobs
-from sqlq.runtime.metrics import Metrics
+from sqlq.common.store import Recovery
+from sqlq.runtime.events import Event
+from sqlq.runtime.parts import Parts
 
 log = logging.getLogger(__name__)
 
@@ -60,28 +56,6 @@ class QueueInfo:
     running: int
     limit: int | None  # None: no cap beyond the worker pool
     paused: bool
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Parts:
-    """What the claims share with the service they serve: one live view, one events
-    sink (``live.events``, which the metrics read too), one clock, one random source."""
-
-    store: JobStore
-    config: RuntimeConfig
-    clock: Clock
-    rng: random.Random
-    live: LiveJobs
-    metrics: Metrics
-
-    @classmethod
-    def of(
-        cls, store: JobStore, config: RuntimeConfig, *, clock: Clock, rng: random.Random
-    ) -> Parts:
-        """New parts around ``store``: a live view and metrics over one new events sink."""
-        events = Events(limit=2 * config.max_queues)
-        return cls(store=store, config=config, clock=clock, rng=rng, live=LiveJobs(events),
-                   metrics=Metrics(events))  # fmt: skip
 
 
 class Claims(Protocol):
@@ -144,6 +118,10 @@ class Claims(Protocol):
         ...
 
     async def queues(self) -> dict[str, QueueInfo]: ...
+
+    def queues_now(self) -> dict[str, QueueInfo]:
+        """The queues now, without a store call (shared: as of the claimer's census)."""
+        ...
 
     async def queue(self, name: str) -> QueueInfo: ...
 

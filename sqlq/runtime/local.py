@@ -128,6 +128,9 @@ class LocalClaims(ClaimsBase):
         self._running[queue] += 1  # until the attempt ends, or the claim turns out void
 
     async def queues(self) -> dict[str, QueueInfo]:
+        return self.queues_now()
+
+    def queues_now(self) -> dict[str, QueueInfo]:
         live = (q for q, n in self._live.queues.items() if n > 0)
         names = {*self._caps, *self._paused, *(q for q, n in self._running.items() if n > 0), *live}
         return {q: self._info(q) for q in sorted(names)}

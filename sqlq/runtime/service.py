@@ -38,13 +38,14 @@ from sqlq.common.models import RETRYABLE, Job, State
 from sqlq.common.specs import JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, CompactionReport, JobQuery, JobStore, Recovery
 from sqlq.runtime import report
-from sqlq.runtime.claims import Parts, QueueInfo
+from sqlq.runtime.claims import QueueInfo
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig, RuntimeState
 from sqlq.runtime.cpu import CpuPool
 from sqlq.runtime.events import Event
 from sqlq.runtime.executor import Executor, build_registry
 from sqlq.runtime.kinds import REGISTRY, Registry
 from sqlq.runtime.modes import ClaimsFactory, claims_for
+from sqlq.runtime.parts import Parts
 from sqlq.runtime.submissions import Submissions
 from sqlq.runtime.waiters import Waiters
 from sqlq.runtime.workers import WorkerPool

@@ -303,6 +303,9 @@ class SharedClaims(ClaimsBase):
 
     async def queues(self) -> dict[str, QueueInfo]:
         await self._refresh()
+        return self.queues_now()
+
+    def queues_now(self) -> dict[str, QueueInfo]:
         names = {*self._caps, *self._paused, *self._census.queues()}
         return {q: self._info(q) for q in sorted(names)}
 

@@ -1,9 +1,10 @@
 """What the overview shows, read from a running ``Service``, and the sampler behind its chart.
 
 Everything here is a read of figures the service keeps anyway (``stats()``,
-the queues, the metrics' histograms): no store call but the queues' (which in
-shared mode is the census the claimer refreshes), nothing that walks the live
-jobs, so a dashboard refreshing every second costs the queue next to nothing.
+the queues, the metrics' histograms): no store call (in shared mode the queues
+are the census the claimer takes every second, not a count of their own),
+nothing that walks the live jobs, so a dashboard refreshing every second costs
+the queue next to nothing, however many tabs are open.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Sampler:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(SAMPLE_EVERY_S)
+            await self.clock.sleep(SAMPLE_EVERY_S)
             self.take()
 
 
@@ -89,13 +90,13 @@ def _ms(p: Percentiles) -> dict[str, Any]:
     return {"count": p.count, "p50": f(p.p50), "p90": f(p.p90), "p99": f(p.p99)}
 
 
-async def overview(runtime: Service, history: History) -> dict[str, Any]:
+def overview(runtime: Service, history: History) -> dict[str, Any]:
     """The overview page's figures, ready for the template."""
     stats = runtime.stats()
-    queues = await runtime.queues()
+    queues = runtime.claims.queues_now()
     rates = history.latest_rates()
-    store = stats["store"]
-    compaction = runtime.last_compaction
+    store = runtime.store.stats()  # the typed fields: every engine fills them alike
+    compaction = store.last_compaction
     return {
         "stats": stats,
         "jobs": stats["jobs"],
@@ -113,11 +114,9 @@ async def overview(runtime: Service, history: History) -> dict[str, Any]:
         "run": _ms(history.percentiles("run")),
         "commit": _ms(history.percentiles("commit")),
         "workers": stats["workers"],
-        "store": store,
-        "disk_bytes": store.get("log_bytes", store.get("disk_bytes")),
-        # walq reports every compaction it made (its own too); others, the periodic ones
-        "compaction": store.get("last_compaction")
-        or (None if compaction is None else _report(*compaction)),
+        "store": stats["store"],
+        "disk_bytes": store.disk_bytes,
+        "compaction": None if compaction is None else _report(*compaction),
         "recovery": stats["recovery"],
         "shared": stats.get("shared"),
     }

@@ -256,7 +256,7 @@ class PostgresStore(Committing):
 
     async def compact(self) -> CompactionReport:
         """Prune finished jobs past retention, on one node at a time (an advisory lock)."""
-        t0 = time.perf_counter()
+        t0, began = time.perf_counter(), self.clock.time()
         async with self._conn() as conn:
             before = int(await conn.fetchval(Q["size"]))
             pruned = 0
@@ -268,19 +268,24 @@ class PostgresStore(Committing):
                     await conn.execute(Q["prune_unlock"], PRUNE_LOCK)
             after = int(await conn.fetchval(Q["size"]))
             live = int(await conn.fetchval(Q["live"]))
-        return CompactionReport(
+        report = CompactionReport(
             bytes_before=before,
             bytes_after=after,
             jobs_kept=live,
             jobs_pruned=int(pruned),
             seconds=time.perf_counter() - t0,
         )
+        self._last_compaction = (began, report)
+        return report
+
+    _last_compaction: tuple[float, CompactionReport] | None = None  # this node's
 
     def stats(self) -> StoreStats:
         stats = StoreStats(
             engine=self.name,
             sync=self.sync,
             durable=True,
+            last_compaction=self._last_compaction,
             group_commit=self._group,
             syncs=self.syncs,
             detail={

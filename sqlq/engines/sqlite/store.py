@@ -34,7 +34,14 @@ from sqlq.common.errors import (
     StoreFailedError,
 )
 from sqlq.common.models import TRANSITIONS, Job, State
-from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery, SyncLevel
+from sqlq.common.store import (
+    Change,
+    CompactionReport,
+    JobQuery,
+    Recovery,
+    StoreStats,
+    SyncLevel,
+)
 from sqlq.engines.listing import sqlite_params, sqlite_shape, sqlite_statements
 from sqlq.engines.rows import row_job
 from sqlq.engines.sqlite.batch import (
@@ -234,7 +241,7 @@ class SQLiteStore(DurableStore):
     async def compact(self) -> CompactionReport:
         """Delete terminal jobs past retention and truncate the WAL file."""
         self._writable()
-        t0 = time.perf_counter()
+        t0, began = time.perf_counter(), self.clock.time()
         before = self._disk_bytes()
         cutoff = self.clock.time() - self.retention
         try:
@@ -242,13 +249,15 @@ class SQLiteStore(DurableStore):
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: compaction failed: {exc}") from exc
         self.compactions += 1
-        return CompactionReport(
+        report = CompactionReport(
             bytes_before=before,
             bytes_after=self._disk_bytes(),
             jobs_kept=kept,
             jobs_pruned=pruned,
             seconds=time.perf_counter() - t0,
         )
+        self._last_compaction = (began, report)
+        return report
 
     def _disk_bytes(self) -> int:
         total = 0
@@ -258,6 +267,14 @@ class SQLiteStore(DurableStore):
             except FileNotFoundError:
                 pass
         return total
+
+    _last_compaction: tuple[float, CompactionReport] | None = None
+
+    def stats(self) -> StoreStats:
+        stats = super().stats()
+        stats.disk_bytes = stats.detail["disk_bytes"]  # one look at the files per call
+        stats.last_compaction = self._last_compaction
+        return stats
 
     def _detail(self) -> dict[str, Any]:
         return {

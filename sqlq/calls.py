@@ -1,0 +1,209 @@
+"""What the clients say to a server, apart from the saying: the errors an answer can be,
+``Call`` (one request, and the type its answer is read as) and ``Requests``, every
+request method of ``Client`` and ``AsyncClient`` written once, as a plan.
+
+A plan is a generator that yields each ``Call`` it makes and is sent back its answer,
+and returns what the method returns. It does no I/O of its own, so one plan serves
+both clients: ``sqlq.client`` runs it with blocking sends or with awaited ones.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+import uuid
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx
+import msgspec
+
+from sqlq.common.errors import SqlqError
+from sqlq.common.models import TERMINAL, Job
+from sqlq.common.wire import BatchResult, JobPage, QueueList, QueueView, Retried
+
+T = TypeVar("T")
+
+
+class ApiError(SqlqError):
+    """An error answer from the server (or no answer at all)."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}" + (f" ({field})" if field else ""))
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class Invalid(ApiError):
+    """The request was wrong (400, 413, 415, 422); ``field`` names what."""
+
+
+class Unauthorized(ApiError):
+    """No token, a wrong one, or a request the server refuses on principle (401, 403, 421)."""
+
+
+class NotFound(ApiError):
+    """No such job (404)."""
+
+
+class Conflict(ApiError):
+    """The job is not in a state that allows it, or a key was reused (409)."""
+
+
+class RateLimited(ApiError):
+    """The queue is full (429); try again after ``retry_after`` seconds."""
+
+    retry_after: float = 1.0
+
+
+class Unavailable(ApiError):
+    """The server is not ready, its store failed (503), or it could not be reached."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: Invalid,
+    413: Invalid,
+    415: Invalid,
+    422: Invalid,
+    401: Unauthorized,
+    403: Unauthorized,
+    421: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    429: RateLimited,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One request, and the type its answer is read as."""
+
+    method: str
+    path: str
+    into: type[T]
+    json: Any = None
+    params: Mapping[str, Any] | None = None
+    headers: Mapping[str, str] | None = None
+    retry: bool = False  # safe to send again after a lost reply (reads, keyed submits)
+
+    def __iter__(self) -> Generator[Call[T], T, T]:
+        """``answer = yield from call`` in a plan: the client sends it and hands back
+        the answer, typed."""
+        return (yield self)
+
+    def answer(self, response: httpx.Response) -> T:
+        """The response read as ``into``, or the server's error as an exception."""
+        if response.status_code < 400:
+            return msgspec.convert(response.json(), self.into)
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": "http", "message": response.text[:200]}
+        cls = _BY_STATUS.get(response.status_code, Unavailable)
+        err = cls(
+            response.status_code, body.get("error", "?"), body.get("message", ""), body.get("field")
+        )
+        if isinstance(err, RateLimited):
+            err.retry_after = float(response.headers.get("retry-after", "1"))
+        raise err
+
+
+Plan = Generator[Call[Any], Any, T]
+
+
+def _key() -> str:
+    return uuid.uuid4().hex
+
+
+def _get(job_id: str, wait: float = 0.0) -> Call[Job]:
+    params = {"wait": f"{wait:.3f}"} if wait > 0 else None
+    return Call("GET", f"/jobs/{job_id}", Job, params=params, retry=True)
+
+
+class Requests:
+    """Every request method of both clients, once, as a ``Plan``."""
+
+    @staticmethod
+    def submit(
+        kind: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> Plan[Job]:
+        """Submit one job; ``options``: delay_ms, run_at, max_attempts, priority, queue."""
+        body: dict[str, Any] = {"kind": kind, "args": dict(args or {})}
+        body.update({k: v for k, v in options.items() if v is not None})
+        headers = {"Idempotency-Key": idempotency_key or _key()}
+        return (yield from Call("POST", "/jobs", Job, body, headers=headers, retry=True))
+
+    @staticmethod
+    def submit_many(jobs: builtins.list[Mapping[str, Any]]) -> Plan[builtins.list[str]]:
+        """Submit many jobs (dicts shaped like ``POST /jobs`` bodies) atomically; their ids."""
+        keyed = [{**job, "idempotency_key": job.get("idempotency_key") or _key()} for job in jobs]
+        done = yield from Call("POST", "/jobs/batch", BatchResult, {"jobs": keyed}, retry=True)
+        return done.ids
+
+    @staticmethod
+    def get(job_id: str) -> Plan[Job]:
+        return (yield from _get(job_id))
+
+    @staticmethod
+    def wait(job_id: str, within: float = 60.0) -> Plan[Job]:
+        """The job once finished, or as it stands after ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            left = deadline - time.monotonic()
+            job = yield from _get(job_id, min(60.0, max(0.0, left)))
+            if job.state in TERMINAL or left <= 0:
+                return job
+
+    @staticmethod
+    def list(
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> Plan[JobPage]:
+        """One page of jobs in id order; pass ``page.next`` as ``after`` for the next."""
+        params = {"state": state, "kind": kind, "queue": queue, "limit": limit, "after": after}
+        query = {k: v for k, v in params.items() if v is not None}
+        return (yield from Call("GET", "/jobs", JobPage, params=query, retry=True))
+
+    @staticmethod
+    def cancel(job_id: str) -> Plan[Job]:
+        return (yield from Call("DELETE", f"/jobs/{job_id}", Job))
+
+    @staticmethod
+    def retry(job_id: str) -> Plan[Job]:
+        """Put a dead or cancelled job back, with a fresh attempt budget."""
+        return (yield from Call("POST", f"/jobs/{job_id}/retry", Job))
+
+    @staticmethod
+    def retry_all(
+        *, state: str = "dead", kind: str | None = None, queue: str | None = None
+    ) -> Plan[int]:
+        body = {k: v for k, v in {"state": state, "kind": kind, "queue": queue}.items() if v}
+        return (yield from Call("POST", "/jobs/retry", Retried, body)).retried
+
+    @staticmethod
+    def queues() -> Plan[builtins.list[QueueView]]:
+        return (yield from Call("GET", "/queues", QueueList, retry=True)).queues
+
+    @staticmethod
+    def pause(queue: str, paused: bool = True) -> Plan[QueueView]:
+        action = "pause" if paused else "resume"
+        return (yield from Call("POST", f"/queues/{queue}/{action}", QueueView, retry=True))
+
+    @staticmethod
+    def stats() -> Plan[dict[str, Any]]:
+        return (yield from Call("GET", "/stats", dict, retry=True))
+
+
+def pages(filters: Mapping[str, Any], page: JobPage | None = None) -> Plan[JobPage] | None:
+    """What ``jobs`` asks for after ``page`` (at first, ``None``); ``None`` after the last."""
+    if page is not None and page.next is None:
+        return None
+    return Requests.list(after=None if page is None else page.next, limit=1000, **filters)
