@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import time
 from collections.abc import Iterator
@@ -103,3 +104,13 @@ def test_an_unreachable_server_is_a_message(tmp_path: Path) -> None:
     assert r.exit_code == 1
     assert "127.0.0.1:9" in r.output
     assert "Traceback" not in r.output
+
+
+def test_the_version_has_one_source() -> None:
+    """pyproject reads ``sqlq.__version__``; ``sqlq --version`` and the API document say it."""
+    import sqlq
+    from sqlq.http import app
+
+    r = CliRunner().invoke(main, ["--version"])
+    assert (r.exit_code, r.output) == (0, f"sqlq {sqlq.__version__}\n")
+    assert importlib.metadata.version("sqlq") == sqlq.__version__ == app.VERSION
