@@ -183,7 +183,6 @@ class Scan:
     records: int = 0  # snapshot and change records in the valid prefix
 
 
-Record = Job | dict[str, Any] | ChangeRecord  # a snapshot job, or a change record
 Fold = Callable[[int, bool, Any], None]  # (offset, is_snapshot, record)
 
 
