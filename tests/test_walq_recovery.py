@@ -116,6 +116,17 @@ async def test_future_format_version_is_refused(tmp_path: Path) -> None:
         await WalStore(tmp_path).open()
 
 
+def test_a_foreign_version_is_damage_by_its_type_even_as_the_last_line() -> None:
+    """Whole and checksummed, so never a torn write: the scan says so by the error's type,
+    not by what its message starts with."""
+    sc = log.scan(log.encode({"magic": "walq", "version": 2, "start_seq": 1}))
+    assert isinstance(sc.bad, log.ForeignVersion)
+    assert (sc.corrupt, sc.bad_offset) == (True, 0)
+    torn = log.scan(log.header(1, 0.0)[:-1])  # no newline: a torn write
+    assert type(torn.bad) is log.BadLine
+    assert (torn.corrupt, torn.bad_reason) == (False, "no newline at end of file")
+
+
 async def test_empty_file_opens_as_an_empty_log(tmp_path: Path) -> None:
     log_path(tmp_path).write_bytes(b"")
     store = WalStore(tmp_path)
