@@ -412,7 +412,7 @@ class Dashboard:
         """The fields ``action`` takes, checked as the API checks them."""
         if action in ("retry", "cancel"):
             job_id = given.get("job", "")
-            if not 1 <= len(job_id) <= 64:
+            if not params.is_job_id(job_id):
                 raise Refused(422, "Bad request", "job: a job id")
             return {"job": job_id}
         if action in ("pause", "resume"):
