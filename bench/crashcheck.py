@@ -46,7 +46,7 @@ import uvloop
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerError, ServerProcess
-from sqlq.bench.offline import ClientRecord, JobFacts, VerifyError, judge, read_sqlite, read_walq
+from sqlq.bench.offline import ClientRecord, JobFacts, VerifyError, judge, read_data
 
 READY_WITHIN_S = 30.0  # a first restart slower than this fails the trial
 QUEUES = ("default", "mail")  # mixed: "mail" is the one the operator pauses
@@ -304,10 +304,7 @@ def verify(
             ledger.ack(i, None, False)
     jobs: dict[str, JobFacts] = {}
     try:
-        if trial.store == "walq":
-            jobs = read_walq(data / "walq" / "walq.log")
-        else:
-            jobs = read_sqlite(data / "sqlite" / "sqlq.db")
+        jobs = read_data(trial.store, data)
     except (VerifyError, sqlite3.Error, ValueError, KeyError) as exc:
         problems.append(f"unreadable store: {exc}")
     acked = ledger.acked

@@ -64,7 +64,9 @@ def test_list_the_dead_and_retry_them(server: ServerProcess) -> None:
         time.sleep(0.02)
     code, out = run(server, "jobs", "retry", "--all-dead", "--json")
     assert (code, json.loads(out)) == (0, {"retried": 2})
-    assert another
+    for retried, before in ((job_id, 2), (another, 1)):  # each went back with its history
+        code, out = run(server, "jobs", "get", retried, "--json")
+        assert (code, json.loads(out)["attempts_total"]) == (0, before)
 
 
 def test_submit_get_and_cancel(server: ServerProcess) -> None:

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.cli import main
+from sqlq.engines.registry import DURABLE
 from tests.helpers import spawn_server
 
 POISON = (
@@ -35,7 +36,7 @@ def _wait_state(c: httpx.Client, job_id: str, states: set[str], within: float = 
     raise AssertionError(f"job {job_id} never reached {states}")
 
 
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_a_handler_returning_object_leaves_the_store_healthy_across_a_restart(
     tmp_path: Path, store: str
 ) -> None:
@@ -146,17 +147,17 @@ def test_the_memory_store_warns_that_nothing_survives() -> None:
     assert "nothing survives a restart" in server.output
 
 
-@pytest.mark.parametrize(
-    ("store", "files"),
-    [
-        ("walq", ["walq/walq.log", "walq/walq.lock"]),
-        (
-            "sqlite",
-            ["sqlite/sqlq.db", "sqlite/sqlq.db-wal", "sqlite/sqlq.db-shm", "sqlite/sqlq.lock"],
-        ),
-    ],
-)
-def test_data_directory_is_private(tmp_path: Path, store: str, files: list[str]) -> None:
+# What each engine keeps under --data: every durable engine must be named here (a new one
+# fails with a KeyError below until its files are, rather than going unchecked).
+PRIVATE_FILES = {
+    "walq": ["walq/walq.log", "walq/walq.lock"],
+    "sqlite": ["sqlite/sqlq.db", "sqlite/sqlq.db-wal", "sqlite/sqlq.db-shm", "sqlite/sqlq.lock"],
+}
+
+
+@pytest.mark.parametrize("store", DURABLE)
+def test_data_directory_is_private(tmp_path: Path, store: str) -> None:
+    files = PRIVATE_FILES[store]
     os.umask(0o022)
     data = tmp_path / "fresh" / "data"
     server = spawn_server("--store", store, "--data", str(data))
@@ -171,7 +172,7 @@ def test_data_directory_is_private(tmp_path: Path, store: str, files: list[str])
         server.stop()
 
 
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_an_unsafe_data_directory_is_refused(tmp_path: Path, store: str) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)
@@ -184,6 +185,8 @@ def test_an_unsafe_data_directory_is_refused(tmp_path: Path, store: str) -> None
 
 
 def test_a_log_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
+    """walq only, by nature: it plants a link where walq's log goes (SQLite opens its
+    file through its own library, with no door of ours to check)."""
     data = tmp_path / "data"
     (data / "walq").mkdir(parents=True, mode=0o700)
     data.chmod(0o700)
@@ -204,7 +207,7 @@ def _refused(args: tuple[str, ...], reason: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_an_idempotency_key_survives_kill9(tmp_path: Path, store: str) -> None:
     args = ("--store", store, "--data", str(tmp_path))
     body = {"kind": "sleep", "args": {"work_ms": 1}, "delay_ms": 60_000}
@@ -231,6 +234,7 @@ def test_an_idempotency_key_survives_kill9(tmp_path: Path, store: str) -> None:
 
 
 def test_repair_refuses_while_a_server_holds_the_directory(tmp_path: Path) -> None:
+    """walq only, by nature: ``sqlq repair`` cuts walq's log (no other engine has one)."""
     data = tmp_path / "data"
     server = spawn_server("--store", "walq", "--data", str(data))
     try:

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.cli import main
+from sqlq.engines.registry import DURABLE
 from tests.helpers import spawn_server
 
 
@@ -27,7 +28,7 @@ def _submit_until_killed(url: str, acked: list[str], stop: threading.Event, n: i
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_kill9_mid_run_then_every_acknowledged_job_finishes(tmp_path: Path, store: str) -> None:
     args = ("--store", store, "--data", str(tmp_path), "--workers", "8")
     server = spawn_server(*args)
@@ -200,6 +201,7 @@ def test_env_vars_set_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_corrupt_log_is_a_clean_error_not_a_traceback(tmp_path: Path) -> None:
+    """walq only, by nature: it writes a header of walq's format, of a version it is not."""
     from sqlq.walq import log
 
     d = tmp_path / "walq"
