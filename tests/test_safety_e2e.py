@@ -36,6 +36,7 @@ def _wait_state(c: httpx.Client, job_id: str, states: set[str], within: float = 
     raise AssertionError(f"job {job_id} never reached {states}")
 
 
+@pytest.mark.slow  # a real sqlq serve
 @pytest.mark.parametrize("store", DURABLE)
 def test_a_handler_returning_object_leaves_the_store_healthy_across_a_restart(
     tmp_path: Path, store: str
@@ -110,6 +111,7 @@ def test_serve_refuses_a_weak_token_or_an_open_binding(
     assert "Traceback" not in r.output
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_the_token_from_the_environment_guards_the_api_and_never_reaches_logs(
     tmp_path: Path,
 ) -> None:
@@ -137,6 +139,7 @@ def test_the_token_from_the_environment_guards_the_api_and_never_reaches_logs(
     assert "401" in server.output  # the access log was on, and saw the requests
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_the_memory_store_warns_that_nothing_survives() -> None:
     server = spawn_server("--store", "memory")
     try:
@@ -155,6 +158,7 @@ PRIVATE_FILES = {
 }
 
 
+@pytest.mark.slow  # a real sqlq serve
 @pytest.mark.parametrize("store", DURABLE)
 def test_data_directory_is_private(tmp_path: Path, store: str) -> None:
     files = PRIVATE_FILES[store]
@@ -172,6 +176,7 @@ def test_data_directory_is_private(tmp_path: Path, store: str) -> None:
         server.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 @pytest.mark.parametrize("store", DURABLE)
 def test_an_unsafe_data_directory_is_refused(tmp_path: Path, store: str) -> None:
     shared = tmp_path / "shared"
@@ -184,6 +189,7 @@ def test_an_unsafe_data_directory_is_refused(tmp_path: Path, store: str) -> None
     _refused(("--store", store, "--data", str(foreign)), "belongs to uid 65534")
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_a_log_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
     """walq only, by nature: it plants a link where walq's log goes (SQLite opens its
     file through its own library, with no door of ours to check)."""
@@ -233,6 +239,7 @@ def test_an_idempotency_key_survives_kill9(tmp_path: Path, store: str) -> None:
         again.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_repair_refuses_while_a_server_holds_the_directory(tmp_path: Path) -> None:
     """walq only, by nature: ``sqlq repair`` cuts walq's log (no other engine has one)."""
     data = tmp_path / "data"

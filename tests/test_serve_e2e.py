@@ -70,6 +70,7 @@ def test_kill9_mid_run_then_every_acknowledged_job_finishes(tmp_path: Path, stor
         again.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_user_handler_module_runs_and_its_result_is_readable(tmp_path: Path) -> None:
     (tmp_path / "mytasks.py").write_text(
         "from sqlq import task\n\n"
@@ -102,6 +103,7 @@ def test_user_handler_module_runs_and_its_result_is_readable(tmp_path: Path) -> 
         server.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_sigterm_lets_running_jobs_finish_then_exits_cleanly(tmp_path: Path) -> None:
     args = ("--store", "sqlite", "--data", str(tmp_path), "--workers", "4", "--grace", "10")
     server = spawn_server(*args)
@@ -126,6 +128,7 @@ def test_sigterm_lets_running_jobs_finish_then_exits_cleanly(tmp_path: Path) -> 
         again.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_a_second_signal_cuts_the_grace_period_short(tmp_path: Path) -> None:
     server = spawn_server("--store", "memory", "--workers", "2", "--grace", "120")
     server.wait_ready()
@@ -200,6 +203,7 @@ def test_env_vars_set_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert "--workers" in r.output
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_corrupt_log_is_a_clean_error_not_a_traceback(tmp_path: Path) -> None:
     """walq only, by nature: it writes a header of walq's format, of a version it is not."""
     from sqlq.walq import log

@@ -23,7 +23,7 @@ from sqlq.common.errors import CorruptLogError
 from sqlq.walq import log
 from sqlq.walq.repair import repair
 from sqlq.walq.store import WalStore
-from tests.walq_helpers import NOW, log_path, read_state, write_history
+from tests.walq_helpers import NOW, NoSyncFiles, log_path, read_state, write_history
 
 _SOURCE = Path(tempfile.mkdtemp(prefix="walq-damage-src-"))
 asyncio.run(write_history(_SOURCE, n=12))
@@ -55,7 +55,7 @@ def check(damaged: bytes, a: int, b: int) -> None:
         log_path(d).write_bytes(damaged)
         if intact_after:
             with pytest.raises(CorruptLogError) as err:
-                asyncio.run(WalStore(d, clock=FakeClock(NOW)).open())
+                asyncio.run(WalStore(d, clock=FakeClock(NOW), fs=NoSyncFiles()).open())
             assert err.value.offset == STARTS[line]
             assert err.value.path == str(log_path(d))
             # repair keeps the valid prefix and every byte it cut

@@ -13,7 +13,7 @@ from sqlq.common.models import Job, State
 from sqlq.walq import log
 from sqlq.walq.repair import repair
 from sqlq.walq.store import WalStore
-from tests.walq_helpers import NOW, FaultyFiles, log_path, read_state, write_history
+from tests.walq_helpers import NOW, FaultyFiles, NoSyncFiles, log_path, read_state, write_history
 
 
 def last_record_offset(data: bytes) -> int:
@@ -39,7 +39,7 @@ async def test_truncation_at_every_byte_of_the_last_record(tmp_path: Path) -> No
         d = tmp_path / f"cut-{cut}"
         d.mkdir()
         log_path(d).write_bytes(data[:cut])
-        store = WalStore(d, clock=FakeClock(NOW))
+        store = WalStore(d, clock=FakeClock(NOW), fs=NoSyncFiles())
         recovery = await store.open()
         assert recovery.torn_bytes == cut - start
         assert {i: await store.get(i) for i in ids} == before_last
