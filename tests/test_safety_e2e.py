@@ -205,6 +205,7 @@ def test_a_log_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
 
 def _refused(args: tuple[str, ...], reason: str) -> None:
     server = spawn_server(*args)
+    assert server.proc is not None
     code = server.proc.wait(timeout=30)
     server.stop()
     assert code == 1, server.output

@@ -212,6 +212,7 @@ def test_corrupt_log_is_a_clean_error_not_a_traceback(tmp_path: Path) -> None:
     d.mkdir()
     (d / "walq.log").write_bytes(log.encode({"magic": "walq", "version": 9, "start_seq": 1}))
     server = spawn_server("--store", "wal", "--data", str(tmp_path))
+    assert server.proc is not None
     code = server.proc.wait(timeout=30)  # it must exit by itself
     server.stop()
     assert code == 1

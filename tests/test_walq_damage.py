@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.errors import CorruptLogError
+from sqlq.common.models import Job
 from sqlq.walq import log
 from sqlq.walq.repair import repair
 from sqlq.walq.store import WalStore
@@ -30,10 +31,10 @@ asyncio.run(write_history(_SOURCE, n=12))
 DATA = log_path(_SOURCE).read_bytes()
 STARTS = [off for off, _, _ in log.lines(DATA)]
 IDS = [f"job-{i:03}" for i in range(12)]
-_FOLDS: dict[int, dict[str, object]] = {}
+_FOLDS: dict[int, dict[str, Job | None]] = {}
 
 
-def fold_before(line: int) -> dict[str, object]:
+def fold_before(line: int) -> dict[str, Job | None]:
     """The state recovery must give when the log is cut at the start of ``line``."""
     if line not in _FOLDS:
         d = Path(tempfile.mkdtemp(prefix="walq-damage-ref-"))
