@@ -35,7 +35,6 @@ it is treated as a torn tail at offset 0.
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,7 +43,6 @@ from typing import Any
 import msgspec
 
 from sqlq.common.models import Job, Transition
-from sqlq.walq.files import FileOps
 
 MAGIC = "walq"
 VERSION = 1
@@ -329,36 +327,3 @@ def _place(
     if not isinstance(record.get("ops"), list):
         return BadLine("change record has no ops")
     return None
-
-
-# -- cutting a torn or damaged tail off (recovery and repair) ---------------------------
-
-
-def broken_path(fs: FileOps, log_path: str) -> str:
-    n = 1
-    while fs.exists(f"{log_path}.broken-{n}"):
-        n += 1
-    return f"{log_path}.broken-{n}"
-
-
-def cut_tail(fs: FileOps, log_path: str, data: bytes, offset: int) -> str:
-    """Keep ``data[offset:]`` as ``<log>.broken-<n>``, then truncate the log at ``offset``.
-
-    The aside copy is synced before the truncation, so the cut bytes are never
-    only in memory.
-    """
-    aside = broken_path(fs, log_path)
-    fd = fs.open_new(aside)
-    try:
-        fs.write(fd, data[offset:])
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
-    fs.fsync_dir(os.path.dirname(log_path) or ".")
-    fd = fs.open_append(log_path)
-    try:
-        fs.truncate(fd, offset)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
-    return aside
