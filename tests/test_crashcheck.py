@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sqlq.bench.crashcheck import Ledger, Trial, run_trials, verify
+from sqlq.bench.crashcheck import run_trials, verify
+from sqlq.bench.crashload import Ledger, Trial
 from sqlq.bench.offline import (
     READERS,
     ClientRecord,
