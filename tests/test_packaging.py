@@ -10,6 +10,7 @@ real ``sqlq serve --import`` of a module that imports the user's ``common``.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -45,10 +46,19 @@ def _pip(python: Path, *args: str, cwd: Path) -> None:
     assert r.returncode == 0, f"pip {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
 
 
+# What a build needs of the checkout; the rest stays behind. setuptools builds in the
+# source tree (build/, *.egg-info): a copy keeps that out of the checkout, and a stale
+# build/lib (a module since removed) out of the wheel.
+NOT_BUILT = shutil.ignore_patterns(
+    ".*", "build", "*.egg-info", "__pycache__", "results", "docs", "sqlq-data"
+)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    _pip(Path(sys.executable), "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT), cwd=out)
+    src, out = tmp_path_factory.mktemp("src") / "sqlq", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(ROOT, src, symlinks=True, ignore=NOT_BUILT)  # sqlq/common stays a link
+    _pip(Path(sys.executable), "wheel", "--no-deps", "-q", "-w", str(out), str(src), cwd=out)
     (built,) = out.glob("sqlq-*.whl")
     return built
 
