@@ -181,7 +181,8 @@ def crashcheck(
     from pathlib import Path
 
     _need_bench_extra()
-    from sqlq.bench.crashcheck import run_trials, write_report
+    from sqlq.bench.crashcheck import run_trials
+    from sqlq.bench.crashreport import write_report
 
     name = engine(store).name
     if engine(store).shared:  # three nodes and a throwaway PostgreSQL, both killed

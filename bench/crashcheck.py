@@ -35,188 +35,18 @@ import sqlite3
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import uvloop
 
-from sqlq.bench.client.http import HTTPError, HttpPool
+from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerError, ServerProcess
-from sqlq.bench.offline import ClientRecord, JobFacts, VerifyError, judge, read_sqlite, read_walq
+from sqlq.bench.crashload import QUEUES, Ledger, Trial, load
+from sqlq.bench.offline import JobFacts, VerifyError, judge, read_data
 
 READY_WITHIN_S = 30.0  # a first restart slower than this fails the trial
-QUEUES = ("default", "mail")  # mixed: "mail" is the one the operator pauses
-PLAIN: dict[str, Any] = {"kind": "sleep", "args": {"work_ms": 2}}
-
-
-@dataclass(frozen=True)
-class Trial:
-    store: str
-    sync: str
-    jobs: int
-    clients: int
-    kill_after_s: float
-    compact_floor_mb: float | None
-    workload: str = "mixed"
-    seed: int = 0  # the mixed workload's choices
-
-
-def mixed_spec(rng: random.Random) -> tuple[dict[str, Any], bool]:
-    """One submission of the mixed workload, and whether it may fail (or hang)."""
-    roll = rng.random()
-    queue = "mail" if rng.random() < 0.3 else "default"
-    if roll < 0.45:  # plain
-        return {**PLAIN, "queue": queue}, False
-    attempts = rng.randint(1, 3)
-    if roll < 0.70:  # fails at random
-        args = {"work_ms": rng.randint(1, 5), "fail_prob": 0.5}
-        return {"kind": "sleep", "args": args, "max_attempts": attempts, "queue": queue}, True
-    if roll < 0.80:  # long, on its last attempt: a kill often lands on it
-        args = {"work_ms": rng.randint(200, 1500)}
-        if rng.random() < 0.3:
-            args["fail_prob"] = 0.3
-        return {"kind": "sleep", "args": args, "max_attempts": 1, "queue": queue}, True
-    if roll < 0.85:  # hangs: the health check cuts it off
-        args = {"work_ms": 2, "hang_prob": 0.5}
-        return {"kind": "sleep", "args": args, "max_attempts": attempts, "queue": queue}, True
-    # delayed: what the operator cancels
-    spec = {**PLAIN, "queue": queue, "delay_ms": rng.randint(100, 800), "max_attempts": attempts}
-    return spec, False
-
-
-class Ledger:
-    """What the clients did and were told, appended (and fsynced in groups) to a file as
-    it happens: ``ack <id> <max_attempts or -> <0|1 may fail>``, ``<event> <id>``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.records: dict[str, ClientRecord] = {}
-        self.acked: list[str] = []
-        self.delayed: list[str] = []  # acknowledged delayed jobs: the operator's cancels
-        self._lines: list[str] = []
-
-    def ack(self, job_id: str, max_attempts: int | None, can_fail: bool) -> None:
-        self.records[job_id] = ClientRecord(max_attempts, can_fail)
-        self.acked.append(job_id)
-        self._lines.append(f"ack {job_id} {max_attempts or '-'} {int(can_fail)}\n")
-
-    def note(self, job_id: str, event: str) -> None:
-        self.records.setdefault(job_id, ClientRecord()).events.append(event)
-        self._lines.append(f"{event} {job_id}\n")
-
-    def take(self) -> bytes:
-        lines, self._lines = self._lines, []
-        return "".join(lines).encode()
-
-    @classmethod
-    def read(cls, path: Path) -> Ledger:
-        """The ledger as the file has it (what was fsynced is all that counts)."""
-        ledger = cls(path)
-        text = path.read_text() if path.exists() else ""
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) == 1:  # an id alone: the plain workload's old format
-                ledger.ack(parts[0], None, False)
-            elif parts and parts[0] == "ack":
-                ledger.ack(parts[1], None if parts[2] == "-" else int(parts[2]), parts[3] == "1")
-            elif len(parts) == 2:
-                ledger.note(parts[1], parts[0])
-        ledger._lines = []
-        return ledger
-
-
-async def operate(
-    pools: Callable[[], HttpPool | None], ledger: Ledger, rng: random.Random,
-    stop: asyncio.Event, *, gone: Callable[[HttpPool], None] | None = None,
-) -> None:  # fmt: skip
-    """The mixed workload's operator: cancels, retries, pauses and resumes until stopped,
-    on the server ``pools()`` names. When that one stops answering it gives up, or with
-    ``gone`` (many nodes) tells it and goes on with the next."""
-    paused = False
-    while not stop.is_set():
-        await asyncio.sleep(rng.uniform(0.005, 0.03))
-        pool = pools()
-        if pool is None:
-            continue
-        roll = rng.random()
-        try:
-            if roll < 0.45 and ledger.delayed:
-                job_id = ledger.delayed.pop(rng.randrange(len(ledger.delayed)))
-                ledger.note(job_id, "cancel?")
-                status, _ = await pool.json("DELETE", f"/jobs/{job_id}")
-                if status == 200:
-                    ledger.note(job_id, "cancel")
-            elif roll < 0.8:
-                state = "dead" if rng.random() < 0.7 else "cancelled"
-                status, page = await pool.json("GET", f"/jobs?state={state}&limit=20")
-                ids = [j["id"] for j in page.get("jobs", [])] if status == 200 else []
-                if ids:
-                    job_id = rng.choice(ids)
-                    ledger.note(job_id, "retry?")
-                    status, _ = await pool.json("POST", f"/jobs/{job_id}/retry")
-                    if status == 200:
-                        ledger.note(job_id, "retry")
-            else:
-                paused = not paused
-                await pool.json("POST", f"/queues/mail/{'pause' if paused else 'resume'}")
-        except (HTTPError, OSError, TimeoutError):
-            if gone is None:
-                return  # the server is gone
-            gone(pool)
-
-
-async def _load(url: str, trial: Trial, ledger: Ledger, stop: asyncio.Event) -> int:
-    """Submit until stopped; every acked id goes to the ledger, fsynced in groups."""
-    rng = random.Random(trial.seed)
-    fd = os.open(ledger.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    loop = asyncio.get_running_loop()
-    mixed = trial.workload == "mixed"
-
-    def append(data: bytes) -> None:
-        os.write(fd, data)
-        os.fsync(fd)
-
-    async def flush() -> None:
-        chunk = ledger.take()
-        if chunk:
-            await loop.run_in_executor(None, append, chunk)
-
-    try:
-        async with HttpPool(url, trial.clients + 1) as pool:
-
-            async def client() -> None:
-                while not stop.is_set() and len(ledger.acked) < trial.jobs:
-                    spec, can_fail = mixed_spec(rng) if mixed else (PLAIN, False)
-                    try:
-                        status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(spec))
-                    except (HTTPError, OSError):
-                        return
-                    if status == 201:
-                        ledger.ack(reply["id"], spec.get("max_attempts"), can_fail)
-                        if "delay_ms" in spec:
-                            ledger.delayed.append(reply["id"])
-
-            async def ledger_writer() -> None:
-                while not stop.is_set():
-                    await flush()
-                    await asyncio.sleep(0.01)
-
-            writer = asyncio.create_task(ledger_writer())
-            clients = [client() for _ in range(trial.clients)]
-            if mixed:
-                rng_op = random.Random(trial.seed + 1)
-                clients.append(operate(lambda: pool, ledger, rng_op, stop))
-            await asyncio.gather(*clients)
-            stop.set()
-            await writer
-            await flush()
-    finally:
-        os.close(fd)
-    return len(ledger.acked)
 
 
 def _restart(trial: Trial, data: Path, flags: tuple[str, ...]) -> tuple[ServerProcess, float, str]:
@@ -261,7 +91,7 @@ def run_trial(trial: Trial, workdir: Path) -> dict[str, Any]:
             stop.set()
 
         asyncio.get_running_loop().call_later(trial.kill_after_s, kill)
-        await _load(srv.url, trial, Ledger(ledger_path), stop)
+        await load(srv.url, trial, Ledger(ledger_path), stop)
         srv.kill()  # if the load finished before the timer
 
     uvloop.run(first_life())
@@ -304,10 +134,7 @@ def verify(
             ledger.ack(i, None, False)
     jobs: dict[str, JobFacts] = {}
     try:
-        if trial.store == "walq":
-            jobs = read_walq(data / "walq" / "walq.log")
-        else:
-            jobs = read_sqlite(data / "sqlite" / "sqlq.db")
+        jobs = read_data(trial.store, data)
     except (VerifyError, sqlite3.Error, ValueError, KeyError) as exc:
         problems.append(f"unreadable store: {exc}")
     acked = ledger.acked
@@ -402,118 +229,3 @@ def keep(rows: list[dict[str, Any]], row: dict[str, Any], n: int, commit: str,
     if path is not None:
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
-
-
-def write_report(out: Path) -> str:
-    """results/crash.md from every crash-*.jsonl beside it."""
-    from sqlq.bench import meta
-
-    info = meta.collect(str(out))
-    lines = [
-        "# Crash-recovery verification (`sqlq crashcheck`)",
-        "",
-        "Each trial: fresh data directory; `sqlq serve` subprocess with 16 workers; 8 clients "
-        "submit 2 ms jobs and fsync every acknowledged id to a ledger; SIGKILL at a random "
-        "moment (uniform 0.05-1.5 s); restart on the same data; drain; stop; then the files "
-        "are verified WITHOUT the engine's code (walq: a minimal parser checking framing, "
-        "CRC-32, sequence numbers and every transition's epoch fence; sqlite: stdlib sqlite3, "
-        "plain SQL). For walq every third trial compacts continuously (tiny floor, ratio "
-        "1.5), so kills land inside compactions. Produced by `sqlq crashcheck`; do not edit.",
-        "",
-        f"- machine: {info['cpu']}, {info['cores']} cores; disk {info['disk']}; "
-        f"Python {info['python']}",
-        "",
-        "| store | sync | workload | trials | acknowledged (total) | lost | "
-        "unknown (max per trial) | reruns (total) | rerun rate | restart to ready p50 s | "
-        "failed trials | git commit |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    shared: list[list[dict[str, Any]]] = []
-    for path in sorted(out.glob("crash-*.jsonl")):
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        if not rows:
-            continue
-        if rows[0]["store"] == "postgres":
-            shared.append(rows)
-            continue
-        acked = sum(r["acknowledged"] for r in rows)
-        reruns = sum(r["reruns"] for r in rows)
-        ready = sorted(r["restart_to_ready_s"] for r in rows)
-        lines.append(
-            f"| {rows[0]['store']} | {rows[0]['sync']} | {rows[0].get('workload', 'plain')} | "
-            f"{len(rows)} | {acked:,} | "
-            f"{sum(r['lost'] for r in rows)} | {max(r['unknown'] for r in rows)} | {reruns:,} | "
-            f"{100 * reruns / acked if acked else 0:.2f}% | {ready[len(ready) // 2]:.3f} | "
-            f"{sum(1 for r in rows if not r['ok'])} | "
-            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
-        )
-    lines += [
-        "",
-        "`unknown`: jobs in the store that no client saw acknowledged: submissions in flight "
-        "at the kill that became durable before their reply was sent (at most one per client). "
-        "`reruns`: acknowledged jobs that ran more than once, because their completion was "
-        "not yet durable at the kill (at-least-once delivery); in the mixed workload, counted "
-        "over the jobs that cannot fail. `lost` in the mixed workload also counts jobs that "
-        "ended in a way the client's story does not allow. A trial also fails if its first "
-        f"restart exits or is not ready within {READY_WITHIN_S:.0f} s.",
-        "",
-        "The mixed workload: beside 2 ms jobs, jobs that fail at random (max_attempts 1-3), "
-        "long jobs on their only attempt, hangs, delayed jobs, in two queues; an operator "
-        "cancels delayed jobs, retries dead and cancelled ones, and pauses and resumes a queue "
-        "during the trial. Every acknowledged job must end as the client's story allows: a "
-        "cancel it saw succeed stays cancelled (unless it retried the job after), a dead job "
-        "used all its attempts.",
-        "",
-    ]
-    if shared:
-        lines += _shared_section(shared)
-    text = "\n".join(lines)
-    (out / "crash.md").write_text(text)
-    return text
-
-
-def _shared_section(runs: list[list[dict[str, Any]]]) -> list[str]:
-    """The PostgreSQL trials (``sqlq.bench.crashcheck_pg``): nodes and the database killed."""
-    first = runs[0][0]
-    lines = [
-        "## PostgreSQL: three nodes on one database (`sqlq crashcheck --store postgres`)",
-        "",
-        f"Each trial: a fresh database; {first['nodes']} `sqlq serve --store postgres` nodes "
-        f"(16 workers, lease {first['lease_s']} s); 8 clients submit to all of "
-        "them (the plain or mixed workload above; in the mixed one an operator acts on one "
-        "node at a time); one node is killed with SIGKILL at a random moment (uniform "
-        "0.2-1.5 s) and started again; in every other trial PostgreSQL itself is then killed "
-        "(`pg_ctl stop -m immediate`) and started again. Verified in plain SQL: every "
-        "acknowledged job ended as the client's story allows (plain: completed), and every job "
-        "that cannot fail and ran more than once was held by the killed node at the kill or "
-        "was running when the database crashed.",
-        "",
-        "| workload | trials | database killed in | acknowledged (total) | lost | "
-        "unexplained reruns | reruns: killed node's | reruns: database crash | "
-        "rescue after kill p50 / max s | failed trials | git commit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for rows in runs:
-        acked = sum(r["acknowledged"] for r in rows)
-        rescue = sorted(r["rescue_s"] for r in rows if r["rescue_s"] >= 0) or [-1.0]
-        db = [r for r in rows if r["db_killed"]]
-        explained = sum(
-            r["reruns_held_by_killed_node"] + r["reruns_running_at_db_crash"] for r in rows
-        )
-        unexplained = sum(r["reruns"] for r in rows) - explained
-        lines.append(
-            f"| {rows[0].get('workload', 'plain')} | {len(rows)} | {len(db)} | {acked:,} | "
-            f"{sum(r['lost'] for r in rows)} | {unexplained} | "
-            f"{sum(r['reruns_held_by_killed_node'] for r in rows)} | "
-            f"{sum(r['reruns_running_at_db_crash'] for r in rows)} | "
-            f"{rescue[len(rescue) // 2]:.2f} / {rescue[-1]:.2f} | "
-            f"{sum(1 for r in rows if not r['ok'])} | "
-            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
-        )
-    return [
-        *lines,
-        "",
-        "`rescue after kill`: from the SIGKILL until no job is still held by the dead node "
-        "(its lease ran out and a live node requeued them).",
-        "",
-    ]

@@ -30,16 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import msgspec
 
-from sqlq.bench.client.http import HTTPError, HttpPool
+from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
-from sqlq.bench.crashcheck import PLAIN, QUEUES, READY_WITHIN_S, Ledger, mixed_spec, operate
+from sqlq.bench.crashcheck import READY_WITHIN_S
+from sqlq.bench.crashload import QUEUES, Ledger
+from sqlq.bench.crashload_pg import CLIENTS, Targets, submit
 from sqlq.bench.offline import JobFacts, judge
 from sqlq.bench.pgcluster import Cluster, make_cluster
 
 NODES = 3
-CLIENTS = 8
 
 
 @dataclass(frozen=True)
@@ -61,69 +61,6 @@ def node(
         "--fault-injection",  # the mixed workload's jobs fail and hang on purpose
     )  # fmt: skip
     return ServerProcess(*args, log_path=workdir / f"node{n}.log", ready_within=ready_within)
-
-
-class Targets:
-    """The nodes clients submit to: a node that stops answering leaves, its restart joins."""
-
-    def __init__(self) -> None:
-        self.pools: list[HttpPool] = []
-        self.all: list[HttpPool] = []
-
-    async def add(self, url: str) -> None:
-        # A connection for each client and the operator: nobody waits for one. (A pool whose
-        # node died loses the connections it cannot replace, and a waiter would wait forever.)
-        pool = await HttpPool(url, CLIENTS + 1).__aenter__()
-        self.pools.append(pool)
-        self.all.append(pool)
-
-    def first(self) -> HttpPool | None:
-        return self.pools[0] if self.pools else None
-
-    def drop(self, pool: HttpPool) -> None:
-        if pool in self.pools:
-            self.pools.remove(pool)
-
-    async def close(self) -> None:
-        for pool in self.all:
-            await pool.__aexit__(None, None, None)
-
-
-async def _load(
-    targets: Targets, budget: int, stop: asyncio.Event, ledger: Ledger, workload: str,
-    rng: random.Random,
-) -> list[str]:  # fmt: skip
-    """Clients submit until stopped or the budget is acknowledged (and, in the mixed
-    workload, an operator acts on one live node at a time); the acknowledged ids."""
-    mixed = workload == "mixed"
-
-    async def client(i: int) -> None:
-        n = i
-        while not stop.is_set() and len(ledger.acked) < budget:
-            if not targets.pools:
-                await asyncio.sleep(0.02)
-                continue
-            pool = targets.pools[n % len(targets.pools)]
-            n += 1
-            spec, can_fail = mixed_spec(rng) if mixed else (PLAIN, False)
-            try:
-                status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(spec))
-            except (HTTPError, OSError, TimeoutError):
-                targets.drop(pool)  # that node is down: the others take the load
-                continue
-            if status == 201:
-                ledger.ack(reply["id"], spec.get("max_attempts"), can_fail)
-                if "delay_ms" in spec:
-                    ledger.delayed.append(reply["id"])
-            else:  # 503 while the database is down: not acknowledged, try again
-                await asyncio.sleep(0.02)
-
-    clients = [client(i) for i in range(CLIENTS)]
-    if mixed:
-        first = targets.first
-        clients.append(operate(first, ledger, random.Random(rng.random()), stop, gone=targets.drop))
-    await asyncio.gather(*clients)
-    return ledger.acked
 
 
 async def _sql(dsn: str, query: str, *args: Any, within: float = 60.0) -> list[asyncpg.Record]:
@@ -220,7 +157,7 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
             await asyncio.sleep(0.05)
         stop.set()
 
-    load = asyncio.create_task(_load(targets, trial.jobs, stop, ledger, trial.workload, rng))
+    load = asyncio.create_task(submit(targets, trial.jobs, stop, ledger, trial.workload, rng))
     try:
         await chaos()
         await load

@@ -27,7 +27,7 @@ from sqlq.bench import meta
 from sqlq.bench.stats import median_minmax, spread, summary_ms
 from sqlq.common.models import Job
 from sqlq.common.store import JobStore, SyncLevel
-from sqlq.engines.registry import make_store
+from sqlq.engines.registry import DURABLE, NAMES, make_store
 
 
 async def _appender(store: JobStore, budget: list[int], latencies: list[float]) -> None:
@@ -146,7 +146,7 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         )
     out += ["", "High variance (max-min over median > 25%): " + (", ".join(noisy) or "none")]
     out += ["", "## Against the bar (computed from the rows above)", ""]
-    for engine in ("walq", "sqlite"):
+    for engine in DURABLE:
         one, many = groups.get(("full", engine, 1)), groups.get(("full", engine, 64))
         if not one or not many:
             continue
@@ -166,7 +166,7 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--engines", nargs="+", default=["memory", "walq", "sqlite"])
+    p.add_argument("--engines", nargs="+", default=list(NAMES))
     p.add_argument("--sync", nargs="+", default=["full", "os"], choices=["full", "os"])
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 64, 256])
     p.add_argument("--repeats", type=int, default=3)

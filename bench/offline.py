@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,24 @@ def read_sqlite(path: Path) -> dict[str, JobFacts]:
             state, epoch, attempts, max_attempts=max_attempts, attempts_total=attempts_total
         )
     return jobs
+
+
+# Each single-node durable engine's files, read offline: the crash verifier, and the
+# crash, I/O-error and power-loss tests that run over every such engine of the registry,
+# read an engine's data directory through this one table (a test checks it names them all).
+READERS: dict[str, Callable[[Path], dict[str, JobFacts]]] = {
+    "walq": lambda data: read_walq(data / "walq" / "walq.log"),
+    "sqlite": lambda data: read_sqlite(data / "sqlite" / "sqlq.db"),
+}
+
+
+def read_data(store: str, data: Path) -> dict[str, JobFacts]:
+    """The jobs in the data directory ``data`` of engine ``store``, without its code."""
+    try:
+        reader = READERS[store]
+    except KeyError:
+        raise VerifyError(
+            f"no offline reader for the {store!r} engine: add one to READERS "
+            "(sqlq.bench.offline), or the crash suites cannot verify it"
+        ) from None
+    return reader(data)

@@ -24,6 +24,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def installed(peer: Peer) -> str | None:
 # -- PgQueuer ------------------------------------------------------------------------------
 
 
-async def _pgq(dsn: str) -> object:
+async def _pgq(dsn: str) -> Any:
     import asyncpg
     from pgqueuer.db import AsyncpgDriver
 
@@ -71,13 +72,13 @@ async def _pgq(dsn: str) -> object:
 async def pgq_install(dsn: str) -> None:
     from pgqueuer.queries import Queries
 
-    await Queries(await _pgq(dsn)).install()  # type: ignore[arg-type]
+    await Queries(await _pgq(dsn)).install()
 
 
 async def pgq_enqueue(dsn: str, n: int, sleep_s: float) -> float:
     from pgqueuer.queries import Queries
 
-    q = Queries(await _pgq(dsn))  # type: ignore[arg-type]
+    q = Queries(await _pgq(dsn))
     payload = str(sleep_s).encode()
     t0 = time.perf_counter()
     for i in range(0, n, 1000):  # its batch API, a thousand per call
@@ -90,43 +91,43 @@ async def pgq_worker(dsn: str, batch: int) -> None:
     from pgqueuer import PgQueuer
     from pgqueuer.models import Job
 
-    pgq = PgQueuer(await _pgq(dsn))  # type: ignore[arg-type]
+    pgq = PgQueuer(await _pgq(dsn))
 
-    @pgq.entrypoint("work")
     async def work(job: Job) -> None:
         seconds = float(job.payload or b"0")
         if seconds:
             await asyncio.sleep(seconds)
 
+    pgq.entrypoint("work")(work)  # called, not a decorator: mypy sees the peers as Any
     await pgq.run(batch_size=batch)
 
 
 # -- procrastinate ---------------------------------------------------------------------------
 
 
-def _proc_app(dsn: str) -> object:
+def _proc_app(dsn: str) -> Any:
     import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
-    @app.task(name="work")
     async def work(sleep_s: float = 0.0) -> None:
         if sleep_s:
             await asyncio.sleep(sleep_s)
 
+    app.task(name="work")(work)
     return app
 
 
 async def proc_install(dsn: str) -> None:
     app = _proc_app(dsn)
-    async with app.open_async():  # type: ignore[attr-defined]
-        await app.schema_manager.apply_schema_async()  # type: ignore[attr-defined]
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
 
 
 async def proc_enqueue(dsn: str, n: int, sleep_s: float) -> float:
     app = _proc_app(dsn)
-    async with app.open_async():  # type: ignore[attr-defined]
-        task = app.tasks["work"]  # type: ignore[attr-defined]
+    async with app.open_async():
+        task = app.tasks["work"]
         t0 = time.perf_counter()
         for i in range(0, n, 1000):
             k = min(1000, n - i)
@@ -136,8 +137,8 @@ async def proc_enqueue(dsn: str, n: int, sleep_s: float) -> float:
 
 async def proc_worker(dsn: str, concurrency: int) -> None:
     app = _proc_app(dsn)
-    async with app.open_async():  # type: ignore[attr-defined]
-        await app.run_worker_async(concurrency=concurrency)  # type: ignore[attr-defined]
+    async with app.open_async():
+        await app.run_worker_async(concurrency=concurrency)
 
 
 # -- the command line ---------------------------------------------------------------------------

@@ -85,6 +85,17 @@ class Cluster:
     def remove(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)
 
+    def discard(self) -> None:
+        """Throw the cluster away without waiting for it: stop it with no shutdown
+        checkpoint, and remove its files in a process of their own. A test session's
+        cluster holds a database per test and their WAL (gigabytes): removing it in line
+        was the last test's 25 s teardown."""
+        self.stop("immediate")
+        subprocess.run(
+            ["sh", "-c", 'rm -rf -- "$1" &', "sh", str(self.base)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+        )  # fmt: skip
+
 
 def make_cluster() -> Cluster:
     pg = bindir()

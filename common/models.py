@@ -12,6 +12,7 @@ That keeps the fold trivial and identical in every engine.
 from __future__ import annotations
 
 import random
+import re
 import sys
 from enum import StrEnum
 from typing import Any
@@ -69,6 +70,16 @@ def clean_error(text: str) -> str:
         return data.decode("utf-8") if len(data) != len(text) else text
     cut = data[: MAX_ERROR_BYTES - 16].decode("utf-8", "ignore")  # never split a character
     return cut + " ... (truncated)"
+
+
+JOB_ID_LENGTH = 32  # hex digits, as ``new_job_id`` makes them
+_JOB_ID = re.compile(f"[0-9a-f]{{{JOB_ID_LENGTH}}}")
+
+
+def is_job_id(value: str) -> bool:
+    """Whether ``value`` has the shape of a job id: anything else can name no job, so it
+    needs no store lookup (the API, the listing cursor and the dashboard ask this)."""
+    return _JOB_ID.fullmatch(value) is not None
 
 
 def new_job_id(now: float) -> str:

@@ -19,6 +19,7 @@ from starlette.datastructures import QueryParams
 
 from sqlq.common.errors import ValidationError, clip
 from sqlq.common.models import State
+from sqlq.common.models import is_job_id as is_job_id  # the API asks it here, with the rest
 from sqlq.common.specs import KEY_PATTERN, MAX_KIND, QUEUE_PATTERN, whole_number
 from sqlq.common.store import MAX_PAGE, JobQuery
 from sqlq.common.wire import MAX_WAIT_S
@@ -26,13 +27,6 @@ from sqlq.common.wire import MAX_WAIT_S
 LIST_PARAMS = frozenset({"state", "kind", "queue", "limit", "after"})
 _QUEUE = re.compile(QUEUE_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
-JOB_ID_PATTERN = "[0-9a-f]{32}"  # what ``sqlq.common.models.new_job_id`` makes
-_ID = re.compile(JOB_ID_PATTERN)
-
-
-def is_job_id(value: str) -> bool:
-    """Whether ``value`` has the shape of a job id: anything else needs no store lookup."""
-    return _ID.fullmatch(value) is not None
 
 
 def cursor(job_id: str) -> str:

@@ -21,7 +21,6 @@ from sqlq.common.models import Job, State, Transition
 
 SyncLevel = Literal["full", "os"]
 DEFAULT_RETENTION_S = 3600.0  # how long finished jobs stay readable
-SYNC_LEVELS: tuple[SyncLevel, ...] = ("full", "os")
 
 Change = Job | Transition
 

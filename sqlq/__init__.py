@@ -15,6 +15,10 @@ no package of a user's can shadow them.
 
 from typing import TYPE_CHECKING, Any
 
+# The one version: pyproject reads it (``dynamic``), ``sqlq --version`` prints it, and
+# the API document carries it.
+__version__ = "0.2.0"
+
 from sqlq.common.models import Job, State
 from sqlq.runtime.kinds import JobContext, JobFailed, task
 
@@ -59,5 +63,6 @@ __all__ = [
     "State",
     "Unauthorized",
     "Unavailable",
+    "__version__",
     "task",
 ]

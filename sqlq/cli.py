@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from sqlq import ops
+from sqlq import __version__, ops
 from sqlq.common.errors import SqlqError
 from sqlq.settings import ServeSettings, options
 
@@ -49,6 +49,7 @@ class Commands(click.Group):
     cls=Commands,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
+@click.version_option(__version__, "--version", prog_name="sqlq", message="%(prog)s %(version)s")
 def main() -> None:
     """sqlq: a durable background-job queue with two comparable storage engines.
 

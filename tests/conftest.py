@@ -167,8 +167,7 @@ def pg_cluster() -> Iterator[Cluster]:
         unavailable(f"PostgreSQL: {exc}")
         raise
     yield cluster
-    cluster.stop()
-    cluster.remove()
+    cluster.discard()
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sqlq.bench.offline import JobFacts, read_sqlite, read_walq
+from sqlq.bench.offline import JobFacts, read_data
+from sqlq.engines.registry import DURABLE
 from tests.helpers import ROOT, spawn_server
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,7 @@ def _fill(store: str, data: Path, transitions: int) -> None:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_kill9_during_recovery_three_times_then_recover_everything(
     tmp_path: Path, store: str
 ) -> None:
@@ -82,9 +83,7 @@ def test_kill9_during_recovery_three_times_then_recover_everything(
 
 def _read(store: str, data: Path) -> dict[str, JobFacts]:
     """The jobs in ``data``, read without the engine's code."""
-    if store == "walq":
-        return read_walq(data / "walq" / "walq.log")
-    return read_sqlite(data / "sqlite" / "sqlq.db")
+    return read_data(store, data)
 
 
 def _start_and_stop(store: str, data: Path) -> None:

@@ -8,12 +8,30 @@ from pathlib import Path
 
 import pytest
 
-from sqlq.bench.crashcheck import Ledger, Trial, run_trials, verify
-from sqlq.bench.offline import ClientRecord, JobFacts, VerifyError, judge, read_walq
+from sqlq.bench.crashcheck import run_trials, verify
+from sqlq.bench.crashload import Ledger, Trial
+from sqlq.bench.offline import (
+    READERS,
+    ClientRecord,
+    JobFacts,
+    VerifyError,
+    judge,
+    read_data,
+    read_walq,
+)
+from sqlq.engines.registry import DURABLE
+
+
+def test_every_durable_engine_is_read_offline_by_the_crash_suites() -> None:
+    """The crash, I/O-error and power-loss suites run over the registry's DURABLE engines
+    and read their files offline: a new engine without a reader fails here, not skips."""
+    assert set(READERS) == set(DURABLE)
+    with pytest.raises(VerifyError, match="no offline reader for the 'newdb' engine"):
+        read_data("newdb", Path("."))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_a_few_plain_kill9_trials_lose_nothing(tmp_path: Path, store: str) -> None:
     rows = run_trials(
         store=store, sync="full", trials=3, jobs=2000, seed=5, out=tmp_path, progress=False,
@@ -32,7 +50,7 @@ def test_a_few_plain_kill9_trials_lose_nothing(tmp_path: Path, store: str) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_mixed_kill9_trials_restart_at_once_and_end_as_the_clients_saw(
     tmp_path: Path, store: str
 ) -> None:

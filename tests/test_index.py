@@ -148,7 +148,7 @@ def test_a_page_looks_only_at_what_it_returns_and_what_changed() -> None:
     index = JobIndex()
     jobs = CountingJobs()
     index.jobs = jobs
-    index.load(_job(n, QUEUES[n % 3], KINDS[n % 2]) for n in range(5000))
+    index.publish({j.id: j for j in (_job(n, QUEUES[n % 3], KINDS[n % 2]) for n in range(5000))})
     dead = index.jobs[sorted(index.jobs)[100]]
     index.publish({dead.id: _moved(dead, State.DEAD, 1)})
     for q in (JobQuery(state=State.DEAD), JobQuery(kind="none-such"), JobQuery(queue="mail")):
@@ -169,7 +169,7 @@ def test_notes_of_changes_are_bounded_when_nobody_lists() -> None:
     """Once listed, every change is noted for the next page; a server that is never listed
     again drops the indexes rather than noting every change it ever makes."""
     index = JobIndex()
-    index.load(_job(n, "default", "sleep") for n in range(100))
+    index.publish({j.id: j for j in (_job(n, "default", "sleep") for n in range(100))})
     index.page(JobQuery(state=State.SCHEDULED))
     for n in range(3 * index_module.PENDING_SLACK):
         job = _job(1000 + n, "default", "sleep")
@@ -205,7 +205,7 @@ def test_a_family_built_off_the_loop_takes_in_what_changed_meanwhile(
     sortedids.LOAD = 4
     try:
         index = JobIndex()
-        index.load(_job(n, queue, kind) for n, (queue, kind) in enumerate(first))
+        index.publish({j.id: j for j in (_job(n, q, k) for n, (q, k) in enumerate(first))})
         if built is not None:
             index.page(built)
         n = 1000

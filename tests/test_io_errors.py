@@ -98,7 +98,7 @@ def tiny_fs(tmp_path: Path) -> object:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_a_full_filesystem_is_a_503_and_space_back_recovers_every_ack(
     tiny_fs: Path, store: str
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import time
 from collections.abc import Iterator
@@ -63,7 +64,9 @@ def test_list_the_dead_and_retry_them(server: ServerProcess) -> None:
         time.sleep(0.02)
     code, out = run(server, "jobs", "retry", "--all-dead", "--json")
     assert (code, json.loads(out)) == (0, {"retried": 2})
-    assert another
+    for retried, before in ((job_id, 2), (another, 1)):  # each went back with its history
+        code, out = run(server, "jobs", "get", retried, "--json")
+        assert (code, json.loads(out)["attempts_total"]) == (0, before)
 
 
 def test_submit_get_and_cancel(server: ServerProcess) -> None:
@@ -103,3 +106,13 @@ def test_an_unreachable_server_is_a_message(tmp_path: Path) -> None:
     assert r.exit_code == 1
     assert "127.0.0.1:9" in r.output
     assert "Traceback" not in r.output
+
+
+def test_the_version_has_one_source() -> None:
+    """pyproject reads ``sqlq.__version__``; ``sqlq --version`` and the API document say it."""
+    import sqlq
+    from sqlq.http import app
+
+    r = CliRunner().invoke(main, ["--version"])
+    assert (r.exit_code, r.output) == (0, f"sqlq {sqlq.__version__}\n")
+    assert importlib.metadata.version("sqlq") == sqlq.__version__ == app.VERSION

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sqlq.engines.registry import DURABLE
 from tests.helpers import spawn_server, unavailable
 
 pytestmark = pytest.mark.slow
@@ -97,13 +98,13 @@ def _kill_cut_restart(powerfs: PowerFS, store: str, sync: str) -> tuple[int, int
     return len(acked), len(missing)
 
 
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_kill9_then_power_cut_loses_nothing_acknowledged(powerfs: PowerFS, store: str) -> None:
     acked, missing = _kill_cut_restart(powerfs, store, "full")
     assert missing == 0, f"{missing} of {acked} acknowledged jobs lost"
 
 
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_sync_os_loses_acknowledged_jobs_to_a_power_cut(powerfs: PowerFS, store: str) -> None:
     """The filesystem really drops unsynced data: --sync os is not power-safe, as documented."""
     acked, missing = _kill_cut_restart(powerfs, store, "os")

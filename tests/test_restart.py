@@ -116,6 +116,7 @@ def _assert_interrupted(job: dict[str, Any], engine: str) -> None:
         assert job["_stats"]["jobs"]["dead"] == 1
 
 
+@pytest.mark.slow  # a real sqlq serve, killed and restarted
 async def test_kill9_on_the_last_attempt_restarts_ready_and_the_job_is_dead(
     engine: str, serve_args: list[str]
 ) -> None:

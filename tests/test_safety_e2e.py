@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.cli import main
+from sqlq.engines.registry import DURABLE
 from tests.helpers import spawn_server
 
 POISON = (
@@ -35,7 +36,8 @@ def _wait_state(c: httpx.Client, job_id: str, states: set[str], within: float = 
     raise AssertionError(f"job {job_id} never reached {states}")
 
 
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.slow  # a real sqlq serve
+@pytest.mark.parametrize("store", DURABLE)
 def test_a_handler_returning_object_leaves_the_store_healthy_across_a_restart(
     tmp_path: Path, store: str
 ) -> None:
@@ -109,6 +111,7 @@ def test_serve_refuses_a_weak_token_or_an_open_binding(
     assert "Traceback" not in r.output
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_the_token_from_the_environment_guards_the_api_and_never_reaches_logs(
     tmp_path: Path,
 ) -> None:
@@ -136,6 +139,7 @@ def test_the_token_from_the_environment_guards_the_api_and_never_reaches_logs(
     assert "401" in server.output  # the access log was on, and saw the requests
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_the_memory_store_warns_that_nothing_survives() -> None:
     server = spawn_server("--store", "memory")
     try:
@@ -146,17 +150,18 @@ def test_the_memory_store_warns_that_nothing_survives() -> None:
     assert "nothing survives a restart" in server.output
 
 
-@pytest.mark.parametrize(
-    ("store", "files"),
-    [
-        ("walq", ["walq/walq.log", "walq/walq.lock"]),
-        (
-            "sqlite",
-            ["sqlite/sqlq.db", "sqlite/sqlq.db-wal", "sqlite/sqlq.db-shm", "sqlite/sqlq.lock"],
-        ),
-    ],
-)
-def test_data_directory_is_private(tmp_path: Path, store: str, files: list[str]) -> None:
+# What each engine keeps under --data: every durable engine must be named here (a new one
+# fails with a KeyError below until its files are, rather than going unchecked).
+PRIVATE_FILES = {
+    "walq": ["walq/walq.log", "walq/walq.lock"],
+    "sqlite": ["sqlite/sqlq.db", "sqlite/sqlq.db-wal", "sqlite/sqlq.db-shm", "sqlite/sqlq.lock"],
+}
+
+
+@pytest.mark.slow  # a real sqlq serve
+@pytest.mark.parametrize("store", DURABLE)
+def test_data_directory_is_private(tmp_path: Path, store: str) -> None:
+    files = PRIVATE_FILES[store]
     os.umask(0o022)
     data = tmp_path / "fresh" / "data"
     server = spawn_server("--store", store, "--data", str(data))
@@ -171,7 +176,8 @@ def test_data_directory_is_private(tmp_path: Path, store: str, files: list[str])
         server.stop()
 
 
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.slow  # a real sqlq serve
+@pytest.mark.parametrize("store", DURABLE)
 def test_an_unsafe_data_directory_is_refused(tmp_path: Path, store: str) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)
@@ -183,7 +189,10 @@ def test_an_unsafe_data_directory_is_refused(tmp_path: Path, store: str) -> None
     _refused(("--store", store, "--data", str(foreign)), "belongs to uid 65534")
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_a_log_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
+    """walq only, by nature: it plants a link where walq's log goes (SQLite opens its
+    file through its own library, with no door of ours to check)."""
     data = tmp_path / "data"
     (data / "walq").mkdir(parents=True, mode=0o700)
     data.chmod(0o700)
@@ -196,6 +205,7 @@ def test_a_log_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
 
 def _refused(args: tuple[str, ...], reason: str) -> None:
     server = spawn_server(*args)
+    assert server.proc is not None
     code = server.proc.wait(timeout=30)
     server.stop()
     assert code == 1, server.output
@@ -204,7 +214,7 @@ def _refused(args: tuple[str, ...], reason: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_an_idempotency_key_survives_kill9(tmp_path: Path, store: str) -> None:
     args = ("--store", store, "--data", str(tmp_path))
     body = {"kind": "sleep", "args": {"work_ms": 1}, "delay_ms": 60_000}
@@ -230,7 +240,9 @@ def test_an_idempotency_key_survives_kill9(tmp_path: Path, store: str) -> None:
         again.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_repair_refuses_while_a_server_holds_the_directory(tmp_path: Path) -> None:
+    """walq only, by nature: ``sqlq repair`` cuts walq's log (no other engine has one)."""
     data = tmp_path / "data"
     server = spawn_server("--store", "walq", "--data", str(data))
     try:

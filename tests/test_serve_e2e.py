@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.cli import main
+from sqlq.engines.registry import DURABLE
 from tests.helpers import spawn_server
 
 
@@ -27,7 +28,7 @@ def _submit_until_killed(url: str, acked: list[str], stop: threading.Event, n: i
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["walq", "sqlite"])
+@pytest.mark.parametrize("store", DURABLE)
 def test_kill9_mid_run_then_every_acknowledged_job_finishes(tmp_path: Path, store: str) -> None:
     args = ("--store", store, "--data", str(tmp_path), "--workers", "8")
     server = spawn_server(*args)
@@ -69,6 +70,7 @@ def test_kill9_mid_run_then_every_acknowledged_job_finishes(tmp_path: Path, stor
         again.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_user_handler_module_runs_and_its_result_is_readable(tmp_path: Path) -> None:
     (tmp_path / "mytasks.py").write_text(
         "from sqlq import task\n\n"
@@ -101,6 +103,7 @@ def test_user_handler_module_runs_and_its_result_is_readable(tmp_path: Path) -> 
         server.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_sigterm_lets_running_jobs_finish_then_exits_cleanly(tmp_path: Path) -> None:
     args = ("--store", "sqlite", "--data", str(tmp_path), "--workers", "4", "--grace", "10")
     server = spawn_server(*args)
@@ -125,6 +128,7 @@ def test_sigterm_lets_running_jobs_finish_then_exits_cleanly(tmp_path: Path) -> 
         again.stop()
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_a_second_signal_cuts_the_grace_period_short(tmp_path: Path) -> None:
     server = spawn_server("--store", "memory", "--workers", "2", "--grace", "120")
     server.wait_ready()
@@ -199,13 +203,16 @@ def test_env_vars_set_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert "--workers" in r.output
 
 
+@pytest.mark.slow  # a real sqlq serve
 def test_corrupt_log_is_a_clean_error_not_a_traceback(tmp_path: Path) -> None:
+    """walq only, by nature: it writes a header of walq's format, of a version it is not."""
     from sqlq.walq import log
 
     d = tmp_path / "walq"
     d.mkdir()
     (d / "walq.log").write_bytes(log.encode({"magic": "walq", "version": 9, "start_seq": 1}))
     server = spawn_server("--store", "wal", "--data", str(tmp_path))
+    assert server.proc is not None
     code = server.proc.wait(timeout=30)  # it must exit by itself
     server.stop()
     assert code == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from sqlq.walq.store import WalStore
 from tests.walq_helpers import NOW, FaultyFiles, log_path, read_state, write_history
 
 
-def header_of(d: Path) -> dict[str, object]:
+def header_of(d: Path) -> dict[str, Any]:
     first = log_path(d).read_bytes().split(b"\n", 1)[0]
     return log.unframe(first)
 

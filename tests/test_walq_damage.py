@@ -20,20 +20,21 @@ from hypothesis import strategies as st
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.errors import CorruptLogError
+from sqlq.common.models import Job
 from sqlq.walq import log
 from sqlq.walq.repair import repair
 from sqlq.walq.store import WalStore
-from tests.walq_helpers import NOW, log_path, read_state, write_history
+from tests.walq_helpers import NOW, NoSyncFiles, log_path, read_state, write_history
 
 _SOURCE = Path(tempfile.mkdtemp(prefix="walq-damage-src-"))
 asyncio.run(write_history(_SOURCE, n=12))
 DATA = log_path(_SOURCE).read_bytes()
 STARTS = [off for off, _, _ in log.lines(DATA)]
 IDS = [f"job-{i:03}" for i in range(12)]
-_FOLDS: dict[int, dict[str, object]] = {}
+_FOLDS: dict[int, dict[str, Job | None]] = {}
 
 
-def fold_before(line: int) -> dict[str, object]:
+def fold_before(line: int) -> dict[str, Job | None]:
     """The state recovery must give when the log is cut at the start of ``line``."""
     if line not in _FOLDS:
         d = Path(tempfile.mkdtemp(prefix="walq-damage-ref-"))
@@ -55,7 +56,7 @@ def check(damaged: bytes, a: int, b: int) -> None:
         log_path(d).write_bytes(damaged)
         if intact_after:
             with pytest.raises(CorruptLogError) as err:
-                asyncio.run(WalStore(d, clock=FakeClock(NOW)).open())
+                asyncio.run(WalStore(d, clock=FakeClock(NOW), fs=NoSyncFiles()).open())
             assert err.value.offset == STARTS[line]
             assert err.value.path == str(log_path(d))
             # repair keeps the valid prefix and every byte it cut

@@ -56,7 +56,7 @@ class Outcome:
 
 async def run_workload(data: Path, disk: SimDisk, sync: str = "full") -> Outcome:
     store = WalStore(
-        data, sync=sync, fs=disk, clock=FakeClock(NOW),  # type: ignore[arg-type]
+        data, sync=sync, fs=disk, clock=FakeClock(NOW),
         compact_floor_bytes=1500, compact_ratio=1.5,
     )  # fmt: skip
     ss = scripts()
@@ -95,7 +95,7 @@ async def run_workload(data: Path, disk: SimDisk, sync: str = "full") -> Outcome
 
 
 async def recover(data: Path, disk: SimDisk) -> dict[str, Job | None]:
-    store = WalStore(data, fs=disk, clock=FakeClock(NOW))  # type: ignore[arg-type]
+    store = WalStore(data, fs=disk, clock=FakeClock(NOW))
     await store.open()
     try:
         return {f"job-{k:03}": await store.get(f"job-{k:03}") for k in range(20)}

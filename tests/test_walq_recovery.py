@@ -13,7 +13,7 @@ from sqlq.common.models import Job, State
 from sqlq.walq import log
 from sqlq.walq.repair import repair
 from sqlq.walq.store import WalStore
-from tests.walq_helpers import NOW, FaultyFiles, log_path, read_state, write_history
+from tests.walq_helpers import NOW, FaultyFiles, NoSyncFiles, log_path, read_state, write_history
 
 
 def last_record_offset(data: bytes) -> int:
@@ -39,7 +39,7 @@ async def test_truncation_at_every_byte_of_the_last_record(tmp_path: Path) -> No
         d = tmp_path / f"cut-{cut}"
         d.mkdir()
         log_path(d).write_bytes(data[:cut])
-        store = WalStore(d, clock=FakeClock(NOW))
+        store = WalStore(d, clock=FakeClock(NOW), fs=NoSyncFiles())
         recovery = await store.open()
         assert recovery.torn_bytes == cut - start
         assert {i: await store.get(i) for i in ids} == before_last
@@ -114,6 +114,17 @@ async def test_future_format_version_is_refused(tmp_path: Path) -> None:
     path.write_bytes(log.encode({"magic": "walq", "version": 2, "start_seq": 1}))
     with pytest.raises(CorruptLogError, match="unsupported format version"):
         await WalStore(tmp_path).open()
+
+
+def test_a_foreign_version_is_damage_by_its_type_even_as_the_last_line() -> None:
+    """Whole and checksummed, so never a torn write: the scan says so by the error's type,
+    not by what its message starts with."""
+    sc = log.scan(log.encode({"magic": "walq", "version": 2, "start_seq": 1}))
+    assert isinstance(sc.bad, log.ForeignVersion)
+    assert (sc.corrupt, sc.bad_offset) == (True, 0)
+    torn = log.scan(log.header(1, 0.0)[:-1])  # no newline: a torn write
+    assert type(torn.bad) is log.BadLine
+    assert (torn.corrupt, torn.bad_reason) == (False, "no newline at end of file")
 
 
 async def test_empty_file_opens_as_an_empty_log(tmp_path: Path) -> None:

@@ -8,7 +8,19 @@ from sqlq.common.clock import FakeClock
 from sqlq.common.models import Job
 from sqlq.walq.files import OsFileOps
 from sqlq.walq.store import LOG_NAME, WalStore
-from tests.helpers import NOW
+from tests.helpers import NOW as NOW
+
+
+class NoSyncFiles(OsFileOps):
+    """Real files without the syncs: for tests of what recovery folds and cuts, which open
+    hundreds of logs (each open, cut and commit syncs; 2-3 ms each on this machine, so a
+    byte-by-byte truncation test spent ~7 s in fdatasync). Durability has its own tests."""
+
+    def fdatasync(self, fd: int) -> None:
+        pass
+
+    def fsync_dir(self, path: str) -> None:
+        pass
 
 
 class Boom(OSError):
@@ -73,6 +85,7 @@ def log_path(d: Path) -> Path:
 
 async def write_history(d: Path, n: int = 20, **options: object) -> dict[str, Job]:
     """A log whose last record completes a job; returns the final state."""
+    options.setdefault("fs", NoSyncFiles())
     store = WalStore(d, clock=FakeClock(NOW), **options)  # type: ignore[arg-type]
     await store.open()
     state: dict[str, Job] = {}
@@ -93,7 +106,7 @@ async def write_history(d: Path, n: int = 20, **options: object) -> dict[str, Jo
 
 
 async def read_state(d: Path, ids: list[str]) -> dict[str, Job | None]:
-    store = WalStore(d, clock=FakeClock(NOW))
+    store = WalStore(d, clock=FakeClock(NOW), fs=NoSyncFiles())
     await store.open()
     try:
         return {i: await store.get(i) for i in ids}

@@ -35,7 +35,6 @@ it is treated as a torn tail at offset 0.
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,7 +43,6 @@ from typing import Any
 import msgspec
 
 from sqlq.common.models import Job, Transition
-from sqlq.walq.files import FileOps
 
 MAGIC = "walq"
 VERSION = 1
@@ -72,7 +70,16 @@ def header(start_seq: int, created_at: float) -> bytes:
 
 
 class BadLine(Exception):
-    """A line that fails framing, CRC or JSON; the reason is the message."""
+    """A line that fails framing, CRC, JSON or its place; the reason is the message."""
+
+    never_torn = False  # damage whatever follows it (else a torn tail, if nothing good does)
+
+
+class ForeignVersion(BadLine):
+    """A checksummed header of another format version: written whole, so never a torn
+    write, and a loud error even as the last line."""
+
+    never_torn = True
 
 
 # The two records a log is almost all made of, decoded straight into the model's
@@ -177,13 +184,16 @@ class Scan:
     changes: list[tuple[int, ChangeRecord | dict[str, Any]]]  # (offset, record)
     valid_end: int  # bytes of valid prefix
     bad_offset: int | None  # first bad line, if any
-    bad_reason: str | None
+    bad: BadLine | None  # what is wrong with it
     corrupt: bool  # a good line follows the bad one
     last_seq: int  # the last sequence number in the valid prefix (start_seq - 1 if none)
     records: int = 0  # snapshot and change records in the valid prefix
 
+    @property
+    def bad_reason(self) -> str | None:
+        return None if self.bad is None else str(self.bad)
 
-Record = Job | dict[str, Any] | ChangeRecord  # a snapshot job, or a change record
+
 Fold = Callable[[int, bool, Any], None]  # (offset, is_snapshot, record)
 
 
@@ -216,15 +226,15 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
     valid_end = 0
     records = 0
     for offset, line, complete in lines(data):
-        reason: str | None = None
+        bad: BadLine | None = None
         record: dict[str, Any] = {}
         if not complete:
-            reason = "no newline at end of file"
+            bad = BadLine("no newline at end of file")
         else:
             try:
                 body = body_of(line)
             except BadLine as exc:
-                reason = str(exc)
+                bad = exc
             else:
                 if head is not None:  # the fast path: a typed record in its place
                     try:
@@ -251,21 +261,19 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
                 try:
                     record = _decode(body)
                 except BadLine as exc:
-                    reason = str(exc)
-        if reason is None:
+                    bad = exc
+        if bad is None:
             started = head is not None and expect_seq != int(head["start_seq"])
-            reason = _place(record, head, started, expect_seq)
-        if reason is not None:
+            bad = _place(record, head, started, expect_seq)
+        if bad is not None:
             return Scan(
                 header=head,
                 snapshot=snapshot,
                 changes=changes,
                 valid_end=valid_end,
                 bad_offset=offset,
-                bad_reason=reason,
-                # A checksummed header of another version is never a torn write.
-                corrupt=reason.startswith("unsupported format version")
-                or good_line_after(data, offset),
+                bad=bad,
+                corrupt=bad.never_torn or good_line_after(data, offset),
                 last_seq=expect_seq - 1,
                 records=records,
             )
@@ -286,7 +294,7 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
         changes=changes,
         valid_end=valid_end,
         bad_offset=None,
-        bad_reason=None,
+        bad=None,
         corrupt=False,
         last_seq=expect_seq - 1,
         records=records,
@@ -298,56 +306,24 @@ def _place(
     head: dict[str, Any] | None,
     started: bool,
     expect_seq: int,
-) -> str | None:
+) -> BadLine | None:
     """Why ``record`` cannot stand where it is, or None if it can."""
     if head is None:
         if record.get("magic") != MAGIC:
-            return "first line is not a walq header"
+            return BadLine("first line is not a walq header")
         if record.get("version") != VERSION:
-            return f"unsupported format version {record.get('version')!r} (this is {VERSION})"
+            v = record.get("version")
+            return ForeignVersion(f"unsupported format version {v!r} (this is {VERSION})")
         if not isinstance(record.get("start_seq"), int):
-            return "header has no start_seq"
+            return BadLine("header has no start_seq")
         return None
     if "snap" in record:
         if started:
-            return "snapshot record after change records"
-        return None if isinstance(record["snap"], dict) else "snapshot is not a job"
+            return BadLine("snapshot record after change records")
+        return None if isinstance(record["snap"], dict) else BadLine("snapshot is not a job")
     seq = record.get("seq")
     if seq != expect_seq:
-        return f"sequence {seq!r} where {expect_seq} was expected"
+        return BadLine(f"sequence {seq!r} where {expect_seq} was expected")
     if not isinstance(record.get("ops"), list):
-        return "change record has no ops"
+        return BadLine("change record has no ops")
     return None
-
-
-# -- cutting a torn or damaged tail off (recovery and repair) ---------------------------
-
-
-def broken_path(fs: FileOps, log_path: str) -> str:
-    n = 1
-    while fs.exists(f"{log_path}.broken-{n}"):
-        n += 1
-    return f"{log_path}.broken-{n}"
-
-
-def cut_tail(fs: FileOps, log_path: str, data: bytes, offset: int) -> str:
-    """Keep ``data[offset:]`` as ``<log>.broken-<n>``, then truncate the log at ``offset``.
-
-    The aside copy is synced before the truncation, so the cut bytes are never
-    only in memory.
-    """
-    aside = broken_path(fs, log_path)
-    fd = fs.open_new(aside)
-    try:
-        fs.write(fd, data[offset:])
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
-    fs.fsync_dir(os.path.dirname(log_path) or ".")
-    fd = fs.open_append(log_path)
-    try:
-        fs.truncate(fd, offset)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
-    return aside

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sqlq.common.engine.datadir import DirLock
 from sqlq.common.errors import StoreLockedError
-from sqlq.walq import log
+from sqlq.walq import log, tail
 from sqlq.walq.files import OS_FILES, FileOps
 from sqlq.walq.store import LOCK_NAME, LOG_NAME
 
@@ -53,7 +53,7 @@ def repair(data_dir: str | os.PathLike[str], fs: FileOps = OS_FILES) -> RepairRe
         sc = log.scan(data)
         if sc.bad_offset is None:
             return RepairReport(path, len(data), 0, None, None)
-        moved_to = log.cut_tail(fs, path, data, sc.bad_offset)
+        moved_to = tail.cut_tail(fs, path, data, sc.bad_offset)
         return RepairReport(path, sc.bad_offset, len(data) - sc.bad_offset, moved_to, sc.bad_reason)
     finally:
         lock.release()

@@ -27,7 +27,7 @@ from sqlq.common.engine.index import JobIndex, expired
 from sqlq.common.errors import CorruptLogError, SqlqError, StoreError
 from sqlq.common.models import TERMINAL, Job, State, Transition
 from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery, StoreStats
-from sqlq.walq import log
+from sqlq.walq import log, tail
 from sqlq.walq.compact import Compactor, Snapshot
 from sqlq.walq.files import OS_FILES, FileOps
 from sqlq.walq.queues import QUEUES_NAME, read_paused, write_paused
@@ -126,7 +126,7 @@ class WalStore(DurableStore):
             if sc.corrupt:
                 raise CorruptLogError(self.path, sc.bad_offset, sc.bad_reason or "bad record")
             torn = len(data) - sc.bad_offset
-            kept_as = log.cut_tail(fs, self.path, data, sc.bad_offset)
+            kept_as = tail.cut_tail(fs, self.path, data, sc.bad_offset)
             # The note reaches /stats and the dashboard: the base name there, the path in the log.
             note = (
                 f"torn tail of {torn} bytes at offset {sc.bad_offset} ({sc.bad_reason}); kept as "

@@ -38,13 +38,14 @@ from sqlq.bench.client.server import ServerProcess
 from sqlq.bench.experiments.base import Run
 from sqlq.bench.experiments.rows import CodedRow
 from sqlq.bench.report import Report, med
+from sqlq.engines.registry import DURABLE
 
 NAME = "K"
 READY_GOAL_S = 3.0
 RSS_GOAL_B = 512
 REPLAY_GOAL_X = 0.5
 CPU_GOAL_US = 50.0
-ENGINES = ("walq", "sqlite")
+ENGINES = DURABLE
 
 
 class KRow(CodedRow, kw_only=True):

@@ -195,9 +195,6 @@ class JobIndex:
         if self._masks or self._since is not None:  # recovery comes before any listing
             self._drop()
 
-    def load(self, jobs: Iterable[Job]) -> None:
-        self.publish({job.id: job for job in jobs})
-
     def forget(self, job_id: str) -> None:
         """Drop a job past retention, and its idempotency key with it."""
         job = self.jobs.pop(job_id, None)
@@ -309,9 +306,6 @@ class JobIndex:
         self._pending.clear()
         self._since = None
         self._generation += 1
-
-    def live(self) -> list[Job]:
-        return [j for j in self.jobs.values() if j.state not in TERMINAL]
 
     def prune(self, cutoff: float) -> int:
         """Forget the jobs ``expired`` at ``cutoff``; returns how many."""

@@ -51,7 +51,6 @@ class MemoryStore:
         self._opened_once = False
         self._commits = 0
         self._changes = 0
-        self._paused: set[str] = set()
 
     async def open(self) -> Recovery:
         if self._opened_once:
@@ -95,7 +94,7 @@ class MemoryStore:
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         if not self._open:
             raise StoreClosedError("memory store is not open")
-        (self._paused.add if paused else self._paused.discard)(queue)
+        # nothing to keep: a memory store is never reopened, so no Recovery reports it
 
     async def compact(self) -> CompactionReport:
         t0, began = time.perf_counter(), self._clock.time()

@@ -28,6 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
+from sqlq import __version__
 from sqlq.common import query as params
 from sqlq.common.errors import (
     ECHO_LIMIT,
@@ -67,7 +68,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = MAX_JOB_BYTES  # one job
 MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
-VERSION = "0.2.0"
+VERSION = __version__
 
 _request_ids = itertools.count(1)
 _PROCESS_TAG = os.urandom(3).hex()

@@ -70,7 +70,7 @@ class Action:
 
 def _job(given: Fields) -> Fields:
     job_id = given.get("job", "")
-    if not 1 <= len(job_id) <= 64:
+    if not params.is_job_id(job_id):
         raise Refused(422, "Bad request", "job: a job id")
     return {"job": job_id}
 

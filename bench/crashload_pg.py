@@ -1,0 +1,77 @@
+"""The PostgreSQL crash trials' clients: they submit to whichever nodes answer (a node
+that stops answering leaves, its restart joins), and an operator acts on one live node."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import msgspec
+
+from sqlq.bench.client.http import HTTPError, HttpPool
+from sqlq.bench.crashload import PLAIN, Ledger, mixed_spec, operate
+
+CLIENTS = 8
+
+
+class Targets:
+    """The nodes clients submit to: a node that stops answering leaves, its restart joins."""
+
+    def __init__(self) -> None:
+        self.pools: list[HttpPool] = []
+        self.all: list[HttpPool] = []
+
+    async def add(self, url: str) -> None:
+        # A connection for each client and the operator: nobody waits for one. (A pool whose
+        # node died loses the connections it cannot replace, and a waiter would wait forever.)
+        pool = await HttpPool(url, CLIENTS + 1).__aenter__()
+        self.pools.append(pool)
+        self.all.append(pool)
+
+    def first(self) -> HttpPool | None:
+        return self.pools[0] if self.pools else None
+
+    def drop(self, pool: HttpPool) -> None:
+        if pool in self.pools:
+            self.pools.remove(pool)
+
+    async def close(self) -> None:
+        for pool in self.all:
+            await pool.__aexit__(None, None, None)
+
+
+async def submit(
+    targets: Targets, budget: int, stop: asyncio.Event, ledger: Ledger, workload: str,
+    rng: random.Random,
+) -> list[str]:  # fmt: skip
+    """Clients submit until stopped or the budget is acknowledged (and, in the mixed
+    workload, an operator acts on one live node at a time); the acknowledged ids."""
+    mixed = workload == "mixed"
+
+    async def client(i: int) -> None:
+        n = i
+        while not stop.is_set() and len(ledger.acked) < budget:
+            if not targets.pools:
+                await asyncio.sleep(0.02)
+                continue
+            pool = targets.pools[n % len(targets.pools)]
+            n += 1
+            spec, can_fail = mixed_spec(rng) if mixed else (PLAIN, False)
+            try:
+                status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(spec))
+            except (HTTPError, OSError, TimeoutError):
+                targets.drop(pool)  # that node is down: the others take the load
+                continue
+            if status == 201:
+                ledger.ack(reply["id"], spec.get("max_attempts"), can_fail)
+                if "delay_ms" in spec:
+                    ledger.delayed.append(reply["id"])
+            else:  # 503 while the database is down: not acknowledged, try again
+                await asyncio.sleep(0.02)
+
+    clients = [client(i) for i in range(CLIENTS)]
+    if mixed:
+        first = targets.first
+        clients.append(operate(first, ledger, random.Random(rng.random()), stop, gone=targets.drop))
+    await asyncio.gather(*clients)
+    return ledger.acked

@@ -1,0 +1,38 @@
+"""Cutting a torn or damaged tail off a log, for recovery and ``sqlq repair``: the cut
+bytes are kept beside the log as ``<log>.broken-<n>``, never deleted."""
+
+from __future__ import annotations
+
+import os
+
+from sqlq.walq.files import FileOps
+
+
+def broken_path(fs: FileOps, log_path: str) -> str:
+    n = 1
+    while fs.exists(f"{log_path}.broken-{n}"):
+        n += 1
+    return f"{log_path}.broken-{n}"
+
+
+def cut_tail(fs: FileOps, log_path: str, data: bytes, offset: int) -> str:
+    """Keep ``data[offset:]`` as ``<log>.broken-<n>``, then truncate the log at ``offset``.
+
+    The aside copy is synced before the truncation, so the cut bytes are never
+    only in memory.
+    """
+    aside = broken_path(fs, log_path)
+    fd = fs.open_new(aside)
+    try:
+        fs.write(fd, data[offset:])
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    fs.fsync_dir(os.path.dirname(log_path) or ".")
+    fd = fs.open_append(log_path)
+    try:
+        fs.truncate(fd, offset)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    return aside
