@@ -80,6 +80,14 @@ def _key(r: LoadRow) -> Key:
     )
 
 
+def _drift(before: dict[Key, list[LoadRow]], now: Summary, workload: str) -> str:
+    """Memory's CPU per job in the current run over the before run's, in ``workload``."""
+    base, mem = before.get(Key(workload, "memory", "full", True)), now.get(workload, "memory")
+    if not base or mem is None:
+        return f"- ({workload})"
+    return f"{mem.cpu_us_per_job / med(r.cpu_us_per_job for r in base):.2f}x ({workload})"
+
+
 def _before_after(rep: Report, now: Summary) -> None:
     """The engines ``D-before`` ran, cell by cell against the current rows."""
     before = rep.rows(f"{NAME}-before", LoadRow)
@@ -99,10 +107,11 @@ def _before_after(rep: Report, now: Summary) -> None:
         "Each `x memory` is against the memory baseline of its own run.",
         "",
         "| workload | store | sync | group commit | CPU us/job before | after | after/before "
-        "| total x memory before | after |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        "| CPU x memory before | after | total x memory before | after |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     )
-    ratios: dict[Key, float] = {}
+    ratios: dict[Key, float] = {}  # CPU per job, after over before
+    normal: dict[Key, float] = {}  # the same, each first over its own run's memory CPU
     for key in sorted(g, key=lambda k: (k.workload, NAMES.index(k.store), k.sync,
                                         not k.group_commit)):  # fmt: skip
         cell_now = now.cells.get(key)
@@ -113,11 +122,15 @@ def _before_after(rep: Report, now: Summary) -> None:
         cpu = med(r.cpu_us_per_job for r in rs)
         total_x = med(r.total_s for r in rs) / med(r.total_s for r in base)
         ratios[key] = cell_now.cpu_us_per_job / cpu
+        mem_now = now.get(key.workload, "memory")
+        cpu_x = cpu / med(r.cpu_us_per_job for r in base)
+        cpu_x_now = cell_now.cpu_us_per_job / mem_now.cpu_us_per_job if mem_now else 0.0
+        normal[key] = cpu_x_now / cpu_x
         rep.add(
             f"| {key.workload} | {key.store} | {key.sync} | "
             f"{'on' if key.group_commit else 'off'} | {cell([r.cpu_us_per_job for r in rs])} | "
-            f"{cell_now.cpu_us_per_job:,.0f} | {ratios[key]:.2f} | {total_x:.2f} | "
-            f"{cell_now.total_x:.2f} |"
+            f"{cell_now.cpu_us_per_job:,.0f} | {ratios[key]:.2f} | {cpu_x:.2f} | "
+            f"{cpu_x_now:.2f} | {total_x:.2f} | {cell_now.total_x:.2f} |"
         )
     if not ratios:
         return
@@ -128,7 +141,12 @@ def _before_after(rep: Report, now: Summary) -> None:
         f"CPU per job, after over before, median over the cells: {med(on):.2f} with group "
         f"commit (range {min(on):.2f}-{max(on):.2f})"
         + (f", {med(off):.2f} without it (range {min(off):.2f}-{max(off):.2f})" if off else "")
-        + ".",
+        + f". Over each run's own memory CPU first (which cancels the machine's drift "
+        f"between the runs): {med(list(normal.values())):.2f} (range "
+        f"{min(normal.values()):.2f}-{max(normal.values()):.2f}). Memory's own CPU per job, "
+        "which no change touched, moved by "
+        + ", ".join(_drift(g, now, wl) for wl in sorted({k.workload for k in ratios}))
+        + " between the two trees' runs.",
     )
     for store in stores:
         key = Key("noop-single", store, "full", True)
