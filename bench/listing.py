@@ -20,7 +20,6 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any
 
 from sqlq.bench.engines import _appender
 from sqlq.common.models import Job, State
@@ -92,12 +91,9 @@ async def listing(store: JobStore, n: int) -> None:
 async def _drop(store: JobStore, engine: str, indexes: list[str]) -> None:
     names = [f"jobs_{i.replace(',', '_')}" for i in indexes]
     if engine == "sqlite":
-
-        def run(db: Any) -> None:
-            for n in names:
-                db.execute(f"DROP INDEX IF EXISTS {n}")
-
-        await store._on_db(run)  # type: ignore[attr-defined]
+        db = store._conn()  # type: ignore[attr-defined]
+        for n in names:
+            await db.execute(f"DROP INDEX IF EXISTS {n}")
     else:
         async with store._conn() as conn:  # type: ignore[attr-defined]
             for n in names:
@@ -168,11 +164,11 @@ SQLITE_SETS = {
 }
 
 
-def sqlite_micro(rounds: int, jobs: int, batch: int) -> None:
+async def sqlite_micro(rounds: int, jobs: int, batch: int) -> None:
     """The SQLite write path alone (batch.plan and batch.write_batch on one connection,
     synchronous=NORMAL so that no fsync is timed), submit -> start -> complete in
     batches, each index set in turn, per round: process CPU per job, min over rounds."""
-    import sqlite3
+    import aiosqlite
 
     from sqlq.common.models import TRANSITIONS
     from sqlq.engines.sqlite.batch import Q, encode_rows, plan, write_batch
@@ -182,19 +178,19 @@ def sqlite_micro(rounds: int, jobs: int, batch: int) -> None:
     for _ in range(rounds):
         for label, keep in SQLITE_SETS.items():
             d = tempfile.mkdtemp(prefix="sqlq-listing-")
-            db = sqlite3.connect(os.path.join(d, "db"), isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(SCHEMA)
-            db.executescript(INDEXES)
-            db.executemany(
+            db = await aiosqlite.connect(os.path.join(d, "db"), isolation_level=None)
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.executescript(SCHEMA)
+            await db.executescript(INDEXES)
+            await db.executemany(
                 Q["insert_transition"],
                 [(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt],
             )
             for name in {"jobs_finished", "jobs_kind_id", "jobs_queue_id"} - set(keep):
-                db.execute(f"DROP INDEX {name}")
+                await db.execute(f"DROP INDEX {name}")
             if "jobs_finished" not in keep:
-                db.execute(
+                await db.execute(
                     "CREATE INDEX jobs_retryable ON jobs (state, id) "
                     "WHERE state IN ('dead', 'cancelled')"
                 )
@@ -209,9 +205,9 @@ def sqlite_micro(rounds: int, jobs: int, batch: int) -> None:
                     plan([], encode_rows(dones)),
                 ):
                     t = time.process_time()
-                    assert write_batch(db, st)
+                    assert await write_batch(db, st)
                     cpu += time.process_time() - t
-            db.close()
+            await db.close()
             got[label].append(cpu / jobs * 1e6)
     base = min(got["before"])
     for label, us in got.items():
@@ -229,7 +225,7 @@ def main() -> None:
     p.add_argument("--transitions", type=int, default=30_000)
     args = p.parse_args()
     if args.micro:
-        sqlite_micro(args.repeats, args.transitions // 3, 32)
+        asyncio.run(sqlite_micro(args.repeats, args.transitions // 3, 32))
         return
     cluster = None
     dsn = postmaster = None

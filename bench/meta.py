@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
-PACKAGES = ("starlette", "uvicorn", "uvloop", "httptools", "msgspec", "matplotlib")
+PACKAGES = ("aiosqlite", "starlette", "uvicorn", "uvloop", "httptools", "msgspec", "matplotlib")
 
 
 def cpu_model() -> str:

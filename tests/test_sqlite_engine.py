@@ -1,26 +1,112 @@
-"""SQLite-only behaviour: pragmas, plain-sqlite3 readability, the lock."""
+"""SQLite-only behaviour: pragmas, plain-sqlite3 readability, the lock, one transaction
+per group-commit batch on aiosqlite's connection, and which constraint an insert broke."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import re
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import aiosqlite
+import msgspec
 import pytest
 
+from sqlq.common.errors import DuplicateJobError, DuplicateKeyError
 from sqlq.common.models import TRANSITIONS, Job, State
+from sqlq.common.store import SyncLevel
+from sqlq.engines.sqlite import batch
+from sqlq.engines.sqlite.batch import duplicate
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
 
 
+def connection(store: SQLiteStore) -> aiosqlite.Connection:
+    db = store._db
+    assert isinstance(db, aiosqlite.Connection), "the engine's connection is aiosqlite's"
+    return db
+
+
+async def pragma(store: SQLiteStore, name: str) -> Any:
+    cursor = await connection(store).execute(f"PRAGMA {name}")
+    row = await cursor.fetchone()
+    assert row is not None
+    return row[0]
+
+
 @pytest.mark.parametrize(("sync", "level"), [("full", 2), ("os", 1)])
-async def test_pragmas_as_set(tmp_path: Path, sync: str, level: int) -> None:
-    store = SQLiteStore(tmp_path, sync=sync)  # type: ignore[arg-type]
+async def test_pragmas_as_set(tmp_path: Path, sync: SyncLevel, level: int) -> None:
+    store = SQLiteStore(tmp_path, sync=sync)
     await store.open()
     try:
-        mode = await store._on_db(lambda db: db.execute("PRAGMA journal_mode").fetchone())
-        assert mode[0] == "wal"
-        sync_level = await store._on_db(lambda db: db.execute("PRAGMA synchronous").fetchone())
-        assert sync_level[0] == level
+        assert await pragma(store, "journal_mode") == "wal"
+        assert await pragma(store, "synchronous") == level
+    finally:
+        await store.close()
+
+
+async def test_a_group_commit_batch_is_one_transaction(tmp_path: Path) -> None:
+    """Many callers' commits in one batch are one BEGIN ... COMMIT on the connection, and
+    every transaction of the run is a batch's: the hops are paid per batch, not per job."""
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    statements: list[str] = []
+    try:
+        jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(50)]
+        await store.commit(jobs)
+        await connection(store).set_trace_callback(statements.append)
+        before = store.stats().batches
+        starts = [j.start(NOW + 1) for j in jobs]
+        await asyncio.gather(*(store.commit([t]) for t in starts))
+        batches = store.stats().batches - before
+        seen = list(statements)
+    finally:
+        await store.close()
+    begins = [s for s in seen if s.startswith("BEGIN")]
+    commits = [s for s in seen if s == "COMMIT"]
+    updates = [s for s in seen if s.startswith("UPDATE")]
+    assert len(begins) == len(commits) == len(updates) == batches
+    assert batches < len(starts)  # the 50 callers shared batches
+
+
+def _integrity_error(text: str, code: int) -> sqlite3.IntegrityError:
+    exc = sqlite3.IntegrityError(text)
+    exc.sqlite_errorcode = code  # sqlite3 sets it on a real error
+    return exc
+
+
+def test_which_constraint_an_insert_broke_comes_from_the_error_code_not_its_text() -> None:
+    job = Job.new(kind="noop", args={}, now=NOW, idempotency_key="k")
+    by_key = _integrity_error("constraint failed", sqlite3.SQLITE_CONSTRAINT_UNIQUE)
+    assert isinstance(duplicate(job, by_key), DuplicateKeyError)
+    by_id = _integrity_error("idempotency_key", sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY)
+    assert isinstance(duplicate(job, by_id), DuplicateJobError)
+    keyless = Job.new(kind="noop", args={}, now=NOW)
+    assert isinstance(duplicate(keyless, by_key), DuplicateJobError)
+
+
+async def test_a_duplicate_key_and_a_duplicate_id_are_told_apart(tmp_path: Path) -> None:
+    """Through the slow path, on real SQLite errors: the caller whose key is taken gets
+    DuplicateKeyError, the one whose id is taken DuplicateJobError, the others commit."""
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    try:
+        first = Job.new(kind="noop", args={}, now=NOW, idempotency_key="k")
+        await store.commit([first])
+        same_key = Job.new(kind="noop", args={}, now=NOW, idempotency_key="k")
+        other = Job.new(kind="noop", args={}, now=NOW, idempotency_key="other")
+        same_id = msgspec.structs.replace(other, id=first.id)
+        fine = Job.new(kind="noop", args={}, now=NOW)
+        results = await asyncio.gather(
+            store.commit([same_key]), store.commit([same_id]), store.commit([fine]),
+            return_exceptions=True,
+        )  # fmt: skip
+        assert isinstance(results[0], DuplicateKeyError)
+        assert isinstance(results[1], DuplicateJobError)
+        assert results[2] is None
+        assert await store.get(fine.id) == fine
     finally:
         await store.close()
 
@@ -85,3 +171,32 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
         indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert version == ("2",)
     assert {"jobs_key", "jobs_retryable"} <= indexes
+
+
+def _resolves(dotted: str) -> bool:
+    """``dotted`` names a module, or an attribute of one (``sqlq.common.models.TRANSITIONS``)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(target, name):
+                return False
+            target = getattr(target, name)
+        return True
+    return False
+
+
+def test_every_module_path_the_sql_files_name_exists() -> None:
+    """The .sql files' comments name the code that uses them; a move must not leave them
+    naming modules that are gone (queries.sql named sqlq.sqlite.batch and sqlq.sql)."""
+    folder = Path(batch.__file__).parent
+    named = {
+        (sql.name, m.group(0).rstrip("."))
+        for sql in sorted(folder.glob("*.sql"))
+        for m in re.finditer(r"\bsqlq(\.\w+)+", sql.read_text())
+    }
+    assert named  # the files do name their modules
+    assert [n for n in named if not _resolves(n[1])] == []

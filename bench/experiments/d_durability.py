@@ -1,4 +1,11 @@
-"""D. The cost of durability: engine x sync level x group commit, against memory."""
+"""D. The cost of durability: engine x sync level x group commit, against memory.
+
+``results/D-before.jsonl``, where present, is the same experiment run on the tree before
+a change to an engine (memory and that engine only), its repeats interleaved with the
+current tree's; the section sets the two side by side, each against its own run's memory.
+Today's: SQLite on aiosqlite's connection, against the plain thread that owned a sqlite3
+connection before it.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from sqlq.bench.report import Report, cell, group, med
 NAME = "D"
 ROW = LoadRow
 SUBMIT_BAR = 1.25  # durable submit phase, x memory's, with group commit at --sync full
+CPU_BAR = 1.05  # an engine change: CPU per no-op job, x the tree's before it
 
 
 class Key(NamedTuple):
@@ -72,6 +80,86 @@ def _key(r: LoadRow) -> Key:
     )
 
 
+def _drift(before: dict[Key, list[LoadRow]], now: Summary, workload: str) -> str:
+    """Memory's CPU per job in the current run over the before run's, in ``workload``."""
+    base, mem = before.get(Key(workload, "memory", "full", True)), now.get(workload, "memory")
+    if not base or mem is None:
+        return f"- ({workload})"
+    return f"{mem.cpu_us_per_job / med(r.cpu_us_per_job for r in base):.2f}x ({workload})"
+
+
+def _before_after(rep: Report, now: Summary) -> None:
+    """The engines ``D-before`` ran, cell by cell against the current rows."""
+    before = rep.rows(f"{NAME}-before", LoadRow)
+    stores = sorted({r.store for r in before} - {"memory"}, key=NAMES.index)
+    if not before or not stores:
+        return
+    g = group(before, _key)
+    commits = sorted({str(r.meta.get("git_commit", "?")) for r in before})
+    rep.add(
+        "",
+        f"### D, before and after: {', '.join(stores)}",
+        "",
+        f"`before` ran on {', '.join(commits)}, the tree before the change (for SQLite: a "
+        "plain thread owning a sqlite3 connection; now aiosqlite's connection through its "
+        "public API, one hop per statement, a batch BEGIN, a statement per table, COMMIT), "
+        f"{len({r.repeat for r in before})} repeats interleaved with the current tree's. "
+        "Each `x memory` is against the memory baseline of its own run.",
+        "",
+        "| workload | store | sync | group commit | CPU us/job before | after | after/before "
+        "| CPU x memory before | after | total x memory before | after |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    )
+    ratios: dict[Key, float] = {}  # CPU per job, after over before
+    normal: dict[Key, float] = {}  # the same, each first over its own run's memory CPU
+    for key in sorted(g, key=lambda k: (k.workload, NAMES.index(k.store), k.sync,
+                                        not k.group_commit)):  # fmt: skip
+        cell_now = now.cells.get(key)
+        base = g.get(Key(key.workload, "memory", "full", True), [])
+        if key.store == "memory" or cell_now is None or not base:
+            continue
+        rs = g[key]
+        cpu = med(r.cpu_us_per_job for r in rs)
+        total_x = med(r.total_s for r in rs) / med(r.total_s for r in base)
+        ratios[key] = cell_now.cpu_us_per_job / cpu
+        mem_now = now.get(key.workload, "memory")
+        cpu_x = cpu / med(r.cpu_us_per_job for r in base)
+        cpu_x_now = cell_now.cpu_us_per_job / mem_now.cpu_us_per_job if mem_now else 0.0
+        normal[key] = cpu_x_now / cpu_x
+        rep.add(
+            f"| {key.workload} | {key.store} | {key.sync} | "
+            f"{'on' if key.group_commit else 'off'} | {cell([r.cpu_us_per_job for r in rs])} | "
+            f"{cell_now.cpu_us_per_job:,.0f} | {ratios[key]:.2f} | {cpu_x:.2f} | "
+            f"{cpu_x_now:.2f} | {total_x:.2f} | {cell_now.total_x:.2f} |"
+        )
+    if not ratios:
+        return
+    on = [v for k, v in ratios.items() if k.group_commit]
+    off = [v for k, v in ratios.items() if not k.group_commit]
+    rep.add(
+        "",
+        f"CPU per job, after over before, median over the cells: {med(on):.2f} with group "
+        f"commit (range {min(on):.2f}-{max(on):.2f})"
+        + (f", {med(off):.2f} without it (range {min(off):.2f}-{max(off):.2f})" if off else "")
+        + f". Over each run's own memory CPU first (which cancels the machine's drift "
+        f"between the runs): {med(list(normal.values())):.2f} (range "
+        f"{min(normal.values()):.2f}-{max(normal.values()):.2f}). Memory's own CPU per job, "
+        "which no change touched, moved by "
+        + ", ".join(_drift(g, now, wl) for wl in sorted({k.workload for k in ratios}))
+        + " between the two trees' runs.",
+    )
+    for store in stores:
+        key = Key("noop-single", store, "full", True)
+        if key in ratios:
+            rep.check(
+                f"D: {store} CPU per no-op job against the tree before the change "
+                "(noop-single, `--sync full`, group commit)",
+                f"{ratios[key]:.2f}x",
+                ratios[key] <= CPU_BAR,
+                f"bar <= {CPU_BAR}x",
+            )
+
+
 def section(rep: Report) -> None:
     rows = rep.rows(NAME, LoadRow)
     if not rows:
@@ -124,6 +212,7 @@ def section(rep: Report) -> None:
             )
     summary = Summary(cells)
     rep.summaries[NAME] = summary
+    _before_after(rep, summary)
     for s in DURABLE:
         c = summary.get("20ms-single", s)
         if c is not None:

@@ -17,8 +17,9 @@ This class does the rest the same way for every engine:
   absolute paths (a client reads it; the log has the whole of it).
 
 One I/O thread per engine, a plain single-thread executor: all of an engine's
-blocking calls (write, fdatasync, every SQLite statement) run there in order,
-and the event loop never blocks on them.
+blocking calls (write, fdatasync, opening its files) run there in order, and the
+event loop never blocks on them. SQLite's statements run on the thread of its
+aiosqlite connection instead, in order too.
 """
 
 from __future__ import annotations

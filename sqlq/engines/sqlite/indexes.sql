@@ -6,7 +6,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_key ON jobs (idempotency_key)
 -- a plain (state, id) index was rewritten at every state change, three per job, and
 -- the common states fill a page from the primary key anyway. Live jobs list on jobs_live
 -- (schema.sql: in a WITHOUT ROWID table its entries hold the id, so it is (state, id)).
--- A listing names the index's states for the planner to use it (sqlq.listing).
+-- A listing names the index's states for the planner to use it (sqlq.engines.listing).
 -- No index serves completed, kind or queue: each costs the write path more than the
 -- listing saves (bench/listing.py --micro: a partial (state, id) for completed jobs
 -- +20 us per job at completion, (kind, id) and (queue, id) +6.5 us each per insert,

@@ -1,5 +1,8 @@
+-- The SQLite engine's named statements: sqlq.engines.sqlite.batch loads them as Q
+-- (sqlq.common.engine.sql.load_queries), for batch.py and store.py.
+
 -- name: job_columns
--- A job's columns, in the order of sqlq.sqlite.batch.job_values and row_job.
+-- A job's columns, in the order of sqlq.engines.rows (job_values, row_job).
 -- Written once: every statement below that names them says {job_columns}.
 id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, created_at,
 updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
@@ -7,7 +10,7 @@ attempts_total
 
 -- name: insert_jobs
 -- Many rows in one statement: {rows} becomes one "(?, ...)" group per row (see
--- sqlq.sql.batch_sql). One statement is one SQLite step, and the connection's
+-- sqlq.common.engine.sql.batch_sql). One statement is one SQLite step, and the connection's
 -- thread must retake the GIL after every step; with the event loop busy each
 -- retake waits, so a batch costs one wait instead of one per row (executemany).
 INSERT INTO jobs ({job_columns})
@@ -43,7 +46,7 @@ SELECT {job_columns}
 
 -- name: list_jobs
 -- Keyset paging in id order, one statement per filter shape: {filters} is the AND of
--- the list_by_* terms the query sets (sqlq.listing), so that each shape plans on an
+-- the list_by_* terms the query sets (sqlq.engines.listing), so that each shape plans on an
 -- index. The one statement with `? IS NULL OR state = ?` planned every filter as a walk
 -- of the primary key, which reads every retained job when the filter matches few.
 SELECT {job_columns}

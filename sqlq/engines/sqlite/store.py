@@ -1,12 +1,14 @@
 """``SQLiteStore``: the JobStore on one SQLite table in WAL journal mode.
 
-One ``sqlite3`` connection, used only on the engine's one I/O thread (see
-``sqlq.common.engine.base``). The writer task makes a batch of commits one
-transaction: ``BEGIN IMMEDIATE``, one multi-row statement for the inserts, one
-for the guarded updates, ``COMMIT``, all in one hop to that thread. One
-statement per batch rather than ``executemany``'s one per row, because the
-thread must retake the GIL after every SQLite step, and with the event loop
-busy each retake waits.
+One ``aiosqlite`` connection, used through its public API only: aiosqlite runs the
+``sqlite3`` connection on a thread of its own and hands it each call in order, so
+every statement runs on that one thread and the event loop never blocks on one.
+The writer task makes a batch of commits one transaction: ``BEGIN IMMEDIATE``,
+one multi-row statement for the inserts, one for the guarded updates, ``COMMIT``.
+Each is one hop to the connection's thread, so a batch costs the same few hops
+whatever its size: one statement per batch rather than ``executemany``'s one per
+row, because the thread must retake the GIL after every SQLite step, and with the
+event loop busy each retake waits.
 
 Every update is fenced in SQL (``WHERE id = ? AND epoch = ?`` plus the legal
 transition table). If the rows changed do not add up, or an insert collides,
@@ -21,8 +23,10 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
 
 from sqlq.common.engine.base import DurableStore
 from sqlq.common.engine.datadir import open_private
@@ -43,20 +47,19 @@ from sqlq.common.store import (
     SyncLevel,
 )
 from sqlq.engines.listing import sqlite_params, sqlite_shape, sqlite_statements
-from sqlq.engines.rows import row_job
 from sqlq.engines.sqlite.batch import (
     STATEMENT_CACHE,
     Q,
+    decode_row,
     encode_rows,
     plan,
     prune,
+    select_jobs,
     write_batch,
     write_one_by_one,
 )
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 DB_NAME = "sqlq.db"
 LOCK_NAME = "sqlq.lock"
@@ -89,7 +92,7 @@ class SQLiteStore(DurableStore):
     def __init__(self, data_dir: str | os.PathLike[str], **options: Any) -> None:
         super().__init__(data_dir, **options)
         self.path = os.path.join(self.dir, DB_NAME)
-        self._db: sqlite3.Connection | None = None
+        self._db: aiosqlite.Connection | None = None
         self.commits = 0
         self.rows = 0
         self.slow_batches = 0
@@ -102,12 +105,13 @@ class SQLiteStore(DurableStore):
     async def _recover(self) -> Recovery:
         t0 = time.perf_counter()
         try:
-            jobs = await self._on_io(self._open_db)
+            await self._on_io(self._private_files)
+            jobs = await self._open_db()
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot open: {exc.strerror or exc}") from exc
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open: {exc}") from exc
-        paused = await self._on_db(lambda db: [r[0] for r in db.execute(Q["paused_queues"])])
+        paused = [r[0] for r in await self._conn().execute_fetchall(Q["paused_queues"])]
         return Recovery(
             jobs=jobs,
             running=[j.id for j in jobs if j.state is State.RUNNING],
@@ -116,57 +120,58 @@ class SQLiteStore(DurableStore):
             paused_queues=paused,
         )
 
-    def _open_db(self) -> list[Job]:
-        """On the I/O thread: create 0600, connect, set pragmas and schema, read live jobs."""
-        # Create the database 0600 ourselves (SQLite would use the umask, 0644);
-        # SQLite gives its -wal and -shm files the database file's mode. Existing ones
-        # (a crash leaves them) are tightened too, before SQLite opens them: closing a
-        # descriptor of a file SQLite has open would drop its POSIX locks.
+    def _private_files(self) -> None:
+        """On the engine's I/O thread, before SQLite opens anything: create the database
+        0600 ourselves (SQLite would use the umask, 0644); SQLite gives its -wal and -shm
+        files the database file's mode. Existing ones (a crash leaves them) are tightened
+        too, before SQLite opens them: closing a descriptor of a file SQLite has open
+        would drop its POSIX locks."""
         os.close(open_private(self.path, os.O_RDWR | os.O_CREAT))
         for suffix in ("-wal", "-shm"):
             if os.path.lexists(self.path + suffix):
                 os.close(open_private(self.path + suffix, os.O_RDONLY))
+
+    async def _open_db(self) -> list[Job]:
+        """Connect, set pragmas and schema, read live jobs."""
         # Batch statements differ by row count; keep them all prepared.
-        db = sqlite3.connect(
-            self.path,
-            isolation_level=None,
-            cached_statements=STATEMENT_CACHE,
-            check_same_thread=False,  # it is only ever used on this engine's I/O thread
+        db = await aiosqlite.connect(
+            self.path, isolation_level=None, cached_statements=STATEMENT_CACHE
         )
         self._db = db
         for key, value in self.pragmas.items():
-            db.execute(f"PRAGMA {key} = {value}")
-        db.executescript(SCHEMA)
-        if "queue" not in {r[0] for r in db.execute(Q["table_columns"])}:
-            db.executescript(MIGRATE_V2)  # a version-1 database: add the new columns
-        db.executescript(INDEXES)
-        db.execute("BEGIN IMMEDIATE")
-        db.execute(Q["clear_transitions"])
-        db.executemany(
+            await db.execute(f"PRAGMA {key} = {value}")
+        await db.executescript(SCHEMA)
+        if "queue" not in {r[0] for r in await db.execute_fetchall(Q["table_columns"])}:
+            await db.executescript(MIGRATE_V2)  # a version-1 database: add the new columns
+        await db.executescript(INDEXES)
+        await db.execute("BEGIN IMMEDIATE")
+        await db.execute(Q["clear_transitions"])
+        await db.executemany(
             Q["insert_transition"],
             [(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt],
         )
-        db.execute(Q["set_meta"], ("schema_version", SCHEMA_VERSION))
-        db.execute("COMMIT")
+        await db.execute(Q["set_meta"], ("schema_version", SCHEMA_VERSION))
+        await db.commit()
         # In slices, not fetchall: a million row tuples alive at once left their freed
-        # memory as holes the process kept (RSS per job after a restart ~1.2 KB).
+        # memory as holes the process kept (RSS per job after a restart ~1.2 KB). Each
+        # row is decoded as it is fetched, on the connection's thread (``decode_row``).
         jobs: list[Job] = []
-        cursor = db.execute(Q["live_jobs"])
-        while rows := cursor.fetchmany(10_000):
-            jobs.extend(row_job(r) for r in rows)
+        cursor = await db.execute(Q["live_jobs"])
+        cursor.row_factory = decode_row  # type: ignore[assignment]  # typed as a type
+        while rows := list(await cursor.fetchmany(10_000)):
+            jobs.extend(rows)  # type: ignore[arg-type]  # Jobs, made by decode_row
         return jobs
 
     async def _release(self) -> None:
         db, self._db = self._db, None
         if db is not None:
-            await self._on_io(db.close)
+            await db.close()
 
-    async def _on_db(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(db)`` on the I/O thread: one hop for a whole batch."""
-        db = self._db
-        if db is None:
+    def _conn(self) -> aiosqlite.Connection:
+        """The open connection; ``StoreClosedError`` otherwise."""
+        if self._db is None:
             raise StoreClosedError("sqlite store is not open")
-        return await self._on_io(fn, db)
+        return self._db
 
     # -- commits -----------------------------------------------------------------------
 
@@ -180,16 +185,14 @@ class SQLiteStore(DurableStore):
             for change, row in zip(pending.changes, pending.encoded, strict=True):
                 (inserts if isinstance(change, Job) else updates).append(row)
         statements = plan(inserts, updates)  # here: Python work off the I/O thread
+        db = self._conn()
         try:
-            ok = await self._on_db(lambda db: self._durably(write_batch(db, statements)))
-            if ok:
+            if await write_batch(db, statements):
                 outcomes: list[BaseException | None] = [None] * len(batch)
             else:
                 self.slow_batches += 1
-                changes = [list(p.changes) for p in batch]
-                outcomes = await self._on_db(
-                    lambda db: self._durably(write_one_by_one(db, changes))
-                )
+                outcomes = await write_one_by_one(db, [list(p.changes) for p in batch])
+            await self._durably()
         except sqlite3.Error as exc:
             # The failure is shown in /stats and on the dashboard: the base name there.
             logger.error("sqlite: writing %s failed: %s", self.path, exc)
@@ -198,11 +201,15 @@ class SQLiteStore(DurableStore):
         self.rows += len(inserts) + len(updates)
         return outcomes
 
-    def _durably(self, result: T) -> T:
-        """On the I/O thread, after a COMMIT: at ``full`` that COMMIT synced the WAL."""
-        if self.sync == "full":
+    async def _durably(self) -> None:
+        """After a COMMIT: at ``full`` that COMMIT synced the WAL. Any emulated sync delay
+        (a benchmark knob) is paid on the engine's I/O thread, as walq pays it."""
+        if self.sync != "full":
+            return
+        if self._sync_delay:
+            await self._on_io(self._synced)
+        else:
             self._synced()
-        return result
 
     async def get(self, job_id: str) -> Job | None:
         self._live()
@@ -212,11 +219,8 @@ class SQLiteStore(DurableStore):
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         self._writable()
 
-        def write(db: sqlite3.Connection) -> None:
-            db.execute(Q["set_queue_paused"], (queue, int(paused)))  # autocommit: one statement
-
-        try:
-            await self._on_db(write)
+        try:  # autocommit: one statement
+            await self._conn().execute(Q["set_queue_paused"], (queue, int(paused)))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 
@@ -231,10 +235,10 @@ class SQLiteStore(DurableStore):
         return rows[0] if rows else None
 
     async def _select(self, sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[Job]:
-        """The jobs ``sql`` selects, decoded on the I/O thread as recovery decodes them:
-        off the event loop, and on that thread's shallow stack, not a request's."""
+        """The jobs ``sql`` selects, decoded on the connection's thread as recovery decodes
+        them: off the event loop, and on that thread's shallow stack, not a request's."""
         try:
-            return await self._on_db(lambda db: [row_job(r) for r in db.execute(sql, params)])
+            return await select_jobs(self._conn(), sql, params)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 
@@ -245,7 +249,7 @@ class SQLiteStore(DurableStore):
         before = self._disk_bytes()
         cutoff = self.clock.time() - self.retention
         try:
-            pruned, kept = await self._on_db(lambda db: prune(db, cutoff))
+            pruned, kept = await prune(self._conn(), cutoff)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: compaction failed: {exc}") from exc
         self.compactions += 1
