@@ -200,3 +200,35 @@ def test_every_module_path_the_sql_files_name_exists() -> None:
     }
     assert named  # the files do name their modules
     assert [n for n in named if not _resolves(n[1])] == []
+
+
+async def test_reads_pauses_and_compactions_never_run_inside_a_batch(tmp_path: Path) -> None:
+    """The one connection serves every caller, and a batch is several hops to its thread
+    (BEGIN, its rows, COMMIT): a compaction's BEGIN must not meet an open batch (it
+    failed the store), a pause must not ride in a batch a guard rolls back (it was
+    lost), and a read must not see a batch's rows before its COMMIT."""
+    store = SQLiteStore(tmp_path, sync="os")
+    await store.open()
+    first = Job.new(kind="noop", args={}, now=NOW)
+    await store.commit([first])
+    stale = first.start(NOW)
+    await store.commit([stale])  # a second start of the same epoch is refused from now on
+    jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(3000)]
+    batch = asyncio.create_task(store.commit(jobs))
+    refused = asyncio.create_task(store.commit([stale]))  # rolls its batch back
+    for _ in range(3):
+        await asyncio.sleep(0)  # both are on the connection's thread now
+    seen = await store.get(jobs[-1].id)
+    await store.set_queue_paused("held", True)
+    await store.compact()
+    results = await asyncio.gather(batch, refused, return_exceptions=True)
+    assert results[0] is None and isinstance(results[1], Exception)
+    assert seen is None or batch.done()  # never a row of a batch not yet committed
+    await store.commit([Job.new(kind="noop", args={}, now=NOW)])  # the store still writes
+    await store.close()
+    again = SQLiteStore(tmp_path, sync="os")
+    recovery = await again.open()
+    try:
+        assert recovery.paused_queues == ["held"]
+    finally:
+        await again.close()

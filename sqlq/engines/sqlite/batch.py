@@ -11,6 +11,7 @@ savepoints, a hop per statement, and runs only when a guard refused a row.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -111,8 +112,19 @@ async def write_batch(db: aiosqlite.Connection, plan: list[Statement]) -> bool:
     except BaseException:
         await db.rollback()  # on the connection's thread, after the statement: a no-op if none
         raise
-    await db.commit()
+    await commit(db)
     return True
+
+
+async def commit(db: aiosqlite.Connection) -> None:
+    """COMMIT; if it fails, roll back (SQLite may leave the transaction open after an
+    I/O error), so no later read on this connection sees the batch that was never durable."""
+    try:
+        await db.commit()
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            await db.rollback()
+        raise
 
 
 async def write_one_by_one(
@@ -136,7 +148,7 @@ async def write_one_by_one(
     except BaseException:
         await db.rollback()
         raise
-    await db.commit()
+    await commit(db)
     return outcomes
 
 
@@ -175,7 +187,7 @@ async def prune(db: aiosqlite.Connection, cutoff: float) -> tuple[int, int]:
     except BaseException:
         await db.rollback()
         raise
-    await db.commit()
+    await commit(db)
     await db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     counted = await db.execute_fetchall(Q["count_jobs"])
     kept = int(next(iter(counted))[0])

@@ -19,6 +19,7 @@ only runs when a stale worker or a bad request is in the batch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
@@ -93,6 +94,11 @@ class SQLiteStore(DurableStore):
         super().__init__(data_dir, **options)
         self.path = os.path.join(self.dir, DB_NAME)
         self._db: aiosqlite.Connection | None = None
+        # One connection, whose thread runs one statement at a time: but a batch is
+        # several statements (BEGIN, rows, COMMIT), each its own hop, so without this
+        # lock a read, a pause or a compaction would run inside another's transaction
+        # (see uncommitted rows, be rolled back with it, or fail its BEGIN).
+        self._turn = asyncio.Lock()
         self.commits = 0
         self.rows = 0
         self.slow_batches = 0
@@ -185,13 +191,13 @@ class SQLiteStore(DurableStore):
             for change, row in zip(pending.changes, pending.encoded, strict=True):
                 (inserts if isinstance(change, Job) else updates).append(row)
         statements = plan(inserts, updates)  # here: Python work off the I/O thread
-        db = self._conn()
         try:
-            if await write_batch(db, statements):
+            async with self._turn:
+                db = self._conn()
                 outcomes: list[BaseException | None] = [None] * len(batch)
-            else:
-                self.slow_batches += 1
-                outcomes = await write_one_by_one(db, [list(p.changes) for p in batch])
+                if not await write_batch(db, statements):
+                    self.slow_batches += 1
+                    outcomes = await write_one_by_one(db, [list(p.changes) for p in batch])
             await self._durably()
         except sqlite3.Error as exc:
             # The failure is shown in /stats and on the dashboard: the base name there.
@@ -219,8 +225,9 @@ class SQLiteStore(DurableStore):
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         self._writable()
 
-        try:  # autocommit: one statement
-            await self._conn().execute(Q["set_queue_paused"], (queue, int(paused)))
+        try:  # autocommit: one statement, never inside a batch's transaction
+            async with self._turn:
+                await self._conn().execute(Q["set_queue_paused"], (queue, int(paused)))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 
@@ -238,7 +245,8 @@ class SQLiteStore(DurableStore):
         """The jobs ``sql`` selects, decoded on the connection's thread as recovery decodes
         them: off the event loop, and on that thread's shallow stack, not a request's."""
         try:
-            return await select_jobs(self._conn(), sql, params)
+            async with self._turn:  # never a batch's rows before its COMMIT
+                return await select_jobs(self._conn(), sql, params)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 
@@ -249,7 +257,8 @@ class SQLiteStore(DurableStore):
         before = self._disk_bytes()
         cutoff = self.clock.time() - self.retention
         try:
-            pruned, kept = await prune(self._conn(), cutoff)
+            async with self._turn:
+                pruned, kept = await prune(self._conn(), cutoff)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: compaction failed: {exc}") from exc
         self.compactions += 1
