@@ -2,35 +2,29 @@
 
 A field's default comes from where the setting is used (``RuntimeConfig``,
 ``RetryPolicy``, the store protocol), so no default is written twice; the click
-options are generated from the fields (``options``), each settable from the
-environment as ``SQLQ_<FLAG>``. The command parses into this object and hands
+options are generated from the fields (``sqlq.flags.options``), each settable
+from the environment as ``SQLQ_<FLAG>``. The command parses into this object and hands
 it on, as arq passes its settings class around.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from sqlq.common.backoff import RetryPolicy
-from sqlq.common.specs import QUEUE_PATTERN, whole_number
 from sqlq.common.store import DEFAULT_RETENTION_S
 from sqlq.engines.registry import CHOICES, COMPACT_FLOOR_MB, DEFAULT_COMPACT_RATIO
+from sqlq.flags import _queue_caps, opt
+from sqlq.flags import options as options  # the CLI reads both from here
+from sqlq.flags import queue_caps as queue_caps
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig
 
 _RUNTIME = RuntimeConfig()
 _RETRY = RetryPolicy()
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def opt(default: Any, *decls: str, **click_options: Any) -> Any:
-    """A setting: its default, then how it looks on the command line."""
-    return dataclasses.field(default=default, metadata={"decls": decls, "click": click_options})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,43 +309,3 @@ class ServeSettings:
             "sync_delay_s": self.emulate_sync_delay_ms / 1000,
             **engine(self.store).from_settings(dataclasses.asdict(self)),
         }
-
-
-def _queue_caps(values: tuple[str, ...]) -> tuple[str, ...]:
-    """Check ``NAME=N`` values (a click callback, and used again to build the dict)."""
-    caps: dict[str, int] = {}
-    for value in values:
-        name, sep, n = value.partition("=")
-        count = whole_number(n)
-        if not sep or not re.fullmatch(QUEUE_PATTERN, name) or count is None or count < 1:
-            raise click.BadParameter(
-                f"{value!r}: expected NAME=N, a queue name and a positive number",
-                param_hint="--queue",
-            )
-        caps[name] = int(n)
-    return values
-
-
-def queue_caps(values: tuple[str, ...]) -> dict[str, int]:
-    return {name: int(n) for name, _, n in (v.partition("=") for v in _queue_caps(values))}
-
-
-def options(cls: type[Any]) -> Callable[[F], F]:
-    """Click options for every field of ``cls``, each also read from ``SQLQ_<FLAG>``."""
-
-    def decorate(fn: F) -> F:
-        for f in reversed(dataclasses.fields(cls)):
-            decls: tuple[str, ...] = f.metadata["decls"]
-            flag = decls[0].split("/")[0].removeprefix("--")
-            extra = dict(f.metadata["click"])
-            extra.setdefault("show_default", True)
-            fn = click.option(
-                *decls,
-                f.name,
-                default=f.default,
-                envvar="SQLQ_" + flag.upper().replace("-", "_"),
-                **extra,
-            )(fn)
-        return fn
-
-    return decorate

@@ -3,70 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-import pytest
 
-from sqlq.common.backoff import RetryPolicy
 from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
 from sqlq.common.specs import JobSpec
 from sqlq.http.app import create_app
 from sqlq.runtime.events import Event
-from sqlq.runtime.kinds import JobContext, Registry, task
-from sqlq.runtime.service import Service
+from tests import operations_helpers
 from tests.helpers import NOW, ServiceFactory, final, wait_for
+from tests.operations_helpers import STARTED, Client, kinds
 
-GATE = asyncio.Event()
-STARTED: list[str] = []
-
-
-def kinds() -> Registry:
-    reg = Registry()
-
-    @task(registry=reg)
-    async def gate(args: Any, ctx: JobContext) -> Any:
-        STARTED.append(args.get("name", ctx.job.id))
-        await GATE.wait()
-        return "opened"
-
-    @task(registry=reg)
-    async def record(args: Any) -> Any:
-        STARTED.append(args["name"])
-        return args["name"]
-
-    @task(registry=reg)
-    def boom(args: Any) -> Any:
-        raise RuntimeError("boom")
-
-    return reg
-
-
-Client = Callable[..., Any]
-
-
-@pytest.fixture
-async def api(services: ServiceFactory) -> AsyncIterator[Client]:
-    global GATE
-    GATE = asyncio.Event()  # an Event binds to the loop it is first awaited on: one per test
-    STARTED.clear()
-    clients: list[httpx.AsyncClient] = []
-
-    async def make(**config: Any) -> tuple[Service, httpx.AsyncClient]:
-        config.setdefault("retry", RetryPolicy(base_s=0.001, cap_s=0.002))
-        rt = services(kinds=kinds(), **config)
-        await rt.start()
-        transport = httpx.ASGITransport(app=create_app(rt, start_runtime=False))
-        c = httpx.AsyncClient(transport=transport, base_url="http://localhost")
-        clients.append(c)
-        return rt, c
-
-    yield make
-    GATE.set()
-    for c in clients:
-        await c.aclose()
+api = operations_helpers.api  # the fixture, by its name
 
 
 async def test_a_high_priority_job_behind_fifty_low_ones_starts_next(api: Client) -> None:
@@ -76,7 +26,7 @@ async def test_a_high_priority_job_behind_fifty_low_ones_starts_next(api: Client
     for i in range(50):
         await c.post("/jobs", json={"kind": "record", "args": {"name": f"low{i}"}, "priority": 0})
     await c.post("/jobs", json={"kind": "record", "args": {"name": "HIGH"}, "priority": 10})
-    GATE.set()
+    operations_helpers.GATE.set()  # the fixture makes a new one per test
     await wait_for(lambda: len(STARTED) == 52, 10, "every job to start")
     assert STARTED[1] == "HIGH"  # the very next to start
     assert STARTED[2:] == [f"low{i}" for i in range(50)]  # equal priorities: FIFO
@@ -188,7 +138,7 @@ async def test_wait_returns_when_the_job_finishes(api: Client) -> None:
     waiting = asyncio.ensure_future(c.get(f"/jobs/{job['id']}?wait=30"))
     await wait_for(lambda: job["id"] in rt.waiters.waited_on(), 5, "the request to wait")
     assert not waiting.done()
-    GATE.set()
+    operations_helpers.GATE.set()  # the fixture makes a new one per test
     r = await asyncio.wait_for(waiting, 10)
     assert (r.status_code, r.json()["state"], r.json()["result"]) == (200, "completed", "opened")
     assert not rt.waiters.waited_on()
@@ -245,7 +195,7 @@ async def test_a_queue_cap_bounds_how_many_of_its_jobs_run_at_once(api: Client) 
         "default": (2, None, 0),
         "mail": (2, 2, 4),
     }
-    GATE.set()
+    operations_helpers.GATE.set()  # the fixture makes a new one per test
     await wait_for(sample, 10, "every job to start")
     assert peak <= 2
 

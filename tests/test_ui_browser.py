@@ -11,96 +11,21 @@ the README's screenshots (``docs/``); otherwise they go to a temporary folder.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from sqlq.bench.client.server import ServerProcess
-from tests.helpers import ROOT, spawn_server, unavailable
+from tests import ui_browser_helpers
+from tests.ui_browser_helpers import TOKEN, _server, api, state_of, submit, until
+
+browser = ui_browser_helpers.browser  # the fixture, by its name
+page = ui_browser_helpers.page  # the fixture, by its name
+server = ui_browser_helpers.server  # the fixture, by its name
 
 pytestmark = pytest.mark.slow
-
-
-CHROMIUM = os.environ.get("SQLQ_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-TOKEN = "s3cret-token-for-the-ui-test"
-WAIT_MS = 15_000  # the longest any page condition may take
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        unavailable(f"no chromium at {CHROMIUM} (.ci/run installs Debian's package)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-def _server(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
-    server = spawn_server(
-        "--store", "sqlite", "--data", str(tmp / "data"), "--fault-injection",
-        "--retry-base-ms", "1", *flags, env=env,
-    )  # fmt: skip
-    server.wait_ready()
-    return server
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    s = _server(tmp_path)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh browser context; fails the test on any script error or CSP violation."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    p = context.new_page()
-    problems: list[str] = []
-    p.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    p.on("pageerror", lambda e: problems.append(str(e)))
-    expect.set_options(timeout=WAIT_MS)
-    yield p
-    context.close()
-    assert not problems, f"the page logged errors: {problems}"
-
-
-def api(server: ServerProcess, token: str | None = None) -> httpx.Client:
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=server.url, headers=headers, timeout=10)
-
-
-def submit(c: httpx.Client, **spec: Any) -> str:
-    r = c.post("/jobs", json={"kind": "sleep", **spec})
-    assert r.status_code == 201, r.text
-    job_id: str = r.json()["id"]
-    return job_id
-
-
-def state_of(c: httpx.Client, job_id: str) -> str:
-    state: str = c.get(f"/jobs/{job_id}").json()["state"]
-    return state
-
-
-def until(predicate: Callable[[], bool], what: str, within: float = 15.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def count(page: Page, state: str) -> int:
-    return int(page.locator(f"#count-{state}").inner_text())
 
 
 def test_the_overview_counts_change_without_a_reload(server: ServerProcess, page: Page) -> None:
@@ -281,142 +206,3 @@ def test_a_cross_site_post_without_the_csrf_defence_is_refused(
         assert {q["name"]: q["paused"] for q in c.get("/queues").json()["queues"]}.get(
             "default", False
         ) is False
-
-
-def test_the_pages_fit_a_phone_and_a_laptop(server: ServerProcess, browser: Browser) -> None:
-    with api(server) as c:
-        job = submit(c, max_attempts=1, args={"fail_prob": 1.0})
-        until(lambda: state_of(c, job) == "dead", "a dead job")
-    for width in (390, 1280):
-        context = browser.new_context(viewport={"width": width, "height": 800})
-        page = context.new_page()
-        for path in ("/ui/", "/ui/jobs", "/ui/dead", "/ui/queues", f"/ui/jobs/{job}"):
-            page.goto(server.url + path)
-            expect(page.locator("main h1")).to_be_visible()
-            overflow = page.evaluate(
-                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-            )
-            assert overflow <= 0, f"{path} at {width} px scrolls sideways by {overflow} px"
-        page.goto(server.url + "/ui/dead")  # the action needs no sideways scrolling either
-        expect(page.locator(f"#retry-{job}")).to_be_in_viewport()
-        context.close()
-
-
-CONTRAST = """() => {
-  const lum = c => {
-    const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map(Number).map(v => {
-      v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
-  };
-  const background = el => {
-    for (; el; el = el.parentElement) {
-      const bg = getComputedStyle(el).backgroundColor;
-      const alpha = bg.startsWith('rgba') ? Number(bg.match(/[\\d.]+/g)[3]) : 1;
-      if (alpha > 0) return bg;
-    }
-    return 'rgb(255, 255, 255)';
-  };
-  const worst = [];
-  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
-  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
-    const el = n.parentElement;
-    if (!n.textContent.trim() || !el.checkVisibility() || el.closest('svg, .skip, .sr')) continue;
-    const style = getComputedStyle(el);
-    const [a, b] = [lum(style.color), lum(background(el))];
-    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
-    const large = parseFloat(style.fontSize) >= 24 ||
-      (parseFloat(style.fontSize) >= 18.66 && Number(style.fontWeight) >= 700);
-    const text = n.textContent.trim().slice(0, 30);
-    if (ratio < (large ? 3 : 4.5)) worst.push(`${text}: ${ratio.toFixed(2)}`);
-  }
-  return worst;
-}"""
-
-
-def test_text_has_enough_contrast_and_the_keyboard_reaches_everything(
-    server: ServerProcess, page: Page
-) -> None:
-    with api(server) as c:
-        job = submit(c, max_attempts=1, args={"fail_prob": 1.0})
-        until(lambda: state_of(c, job) == "dead", "a dead job")
-        submit(c, delay_ms=600_000)
-    for path in ("/ui/", "/ui/jobs", "/ui/dead", "/ui/queues", f"/ui/jobs/{job}"):
-        page.goto(server.url + path)
-        expect(page.locator("main h1")).to_be_visible()
-        assert page.evaluate(CONTRAST) == [], f"low contrast on {path}"
-    # From the top of the dead-letter page, the keyboard alone retries the job.
-    page.goto(server.url + "/ui/dead")
-    page.keyboard.press("Tab")
-    expect(page.locator(":focus")).to_have_text("Skip to content")
-    for _ in range(40):
-        page.keyboard.press("Tab")
-        if page.evaluate("document.activeElement.id") == f"retry-{job}":
-            break
-    else:
-        raise AssertionError("Tab never reached the Retry link")
-    # A refresh swaps the table under the focus; the focus stays on the same link.
-    page.evaluate("""() => { window.settled = 0;
-        document.addEventListener('htmx:afterSettle', () => { window.settled += 1; }); }""")
-    page.wait_for_function("() => window.sqlqLive.tick() && window.settled > 0")
-    assert page.evaluate("document.activeElement.id") == f"retry-{job}"
-    page.keyboard.press("Enter")
-    expect(page.locator("#confirm")).to_be_focused()  # the confirmation takes the focus
-    page.keyboard.press("Enter")
-    expect(page.locator("#message")).to_contain_text(f"Job {job} is")
-
-
-def _traffic(c: httpx.Client, seconds: float) -> None:
-    """Waves of jobs, some failing, each wave finished before the next: a chart's worth."""
-    end = time.monotonic() + seconds
-    wave = 0
-    while True:
-        n = 6 + 5 * (wave % 4)
-        jobs = [
-            submit(c, queue=("emails", "thumbnails")[i % 2], max_attempts=3,
-                   args={"work_ms": 5 + i % 20, "fail_prob": 0.15})
-            for i in range(n)
-        ]  # fmt: skip
-
-        def finished(js: list[str] = jobs) -> bool:
-            return all(state_of(c, j) in ("completed", "dead") for j in js)
-
-        until(finished, "a wave")
-        wave += 1
-        if time.monotonic() > end:
-            return
-
-
-def test_screenshots(server: ServerProcess, browser: Browser, tmp_path: Path) -> None:
-    """The README's pictures: a queue with traffic, failures and dead letters.
-
-    With ``SQLQ_SCREENSHOTS`` set (the folder to write to) the traffic runs for half a
-    minute first, so that the chart has a history to draw.
-    """
-    target = os.environ.get("SQLQ_SCREENSHOTS")
-    to = Path(target or tmp_path)
-    if not to.is_absolute():
-        to = ROOT / to
-    to.mkdir(parents=True, exist_ok=True)
-    with api(server) as c:
-        c.post("/queues/reports/pause")
-        for i in range(12):
-            submit(c, queue="reports", args={"work_ms": 20}, priority=i % 3)
-        for _ in range(6):
-            submit(c, queue="emails", delay_ms=600_000)
-        dead = [
-            submit(c, queue="thumbnails", max_attempts=2, args={"fail_prob": 1.0}) for _ in range(4)
-        ]
-        until(lambda: all(state_of(c, j) == "dead" for j in dead), "the dead letters")
-        _traffic(c, 30.0 if target else 0.0)
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.goto(server.url + "/ui/")
-    expect(page.locator("svg.chart polyline").first).to_be_attached()
-    assert count(page, "dead") >= 4
-    page.screenshot(path=str(to / "dashboard-overview.png"), full_page=True)
-    page.goto(server.url + "/ui/dead")
-    expect(page.locator("table.jobs tbody tr").nth(3)).to_be_visible()
-    page.screenshot(path=str(to / "dashboard-dead-letters.png"), full_page=True)
-    context.close()
-    for name in ("dashboard-overview.png", "dashboard-dead-letters.png"):
-        assert (to / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -19,39 +19,22 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import msgspec
-
 from sqlq.common.engine.base import DurableStore
 from sqlq.common.engine.groupcommit import Pending
 from sqlq.common.engine.index import JobIndex, expired
 from sqlq.common.errors import CorruptLogError, SqlqError, StoreError
-from sqlq.common.models import TERMINAL, Job, State, Transition
+from sqlq.common.models import TERMINAL, Job, State
 from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery, StoreStats
 from sqlq.walq import log, tail
 from sqlq.walq.compact import Compactor, Snapshot
 from sqlq.walq.files import OS_FILES, FileOps
 from sqlq.walq.queues import QUEUES_NAME, read_paused, write_paused
+from sqlq.walq.records import change_record, compacted, encode_ops, op_change
 
 logger = logging.getLogger(__name__)
 
 LOG_NAME = "walq.log"
 LOCK_NAME = "walq.lock"
-
-
-def _op(change: Change) -> bytes:
-    if isinstance(change, Job):
-        return b'{"put":%s}' % msgspec.json.encode(change)
-    return b'{"set":%s}' % msgspec.json.encode(change)
-
-
-def encode_ops(changes: Sequence[Change]) -> bytes:
-    """One commit call's ops, encoded on the caller's turn (see ``GroupCommitter``)."""
-    return _op(changes[0]) if len(changes) == 1 else b",".join([_op(c) for c in changes])
-
-
-def change_record(seq: int, ops: bytes) -> bytes:
-    """One framed line holding one commit call's encoded ops."""
-    return log.frame(b'{"seq":%d,"ops":[%s]}' % (seq, ops))
 
 
 # Compact once the log exceeds both this size and this many times its live size.
@@ -191,9 +174,9 @@ class WalStore(DurableStore):
                 replay([(record if isinstance(record, Job) else Job.from_dict(record)).compact()])
                 self._snapshot_jobs += 1
             elif isinstance(record, log.ChangeRecord):
-                replay([_compacted(op.change()) for op in record.ops])
+                replay([compacted(op.change()) for op in record.ops])
             else:
-                replay([_compacted(_change(op)) for op in record["ops"]])
+                replay([compacted(op_change(op)) for op in record["ops"]])
         except (KeyError, TypeError, ValueError, SqlqError) as exc:
             what = "bad snapshot record" if is_snapshot else "record does not fold"
             raise CorruptLogError(self.path, offset, f"{what}: {exc!r}") from exc
@@ -344,12 +327,3 @@ class WalStore(DurableStore):
             "jobs_indexed": len(self._index),
             **self.compactor.stats(),
         }
-
-
-def _compacted(change: Change) -> Change:
-    return change.compact() if isinstance(change, Job) else change
-
-
-def _change(op: dict[str, Any]) -> Change:
-    """One op of a change record as the ``Job`` or ``Transition`` it encodes."""
-    return Job.from_dict(op["put"]) if "put" in op else Transition.from_dict(op["set"])

@@ -1,27 +1,20 @@
 """The HTTP front end: thin handlers over one ``Service``.
 
 Each handler parses and validates, makes one runtime call and answers JSON.
-Domain errors become HTTP statuses in one table (``ERRORS``), and every error
-body is made by ``_error``, which clips what it echoes (``sqlq.common.errors.clip``:
-a 100,000-character unknown key came back whole); nothing here touches a file
-or a database. What reaches a client never leaks the server's
-insides: a 500 says "internal error" with a request id (the details go to the
-log under that id), and 503 messages carry no absolute paths. Every request
-first passes ``sqlq.http.guard`` (host, token, origin, content type).
+Domain errors become HTTP statuses in one table (``sqlq.http.errors.ERRORS``,
+which also keeps what reaches a client free of the server's insides); nothing
+here touches a file or a database. Every request first passes
+``sqlq.http.guard`` (host, token, origin, content type).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -30,31 +23,18 @@ from starlette.types import Receive, Scope, Send
 
 from sqlq import __version__
 from sqlq.common import query as params
-from sqlq.common.errors import (
-    ECHO_LIMIT,
-    DuplicateKeyError,
-    IdempotencyConflictError,
-    JobNotFoundError,
-    JobRunningError,
-    QueueFullError,
-    SqlqError,
-    StoreError,
-    TransitionError,
-    UnencodableError,
-    ValidationError,
-    clip,
-)
+from sqlq.common.errors import JobNotFoundError, ValidationError
 from sqlq.common.models import Job
 from sqlq.common.redact import redact_paths
 from sqlq.common.specs import (
     MAX_JOB_BYTES,
-    BadJSON,
     RetrySpec,
     decode,
     decode_batch,
     decode_job,
     whole_number,
 )
+from sqlq.http.errors import ERRORS, BodyTooLarge, JSONResponse, handler_for
 from sqlq.http.guard import Guard, Security
 from sqlq.http.openapi import document
 from sqlq.runtime.claims import QueueInfo
@@ -64,116 +44,9 @@ from sqlq.runtime.service import Service
 from sqlq.ui.options import PREFIX as UI_PREFIX
 from sqlq.ui.options import UiOptions
 
-log = logging.getLogger(__name__)
-
 MAX_BODY = MAX_JOB_BYTES  # one job
 MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
 VERSION = __version__
-
-_request_ids = itertools.count(1)
-_PROCESS_TAG = os.urandom(3).hex()
-
-
-class JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return msgspec.json.encode(content)
-
-
-class BodyTooLarge(SqlqError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body is larger than {limit} bytes")
-
-
-def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
-    """Every error body: the message and the field clipped, whatever they quote."""
-    body: dict[str, Any] = {"error": code, "message": clip(message)}
-    if field is not None:
-        body["field"] = clip(field, ECHO_LIMIT // 2)
-    return JSONResponse(body, status_code=status)
-
-
-async def _validation(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ValidationError)
-    return _error(422, "invalid", exc.message, exc.field)
-
-
-async def _unencodable(_: Request, exc: Exception) -> Response:
-    return _error(422, "invalid", f"cannot be stored as JSON: {exc}", "body")
-
-
-async def _queue_full(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, QueueFullError)
-    response = _error(429, "queue_full", str(exc))
-    response.headers["retry-after"] = str(exc.retry_after_s)
-    return response
-
-
-async def _bad_json(_: Request, exc: Exception) -> Response:
-    return _error(400, "bad_json", str(exc), "body")
-
-
-async def _too_large(_: Request, exc: Exception) -> Response:
-    return _error(413, "too_large", str(exc), "body")
-
-
-async def _not_found(_: Request, exc: Exception) -> Response:
-    return _error(404, "not_found", str(exc))
-
-
-async def _conflict(_: Request, exc: Exception) -> Response:
-    code = "conflict"
-    if isinstance(exc, JobRunningError):
-        code = "running"
-    elif isinstance(exc, IdempotencyConflictError | DuplicateKeyError):
-        code = "idempotency_conflict"
-    return _error(409, code, str(exc))
-
-
-async def _unavailable(_: Request, exc: Exception) -> Response:
-    # The store failed or the server is not ready: nothing was acknowledged.
-    return _error(503, "unavailable", redact_paths(str(exc)))
-
-
-async def _http(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return _error(exc.status_code, "http", str(exc.detail))
-
-
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    request_id = f"{_PROCESS_TAG}-{next(_request_ids)}"
-    log.error(
-        "internal error, request %s: %s %s", request_id, request.method, request.url.path,
-        exc_info=exc,
-    )  # fmt: skip
-    response = _error(500, "internal", f"internal error; request id {request_id}")
-    response.headers["x-request-id"] = request_id
-    return response
-
-
-def _handler(exc: Exception) -> Any:
-    """The ``ERRORS`` entry for ``exc``: its class's, or its nearest base's."""
-    for cls in type(exc).__mro__:
-        if cls in ERRORS:
-            return ERRORS[cls]
-    return _unexpected
-
-
-ERRORS: dict[Any, Any] = {
-    ValidationError: _validation,
-    UnencodableError: _unencodable,
-    QueueFullError: _queue_full,
-    BadJSON: _bad_json,
-    BodyTooLarge: _too_large,
-    JobNotFoundError: _not_found,
-    TransitionError: _conflict,
-    IdempotencyConflictError: _conflict,
-    DuplicateKeyError: _conflict,
-    StoreError: _unavailable,
-    HTTPException: _http,
-    Exception: _unexpected,
-}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -312,7 +185,7 @@ def create_app(
         try:
             response = await submit(request)
         except Exception as exc:
-            response = await _handler(exc)(request, exc)
+            response = await handler_for(exc)(request, exc)
         await response(scope, receive, send)
 
     @contextlib.asynccontextmanager

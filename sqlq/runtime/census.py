@@ -9,11 +9,13 @@ since, so a burst of submissions between two counts is still bounded.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from sqlq.common.clock import Clock
 from sqlq.common.models import State
 from sqlq.common.store import SharedStore
+from sqlq.runtime.claims import QueueInfo
 
 CENSUS_EVERY_S = 1.0  # how often the queue's counts (and pauses, and nodes) are read again
 _SCHEDULED, _RUNNING = State.SCHEDULED.value, State.RUNNING.value
@@ -39,6 +41,16 @@ class Census:
     def of(self, queue: str) -> tuple[int, int]:
         """(scheduled, running) jobs of ``queue``."""
         return self.jobs.get((_SCHEDULED, queue), 0), self.jobs.get((_RUNNING, queue), 0)
+
+    def info(self, queue: str, caps: Mapping[str, int], paused: Collection[str]) -> QueueInfo:
+        """``queue`` as the listing shows it: its counts, its cap and whether it is paused."""
+        depth, running = self.of(queue)
+        return QueueInfo(depth, running, limit=caps.get(queue), paused=queue in paused)
+
+    def view(self, caps: Mapping[str, int], paused: Collection[str]) -> dict[str, QueueInfo]:
+        """Every queue with a cap, a pause or a live job, by name."""
+        names = {*caps, *paused, *self.queues()}
+        return {q: self.info(q, caps, paused) for q in sorted(names)}
 
     def queues(self) -> set[str]:
         return {queue for _, queue in self.jobs}

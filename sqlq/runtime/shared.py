@@ -306,16 +306,11 @@ class SharedClaims(ClaimsBase):
         return self.queues_now()
 
     def queues_now(self) -> dict[str, QueueInfo]:
-        names = {*self._caps, *self._paused, *self._census.queues()}
-        return {q: self._info(q) for q in sorted(names)}
+        return self._census.view(self._caps, self._paused)
 
     async def queue(self, name: str) -> QueueInfo:
         await self._refresh()
-        return self._info(name)
-
-    def _info(self, name: str) -> QueueInfo:
-        depth, running = self._census.of(name)
-        return QueueInfo(depth, running, limit=self._caps.get(name), paused=name in self._paused)
+        return self._census.info(name, self._caps, self._paused)
 
     def backlog(self) -> int:
         return self._census.backlog()
