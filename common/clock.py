@@ -83,6 +83,21 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+def _run(callback: Callable[[], object]) -> None:
+    """Call a fired timer's callback as the event loop calls a ``call_later`` one: an
+    exception goes to the running loop's exception handler (logged), and neither stops
+    the loop nor keeps the timers due after it from firing."""
+    try:
+        callback()
+    except Exception as exc:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise exc from None  # advanced by hand outside a loop: the caller sees it
+        loop.call_exception_handler({"message": "FakeClock timer callback failed",
+                                     "exception": exc})  # fmt: skip
+
+
 class FakeClock:
     """A clock that moves only when told to, or (``autojump``) when the loop is idle.
 
@@ -134,7 +149,7 @@ class FakeClock:
             _, _, timer = heapq.heappop(self._heap)
             self._move_to(max(due, self.mono))
             timer.cancelled = True
-            timer.callback()
+            _run(timer.callback)
         self._move_to(max(target, self.mono))
 
     def jump(self) -> bool:

@@ -21,7 +21,7 @@ import msgspec
 
 from sqlq.common.errors import SqlqError
 from sqlq.common.models import TERMINAL, Job
-from sqlq.common.wire import BatchResult, JobPage, QueueList, QueueView, Retried
+from sqlq.common.wire import MAX_WAIT_S, BatchResult, JobPage, QueueList, QueueView, Retried
 
 T = TypeVar("T")
 
@@ -154,7 +154,7 @@ class Requests:
         deadline = time.monotonic() + within
         while True:
             left = deadline - time.monotonic()
-            job = yield from _get(job_id, min(60.0, max(0.0, left)))
+            job = yield from _get(job_id, min(MAX_WAIT_S, max(0.0, left)))  # the server's bound
             if job.state in TERMINAL or left <= 0:
                 return job
 

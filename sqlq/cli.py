@@ -51,7 +51,7 @@ class Commands(click.Group):
 )
 @click.version_option(__version__, "--version", prog_name="sqlq", message="%(prog)s %(version)s")
 def main() -> None:
-    """sqlq: a durable background-job queue with two comparable storage engines.
+    """sqlq: a durable background-job queue with comparable storage engines.
 
     Start a server with `sqlq serve`, submit jobs with POST /jobs, and watch
     GET /stats. See `sqlq COMMAND --help` for each command.

@@ -44,7 +44,9 @@ from sqlq.calls import (
     Unavailable,
     pages,
 )
-from sqlq.common.models import Job
+from sqlq.common.errors import SqlqError
+from sqlq.common.models import TERMINAL, Job
+from sqlq.common.wire import BatchResult, JobPage, QueueList, QueueView, Retried
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -244,16 +246,25 @@ class AsyncClient(_Base):
         await self.aclose()
 
 
+# The methods' return types and the error base stay importable from here, as before.
 __all__ = [
     "DEFAULT_URL",
+    "TERMINAL",
     "ApiError",
     "AsyncClient",
+    "BatchResult",
     "Call",
     "Client",
     "Conflict",
     "Invalid",
+    "Job",
+    "JobPage",
     "NotFound",
+    "QueueList",
+    "QueueView",
     "RateLimited",
+    "Retried",
+    "SqlqError",
     "Unauthorized",
     "Unavailable",
 ]

@@ -166,3 +166,25 @@ async def test_the_fake_clock_fixture_runs_the_test_on_its_autojump_loop(
     done = await final(rt, job.id)
     assert done.state is State.COMPLETED
     assert fake_clock.time() >= NOW + 3600
+
+
+async def test_a_raising_timer_callback_is_reported_and_the_later_ones_still_fire() -> None:
+    """As ``loop.call_later``'s: the loop's exception handler hears of it; nothing stops."""
+    clock = FakeClock(NOW)
+    loop = asyncio.get_running_loop()
+    heard: list[BaseException | None] = []
+    loop.set_exception_handler(lambda _loop, context: heard.append(context.get("exception")))
+    fired: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    clock.call_later(1, boom)
+    clock.call_later(2, lambda: fired.append("after"))
+    try:
+        clock.advance(3)
+    finally:
+        loop.set_exception_handler(None)
+    assert fired == ["after"]
+    assert len(heard) == 1
+    assert isinstance(heard[0], RuntimeError)

@@ -63,20 +63,9 @@ async def test_close_and_reopen_keeps_everything(durable_factory: StoreFactory) 
         await again.close()
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(history=awkward_history())
-def test_awkward_values_come_back_exactly(
+def _awkward_values_come_back(
     factory: StoreFactory, history: list[tuple[Job, Transition, Transition]]
 ) -> None:
-    """Every float bit, every character and every JSON value survives commit and reopen.
-
-    Each step is one batch, so SQLite's multi-row statements are exercised with
-    NUL characters, float extremes and big integers in every column.
-    """
     expect = {job.id: job.apply(start).apply(end) for job, start, end in history}
 
     async def go() -> None:
@@ -94,6 +83,35 @@ def test_awkward_values_come_back_exactly(
             await assert_reopened_holds(factory(retention=math.inf), expect)
 
     asyncio.run(go())
+
+
+AWKWARD = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+}
+
+
+@settings(max_examples=15, **AWKWARD)  # type: ignore[arg-type]
+@given(history=awkward_history())
+def test_awkward_values_come_back_exactly(
+    factory: StoreFactory, history: list[tuple[Job, Transition, Transition]]
+) -> None:
+    """Every float bit, every character and every JSON value survives commit and reopen.
+
+    Each step is one batch, so SQLite's multi-row statements are exercised with
+    NUL characters, float extremes and big integers in every column. The fast tier
+    tries 15 histories an engine; the slow tier's twin below tries 100.
+    """
+    _awkward_values_come_back(factory, history)
+
+
+@pytest.mark.slow
+@settings(max_examples=100, **AWKWARD)  # type: ignore[arg-type]
+@given(history=awkward_history())
+def test_awkward_values_come_back_exactly_over_many_histories(
+    factory: StoreFactory, history: list[tuple[Job, Transition, Transition]]
+) -> None:
+    _awkward_values_come_back(factory, history)
 
 
 async def test_compaction_keeps_state_and_survives_reopen(factory: StoreFactory) -> None:

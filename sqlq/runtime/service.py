@@ -36,7 +36,7 @@ from sqlq.common.errors import (
 )
 from sqlq.common.models import RETRYABLE, Job, State
 from sqlq.common.specs import JobSpec, RetrySpec
-from sqlq.common.store import MAX_PAGE, CompactionReport, JobQuery, JobStore, Recovery
+from sqlq.common.store import MAX_PAGE, JobQuery, JobStore, Recovery
 from sqlq.runtime import report
 from sqlq.runtime.claims import QueueInfo
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig, RuntimeState
@@ -110,7 +110,6 @@ class Service:
         self.state = RuntimeState.NEW
         self.recovery: Recovery | None = None
         self._maintenance: asyncio.Task[None] | None = None
-        self.last_compaction: tuple[float, CompactionReport] | None = None  # (wall time, report)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -158,7 +157,6 @@ class Service:
                 log.error("periodic compaction failed: %s", exc)
                 continue
             self.events.record(Event.COMPACTED)
-            self.last_compaction = (self.clock.time(), report)
             log.info(
                 "compacted: pruned %d jobs, %d -> %d bytes",
                 report.jobs_pruned,

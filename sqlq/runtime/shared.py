@@ -69,6 +69,7 @@ class SharedClaims(ClaimsBase):
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []  # every loop below, the claimer's too
         self._claimer: asyncio.Task[None] | None = None
+        self._upkeep: list[asyncio.Task[None]] = []  # lease renewal and rescue (by_hand)
         self._held: set[str] = set()  # claimed here, outcome not yet written: leases to renew
         self._census = Census(self._store, self._clock)
         self._next_due: float | None = None
@@ -90,20 +91,19 @@ class SharedClaims(ClaimsBase):
         if self._config.listen:
             self._store.listen(self._woken)
         self._claimer = asyncio.create_task(self._claim_loop(), name="sqlq-shared-claimer")
-        self._tasks = [
-            self._claimer,
+        self._upkeep = [
             self._every("leases", self.lease_s / 4, self.renew, "lease renewal failed"),
             self._every("rescue", self.lease_s / 4, self.rescue, "rescue of expired leases failed"),
-            self._every("census", CENSUS_EVERY_S, self._refresh, "could not count the queue"),
         ]
+        census = self._every("census", CENSUS_EVERY_S, self._refresh, "could not count the queue")
+        self._tasks = [self._claimer, *self._upkeep, census]
 
     def by_hand(self) -> None:
         """Stop renewing leases and rescuing expired ones: whoever calls this does both
         (``renew``, ``rescue``) itself, as a test that drives shared mode step by step
         does, or as a node cut off from the database would fail to."""
-        for task in self._tasks:
-            if task.get_name() in ("sqlq-shared-leases", "sqlq-shared-rescue"):
-                task.cancel()
+        for task in self._upkeep:
+            task.cancel()
 
     def _every(
         self, name: str, seconds: float, do: Callable[[], Awaitable[object]], what: str
