@@ -80,7 +80,8 @@ def measure(other: str, stores: list[str], jobs: int, repeats: int) -> list[dict
     return rows
 
 
-def report(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
+def report(rows: list[dict[str, Any]]) -> str:
+    runs = {json.dumps(r["meta"], sort_keys=True): r["meta"] for r in rows}
     lines = [
         "# Server CPU per no-op job: this tree against another, side by side",
         "",
@@ -89,10 +90,15 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         "by single POST from 32 clients, 64 workers, `--sync full`, a fresh server each. "
         "`this / other` is the median of the per-repeat ratios.",
         "",
-        f"- this tree: {info['this']}; other tree: {info['other']}",
-        f"- Python {info['python']} on {info['platform']}",
-        f"- CPU: {info['cpu']}, {info['cores']} cores; data disk: {info['disk']}",
-        f"- repeats: {info['repeats']}",
+    ]
+    for info in runs.values():
+        engines = sorted({r["store"] for r in rows if r["meta"] == info})
+        lines += [
+            f"- {', '.join(engines)}: this tree {info['this']}, other tree {info['other']}; "
+            f"{info['repeats']} repeats; Python {info['python']} on {info['platform']}; "
+            f"CPU: {info['cpu']}, {info['cores']} cores; data disk: {info['disk']}",
+        ]
+    lines += [
         "",
         "| engine | this us/job | other us/job | this / other |",
         "|---|---:|---:|---:|",
@@ -125,16 +131,20 @@ def main() -> None:
     info = meta.collect()
     info.update(this=tree_commit(sys.executable), other=tree_commit(args.other),
                 repeats=args.repeats)  # fmt: skip
-    rows = measure(args.other, args.engines, args.jobs, args.repeats)
-    text = report(rows, info)
-    print(text)
+    rows = [{**r, "meta": info} for r in measure(args.other, args.engines, args.jobs,
+                                                 args.repeats)]  # fmt: skip
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "versus.jsonl", "w") as f:
+        path = out / "versus.jsonl"
+        if path.exists():  # the engines this run left out keep their last rows
+            kept = [json.loads(line) for line in path.read_text().splitlines() if line]
+            rows = [r for r in kept if r["store"] not in args.engines] + rows
+        with open(path, "w") as f:
             for r in rows:
-                f.write(json.dumps({**r, "meta": info}) + "\n")
-        (out / "versus.md").write_text(text)
+                f.write(json.dumps(r) + "\n")
+        (out / "versus.md").write_text(report(rows))
+    print(report(rows))
 
 
 if __name__ == "__main__":

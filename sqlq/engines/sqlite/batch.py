@@ -87,16 +87,19 @@ async def select_jobs(
 async def write_batch(db: aiosqlite.Connection, plan: list[Statement]) -> bool:
     """The whole batch in one transaction; False (rolled back) if any guard refused.
 
-    A batch that is one insert statement runs without BEGIN and COMMIT: a single
-    statement is its own transaction, all or nothing, and two statements fewer
-    are two hops to the connection's thread fewer (about 15% more submits/s, measured).
+    A batch that is one statement, an insert or a one-row update, runs without BEGIN
+    and COMMIT: a single statement is its own transaction, all or nothing, and two
+    statements fewer are two hops to the connection's thread fewer (about 15% more
+    submits/s, measured). A one-row update that a guard refuses changed nothing, so
+    the slow path finds out why as after a rollback.
     """
-    if len(plan) == 1 and not plan[0].counted:
+    if len(plan) == 1 and (not plan[0].counted or plan[0].rows == 1):
+        only = plan[0]
         try:
-            await db.execute(plan[0].sql, plan[0].params)
+            cursor = await db.execute(only.sql, only.params)
         except sqlite3.IntegrityError:
             return False
-        return True
+        return not only.counted or cursor.rowcount == only.rows
     await db.execute("BEGIN IMMEDIATE")
     try:
         for st in plan:
