@@ -1,12 +1,14 @@
 """The SQL side of one group-commit batch: rows, statements, and the two write paths.
 
 Coroutines over an ``aiosqlite.Connection``, through its public API only: every
-call is one hop to the connection's own thread (aiosqlite queues each to it).
-``plan`` builds the batch's multi-row statements on the event loop's thread (the
-Python work), so a batch is a few hops whatever its size: ``write_batch`` runs
-them as one transaction (``BEGIN IMMEDIATE``, a statement per table, ``COMMIT``);
-``write_one_by_one`` is the slow path that finds the caller at fault under
-savepoints, a hop per statement, and runs only when a guard refused a row.
+call is one hop to the connection's own thread (aiosqlite queues each to it), and a
+hop costs the event loop a wake-up and the thread a GIL retake. So a batch is one
+statement: every change becomes a row of the TEMP view ``batch_changes``, whose
+INSTEAD OF triggers apply it (queries.sql), and ``write_batch`` inserts all the rows
+at once: one hop and one transaction, as the plain-thread engine's one call per batch
+was. ``plan`` builds that statement on the event loop's thread (the Python work).
+``write_one_by_one`` is the slow path that finds the caller at fault under savepoints,
+a hop per statement, and runs only when a guard refused a row.
 """
 
 from __future__ import annotations
@@ -27,22 +29,52 @@ from sqlq.common.errors import (
     JobNotFoundError,
     SqlqError,
 )
-from sqlq.common.models import Job
+from sqlq.common.models import Job, Transition
 from sqlq.common.store import Change
-from sqlq.engines.rows import job_values, row_job, transition_values
+from sqlq.engines.rows import (
+    JOB_COLUMNS,
+    TRANSITION_COLUMNS,
+    job_values,
+    row_job,
+    transition_values,
+)
 
-Q = load_queries("sqlq.engines.sqlite", "queries.sql")
+Q = {
+    name: sql.replace("{new_job_columns}", ", ".join(f"NEW.{c}" for c in JOB_COLUMNS))
+    for name, sql in load_queries("sqlq.engines.sqlite", "queries.sql").items()
+}
+# Run at every open: the view and its triggers are TEMP, the connection's own.
+BATCH_OBJECTS = (Q["changes_view"], Q["insert_change"], Q["move_change"])
+
+# A row of batch_changes: op, JOB_COLUMNS, expect_epoch. A move fills the slots of its
+# TRANSITION_COLUMNS and leaves the rest NULL.
+ROW_WIDTH = 1 + len(JOB_COLUMNS) + 1
+MOVE_SLOTS = tuple(
+    ROW_WIDTH - 1 if col == "expect_epoch" else 1 + JOB_COLUMNS.index(col)
+    for col in TRANSITION_COLUMNS
+)
+
+
+def change_row(change: Change) -> tuple[Any, ...]:
+    """One change as a row of ``batch_changes``."""
+    if isinstance(change, Job):
+        return ("insert", *job_values(change), None)
+    row: list[Any] = [None] * ROW_WIDTH
+    row[0] = "move"
+    for slot, value in zip(MOVE_SLOTS, transition_values(change), strict=True):
+        row[slot] = value
+    return tuple(row)
 
 
 def encode_rows(changes: Sequence[Change]) -> list[tuple[Any, ...]]:
     """One caller's changes as statement rows, on its own turn (see ``GroupCommitter``)."""
-    return [job_values(c) if isinstance(c, Job) else transition_values(c) for c in changes]
+    return [change_row(c) for c in changes]
 
 
 # Rows per statement: SQLite allows 32,766 parameters in one statement.
 CHUNK_ROWS = 1000
-# Prepared statements kept per connection (sqlite3's default is 128): there are two
-# batch statements per batch size, and sizes up to ~100 are common under load.
+# Prepared statements kept per connection (sqlite3's default is 128): there is one
+# batch statement per batch size, and sizes up to ~100 are common under load.
 STATEMENT_CACHE = 256
 
 
@@ -52,20 +84,18 @@ class Statement:
 
     sql: str
     params: list[Any]
-    rows: int
-    counted: bool  # an update: every row must match, or a guard refused one
 
 
-def plan(inserts: list[tuple[Any, ...]], updates: list[tuple[Any, ...]]) -> list[Statement]:
-    """The batch as few statements as SQLite's parameter limit allows."""
-    plan = []
-    for name, rows in (("insert_jobs", inserts), ("apply_transitions", updates)):
-        for i in range(0, len(rows), CHUNK_ROWS):
-            chunk = rows[i : i + CHUNK_ROWS]
-            sql = batch_sql(Q[name], len(chunk), len(chunk[0]))
-            params = [value for row in chunk for value in row]
-            plan.append(Statement(sql, params, len(chunk), counted=name == "apply_transitions"))
-    return plan
+def plan(rows: list[tuple[Any, ...]]) -> list[Statement]:
+    """The batch as few statements as SQLite's parameter limit allows (one, unless it
+    has more than ``CHUNK_ROWS`` changes)."""
+    return [
+        Statement(
+            batch_sql(Q["apply_changes"], len(chunk), ROW_WIDTH),
+            [value for row in chunk for value in row],
+        )
+        for chunk in (rows[i : i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS))
+    ]
 
 
 def decode_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Job:
@@ -85,30 +115,22 @@ async def select_jobs(
 
 
 async def write_batch(db: aiosqlite.Connection, plan: list[Statement]) -> bool:
-    """The whole batch in one transaction; False (rolled back) if any guard refused.
+    """The whole batch in one transaction; False (nothing written) if a guard refused a
+    move or an insert collided: the caller then redoes it one caller at a time.
 
-    A batch that is one statement, an insert or a one-row update, runs without BEGIN
-    and COMMIT: a single statement is its own transaction, all or nothing, and two
-    statements fewer are two hops to the connection's thread fewer (about 15% more
-    submits/s, measured). A one-row update that a guard refuses changed nothing, so
-    the slow path finds out why as after a rollback.
+    A batch of one statement runs without BEGIN and COMMIT: a single statement is its
+    own transaction, all or nothing, and two statements fewer are two hops fewer.
     """
-    if len(plan) == 1 and (not plan[0].counted or plan[0].rows == 1):
-        only = plan[0]
+    if len(plan) == 1:
         try:
-            cursor = await db.execute(only.sql, only.params)
+            await db.execute(plan[0].sql, plan[0].params)
         except sqlite3.IntegrityError:
             return False
-        return not only.counted or cursor.rowcount == only.rows
+        return True
     await db.execute("BEGIN IMMEDIATE")
     try:
         for st in plan:
-            cursor = await db.execute(st.sql, st.params)
-            if cursor.rowcount != st.rows and st.counted:
-                # A guard refused a row, or two rows named one job: redo the
-                # batch one caller at a time to find out who.
-                await db.rollback()
-                return False
+            await db.execute(st.sql, st.params)
     except sqlite3.IntegrityError:
         await db.rollback()
         return False
@@ -165,22 +187,22 @@ def duplicate(job: Job, exc: sqlite3.IntegrityError) -> SqlqError:
 
 
 async def apply_one(db: aiosqlite.Connection, change: Change) -> None:
-    if isinstance(change, Job):
-        try:
-            row = job_values(change)
-            await db.execute(batch_sql(Q["insert_jobs"], 1, len(row)), row)
-        except sqlite3.IntegrityError as exc:
+    """One change, through the same statement as the batch; its error, precisely."""
+    try:
+        await db.execute(batch_sql(Q["apply_changes"], 1, ROW_WIDTH), change_row(change))
+    except sqlite3.IntegrityError as exc:
+        if isinstance(change, Job):
             raise duplicate(change, exc) from None
-        return
-    row = transition_values(change)
-    cursor = await db.execute(batch_sql(Q["apply_transitions"], 1, len(row)), row)
-    if cursor.rowcount == 1:
-        return
-    jobs = await select_jobs(db, Q["get_job"], (change.job_id,))
+        await refused(db, change)
+
+
+async def refused(db: aiosqlite.Connection, move: Transition) -> None:
+    """Why the guard refused ``move``: the job is missing, or ``Job.check`` says why."""
+    jobs = await select_jobs(db, Q["get_job"], (move.job_id,))
     if not jobs:
-        raise JobNotFoundError(change.job_id)
-    jobs[0].check(change)  # raises the precise TransitionError
-    raise IllegalTransitionError(change.job_id, "refused by the database guard")
+        raise JobNotFoundError(move.job_id)
+    jobs[0].check(move)  # raises the precise TransitionError
+    raise IllegalTransitionError(move.job_id, "refused by the database guard")
 
 
 async def prune(db: aiosqlite.Connection, cutoff: float) -> tuple[int, int]:

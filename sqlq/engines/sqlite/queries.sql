@@ -8,29 +8,48 @@ id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, create
 updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
 attempts_total
 
--- name: insert_jobs
--- Many rows in one statement: {rows} becomes one "(?, ...)" group per row (see
--- sqlq.common.engine.sql.batch_sql). One statement is one SQLite step, and the connection's
--- thread must retake the GIL after every step; with the event loop busy each
--- retake waits, so a batch costs one wait instead of one per row (executemany).
-INSERT INTO jobs ({job_columns})
-VALUES {rows};
+-- name: changes_view
+-- A batch's changes, in the callers' order, as rows of one view (created per connection
+-- at open, TEMP, so the database file holds only data): op, then a job's columns, then
+-- the epoch a move expects. Inserting into it stores nothing; the two triggers below
+-- apply each row. So a whole batch is one INSERT statement, one hop to aiosqlite's
+-- thread and one SQLite step, where a BEGIN, a statement per table and a COMMIT were
+-- four. A statement is atomic: any error in it (a duplicate, a refused guard) undoes
+-- every row of it.
+CREATE TEMP VIEW IF NOT EXISTS batch_changes AS
+SELECT NULL AS op, {job_columns}, NULL AS expect_epoch FROM jobs WHERE 0;
 
--- name: apply_transitions
--- Rows of (id, expect_epoch, state, epoch, attempts, ready_at, updated_at,
--- last_error, result, started_at, attempts_total); a VALUES table names its
--- columns column1... A NULL attempts_total leaves the column as it is.
+-- name: insert_change
+CREATE TEMP TRIGGER IF NOT EXISTS insert_change INSTEAD OF INSERT ON batch_changes
+WHEN NEW.op = 'insert'
+BEGIN
+  INSERT INTO jobs ({job_columns}) VALUES ({new_job_columns});
+END;
+
+-- name: move_change
 -- The epoch guard fences stale workers; the EXISTS guard enforces the transition
--- table. A row refused by a guard is not updated: the caller compares the count.
-UPDATE jobs
-   SET state = t.column3, epoch = t.column4, attempts = t.column5, ready_at = t.column6,
-       updated_at = t.column7, last_error = t.column8, result = t.column9,
-       started_at = t.column10, attempts_total = COALESCE(t.column11, jobs.attempts_total)
-  FROM (VALUES {rows}) AS t
- WHERE jobs.id = t.column1
-   AND jobs.epoch = t.column2
-   AND EXISTS (SELECT 1 FROM legal_transitions
-                WHERE from_state = jobs.state AND to_state = t.column3);
+-- table; a move either guard refuses aborts the statement. A NULL attempts_total
+-- leaves the column as it is.
+CREATE TEMP TRIGGER IF NOT EXISTS move_change INSTEAD OF INSERT ON batch_changes
+WHEN NEW.op = 'move'
+BEGIN
+  UPDATE jobs
+     SET state = NEW.state, epoch = NEW.epoch, attempts = NEW.attempts,
+         ready_at = NEW.ready_at, updated_at = NEW.updated_at, last_error = NEW.last_error,
+         result = NEW.result, started_at = NEW.started_at,
+         attempts_total = COALESCE(NEW.attempts_total, jobs.attempts_total)
+   WHERE id = NEW.id
+     AND epoch = NEW.expect_epoch
+     AND EXISTS (SELECT 1 FROM legal_transitions
+                  WHERE from_state = jobs.state AND to_state = NEW.state);
+  SELECT RAISE(ABORT, 'sqlq: a guard refused a move') WHERE changes() = 0;
+END;
+
+-- name: apply_changes
+-- Many rows in one statement: {rows} becomes one "(?, ...)" group per row (see
+-- sqlq.common.engine.sql.batch_sql); rows are applied in order, so two changes of one
+-- job in a batch apply as the fold would.
+INSERT INTO batch_changes VALUES {rows};
 
 -- name: get_job
 SELECT {job_columns}
