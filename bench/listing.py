@@ -156,64 +156,6 @@ async def write(args: argparse.Namespace, dsn: str | None, postmaster: int | Non
         print(f"median {label:8} {med}")
 
 
-SQLITE_SETS = {
-    "before": [],  # the indexes of the code before: jobs_retryable for jobs_finished
-    "+finished": ["jobs_finished"],
-    "+kind,queue": ["jobs_kind_id", "jobs_queue_id"],
-    "+all": ["jobs_finished", "jobs_kind_id", "jobs_queue_id"],
-}
-
-
-async def sqlite_micro(rounds: int, jobs: int, batch: int) -> None:
-    """The SQLite write path alone (batch.plan and batch.write_batch on one connection,
-    synchronous=NORMAL so that no fsync is timed), submit -> start -> complete in
-    batches, each index set in turn, per round: process CPU per job, min over rounds."""
-    import aiosqlite
-
-    from sqlq.common.models import TRANSITIONS
-    from sqlq.engines.sqlite.batch import Q, encode_rows, plan, write_batch
-    from sqlq.engines.sqlite.store import INDEXES, SCHEMA
-
-    got: dict[str, list[float]] = {k: [] for k in SQLITE_SETS}
-    for _ in range(rounds):
-        for label, keep in SQLITE_SETS.items():
-            d = tempfile.mkdtemp(prefix="sqlq-listing-")
-            db = await aiosqlite.connect(os.path.join(d, "db"), isolation_level=None)
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=NORMAL")
-            await db.executescript(SCHEMA)
-            await db.executescript(INDEXES)
-            await db.executemany(
-                Q["insert_transition"],
-                [(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt],
-            )
-            for name in {"jobs_finished", "jobs_kind_id", "jobs_queue_id"} - set(keep):
-                await db.execute(f"DROP INDEX {name}")
-            if "jobs_finished" not in keep:
-                await db.execute(
-                    "CREATE INDEX jobs_retryable ON jobs (state, id) "
-                    "WHERE state IN ('dead', 'cancelled')"
-                )
-            cpu = 0.0
-            for _ in range(jobs // batch):
-                new = [Job.new(kind="noop", args={}, now=NOW) for _ in range(batch)]
-                starts = [j.start(NOW) for j in new]
-                dones = [j.apply(s).complete(None, NOW) for j, s in zip(new, starts, strict=True)]
-                for st in (
-                    plan(encode_rows(new), []),
-                    plan([], encode_rows(starts)),
-                    plan([], encode_rows(dones)),
-                ):
-                    t = time.process_time()
-                    assert await write_batch(db, st)
-                    cpu += time.process_time() - t
-            await db.close()
-            got[label].append(cpu / jobs * 1e6)
-    base = min(got["before"])
-    for label, us in got.items():
-        print(f"{label:12} {min(us):6.1f} us/job (min of {rounds})  +{min(us) - base:5.1f} us")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--engine", choices=["sqlite", "postgres"], default="sqlite")
@@ -221,12 +163,8 @@ def main() -> None:
     p.add_argument("--write", action="store_true")
     p.add_argument("--index", action="append", default=[], help="columns, e.g. kind,id")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--micro", action="store_true", help="sqlite's write statements alone")
     p.add_argument("--transitions", type=int, default=30_000)
     args = p.parse_args()
-    if args.micro:
-        asyncio.run(sqlite_micro(args.repeats, args.transitions // 3, 32))
-        return
     cluster = None
     dsn = postmaster = None
     if args.engine == "postgres":

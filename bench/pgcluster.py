@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
+
 from sqlq.bench.client.server import free_port
 from sqlq.engines.postgres.migrate import migrate
 
@@ -81,6 +83,29 @@ class Cluster:
         with ThreadPoolExecutor(1) as pool:  # a loop of its own, whatever the caller runs
             pool.submit(asyncio.run, migrate(dsn)).result()
         return dsn
+
+    def recycle(self, name: str, *, migrated: bool = True) -> str:
+        """Database ``name`` emptied as if new (and migrated); its DSN. About 0.03 s where
+        CREATE DATABASE takes 0.3 (it copies the template, here with fsync on): for a test
+        suite that needs a fresh database per test. Its sessions are ended first, so a
+        connection a test left open holds no lock on what is dropped."""
+
+        async def empty() -> None:
+            conn = await asyncpg.connect(self.dsn(name))
+            try:
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+            finally:
+                await conn.close()
+            if migrated:
+                await migrate(self.dsn(name))
+
+        with ThreadPoolExecutor(1) as pool:  # a loop of its own, whatever the caller runs
+            pool.submit(asyncio.run, empty()).result()
+        return self.dsn(name)
 
     def remove(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)

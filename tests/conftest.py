@@ -8,7 +8,6 @@ the fake the runtime tests use cannot drift from the real engines.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import Registry
 from sqlq.runtime.service import Service
 from tests.helpers import NOW, ServiceFactory, StoreFactory, unavailable
+from tests.pgdb import fresh_database
 
 
 @pytest.fixture
@@ -74,8 +74,7 @@ def _factory(
     the first's files (or database)."""
     dsn = None
     if engine in SHARED:
-        cluster: Cluster = request.getfixturevalue("pg_cluster")
-        dsn = cluster.create_database()
+        dsn = fresh_database(request)
 
     def make(**options: Any) -> JobStore:
         options.setdefault("clock", clock)
@@ -171,20 +170,12 @@ def pg_cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture
-async def pg_dsn(pg_cluster: Cluster) -> str:
+def pg_dsn(request: pytest.FixtureRequest) -> str:
     """A fresh, empty database in the session's cluster."""
-    import asyncpg
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(pg_cluster.dsn())
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return pg_cluster.dsn(name)
+    return fresh_database(request, migrated=False)
 
 
 @pytest.fixture
-def pg_db(pg_cluster: Cluster) -> str:
+def pg_db(request: pytest.FixtureRequest) -> str:
     """A fresh database in the session's cluster, migrated to the latest schema."""
-    return pg_cluster.create_database()
+    return fresh_database(request)

@@ -17,7 +17,7 @@ from sqlq.engines.registry import ALL, ENGINES
 from tests.model_machine import machine_for
 
 FAST = ("memory", "walq")
-FAST_EXAMPLES = 60  # per engine: about 12 s for both on a quiet machine
+FAST_EXAMPLES = 30  # per engine: about 2.5 s for both on a quiet machine
 # Examples per engine in the slow tier: 2,000 in all, most on the durable engines (the
 # memory engine is only the baseline); PostgreSQL's cost most (about 0.8 s each).
 SLOW_EXAMPLES = {"memory": 200, "walq": 900, "sqlite": 700, "postgres": 200}

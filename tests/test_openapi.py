@@ -30,7 +30,10 @@ from sqlq.bench.client.server import ServerProcess
 from sqlq.http.openapi import OPS
 from tests.helpers import spawn_server
 
-EXAMPLES = 40  # per operation; hypothesis shrinks any failure to a minimal request
+# Requests per operation: the fast tier, and the slow one; hypothesis shrinks any failure
+# to a minimal request.
+FAST_EXAMPLES = 12
+SLOW_EXAMPLES = 60
 # No 5xx; every status, content type, header and body as documented; and what the
 # schema forbids is refused. Not "everything the schema allows is accepted": a job's
 # kind and its arguments are checked against the server's registry, not the document.
@@ -61,6 +64,15 @@ def test_the_document_is_openapi_3_1_from_the_validating_types(server: ServerPro
 
 
 def test_every_operation_answers_as_documented(server: ServerProcess) -> None:
+    check_every_operation(server, FAST_EXAMPLES)
+
+
+@pytest.mark.slow
+def test_every_operation_answers_as_documented_at_length(server: ServerProcess) -> None:
+    check_every_operation(server, SLOW_EXAMPLES)
+
+
+def check_every_operation(server: ServerProcess, examples: int) -> None:
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
     checked = []
     for result in schema.get_all_operations():
@@ -69,7 +81,7 @@ def test_every_operation_answers_as_documented(server: ServerProcess) -> None:
         operation = result.ok()
 
         @settings(
-            max_examples=EXAMPLES,
+            max_examples=examples,
             deadline=None,
             suppress_health_check=list(HealthCheck),
             database=None,

@@ -21,9 +21,9 @@ import httpx
 import pytest
 
 from sqlq.bench.client.server import ServerProcess
-from sqlq.bench.pgcluster import Cluster
 from sqlq.engines.registry import ENGINES
 from tests.helpers import spawn_server, wait_for
+from tests.pgdb import fresh_database
 
 DURABLE_ENGINES = tuple(name for name, e in ENGINES.items() if e.durable)
 LONG_JOB = {"kind": "sleep", "args": {"work_ms": 5000}}
@@ -39,8 +39,7 @@ def engine(request: pytest.FixtureRequest) -> str:
 def serve_args(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     """The same data for every life of the server: a directory, or one database."""
     if ENGINES[engine].shared:
-        cluster: Cluster = request.getfixturevalue("pg_cluster")
-        dsn = cluster.create_database()
+        dsn = fresh_database(request)
         return ["--store", engine, "--dsn", dsn, "--lease", str(LEASE_S)]
     return ["--store", engine, "--data", str(tmp_path / "data"), "--sync", "os"]
 

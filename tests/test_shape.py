@@ -33,9 +33,20 @@ def reference(value: Any) -> tuple[int, int]:
     return 0, 1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(JSON)
 def test_the_walk_agrees_with_recursion_and_the_counts_bound_it(value: Any) -> None:
+    walk_agrees(value)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(JSON)
+def test_the_walk_agrees_with_recursion_over_many_values(value: Any) -> None:
+    walk_agrees(value)
+
+
+def walk_agrees(value: Any) -> None:
     depth, items = reference(value)
     assert measure(value, max_depth=1000, max_items=10**9) == items
     most_depth, most_items = bound(msgspec.json.encode(value))
