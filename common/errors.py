@@ -8,6 +8,9 @@
     ├── DuplicateJobError        a submission reused an existing id
     ├── DuplicateKeyError        a submission reused an idempotency key another job holds
     ├── IdempotencyConflictError the same key came with a different request
+    ├── ScheduleError            a schedule change that may not happen
+    │   ├── StaleScheduleError       the schedule changed (or went) since it was read
+    │   └── OverlapError             its previous tick's job is still live (overlap: skip)
     ├── TransitionError          a state change that may not happen
     │   ├── IllegalTransitionError   not in the transition table
     │   ├── StaleEpochError          the job was requeued since; the caller is fenced off
@@ -94,6 +97,23 @@ class IdempotencyConflictError(SqlqError):
         )
         self.key = key
         self.job_id = job_id
+
+
+class ScheduleError(SqlqError):
+    """A change to a schedule that its stored state refuses; nothing of the call applies."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"schedule {name}: {message}")
+        self.name = name
+
+
+class StaleScheduleError(ScheduleError):
+    """The schedule's version or cursor is not what the change expected (another node
+    enqueued the tick, or someone replaced or deleted the schedule): read it again."""
+
+
+class OverlapError(ScheduleError):
+    """The schedule's previous job is still live, and its overlap policy is ``skip``."""
 
 
 class TransitionError(SqlqError):

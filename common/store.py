@@ -1,7 +1,8 @@
 """The ``JobStore`` protocol: what the runtime may ask of any storage engine.
 
-A *change* is either a ``Job`` (a submission, state ``scheduled``) or a
-``Transition``. Every write goes through ``commit``: the changes of one call are
+A *change* is a ``Job`` (a submission, state ``scheduled``), a ``Transition``,
+or a change to a schedule (``sqlq.common.schedule``: put, drop, advance its
+cursor). Every write goes through ``commit``: the changes of one call are
 atomic (all or none), and when ``commit`` returns they are durable at the
 engine's sync level. Engines batch concurrent ``commit`` calls into one write
 (group commit) but keep each call atomic on its own.
@@ -18,11 +19,18 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from sqlq.common.models import Job, State, Transition
+from sqlq.common.schedule import (
+    AdvanceSchedule,
+    DropSchedule,
+    PutSchedule,
+    Schedule,
+    key_range,
+)
 
 SyncLevel = Literal["full", "os"]
 DEFAULT_RETENTION_S = 3600.0  # how long finished jobs stay readable
 
-Change = Job | Transition
+Change = Job | Transition | PutSchedule | DropSchedule | AdvanceSchedule
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +75,7 @@ class JobQuery:
     state: State | None = None
     kind: str | None = None
     queue: str | None = None
+    schedule: str | None = None  # the jobs this schedule made (by their idempotency keys)
     after: str | None = None  # the last id of the previous page
     limit: int = 100
 
@@ -75,7 +84,12 @@ class JobQuery:
             (self.state is None or job.state is self.state)
             and (self.kind is None or job.kind == self.kind)
             and (self.queue is None or job.queue == self.queue)
+            and (self.schedule is None or self._made_by_schedule(job))
         )
+
+    def _made_by_schedule(self, job: Job) -> bool:
+        low, high = key_range(self.schedule or "")
+        return job.idempotency_key is not None and low <= job.idempotency_key < high
 
 
 IN_DETAIL = ("disk_bytes", "last_compaction")  # in /stats under each engine's own names
@@ -141,13 +155,17 @@ class JobStore(Protocol):
         A ``Job`` is inserted (``DuplicateJobError`` if its id exists). A
         ``Transition`` is applied only if the job exists (``JobNotFoundError``),
         its epoch equals ``expect_epoch`` (``StaleEpochError``) and the move is in
-        ``TRANSITIONS`` (``IllegalTransitionError``). On any such error nothing of
-        this call is applied; other callers batched with it are unaffected. A
-        value that cannot be encoded raises ``UnencodableError`` for this call
-        alone. An I/O failure raises ``StoreFailedError`` for every caller in the
-        batch and every later call until the engine is reopened. On a store that
-        is not open, ``StoreClosedError``, even for an empty sequence; on an open
-        one an empty sequence is a no-op.
+        ``TRANSITIONS`` (``IllegalTransitionError``). A schedule change is applied
+        as its docstring says (``sqlq.common.schedule``), or refused with a
+        ``ScheduleError``; changes of one call apply in order, so a call that
+        advances a cursor and inserts the tick's job is one tick, whole or not at
+        all. On any such error nothing of this call is applied; other callers
+        batched with it are unaffected. A value that cannot be encoded raises
+        ``UnencodableError`` for this call alone. An I/O failure raises
+        ``StoreFailedError`` for every caller in the batch and every later call
+        until the engine is reopened. On a store that is not open,
+        ``StoreClosedError``, even for an empty sequence; on an open one an empty
+        sequence is a no-op.
         """
         ...
 
@@ -163,6 +181,14 @@ class JobStore(Protocol):
     async def find_key(self, key: str) -> Job | None:
         """The retained job submitted with idempotency key ``key``, or ``None``. A second
         job with a key another retained job holds is refused (``DuplicateKeyError``)."""
+        ...
+
+    async def list_schedules(self) -> list[Schedule]:
+        """Every committed schedule, in name order (at most ``MAX_SCHEDULES``)."""
+        ...
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        """The committed schedule ``name``, or ``None``."""
         ...
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
-from sqlq.common.models import Job
+from sqlq.common.models import Job, State
+from sqlq.common.schedule import ScheduleSpec
 
 MAX_WAIT_S = 60  # seconds: the longest GET /jobs/{id}?wait= the server holds a request for
 
@@ -54,3 +55,22 @@ class Health(msgspec.Struct):
 class Ready(msgspec.Struct):
     ready: bool
     reason: str
+
+
+class JobRef(msgspec.Struct):
+    id: str
+    state: State | None  # None: pruned past retention
+
+
+class ScheduleView(msgspec.Struct):
+    """A schedule as ``GET /schedules/{name}`` shows it."""
+
+    name: str
+    spec: ScheduleSpec
+    next_at: float | None  # when its next tick falls (unix seconds); None while paused
+    last_tick: int | None  # the newest tick a job was enqueued for; None: none yet
+    last_job: JobRef | None  # that tick's job
+
+
+class ScheduleList(msgspec.Struct):
+    schedules: list[ScheduleView]

@@ -14,10 +14,12 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
+from typing import cast
 
 from sqlq.common.engine.sortedids import SortedIds
 from sqlq.common.errors import DuplicateJobError, DuplicateKeyError, JobNotFoundError
-from sqlq.common.models import TERMINAL, Job, State, Transition
+from sqlq.common.models import LIVE, TERMINAL, Job, State, Transition
+from sqlq.common.schedule import PutSchedule, Schedule, fold, key_range
 from sqlq.common.store import Change, JobQuery
 
 
@@ -25,6 +27,11 @@ def expired(job: Job, cutoff: float) -> bool:
     """The retention rule, in one place: finished, and last updated before ``cutoff``."""
     return job.state in TERMINAL and job.updated_at < cutoff
 
+
+# What ``stage`` returns: jobs by id, and schedules (None: dropped) by ``SCHEDULE`` + name.
+# Job ids are hex digits, so no job id starts with it.
+SCHEDULE = "\x00"
+Staged = dict[str, Job | Schedule | None]
 
 Key = tuple[State | None, str | None, str | None]  # (state, queue, kind); None: any
 Fields = tuple[State, str, str]  # what a job is listed under: its state, queue and kind
@@ -103,6 +110,7 @@ class JobIndex:
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
         self.keys: dict[str, str] = {}  # idempotency key -> job id
+        self.schedules: dict[str, Schedule] = {}  # by name
         self._buckets: dict[Key, SortedIds] = {}  # every built family's buckets
         self._masks: list[int] = []  # the families built
         # Changed since the last page: job id -> what the buckets list it under (None: not
@@ -123,12 +131,12 @@ class JobIndex:
     def stage(
         self,
         changes: Sequence[Change],
-        staged: dict[str, Job],
+        staged: Staged,
         staged_keys: set[str] | frozenset[str] = frozenset(),
-    ) -> dict[str, Job]:
-        """The jobs ``changes`` produce on top of ``staged`` (whose new jobs hold
-        ``staged_keys``); raises, changing nothing."""
-        mine: dict[str, Job] = {}
+    ) -> Staged:
+        """The jobs and schedules ``changes`` produce on top of ``staged`` (whose new jobs
+        hold ``staged_keys``); raises, changing nothing."""
+        mine: Staged = {}
         my_keys: set[str] = set()
         for change in changes:
             if isinstance(change, Job):
@@ -140,21 +148,42 @@ class JobIndex:
                         raise DuplicateKeyError(key)
                     my_keys.add(key)
                 mine[change.id] = change
-            else:
-                current = self._current(change, mine, staged)
+            elif isinstance(change, Transition):
+                current = self._current(change.job_id, mine, staged)
+                if current is None:
+                    raise JobNotFoundError(change.job_id)
                 mine[change.job_id] = current.apply(change)
+            else:
+                name = change.schedule.name if isinstance(change, PutSchedule) else change.name
+                idle = getattr(change, "idle", None)
+                idle_job = None if idle is None else self._current(idle, mine, staged)
+                live = idle_job is not None and idle_job.state in LIVE
+                mine[SCHEDULE + name] = fold(self._schedule(name, mine, staged), change, live)
         return mine
 
-    def _current(self, t: Transition, mine: dict[str, Job], staged: dict[str, Job]) -> Job:
-        job = mine.get(t.job_id) or staged.get(t.job_id) or self.jobs.get(t.job_id)
-        if job is None:
-            raise JobNotFoundError(t.job_id)
-        return job
+    def _current(self, job_id: str, mine: Staged, staged: Staged) -> Job | None:
+        for layer in (mine, staged):
+            if job_id in layer:
+                return cast(Job, layer[job_id])
+        return self.jobs.get(job_id)
 
-    def publish(self, staged: dict[str, Job]) -> None:
+    def _schedule(self, name: str, mine: Staged, staged: Staged) -> Schedule | None:
+        for layer in (mine, staged):
+            if SCHEDULE + name in layer:
+                return cast("Schedule | None", layer[SCHEDULE + name])
+        return self.schedules.get(name)
+
+    def publish(self, staged: Staged) -> None:
         jobs, keys = self.jobs, self.keys
         pending = self._pending if self._masks or self._since is not None else None
         for job_id, job in staged.items():
+            if not isinstance(job, Job):
+                name = job_id[len(SCHEDULE) :]
+                if job is None:
+                    self.schedules.pop(name, None)
+                else:
+                    self.schedules[name] = job
+                continue
             old = jobs.get(job_id)
             if old is None:
                 if job.idempotency_key is not None:
@@ -187,11 +216,13 @@ class JobIndex:
                         raise DuplicateKeyError(key)
                     keys[key] = change.id
                 jobs[change.id] = change
-            else:
+            elif isinstance(change, Transition):
                 job = jobs.get(change.job_id)
                 if job is None:
                     raise JobNotFoundError(change.job_id)
                 jobs[change.job_id] = job.apply(change)
+            else:
+                self.publish(self.stage([change], {}))
         if self._masks or self._since is not None:  # recovery comes before any listing
             self._drop()
 
@@ -211,6 +242,8 @@ class JobIndex:
 
     def page(self, query: JobQuery) -> list[Job]:
         """A page; a family it needs that is not built yet is built here, on this thread."""
+        if query.schedule is not None:
+            return self._schedule_page(query)
         mask = _mask(query)
         self._catch_up()
         if mask not in self._masks:
@@ -228,7 +261,7 @@ class JobIndex:
         of the jobs, while commits and other pages go on; then what changed since the
         snapshot is applied to it, on this thread, before it serves a page."""
         mask = _mask(query)
-        while mask not in self._masks:
+        while query.schedule is None and mask not in self._masks:
             async with self._builds:
                 if mask in self._masks:
                     break
@@ -244,6 +277,15 @@ class JobIndex:
                 finally:
                     self._since = None
         return self.page(query)
+
+    def _schedule_page(self, query: JobQuery) -> list[Job]:
+        """A page of one schedule's jobs, found by their keys: a walk of the keys (a
+        schedule's listing is rare, and its jobs are a few of the retained ones)."""
+        low, high = key_range(query.schedule or "")
+        after = query.after or ""
+        ids = sorted(i for k, i in self.keys.items() if low <= k < high and i > after)
+        found = (self.jobs[i] for i in ids)
+        return list(islice((j for j in found if query.matches(j)), query.limit))
 
     # -- the listing families (see the class docstring) ------------------------------------
 

@@ -18,6 +18,7 @@ from sqlq.common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
 from sqlq.common.engine.index import JobIndex
 from sqlq.common.errors import StoreClosedError, StoreError, UnencodableError
 from sqlq.common.models import Job
+from sqlq.common.schedule import Schedule
 from sqlq.common.store import (
     DEFAULT_RETENTION_S,
     Change,
@@ -87,6 +88,16 @@ class MemoryStore:
         if not self._open:
             raise StoreClosedError("memory store is not open")
         return self._index.by_key(key)
+
+    async def list_schedules(self) -> list[Schedule]:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        return [self._index.schedules[n] for n in sorted(self._index.schedules)]
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        return self._index.schedules.get(name)
 
     def observe_batches(self, observer: Callable[[int, float], None]) -> None:
         pass  # nothing is written, so there are no batches to report
