@@ -96,13 +96,16 @@ def _before_after(rep: Report, now: Summary) -> None:
         return
     g = group(before, _key)
     commits = sorted({str(r.meta.get("git_commit", "?")) for r in before})
+    current = rep.rows(NAME, LoadRow)
+    after = sorted({str(r.meta.get("git_commit", "?")) for r in current if r.store in stores})
     rep.add(
         "",
         f"### D, before and after: {', '.join(stores)}",
         "",
         f"`before` ran on {', '.join(commits)}, the tree before the change (for SQLite: a "
-        "plain thread owning a sqlite3 connection; now aiosqlite's connection through its "
-        "public API, one hop per statement, a batch BEGIN, a statement per table, COMMIT), "
+        "plain thread owning a sqlite3 connection), `after` on "
+        f"{', '.join(after)} (SQLite on aiosqlite's connection through its public API; "
+        "what a batch costs there, by commit, is in results/engines.md), "
         f"{len({r.repeat for r in before})} repeats interleaved with the current tree's. "
         "Each `x memory` is against the memory baseline of its own run.",
         "",
