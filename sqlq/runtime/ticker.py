@@ -69,6 +69,7 @@ class Ticker:
         self._next: dict[str, int] = {}  # name -> its next tick after its cursor
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.stale = 0  # advances refused: another evaluator won, or the schedule changed
         schedules.on_change = self.changed
 
     def start(self) -> None:
@@ -139,7 +140,8 @@ class Ticker:
                 schedule = await self._carry_out(schedule)
                 self._remember(name, schedule)
                 return
-            except (StaleScheduleError, OverlapError):
+            except (StaleScheduleError, OverlapError) as exc:
+                self.stale += isinstance(exc, StaleScheduleError)
                 schedule = await self._store.get_schedule(name)
                 self._remember(name, schedule)
         log.warning("schedule %s: changed %d times while evaluated; later", name, MAX_ROUNDS)
@@ -163,7 +165,7 @@ class Ticker:
         """Enqueue ``tick``'s job (True), or pass it over for overlap ``skip`` (False)."""
         spec = schedule.spec
         idle = None
-        if spec.overlap is Overlap.SKIP and schedule.last_job is not None:
+        if spec.overlap == Overlap.SKIP and schedule.last_job is not None:
             previous = await self._store.get(schedule.last_job)
             if previous is not None and previous.state in LIVE:
                 return await self._advance(schedule, tick, None, None), False
