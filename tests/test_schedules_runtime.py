@@ -200,3 +200,17 @@ async def test_shared_mode_reads_other_nodes_schedules_again(
     assert b.events.ticks["x"][0] > 0
     ticks = await ticks_of(store, "x")
     assert ticks == list(range(int(NOW) + 1, await cursor_of(store, "x") + 1))
+
+
+async def test_a_cron_schedule_in_a_zone_ticks_once_a_minute(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    store = Reopenable(clock=fake_clock)
+    rt = start(services, fake_clock, store)
+    await rt.start()
+    await rt.schedules.put("m", spec_of(kind="sleep", cron="* * * * *", tz="Europe/Berlin"))
+    await jobs_at_least(store, "m", 3)
+    await rt.stop(0)
+    ticks = await ticks_of(store, "m")
+    first = (int(NOW) // 60 + 1) * 60
+    assert ticks == list(range(first, await cursor_of(store, "m") + 1, 60))

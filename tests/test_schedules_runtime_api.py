@@ -151,3 +151,21 @@ def test_a_bad_code_defined_schedule_fails_at_definition() -> None:
         Service(MemoryStore(), kinds=registry, define_schedules=True)
     assert msgspec.json.decode(msgspec.json.encode(registry.schedules["z"]))["every_s"] == 1
     assert tick_key("z", 5) == "sched:z:5"
+
+
+def test_task_with_cron_defines_a_schedule_of_its_kind() -> None:
+    registry = Registry()
+
+    @task(registry=registry, cron="30 2 * * *", tz="Europe/Berlin", args={"full": True})
+    def backup(args: Any) -> Any:
+        return None
+
+    assert "backup" in registry
+    assert registry.schedules == {
+        "backup": ScheduleSpec(
+            kind="backup", cron="30 2 * * *", tz="Europe/Berlin", args={"full": True}
+        )
+    }
+    with pytest.raises(ValueError, match="tz"):
+        task("bad", registry=registry, every_s=60, tz="Mars/Olympus")(lambda args: None)
+    assert "bad" not in registry  # a bad schedule registers neither the kind nor itself
