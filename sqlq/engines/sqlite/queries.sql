@@ -116,9 +116,13 @@ INSERT INTO schedules ({schedule_columns}) VALUES (?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (name) DO NOTHING;
 
 -- name: put_schedule
--- A PutSchedule replacing version ?: the whole record, if it is still at that version.
+-- A PutSchedule replacing version ?: the whole record, if it is still at that version, but
+-- never its cursor backwards (sqlq.common.schedule.fold: a put read before a tick and
+-- committed after it keeps the tick's cursor and job). The SET list is evaluated on the
+-- old row, so cursor < ? below is the stored cursor's test.
 UPDATE schedules
-   SET spec = ?, version = ?, cursor = ?, last_job = ?, created_at = ?, updated_at = ?
+   SET spec = ?, version = ?, last_job = CASE WHEN cursor < ?3 THEN ?4 ELSE last_job END,
+       cursor = MAX(cursor, ?3), created_at = ?, updated_at = ?
  WHERE name = ? AND version = ?;
 
 -- name: drop_schedule
