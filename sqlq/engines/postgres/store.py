@@ -207,6 +207,16 @@ class PostgresStore(Committing):
         row = await self._read(lambda c: c.fetchrow(SQ["schedule"], name), "name")
         return None if row is None else row_schedule(row)
 
+    async def set_queue_paused(self, queue: str, paused: bool) -> None:
+        await self._read(lambda c: c.fetchrow(Q["set_paused"], queue, paused))
+
+    async def paused_queues(self) -> list[str]:
+        return [r[0] for r in await self._read(lambda c: c.fetch(Q["paused"]))]
+
+    async def finished(self, ids: Sequence[str]) -> list[Job]:
+        rows = await self._read(lambda c: c.fetch(Q["finished"], list(ids)))
+        return [row_job(r) for r in rows]
+
     async def claim(
         self, n: int, now: float, lease_until: float, caps: dict[str, int]
     ) -> list[Job]:
