@@ -17,12 +17,14 @@ from sqlq.common.errors import (
     DuplicateKeyError,
     OverlapError,
     StaleScheduleError,
+    StoreUnavailableError,
     UnencodableError,
 )
 from sqlq.common.models import Job
 from sqlq.common.schedule import AdvanceSchedule, DropSchedule, PutSchedule, key_range, tick_key
 from sqlq.common.store import Fence, JobQuery
 from sqlq.engines.listing import postgres_args, postgres_shape
+from sqlq.engines.postgres import schedules
 from sqlq.engines.postgres.batch import job_args
 from sqlq.engines.postgres.connections import LIST_SETTINGS
 from sqlq.engines.postgres.migrate import LATEST, migrate, migrations, version
@@ -178,6 +180,33 @@ async def test_fenced_commits_take_schedule_changes_and_bad_values_fail_their_ca
     with pytest.raises(UnencodableError):  # a NUL PostgreSQL's text refuses
         await store.commit([PutSchedule(schedule=record("nul\x00"), expect_version=0)])
     assert [x.name for x in await store.list_schedules()] == ["nightly"]
+
+
+async def test_a_connection_lost_midway_fails_only_the_calls_not_yet_committed(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other calls' statement committed before the tick's call lost the connection:
+    they are durable and hear so; the tick's caller hears StoreUnavailableError."""
+    store = await stores()
+    s = await create(store, record())
+
+    async def lost(*_: object) -> None:
+        raise ConnectionResetError("the writer's connection went away")
+
+    monkeypatch.setattr(schedules, "apply", lost)
+    plain = Job.new(kind="noop", args={}, now=NOW)
+    tick = tick_job(s.name, CREATED + MINUTE)
+    outcomes = await asyncio.gather(
+        store.commit([plain]),
+        store.commit([advance(s, CREATED + MINUTE, tick), tick]),
+        return_exceptions=True,
+    )
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], StoreUnavailableError)
+    monkeypatch.undo()
+    assert await store.get(plain.id) == plain
+    await store.commit([advance(s, CREATED + MINUTE, tick), tick])  # the writer reconnects
+    assert await store.get(tick.id) == tick
 
 
 # -- the migration ------------------------------------------------------------------------

@@ -11,13 +11,18 @@ in call order, each seeing the ones before it. The rule is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
 
 from sqlq.common.engine.groupcommit import Pending
-from sqlq.common.errors import OverlapError, SqlqError, StaleScheduleError
+from sqlq.common.errors import (
+    OverlapError,
+    SqlqError,
+    StaleScheduleError,
+    StoreUnavailableError,
+)
 from sqlq.common.models import Job, Transition
 from sqlq.common.schedule import AdvanceSchedule, DropSchedule, PutSchedule
 from sqlq.engines.postgres.batch import (
@@ -33,38 +38,50 @@ from sqlq.engines.postgres.batch import (
     write_batch,
     write_one_by_one,
 )
+from sqlq.engines.postgres.connections import UNAVAILABLE
 from sqlq.engines.postgres.queries import SQ
 from sqlq.engines.postgres.schedule_rows import Step
 
 
 async def flush(
-    conn: asyncpg.Connection, batch: list[Pending], pool: asyncpg.Pool
+    conn: asyncpg.Connection,
+    batch: list[Pending],
+    pool: asyncpg.Pool,
+    lost: Callable[[BaseException], str],
 ) -> tuple[list[BaseException | None], int, int]:
     """A batch with calls that change schedules: the other calls as one statement (as
     any batch is), then each schedule call on its own (``apply``). If two calls touch
     one job, every call goes on its own, in batch order. Returns the outcomes, the
-    commits made and whether the batch was redone one caller at a time (0 or 1)."""
-    if not fast_path_safe([p.encoded for p in batch]):
-        outcomes = [
-            await (one_caller(conn, p, pool) if p.encoded.steps is None else apply(conn, p, pool))
-            for p in batch
-        ]
-        return outcomes, len(batch), 1
-    plain = [p for p in batch if p.encoded.steps is None]
+    commits made and whether the batch was redone one caller at a time (0 or 1).
+
+    Each part commits by itself, so if the connection is lost midway the calls already
+    committed hear so (they are durable), and the rest hear ``lost``'s message."""
     found: dict[int, BaseException | None] = {}
     syncs = slow = 0
-    if plain:
-        syncs += 1
-        if await write_batch(conn, [p.encoded for p in plain]):
-            found.update((id(p), None) for p in plain)
-        else:
+    try:
+        if not fast_path_safe([p.encoded for p in batch]):
             slow = 1
-            done = await write_one_by_one(conn, plain, pool)
-            found.update((id(p), o) for p, o in zip(plain, done, strict=True))
-    for p in batch:
-        if p.encoded.steps is not None:
-            syncs += 1
-            found[id(p)] = await apply(conn, p, pool)
+            for p in batch:
+                syncs += 1
+                one = one_caller if p.encoded.steps is None else apply
+                found[id(p)] = await one(conn, p, pool)
+        else:
+            plain = [p for p in batch if p.encoded.steps is None]
+            if plain:
+                syncs += 1
+                if await write_batch(conn, [p.encoded for p in plain]):
+                    found.update((id(p), None) for p in plain)
+                else:
+                    slow = 1
+                    done = await write_one_by_one(conn, plain, pool)
+                    found.update((id(p), o) for p, o in zip(plain, done, strict=True))
+            for p in batch:
+                if p.encoded.steps is not None:
+                    syncs += 1
+                    found[id(p)] = await apply(conn, p, pool)
+    except UNAVAILABLE as exc:
+        gone = StoreUnavailableError(lost(exc))
+        return [found.get(id(p), gone) for p in batch], syncs, slow
     return [found[id(p)] for p in batch], syncs, slow
 
 

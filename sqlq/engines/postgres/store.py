@@ -137,8 +137,10 @@ class PostgresStore(Committing):
         encoded: list[Encoded] = [p.encoded for p in batch]
         try:
             conn = await self._db.writer()
-            if any(e.steps is not None for e in encoded):  # rare: one more pass, no more
-                outcomes, syncs, slow = await flush(conn, batch, self._db.pool)
+            if any(e.steps is not None for e in encoded):  # a schedule change: schedules.py
+                outcomes, syncs, slow = await flush(
+                    conn, batch, self._db.pool, self._db.lost_writer
+                )
                 self.syncs, self.slow_batches = self.syncs + syncs, self.slow_batches + slow
                 return outcomes
             if fast_path_safe(encoded) and await write_batch(conn, encoded):
