@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 
 from sqlq.common.errors import (
@@ -115,6 +116,48 @@ async def test_calls_without_schedule_changes_keep_the_one_statement(stores: Sto
     assert await store.get(stale.id) is None
 
 
+async def test_the_ticks_of_a_batch_are_one_statement_and_each_hears_its_own(
+    stores: Stores,
+) -> None:
+    """Ticks of twenty schedules committed at once: one statement (one commit) for all
+    of them, and each refusal (a stale cursor, a live idle job, no such schedule) goes
+    to its own caller, whose job is not inserted, while the others' are."""
+    store = await stores()
+    made = [await create(store, record(f"s{n:02}", overlap="skip")) for n in range(20)]
+    busy = tick_job("s01", CREATED)
+    await store.commit([busy])
+    calls, jobs = [], []
+    for n, s in enumerate(made):
+        job = tick_job(s.name, CREATED + MINUTE)
+        jobs.append(job)
+        if n == 0:
+            change = advance(s, CREATED + MINUTE, job)
+            change = msgspec.structs.replace(change, expect_cursor=CREATED - 1)  # stale
+        elif n == 1:
+            change = advance(s, CREATED + MINUTE, job, idle=busy.id)  # its last job is live
+        elif n == 2:
+            change = msgspec.structs.replace(advance(s, CREATED + MINUTE, job), name="gone")
+        elif n == 3:
+            change = advance(s, CREATED + MINUTE, job, idle="0" * 32)  # gone: not live
+        else:
+            change = advance(s, CREATED + MINUTE, job)
+        calls.append([change, job])
+    before = store.syncs
+    outcomes = await asyncio.gather(*(store.commit(c) for c in calls), return_exceptions=True)
+    assert store.syncs - before == 1
+    assert isinstance(outcomes[0], StaleScheduleError)
+    assert "cursor" in str(outcomes[0])
+    assert isinstance(outcomes[1], OverlapError)
+    assert isinstance(outcomes[2], StaleScheduleError)
+    assert "does not exist" in str(outcomes[2])
+    assert outcomes[3:] == [None] * 17
+    got = [await store.get(j.id) for j in jobs]
+    assert got == [None, None, None, *jobs[3:]]
+    listed = await store.list_schedules()
+    assert [x.cursor for x in listed] == [CREATED] * 3 + [CREATED + MINUTE] * 17
+    assert [x.last_job for x in listed[3:]] == [j.id for j in jobs[3:]]
+
+
 async def test_a_call_of_several_changes_applies_in_order_or_not_at_all(stores: Stores) -> None:
     store = await stores()
     created = record("multi")
@@ -193,7 +236,7 @@ async def test_a_connection_lost_midway_fails_only_the_calls_not_yet_committed(
     async def lost(*_: object) -> None:
         raise ConnectionResetError("the writer's connection went away")
 
-    monkeypatch.setattr(schedules, "apply", lost)
+    monkeypatch.setattr(schedules, "advance_all", lost)
     plain = Job.new(kind="noop", args={}, now=NOW)
     tick = tick_job(s.name, CREATED + MINUTE)
     outcomes = await asyncio.gather(
@@ -304,7 +347,7 @@ def test_a_ticks_insert_casts_as_write_batch_does() -> None:
     held to the table by test_postgres_rows)."""
 
     def unnest(sql: str) -> str:
-        at = sql.index("unnest(")
-        return sql[at : sql.index(")", sql.index("$18", at)) + 1]
+        at = sql.index("unnest(\n")
+        return sql[at : sql.index("$18::int8[]", at)]
 
     assert unnest(SQ["advance"]) == unnest(Q["write_batch"])

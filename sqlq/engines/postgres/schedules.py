@@ -1,18 +1,20 @@
-"""A commit call that changes a schedule, applied on the writer's connection.
+"""The calls that change a schedule, applied on the writer's connection.
 
-A batch of jobs and transitions is one statement (``batch.py``); a call with a
-schedule change is applied on its own, after that statement, so a refused
-compare-and-set fails its caller alone and costs the others nothing. A call of
-one step (a tick: the advance and its jobs; a put; a drop) is one statement and
-so atomic by itself; a longer one runs in a transaction, a statement per change
-in call order, each seeing the ones before it. The rule is
-``sqlq.common.schedule.fold``: each refusal is named from what the statement read.
+A batch of jobs and transitions is one statement (``batch.py``); the calls of a
+batch that change schedules come after that statement, so a refused
+compare-and-set fails its caller alone and costs the others nothing. The ticks
+(``[AdvanceSchedule, Job...]``) of distinct schedules are one more statement for
+all of them: each cursor moves, and its jobs go in, or neither, call by call. Any
+other call of one step (a put, a drop) is one statement, so atomic by itself; a
+longer one runs in a transaction, a statement per change in call order, each seeing
+the ones before it. The rule is ``sqlq.common.schedule.fold``: each refusal is
+named from what the statement read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
@@ -75,14 +77,38 @@ async def flush(
                     slow = 1
                     done = await write_one_by_one(conn, plain, pool)
                     found.update((id(p), o) for p, o in zip(plain, done, strict=True))
-            for p in batch:
-                if p.encoded.steps is not None:
-                    syncs += 1
-                    found[id(p)] = await apply(conn, p, pool)
+            ticks, rest = _split([p for p in batch if p.encoded.steps is not None])
+            if ticks:
+                syncs += 1
+                try:
+                    refused = await advance_all(conn, [p.encoded.steps[0] for p in ticks])
+                    found.update((id(p), r) for p, r in zip(ticks, refused, strict=True))
+                except (asyncpg.UniqueViolationError, asyncpg.DataError):
+                    rest = ticks + rest  # nothing applied: each on its own hears why
+            for p in rest:
+                syncs += 1
+                found[id(p)] = await apply(conn, p, pool)
     except UNAVAILABLE as exc:
         gone = StoreUnavailableError(lost(exc))
         return [found.get(id(p), gone) for p in batch], syncs, slow
     return [found[id(p)] for p in batch], syncs, slow
+
+
+def _split(calls: list[Pending]) -> tuple[list[Pending], list[Pending]]:
+    """The calls that are one tick each, of distinct schedules (one statement for all of
+    them: ``advance_all``), and the rest (each on its own: ``apply``)."""
+    ticks: list[Pending] = []
+    rest: list[Pending] = []
+    names: set[str] = set()
+    for p in calls:
+        todo: list[Step] = p.encoded.steps
+        c = todo[0].change
+        if len(todo) == 1 and isinstance(c, AdvanceSchedule) and c.name not in names:
+            names.add(c.name)
+            ticks.append(p)
+        else:
+            rest.append(p)
+    return ticks, rest
 
 
 async def apply(
@@ -138,19 +164,33 @@ async def _step(conn: asyncpg.Connection, step: Step, e: Encoded, pool: asyncpg.
     elif isinstance(c, DropSchedule):
         await conn.execute(SQ["drop_schedule"], c.name)
     else:
-        await _advance(conn, c, step)
+        await _advance(conn, step)
 
 
-async def _advance(conn: asyncpg.Connection, c: AdvanceSchedule, step: Step) -> None:
+async def _advance(conn: asyncpg.Connection, step: Step) -> None:
     try:
-        row = await conn.fetchrow(SQ["advance"], *columns(step.rows, JOB_WIDTH), *step.args)
+        (refused,) = await advance_all(conn, [step])
     except asyncpg.UniqueViolationError as exc:
         if len(step.jobs) != 1:
             raise _Collided from None
         raise collision(exc, step.jobs[0]) from None
-    refused = refusal(c, tuple(row))
     if refused is not None:
         raise refused
+
+
+async def advance_all(conn: asyncpg.Connection, ticks: Sequence[Step]) -> list[SqlqError | None]:
+    """Advance steps (of distinct schedules), each with its tick's jobs, in one statement:
+    each one's refusal, or None. A job that collides aborts all of it (nothing applied)."""
+    rows = [row for step in ticks for row in step.rows]
+    owners = [n for n, step in enumerate(ticks) for _ in step.rows]
+    advances = [list(column) for column in zip(*(step.args for step in ticks), strict=True)]
+    found = await conn.fetch(
+        SQ["advance"], *columns(rows, JOB_WIDTH), *advances, list(range(len(ticks))), owners
+    )
+    return [
+        refusal(cast(AdvanceSchedule, step.change), tuple(row[1:5]))
+        for step, row in zip(ticks, found, strict=True)
+    ]
 
 
 def refusal(c: AdvanceSchedule, row: tuple[Any, ...]) -> SqlqError | None:

@@ -3,44 +3,54 @@
 -- is the rule of sqlq.common.schedule.fold, in SQL. {job_columns} is as in queries.sql.
 
 -- name: advance
--- A tick: move the cursor from $21 to $22 if the schedule $19 is at version $20 with
--- that cursor, and insert the tick's jobs ($1..$18, write_batch's columns and casts)
--- only if it moved. One statement, so of two nodes that evaluate the same tick the
--- second waits on the first's row lock, then finds the cursor moved (PostgreSQL reads
--- the row again before it updates it): it changes nothing, inserts nothing, and hears
--- StaleScheduleError. $23 is a job that must not be live (overlap skip), $24 the job
--- that becomes last_job (NULL keeps it). With no job rows this is a passed-over tick,
--- or an advance of a call that also does other things (then in its transaction,
--- whose earlier changes it sees). What it returns names the refusal: whether it
--- moved, the version and cursor it found (none: no such schedule), and whether $23
--- is live; found values that match the expected ones mean the row changed while the
--- statement waited for it.
-WITH found AS (
-    SELECT version, cursor FROM schedules WHERE name = $19::text
+-- Ticks: for each row of u (one per call, numbered by caller), move the cursor of
+-- schedule name from expect_cursor to cursor if it is at expect_version with that
+-- cursor and its idle job (overlap skip) is not live, and insert that call's jobs
+-- ($1..$18, write_batch's columns and casts, with their call's number in $26) only if
+-- its cursor moved. One statement for every tick of a batch, so one round trip and one
+-- WAL flush; the names are distinct (one target row per u row). Of two nodes that
+-- evaluate the same tick, the second waits on the first's row lock, then finds the
+-- cursor moved (PostgreSQL reads a locked row again before it updates it): it changes
+-- nothing, inserts nothing, and hears StaleScheduleError. job becomes last_job (NULL
+-- keeps it). With no job rows, an advance passes its tick over, or is one step of a
+-- call's transaction (whose earlier changes it sees). A row per call names the
+-- refusal: whether it moved, the version and cursor it found (none: no such schedule)
+-- and whether its idle job is live; found values that match the expected ones mean
+-- the row changed while the statement waited for it.
+WITH u AS (
+    SELECT * FROM unnest($19::text[], $20::int8[], $21::int8[], $22::int8[], $23::text[],
+                         $24::text[], $25::int4[])
+        AS u(name, expect_version, expect_cursor, cursor, idle, job, caller)
 ), idle AS (
-    SELECT EXISTS (SELECT 1 FROM jobs
-                    WHERE id = $23::text AND state IN ('scheduled', 'running')) AS live
+    SELECT u.caller,
+           EXISTS (SELECT 1 FROM jobs j
+                    WHERE j.id = u.idle AND j.state IN ('scheduled', 'running')) AS live
+      FROM u
 ), moved AS (
-    UPDATE schedules
-       SET cursor = $22::int8, last_job = coalesce($24::text, last_job)
-     WHERE name = $19::text AND version = $20::int8 AND cursor = $21::int8
-       AND NOT (SELECT live FROM idle)
-    RETURNING 1
+    UPDATE schedules s
+       SET cursor = u.cursor, last_job = coalesce(u.job, s.last_job)
+      FROM u JOIN idle i ON i.caller = u.caller
+     WHERE s.name = u.name AND s.version = u.expect_version AND s.cursor = u.expect_cursor
+       AND NOT i.live
+    RETURNING u.caller
 ), ins AS (
     INSERT INTO jobs ({job_columns})
-    SELECT * FROM unnest(
+    SELECT {job_columns} FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::float8[],
         $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
-        $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[])
-     WHERE EXISTS (SELECT 1 FROM moved)
+        $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[], $26::int4[])
+        AS r({job_columns}, caller)
+     WHERE r.caller IN (SELECT m.caller FROM moved m)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM moved) AS moved,
-       (SELECT version FROM found) AS version,
-       (SELECT cursor FROM found) AS cursor,
-       (SELECT live FROM idle) AS idle_live,
+SELECT u.caller,
+       EXISTS (SELECT 1 FROM moved m WHERE m.caller = u.caller) AS moved,
+       s.version, s.cursor, i.live AS idle_live,
        (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '')
-                               WHERE EXISTS (SELECT 1 FROM ins)) AS woken) AS woken;
+                               WHERE EXISTS (SELECT 1 FROM ins)) AS woken) AS woken
+  FROM u JOIN idle i ON i.caller = u.caller
+  LEFT JOIN schedules s ON s.name = u.name
+ ORDER BY u.caller;
 
 -- name: put_schedule
 -- Create ($8 = 0: only if there is none) or replace (only at version $8) the whole
