@@ -145,10 +145,9 @@ async def test_the_ticks_of_a_batch_are_one_statement_and_each_hears_its_own(
     before = store.syncs
     outcomes = await asyncio.gather(*(store.commit(c) for c in calls), return_exceptions=True)
     assert store.syncs - before == 1
-    assert isinstance(outcomes[0], StaleScheduleError)
+    refused = [StaleScheduleError, OverlapError, StaleScheduleError]
+    assert [type(o) for o in outcomes[:3]] == refused
     assert "cursor" in str(outcomes[0])
-    assert isinstance(outcomes[1], OverlapError)
-    assert isinstance(outcomes[2], StaleScheduleError)
     assert "does not exist" in str(outcomes[2])
     assert outcomes[3:] == [None] * 17
     got = [await store.get(j.id) for j in jobs]
@@ -194,10 +193,7 @@ async def test_a_tick_of_two_jobs_one_colliding_names_the_key_and_applies_nothin
     s = await create(store, record())
     taken = Job.new(kind="noop", args={}, now=NOW, idempotency_key="taken")
     await store.commit([taken])
-    ok, clash = (
-        tick_job(s.name, CREATED + MINUTE),
-        Job.new(kind="noop", args={}, now=NOW, idempotency_key="taken"),
-    )
+    ok, clash = tick_job(s.name, CREATED + MINUTE), msgspec.structs.replace(taken, id="c" * 32)
     with pytest.raises(DuplicateKeyError, match="taken"):
         await store.commit([advance(s, CREATED + MINUTE, ok), ok, clash])
     assert await store.get(ok.id) is None
@@ -343,8 +339,7 @@ async def test_a_schedules_listing_is_planned_on_the_key_index(stores: Stores, p
 
 
 def test_a_ticks_insert_casts_as_write_batch_does() -> None:
-    """The advance statement's job columns are write_batch's, cast for cast (the casts are
-    held to the table by test_postgres_rows)."""
+    """The advance statement's job columns are write_batch's, cast for cast."""
 
     def unnest(sql: str) -> str:
         at = sql.index("unnest(\n")
