@@ -54,10 +54,13 @@ SELECT u.caller,
 
 -- name: put_schedule
 -- Create ($8 = 0: only if there is none) or replace (only at version $8) the whole
--- record. Returns the rows written (0: refused) and the version found, for the error.
+-- record, but never its cursor backwards (sqlq.common.schedule.fold: a put read before a
+-- tick and committed after it keeps the tick's cursor and job; the SET list reads the old
+-- row). Returns the rows written (0: refused) and the version found, for the error.
 WITH replaced AS (
     UPDATE schedules
-       SET spec = $2::text, version = $3::int8, cursor = $4::int8, last_job = $5::text,
+       SET spec = $2::text, version = $3::int8, cursor = greatest(cursor, $4::int8),
+           last_job = CASE WHEN cursor < $4::int8 THEN $5::text ELSE last_job END,
            created_at = $6::float8, updated_at = $7::float8
      WHERE name = $1::text AND version = $8::int8 AND $8::int8 <> 0
     RETURNING 1
