@@ -107,7 +107,9 @@ def next_tick(spec: ScheduleSpec, after: int) -> int:
 
     cronsim starts from a wall time and drops its ``fold``: from the second copy of a
     repeated hour it can return a tick at or before ``after`` (research, issue 21), so
-    those are passed over (at most the ticks of one repeated hour)."""
+    those are passed over (at most the ticks of one repeated hour). ``LookupError`` if
+    there is none within 50 years (cronsim's horizon; parse_cron refuses expressions
+    with no tick in the 50 years after 2000, so only a far-off ``after`` can meet it)."""
     if spec.every_s is not None:
         return (after // spec.every_s + 1) * spec.every_s
     expr, zone = _cron(spec)
@@ -115,7 +117,7 @@ def next_tick(spec: ScheduleSpec, after: int) -> int:
         tick = int(moment.timestamp())
         if tick > after:
             return tick
-    raise ValidationError("cron", f"no tick in 50 years after {after}")  # parse_cron refuses these
+    raise LookupError(f"no tick of {spec.cron!r} in the 50 years after {after}")
 
 
 def prev_tick(spec: ScheduleSpec, at: int) -> int:
@@ -123,16 +125,23 @@ def prev_tick(spec: ScheduleSpec, at: int) -> int:
 
     cronsim's reverse walk from the second copy of a repeated hour would skip the
     first copy's ticks (they lie later in wall time), so its answer is carried forward
-    with ``next_tick`` while that stays at or before ``at``."""
+    with ``next_tick`` while that stays at or before ``at``. ``LookupError`` if there is
+    none in the 50 years before ``at``."""
     if spec.every_s is not None:
         return at // spec.every_s * spec.every_s
     expr, zone = _cron(spec)
     back = CronSim(expr, datetime.fromtimestamp(at + 1, zone), reverse=True)
-    tick = int(next(back).timestamp())
-    while tick > at:  # defensive: a gap moves a tick forward
+    try:
         tick = int(next(back).timestamp())
-    while (later := next_tick(spec, tick)) <= at:
-        tick = later
+        while tick > at:  # defensive: a gap moves a tick forward
+            tick = int(next(back).timestamp())
+    except StopIteration:
+        raise LookupError(f"no tick of {spec.cron!r} in the 50 years before {at}") from None
+    try:
+        while (later := next_tick(spec, tick)) <= at:
+            tick = later
+    except LookupError:  # nothing after it for 50 years: it is the newest
+        pass
     return tick
 
 
@@ -153,12 +162,16 @@ def plan(spec: ScheduleSpec, cursor: int, now: float) -> Plan:
     ``catch_up_window_s``, ``all`` enqueues the newest ``max_catch_up`` due ticks and
     ``skip`` none. ``skipped`` is the due ticks not enqueued: exact for ``every_s``; for
     cron the walk back from now stops ``WALK_LIMIT`` ticks past the ones enqueued, and
-    beyond that ``skipped`` is a lower bound. The work is bounded whatever the downtime
-    (every_s: arithmetic; cron: at most ``max(max_catch_up, WALK_LIMIT) + 1`` ticks)."""
+    beyond that ``skipped`` is a lower bound. The work is bounded whatever the downtime:
+    every_s is arithmetic; cron walks ``WALK_LIMIT + 1`` ticks (a few ms), or under
+    ``all`` ``max(max_catch_up, WALK_LIMIT) + 1`` (0.12 s for 10,000 of ``* * * * *``)."""
     top = math.floor(now)
     if top <= cursor:
         return Plan([], 0, cursor)
-    newest = prev_tick(spec, top)
+    try:
+        newest = prev_tick(spec, top)
+    except LookupError:  # none in the 50 years before now: nothing worth planning
+        return Plan([], 0, cursor)
     if newest <= cursor:
         return Plan([], 0, cursor)
     late = now - newest
@@ -180,8 +193,9 @@ def plan(spec: ScheduleSpec, cursor: int, now: float) -> Plan:
 
 def _walk_back(spec: ScheduleSpec, cursor: int, newest: int, limit: int) -> list[int]:
     """The cron ticks in ``(cursor, newest]``, newest first, at most ``limit`` of them;
-    ``newest`` is a tick. Strictly descending by construction: a gap's folded wall
-    times come back as one instant, and a repeat is skipped at its second copy."""
+    ``newest`` is a tick. cronsim's wall-time walk yields each wall time once (a
+    repeat's first copy); a result not below the last one (the gap's wall times
+    fold into one instant) is passed over, so the list strictly descends."""
     expr, zone = _cron(spec)
     out = [newest]
     back = CronSim(expr, datetime.fromtimestamp(newest, zone), reverse=True)
