@@ -48,25 +48,30 @@ def test_list_is_a_table_and_json(server: ServerProcess, q: Client) -> None:
                               "paused"]  # fmt: skip
     assert first.split()[:5] == ["hourly", "every", "3600", "s", "UTC"]
     assert first.split()[-1] == "no"
-    assert second.startswith("nightly") and "30 2 * * *" in second and "Europe/Berlin" in second
+    assert second.startswith("nightly")
+    assert "30 2 * * *" in second
+    assert "Europe/Berlin" in second
     assert second.split()[-1] == "yes"
     code, out = run(server, "schedules", "list", "--json")
     assert code == 0, out
     views = json.loads(out)
     assert [v["name"] for v in views] == ["hourly", "nightly"]
-    assert views[0]["spec"]["queue"] == "reports" and views[1]["next_at"] is None
+    assert views[0]["spec"]["queue"] == "reports"
+    assert views[1]["next_at"] is None
 
 
 def test_get_pause_resume_trigger_rm(server: ServerProcess, q: Client) -> None:
     q.put_schedule("hourly", "sleep", {"work_ms": 0}, every_s=3600)
     code, out = run(server, "schedules", "get", "hourly")
     assert code == 0, out
-    assert "every 3600 s" in out and "catch_up  latest" in out
+    assert "every 3600 s" in out
+    assert "catch_up  latest" in out
     code, out = run(server, "schedules", "pause", "hourly", "--json")
     assert (code, json.loads(out)["spec"]["paused"]) == (0, True)
     assert q.schedule("hourly").spec.paused
     code, out = run(server, "schedules", "resume", "hourly")
-    assert code == 0 and "paused  no" in out, out
+    assert code == 0, out
+    assert "paused  no" in out, out
     code, out = run(server, "schedules", "trigger", "hourly", "--json")
     assert code == 0, out
     job = json.loads(out)
@@ -74,7 +79,8 @@ def test_get_pause_resume_trigger_rm(server: ServerProcess, q: Client) -> None:
     code, out = run(server, "jobs", "list", "--schedule", "hourly", "--json")
     assert [j["id"] for j in json.loads(out)] == [job["id"]]
     code, out = run(server, "schedules", "trigger", "hourly")
-    assert code == 0 and "schedule  hourly" in out, out
+    assert code == 0, out
+    assert "schedule  hourly" in out, out
     assert run(server, "schedules", "rm", "hourly") == (0, "removed schedule hourly\n")
     assert q.schedules() == []
 
@@ -88,8 +94,11 @@ def test_errors_are_messages_naming_what(server: ServerProcess) -> None:
         assert code == 2, out
         assert "Invalid value for 'NAME'" in out
     code, out = run(server, "schedules", "get")
-    assert code == 2 and "Missing argument 'NAME'" in out
+    assert code == 2
+    assert "Missing argument 'NAME'" in out
     code, out = run(server, "schedules", "list", "--url", "http://127.0.0.1:9")
-    assert code == 1 and "ConnectError" in out, out
+    assert code == 1, out
+    assert "ConnectError" in out, out
     code, out = run(server, "jobs", "list", "--schedule", "a:b")
-    assert code == 1 and "(schedule)" in out, out
+    assert code == 1, out
+    assert "(schedule)" in out, out

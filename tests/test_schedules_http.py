@@ -56,7 +56,8 @@ async def _tick_job(rt: Service, name: str, tick: int) -> Job:
     current = await rt.store.get_schedule(name)
     assert current is not None
     now = rt.clock.time()
-    job = Job.new(kind="sleep", args={}, now=now, ready_at=now + 3600, idempotency_key=tick_key(name, tick))  # fmt: skip
+    key = tick_key(name, tick)
+    job = Job.new(kind="sleep", args={}, now=now, ready_at=now + 3600, idempotency_key=key)
     advance = AdvanceSchedule(name=name, expect_version=current.version,
                               expect_cursor=current.cursor, cursor=tick, job=job.id)  # fmt: skip
     await rt.store.commit([advance, job])
@@ -80,9 +81,12 @@ async def test_put_creates_then_replaces_and_get_list_delete_answer(
     assert r.status_code == 201, r.text
     view = r.json()
     assert view["name"] == "nightly"
-    assert view["spec"]["every_s"] == 3600 and view["spec"]["args"] == {"work_ms": 1}
-    assert view["spec"]["catch_up"] == "latest" and view["spec"]["tz"] == "UTC"  # defaults
-    assert view["next_at"] is not None and view["next_at"] % 3600 == 0
+    assert view["spec"]["every_s"] == 3600
+    assert view["spec"]["args"] == {"work_ms": 1}
+    assert view["spec"]["catch_up"] == "latest"
+    assert view["spec"]["tz"] == "UTC"
+    assert view["next_at"] is not None
+    assert view["next_at"] % 3600 == 0
     assert (view["last_tick"], view["last_job"]) == (None, None)
     r = await c.put("/schedules/nightly", json={**EVERY_HOUR, "queue": "reports"})
     assert r.status_code == 200, r.text
@@ -93,7 +97,8 @@ async def test_put_creates_then_replaces_and_get_list_delete_answer(
     assert [s["name"] for s in r.json()["schedules"]] == ["a.first", "nightly"]  # name order
     assert (await c.get("/schedules/nightly")).json()["spec"]["queue"] == "reports"
     r = await c.delete("/schedules/nightly")
-    assert r.status_code == 200 and r.json()["name"] == "nightly"  # what it was
+    assert r.status_code == 200
+    assert r.json()["name"] == "nightly"
     assert "not found" in _error(await c.get("/schedules/nightly"), 404)["message"]
     _error(await c.delete("/schedules/nightly"), 404)
     assert [s["name"] for s in (await c.get("/schedules")).json()["schedules"]] == ["a.first"]
@@ -161,10 +166,12 @@ async def test_pause_and_resume_are_shown_and_404_when_missing(c: httpx.AsyncCli
     await c.put("/schedules/s", json=EVERY_HOUR)
     r = await c.post("/schedules/s/pause")
     assert r.status_code == 200, r.text
-    assert r.json()["spec"]["paused"] is True and r.json()["next_at"] is None
+    assert r.json()["spec"]["paused"] is True
+    assert r.json()["next_at"] is None
     assert (await c.get("/schedules/s")).json()["spec"]["paused"] is True  # it stays
     r = await c.post("/schedules/s/resume")
-    assert r.json()["spec"]["paused"] is False and r.json()["next_at"] is not None
+    assert r.json()["spec"]["paused"] is False
+    assert r.json()["next_at"] is not None
     for action in ("pause", "resume", "trigger"):
         _error(await c.post(f"/schedules/missing/{action}"), 404)
 
@@ -180,24 +187,29 @@ async def test_jobs_carry_their_schedule_and_tick_and_the_filter_finds_them(
     assert r.status_code == 201, r.text
     triggered = r.json()
     assert (triggered["schedule"], triggered["tick"]) == ("nightly", None)
-    assert triggered["state"] == "scheduled" and triggered["kind"] == "sleep"
-    plain = (await c.post("/jobs", json={"kind": "sleep"}, headers={"idempotency-key": "k1"}))
+    assert triggered["state"] == "scheduled"
+    assert triggered["kind"] == "sleep"
+    plain = await c.post("/jobs", json={"kind": "sleep"}, headers={"idempotency-key": "k1"})
     assert (plain.json()["schedule"], plain.json()["tick"]) == (None, None)
 
     got = (await c.get(f"/jobs/{ticked.id}")).json()
     assert (got["schedule"], got["tick"]) == ("nightly", TICK)
     page = (await c.get("/jobs", params={"schedule": "nightly"})).json()
     assert sorted(j["id"] for j in page["jobs"]) == sorted([ticked.id, triggered["id"]])
-    assert {(j["schedule"], j["tick"]) for j in page["jobs"]} == {("nightly", TICK), ("nightly", None)}  # fmt: skip
+    made = {(j["schedule"], j["tick"]) for j in page["jobs"]}
+    assert made == {("nightly", TICK), ("nightly", None)}
     everything = (await c.get("/jobs")).json()["jobs"]
-    assert len(everything) == 4 and all("schedule" in j and "tick" in j for j in everything)
+    assert len(everything) == 4
+    assert all("schedule" in j and "tick" in j for j in everything)
     limited = (await c.get("/jobs", params={"schedule": "nightly", "limit": 1})).json()
-    assert len(limited["jobs"]) == 1 and limited["next"] is not None
+    assert len(limited["jobs"]) == 1
+    assert limited["next"] is not None
     rest = (await c.get("/jobs", params={"schedule": "nightly", "after": limited["next"]})).json()
     assert [j["schedule"] for j in rest["jobs"]] == ["nightly"]
     assert (await c.get("/jobs", params={"schedule": "other"})).json()["jobs"] == []
     view = (await c.get("/schedules/nightly")).json()
-    assert view["last_tick"] == TICK and view["last_job"] == {"id": ticked.id, "state": "scheduled"}
+    assert view["last_tick"] == TICK
+    assert view["last_job"] == {"id": ticked.id, "state": "scheduled"}
     _error(await c.get("/jobs", params={"schedule": "a:b"}), 422, "schedule")
 
 
@@ -206,7 +218,8 @@ async def test_a_client_key_may_not_be_a_schedules(c: httpx.AsyncClient) -> None
     key = tick_key("nightly", TICK)
     r = await c.post("/jobs", json={"kind": "sleep"}, headers={"idempotency-key": key})
     assert "sched:" in _error(r, 422, "Idempotency-Key")["message"]
-    _error(await c.post("/jobs", json={"kind": "sleep", "idempotency_key": key}), 422, "idempotency_key")  # fmt: skip
+    r = await c.post("/jobs", json={"kind": "sleep", "idempotency_key": key})
+    _error(r, 422, "idempotency_key")
     batch = {"jobs": [{"kind": "sleep", "idempotency_key": "ok"},
                       {"kind": "sleep", "idempotency_key": "sched:x:trigger-1"}]}  # fmt: skip
     _error(await c.post("/jobs/batch", json=batch), 422, "jobs[1].idempotency_key")
@@ -228,7 +241,8 @@ async def test_the_async_client_round_trip(rt: Service) -> None:
         assert (await q.pause_schedule("nightly")).spec.paused is True
         assert (await q.pause_schedule("nightly", paused=False)).next_at is not None
         job = await q.trigger("nightly")
-        assert isinstance(job, JobView) and (job.schedule, job.tick) == ("nightly", None)
+        assert isinstance(job, JobView)
+        assert (job.schedule, job.tick) == ("nightly", None)
         assert [j.id async for j in q.jobs(schedule="nightly")] == [job.id]
         assert (await q.get(job.id)).schedule == "nightly"
         assert (await q.delete_schedule("nightly")).name == "nightly"
