@@ -206,7 +206,8 @@ class Dashboard:
                 check_name(after, "after")
             except ValidationError as exc:
                 raise Refused(422, "Bad page", f"{exc.field}: {exc.message}") from exc
-        rows, last = schedule_page(await self.runtime.schedules.list(), after)
+        everything = await self.runtime.store.list_schedules()  # name order, no job reads
+        rows, last = await schedule_page(everything, self.runtime.schedules.view, after)
         return self.render(request, "schedules.html", schedules=rows,
                            next_page=None if last is None else urlencode({"after": last}),
                            live_query=urlencode({"after": after} if after else {}),
