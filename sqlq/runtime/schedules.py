@@ -56,7 +56,8 @@ def paused_over(spec: ScheduleSpec, cursor: int, now: float) -> int:
     from sqlq.common import ticks
 
     skip = msgspec.structs.replace(spec, catch_up=CatchUp.SKIP)
-    return ticks.plan(skip, cursor, now).skipped
+    plan = ticks.plan(skip, cursor, now)  # which enqueues the newest if it is on time
+    return plan.skipped + len(plan.enqueue)
 
 
 class Schedules:

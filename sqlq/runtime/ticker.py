@@ -27,7 +27,6 @@ import asyncio
 import logging
 import math
 
-from sqlq.common import ticks
 from sqlq.common.clock import Clock, wait_event
 from sqlq.common.errors import DuplicateKeyError, OverlapError, StaleScheduleError, StoreError
 from sqlq.common.models import LIVE, Job
@@ -69,6 +68,7 @@ class Ticker:
         self._next: dict[str, int] = {}  # name -> its next tick after its cursor
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.stale = 0  # advances refused: another evaluator won, or the schedule changed
         schedules.on_change = self.changed
 
     def start(self) -> None:
@@ -90,6 +90,8 @@ class Ticker:
             self._known.pop(name, None)
             self._next.pop(name, None)
         else:
+            from sqlq.common import ticks  # the cron parser: loaded once there is a schedule
+
             self._known[name] = schedule
             self._next[name] = ticks.next_tick(schedule.spec, schedule.cursor)
 
@@ -139,14 +141,20 @@ class Ticker:
                 schedule = await self._carry_out(schedule)
                 self._remember(name, schedule)
                 return
-            except (StaleScheduleError, OverlapError):
+            except (StaleScheduleError, OverlapError) as exc:
+                self.stale += isinstance(exc, StaleScheduleError)
                 schedule = await self._store.get_schedule(name)
                 self._remember(name, schedule)
-        log.warning("schedule %s: changed %d times while evaluated; later", name, MAX_ROUNDS)
+        log.warning("schedule %s: changed %d times while evaluated; again in %.0f s",
+                    name, MAX_ROUNDS, RETRY_S)  # fmt: skip
+        if name in self._next:  # not at once: that would spin while it keeps changing
+            self._next[name] = int(self._clock.time() + RETRY_S)
 
     async def _carry_out(self, schedule: Schedule) -> Schedule:
         """Enqueue and pass over what ``ticks.plan`` says, one commit at a time; the schedule
         as it then stands. A refused commit (Stale, Overlap) leaves the earlier ones done."""
+        from sqlq.common import ticks
+
         spec = schedule.spec
         plan = ticks.plan(spec, schedule.cursor, self._clock.time())
         skipped = plan.skipped  # counted once the commit that passes them over is durable
@@ -163,7 +171,7 @@ class Ticker:
         """Enqueue ``tick``'s job (True), or pass it over for overlap ``skip`` (False)."""
         spec = schedule.spec
         idle = None
-        if spec.overlap is Overlap.SKIP and schedule.last_job is not None:
+        if spec.overlap == Overlap.SKIP and schedule.last_job is not None:
             previous = await self._store.get(schedule.last_job)
             if previous is not None and previous.state in LIVE:
                 return await self._advance(schedule, tick, None, None), False
