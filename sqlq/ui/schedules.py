@@ -2,7 +2,7 @@
 words (``sqlq.common.ticks.describe``), a page of them at a time in name order.
 
 The words are cached per expression: the page refreshes every second, many schedules
-share an expression, and the description does not change.
+share an expression, and what it says does not change.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from sqlq.common.errors import ValidationError
 from sqlq.common.schedule import Schedule, ScheduleSpec
 from sqlq.common.wire import ScheduleView
 
@@ -25,29 +26,20 @@ class Row:
 
 
 @functools.lru_cache(maxsize=1024)
-def _cron_words(expr: str) -> str:
+def _words(timing: str | int) -> str:
     from sqlq.common import ticks  # the cron libraries load only where schedules are shown
 
     try:
-        return ticks.describe(expr)
-    except Exception:
-        return expr
-
-
-def _seconds_words(n: int) -> str:
-    for unit, size in (("day", 86_400), ("hour", 3600), ("minute", 60)):
-        if n % size == 0 and n >= size:
-            count = n // size
-            return f"Every {unit}" if count == 1 else f"Every {count} {unit}s"
-    return "Every second" if n == 1 else f"Every {n} seconds"
+        return ticks.describe(timing)
+    except ValidationError:  # stored by another version, say: the page shows it as it is
+        return str(timing)
 
 
 def in_words(spec: ScheduleSpec) -> tuple[str, str]:
-    """The expression and what it says."""
+    """The expression and what it says (``ticks.describe``)."""
     if spec.cron is not None:
-        return spec.cron, _cron_words(spec.cron)
-    every = spec.every_s or 0
-    return f"every_s: {every}", _seconds_words(every)
+        return spec.cron, _words(spec.cron)
+    return f"every_s: {spec.every_s}", _words(spec.every_s or 0)
 
 
 async def page(
