@@ -163,11 +163,12 @@ def loadgen(
 @click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
 @click.option(
     "--workload",
-    type=click.Choice(["mixed", "plain"]),
+    type=click.Choice(["mixed", "plain", "schedules"]),
     default="mixed",
     show_default=True,
     help="mixed: failing, long, hanging and delayed jobs with cancels, retries and pauses; "
-    "plain: 2 ms jobs that always succeed.",
+    "plain: 2 ms jobs that always succeed; schedules: schedules ticking every second "
+    "(no tick lost, none doubled).",
 )
 def crashcheck(
     store: str, sync: str, trials: int, jobs: int, seed: int, out: str, workload: str
@@ -196,8 +197,8 @@ def crashcheck(
         )  # fmt: skip
     write_report(Path(out))
     bad = [r for r in rows if not r["ok"]]
-    acked = sum(r["acknowledged"] for r in rows)
-    lost = sum(r["lost"] for r in rows)
+    acked = sum(r.get("acknowledged", r.get("ticks", 0)) for r in rows)
+    lost = sum(r.get("lost", r.get("missing", 0) + r.get("doubled", 0)) for r in rows)
     restarts = sum(1 for r in rows if not r.get("first_restart_ok", True))
     click.echo(
         f"{name} --sync {sync} --workload {workload}: {trials} trials, {acked} acknowledged, "

@@ -203,6 +203,13 @@ def run_trials(
         path = out / f"crash-{store}-{sync}{'' if workload == 'plain' else '-' + workload}.jsonl"
         path.write_text("")
     for n in tqdm(range(trials), desc=f"crashcheck {store}", disable=not progress):
+        if workload == "schedules":
+            from sqlq.bench import crashsched
+
+            with tempfile.TemporaryDirectory(prefix="sqlq-crashsched-") as d:
+                row = crashsched.run_trial(store, sync, crashsched.kill_after(rng), Path(d))
+            keep(rows, row, n, commit, path)
+            continue
         trial = Trial(
             store=store,
             sync=sync,

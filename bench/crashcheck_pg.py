@@ -271,6 +271,16 @@ def run_pg_trials(
     rows: list[dict[str, Any]] = []
     try:
         for n in tqdm(range(trials), desc="crashcheck postgres", disable=not progress):
+            if workload == "schedules":
+                from sqlq.bench import crashsched
+
+                with tempfile.TemporaryDirectory(prefix="sqlq-crashsched-pg-") as d:
+                    dsn = cluster.create_database()
+                    run = crashsched.run_pg_trial(
+                        dsn, crashsched.kill_after(rng), rng.randrange(NODES), Path(d)
+                    )
+                    keep(rows, asyncio.run(run), n, commit, path)
+                continue
             trial = PgTrial(
                 jobs=jobs,
                 kill_after_s=rng.uniform(0.2, 1.5),
