@@ -86,7 +86,8 @@ async def test_a_tick_is_one_commit_of_the_cursor_and_its_job(store: JobStore) -
     job = tick_job(s.name, tick)
     await store.commit([advance(s, tick, job), job])
     got = await store.get_schedule(s.name)
-    assert got is not None and (got.cursor, got.last_job) == (tick, job.id)
+    assert got is not None
+    assert (got.cursor, got.last_job) == (tick, job.id)
     assert await store.get(job.id) == job
 
 
@@ -101,7 +102,8 @@ async def test_a_stale_advance_inserts_nothing(store: JobStore) -> None:
         await store.commit([advance(s, tick, second), second])
     assert await store.get(second.id) is None
     got = await store.get_schedule(s.name)
-    assert got is not None and (got.cursor, got.last_job) == (tick, first.id)
+    assert got is not None
+    assert (got.cursor, got.last_job) == (tick, first.id)
 
 
 async def test_of_two_ticks_from_one_cursor_in_one_batch_exactly_one_applies(
@@ -140,7 +142,8 @@ async def test_a_passed_over_tick_moves_the_cursor_and_keeps_the_last_job(
     assert now is not None
     await store.commit([advance(now, CREATED + 5 * MINUTE, None)])
     got = await store.get_schedule(s.name)
-    assert got is not None and (got.cursor, got.last_job) == (CREATED + 5 * MINUTE, job.id)
+    assert got is not None
+    assert (got.cursor, got.last_job) == (CREATED + 5 * MINUTE, job.id)
 
 
 async def test_overlap_skip_is_checked_in_the_commit(store: JobStore) -> None:
@@ -193,7 +196,8 @@ async def test_a_refused_schedule_change_fails_only_its_caller(store: JobStore) 
         return_exceptions=True,
     )
     assert isinstance(outcomes[0], StaleScheduleError)
-    assert outcomes[1] is None and outcomes[2] is None
+    assert outcomes[1] is None
+    assert outcomes[2] is None
     assert await store.get(bystander.id) == bystander
 
 
@@ -272,4 +276,5 @@ async def test_a_put_never_moves_the_cursor_back(store: JobStore) -> None:
     resumed = msgspec.structs.replace(record(version=3), cursor=CREATED + 10 * MINUTE)
     await store.commit([PutSchedule(schedule=resumed, expect_version=2)])
     got = await store.get_schedule(s.name)
-    assert got is not None and got.cursor == CREATED + 10 * MINUTE
+    assert got is not None
+    assert got.cursor == CREATED + 10 * MINUTE
