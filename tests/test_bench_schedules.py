@@ -61,7 +61,17 @@ def test_section_builds_from_the_rows(tmp_path: Path) -> None:
     rows = [
         _row("sqlq-walq", 0, 4.0, 0.2, idle_s=60.0, idle_cpu_s=0.01),
         _row("sqlq-walq", 1, 6.0, 0.4, idle_s=60.0, idle_cpu_s=0.03),
-        _row("procrastinate", 0, 900.0, 1.0, pg_cpu_s=0.5, version="3.10.0", lost=3, doubled=1),
+        _row(
+            "procrastinate",
+            0,
+            900.0,
+            1.0,
+            pg_cpu_s=0.5,
+            version="3.10.0",
+            lost=3,
+            doubled=1,
+            pg_version="15.18",
+        ),
     ]
     (tmp_path / "N.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     rep = Report(tmp_path)
@@ -70,6 +80,8 @@ def test_section_builds_from_the_rows(tmp_path: Path) -> None:
     assert "## N. Schedules" in text
     assert "1,000 schedules" in text
     assert "2 ticks (120 s)" in text
+    assert "(PostgreSQL 15.18, a throwaway cluster, fsync on)" in text
+    assert "with no job 5 s after it" in text
     # walq: p99 median 5.0 [4.0-6.0]; CPU 0.3 s over 120 s = 0.150 s/min [0.100-0.200];
     # 0.3 s / 2,000 ticks = 0.150 ms/tick; idle 0.02 s/min
     walq = next(ln for ln in rep.lines if ln.startswith("| sqlq-walq"))

@@ -23,6 +23,7 @@ from sqlq.bench.client.server import ServerProcess
 from sqlq.bench.experiments.base import Run
 from sqlq.bench.experiments.j_runs import _peer, _peer_env, _wait, cluster
 from sqlq.bench.peers import PEERS, PERIODIC_SQL, installed
+from sqlq.bench.pgcluster import bindir
 from sqlq.bench.stats import percentile
 
 PEER = "procrastinate"
@@ -87,6 +88,14 @@ def pg_cpu() -> float:
     return total
 
 
+def pg_version() -> str:
+    """The throwaway cluster's version: "15.18" of "postgres (PostgreSQL) 15.18 (Debian ...)"."""
+    d = bindir()
+    out = subprocess.run([str(d / "postgres"), "--version"], capture_output=True, text=True) \
+        if d else None  # fmt: skip
+    return out.stdout.split(")", 1)[1].split()[0] if out and out.returncode == 0 else ""
+
+
 def tick_of(job: dict[str, Any]) -> tuple[str, int] | None:
     """A job's schedule and tick: its ``schedule`` and ``tick`` fields, else its key."""
     if job.get("schedule") is not None and job.get("tick") is not None:
@@ -133,8 +142,8 @@ class SchedulesRun(Run):
 
             async def each(method: str, path: str, ok: int, items: list[str]) -> None:
                 async def one(name: str) -> None:
-                    status, _ = await pool.request(method, path.format(name), body)
-                    assert status == ok, (method, path, status)
+                    status, got = await pool.request(method, path.format(name), body)
+                    assert status == ok, (method, path.format(name), status, got[:300])
 
                 for i in range(0, len(items), 64):
                     await asyncio.gather(*(one(n) for n in items[i : i + 64]))
@@ -182,7 +191,8 @@ class SchedulesRun(Run):
                 "window_s": float(self.ticks_n * self.period_s),
                 **tally(self.names, w["ticks"], seen),
                 "cpu_s": round(w["cpu"], 3), "pg_cpu_s": w["pg"] and round(w["pg"], 3),
-                "setup_s": round(setup_s, 3)}  # fmt: skip
+                "setup_s": round(setup_s, 3),
+                "pg_version": pg_version() if w["pg"] is not None else ""}  # fmt: skip
 
 
 def settle(period: int) -> float:
