@@ -93,8 +93,9 @@ def test_section_builds_from_the_rows(tmp_path: Path) -> None:
     assert "| 3.10.0 |" in peer
     assert "| 3 | 1 |" in peer
     assert "| 0.250 |" in peer
-    assert "- sqlq-walq: lateness p99 5.0 ms; 0.150 s of CPU a minute (0.25 % of a core); " \
-        "against procrastinate's worker: p99 0.0056x, CPU 0.3x." in rep.lines  # fmt: skip
+    assert "- sqlq-walq: lateness p99 5.0 ms; 0.150 s of CPU a minute (0.25 % of a core), " \
+        "0.130 s above the same server with them paused; against procrastinate's worker: " \
+        "p99 0.0056x, CPU 0.3x." in rep.lines  # fmt: skip
     # the bar is sqlq's own: the peer's lost and doubled ticks are shown, not judged
     assert rep.checks == ["N: sqlq-walq, ticks lost and doubled: 0 lost, 0 doubled of 4,000 "
                           "due (none: met)"]  # fmt: skip

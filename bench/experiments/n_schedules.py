@@ -21,6 +21,7 @@ takes about four minutes per system.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from sqlq.bench.experiments.n_runs import PEER, PeerSchedulesRun, SchedulesRun, settle
@@ -134,6 +135,9 @@ def section(rep: Report) -> None:
         p99, per_min = med(r.late_p99_ms for r in rs), med(r.cpu_s_per_min for r in rs)
         line = (f"- {system}: lateness p99 {p99:,.1f} ms; {per_min:.3f} s of CPU a minute "
                 f"({100 * per_min / 60:.2f} % of a core)")  # fmt: skip
+        idle = med(r.idle_cpu_s_per_min for r in rs)
+        if not math.isnan(idle):  # the schedules' own part: above the same server, paused
+            line += f", {per_min - idle:.3f} s above the same server with them paused"
         if peer and system != PEER:
             line += (f"; against {PEER}'s worker: p99 "
                      f"{p99 / med(r.late_p99_ms for r in peer):.2g}x, "
