@@ -20,11 +20,18 @@ from starlette.datastructures import QueryParams
 from sqlq.common.errors import ValidationError, clip
 from sqlq.common.models import State
 from sqlq.common.models import is_job_id as is_job_id  # the API asks it here, with the rest
-from sqlq.common.specs import KEY_PATTERN, MAX_KIND, QUEUE_PATTERN, whole_number
+from sqlq.common.schedule import check_name
+from sqlq.common.specs import (
+    KEY_PATTERN,
+    MAX_KIND,
+    QUEUE_PATTERN,
+    RESERVED_KEY_PREFIX,
+    whole_number,
+)
 from sqlq.common.store import MAX_PAGE, JobQuery
 from sqlq.common.wire import MAX_WAIT_S
 
-LIST_PARAMS = frozenset({"state", "kind", "queue", "limit", "after"})
+LIST_PARAMS = frozenset({"state", "kind", "queue", "schedule", "limit", "after"})
 _QUEUE = re.compile(QUEUE_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
 
@@ -68,11 +75,15 @@ def job_query(params: QueryParams) -> JobQuery:
     queue = params.get("queue")
     if queue is not None and not _QUEUE.fullmatch(queue):
         raise ValidationError("queue", f"must match {QUEUE_PATTERN}")
+    schedule = params.get("schedule")
+    if schedule is not None:
+        check_name(schedule, "schedule")
     after = params.get("after")
     return JobQuery(
         state=None if state is None else State(state),
         kind=kind,
         queue=queue,
+        schedule=schedule,
         after=None if after is None else _uncursor(after),
         limit=_int(params, "limit", 1, MAX_PAGE, 100),
     )
@@ -100,6 +111,10 @@ def queue_name(name: str) -> str:
 def idempotency_key(header: str | None) -> str | None:
     if header is None:
         return None
+    if header.startswith(RESERVED_KEY_PREFIX):
+        raise ValidationError(
+            "Idempotency-Key", f"keys that start with {RESERVED_KEY_PREFIX!r} are the schedules'"
+        )
     if not _KEY.fullmatch(header):
         raise ValidationError("Idempotency-Key", "1 to 255 printable ASCII characters, no spaces")
     return header

@@ -103,7 +103,9 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
 
 class PutSchedule(msgspec.Struct, frozen=True, kw_only=True):
     """Create (``expect_version`` 0: it must not exist) or replace (the stored version
-    must be ``expect_version``) the whole record; ``StaleScheduleError`` otherwise."""
+    must be ``expect_version``) the whole record, except that the cursor never moves back:
+    a stored cursor at or past the put's stays, with its ``last_job``; ``StaleScheduleError``
+    if the version is not the expected one."""
 
     schedule: Schedule
     expect_version: int
@@ -185,7 +187,12 @@ def fold(
             raise StaleScheduleError(
                 change.schedule.name, f"at version {found}, not {change.expect_version}"
             )
-        return change.schedule
+        put = change.schedule
+        if current is not None and current.cursor >= put.cursor:
+            # A cursor never moves back: a put read before a tick and committed after it
+            # (advances do not bump the version) keeps the tick's cursor and its job.
+            return msgspec.structs.replace(put, cursor=current.cursor, last_job=current.last_job)
+        return put
     if current is None:
         raise StaleScheduleError(change.name, "does not exist")
     if current.version != change.expect_version or current.cursor != change.expect_cursor:

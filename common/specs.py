@@ -39,7 +39,13 @@ MAX_RUN_AT = 4_102_444_800.0  # 2100-01-01; the runtime also bounds it by MAX_DE
 # queue apart from ``default`` that prints the same); ``(?!\n)`` refuses that. The same
 # text is a valid ECMA-262 pattern, where ``$`` is already the end, for /openapi.json.
 QUEUE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$(?!\n)"
-KEY_PATTERN = r"^[\x21-\x7e]{1,255}$(?!\n)"  # printable ASCII, no spaces: fits a header
+# Keys that start with this are the schedules' own (``sched:<name>:<tick>``): a client's
+# may not, or a submission could take a tick's key before the tick does and pass for the
+# schedule's job. It is ``sqlq.common.schedule.KEY_PREFIX``; that module imports this one,
+# so it is spelled here too, and tests/test_schedules_http.py keeps the two equal.
+RESERVED_KEY_PREFIX = "sched:"
+# Printable ASCII, no spaces (fits a header), and not a schedule's key.
+KEY_PATTERN = rf"^(?!{RESERVED_KEY_PREFIX})[\x21-\x7e]{{1,255}}$(?!\n)"
 
 Queue = Annotated[str, msgspec.Meta(pattern=QUEUE_PATTERN)]
 IdempotencyKey = Annotated[str, msgspec.Meta(pattern=KEY_PATTERN)]

@@ -21,8 +21,17 @@ class ErrorBody(msgspec.Struct):
     field: str | None = None  # what was wrong: a JSON path, a parameter, a header
 
 
+class JobView(Job, frozen=True, kw_only=True):
+    """A job as the API shows it: the stored ``Job``, and for a job a schedule made, which
+    schedule and which tick (``sqlq.common.schedule.schedule_of`` its key; ``tick`` None
+    for a triggered one). They are read from the key, never stored twice."""
+
+    schedule: str | None = None
+    tick: int | None = None
+
+
 class JobPage(msgspec.Struct):
-    jobs: list[Job]
+    jobs: list[JobView]
     next: str | None  # pass back as ?after= for the next page; null on the last one
 
 

@@ -4,7 +4,8 @@ The public surface::
 
     from sqlq import task, Client, AsyncClient
 
-``task`` registers a handler (``sqlq serve --import yourmodule``); ``Client`` and
+``task`` registers a handler (``sqlq serve --import yourmodule``), and with ``cron=`` or
+``every_s=`` a schedule of it; ``schedule`` defines a schedule of any kind; ``Client`` and
 ``AsyncClient`` talk to a server. Their errors: ``ApiError`` and its kinds
 ``Invalid``, ``Unauthorized``, ``NotFound``, ``Conflict``, ``RateLimited``,
 ``Unavailable``. ``Job`` is what they return. Everything else is internal:
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 from sqlq.common.models import Job, State
-from sqlq.runtime.kinds import JobContext, JobFailed, task
+from sqlq.runtime.kinds import JobContext, JobFailed, schedule, task
 
 if TYPE_CHECKING:
     from sqlq.client import (
@@ -64,5 +65,6 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "__version__",
+    "schedule",
     "task",
 ]

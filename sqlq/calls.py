@@ -15,13 +15,24 @@ import uuid
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 import msgspec
 
 from sqlq.common.errors import SqlqError
-from sqlq.common.models import TERMINAL, Job
-from sqlq.common.wire import MAX_WAIT_S, BatchResult, JobPage, QueueList, QueueView, Retried
+from sqlq.common.models import TERMINAL
+from sqlq.common.wire import (
+    MAX_WAIT_S,
+    BatchResult,
+    JobPage,
+    QueueList,
+    QueueView,
+    Retried,
+    ScheduleList,
+    ScheduleView,
+)
+from sqlq.common.wire import JobView as Job  # the client's job: the model, with its schedule
 
 T = TypeVar("T")
 
@@ -43,7 +54,7 @@ class Unauthorized(ApiError):
 
 
 class NotFound(ApiError):
-    """No such job (404)."""
+    """No such job or schedule (404)."""
 
 
 class Conflict(ApiError):
@@ -164,11 +175,14 @@ class Requests:
         state: str | None = None,
         kind: str | None = None,
         queue: str | None = None,
+        schedule: str | None = None,
         limit: int = 100,
         after: str | None = None,
     ) -> Plan[JobPage]:
-        """One page of jobs in id order; pass ``page.next`` as ``after`` for the next."""
-        params = {"state": state, "kind": kind, "queue": queue, "limit": limit, "after": after}
+        """One page of jobs in id order; pass ``page.next`` as ``after`` for the next.
+        ``schedule``: only the jobs that schedule made."""
+        params = {"state": state, "kind": kind, "queue": queue, "schedule": schedule,
+                  "limit": limit, "after": after}  # fmt: skip
         query = {k: v for k, v in params.items() if v is not None}
         return (yield from Call("GET", "/jobs", JobPage, params=query, retry=True))
 
@@ -200,6 +214,57 @@ class Requests:
     @staticmethod
     def stats() -> Plan[dict[str, Any]]:
         return (yield from Call("GET", "/stats", dict, retry=True))
+
+    # -- schedules --------------------------------------------------------------------
+
+    @staticmethod
+    def put_schedule(
+        name: str,
+        kind: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        cron: str | None = None,
+        every_s: int | None = None,
+        **options: Any,
+    ) -> Plan[ScheduleView]:
+        """Create or replace the schedule ``name``: one job of ``kind`` per tick of ``cron``
+        (5 fields) or every ``every_s`` seconds; ``options``: tz, queue, priority,
+        max_attempts, catch_up, catch_up_window_s, max_catch_up, overlap, paused."""
+        body: dict[str, Any] = {"kind": kind, "args": dict(args or {}), "cron": cron,
+                                "every_s": every_s, **options}  # fmt: skip
+        body = {k: v for k, v in body.items() if v is not None}
+        return (yield from Call("PUT", _schedule(name), ScheduleView, body, retry=True))
+
+    @staticmethod
+    def schedules() -> Plan[builtins.list[ScheduleView]]:
+        """Every schedule, in name order."""
+        return (yield from Call("GET", "/schedules", ScheduleList, retry=True)).schedules
+
+    @staticmethod
+    def schedule(name: str) -> Plan[ScheduleView]:
+        """One schedule (``NotFound`` if there is none)."""
+        return (yield from Call("GET", _schedule(name), ScheduleView, retry=True))
+
+    @staticmethod
+    def delete_schedule(name: str) -> Plan[ScheduleView]:
+        """Delete a schedule (its jobs stay); what it was."""
+        return (yield from Call("DELETE", _schedule(name), ScheduleView))
+
+    @staticmethod
+    def pause_schedule(name: str, paused: bool = True) -> Plan[ScheduleView]:
+        """Pause a schedule (or, ``paused=False``, resume it): durable, on every node."""
+        action = "pause" if paused else "resume"
+        return (yield from Call("POST", f"{_schedule(name)}/{action}", ScheduleView, retry=True))
+
+    @staticmethod
+    def trigger(name: str) -> Plan[Job]:
+        """Enqueue one job of the schedule now, outside its ticks (not retried: each call
+        makes a job)."""
+        return (yield from Call("POST", f"{_schedule(name)}/trigger", Job))
+
+
+def _schedule(name: str) -> str:
+    return "/schedules/" + quote(name, safe="")  # a name with a slash is refused, not routed
 
 
 def pages(filters: Mapping[str, Any], page: JobPage | None = None) -> Plan[JobPage] | None:

@@ -59,6 +59,7 @@ def main() -> None:
 
 
 main.add_command(ops.jobs)
+main.add_command(ops.schedules)
 main.add_command(ops.submit)
 
 

@@ -45,8 +45,17 @@ from sqlq.calls import (
     pages,
 )
 from sqlq.common.errors import SqlqError
-from sqlq.common.models import TERMINAL, Job
-from sqlq.common.wire import BatchResult, JobPage, QueueList, QueueView, Retried
+from sqlq.common.models import TERMINAL
+from sqlq.common.wire import (
+    BatchResult,
+    JobPage,
+    QueueList,
+    QueueView,
+    Retried,
+    ScheduleList,
+    ScheduleView,
+)
+from sqlq.common.wire import JobView as Job  # the model, with the schedule and tick it came of
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -153,6 +162,12 @@ class Client(_Base):
     queues = _blocking(Requests.queues)
     pause = _blocking(Requests.pause)
     stats = _blocking(Requests.stats)
+    put_schedule = _blocking(Requests.put_schedule)
+    schedules = _blocking(Requests.schedules)
+    schedule = _blocking(Requests.schedule)
+    delete_schedule = _blocking(Requests.delete_schedule)
+    pause_schedule = _blocking(Requests.pause_schedule)
+    trigger = _blocking(Requests.trigger)
 
     def jobs(self, **filters: Any) -> Iterator[Job]:
         """Every matching job, page after page."""
@@ -224,6 +239,12 @@ class AsyncClient(_Base):
     queues = _awaited(Requests.queues)
     pause = _awaited(Requests.pause)
     stats = _awaited(Requests.stats)
+    put_schedule = _awaited(Requests.put_schedule)
+    schedules = _awaited(Requests.schedules)
+    schedule = _awaited(Requests.schedule)
+    delete_schedule = _awaited(Requests.delete_schedule)
+    pause_schedule = _awaited(Requests.pause_schedule)
+    trigger = _awaited(Requests.trigger)
 
     async def jobs(self, **filters: Any) -> AsyncIterator[Job]:
         """Every matching job, page after page."""
@@ -264,6 +285,8 @@ __all__ = [
     "QueueView",
     "RateLimited",
     "Retried",
+    "ScheduleList",
+    "ScheduleView",
     "SqlqError",
     "Unauthorized",
     "Unavailable",

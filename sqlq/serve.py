@@ -87,8 +87,9 @@ def tune_gc() -> None:
 
 def build_runtime(store: JobStore, config: RuntimeConfig) -> Service:
     """The composition root's one decision about the runtime: where the queue lives
-    (``claims_for``: the database's for a shared store, this process's lanes otherwise)."""
-    return Service(store, config, claims=claims_for(store))
+    (``claims_for``: the database's for a shared store, this process's lanes otherwise).
+    The schedules the ``--import``ed code defines are upserted at start."""
+    return Service(store, config, claims=claims_for(store), define_schedules=True)
 
 
 def import_handlers(modules: tuple[str, ...]) -> None:

@@ -84,7 +84,7 @@ def test_no_sql_is_inline_in_the_engines_python() -> None:
     assert inline == []
 
 
-@pytest.mark.parametrize("sql", ["queries.sql", "migrate.sql"])
+@pytest.mark.parametrize("sql", ["queries.sql", "migrate.sql", "schedules.sql"])
 def test_the_sql_files_name_modules_that_exist(sql: str) -> None:
     """A header that names a module names one that is there (and holds what it says)."""
     names = re.findall(r"\bsqlq(?:\.\w+)+", (PACKAGE / sql).read_text())

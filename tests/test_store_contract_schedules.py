@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from sqlq.common.errors import OverlapError, StaleScheduleError
@@ -254,3 +255,21 @@ async def test_compaction_keeps_every_schedule(reopen_factory: StoreFactory) -> 
         assert await again.list_schedules() == expect
     finally:
         await again.close()
+
+
+async def test_a_put_never_moves_the_cursor_back(store: JobStore) -> None:
+    """A put read before a tick and committed after it (an advance leaves the version as
+    it is) keeps the tick's cursor and job; a put with a later cursor (a resume) moves it."""
+    s = await create(store, record())
+    job = tick_job(s.name, CREATED + MINUTE)
+    await store.commit([advance(s, CREATED + MINUTE, job), job])
+    paused = msgspec.structs.replace(record(version=2, paused=True), cursor=CREATED)
+    await store.commit([PutSchedule(schedule=paused, expect_version=1)])
+    got = await store.get_schedule(s.name)
+    assert got is not None
+    assert (got.version, got.spec.paused) == (2, True)
+    assert (got.cursor, got.last_job) == (CREATED + MINUTE, job.id)
+    resumed = msgspec.structs.replace(record(version=3), cursor=CREATED + 10 * MINUTE)
+    await store.commit([PutSchedule(schedule=resumed, expect_version=2)])
+    got = await store.get_schedule(s.name)
+    assert got is not None and got.cursor == CREATED + 10 * MINUTE

@@ -24,7 +24,6 @@ from starlette.types import Receive, Scope, Send
 from sqlq import __version__
 from sqlq.common import query as params
 from sqlq.common.errors import JobNotFoundError, ValidationError
-from sqlq.common.models import Job
 from sqlq.common.redact import redact_paths
 from sqlq.common.specs import (
     MAX_JOB_BYTES,
@@ -37,6 +36,8 @@ from sqlq.common.specs import (
 from sqlq.http.errors import ERRORS, BodyTooLarge, JSONResponse, handler_for
 from sqlq.http.guard import Guard, Security
 from sqlq.http.openapi import document
+from sqlq.http.schedules import job_view
+from sqlq.http.schedules import routes as schedule_routes
 from sqlq.runtime.claims import QueueInfo
 from sqlq.runtime.config import DEFAULT_GRACE_S
 from sqlq.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -64,8 +65,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def view(job: Job) -> dict[str, Any]:
-    return job.to_dict()
+view = job_view  # a job as every route shows it, with its schedule and tick
 
 
 def _info(info: QueueInfo) -> dict[str, Any]:
@@ -213,6 +213,7 @@ def create_app(
             Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
             Route("/jobs/{job_id}", get_job, methods=["GET"]),
             Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+            *schedule_routes(runtime, read_body),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/stats", stats, methods=["GET"]),

@@ -26,6 +26,7 @@ from sqlq.common.errors import (
     JobNotFoundError,
     JobRunningError,
     QueueFullError,
+    ScheduleError,
     SqlqError,
     StoreError,
     TransitionError,
@@ -53,6 +54,14 @@ class JSONResponse(Response):
 class BodyTooLarge(SqlqError):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body is larger than {limit} bytes")
+
+
+class ScheduleNotFoundError(SqlqError):
+    """No schedule of that name (404, as a missing job is)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"schedule {name} not found")
+        self.name = name
 
 
 def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
@@ -97,6 +106,8 @@ async def _conflict(_: Request, exc: Exception) -> Response:
         code = "running"
     elif isinstance(exc, IdempotencyConflictError | DuplicateKeyError):
         code = "idempotency_conflict"
+    elif isinstance(exc, ScheduleError):  # changed under the request: read it again
+        code = "schedule_conflict"
     return _error(409, code, str(exc))
 
 
@@ -136,6 +147,8 @@ ERRORS: dict[Any, Any] = {
     BadJSON: _bad_json,
     BodyTooLarge: _too_large,
     JobNotFoundError: _not_found,
+    ScheduleNotFoundError: _not_found,
+    ScheduleError: _conflict,
     TransitionError: _conflict,
     IdempotencyConflictError: _conflict,
     DuplicateKeyError: _conflict,

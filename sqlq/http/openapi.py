@@ -1,7 +1,8 @@
 """``GET /openapi.json``: the API described by the same msgspec types that validate it.
 
 Requests are the structs the handlers decode (``JobSpec``, ``BatchSpec``,
-``RetrySpec``); responses are the wire types of ``common.wire`` and the ``Job`` model itself.
+``RetrySpec``, ``ScheduleSpec``); responses are the wire types of ``common.wire`` (a
+job is ``JobView``: the ``Job`` model with its schedule and tick).
 msgspec writes their JSON Schema (2020-12, what OpenAPI 3.1 uses); this module
 only lays out the operations. Nothing about a field is written twice.
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from sqlq.common.models import Job
+from sqlq.common.schedule import NAME_PATTERN, ScheduleSpec
 from sqlq.common.specs import KEY_PATTERN, QUEUE_PATTERN, BatchSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE
 from sqlq.common.wire import (
@@ -22,10 +23,13 @@ from sqlq.common.wire import (
     ErrorBody,
     Health,
     JobPage,
+    JobView,
     QueueList,
     QueueView,
     Ready,
     Retried,
+    ScheduleList,
+    ScheduleView,
 )
 
 ERRORS = (400, 401, 403, 404, 409, 413, 415, 421, 422, 429, 503)
@@ -54,6 +58,7 @@ class Op:
 
 
 JOB_ID = Param("job_id", "path", {"type": "string"}, "a job id", True)
+SCHEDULE = Param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "a schedule", True)
 QUEUE = Param("queue", "path", {"type": "string", "pattern": QUEUE_PATTERN}, "a queue", True)
 STATES = ["scheduled", "running", "completed", "dead", "cancelled"]
 OPS = (
@@ -61,7 +66,7 @@ OPS = (
         "post",
         "/jobs",
         "Submit one job; 201 when made, 200 when a key returned it",
-        {201: Job, 200: Job},
+        {201: JobView, 200: JobView},
         JobSpec,
         (
             Param(
@@ -81,6 +86,12 @@ OPS = (
             Param("state", "query", {"type": "string", "enum": STATES}),
             Param("kind", "query", {"type": "string", "minLength": 1, "maxLength": 128}),
             Param("queue", "query", {"type": "string", "pattern": QUEUE_PATTERN}),
+            Param(
+                "schedule",
+                "query",
+                {"type": "string", "pattern": NAME_PATTERN},
+                "the jobs this schedule made",
+            ),
             Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
             Param("after", "query", {"type": "string"}, "the `next` of the previous page"),
         ),
@@ -103,7 +114,7 @@ OPS = (
         "get",
         "/jobs/{job_id}",
         "A job; with ?wait=S, once it finishes or S seconds pass",
-        {200: Job},
+        {200: JobView},
         params=(
             JOB_ID,
             Param("wait", "query", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}),
@@ -113,14 +124,14 @@ OPS = (
         "delete",
         "/jobs/{job_id}",
         "Cancel a job that has not started",
-        {200: Job},
+        {200: JobView},
         params=(JOB_ID,),
     ),
     Op(
         "post",
         "/jobs/{job_id}/retry",
         "Retry a dead or cancelled job",
-        {200: Job},
+        {200: JobView},
         params=(JOB_ID,),
     ),
     Op("get", "/queues", "Each queue's depth, running count, cap and pause", {200: QueueList}),
@@ -137,6 +148,50 @@ OPS = (
         "Start jobs of a queue again",
         {200: QueueView},
         params=(QUEUE,),
+    ),
+    Op("get", "/schedules", "Every schedule, in name order", {200: ScheduleList}),
+    Op(
+        "put",
+        "/schedules/{name}",
+        "Create (201) or replace (200) a schedule",
+        {201: ScheduleView, 200: ScheduleView},
+        ScheduleSpec,
+        (SCHEDULE,),
+    ),
+    Op(
+        "get",
+        "/schedules/{name}",
+        "A schedule: its spec, next tick and newest tick's job",
+        {200: ScheduleView},
+        params=(SCHEDULE,),
+    ),
+    Op(
+        "delete",
+        "/schedules/{name}",
+        "Delete a schedule (its jobs stay); answers it as it was",
+        {200: ScheduleView},
+        params=(SCHEDULE,),
+    ),
+    Op(
+        "post",
+        "/schedules/{name}/pause",
+        "Enqueue no ticks of a schedule until it is resumed (durable)",
+        {200: ScheduleView},
+        params=(SCHEDULE,),
+    ),
+    Op(
+        "post",
+        "/schedules/{name}/resume",
+        "Enqueue a schedule's ticks again, from now",
+        {200: ScheduleView},
+        params=(SCHEDULE,),
+    ),
+    Op(
+        "post",
+        "/schedules/{name}/trigger",
+        "Enqueue one job of a schedule now, outside its ticks",
+        {201: JobView},
+        params=(SCHEDULE,),
     ),
     Op(
         "get",

@@ -22,6 +22,12 @@ counters from scrape to scrape. Past the limit, the series of queues with no
 live job are dropped, as Prometheus expects of a series whose subject is gone (a
 name used again starts from zero, which ``rate`` and ``increase`` read as a
 reset). So the number of series is bounded whatever names clients send.
+
+Schedules count here too: ticks enqueued and skipped per schedule
+(``sqlq_schedule_ticks_{enqueued,skipped}_total{schedule}``), and each enqueued
+tick's lateness (tick to durable enqueue) goes to ``on_lateness`` (the metrics'
+histogram). Their labels are bounded by ``MAX_SCHEDULES``, and a deleted
+schedule's series go with it (``schedule_gone``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class Event(StrEnum):
     REFUSED_FULL = "refused_full"  # a submission past --max-queued
     OPERATOR_RETRIED = "operator_retried"  # a dead or cancelled job put back by a client
     COMPACTED = "compactions"  # a periodic compaction (no job)
+    TICK_ENQUEUED = "schedule_ticks_enqueued"  # a schedule's tick made its job
+    TICK_SKIPPED = "schedule_ticks_skipped"  # passed over: catch-up, overlap, paused
 
 
 # What /metrics calls each event it shows (``sqlq_jobs_total{event=...}``).
@@ -69,12 +77,18 @@ def _none() -> Collection[str]:
     return ()
 
 
+def _drop(seconds: float) -> None:
+    pass
+
+
 class Events:
     def __init__(self, limit: int = 2_000) -> None:
         self.totals: Counter[Event] = Counter()  # every event since this process started
         self._series: dict[str, Counter[tuple[str, str]]] = {}  # queue -> (label, kind) -> n
         self.live_queues: Callable[[], Collection[str]] = _none  # set by the service
         self.limit = limit  # queues with series, past which those without live jobs go
+        self.ticks: dict[str, list[int]] = {}  # schedule -> [enqueued, skipped]
+        self.on_lateness: Callable[[float], None] = _drop  # set by the metrics
 
     def record(self, event: Event, job: Job | None = None, n: int = 1) -> None:
         """``n`` times ``event`` (of ``job``, for the series; ``None``: /stats only)."""
@@ -90,6 +104,22 @@ class Events:
                 self.limit = max(self.limit, 2 * len(self._series))  # all live: amortised
             counts = self._series[queue] = Counter()
         counts[label, job.kind] += n
+
+    def schedule_enqueued(self, schedule: str, lateness_s: float) -> None:
+        """A tick of ``schedule`` made its job, durably, ``lateness_s`` after the tick."""
+        self.totals[Event.TICK_ENQUEUED] += 1
+        self.ticks.setdefault(schedule, [0, 0])[0] += 1
+        self.on_lateness(max(0.0, lateness_s))
+
+    def schedule_skipped(self, schedule: str, n: int) -> None:
+        """``n`` due ticks of ``schedule`` were passed over without a job."""
+        if n > 0:
+            self.totals[Event.TICK_SKIPPED] += n
+            self.ticks.setdefault(schedule, [0, 0])[1] += n
+
+    def schedule_gone(self, schedule: str) -> None:
+        """``schedule`` was deleted: its series go, as a gone queue's do."""
+        self.ticks.pop(schedule, None)
 
     def ended(self, job: Job) -> None:
         """``job`` reached a terminal state (and left the live view)."""

@@ -48,6 +48,7 @@ import msgspec
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.errors import ValidationError, clip
 from sqlq.common.models import JSON, Job
+from sqlq.common.schedule import ScheduleSpec, check_name, check_spec
 from sqlq.common.specs import error_field
 from sqlq.runtime.threads import HandlerThreads
 
@@ -118,6 +119,9 @@ class Kind:
 class Registry:
     def __init__(self) -> None:
         self._kinds: dict[str, Kind] = {}
+        # The code-defined schedules (``@task(cron=...)``, ``schedule``): a server upserts
+        # them at start; they name their kind, which need not be registered yet.
+        self.schedules: dict[str, ScheduleSpec] = {}
 
     def register(self, kind: Kind) -> None:
         if not kind.name or len(kind.name) > MAX_KIND_LENGTH:
@@ -228,6 +232,10 @@ def task(
     timeout: float | None = DEFAULT_TASK_TIMEOUT_S,
     hb_timeout: float | None = None,
     registry: Registry | None = None,
+    cron: str | None = None,
+    every_s: int | None = None,
+    tz: str = "UTC",
+    args: JSON = None,
 ) -> Callable[[F], F]:
     """Register a function as a job kind (default name: the function's name).
 
@@ -235,10 +243,15 @@ def task(
     Async functions run on the event loop; plain ones in the handler thread pool.
     ``timeout``: seconds an attempt may run (None: no limit). ``hb_timeout``:
     seconds it may go without ``ctx.beat()`` (None: not judged by heartbeat).
+
+    ``cron`` (5 fields, read in ``tz``) or ``every_s``: also a schedule of the same name
+    that makes a job of this kind with ``args`` at each tick (``schedule`` takes the
+    other options); ``sqlq serve`` upserts it at start.
     """
     for label, value in (("timeout", timeout), ("hb_timeout", hb_timeout)):
         if value is not None and not value > 0:
             raise ValueError(f"{label} must be a positive number of seconds or None")
+    timing = cron is not None or every_s is not None
 
     def decorate(fn: F) -> F:
         wants_ctx = len(inspect.signature(fn).parameters) >= 2
@@ -256,11 +269,41 @@ def task(
                 return await ctx.threads.run(call)
 
         kind = Kind(name or fn.__name__, _any_json, run, timeout, hb_timeout)
+        if timing:  # checked first: a bad schedule registers neither
+            spec = _spec(kind.name, kind.name, {"cron": cron, "every_s": every_s, "tz": tz,
+                                                "args": {} if args is None else args})  # fmt: skip
         (registry or REGISTRY).register(kind)
+        if timing:
+            (registry or REGISTRY).schedules[kind.name] = spec
         fn.submit = _submitter(kind.name)  # type: ignore[attr-defined]
         return fn
 
     return decorate
+
+
+def schedule(name: str, kind: str, *, registry: Registry | None = None, **spec: Any) -> None:
+    """Define the schedule ``name``, making jobs of ``kind``: ``spec`` is what
+    ``PUT /schedules/{name}`` takes (``cron`` or ``every_s``, ``tz``, ``args``, ``queue``,
+    ``catch_up``, ``overlap``, ...). ``sqlq serve`` creates it at start if it is missing
+    and replaces it if it differs; a server whose code lacks it never deletes it.
+    ``ValueError`` now if it is not valid (the kind is checked when the server starts)."""
+    target = registry or REGISTRY
+    if name in target.schedules:
+        raise ValueError(f"a schedule named {name!r} is already defined")
+    target.schedules[name] = _spec(name, kind, spec)
+
+
+def _spec(name: str, kind: str, fields: dict[str, Any]) -> ScheduleSpec:
+    """A code-defined schedule's spec, checked as a ``PUT`` body is; ``ValueError`` if bad."""
+    given = {k: v for k, v in fields.items() if v is not None}
+    try:
+        check_name(name)
+        return check_spec(msgspec.convert({"kind": kind, **given}, ScheduleSpec))
+    except msgspec.ValidationError as exc:
+        field, message = error_field(str(exc))
+        raise ValueError(f"schedule {name!r}: {field}: {message}") from None
+    except ValidationError as exc:
+        raise ValueError(f"schedule {name!r}: {exc}") from None
 
 
 def _submitter(name: str) -> Callable[..., Any]:

@@ -16,6 +16,10 @@ services in one process (the tests) never share a metric.
     sqlq_store_batch_size                 commit calls per batch
     sqlq_workers{status}                  busy, live, hung (declared), replaced
     sqlq_recovery_seconds, sqlq_recovery_records
+    sqlq_schedule_ticks_enqueued_total{schedule}   ticks that made their job
+    sqlq_schedule_ticks_skipped_total{schedule}    ticks passed over (catch-up, overlap,
+                                                   paused): a silent drop made visible
+    sqlq_schedule_lateness_seconds        from a tick to its job's durable enqueue
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                    10, 30, 60, 300)  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192)
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 
 
 class Metrics:
@@ -63,6 +68,13 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
+        self.lateness = Histogram(
+            "sqlq_schedule_lateness_seconds",
+            "From a schedule's tick to its job's durable enqueue.",
+            buckets=LATENESS_BUCKETS,
+            registry=self.registry,
+        )
+        self.events.on_lateness = self.lateness.observe
 
     def batch_written(self, calls: int, seconds: float) -> None:
         """A store's batch observer (see ``GroupCommitter``)."""
@@ -92,6 +104,15 @@ class _Scrape(Collector):
         for event, kind, queue, n in self._metrics.events.series():
             events.add_metric([event, kind, queue], n)
         yield events
+        ticks = self._metrics.events.ticks
+        for i, what in enumerate(("enqueued", "skipped")):
+            family = CounterMetricFamily(
+                f"sqlq_schedule_ticks_{what}", f"Schedule ticks {what} since this process "
+                "started.", labels=["schedule"],
+            )  # fmt: skip
+            for name in sorted(ticks):
+                family.add_metric([name], ticks[name][i])
+            yield family
         yield from self._source()
 
 

@@ -33,6 +33,7 @@ from sqlq.common.errors import (
     JobNotFoundError,
     StoreError,
     TransitionError,
+    ValidationError,
 )
 from sqlq.common.models import RETRYABLE, Job, State
 from sqlq.common.specs import JobSpec, RetrySpec
@@ -46,7 +47,9 @@ from sqlq.runtime.executor import Executor, build_registry
 from sqlq.runtime.kinds import REGISTRY, Registry
 from sqlq.runtime.modes import ClaimsFactory, claims_for
 from sqlq.runtime.parts import Parts
+from sqlq.runtime.schedules import Schedules
 from sqlq.runtime.submissions import Submissions
+from sqlq.runtime.ticker import Ticker
 from sqlq.runtime.waiters import Waiters
 from sqlq.runtime.workers import WorkerPool
 
@@ -74,10 +77,13 @@ class Service:
         kinds: Registry | None = None,
         cpu: CpuPool | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        define_schedules: bool = False,
     ) -> None:
         """``claims``: where the queue lives (default: ``modes.claims_for(store)``);
         ``kinds``: the user's handlers (default: what ``@task`` registered); the
-        built-in ``sleep`` and ``cpu`` kinds are added unless a user kind takes a name."""
+        built-in ``sleep`` and ``cpu`` kinds are added unless a user kind takes a name.
+        ``define_schedules``: upsert the schedules ``kinds`` defines at start (``sqlq
+        serve`` does; a test's service leaves the store's schedules as they are)."""
         self.store = store
         self.config = config = config or RuntimeConfig()
         self.clock = clock
@@ -85,9 +91,8 @@ class Service:
             config.cpu_processes, beat_while_queued=config.cpu_beat_while_queued
         )
         rng = random.Random(config.seed)
-        all_kinds = build_registry(
-            kinds or REGISTRY, fault_injection=config.fault_injection, cpu=self.cpu
-        )
+        user = kinds or REGISTRY
+        all_kinds = build_registry(user, fault_injection=config.fault_injection, cpu=self.cpu)
         parts = Parts.of(store, config, clock=clock, rng=rng)
         self.live, self.metrics = parts.live, parts.metrics
         self.events = parts.live.events  # the one sink of /stats' totals and /metrics' events
@@ -106,6 +111,16 @@ class Service:
         )
         self.submissions = Submissions(store, self.claims, config, all_kinds, self.events, clock)
         self.waiters = Waiters(self.claims, self.get, clock)
+        self.schedules = Schedules(store, self.claims, self.submissions, all_kinds, self.events,
+                                   clock, self.get)  # fmt: skip
+        self.ticker = Ticker(store, self.claims, self.schedules, all_kinds, self.events, clock,
+                             shared=store.shared)  # fmt: skip
+        self._defined = dict(user.schedules) if define_schedules else {}
+        for name, spec in self._defined.items():  # before anything starts: a code error
+            try:
+                self.schedules.check(name, spec)
+            except ValidationError as exc:
+                raise ValueError(f"schedule {name!r}: {exc}") from None
         self.live.on_finished = self.waiters.finished
         self.state = RuntimeState.NEW
         self.recovery: Recovery | None = None
@@ -121,6 +136,8 @@ class Service:
             self.recovery = recovery
             await self.claims.start(recovery)
         self.pool.start()
+        await self.schedules.define(self._defined)
+        self.ticker.start()
         if self.config.compact_every_s > 0:
             self._maintenance = asyncio.create_task(self._maintain(), name="sqlq-maintenance")
         self.state = RuntimeState.READY
@@ -136,6 +153,7 @@ class Service:
             return
         self.state = RuntimeState.STOPPING
         self.waiters.stop()
+        await self.ticker.stop()
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)

@@ -29,12 +29,14 @@ from sqlq.common import query as params
 from sqlq.common.clock import Clock
 from sqlq.common.errors import ValidationError
 from sqlq.common.models import State
+from sqlq.common.schedule import check_name
 from sqlq.runtime.service import Service
 from sqlq.ui.actions import ACTIONS, Action
 from sqlq.ui.gate import HEADERS, Refused, next_path, read_form
 from sqlq.ui.options import PREFIX, UiOptions
 from sqlq.ui.overview import Sampler, overview
 from sqlq.ui.render import ShownArgs, ago, environment, pretty, static_files
+from sqlq.ui.schedules import page as schedule_page
 from sqlq.ui.session import COOKIE, SESSION_S, Sessions
 
 PAGE_SIZE = 50
@@ -69,6 +71,7 @@ class Dashboard:
             Route("/jobs/{job_id}", page(self.job_page), methods=["GET"]),
             Route("/dead", page(self.dead_page), methods=["GET"]),
             Route("/queues", page(self.queues_page), methods=["GET"]),
+            Route("/schedules", page(self.schedules_page), methods=["GET"]),
             Route("/confirm/{action}", page(self.confirm_page), methods=["GET"]),
             Route("/do/{action}", act(self.do), methods=["POST"]),
             Route("/login", self._safe(self.login_page), methods=["GET"]),
@@ -195,6 +198,20 @@ class Dashboard:
 
     async def queues_page(self, request: Request) -> Response:
         return self.render(request, "queues.html", queues=await self.runtime.queues())
+
+    async def schedules_page(self, request: Request) -> Response:
+        after = request.query_params.get("after") or None
+        if after is not None:
+            try:
+                check_name(after, "after")
+            except ValidationError as exc:
+                raise Refused(422, "Bad page", f"{exc.field}: {exc.message}") from exc
+        everything = await self.runtime.store.list_schedules()  # name order, no job reads
+        rows, last = await schedule_page(everything, self.runtime.schedules.view, after)
+        return self.render(request, "schedules.html", schedules=rows,
+                           next_page=None if last is None else urlencode({"after": last}),
+                           live_query=urlencode({"after": after} if after else {}),
+                           paged=after is not None)  # fmt: skip
 
     async def confirm_page(self, request: Request) -> Response:
         action = self._known(request.path_params["action"])

@@ -17,6 +17,7 @@ import msgspec
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from sqlq.common.models import Job, State
+from sqlq.common.schedule import schedule_of
 from sqlq.ui.options import PREFIX
 
 MAX_SHOWN_JSON = 64 << 10  # characters of args or result a job page shows
@@ -98,7 +99,7 @@ def environment() -> Environment:
         lstrip_blocks=True,
         auto_reload=False,  # templates are package data: no stat() per render on the loop
     )
-    env.filters.update(when=when, size=size, pretty=pretty, short=short)
+    env.filters.update(when=when, size=size, pretty=pretty, short=short, made_by=schedule_of)
     env.globals.update(prefix=PREFIX, states=[s.value for s in State])
     for name in env.list_templates():
         env.get_template(name)

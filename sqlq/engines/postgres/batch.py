@@ -32,6 +32,7 @@ from sqlq.common.errors import (
 from sqlq.common.models import TRANSITIONS, Job, State, Transition
 from sqlq.common.store import Change, Fence
 from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
+from sqlq.engines.postgres.schedule_rows import Step, steps
 from sqlq.engines.rows import JOB_COLUMNS, job_values, row_job, transition_values
 
 NO_FENCE = Fence()
@@ -62,30 +63,42 @@ def move_values(t: Transition, fence: Fence) -> tuple[Any, ...]:
 
 class Encoded:
     """One caller's changes as rows, made on the caller's turn (see ``GroupCommitter``),
-    every transition held to ``fence`` as well as to its epoch."""
+    every transition held to ``fence`` as well as to its epoch. ``steps`` is None for
+    a call of jobs and transitions only (a batch of those is one statement); a call
+    that changes a schedule is applied step by step, in order (``schedules.py``)."""
 
-    __slots__ = ("fence", "ids", "jobs", "moves", "wakes")
+    __slots__ = ("fence", "ids", "jobs", "moves", "steps", "wakes")
 
     def __init__(self, changes: Sequence[Change], fence: Fence = NO_FENCE) -> None:
         self.fence = fence
         self.jobs = [job_values(c) for c in changes if isinstance(c, Job)]
         self.moves = [move_values(c, fence) for c in changes if isinstance(c, Transition)]
-        self.ids = [c.id if isinstance(c, Job) else c.job_id for c in changes]
+        if len(self.jobs) + len(self.moves) == len(changes):
+            self.steps: list[Step] | None = None
+            # Every change is a Job or a Transition here (counted above): no third test.
+            self.ids = [c.id if isinstance(c, Job) else c.job_id for c in changes]  # type: ignore[union-attr]
+        else:
+            self.steps = steps(changes, self.jobs, self.moves)
+            self.ids = [
+                c.id if isinstance(c, Job) else c.job_id
+                for c in changes
+                if isinstance(c, Job | Transition)
+            ]
         self.wakes = bool(self.jobs) or any(
             isinstance(c, Transition) and c.state is State.SCHEDULED for c in changes
         )
 
 
-def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+def columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     if not rows:
         return [[] for _ in range(width)]
     return [list(col) for col in zip(*rows, strict=True)]
 
 
-def _args(jobs: list[tuple[Any, ...]], moves: list[tuple[Any, ...]], wakes: bool) -> list[Any]:
+def job_args(jobs: list[tuple[Any, ...]], moves: list[tuple[Any, ...]], wakes: bool) -> list[Any]:
     """write_batch's arguments: the job rows as columns, the move rows as columns, the
     number of moves that must apply, and whether to wake the claimers."""
-    return [*_columns(jobs, JOB_WIDTH), *_columns(moves, MOVE_WIDTH), len(moves), wakes]
+    return [*columns(jobs, JOB_WIDTH), *columns(moves, MOVE_WIDTH), len(moves), wakes]
 
 
 def fast_path_safe(encoded: Sequence[Encoded]) -> bool:
@@ -99,7 +112,7 @@ async def write_batch(conn: asyncpg.Connection, encoded: Sequence[Encoded]) -> b
     jobs = [row for e in encoded for row in e.jobs]
     moves = [row for e in encoded for row in e.moves]
     try:
-        await conn.fetchrow(Q["write_batch"], *_args(jobs, moves, any(e.wakes for e in encoded)))
+        await conn.fetchrow(Q["write_batch"], *job_args(jobs, moves, any(e.wakes for e in encoded)))
     except (asyncpg.UniqueViolationError, asyncpg.DataError):
         return False
     except asyncpg.PostgresError as exc:
@@ -114,10 +127,10 @@ async def write_one_by_one(
 ) -> list[BaseException | None]:
     """Each caller's changes in a transaction of their own, change by change, so that
     the caller at fault hears why (read on ``pool``) and the others commit."""
-    return [await _one_caller(conn, p, pool) for p in batch]
+    return [await one_caller(conn, p, pool) for p in batch]
 
 
-async def _one_caller(
+async def one_caller(
     conn: asyncpg.Connection, pending: Pending, pool: asyncpg.Pool
 ) -> BaseException | None:
     e: Encoded = pending.encoded
@@ -126,25 +139,46 @@ async def _one_caller(
     try:
         async with conn.transaction():
             for job, row in zip(jobs, e.jobs, strict=True):
-                try:
-                    await conn.fetchrow(Q["write_batch"], *_args([row], [], e.wakes))
-                except asyncpg.UniqueViolationError as exc:
-                    key = job.idempotency_key
-                    if exc.constraint_name == "jobs_key" and key is not None:
-                        raise DuplicateKeyError(key) from None
-                    raise DuplicateJobError(job.id) from None
+                await insert_one(conn, job, row, e.wakes)
             for t, row in zip(moves, e.moves, strict=True):
-                try:
-                    await conn.fetchrow(Q["write_batch"], *_args([], [row], e.wakes))
-                except asyncpg.PostgresError as exc:
-                    if exc.sqlstate != REFUSED:
-                        raise
-                    raise await why(pool, t, e.fence) from None
+                await move_one(conn, t, row, e, pool)
     except SqlqError as exc:
         return exc
     except asyncpg.DataError as exc:
-        return UnencodableError(f"a value PostgreSQL cannot store ({exc.sqlstate})")
+        return unencodable(exc)
     return None
+
+
+def unencodable(exc: asyncpg.DataError) -> UnencodableError:
+    return UnencodableError(f"a value PostgreSQL cannot store ({exc.sqlstate})")
+
+
+async def insert_one(conn: asyncpg.Connection, job: Job, row: tuple[Any, ...], wakes: bool) -> None:
+    """One job inserted (on its own, or in its caller's transaction); a collision named."""
+    try:
+        await conn.fetchrow(Q["write_batch"], *job_args([row], [], wakes))
+    except asyncpg.UniqueViolationError as exc:
+        raise collision(exc, job) from None
+
+
+def collision(exc: asyncpg.UniqueViolationError, job: Job) -> SqlqError:
+    """The error of ``job``'s insert that ``exc`` refused."""
+    key = job.idempotency_key
+    if exc.constraint_name == "jobs_key" and key is not None:
+        return DuplicateKeyError(key)
+    return DuplicateJobError(job.id)
+
+
+async def move_one(
+    conn: asyncpg.Connection, t: Transition, row: tuple[Any, ...], e: Encoded, pool: asyncpg.Pool
+) -> None:
+    """Apply one guarded transition, naming the guard that refused it."""
+    try:
+        await conn.fetchrow(Q["write_batch"], *job_args([], [row], e.wakes))
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != REFUSED:
+            raise
+        raise await why(pool, t, e.fence) from None
 
 
 async def why(pool: asyncpg.Pool, t: Transition, fence: Fence) -> SqlqError:

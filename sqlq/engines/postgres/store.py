@@ -2,9 +2,11 @@
 
 Writes. One writer connection per node and a group committer in front of it,
 as in the single-node engines: concurrent commits become one batch, and a batch
-is one statement (``batch.py``). Claims, leases and reads go through a small
-pool (``connections.py``). Nothing is kept in memory: ``open`` recovers no jobs,
-because the queue is the database's, not this process's.
+is one statement (``batch.py``); a call that changes a schedule is applied on its
+own after it (``schedules.py``: a tick is one statement too). Claims, leases
+and reads go through a small pool (``connections.py``). Nothing is kept in
+memory: ``open`` recovers no jobs (nor schedules), because the queue is the
+database's, not this process's.
 
 Failures. A lost connection or a database that is restarting is
 ``StoreUnavailableError`` for the calls it touched, and the engine reconnects
@@ -30,6 +32,7 @@ from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
 from sqlq.common.errors import StoreError, StoreUnavailableError, ValidationError
 from sqlq.common.models import Job, State
+from sqlq.common.schedule import Schedule, key_range
 from sqlq.common.store import (
     DEFAULT_RETENTION_S,
     Change,
@@ -44,7 +47,9 @@ from sqlq.common.store import (
 from sqlq.engines.listing import postgres_args, postgres_shape
 from sqlq.engines.postgres.batch import Encoded, fast_path_safe, write_batch, write_one_by_one
 from sqlq.engines.postgres.connections import UNAVAILABLE, Connections
-from sqlq.engines.postgres.queries import LIST_STATEMENTS, Q
+from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
+from sqlq.engines.postgres.schedule_rows import row_schedule
+from sqlq.engines.postgres.schedules import flush
 from sqlq.engines.rows import row_job
 
 T = TypeVar("T")
@@ -132,6 +137,12 @@ class PostgresStore(Committing):
         encoded: list[Encoded] = [p.encoded for p in batch]
         try:
             conn = await self._db.writer()
+            if any(e.steps is not None for e in encoded):  # a schedule change: schedules.py
+                outcomes, syncs, slow = await flush(
+                    conn, batch, self._db.pool, self._db.lost_writer
+                )
+                self.syncs, self.slow_batches = self.syncs + syncs, self.slow_batches + slow
+                return outcomes
             if fast_path_safe(encoded) and await write_batch(conn, encoded):
                 self.syncs += 1
                 return [None] * len(batch)
@@ -181,13 +192,22 @@ class PostgresStore(Committing):
         return None if row is None else row_job(row)
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
-        sql, args = LIST_STATEMENTS[postgres_shape(query)], postgres_args(query)
-        rows = await self._read(
-            lambda c: c.fetch(sql, *args),
-            "kind",  # the one free-text filter: state, queue and the cursor are checked shapes
-            listing=True,
-        )
+        shape, args = postgres_shape(query), postgres_args(query)
+        if query.schedule is not None:  # by the key range, on jobs_key (schedules.sql)
+            sql, field = SCHEDULE_LIST_STATEMENTS[shape], "schedule"
+            args += key_range(query.schedule)
+        else:  # the one free-text filter: state, queue and the cursor are checked shapes
+            sql, field = LIST_STATEMENTS[shape], "kind"
+        rows = await self._read(lambda c: c.fetch(sql, *args), field, listing=True)
         return [row_job(r) for r in rows]
+
+    async def list_schedules(self) -> list[Schedule]:
+        rows = await self._read(lambda c: c.fetch(SQ["schedules"]))
+        return [row_schedule(r) for r in rows]
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        row = await self._read(lambda c: c.fetchrow(SQ["schedule"], name), "name")
+        return None if row is None else row_schedule(row)
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         await self._read(lambda c: c.fetchrow(Q["set_paused"], queue, paused))

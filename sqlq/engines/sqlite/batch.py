@@ -9,6 +9,11 @@ at once: one hop and one transaction, as the plain-thread engine's one call per 
 was. ``plan`` builds that statement on the event loop's thread (the Python work).
 ``write_one_by_one`` is the slow path that finds the caller at fault under savepoints,
 a hop per statement, and runs only when a guard refused a row.
+
+A schedule change is a statement of its own (schedules.py), not a row of the view: a
+batch that holds one (a tick, a put: rare, a few a minute) is ``steps``, its changes in
+order as several statements in one transaction, so that the view, its triggers and the
+width of its rows, which every other batch pays for, stay as they were.
 """
 
 from __future__ import annotations
@@ -16,12 +21,11 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import aiosqlite
 
-from sqlq.common.engine.sql import batch_sql, load_queries
+from sqlq.common.engine.sql import batch_sql
 from sqlq.common.errors import (
     DuplicateJobError,
     DuplicateKeyError,
@@ -38,11 +42,9 @@ from sqlq.engines.rows import (
     row_job,
     transition_values,
 )
+from sqlq.engines.sqlite.queries import Q, Statement
+from sqlq.engines.sqlite.schedules import schedule_refused, schedule_statement
 
-Q = {
-    name: sql.replace("{new_job_columns}", ", ".join(f"NEW.{c}" for c in JOB_COLUMNS))
-    for name, sql in load_queries("sqlq.engines.sqlite", "queries.sql").items()
-}
 # Run at every open: the view and its triggers are TEMP, the connection's own.
 BATCH_OBJECTS = (Q["changes_view"], Q["insert_change"], Q["move_change"])
 
@@ -55,10 +57,12 @@ MOVE_SLOTS = tuple(
 )
 
 
-def change_row(change: Change) -> tuple[Any, ...]:
-    """One change as a row of ``batch_changes``."""
+def change_row(change: Change) -> tuple[Any, ...] | Statement:
+    """One change as a row of ``batch_changes``; a schedule change as its own statement."""
     if isinstance(change, Job):
         return ("insert", *job_values(change), None)
+    if not isinstance(change, Transition):
+        return schedule_statement(change)
     row: list[Any] = [None] * ROW_WIDTH
     row[0] = "move"
     for slot, value in zip(MOVE_SLOTS, transition_values(change), strict=True):
@@ -66,9 +70,19 @@ def change_row(change: Change) -> tuple[Any, ...]:
     return tuple(row)
 
 
-def encode_rows(changes: Sequence[Change]) -> list[tuple[Any, ...]]:
+Row = tuple[Any, ...] | Statement
+
+
+class Steps(list[Row]):
+    """A caller's rows that hold a schedule change: its batch is written as ``steps``."""
+
+
+def encode_rows(changes: Sequence[Change]) -> list[Row]:
     """One caller's changes as statement rows, on its own turn (see ``GroupCommitter``)."""
-    return [change_row(c) for c in changes]
+    rows = [change_row(c) for c in changes]
+    if all(type(row) is tuple for row in rows):
+        return rows
+    return Steps(rows)
 
 
 # Rows per statement: SQLite allows 32,766 parameters in one statement.
@@ -76,14 +90,6 @@ CHUNK_ROWS = 1000
 # Prepared statements kept per connection (sqlite3's default is 128): there is one
 # batch statement per batch size, and sizes up to ~100 are common under load.
 STATEMENT_CACHE = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """One multi-row statement of a batch, built on the event loop's thread."""
-
-    sql: str
-    params: list[Any]
 
 
 def plan(rows: list[tuple[Any, ...]]) -> list[Statement]:
@@ -96,6 +102,22 @@ def plan(rows: list[tuple[Any, ...]]) -> list[Statement]:
         )
         for chunk in (rows[i : i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS))
     ]
+
+
+def steps(rows: list[Row]) -> list[Statement]:
+    """A batch that holds schedule changes, in order: each run of job rows between them as
+    ``plan`` makes it, each schedule change as its own guarded statement."""
+    out: list[Statement] = []
+    run: list[tuple[Any, ...]] = []
+    for row in rows:
+        if isinstance(row, Statement):
+            out.extend(plan(run))
+            out.append(row)
+            run = []
+        else:
+            run.append(row)
+    out.extend(plan(run))
+    return out
 
 
 def decode_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Job:
@@ -116,21 +138,26 @@ async def select_jobs(
 
 async def write_batch(db: aiosqlite.Connection, plan: list[Statement]) -> bool:
     """The whole batch in one transaction; False (nothing written) if a guard refused a
-    move or an insert collided: the caller then redoes it one caller at a time.
+    move or a schedule change, or an insert collided: the caller then redoes it one
+    caller at a time.
 
     A batch of one statement runs without BEGIN and COMMIT: a single statement is its
-    own transaction, all or nothing, and two statements fewer are two hops fewer.
+    own transaction, all or nothing, and two statements fewer are two hops fewer. (A
+    guarded statement refused changed nothing: there is nothing to roll back.)
     """
     if len(plan) == 1:
         try:
-            await db.execute(plan[0].sql, plan[0].params)
+            cursor = await db.execute(plan[0].sql, plan[0].params)
         except sqlite3.IntegrityError:
             return False
-        return True
+        return not plan[0].guarded or cursor.rowcount == 1
     await db.execute("BEGIN IMMEDIATE")
     try:
         for st in plan:
-            await db.execute(st.sql, st.params)
+            cursor = await db.execute(st.sql, st.params)
+            if st.guarded and cursor.rowcount != 1:
+                await db.rollback()
+                return False
     except sqlite3.IntegrityError:
         await db.rollback()
         return False
@@ -188,6 +215,11 @@ def duplicate(job: Job, exc: sqlite3.IntegrityError) -> SqlqError:
 
 async def apply_one(db: aiosqlite.Connection, change: Change) -> None:
     """One change, through the same statement as the batch; its error, precisely."""
+    if not isinstance(change, Job | Transition):
+        st = schedule_statement(change)
+        if (await db.execute(st.sql, st.params)).rowcount != 1 and st.guarded:
+            await schedule_refused(db, change)
+        return
     try:
         await db.execute(batch_sql(Q["apply_changes"], 1, ROW_WIDTH), change_row(change))
     except sqlite3.IntegrityError as exc:

@@ -1,5 +1,5 @@
--- The SQLite engine's named statements: sqlq.engines.sqlite.batch loads them as Q
--- (sqlq.common.engine.sql.load_queries), for batch.py and store.py.
+-- The SQLite engine's named statements: sqlq.engines.sqlite.queries loads them as Q
+-- (sqlq.common.engine.sql.load_queries), for batch.py, schedules.py and store.py.
 
 -- name: job_columns
 -- A job's columns, in the order of sqlq.engines.rows (job_values, row_job).
@@ -92,6 +92,63 @@ kind = :kind
 
 -- name: list_by_queue
 queue = :queue
+
+-- name: list_by_schedule
+-- A schedule's jobs: the range of the idempotency keys its jobs carry (sqlq.common.schedule
+-- key_range), on the unique key index, then sorted by id for keyset paging (a schedule
+-- retains few jobs: its ticks within retention). {filters} is the AND of list_by_state,
+-- list_by_kind and list_by_queue the query sets (sqlq.engines.sqlite.schedules). INDEXED BY
+-- pins the plan: a state term could lure the planner onto jobs_live, or the id order onto
+-- the primary key, either of which reads every retained job.
+SELECT {job_columns}
+  FROM jobs INDEXED BY jobs_key
+ WHERE idempotency_key >= :low AND idempotency_key < :high AND id > :after{filters}
+ ORDER BY id
+ LIMIT :limit;
+
+-- name: schedule_columns
+name, spec, version, cursor, last_job, created_at, updated_at
+
+-- name: put_new_schedule
+-- A PutSchedule expecting version 0: the name must be free. A taken name changes no row,
+-- and a guarded statement that changed no row was refused (sqlq.engines.sqlite.batch).
+INSERT INTO schedules ({schedule_columns}) VALUES (?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (name) DO NOTHING;
+
+-- name: put_schedule
+-- A PutSchedule replacing version ?: the whole record, if it is still at that version, but
+-- never its cursor backwards (sqlq.common.schedule.fold: a put read before a tick and
+-- committed after it keeps the tick's cursor and job). The SET list is evaluated on the
+-- old row, so cursor < ? below is the stored cursor's test.
+UPDATE schedules
+   SET spec = ?, version = ?, last_job = CASE WHEN cursor < ?3 THEN ?4 ELSE last_job END,
+       cursor = MAX(cursor, ?3), created_at = ?, updated_at = ?
+ WHERE name = ? AND version = ?;
+
+-- name: drop_schedule
+-- Never refused: a schedule that is not there is dropped already.
+DELETE FROM schedules WHERE name = ?;
+
+-- name: advance_schedule
+-- The compare-and-set of a tick: version and cursor as read, and for overlap skip the
+-- previous tick's job not live (a job that is gone, pruned or never there, is not).
+-- updated_at stays: it is when the schedule was last put (sqlq.common.schedule.fold).
+UPDATE schedules
+   SET cursor = :cursor, last_job = COALESCE(:job, last_job)
+ WHERE name = :name AND version = :expect_version AND cursor = :expect_cursor
+   AND (:idle IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jobs WHERE id = :idle AND state IN ('scheduled', 'running')));
+
+-- name: get_schedule
+SELECT {schedule_columns}
+  FROM schedules WHERE name = ?;
+
+-- name: list_schedules
+SELECT {schedule_columns}
+  FROM schedules ORDER BY name;
+
+-- name: job_is_live
+SELECT 1 FROM jobs WHERE id = ? AND state IN ('scheduled', 'running');
 
 -- name: table_columns
 SELECT name FROM pragma_table_info('jobs');

@@ -1,4 +1,5 @@
--- sqlq SQLite schema, version 2. Readable with the stdlib sqlite3 module and plain SQL.
+-- sqlq SQLite schema, version 3 (3 added the schedules table; every statement here runs at
+-- every open, IF NOT EXISTS, so an older database gains what it lacks). Readable with the stdlib sqlite3 module and plain SQL.
 CREATE TABLE IF NOT EXISTS jobs (
     id           TEXT PRIMARY KEY,
     kind         TEXT NOT NULL,
@@ -42,4 +43,18 @@ CREATE TABLE IF NOT EXISTS meta (
 CREATE TABLE IF NOT EXISTS queues (
     name   TEXT PRIMARY KEY,
     paused INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- Schedules (sqlq.common.schedule.Schedule), by name. spec is the ScheduleSpec as JSON;
+-- version fences every change (a put bumps it), cursor is the newest tick handled (unix
+-- seconds), last_job the id of the newest tick's job. A schedule's jobs are not linked
+-- here: they carry its name in their idempotency keys (sched:<name>:<tick>).
+CREATE TABLE IF NOT EXISTS schedules (
+    name       TEXT PRIMARY KEY,
+    spec       TEXT NOT NULL,              -- JSON
+    version    INTEGER NOT NULL,
+    cursor     INTEGER NOT NULL,
+    last_job   TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
 ) WITHOUT ROWID;

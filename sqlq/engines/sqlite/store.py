@@ -14,6 +14,10 @@ table). If a guard refuses a move, or an insert collides, the statement undoes
 itself and the batch is redone one caller at a time under savepoints, so the caller
 at fault gets its error and the others still commit. That slow path only runs when
 a stale worker or a bad request is in the batch.
+
+Schedules are a table of their own, changed by guarded statements in the same
+transaction as the jobs of the same call (schedules.py): a batch that holds a
+schedule change is written as ``steps``, every other batch as the one statement.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from sqlq.common.errors import (
     StoreFailedError,
 )
 from sqlq.common.models import TRANSITIONS, Job, State
+from sqlq.common.schedule import Schedule
 from sqlq.common.store import (
     Change,
     CompactionReport,
@@ -50,21 +55,24 @@ from sqlq.engines.listing import sqlite_params, sqlite_shape, sqlite_statements
 from sqlq.engines.sqlite.batch import (
     BATCH_OBJECTS,
     STATEMENT_CACHE,
-    Q,
+    Steps,
     decode_row,
     encode_rows,
     plan,
     prune,
     select_jobs,
+    steps,
     write_batch,
     write_one_by_one,
 )
+from sqlq.engines.sqlite.queries import Q
+from sqlq.engines.sqlite.schedules import schedule_listing, select_schedules
 
 logger = logging.getLogger(__name__)
 
 DB_NAME = "sqlq.db"
 LOCK_NAME = "sqlq.lock"
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"  # 3: the schedules table (schema.sql creates it in an older database)
 SCHEMA = load_script("sqlq.engines.sqlite", "schema.sql")
 MIGRATE_V2 = load_script("sqlq.engines.sqlite", "migrate_v2.sql")
 INDEXES = load_script("sqlq.engines.sqlite", "indexes.sql")
@@ -183,12 +191,14 @@ class SQLiteStore(DurableStore):
 
     # -- commits -----------------------------------------------------------------------
 
-    def _encode(self, changes: Sequence[Change]) -> list[tuple[Any, ...]]:
+    def _encode(self, changes: Sequence[Change]) -> list[Any]:
         return encode_rows(changes)
 
     async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
         rows = [row for pending in batch for row in pending.encoded]
-        statements = plan(rows)  # here: Python work off the I/O thread
+        # Here: Python work off the I/O thread. A schedule change is rare (a tick, a put).
+        stepped = any(type(pending.encoded) is Steps for pending in batch)
+        statements = steps(rows) if stepped else plan(rows)
         try:
             async with self._turn:
                 db = self._conn()
@@ -231,8 +241,25 @@ class SQLiteStore(DurableStore):
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         self._live()
+        if query.schedule is not None:
+            return await self._select(*schedule_listing(query))
         sql = LIST_STATEMENTS[sqlite_shape(query)]
         return await self._select(sql, sqlite_params(query))
+
+    async def list_schedules(self) -> list[Schedule]:
+        return await self._schedules(Q["list_schedules"])
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        found = await self._schedules(Q["get_schedule"], (name,))
+        return found[0] if found else None
+
+    async def _schedules(self, sql: str, params: tuple[Any, ...] = ()) -> list[Schedule]:
+        self._live()
+        try:
+            async with self._turn:  # never a batch's schedules before its COMMIT
+                return await select_schedules(self._conn(), sql, params)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
 
     async def find_key(self, key: str) -> Job | None:
         self._live()
