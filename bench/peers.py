@@ -14,6 +14,10 @@ sqlq's workers per node).
 - procrastinate 3.10: ``App`` on ``PsycopgConnector``, ``batch_defer_async``,
   ``run_worker_async``; a finished job is ``succeeded``. A dead worker's jobs
   stay ``doing`` until the application retries them (``retry_stalled_jobs``).
+- procrastinate's periodic tasks (experiment N): ``worker --periodic N --cron EXPR``
+  registers one task ``tick`` N times under periodic ids ``s0`` .. (its registry is
+  keyed by task and periodic id), so one worker process defers N jobs a tick, each
+  with ``{"s": i, "timestamp": tick}``; ``PERIODIC_SQL`` reads them back.
 - oban-py 0.7 needs Python >= 3.12; this machine runs 3.11, so it is not run.
 """
 
@@ -135,8 +139,33 @@ async def proc_enqueue(dsn: str, n: int, sleep_s: float) -> float:
         return time.perf_counter() - t0
 
 
-async def proc_worker(dsn: str, concurrency: int) -> None:
+# N's read of the ticks a periodic run made, as (s, tick, lateness in seconds): the
+# trigger writes a ``deferred`` event at each job's insert, in the defer's own
+# transaction (``now()``), and the deferrer puts the tick in the job's args. The table
+# of periodic defers cannot serve: it keeps only the newest tick per periodic id.
+PERIODIC_SQL = """
+SELECT (j.args->>'s')::int, (j.args->>'timestamp')::bigint,
+       extract(epoch FROM e.at)::float8 - (j.args->>'timestamp')::bigint
+FROM procrastinate_jobs j JOIN procrastinate_events e ON e.job_id = j.id AND e.type = 'deferred'
+WHERE j.task_name = 'tick'
+"""
+
+
+def _proc_periodic(app: Any, n: int, cron: str) -> None:
+    """``n`` periodic registrations of one no-op task, ``tick``, each its own periodic id."""
+
+    async def tick(timestamp: int, s: int) -> None:
+        return None
+
+    task = app.task(name="tick")(tick)
+    for i in range(n):
+        app.periodic(cron=cron, periodic_id=f"s{i}", task_kwargs={"s": i})(task)
+
+
+async def proc_worker(dsn: str, concurrency: int, periodic: int = 0, cron: str = "") -> None:
     app = _proc_app(dsn)
+    if periodic:
+        _proc_periodic(app, periodic, cron)
     async with app.open_async():
         await app.run_worker_async(concurrency=concurrency)
 
@@ -153,6 +182,8 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--periodic", type=int, default=0, help="procrastinate: periodic tasks")
+    p.add_argument("--cron", default="* * * * *", help="their cron (a 6th field: seconds)")
     a = p.parse_args()
     pgq = a.peer.startswith("pgqueuer")
     if a.action == "install":
@@ -164,7 +195,7 @@ def main() -> None:
         import uvloop
 
         uvloop.run(pgq_worker(a.dsn, a.batch) if pgq
-                   else proc_worker(a.dsn, a.concurrency))  # fmt: skip
+                   else proc_worker(a.dsn, a.concurrency, a.periodic, a.cron))  # fmt: skip
 
 
 if __name__ == "__main__":

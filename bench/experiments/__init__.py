@@ -26,6 +26,7 @@ from sqlq.bench.experiments import (
     k_limits,
     l_dashboard,
     m_queues,
+    n_schedules,
 )
 from sqlq.bench.experiments.answer import answer
 from sqlq.bench.experiments.base import BenchRun
@@ -37,6 +38,7 @@ MODULES = (
     k_limits,
     l_dashboard,
     m_queues,
+    n_schedules,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so
