@@ -16,13 +16,16 @@ these rules:
   equivalent ``0-59/15`` (``_for_cronsim``).
 - The hour field starts with ``*`` (``0 * * * *``, ``*/15 * * * *``, ``30 */2 * * *``):
   real time. Such an expression fires in both copies of a repeated hour (02:00 CEST and
-  02:00 CET are two hours) and none is lost in a gap: "every 15 minutes" stays so.
+  02:00 CET are two hours) and none is lost in a gap: "every 15 minutes" stays so. A
+  ``*/n`` hour field is walked minute by minute and filtered here (``_for_cronsim``):
+  cronsim's hour-sized steps lose ticks where clocks move by half an hour.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -77,7 +80,8 @@ def parse_cron(expr: str) -> str:
         raise ValidationError("cron", f"ASCII fields only: {clip(expr, 80)!r}")
     normal = " ".join(fields).upper()
     try:
-        next(CronSim(_for_cronsim(normal), _PROBE))
+        CronSim(normal, _PROBE)  # the fields as written; then whether it ever fires
+        next(_moments(normal, ZoneInfo("UTC"), int(_PROBE.timestamp()), reverse=False))
     except CronSimError as exc:
         raise ValidationError("cron", f"{exc}: {clip(expr, 80)!r}") from None
     except StopIteration:
@@ -112,9 +116,7 @@ def next_tick(spec: ScheduleSpec, after: int) -> int:
     with no tick in the 50 years after 2000, so only a far-off ``after`` can meet it)."""
     if spec.every_s is not None:
         return (after // spec.every_s + 1) * spec.every_s
-    expr, zone = _cron(spec)
-    for moment in CronSim(expr, datetime.fromtimestamp(after, zone)):
-        tick = int(moment.timestamp())
+    for tick in _moments(*_cron(spec), after, reverse=False):
         if tick > after:
             return tick
     raise LookupError(f"no tick of {spec.cron!r} in the 50 years after {after}")
@@ -129,12 +131,11 @@ def prev_tick(spec: ScheduleSpec, at: int) -> int:
     none in the 50 years before ``at``."""
     if spec.every_s is not None:
         return at // spec.every_s * spec.every_s
-    expr, zone = _cron(spec)
-    back = CronSim(expr, datetime.fromtimestamp(at + 1, zone), reverse=True)
+    back = _moments(*_cron(spec), at + 1, reverse=True)
     try:
-        tick = int(next(back).timestamp())
+        tick = next(back)
         while tick > at:  # defensive: a gap moves a tick forward
-            tick = int(next(back).timestamp())
+            tick = next(back)
     except StopIteration:
         raise LookupError(f"no tick of {spec.cron!r} in the 50 years before {at}") from None
     try:
@@ -196,13 +197,11 @@ def _walk_back(spec: ScheduleSpec, cursor: int, newest: int, limit: int) -> list
     ``newest`` is a tick. cronsim's wall-time walk yields each wall time once (a
     repeat's first copy); a result not below the last one (the gap's wall times
     fold into one instant) is passed over, so the list strictly descends."""
-    expr, zone = _cron(spec)
     out = [newest]
-    back = CronSim(expr, datetime.fromtimestamp(newest, zone), reverse=True)
+    back = _moments(*_cron(spec), newest, reverse=True)
     while len(out) < limit:
-        try:
-            tick = int(next(back).timestamp())
-        except StopIteration:  # no tick in the 50 years before
+        tick = next(back, None)
+        if tick is None:  # no tick in the 50 years before
             break
         if tick <= cursor:
             break
@@ -243,15 +242,32 @@ def _every(seconds: int) -> str:
 
 
 def _cron(spec: ScheduleSpec) -> tuple[str, ZoneInfo]:
-    """The expression as cronsim is to read it, and the zone (ZoneInfo caches keys)."""
     if spec.cron is None:
         raise ValidationError("cron", "give exactly one of cron and every_s")
-    return _for_cronsim(spec.cron), ZoneInfo(spec.tz)
+    return spec.cron, ZoneInfo(spec.tz)  # ZoneInfo caches its keys
+
+
+def _moments(expr: str, zone: ZoneInfo, start: int, reverse: bool) -> Iterator[int]:
+    """cronsim's ticks of ``expr`` from ``start`` (strictly after it, or strictly before
+    it with ``reverse``) as unix seconds, with ``_for_cronsim``'s corrections."""
+    spelt, hours = _for_cronsim(expr)
+    for moment in CronSim(spelt, datetime.fromtimestamp(start, zone), reverse=reverse):
+        if hours is None or moment.hour in hours:
+            yield int(moment.timestamp())
 
 
 @lru_cache(maxsize=4096)
-def _for_cronsim(expr: str) -> str:
-    """``expr`` with a ``*`` minute spelt ``0-59`` when the hour field names hours.
+def _for_cronsim(expr: str) -> tuple[str, frozenset[int] | None]:
+    """``expr`` as cronsim is to walk it, and the hours to keep of what it yields.
+
+    A ``*/n`` hour field is walked as ``*`` and its hours are kept here: cronsim steps
+    real time an hour at a time to reach a matching hour, which in a zone whose clocks
+    move by half an hour (Australia/Lord_Howe) lands on :30 and skips a tick near the
+    change, forward and backward differently (``0 */2 * * *`` lost 02:00 +10:30 on
+    2026-04-05 going forward, ``30 */3`` lost 00:30 +10:30 on 10-04 going back).
+    Walked minute by minute, both directions see every real minute.
+
+    A ``*`` minute is spelt ``0-59`` when the hour field names hours.
 
     cronsim applies wall-time rules (a gap's wall times fire once after it, a repeated
     one once) only when neither the minute nor the hour field starts with ``*``; else
@@ -259,8 +275,12 @@ def _for_cronsim(expr: str) -> str:
     no tick on the day 02:00-03:00 does not exist. ``*`` and ``0-59`` match the same
     minutes, so only the DST rule changes."""
     fields = expr.split()
-    if len(fields) == 5 and fields[0].startswith("*") and not fields[1].startswith("*"):
+    hours = None
+    if fields[1].startswith("*") and fields[1] != "*":
+        hours = frozenset(CronSim(expr, _PROBE).hours)
+        fields[1] = "*"
+    elif fields[0].startswith("*") and not fields[1].startswith("*"):
         fields[0] = ",".join(
             "0-59" + item[1:] if item.startswith("*") else item for item in fields[0].split(",")
         )
-    return " ".join(fields)
+    return " ".join(fields), hours
