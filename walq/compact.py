@@ -3,8 +3,8 @@
 It runs in two phases so appends never wait for more than one batch:
 
 1. ``write_snapshot`` (a worker thread, while the writer keeps appending to the
-   old log): header + one ``snap`` record per kept job as of sequence ``S``,
-   written to ``<log>.tmp`` and fdatasynced.
+   old log): header + one ``sched`` record per schedule + one ``snap`` record
+   per kept job as of sequence ``S``, written to ``<log>.tmp`` and fdatasynced.
 2. ``switch`` (the writer's I/O thread, between two batches): append the change
    records written after ``S`` (the carry-over), fdatasync, ``replace`` the tmp
    over the log, fsync the directory. Only then does the writer append to the
@@ -30,16 +30,18 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
 from sqlq.common.engine.index import expired
 from sqlq.common.errors import StoreClosedError, StoreError, StoreFailedError
 from sqlq.common.models import Job
+from sqlq.common.schedule import Schedule
 from sqlq.common.store import CompactionReport
 from sqlq.walq import log
 from sqlq.walq.files import FileOps
+from sqlq.walq.records import schedule_record
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +57,47 @@ class Snapshot:
     cutoff: float  # terminal jobs last updated before this were left out
 
 
+class SnapshotState(NamedTuple):
+    """What a snapshot holds, taken between two batches (immutable records, so the lists of
+    references are the snapshot)."""
+
+    jobs: list[Job]
+    schedules: list[Schedule]  # every one: a schedule is never past retention
+    next_seq: int
+    cutoff: float  # the retention cutoff
+    now: float
+
+
+def create_fresh(fs: FileOps, tmp_path: str, path: str, start_seq: int, now: float) -> None:
+    """A log of only a header, in place of whatever ``path`` held (written aside, synced,
+    then renamed in, as a snapshot is)."""
+    fd = fs.open_new(tmp_path)
+    try:
+        fs.write(fd, log.header(start_seq, now))
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    fs.replace(tmp_path, path)
+    fs.fsync_dir(os.path.dirname(path) or ".")
+
+
 def write_snapshot(
-    fs: FileOps, tmp_path: str, jobs: Iterable[Job], next_seq: int, cutoff: float, now: float
+    fs: FileOps,
+    tmp_path: str,
+    jobs: Iterable[Job],
+    schedules: Iterable[Schedule],
+    next_seq: int,
+    cutoff: float,
+    now: float,
 ) -> Snapshot:
     if fs.exists(tmp_path):  # left by a compaction that failed after creating it
         fs.remove(tmp_path)
     fd = fs.open_new(tmp_path)
     try:
         chunks = [log.header(next_seq, now)]
+        chunks.extend(schedule_record(s) for s in schedules)  # at most MAX_SCHEDULES
         kept = pruned = 0
-        size = len(chunks[0])
+        size = sum(len(c) for c in chunks)
         for job in jobs:
             if expired(job, cutoff):
                 pruned += 1
@@ -116,8 +149,8 @@ class CompactionHost(Protocol):
     path: str
     tmp_path: str
 
-    def snapshot_state(self) -> tuple[list[Job], int, float, float]:
-        """(every job, the next sequence number, the retention cutoff, now)."""
+    def snapshot_state(self) -> SnapshotState:
+        """Every job and schedule, the next sequence number, the retention cutoff, now."""
         ...
 
     def switched(self, snap: Snapshot, carried: int) -> int:
@@ -195,7 +228,8 @@ class Compactor:
             self._start()
 
     def _start(self) -> None:
-        jobs, next_seq, cutoff, now = self._host.snapshot_state()
+        state = self._host.snapshot_state()
+        now = state.now
         self._carry = []
         self._inflight, self._waiters = self._waiters, []
         self._started = time.perf_counter()
@@ -203,7 +237,7 @@ class Compactor:
         self._bytes_before = self._host.log_bytes()
         h = self._host
         fut = asyncio.get_running_loop().run_in_executor(
-            self._snap_io, write_snapshot, h.fs, h.tmp_path, jobs, next_seq, cutoff, now
+            self._snap_io, write_snapshot, h.fs, h.tmp_path, *state
         )
         self._snapshot = fut
         fut.add_done_callback(lambda _: self._host.wake())

@@ -9,14 +9,19 @@ in the line, so the reader checks a record by slicing, without re-encoding it,
 and any JSON parser can still read the line. Records, in file order:
 
 1. one header: ``{"magic":"walq","version":1,"start_seq":S,"created_at":T}``;
-2. zero or more snapshot records ``{"snap":<job>}``, written by compaction: the
-   state of every kept job as of sequence ``S - 1``;
+2. zero or more snapshot records, written by compaction: ``{"snap":<job>}`` for
+   every kept job and ``{"sched":<schedule>}`` for every schedule, as of
+   sequence ``S - 1``;
 3. change records ``{"seq":N,"ops":[<op>, ...]}`` with ``N`` = S, S+1, S+2, ...
    and no gaps. One record is one ``commit`` call, so a torn write can never
-   apply half of a call. An op is ``{"put":<job>}`` (a submission) or
-   ``{"set":<transition>}`` (a state change, fields of ``Transition.to_dict``).
+   apply half of a call. An op is ``{"put":<job>}`` (a submission),
+   ``{"set":<transition>}`` (a state change, fields of ``Transition.to_dict``), or
+   a schedule change: ``{"sput":<PutSchedule>}``, ``{"sdrop":<DropSchedule>}``,
+   ``{"sadv":<AdvanceSchedule>}`` (``walq.records``).
 
-The state is the fold: start from the snapshot jobs, apply each op in order.
+The state is the fold: start from the snapshot, apply each op in order. Then a
+schedule's cursor is the later of its own and the newest tick among its jobs
+(``walq.schedules``), never earlier.
 
 Recovery rule. Lines are checked in order (framing, CRC, JSON, sequence). At the
 first bad line, the reader looks at everything after it:
@@ -180,7 +185,8 @@ class Scan:
     """The valid prefix of a log."""
 
     header: dict[str, Any] | None
-    snapshot: list[Job | dict[str, Any]]  # typed, or as read when the typed decode failed
+    # a job typed, or as read when the typed decode failed; a schedule's record as read
+    snapshot: list[Job | dict[str, Any]]
     changes: list[tuple[int, ChangeRecord | dict[str, Any]]]  # (offset, record)
     valid_end: int  # bytes of valid prefix
     bad_offset: int | None  # first bad line, if any
@@ -283,6 +289,9 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
         elif "snap" in record:
             add(offset, True, record["snap"])
             records += 1
+        elif "sched" in record:  # a schedule's snapshot record: handed over whole
+            add(offset, True, record)
+            records += 1
         else:
             add(offset, False, record)
             expect_seq += 1
@@ -317,9 +326,12 @@ def _place(
         if not isinstance(record.get("start_seq"), int):
             return BadLine("header has no start_seq")
         return None
-    if "snap" in record:
+    if "snap" in record or "sched" in record:
         if started:
             return BadLine("snapshot record after change records")
+        if "sched" in record:
+            ok = isinstance(record["sched"], dict) and len(record) == 1
+            return None if ok else BadLine("schedule snapshot is not a schedule")
         return None if isinstance(record["snap"], dict) else BadLine("snapshot is not a job")
     seq = record.get("seq")
     if seq != expect_seq:

@@ -2,9 +2,15 @@
 
 The writer encodes each commit call's ops on the caller's turn
 (``encode_ops``) and frames a batch's calls as change records
-(``change_record``); recovery decodes a record's ops into the ``Job`` and
-``Transition`` changes they encode (``op_change``). ``walq.log`` owns the
-framing and the record types; ``walq.store`` drives both directions.
+(``change_record``); recovery decodes a record's ops into the changes they
+encode (``op_change``). ``walq.log`` owns the framing and the record types;
+``walq.store`` drives both directions.
+
+A schedule change is an op of its own kind (``sput``, ``sdrop``, ``sadv``) in
+the same record as the rest of its call, so a tick (its cursor's advance and its
+job) is one CRC-framed line: a torn tail drops both or neither. A compaction
+stores each schedule as a ``{"sched":<schedule>}`` snapshot record, folded back
+as a put that expects no schedule of that name (``snapshot_change``).
 """
 
 from __future__ import annotations
@@ -14,20 +20,70 @@ from typing import Any
 
 import msgspec
 
+from sqlq.common.engine.index import Staged
 from sqlq.common.models import Job, Transition
+from sqlq.common.schedule import AdvanceSchedule, DropSchedule, PutSchedule, Schedule
 from sqlq.common.store import Change
 from sqlq.walq import log
 
+# Schedule changes by op name; a job's ops (``put``, ``set``) never go through these.
+_SCHEDULE_OPS: dict[str, type[PutSchedule | DropSchedule | AdvanceSchedule]] = {
+    "sput": PutSchedule,
+    "sdrop": DropSchedule,
+    "sadv": AdvanceSchedule,
+}
+_SCHEDULE_TAGS = {kind: b'{"%s":%%s}' % name.encode() for name, kind in _SCHEDULE_OPS.items()}
+_PUT = msgspec.json.Decoder(PutSchedule)
 
-def _op(change: Change) -> bytes:
-    if isinstance(change, Job):
-        return b'{"put":%s}' % msgspec.json.encode(change)
-    return b'{"set":%s}' % msgspec.json.encode(change)
+
+class ScheduleOps(bytes):
+    """The encoded ops of a call that holds a schedule change: the writer tells them from a
+    call of only jobs by this type (one check per call), so a batch without schedules pays
+    nothing per job for them."""
+
+    __slots__ = ()
+
+
+def _schedule_op(change: PutSchedule | DropSchedule | AdvanceSchedule) -> bytes:
+    """A schedule change's op. A put is decoded back here, as recovery will decode it, so a
+    spec recovery would refuse (a field out of its bounds: a ``Struct`` built in code is not
+    checked) fails its caller now (``UnencodableError``, from the ``ValueError``) instead of
+    the next open: recovery never refuses what the engine wrote."""
+    body = msgspec.json.encode(change)
+    if isinstance(change, PutSchedule):
+        _PUT.decode(body)
+    return _SCHEDULE_TAGS[type(change)] % body
 
 
 def encode_ops(changes: Sequence[Change]) -> bytes:
-    """One commit call's ops, encoded on the caller's turn (see ``GroupCommitter``)."""
-    return _op(changes[0]) if len(changes) == 1 else b",".join([_op(c) for c in changes])
+    """One commit call's ops, encoded on the caller's turn (see ``GroupCommitter``); a
+    ``ScheduleOps`` if any of them changes a schedule. A job and a transition take the
+    checks they took before schedules existed: a job one ``isinstance``, a transition two."""
+    encode = msgspec.json.encode
+    if len(changes) == 1:
+        change = changes[0]
+        if isinstance(change, Job):
+            return b'{"put":%s}' % encode(change)
+        if isinstance(change, Transition):
+            return b'{"set":%s}' % encode(change)
+        return ScheduleOps(_schedule_op(change))
+    ops: list[bytes] = []
+    scheduled = False
+    for change in changes:
+        if isinstance(change, Job):
+            ops.append(b'{"put":%s}' % encode(change))
+        elif isinstance(change, Transition):
+            ops.append(b'{"set":%s}' % encode(change))
+        else:
+            ops.append(_schedule_op(change))
+            scheduled = True
+    return ScheduleOps(b",".join(ops)) if scheduled else b",".join(ops)
+
+
+def jobs_of(staged: Staged) -> dict[str, Job]:
+    """The jobs of a staged batch that changed a schedule (the rest of it are schedules, and
+    None for a dropped one)."""
+    return {k: j for k, j in staged.items() if isinstance(j, Job)}
 
 
 def change_record(seq: int, ops: bytes) -> bytes:
@@ -40,5 +96,29 @@ def compacted(change: Change) -> Change:
 
 
 def op_change(op: dict[str, Any]) -> Change:
-    """One op of a change record as the ``Job`` or ``Transition`` it encodes."""
-    return Job.from_dict(op["put"]) if "put" in op else Transition.from_dict(op["set"])
+    """One op of a change record as the change it encodes."""
+    if "put" in op:
+        return Job.from_dict(op["put"])
+    if "set" in op:
+        return Transition.from_dict(op["set"])
+    if len(op) != 1:
+        raise ValueError(f"an op holds exactly one change, not {sorted(op)}")
+    ((name, body),) = op.items()
+    kind = _SCHEDULE_OPS.get(name)
+    if kind is None:
+        raise ValueError(f"unknown op {name!r}")
+    return msgspec.convert(body, kind)
+
+
+def schedule_record(schedule: Schedule) -> bytes:
+    """A schedule's snapshot record, framed."""
+    return log.frame(b'{"sched":%s}' % msgspec.json.encode(schedule))
+
+
+def snapshot_change(record: dict[str, Any]) -> Job | PutSchedule:
+    """A snapshot record ``log.scan`` did not decode typed, as the change recovery folds:
+    a job's, as read; a schedule's (the whole record), as a put that expects no schedule of
+    its name (a snapshot holds each schedule once). No job's record is that one field."""
+    if len(record) == 1 and "sched" in record:
+        return PutSchedule(schedule=msgspec.convert(record["sched"], Schedule), expect_version=0)
+    return Job.from_dict(record).compact()

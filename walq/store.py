@@ -4,8 +4,9 @@ State lives in memory (a ``JobIndex``); the log is its durable history. The
 writer task turns a batch of commits into one ``write`` and one ``fdatasync``
 on the engine's I/O thread, then publishes the batch to the index and wakes its
 callers. Recovery is the fold of the log's valid prefix (see ``walq.log``),
-every record through ``JobIndex.apply``, the same fold commits use; compaction
-rewrites the log as a snapshot (see ``walq.compact``).
+every record through ``JobIndex.replay``, the same checks commits make; compaction
+rewrites the log as a snapshot (see ``walq.compact``). Schedules share the index
+and the records (``walq.records``), and a rule of their own (``walq.schedules``).
 """
 
 from __future__ import annotations
@@ -16,26 +17,35 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
+from operator import attrgetter
 from typing import Any
 
 from sqlq.common.engine.base import DurableStore
 from sqlq.common.engine.groupcommit import Pending
-from sqlq.common.engine.index import JobIndex, expired
+from sqlq.common.engine.index import JobIndex, Staged, expired
 from sqlq.common.errors import CorruptLogError, SqlqError, StoreError
 from sqlq.common.models import TERMINAL, Job, State
-from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery, StoreStats
+from sqlq.common.schedule import AdvanceSchedule, Schedule
+from sqlq.common.store import CompactionReport, JobQuery, Recovery, StoreStats
 from sqlq.walq import log, tail
-from sqlq.walq.compact import Compactor, Snapshot
+from sqlq.walq.compact import Compactor, Snapshot, SnapshotState, create_fresh
 from sqlq.walq.files import OS_FILES, FileOps
 from sqlq.walq.queues import QUEUES_NAME, read_paused, write_paused
-from sqlq.walq.records import change_record, compacted, encode_ops, op_change
+from sqlq.walq.records import (
+    change_record,
+    compacted,
+    encode_ops,
+    jobs_of,
+    op_change,
+    snapshot_change,
+)
+from sqlq.walq.schedules import cursor_fixes, fix_note
 
 logger = logging.getLogger(__name__)
 
 LOG_NAME = "walq.log"
 LOCK_NAME = "walq.lock"
-
 
 # Compact once the log exceeds both this size and this many times its live size.
 COMPACT_FLOOR_BYTES = 64 << 20
@@ -97,7 +107,7 @@ class WalStore(DurableStore):
             fs.remove(self.tmp_path)
             notes.append("removed a stale compaction file")
         if not fs.exists(self.path):
-            self._create_fresh(start_seq=1)
+            create_fresh(fs, self.tmp_path, self.path, 1, self.clock.time())
             self._log_bytes = len(fs.read(self.path))
             self._fd = fs.open_append(self.path)
             return Recovery(jobs=[], running=[], records=0, seconds=time.perf_counter() - t0)
@@ -109,24 +119,20 @@ class WalStore(DurableStore):
             if sc.corrupt:
                 raise CorruptLogError(self.path, sc.bad_offset, sc.bad_reason or "bad record")
             torn = len(data) - sc.bad_offset
-            kept_as = tail.cut_tail(fs, self.path, data, sc.bad_offset)
-            # The note reaches /stats and the dashboard: the base name there, the path in the log.
-            note = (
-                f"torn tail of {torn} bytes at offset {sc.bad_offset} ({sc.bad_reason}); kept as "
-            )
-            notes.append(note + os.path.basename(kept_as))
-            logger.warning("walq: %s%s", note, kept_as)
+            notes.append(tail.cut_torn(fs, self.path, data, sc.bad_offset, sc.bad_reason))
         if sc.header is None:
-            self._create_fresh(start_seq=1)
+            create_fresh(fs, self.tmp_path, self.path, 1, self.clock.time())
             self._log_bytes = len(log.header(1, 0.0))
         else:
             self._log_bytes = sc.valid_end
         if self._snapshot_jobs:
             self._job_bytes = max(100.0, sc.valid_end / max(1, sc.records))
         self._seq = sc.last_seq if sc.header is not None else 0
+        fixes = cursor_fixes(self._index.schedules, self._index.keys)  # before any is forgotten
         live, finished = self._sort_out()
         self._finished = deque(finished)
         self._fd = fs.open_append(self.path)
+        notes.extend(self._fix_cursors(fixes) if fixes else ())
         return Recovery(
             jobs=live,
             running=[j.id for j in live if j.state is State.RUNNING],
@@ -155,23 +161,23 @@ class WalStore(DurableStore):
         finished.sort()
         return live, finished
 
-    def _create_fresh(self, start_seq: int) -> None:
-        fd = self.fs.open_new(self.tmp_path)
-        try:
-            self.fs.write(fd, log.header(start_seq, self.clock.time()))
-            self.fs.fdatasync(fd)
-        finally:
-            self.fs.close(fd)
-        self.fs.replace(self.tmp_path, self.path)
-        self.fs.fsync_dir(self.dir)
+    def _fix_cursors(self, fixes: list[AdvanceSchedule]) -> list[str]:
+        """Fold the recovery rule's advances and append them as one record, durable before
+        any commit (see ``walq.schedules``); returns a note for each."""
+        self._index.replay(fixes)
+        self._append(data := change_record(self._seq + 1, encode_ops(fixes)))
+        self._seq, self.records = self._seq + 1, self.records + 1
+        self._log_bytes += len(data)
+        logger.warning("walq: %s", "; ".join(notes := [fix_note(f) for f in fixes]))
+        return notes
 
     def _fold(self, offset: int, is_snapshot: bool, record: Any) -> None:
         """One record of the log into the state (``JobIndex.replay``: ``Job.apply`` checks),
         as ``log.scan`` reads it."""
         replay = self._index.replay
         try:
-            if is_snapshot:
-                replay([(record if isinstance(record, Job) else Job.from_dict(record)).compact()])
+            if is_snapshot:  # a job typed, as read (a typed decode failed), or a schedule
+                replay([record.compact() if isinstance(record, Job) else snapshot_change(record)])
                 self._snapshot_jobs += 1
             elif isinstance(record, log.ChangeRecord):
                 replay([compacted(op.change()) for op in record.ops])
@@ -189,15 +195,15 @@ class WalStore(DurableStore):
 
     # -- commits -------------------------------------------------------------------
 
-    def _encode(self, changes: Sequence[Change]) -> bytes:
-        return encode_ops(changes)
+    _encode = staticmethod(encode_ops)  # on the caller's turn (see ``GroupCommitter``)
 
     async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
-        staged: dict[str, Job] = {}
+        staged: Staged = {}
         staged_keys: set[str] = set()
         outcomes: list[BaseException | None] = []
         lines: list[bytes] = []
         seq = self._seq
+        scheduled = False  # whether a call changed a schedule: then not every value is a job
         for pending in batch:
             try:
                 mine = self._index.stage(pending.changes, staged, staged_keys)
@@ -205,7 +211,10 @@ class WalStore(DurableStore):
                 outcomes.append(exc)
                 continue
             staged.update(mine)
-            staged_keys.update(j.idempotency_key for j in mine.values() if j.idempotency_key)
+            jobs: dict[str, Job] = mine  # type: ignore[assignment]  # all jobs, unless:
+            if type(pending.encoded) is not bytes:  # a schedule changed (``ScheduleOps``)
+                scheduled, jobs = True, jobs_of(mine)
+            staged_keys.update(j.idempotency_key for j in jobs.values() if j.idempotency_key)
             seq += 1
             lines.append(change_record(seq, pending.encoded))
             outcomes.append(None)
@@ -217,7 +226,8 @@ class WalStore(DurableStore):
             self.records += len(lines)
             self.compactor.appended(data)
             self._index.publish(staged)
-            self._finished.extend((j.updated_at, j.id) for j in staged.values() if j.terminal)
+            jobs = jobs_of(staged) if scheduled else staged  # type: ignore[assignment]
+            self._finished.extend((j.updated_at, j.id) for j in jobs.values() if j.terminal)
             if self._should_compact():
                 self.compactor.request()
         return outcomes
@@ -247,7 +257,8 @@ class WalStore(DurableStore):
         if self.compactor.running or self._log_bytes < self._floor:
             return False
         self._expire()
-        return self._log_bytes > self._ratio * self._job_bytes * max(1, len(self._index))
+        live = len(self._index) + len(self._index.schedules)
+        return self._log_bytes > self._ratio * self._job_bytes * max(1, live)
 
     async def get(self, job_id: str) -> Job | None:
         self._live()
@@ -270,6 +281,14 @@ class WalStore(DurableStore):
         self._live()
         return self._index.by_key(key)
 
+    async def list_schedules(self) -> list[Schedule]:
+        self._live()
+        return sorted(self._index.schedules.values(), key=attrgetter("name"))
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        self._live()
+        return self._index.schedules.get(name)
+
     # -- compaction (the Compactor's host) ---------------------------------------------
 
     async def compact(self) -> CompactionReport:
@@ -280,10 +299,12 @@ class WalStore(DurableStore):
         committer = self._committer
         await self.compactor.on_idle(committer.failure if committer is not None else None)
 
-    def snapshot_state(self) -> tuple[list[Job], int, float, float]:
+    def snapshot_state(self) -> SnapshotState:
         now = self.clock.time()
-        # Jobs are immutable: the list of references is the snapshot.
-        return list(self._index.jobs.values()), self._seq + 1, now - self.retention, now
+        # Jobs and schedules are immutable: the lists of references are the snapshot.
+        index = self._index
+        jobs, schedules = list(index.jobs.values()), list(index.schedules.values())
+        return SnapshotState(jobs, schedules, self._seq + 1, now - self.retention, now)
 
     def switched(self, snap: Snapshot, carried: int) -> int:
         old, self._fd = self._fd, snap.fd

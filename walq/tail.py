@@ -3,9 +3,12 @@ bytes are kept beside the log as ``<log>.broken-<n>``, never deleted."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 from sqlq.walq.files import FileOps
+
+logger = logging.getLogger(__name__)
 
 
 def broken_path(fs: FileOps, log_path: str) -> str:
@@ -36,3 +39,12 @@ def cut_tail(fs: FileOps, log_path: str, data: bytes, offset: int) -> str:
     finally:
         fs.close(fd)
     return aside
+
+
+def cut_torn(fs: FileOps, log_path: str, data: bytes, offset: int, reason: str | None) -> str:
+    """Recovery's cut of a torn tail (``cut_tail``), logged; returns the note for /stats and
+    the dashboard, which names the kept copy by its base name (the log has the path)."""
+    kept_as = cut_tail(fs, log_path, data, offset)
+    note = f"torn tail of {len(data) - offset} bytes at offset {offset} ({reason}); kept as "
+    logger.warning("walq: %s%s", note, kept_as)
+    return note + os.path.basename(kept_as)
