@@ -95,3 +95,18 @@ async def test_the_offline_reader_folds_an_engines_own_files(engine: str, tmp_pa
     schedules, ticks = read_schedules(engine, tmp_path)
     assert schedules == {"a": Durable(created_at=T0 + 0.4, cursor=T0 + 2, catch_up="latest")}
     assert sorted(ticks["a"], key=str) == sorted([T0 + 1, T0 + 2, None], key=str)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", DURABLE)
+def test_a_few_schedule_kill9_trials_lose_and_double_no_tick(engine: str, tmp_path: Path) -> None:
+    """Real servers, real files: schedules ticking each second through kill -9 and restart
+    (``sqlq crashcheck --workload schedules`` runs 50 of these per engine)."""
+    from sqlq.bench.crashcheck import run_trials
+
+    rows = run_trials(
+        store=engine, sync="full", trials=2, jobs=0, seed=3, out=tmp_path, progress=False,
+        workload="schedules",
+    )  # fmt: skip
+    assert [r["problems"] for r in rows] == [[], []]
+    assert all(r["ticks"] > 0 for r in rows)
