@@ -17,7 +17,8 @@ schedule's cursor and creation time, and every job's idempotency key (``sched:<n
   server ran (between the kill and the restart being ready), and then only one tick of
   that downtime is there;
 - no job is for a tick past its schedule's cursor (a job never outruns its cursor);
-- a schedule the client saw created is there.
+- a schedule the client saw created is there, and the restarted server moved every
+  cursor on by ``TICKS_AFTER_RESTART`` ticks (a server that stopped ticking fails).
 """
 
 from __future__ import annotations
@@ -67,12 +68,14 @@ def judge_ticks(
     schedules: dict[str, Durable],
     ticks: dict[str, list[int | None]],
     downtime: tuple[float, float],
+    restarted_at: float = 0.0,
 ) -> tuple[list[str], dict[str, int]]:
     """The problems of one trial (see the module's docstring) and their counts; ``ticks``:
     each schedule's jobs' ticks as their keys say (None for a triggered job), ``downtime``:
-    (kill, ready), wall-clock seconds."""
+    (kill, ready), wall-clock seconds; ``restarted_at``: when the restarted server was
+    ready (its schedules must have ticked ``TICKS_AFTER_RESTART`` times since)."""
     problems = []
-    counts = {"doubled": 0, "missing": 0, "ahead": 0, "gone": 0, "passed_over": 0}
+    counts = {"doubled": 0, "missing": 0, "ahead": 0, "gone": 0, "passed_over": 0, "stalled": 0}
     counts["gone"] = len(created - set(schedules))
     for name in sorted(created - set(schedules)):
         problems.append(f"schedule {name} was created and is gone")
@@ -83,6 +86,9 @@ def judge_ticks(
         counts["doubled"] += len(doubled)
         if doubled:
             problems.append(f"{name}: {len(doubled)} ticks have two jobs, e.g. {doubled[0]}")
+        if s.cursor < int(restarted_at) + TICKS_AFTER_RESTART:
+            counts["stalled"] += 1
+            problems.append(f"{name}: cursor {s.cursor}: no progress after the restart")
         first = int(s.created_at) + 1
         expected = set(range(first, s.cursor + 1))
         ahead = sorted(set(seen) - expected)
@@ -152,7 +158,7 @@ def run_trial(store: str, sync: str, kill_after_s: float, workdir: Path) -> dict
     except (VerifyError, ValueError, KeyError) as exc:
         problems.append(f"unreadable store: {exc}")
         schedules, ticks = {}, {}
-    found, counts = judge_ticks(created, schedules, ticks, (killed_at, ready_at))
+    found, counts = judge_ticks(created, schedules, ticks, (killed_at, ready_at), ready_at)
     problems += found
     return {
         "store": store,
@@ -200,7 +206,7 @@ async def run_pg_trial(dsn: str, kill_after_s: float, victim: int, workdir: Path
             await asyncio.to_thread(n.stop, signal.SIGTERM)
         problems: list[str] = []
         schedules, ticks = await read_pg_schedules(dsn)
-        found, counts = judge_ticks(created, schedules, ticks, (0.0, 0.0))
+        found, counts = judge_ticks(created, schedules, ticks, (0.0, 0.0), ready_at)
         problems += found
     finally:
         for n in started:

@@ -56,6 +56,13 @@ def test_latest_may_pass_over_only_the_downtime() -> None:
     assert any("while a server ran" in p for p in problems)
 
 
+def test_a_server_that_stops_ticking_after_the_restart_fails() -> None:
+    facts = {"a": durable(T0 + 3)}
+    problems, counts = judge_ticks({"a"}, facts, {"a": [T0 + 1, T0 + 2, T0 + 3]}, (0, 0), T0 + 2)
+    assert counts["stalled"] == 1
+    assert any("no progress" in p for p in problems)
+
+
 def test_a_schedule_the_client_saw_created_must_be_there() -> None:
     problems, counts = judge_ticks({"a", "b"}, {"a": durable(T0)}, {}, (0, 0))
     assert counts["gone"] == 1

@@ -214,3 +214,25 @@ async def test_a_cron_schedule_in_a_zone_ticks_once_a_minute(
     ticks = await ticks_of(store, "m")
     first = (int(NOW) // 60 + 1) * 60
     assert ticks == list(range(first, await cursor_of(store, "m") + 1, 60))
+
+
+async def test_a_schedule_its_kind_refuses_does_not_stop_the_others(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A stored spec whose args the kind now refuses (a deploy changed the kind, say)
+    fails its own ticks, logged and retried; every other schedule still ticks."""
+    from sqlq.common.schedule import PutSchedule, Schedule
+
+    store = Reopenable(clock=fake_clock)
+    await store.open()
+    bad = Schedule(
+        name="bad", spec=every(1, args={"work_ms": "soon"}), version=1, cursor=int(NOW),
+        created_at=NOW, updated_at=NOW,
+    )  # fmt: skip
+    await store.commit([PutSchedule(schedule=bad, expect_version=0)])
+    rt = start(services, fake_clock, store)
+    await rt.start()
+    await rt.schedules.put("good", every(1))
+    await jobs_at_least(store, "good", 5)
+    await rt.stop(0)
+    assert await ticks_of(store, "bad") == []

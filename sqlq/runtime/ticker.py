@@ -111,7 +111,7 @@ class Ticker:
                 self._wake.clear()
                 now = self._clock.time()
                 for name in [n for n, at in self._next.items() if at <= now]:
-                    await self._evaluate(name)
+                    await self._evaluate_one(name)
             except StoreError as exc:
                 log.error("schedules: evaluation failed, again in %.0f s: %s", RETRY_S, exc)
                 await self._clock.sleep(RETRY_S)
@@ -130,6 +130,19 @@ class Ticker:
             self._events.schedule_gone(name)
         for schedule in listed:
             self._remember(schedule.name, schedule)
+
+    async def _evaluate_one(self, name: str) -> None:
+        """``_evaluate``, with anything but a store's failure kept to this schedule: a spec
+        whose args the kind now refuses (a deploy changed it, or --fault-injection is off)
+        must not stop every other schedule's ticks. It is logged and tried again later."""
+        try:
+            await self._evaluate(name)
+        except StoreError:
+            raise
+        except Exception:
+            log.exception("schedule %s: its tick failed; again in %.0f s", name, RETRY_S)
+            if name in self._next:
+                self._next[name] = int(self._clock.time() + RETRY_S)
 
     async def _evaluate(self, name: str) -> None:
         """Carry out the plan of ``name``'s due ticks; a stale read is read again."""
