@@ -94,7 +94,7 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
 
     name: str
     spec: ScheduleSpec
-    version: int  # 1 when created, bumped by every put: an advance is fenced on it
+    version: int  # set when created (never reused: see Schedules), bumped by every put
     cursor: int  # the newest tick handled, unix seconds (at creation: the creation time)
     last_job: str | None = None  # the job of the newest tick enqueued
     created_at: float

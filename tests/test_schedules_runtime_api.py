@@ -169,3 +169,40 @@ def test_task_with_cron_defines_a_schedule_of_its_kind() -> None:
     with pytest.raises(ValueError, match="tz"):
         task("bad", registry=registry, every_s=60, tz="Mars/Olympus")(lambda args: None)
     assert "bad" not in registry  # a bad schedule registers neither the kind nor itself
+
+
+async def test_a_schedule_made_again_never_takes_an_old_version(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Deleted and made again under its name in the same second, a schedule must not
+    match an evaluator's old (version, cursor): its first version is not reused."""
+    store = Reopenable(clock=fake_clock)
+    rt = start(services, fake_clock, store)
+    await rt.start()
+    await rt.schedules.put("again", every(3600))
+    old = await store.get_schedule("again")
+    assert await rt.schedules.delete("again")
+    fake_clock.advance(0.01)
+    await rt.schedules.put("again", every(3600))
+    new = await store.get_schedule("again")
+    assert old is not None
+    assert new is not None
+    assert new.cursor == old.cursor  # the same second
+    assert new.version != old.version
+
+
+async def test_a_new_expression_starts_its_ticks_from_now(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Hourly changed to every second under ``all``: the new ticks between the old cursor
+    and now were never due, so none of them is enqueued."""
+    store = Reopenable(clock=fake_clock)
+    rt = start(services, fake_clock, store)
+    await rt.start()
+    await rt.schedules.put("edit", every(3600, catch_up="all", max_catch_up=10_000))
+    fake_clock.advance(1800)
+    await rt.schedules.put("edit", every(1, catch_up="all", max_catch_up=10_000))
+    assert await cursor_of(store, "edit") >= int(NOW) + 1800
+    await jobs_at_least(store, "edit", 2)
+    await rt.stop(0)
+    assert all(j.ready_at >= NOW + 1800 for j in await jobs_of(store, "edit"))

@@ -142,13 +142,20 @@ class Schedules:
         """The record a put of ``spec`` stores over ``current``, and the ticks it passes over."""
         now = self._clock.time()
         if current is None:
-            schedule = Schedule(name=name, spec=spec, version=1, cursor=int(now),
+            # The first version is the creation's millisecond, not 1: a schedule deleted and
+            # made again under its name must not take up an old record's (version, cursor),
+            # or an evaluator still holding the old record could advance the new one.
+            schedule = Schedule(name=name, spec=spec, version=int(now * 1000), cursor=int(now),
                                 created_at=now, updated_at=now)  # fmt: skip
             return schedule, 0
         cursor, skipped = current.cursor, 0
         if current.spec.paused and not spec.paused and int(now) > cursor:  # a resume
             skipped = paused_over(current.spec, cursor, now)
             cursor = int(now)
+        elif _timing(current.spec) != _timing(spec):
+            # New ticks start from now: the old cursor would make the new expression's ticks
+            # between it and now look missed (up to max_catch_up of them under ``all``).
+            cursor = max(cursor, int(now))
         schedule = msgspec.structs.replace(
             current, spec=spec, version=current.version + 1, cursor=cursor, updated_at=now
         )
@@ -234,3 +241,8 @@ def _version(current: Schedule | None) -> int:
 
 def _ignore(name: str, schedule: Schedule | None) -> None:
     pass
+
+
+def _timing(spec: ScheduleSpec) -> tuple[str | None, int | None, str]:
+    """What decides when a schedule's ticks fall."""
+    return spec.cron, spec.every_s, spec.tz
