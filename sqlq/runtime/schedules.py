@@ -15,6 +15,7 @@ every change made here, so it wakes at once instead of polling.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -74,6 +75,7 @@ class Schedules:
         get_job: Callable[[str], Awaitable[Job | None]],
     ) -> None:
         self._store = store
+        self._creating = asyncio.Lock()  # MAX_SCHEDULES holds per node (not across nodes)
         self._claims = claims
         self._submissions = submissions
         self._kinds = kinds
@@ -122,13 +124,15 @@ class Schedules:
         self.check(name, spec)
         for _ in range(PUT_ATTEMPTS):
             current = await self._store.get_schedule(name)
-            if current is None:
-                await self._check_room()
             schedule, skipped = self._replacing(current, name, spec)
+            put = PutSchedule(schedule=schedule, expect_version=_version(current))
             try:
-                await self._store.commit(
-                    [PutSchedule(schedule=schedule, expect_version=_version(current))]
-                )
+                if current is None:
+                    async with self._creating:  # this node's creations counted one at a time
+                        await self._check_room()
+                        await self._store.commit([put])
+                else:
+                    await self._store.commit([put])
             except StaleScheduleError:
                 continue  # someone changed it since we read it: read again
             self._events.schedule_skipped(name, skipped)

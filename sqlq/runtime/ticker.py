@@ -30,7 +30,7 @@ import math
 from sqlq.common.clock import Clock, wait_event
 from sqlq.common.errors import DuplicateKeyError, OverlapError, StaleScheduleError, StoreError
 from sqlq.common.models import LIVE, Job
-from sqlq.common.schedule import AdvanceSchedule, Overlap, Schedule, fold, tick_key
+from sqlq.common.schedule import AdvanceSchedule, CatchUp, Overlap, Schedule, fold, tick_key
 from sqlq.common.store import JobStore
 from sqlq.runtime.claims import Claims
 from sqlq.runtime.events import Event, Events
@@ -194,7 +194,12 @@ class Ticker:
         from sqlq.common import ticks
 
         spec = schedule.spec
-        plan = ticks.plan(spec, schedule.cursor, now)
+        if spec.catch_up == CatchUp.ALL and spec.cron is not None and spec.max_catch_up > 200:
+            # Up to max_catch_up ticks walked back (a */n hour field minute by minute): up
+            # to seconds of CPU, which must not be the event loop's.
+            plan = await asyncio.to_thread(ticks.plan, spec, schedule.cursor, now)
+        else:
+            plan = ticks.plan(spec, schedule.cursor, now)
         skipped = plan.skipped  # counted once the commit that passes them over is durable
         for tick in plan.enqueue:
             schedule, made = await self._tick(schedule, tick)

@@ -23,6 +23,7 @@ from sqlq.common.errors import (
     OverlapError,
     SqlqError,
     StaleScheduleError,
+    StoreError,
     StoreUnavailableError,
 )
 from sqlq.common.models import Job, Transition
@@ -91,6 +92,13 @@ async def flush(
     except UNAVAILABLE as exc:
         gone = StoreUnavailableError(lost(exc))
         return [found.get(id(p), gone) for p in batch], syncs, slow
+    except asyncpg.PostgresError as exc:
+        if not found:
+            raise  # nothing committed: the batch fails as any batch does
+        # Some parts committed (each part is its own transaction): their callers hear so,
+        # and only the rest hear the error, never "the batch failed" for a durable call.
+        failed = StoreError(f"postgres: {type(exc).__name__}: {exc}")
+        return [found.get(id(p), failed) for p in batch], syncs, slow
     return [found[id(p)] for p in batch], syncs, slow
 
 
