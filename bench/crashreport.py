@@ -141,7 +141,10 @@ def _schedules_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "runs them on for three more ticks; every schedule paused, the queue drained, a clean "
         "stop. Verified from the files (PostgreSQL: plain SQL) without the engine's code: no "
         "tick has two jobs, no job is past its schedule's cursor, every tick up to the cursor "
-        "has its job under `all`, and under `latest` only ticks of the downtime are passed over.",
+        "has its job under `all`, under `latest` only ticks of the downtime are passed over, "
+        "and the restarted server moved every cursor on by three ticks. The key index would "
+        "refuse a second job with a tick's key, so `ticks doubled` guards the verifier's own "
+        "reading; the compare-and-set is what the cursors and `lost` test.",
         "",
         "| store | sync | trials | schedule jobs (total) | ticks doubled | ticks lost | "
         "jobs ahead of a cursor | passed over by `latest` | downtime p50 s | failed trials | "
