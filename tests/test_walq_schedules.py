@@ -158,23 +158,25 @@ def test_the_rule_moves_a_cursor_up_to_its_newest_job_and_never_back() -> None:
 
 
 async def test_recovery_moves_a_cursor_behind_its_jobs_and_says_so(tmp_path: Path) -> None:
-    """A put that replaced the record with an older cursor leaves a job ahead of it: the
-    next open moves the cursor to that job's tick (so the tick is not enqueued twice), and
-    writes that down, so an advance fenced on the moved cursor replays on every open."""
+    """A tick's job without its cursor's advance (a put can no longer move a cursor back,
+    but a job committed with a tick's key alone still can be ahead of it): the next open
+    moves the cursor to that job's tick (so the tick is not enqueued twice), and writes
+    that down, so an advance fenced on the moved cursor replays on every open."""
     store = store_at(tmp_path)
     await store.open()
     await store.commit([PutSchedule(schedule=record(), expect_version=0)])
-    job = await tick(store, "nightly", CREATED + 2 * MINUTE, "tick-2")
-    stale = record(version=2, cursor=CREATED)  # a replace from an old read of the record
-    await store.commit([PutSchedule(schedule=stale, expect_version=1)])
-    assert await store.get_schedule("nightly") == stale
+    job = tick_job("nightly", CREATED + 2 * MINUTE, "tick-2")
+    await store.commit([job])  # ahead of the cursor, which stays at the creation
+    got = await store.get_schedule("nightly")
+    assert got is not None
+    assert got.cursor == CREATED
     await store.close()
 
     store = store_at(tmp_path)
     recovery = await store.open()
     got = await store.get_schedule("nightly")
     assert got is not None
-    assert (got.version, got.cursor, got.last_job) == (2, CREATED + 2 * MINUTE, job.id)
+    assert (got.version, got.cursor, got.last_job) == (1, CREATED + 2 * MINUTE, job.id)
     assert any("nightly" in n and str(CREATED + 2 * MINUTE) in n for n in recovery.notes)
     later = await tick(store, "nightly", CREATED + 3 * MINUTE, "tick-3")
     records = store.records
@@ -187,8 +189,8 @@ async def test_recovery_moves_a_cursor_behind_its_jobs_and_says_so(tmp_path: Pat
         assert got is not None
         assert (got.cursor, got.last_job) == (CREATED + 3 * MINUTE, later.id)
         assert recovery.notes == []  # the fix was folded from the log: nothing to move now
-        # the first open's three (two puts and a tick), the fix and the tick after it
-        assert (records, recovery.records) == (2, 5)
+        # the first open's two (the put and the job), the fix and the tick after it
+        assert (records, recovery.records) == (2, 4)
     finally:
         await store.close()
 
