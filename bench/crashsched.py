@@ -145,17 +145,21 @@ def run_trial(store: str, sync: str, kill_after_s: float, workdir: Path) -> dict
     data.mkdir(parents=True, exist_ok=True)
     flags = ("--workers", "16")
     srv = ServerProcess.engine(store=store, data_dir=str(data), sync=sync, flags=flags)
-    srv.start()
-    created = uvloop.run(_create(srv.url))  # none acknowledged: the trial fails below
-    time.sleep(kill_after_s)  # the ticks run; the kill lands anywhere in a second
-    killed_at = time.time()
-    srv.kill()
     again = ServerProcess.engine(store=store, data_dir=str(data), sync=sync, flags=flags)
-    again.start()
-    ready_at = time.time()
+    try:
+        srv.start()
+        created = uvloop.run(_create(srv.url))  # none acknowledged: the trial fails below
+        time.sleep(kill_after_s)  # the ticks run; the kill lands anywhere in a second
+        killed_at = time.time()
+        srv.kill()
+        again.start()
+        ready_at = time.time()
+        recovery = uvloop.run(_run_on_and_stop(again.url, ready_at))
+        again.stop(signal.SIGTERM)
+    finally:  # a trial that fails midway leaves no server ticking behind it
+        srv.stop()
+        again.stop()
     problems: list[str] = []
-    recovery = uvloop.run(_run_on_and_stop(again.url, ready_at))
-    again.stop(signal.SIGTERM)
     try:
         schedules, ticks = read_schedules(store, data)
     except (VerifyError, ValueError, KeyError) as exc:

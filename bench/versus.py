@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -51,7 +52,13 @@ def one(python: str, store: str, jobs: int, cluster: Cluster | None) -> float:
     flags: tuple[str, ...] = ()
     if engine(store).shared:
         assert cluster is not None
-        flags = ("--dsn", cluster.create_database())
+        # Empty, then migrated by the tree that runs on it: a database at this tree's schema
+        # is newer than an older tree's, which refuses it.
+        name = cluster.create_database().rsplit("/", 1)[1]
+        dsn = cluster.recycle(name, migrated=False)
+        subprocess.run([python, "-m", "sqlq", "migrate", "--dsn", dsn], check=True,
+                       capture_output=True, env={**os.environ, "PYTHONSAFEPATH": "1"})  # fmt: skip
+        flags = ("--dsn", dsn)
     srv = ServerProcess.engine(store=store, workers=64, flags=flags)
     srv.cmd = [python, *srv.cmd[1:]]
     srv.env["PYTHONSAFEPATH"] = "1"  # the tree its environment installs, not the one in cwd
