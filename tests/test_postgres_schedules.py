@@ -35,7 +35,7 @@ from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.rows import job_values
 from tests import shared_helpers
 from tests.helpers import NOW
-from tests.test_store_contract_schedules import CREATED, MINUTE, advance, create, record, tick_job
+from tests.schedule_records import CREATED, MINUTE, advance, create, record, tick_job
 
 stores = shared_helpers.stores  # the fixture, by its name
 Stores = Callable[..., Any]

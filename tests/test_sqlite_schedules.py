@@ -20,39 +20,16 @@ from sqlq.common.schedule import (
     AdvanceSchedule,
     PutSchedule,
     Schedule,
-    ScheduleSpec,
-    tick_key,
 )
 from sqlq.common.store import JobQuery
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
-
-CREATED = int(NOW)
-
-
-def record(name: str = "nightly", **spec: Any) -> Schedule:
-    spec.setdefault("every_s", 60)
-    return Schedule(
-        name=name,
-        spec=ScheduleSpec(kind="noop", **spec),
-        version=1,
-        cursor=CREATED,
-        created_at=NOW,
-        updated_at=NOW,
-    )
+from tests.schedule_records import CREATED, advance, record, tick_job
 
 
 def tick(s: Schedule, at: int, idle: str | None = None) -> tuple[AdvanceSchedule, Job]:
-    job = Job.new(kind="noop", args={}, now=NOW, ready_at=at, idempotency_key=tick_key(s.name, at))
-    move = AdvanceSchedule(
-        name=s.name,
-        expect_version=s.version,
-        expect_cursor=s.cursor,
-        cursor=at,
-        job=job.id,
-        idle=idle,
-    )
-    return move, job
+    job = tick_job(s.name, at)
+    return advance(s, at, job, idle), job
 
 
 def connection(store: SQLiteStore) -> aiosqlite.Connection:

@@ -11,53 +11,13 @@ import pytest
 from sqlq.common.errors import OverlapError, StaleScheduleError
 from sqlq.common.models import Job
 from sqlq.common.schedule import (
-    AdvanceSchedule,
     DropSchedule,
     PutSchedule,
-    Schedule,
-    ScheduleSpec,
-    tick_key,
     trigger_key,
 )
 from sqlq.common.store import JobQuery, JobStore
 from tests.helpers import NOW, StoreFactory
-
-CREATED = int(NOW)
-MINUTE = 60
-
-
-def record(name: str = "nightly", version: int = 1, **spec: object) -> Schedule:
-    spec.setdefault("every_s", MINUTE)
-    return Schedule(
-        name=name,
-        spec=ScheduleSpec(kind="noop", args={"n": 1}, **spec),  # type: ignore[arg-type]
-        version=version,
-        cursor=CREATED,
-        created_at=NOW,
-        updated_at=NOW,
-    )
-
-
-def tick_job(name: str, tick: int) -> Job:
-    return Job.new(
-        kind="noop", args={}, now=tick + 0.5, ready_at=tick, idempotency_key=tick_key(name, tick)
-    )
-
-
-async def create(store: JobStore, schedule: Schedule) -> Schedule:
-    await store.commit([PutSchedule(schedule=schedule, expect_version=0)])
-    return schedule
-
-
-def advance(s: Schedule, to: int, job: Job | None, idle: str | None = None) -> AdvanceSchedule:
-    return AdvanceSchedule(
-        name=s.name,
-        expect_version=s.version,
-        expect_cursor=s.cursor,
-        cursor=to,
-        job=None if job is None else job.id,
-        idle=idle,
-    )
+from tests.schedule_records import CREATED, MINUTE, advance, create, record, tick_job
 
 
 async def test_a_schedule_round_trips_and_lists_in_name_order(store: JobStore) -> None:

@@ -24,32 +24,8 @@ from sqlq.common.schedule import (
 from sqlq.walq import log
 from sqlq.walq.schedules import cursor_fixes
 from sqlq.walq.store import WalStore
+from tests.schedule_records import CREATED, MINUTE, record, tick_job
 from tests.walq_helpers import NOW, NoSyncFiles, log_path
-
-CREATED = int(NOW)
-MINUTE = 60
-
-
-def record(name: str = "nightly", cursor: int = CREATED, version: int = 1) -> Schedule:
-    return Schedule(
-        name=name,
-        spec=ScheduleSpec(kind="noop", args={"n": 1}, every_s=MINUTE),
-        version=version,
-        cursor=cursor,
-        created_at=NOW,
-        updated_at=NOW,
-    )
-
-
-def tick_job(name: str, tick: int, job_id: str | None = None) -> Job:
-    return Job.new(
-        kind="noop",
-        args={},
-        now=tick + 0.5,
-        ready_at=tick,
-        idempotency_key=tick_key(name, tick),
-        job_id=job_id,
-    )
 
 
 def store_at(d: Path, **options: object) -> WalStore:
