@@ -1,4 +1,10 @@
-"""Retry policy: when a failed attempt runs again, and when a job is dead-lettered.
+"""What an attempt that did not complete becomes: retried after backoff, dead-lettered,
+snoozed, or (once a cancel was asked for) cancelled.
+
+The cancel rule is River's: an attempt that fails, is cut off or snoozes after a cancel
+was asked for ends its job ``cancelled``, never retried; one that succeeds still ends it
+``completed`` (``Job.complete``). Every author of an attempt's end (the workers' outcome,
+the health loop, recovery, shared mode's rescue) comes through here, so none can forget it.
 
 Pure: the delay is a function of the attempt number and an injected RNG, so
 tests pin it down with a seeded ``random.Random`` and literal numbers.
@@ -38,7 +44,21 @@ def should_retry(attempts: int, max_attempts: int, policy: RetryPolicy) -> bool:
 def after_failure(
     job: Job, error: str, now: float, policy: RetryPolicy, rng: random.Random
 ) -> Transition:
-    """What a failed attempt becomes: a retry after backoff, or the dead-letter state."""
+    """What a failed attempt becomes: a retry after backoff, or the dead-letter state; or,
+    once a cancel was asked for, cancelled."""
+    if job.cancel_requested_at is not None:
+        return job.withdraw(error, now)
     if should_retry(job.attempts, job.max_attempts, policy):
         return job.retry(error, now + retry_delay(job.attempts, policy, rng), now)
     return job.bury(error, now)
+
+
+def after_snooze(job: Job, delay_s: float, now: float, max_snoozes: int) -> Transition:
+    """What a snooze becomes: scheduled again after ``delay_s``, its attempt given back; dead
+    past ``max_snoozes`` (a job that snoozes forever); cancelled if a cancel was asked for."""
+    if job.cancel_requested_at is not None:
+        return job.withdraw("cancelled: it snoozed after a cancel was asked for", now)
+    if job.snoozes >= max_snoozes:
+        return job.bury(f"snoozed {job.snoozes + 1} times, more than --max-snoozes ({max_snoozes})",
+                        now)  # fmt: skip
+    return job.snooze(now + delay_s, now)

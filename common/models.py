@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from sqlq.common.errors import IllegalTransitionError, StaleEpochError
+from sqlq.common.running import AttemptError, Progress, clean_error, with_error
 
 JSON = Any  # a value msgspec.json can encode: dict, list, str, int, float, bool, None
 
@@ -29,13 +30,18 @@ class State(StrEnum):
     RUNNING = "running"  # a worker holds it at the current epoch
     COMPLETED = "completed"  # finished; result stored (terminal)
     DEAD = "dead"  # attempts used up, dead-lettered (terminal)
-    CANCELLED = "cancelled"  # withdrawn before it ran (terminal)
+    CANCELLED = "cancelled"  # withdrawn: before it ran, or while it ran at a request (terminal)
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.SCHEDULED: frozenset({State.RUNNING, State.CANCELLED}),
-    # running -> scheduled: failed with attempts left, or its worker was declared hung.
-    State.RUNNING: frozenset({State.COMPLETED, State.SCHEDULED, State.DEAD}),
+    # running -> scheduled: failed with attempts left, its worker was declared hung, or it
+    # snoozed. running -> running: what the attempt carries changed (a cancel was asked
+    # for, progress, a checkpoint), at the same epoch. running -> cancelled: it ended
+    # after a cancel was asked for.
+    State.RUNNING: frozenset(
+        {State.COMPLETED, State.SCHEDULED, State.DEAD, State.RUNNING, State.CANCELLED}
+    ),
     State.COMPLETED: frozenset(),
     # dead or cancelled -> scheduled: an operator retries it, with a fresh attempt budget.
     State.DEAD: frozenset({State.SCHEDULED}),
@@ -47,29 +53,6 @@ TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.DEAD, State.CANCE
 RETRYABLE: frozenset[State] = frozenset({State.DEAD, State.CANCELLED})
 LIVE: frozenset[State] = frozenset(State) - TERMINAL
 DEFAULT_MAX_ATTEMPTS = 5  # a job's attempts unless it (or --max-attempts) says otherwise
-
-
-MAX_ERROR_BYTES = 4096  # last_error is a diagnosis, not a log: longer text is cut
-
-
-def clean_error(text: str) -> str:
-    """``text`` as a ``last_error`` every engine can store: valid UTF-8, at most 4 KiB.
-
-    A handler's exception message may hold anything: lone surrogates from a
-    filename decoded with ``surrogateescape`` cannot be encoded as UTF-8, and
-    would fail the encode of the whole record. They become ``\\udcff`` escapes, and a
-    NUL (which PostgreSQL's text cannot hold) becomes ``\\x00``.
-    """
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        data = text.encode("utf-8", "backslashreplace")
-    if len(data) <= MAX_ERROR_BYTES:
-        return data.decode("utf-8") if len(data) != len(text) else text
-    cut = data[: MAX_ERROR_BYTES - 16].decode("utf-8", "ignore")  # never split a character
-    return cut + " ... (truncated)"
 
 
 JOB_ID_LENGTH = 32  # hex digits, as ``new_job_id`` makes them
@@ -118,6 +101,12 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     result: JSON
     started_at: float | None = None
     attempts_total: int | None = None  # None: unchanged (only a retry from dead sets it)
+    # What a running job carries (``sqlq.common.running``), whole, like the fields above.
+    cancel_requested_at: float | None = None
+    progress: Progress | None = None
+    checkpoint: JSON = None
+    snoozes: int = 0
+    errors: tuple[AttemptError, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -147,7 +136,17 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     queue: str = "default"  # named queues have their own concurrency cap and pause switch
     idempotency_key: str | None = None  # a client's key: one job per key while retained
     request_hash: str | None = None  # what was asked with that key, to tell a replay from a reuse
-    attempts_total: int = 0  # attempts before the latest operator retry (history kept)
+    attempts_total: int = 0  # attempts before the latest operator retry (``all_attempts``)
+    cancel_requested_at: float | None = None  # a cancel was asked for while it ran
+    progress: Progress | None = None  # the latest its handler reported
+    checkpoint: JSON = None  # what an attempt saved for the next one; None: nothing
+    snoozes: int = 0  # times it snoozed (within the current attempt budget)
+    errors: tuple[AttemptError, ...] = ()  # the last MAX_ERRORS failures, newest last
+
+    @property
+    def all_attempts(self) -> int:
+        """Every attempt the job ever made, through every operator retry."""
+        return self.attempts_total + self.attempts
 
     @property
     def terminal(self) -> bool:
@@ -180,6 +179,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             result=t.result,
             started_at=t.started_at,
             attempts_total=self.attempts_total if t.attempts_total is None else t.attempts_total,
+            cancel_requested_at=t.cancel_requested_at,
+            progress=t.progress,
+            checkpoint=t.checkpoint,
+            snoozes=t.snoozes,
+            errors=t.errors,
         )
 
     # -- pure constructors of transitions (the runtime's vocabulary) -------------
@@ -196,6 +200,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             last_error=self.last_error,
             result=self.result,
             started_at=self.started_at,
+            cancel_requested_at=self.cancel_requested_at,
+            progress=self.progress,
+            checkpoint=self.checkpoint,
+            snoozes=self.snoozes,
+            errors=self.errors,
         )
         return msgspec.structs.replace(base, **changes) if changes else base
 
@@ -204,7 +213,13 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         return self._to(State.RUNNING, now, attempts=self.attempts + 1, started_at=now)
 
     def complete(self, result: JSON, now: float) -> Transition:
-        return self._to(State.COMPLETED, now, result=result, last_error=None)
+        """running -> completed; its checkpoint is spent (errors stay, as its history)."""
+        return self._to(State.COMPLETED, now, result=result, last_error=None, checkpoint=None)
+
+    def _failed(self, error: str, now: float) -> dict[str, Any]:
+        """What every failed attempt changes: ``last_error``, and one more in ``errors``."""
+        text = clean_error(error)
+        return {"last_error": text, "errors": with_error(self.errors, self.attempts, text, now)}
 
     def retry(self, error: str, ready_at: float, now: float) -> Transition:
         """running -> scheduled again at ``ready_at``, with a new epoch."""
@@ -213,21 +228,58 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             now,
             epoch=self.epoch + 1,
             ready_at=ready_at,
-            last_error=clean_error(error),
+            **self._failed(error, now),
         )
 
     def bury(self, error: str, now: float) -> Transition:
         """running -> dead: no attempts left. The epoch is bumped to fence the worker."""
-        return self._to(State.DEAD, now, epoch=self.epoch + 1, last_error=clean_error(error))
+        return self._to(State.DEAD, now, epoch=self.epoch + 1, **self._failed(error, now))
+
+    def withdraw(self, error: str, now: float) -> Transition:
+        """running -> cancelled: the attempt ended (failed, cut off, snoozed) after a cancel
+        was asked for. Never retried; a new epoch fences the worker."""
+        return self._to(State.CANCELLED, now, epoch=self.epoch + 1, **self._failed(error, now))
+
+    def snooze(self, ready_at: float, now: float) -> Transition:
+        """running -> scheduled at ``ready_at``, a new epoch: the attempt is given back (not
+        counted) and a snooze counted instead (``sqlq.common.backoff.after_snooze``)."""
+        return self._to(
+            State.SCHEDULED,
+            now,
+            epoch=self.epoch + 1,
+            attempts=max(0, self.attempts - 1),
+            ready_at=ready_at,
+            snoozes=self.snoozes + 1,
+        )
 
     def cancel(self, now: float) -> Transition:
+        """scheduled -> cancelled: it never ran (a running job is asked, ``request_cancel``)."""
         return self._to(State.CANCELLED, now)
+
+    def request_cancel(self, now: float) -> Transition:
+        """running -> running, same epoch: a cancel is asked for. Its handler is told; what
+        the attempt ends in then decides (``withdraw``, or ``complete`` if it succeeds)."""
+        return self._to(State.RUNNING, now, cancel_requested_at=now)
+
+    def touch(
+        self, now: float, *, progress: Progress | None = None, checkpoint: JSON = None
+    ) -> Transition:
+        """running -> running, same epoch: new progress and/or a new checkpoint (None: as it
+        was), fenced by the epoch like an outcome so a stale attempt writes nothing."""
+        return self._to(
+            State.RUNNING,
+            now,
+            progress=self.progress if progress is None else progress,
+            checkpoint=self.checkpoint if checkpoint is None else checkpoint,
+        )
 
     def revive(self, now: float) -> Transition:
         """dead or cancelled -> scheduled, due now: a fresh attempt budget, a new epoch.
 
         The attempts used so far move into ``attempts_total``; ``last_error`` stays
-        as the record of why it died until the next attempt replaces it.
+        as the record of why it died until the next attempt replaces it, and ``errors``
+        and the checkpoint stay. A cancel asked for before is over, and the snoozes count
+        afresh with the attempts.
         """
         return self._to(
             State.SCHEDULED,
@@ -238,6 +290,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             ready_at=now,
             result=None,
             started_at=None,
+            cancel_requested_at=None,
+            snoozes=0,
         )
 
     # -- serialisation ----------------------------------------------------------

@@ -12,7 +12,8 @@ from sqlq.common.backoff import RetryPolicy
 from sqlq.common.clock import FakeClock
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import ValidationError
-from sqlq.common.models import MAX_ERROR_BYTES, State
+from sqlq.common.models import State
+from sqlq.common.running import MAX_ERROR_BYTES
 from sqlq.common.specs import JobSpec
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import Registry, task

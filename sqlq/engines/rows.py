@@ -13,7 +13,8 @@ from typing import Any
 
 import msgspec
 
-from sqlq.common.models import Job, State, Transition
+from sqlq.common.models import JSON, Job, State, Transition
+from sqlq.common.running import AttemptError, Progress
 
 # A job row's columns, in order. Every statement that reads a job selects exactly these.
 JOB_COLUMNS = (
@@ -35,6 +36,7 @@ JOB_COLUMNS = (
     "idempotency_key",
     "request_hash",
     "attempts_total",
+    *(RUNNING_COLUMNS := ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors")),
 )
 # A transition row's columns, in order: the job's id, the epoch it must be at, then
 # what the job becomes (a NULL attempts_total leaves the column as it is).
@@ -50,6 +52,7 @@ TRANSITION_COLUMNS = (
     "result",
     "started_at",
     "attempts_total",
+    *RUNNING_COLUMNS,
 )
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)  # for a statement's column list
 # The rows below are the models' fields in order: say so where it can be checked once.
@@ -59,6 +62,34 @@ if TRANSITION_COLUMNS != Transition.__struct_encode_fields__:
     raise AssertionError("TRANSITION_COLUMNS are not Transition's fields")
 
 STATES = {s.value: s for s in State}  # a dict lookup, not the enum's call, per row
+
+# What a running job carries (``sqlq.common.running``) as row values: progress, checkpoint
+# and errors as JSON text, NULL for none (so a job that has none costs a NULL each).
+_encode = msgspec.json.encode
+_progress = msgspec.json.Decoder(Progress)
+_errors = msgspec.json.Decoder(tuple[AttemptError, ...])
+
+
+def running_values(c: Job | Transition) -> tuple[Any, ...]:
+    """The ``RUNNING_COLUMNS`` values of a job or a transition, in their order."""
+    return (
+        c.cancel_requested_at,
+        None if c.progress is None else _encode(c.progress).decode(),
+        None if c.checkpoint is None else _encode(c.checkpoint).decode(),
+        c.snoozes,
+        _encode(c.errors).decode() if c.errors else None,
+    )
+
+
+def running_fields(
+    progress: str | None, checkpoint: str | None, errors: str | None
+) -> tuple[Progress | None, JSON, tuple[AttemptError, ...]]:
+    """Those columns' values back as the fields."""
+    return (
+        None if progress is None else _progress.decode(progress),
+        None if checkpoint is None else msgspec.json.decode(checkpoint),
+        () if errors is None else _errors.decode(errors),
+    )
 
 
 def job_values(job: Job) -> tuple[Any, ...]:
@@ -82,6 +113,7 @@ def job_values(job: Job) -> tuple[Any, ...]:
         job.idempotency_key,
         job.request_hash,
         job.attempts_total,
+        *running_values(job),
     )
 
 
@@ -99,6 +131,7 @@ def transition_values(t: Transition) -> tuple[Any, ...]:
         msgspec.json.encode(t.result).decode(),
         t.started_at,
         t.attempts_total,
+        *running_values(t),
     )
 
 
@@ -124,7 +157,13 @@ def row_job(row: Any) -> Job:
         idempotency_key,
         request_hash,
         attempts_total,
+        cancel_requested_at,
+        progress,
+        checkpoint,
+        snoozes,
+        errors,
     ) = row
+    progress, checkpoint, errors = running_fields(progress, checkpoint, errors)
     return Job(
         id=job_id,
         kind=kind,
@@ -144,4 +183,9 @@ def row_job(row: Any) -> Job:
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         attempts_total=attempts_total,
+        cancel_requested_at=cancel_requested_at,
+        progress=progress,
+        checkpoint=checkpoint,
+        snoozes=snoozes,
+        errors=errors,
     ).compact()  # interns kind and queue
