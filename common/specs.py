@@ -76,6 +76,16 @@ class RetrySpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     queue: Queue | None = None
 
 
+class CancelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Which live jobs ``POST /jobs/cancel`` cancels: every match. A scheduled one is
+    cancelled; for a running one a cancel is asked for (its attempt decides how it ends).
+    No state: both."""
+
+    state: Literal["scheduled", "running"] | None = None
+    kind: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KIND)] | None = None
+    queue: Queue | None = None
+
+
 class BatchSpec(msgspec.Struct, forbid_unknown_fields=True):
     jobs: Annotated[list[JobSpec], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
 

@@ -12,13 +12,14 @@ Reads (``get``) only ever see committed changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import msgspec
 
 from sqlq.common.models import Job, State, Transition
+from sqlq.common.running import Progress
 from sqlq.common.schedule import (
     AdvanceSchedule,
     DropSchedule,
@@ -233,6 +234,12 @@ class Fence:
 
 
 @dataclass(frozen=True, slots=True)
+class Renewal:
+    renewed: int  # leases extended
+    cancel_asked: frozenset[str] = frozenset()  # of the held jobs, those whose cancel was asked
+
+
+@dataclass(frozen=True, slots=True)
 class QueueCount:
     queue: str
     state: State
@@ -265,9 +272,26 @@ class SharedStore(JobStore, Protocol):
         """When the earliest job that is not yet due becomes due; None if none waits."""
         ...
 
-    async def renew(self, now: float, lease_until: float, held: Sequence[str]) -> int:
-        """Extend the unexpired leases of ``held`` (jobs this node's workers hold), and record
-        that the node is alive."""
+    async def renew(
+        self,
+        now: float,
+        lease_until: float,
+        held: Sequence[str],
+        progress: Mapping[str, Progress] | None = None,
+    ) -> Renewal:
+        """Extend the unexpired leases of ``held`` (jobs this node's workers hold), store the
+        ``progress`` of those of them it names (fenced like the lease: only where this node
+        still holds the job), and record that the node is alive. The answer names the jobs
+        among ``held`` whose cancel was asked for: the fallback when a NOTIFY was lost."""
+        ...
+
+    async def request_cancel(self, job_id: str, now: float) -> Job | None:
+        """Record durably that a cancel of the running job ``job_id`` is asked for, and tell
+        the node that holds it (``listen``'s ``cancel``); the job as it now stands (None: no
+        such job). A job that is not running is returned as it is, unchanged. Once asked
+        for, a cancel holds while the job runs: a transition out of ``running`` to
+        ``scheduled`` or ``dead`` becomes ``cancelled`` (the holder may not have heard yet;
+        ``sqlq.common.backoff.after_failure`` is the rule, restated in the statement)."""
         ...
 
     async def expired(self, now: float, limit: int) -> list[Job]:
@@ -293,6 +317,8 @@ class SharedStore(JobStore, Protocol):
         """The nodes seen lately, and how many jobs each holds."""
         ...
 
-    def listen(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` whenever another node submits or requeues work (a hint only)."""
+    def listen(self, wake: Callable[[], None], cancel: Callable[[str], None]) -> None:
+        """Call ``wake`` whenever another node submits or requeues work, and ``cancel(job_id)``
+        when a cancel of a job this node holds is asked for (hints only: a lost one is
+        made up for by ``renew``'s answer)."""
         ...
