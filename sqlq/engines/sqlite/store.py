@@ -63,7 +63,7 @@ from sqlq.engines.sqlite.batch import (
     write_batch,
     write_one_by_one,
 )
-from sqlq.engines.sqlite.migrate import prepare
+from sqlq.engines.sqlite.migrate import SCHEMA_VERSION, prepare
 from sqlq.engines.sqlite.queries import Q
 from sqlq.engines.sqlite.schedules import schedule_listing, select_schedules
 
@@ -306,4 +306,4 @@ class SQLiteStore(DurableStore):
         }
 
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
