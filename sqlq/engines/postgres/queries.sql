@@ -8,9 +8,9 @@
 
 -- name: write_batch
 -- One group-commit batch in one statement, so one round trip: the inserts as
--- columns ($1..$18, in {job_columns} order), the guarded transitions as columns
--- ($19..$33, in {move_columns} order), then the number of transitions asked for ($34)
--- and whether to wake the claimers ($35). The casts are the table's column types, in
+-- columns ($1..$23, in {job_columns} order), the guarded transitions as columns
+-- ($24..$43, in {move_columns} order), then the number of transitions asked for ($44)
+-- and whether to wake the claimers ($45). The casts are the table's column types, in
 -- those orders (tests/test_postgres_rows.py holds them to the table).
 -- A transition applies only if the job is at the expected epoch, the move is
 -- legal (``allowed`` lists the states it may come from, as |a|b|), and the
@@ -19,25 +19,43 @@
 -- aborts the statement, rolling back all of it, and the engine redoes the batch
 -- one caller at a time. The INSERT and the UPDATE see the same snapshot, so a
 -- batch that inserts a job and moves it is never sent this way.
+-- Two rules of the shared mode are restated here, because another node may have written
+-- the row since the transition's author read it (sqlq.common.store.SharedStore
+-- .request_cancel): while the row is running, its cancel_requested_at is never cleared
+-- (the first request's time holds; from any other state the transition's value is stored,
+-- so a revive clears it); and a move out of running to scheduled or dead on a row whose
+-- cancel was asked for lands as cancelled, with the transition's epoch, errors and
+-- last_error (sqlq.common.backoff.after_failure's rule: its holder may not have heard).
+-- Neither changes which rows apply: a guard refuses the same rows it did.
 WITH ins AS (
     INSERT INTO jobs ({job_columns})
     SELECT * FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::float8[],
         $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
-        $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[])
+        $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[], $19::float8[],
+        $20::text[], $21::text[], $22::int8[], $23::text[])
     RETURNING 1
 ), upd AS (
     UPDATE jobs j
-       SET state = u.state, epoch = u.epoch, attempts = u.attempts, ready_at = u.ready_at,
+       SET state = CASE WHEN j.state = 'running' AND j.cancel_requested_at IS NOT NULL
+                         AND u.state IN ('scheduled', 'dead')
+                        THEN 'cancelled' ELSE u.state END,
+           epoch = u.epoch, attempts = u.attempts, ready_at = u.ready_at,
            updated_at = u.updated_at, last_error = u.last_error, result = u.result,
            started_at = u.started_at,
            attempts_total = coalesce(u.attempts_total, j.attempts_total),
+           cancel_requested_at = CASE WHEN j.state = 'running'
+                                      THEN coalesce(j.cancel_requested_at, u.cancel_requested_at)
+                                      ELSE u.cancel_requested_at END,
+           progress = u.progress, checkpoint = u.checkpoint, snoozes = u.snoozes,
+           errors = u.errors,
            lease_until = CASE WHEN u.state = 'running' THEN j.lease_until END,
            node = CASE WHEN u.state = 'running' THEN j.node END
       FROM unnest(
-        $19::text[], $20::int8[], $21::text[], $22::text[], $23::int8[], $24::int8[],
-        $25::float8[], $26::float8[], $27::text[], $28::text[], $29::float8[], $30::int8[],
-        $31::text[], $32::float8[], $33::float8[])
+        $24::text[], $25::int8[], $26::text[], $27::text[], $28::int8[], $29::int8[],
+        $30::float8[], $31::float8[], $32::text[], $33::text[], $34::float8[], $35::int8[],
+        $36::float8[], $37::text[], $38::text[], $39::int8[], $40::text[],
+        $41::text[], $42::float8[], $43::float8[])
         AS u({move_columns})
      WHERE j.id = u.id
        AND j.epoch = u.expect_epoch
@@ -47,9 +65,9 @@ WITH ins AS (
        AND (u.lease_before IS NULL OR j.lease_until < u.lease_before)
     RETURNING 1
 )
-SELECT sqlq_expect((SELECT count(*) FROM upd), $34),
+SELECT sqlq_expect((SELECT count(*) FROM upd), $44),
        (SELECT count(*) FROM ins),
-       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $35) AS woken);
+       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $45) AS woken);
 
 -- name: why_refused
 -- What a refused transition found, to name the error: the job, and who holds it until when.
