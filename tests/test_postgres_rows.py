@@ -27,7 +27,7 @@ from sqlq.common.errors import (
 )
 from sqlq.common.models import Job, State
 from sqlq.common.running import AttemptError, Progress
-from sqlq.common.store import Change, Fence
+from sqlq.common.store import Change, Fence, Renewal
 from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.rows import JOB_COLUMNS, TRANSITION_COLUMNS, job_values, row_job
@@ -174,13 +174,13 @@ async def test_renew_and_release_return_the_counts_they_changed(pg_db: str) -> N
         await store.commit(jobs)
         held = await store.claim(3, NOW, NOW + 5, {})
         async with store._conn() as conn:
-            renewed = await conn.fetchval(
-                Q["renew"], store.node, NOW + 1, NOW + 9, [j.id for j in held[:2]]
+            renewed = await conn.fetchrow(
+                Q["renew"], store.node, NOW + 1, NOW + 9, [j.id for j in held[:2]], [None] * 2
             )
-        assert renewed == 2
-        assert await store.renew(NOW + 2, NOW + 9, [j.id for j in held]) == 3
+        assert tuple(renewed) == (2, [])
+        assert await store.renew(NOW + 2, NOW + 9, [j.id for j in held]) == Renewal(3)
         assert await store.release(NOW + 3) == 3
-        assert await store.renew(NOW + 4, NOW + 9, [j.id for j in held]) == 0  # released
+        assert await store.renew(NOW + 4, NOW + 9, [j.id for j in held]) == Renewal(0)
     finally:
         await store.close()
 

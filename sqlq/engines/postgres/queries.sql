@@ -134,18 +134,42 @@ SELECT min(ready_at) FROM jobs WHERE state = 'scheduled' AND ready_at > $1;
 -- The unexpired leases of the jobs this node's workers hold ($4), and the node's own
 -- row, in one statement. Only those jobs: a claim whose answer was lost in a
 -- dropped connection is this node's in the table but no worker's, and must run out.
--- The one value is the number of leases renewed.
+-- $5 is each held job's new progress (JSON text, in $4's order; NULL: none to store),
+-- stored under the lease's own fence, so a job this node no longer holds keeps what its
+-- holder wrote; a job given progress is updated now, as Job.touch would have it. The
+-- values are the number of leases renewed, and which of the renewed jobs have a cancel
+-- asked for (the fallback for a NOTIFY on sqlq_cancel the listener missed).
 WITH seen AS (
     INSERT INTO nodes (name, started_at, seen_at) VALUES ($1, $2, $2)
     ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
     RETURNING 1
 ), renewed AS (
-    UPDATE jobs SET lease_until = $3
-     WHERE id = ANY ($4::text[]) AND node = $1 AND state = 'running' AND lease_until >= $2
+    UPDATE jobs j
+       SET lease_until = $3,
+           progress = coalesce(h.progress, j.progress),
+           updated_at = CASE WHEN h.progress IS NULL THEN j.updated_at ELSE $2 END
+      FROM unnest($4::text[], $5::text[]) AS h(id, progress)
+     WHERE j.id = h.id AND j.node = $1 AND j.state = 'running' AND j.lease_until >= $2
        AND (SELECT count(*) FROM seen) >= 0
-    RETURNING 1
+    RETURNING j.id, j.cancel_requested_at IS NOT NULL AS asked
 )
-SELECT count(*) FROM renewed;
+SELECT count(*), coalesce(array_agg(id) FILTER (WHERE asked), '{}') FROM renewed;
+
+-- name: request_cancel
+-- A cancel asked for, of the running job $1 at time $2 (any node may ask): recorded once
+-- (a request already recorded keeps its time), the job updated now as
+-- Job.request_cancel would have it, and its holder told on sqlq_cancel, in the same
+-- transaction, so only a request that commits is heard. The payload names the job and
+-- the node that holds it, so every other node's listener drops it unread. No row: the job
+-- is not running, or its cancel was asked for already (the engine reads it as it is).
+WITH asked AS (
+    UPDATE jobs SET cancel_requested_at = $2, updated_at = $2
+     WHERE id = $1 AND state = 'running' AND cancel_requested_at IS NULL
+    RETURNING {job_columns}, node
+)
+SELECT {job_columns},
+       pg_notify('sqlq_cancel', json_build_object('id', id, 'node', node)::text) AS told
+  FROM asked;
 
 -- name: expired
 SELECT {job_columns} FROM jobs
