@@ -188,3 +188,20 @@ def test_the_mixed_workload_uses_every_new_capability() -> None:
     rng = random.Random(1)
     tags = {mixed_spec(rng)[2] for _ in range(2000)}
     assert tags == {"", "cancel", CHECKPOINT_TAG, SNOOZE_TAG}
+
+
+def test_the_crash_report_shows_what_the_mixed_trials_did_with_running_jobs(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from sqlq.bench.crashreport import _running_section
+
+    row = {"store": "walq", "running_cancels": 3, "running_cancels_cancelled": 2,
+           "checkpoint_jobs": 5, "checkpoints_read": 4, "checkpoints_saved": 9, "snoozes": 7,
+           "with_progress": 6, "with_errors": 8}  # fmt: skip
+    (tmp_path / "crash-walq-full-mixed.jsonl").write_text(json.dumps(row) + "\n" * 2)
+    (tmp_path / "crash-walq-full.jsonl").write_text(json.dumps({"store": "walq"}) + "\n")
+    lines = _running_section(tmp_path)
+    assert "| walq | 1 | 3 | 2 | 5 | 4 | 9 | 7 | 6 | 8 |" in lines
+    assert _running_section(tmp_path / "nothing") == []
