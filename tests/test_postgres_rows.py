@@ -26,7 +26,8 @@ from sqlq.common.errors import (
     TransitionError,
 )
 from sqlq.common.models import Job, State
-from sqlq.common.store import Change, Fence
+from sqlq.common.running import AttemptError, Progress
+from sqlq.common.store import Change, Fence, Renewal
 from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.rows import JOB_COLUMNS, TRANSITION_COLUMNS, job_values, row_job
@@ -56,13 +57,22 @@ def distinct_job() -> Job:
         idempotency_key="key",
         request_hash="hash",
         attempts_total=12,
+        cancel_requested_at=13.5,
+        progress=Progress(percent=14.0, message="m", at=15.5),
+        checkpoint={"c": 16},
+        snoozes=17,
+        errors=(AttemptError(attempt=18, error="x", at=19.5),),
     )
 
 
 def test_a_job_row_is_its_fields_in_the_named_column_order() -> None:
     job = distinct_job()
     by_name = dict(zip(JOB_COLUMNS, job_values(job), strict=True))
-    encoded = {"args": '{"a":1}', "state": "running", "result": "[10]"}
+    encoded = {
+        "args": '{"a":1}', "state": "running", "result": "[10]",
+        "progress": '{"percent":14.0,"message":"m","at":15.5}', "checkpoint": '{"c":16}',
+        "errors": '[{"attempt":18,"error":"x","at":19.5}]',
+    }  # fmt: skip
     assert by_name == {c: encoded.get(c, getattr(job, c)) for c in JOB_COLUMNS}
     assert row_job(job_values(job)) == job
     assert MOVE_COLUMNS[: len(TRANSITION_COLUMNS) + 1] == (
@@ -164,13 +174,13 @@ async def test_renew_and_release_return_the_counts_they_changed(pg_db: str) -> N
         await store.commit(jobs)
         held = await store.claim(3, NOW, NOW + 5, {})
         async with store._conn() as conn:
-            renewed = await conn.fetchval(
-                Q["renew"], store.node, NOW + 1, NOW + 9, [j.id for j in held[:2]]
+            renewed = await conn.fetchrow(
+                Q["renew"], store.node, NOW + 1, NOW + 9, [j.id for j in held[:2]], [None] * 2
             )
-        assert renewed == 2
-        assert await store.renew(NOW + 2, NOW + 9, [j.id for j in held]) == 3
+        assert tuple(renewed) == (2, [])
+        assert await store.renew(NOW + 2, NOW + 9, [j.id for j in held]) == Renewal(3)
         assert await store.release(NOW + 3) == 3
-        assert await store.renew(NOW + 4, NOW + 9, [j.id for j in held]) == 0  # released
+        assert await store.renew(NOW + 4, NOW + 9, [j.id for j in held]) == Renewal(0)
     finally:
         await store.close()
 
@@ -196,10 +206,6 @@ async def test_a_refused_change_is_named_by_the_models_rule_then_the_fence(pg_db
         with pytest.raises(StaleEpochError) as model:
             held.check(job.start(NOW))  # the same rule, from the model
         assert (type(stale), str(stale)) == (StaleEpochError, str(model.value))
-        illegal = await refused([held.start(NOW)], Fence())
-        with pytest.raises(IllegalTransitionError) as model2:
-            held.check(held.start(NOW))
-        assert (type(illegal), str(illegal)) == (IllegalTransitionError, str(model2.value))
         holder = await refused([done], Fence(holder=other.node))
         assert f"belongs to {store.node}, not {other.node}" in str(holder)
         late = await refused([done], Fence(holder=store.node, lease_from=NOW + 6))
@@ -212,6 +218,11 @@ async def test_a_refused_change_is_named_by_the_models_rule_then_the_fence(pg_db
         got = await other.get(job.id)
         assert got is not None
         assert (got.state, got.result) == (State.COMPLETED, 1)
+        finished = held.apply(done)  # every move out of running is legal: out of completed
+        illegal = await refused([finished.start(NOW)], Fence())
+        with pytest.raises(IllegalTransitionError) as model2:
+            finished.check(finished.start(NOW))
+        assert (type(illegal), str(illegal)) == (IllegalTransitionError, str(model2.value))
     finally:
         await other.close()
         await store.close()

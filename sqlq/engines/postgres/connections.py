@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
+import msgspec
 
 from sqlq.common.errors import StoreClosedError, StoreError, StoreUnavailableError
 from sqlq.engines.postgres.migrate import check, connect, where
@@ -24,6 +25,18 @@ from sqlq.engines.postgres.queries import Q
 log = logging.getLogger(__name__)
 
 CHANNEL = "sqlq_jobs"
+# A cancel asked for (queries.sql request_cancel): {"id": job, "node": its holder}.
+CANCEL_CHANNEL = "sqlq_cancel"
+
+
+class CancelNote(msgspec.Struct, frozen=True):
+    """A ``sqlq_cancel`` payload; the node is None for a job running with no holder."""
+
+    id: str
+    node: str | None = None
+
+
+_decode_note = msgspec.json.Decoder(CancelNote).decode
 # The claim connection's planner settings: see the claim statement in queries.sql.
 CLAIM_SETTINGS = {"enable_sort": "off", "enable_bitmapscan": "off"}
 # Listings run on connections of their own that plan every run for its values. asyncpg
@@ -65,6 +78,8 @@ class Connections:
         self.listener: asyncpg.Connection | None = None  # while it LISTENs
         self._listen_task: asyncio.Task[None] | None = None
         self._wake: Callable[[], None] | None = None
+        self._cancel: Callable[[str], None] | None = None
+        self._node: str | None = None  # whose cancels the listener passes on
         self.reconnects = 0
         self.unavailable = 0  # calls refused because the database was out of reach
         self.last_error: str | None = None
@@ -164,9 +179,16 @@ class Connections:
 
     # -- waking ----------------------------------------------------------------------
 
-    def listen(self, wake: Callable[[], None]) -> None:
-        """LISTEN on a connection of its own, reconnecting until ``close``."""
-        self._wake = wake
+    def listen(
+        self,
+        wake: Callable[[], None],
+        cancel: Callable[[str], None] | None = None,
+        node: str | None = None,
+    ) -> None:
+        """LISTEN on a connection of its own, reconnecting until ``close``: ``wake`` on
+        ``sqlq_jobs``, and ``cancel(job_id)`` on ``sqlq_cancel`` for the jobs ``node``
+        holds (and those no node holds)."""
+        self._wake, self._cancel, self._node = wake, cancel, node
         if self._listen_task is None:
             self._listen_task = asyncio.create_task(self._listen(), name="sqlq-pg-listen")
 
@@ -179,10 +201,16 @@ class Connections:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
-            self.listener, delay = conn, 0.1
+            delay = 0.1
             lost = asyncio.Event()
             conn.add_termination_listener(lambda _c, ev=lost: ev.set())
-            await conn.add_listener(CHANNEL, self._notified)
+            try:
+                await conn.add_listener(CHANNEL, self._notified)
+                if self._cancel is not None:
+                    await conn.add_listener(CANCEL_CHANNEL, self._cancel_notified)
+                self.listener = conn  # listening on every channel from here
+            except (*UNAVAILABLE, asyncpg.PostgresError):
+                conn.terminate()  # lost while it began to listen: connect again
             if self._wake is not None:
                 self._wake()  # anything submitted while we were not listening
             await lost.wait()
@@ -191,3 +219,15 @@ class Connections:
     def _notified(self, *_: object) -> None:
         if self._wake is not None:
             self._wake()
+
+    def _cancel_notified(
+        self, _conn: object, _pid: object, _channel: object, payload: object
+    ) -> None:
+        """A cancel asked for: passed on if this node holds the job. A payload that is not
+        a request's (anyone may NOTIFY) is dropped: a hint, made up for by the renewal."""
+        try:
+            note = _decode_note(str(payload))
+        except msgspec.DecodeError:
+            return
+        if self._cancel is not None and note.node in (None, self._node):
+            self._cancel(note.id)

@@ -8,9 +8,9 @@
 
 -- name: write_batch
 -- One group-commit batch in one statement, so one round trip: the inserts as
--- columns ($1..$18, in {job_columns} order), the guarded transitions as columns
--- ($19..$33, in {move_columns} order), then the number of transitions asked for ($34)
--- and whether to wake the claimers ($35). The casts are the table's column types, in
+-- columns ($1..$23, in {job_columns} order), the guarded transitions as columns
+-- ($24..$43, in {move_columns} order), then the number of transitions asked for ($44)
+-- and whether to wake the claimers ($45). The casts are the table's column types, in
 -- those orders (tests/test_postgres_rows.py holds them to the table).
 -- A transition applies only if the job is at the expected epoch, the move is
 -- legal (``allowed`` lists the states it may come from, as |a|b|), and the
@@ -19,25 +19,43 @@
 -- aborts the statement, rolling back all of it, and the engine redoes the batch
 -- one caller at a time. The INSERT and the UPDATE see the same snapshot, so a
 -- batch that inserts a job and moves it is never sent this way.
+-- Two rules of the shared mode are restated here, because another node may have written
+-- the row since the transition's author read it (sqlq.common.store.SharedStore
+-- .request_cancel): while the row is running, its cancel_requested_at is never cleared
+-- (the first request's time holds; from any other state the transition's value is stored,
+-- so a revive clears it); and a move out of running to scheduled or dead on a row whose
+-- cancel was asked for lands as cancelled, with the transition's epoch, errors and
+-- last_error (sqlq.common.backoff.after_failure's rule: its holder may not have heard).
+-- Neither changes which rows apply: a guard refuses the same rows it did.
 WITH ins AS (
     INSERT INTO jobs ({job_columns})
     SELECT * FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::float8[],
         $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
-        $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[])
+        $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[], $19::float8[],
+        $20::text[], $21::text[], $22::int8[], $23::text[])
     RETURNING 1
 ), upd AS (
     UPDATE jobs j
-       SET state = u.state, epoch = u.epoch, attempts = u.attempts, ready_at = u.ready_at,
+       SET state = CASE WHEN j.state = 'running' AND j.cancel_requested_at IS NOT NULL
+                         AND u.state IN ('scheduled', 'dead')
+                        THEN 'cancelled' ELSE u.state END,
+           epoch = u.epoch, attempts = u.attempts, ready_at = u.ready_at,
            updated_at = u.updated_at, last_error = u.last_error, result = u.result,
            started_at = u.started_at,
            attempts_total = coalesce(u.attempts_total, j.attempts_total),
+           cancel_requested_at = CASE WHEN j.state = 'running'
+                                      THEN coalesce(j.cancel_requested_at, u.cancel_requested_at)
+                                      ELSE u.cancel_requested_at END,
+           progress = u.progress, checkpoint = u.checkpoint, snoozes = u.snoozes,
+           errors = u.errors,
            lease_until = CASE WHEN u.state = 'running' THEN j.lease_until END,
            node = CASE WHEN u.state = 'running' THEN j.node END
       FROM unnest(
-        $19::text[], $20::int8[], $21::text[], $22::text[], $23::int8[], $24::int8[],
-        $25::float8[], $26::float8[], $27::text[], $28::text[], $29::float8[], $30::int8[],
-        $31::text[], $32::float8[], $33::float8[])
+        $24::text[], $25::int8[], $26::text[], $27::text[], $28::int8[], $29::int8[],
+        $30::float8[], $31::float8[], $32::text[], $33::text[], $34::float8[], $35::int8[],
+        $36::float8[], $37::text[], $38::text[], $39::int8[], $40::text[],
+        $41::text[], $42::float8[], $43::float8[])
         AS u({move_columns})
      WHERE j.id = u.id
        AND j.epoch = u.expect_epoch
@@ -47,9 +65,9 @@ WITH ins AS (
        AND (u.lease_before IS NULL OR j.lease_until < u.lease_before)
     RETURNING 1
 )
-SELECT sqlq_expect((SELECT count(*) FROM upd), $34),
+SELECT sqlq_expect((SELECT count(*) FROM upd), $44),
        (SELECT count(*) FROM ins),
-       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $35) AS woken);
+       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $45) AS woken);
 
 -- name: why_refused
 -- What a refused transition found, to name the error: the job, and who holds it until when.
@@ -116,18 +134,42 @@ SELECT min(ready_at) FROM jobs WHERE state = 'scheduled' AND ready_at > $1;
 -- The unexpired leases of the jobs this node's workers hold ($4), and the node's own
 -- row, in one statement. Only those jobs: a claim whose answer was lost in a
 -- dropped connection is this node's in the table but no worker's, and must run out.
--- The one value is the number of leases renewed.
+-- $5 is each held job's new progress (JSON text, in $4's order; NULL: none to store),
+-- stored under the lease's own fence, so a job this node no longer holds keeps what its
+-- holder wrote; a job given progress is updated now, as Job.touch would have it. The
+-- values are the number of leases renewed, and which of the renewed jobs have a cancel
+-- asked for (the fallback for a NOTIFY on sqlq_cancel the listener missed).
 WITH seen AS (
     INSERT INTO nodes (name, started_at, seen_at) VALUES ($1, $2, $2)
     ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
     RETURNING 1
 ), renewed AS (
-    UPDATE jobs SET lease_until = $3
-     WHERE id = ANY ($4::text[]) AND node = $1 AND state = 'running' AND lease_until >= $2
+    UPDATE jobs j
+       SET lease_until = $3,
+           progress = coalesce(h.progress, j.progress),
+           updated_at = CASE WHEN h.progress IS NULL THEN j.updated_at ELSE $2 END
+      FROM unnest($4::text[], $5::text[]) AS h(id, progress)
+     WHERE j.id = h.id AND j.node = $1 AND j.state = 'running' AND j.lease_until >= $2
        AND (SELECT count(*) FROM seen) >= 0
-    RETURNING 1
+    RETURNING j.id, j.cancel_requested_at IS NOT NULL AS asked
 )
-SELECT count(*) FROM renewed;
+SELECT count(*), coalesce(array_agg(id) FILTER (WHERE asked), '{}') FROM renewed;
+
+-- name: request_cancel
+-- A cancel asked for, of the running job $1 at time $2 (any node may ask): recorded once
+-- (a request already recorded keeps its time), the job updated now as
+-- Job.request_cancel would have it, and its holder told on sqlq_cancel, in the same
+-- transaction, so only a request that commits is heard. The payload names the job and
+-- the node that holds it, so every other node's listener drops it unread. No row: the job
+-- is not running, or its cancel was asked for already (the engine reads it as it is).
+WITH asked AS (
+    UPDATE jobs SET cancel_requested_at = $2, updated_at = $2
+     WHERE id = $1 AND state = 'running' AND cancel_requested_at IS NULL
+    RETURNING {job_columns}, node
+)
+SELECT {job_columns},
+       pg_notify('sqlq_cancel', json_build_object('id', id, 'node', node)::text) AS told
+  FROM asked;
 
 -- name: expired
 SELECT {job_columns} FROM jobs

@@ -72,7 +72,7 @@ def _int8(*values: int) -> None:
 
 
 def advance_args(c: AdvanceSchedule) -> tuple[Any, ...]:
-    """The ``advance`` statement's arguments after the job columns ($19..$24)."""
+    """The ``advance`` statement's arguments after the job columns ($24..$29)."""
     _int8(c.expect_version, c.expect_cursor, c.cursor)
     return (c.name, c.expect_version, c.expect_cursor, c.cursor, c.idle, c.job)
 

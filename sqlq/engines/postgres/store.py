@@ -22,16 +22,18 @@ import functools
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import asyncpg
+import msgspec
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
 from sqlq.common.errors import StoreError, StoreUnavailableError, ValidationError
 from sqlq.common.models import Job, State
+from sqlq.common.running import Progress
 from sqlq.common.schedule import Schedule, key_range
 from sqlq.common.store import (
     DEFAULT_RETENTION_S,
@@ -41,11 +43,18 @@ from sqlq.common.store import (
     JobQuery,
     QueueCount,
     Recovery,
+    Renewal,
     StoreStats,
     SyncLevel,
 )
 from sqlq.engines.listing import postgres_args, postgres_shape
-from sqlq.engines.postgres.batch import Encoded, fast_path_safe, write_batch, write_one_by_one
+from sqlq.engines.postgres.batch import (
+    JOB_WIDTH,
+    Encoded,
+    fast_path_safe,
+    write_batch,
+    write_one_by_one,
+)
 from sqlq.engines.postgres.connections import UNAVAILABLE, Connections
 from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
 from sqlq.engines.postgres.schedule_rows import row_schedule
@@ -53,6 +62,7 @@ from sqlq.engines.postgres.schedules import flush
 from sqlq.engines.rows import row_job
 
 T = TypeVar("T")
+_encode = msgspec.json.Encoder().encode  # a renewal's progress, as rows.py writes it
 PRUNE_LOCK = 0x5371_6C72  # one node at a time prunes
 CAP_LOCK = 0x5371_6C73  # with the queue's hash: one node at a time claims from a capped queue
 
@@ -242,11 +252,26 @@ class PostgresStore(Committing):
         due: float | None = await self._read(lambda c: c.fetchval(Q["next_due"], now))
         return due
 
-    async def renew(self, now: float, lease_until: float, held: Sequence[str]) -> int:
-        renewed: int = await self._read(
-            lambda c: c.fetchval(Q["renew"], self.node, now, lease_until, list(held))
+    async def renew(
+        self,
+        now: float,
+        lease_until: float,
+        held: Sequence[str],
+        progress: Mapping[str, Progress] | None = None,
+    ) -> Renewal:
+        ids = list(dict.fromkeys(held))
+        given = progress or {}
+        texts = [None if (p := given.get(i)) is None else _encode(p).decode() for i in ids]
+        count, asked = await self._read(
+            lambda c: c.fetchrow(Q["renew"], self.node, now, lease_until, ids, texts)
         )
-        return renewed
+        return Renewal(int(count), frozenset(asked))
+
+    async def request_cancel(self, job_id: str, now: float) -> Job | None:
+        row = await self._read(lambda c: c.fetchrow(Q["request_cancel"], job_id, now), "job_id")
+        if row is None:  # not running, or asked already: read as it is now, in a new snapshot
+            return await self.get(job_id)
+        return row_job(tuple(row)[:JOB_WIDTH])
 
     async def expired(self, now: float, limit: int) -> list[Job]:
         rows = await self._read(lambda c: c.fetch(Q["expired"], now, limit))
@@ -268,9 +293,11 @@ class PostgresStore(Committing):
             for r in rows
         ]  # fmt: skip
 
-    def listen(self, wake: Callable[[], None]) -> None:
-        """LISTEN on a connection of its own, reconnecting while the store is open."""
-        self._db.listen(wake)
+    def listen(self, wake: Callable[[], None], cancel: Callable[[str], None] | None = None) -> None:
+        """LISTEN on a connection of its own, reconnecting while the store is open:
+        ``wake`` when work is submitted or requeued, ``cancel(job_id)`` when a cancel of a
+        job this node holds is asked for (``cancel`` may be left out: no cancels heard)."""
+        self._db.listen(wake, cancel, self.node)
 
     # -- maintenance -----------------------------------------------------------------------
 
