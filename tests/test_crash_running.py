@@ -5,18 +5,23 @@ the ledgers that record them."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from sqlq.bench.crashcheck_pg import read_pg
 from sqlq.bench.crashload import SAVED_NAME, Ledger, mixed_spec
-from sqlq.bench.offline import JobFacts, read_sqlite, read_walq
+from sqlq.bench.offline import JobFacts, read_data, read_sqlite, read_walq
 from sqlq.bench.verdict import CHECKPOINT_TAG, SNOOZE_TAG, ClientRecord, judge
 from sqlq.common.clock import FakeClock
 from sqlq.common.models import Job, Transition
 from sqlq.common.running import Progress
+from sqlq.engines.registry import SHARED
 from sqlq.walq.store import WalStore
+from tests.helpers import StoreFactory
 from tests.walq_helpers import NOW, NoSyncFiles, log_path
 
 
@@ -193,8 +198,6 @@ def test_the_mixed_workload_uses_every_new_capability() -> None:
 def test_the_crash_report_shows_what_the_mixed_trials_did_with_running_jobs(
     tmp_path: Path,
 ) -> None:
-    import json
-
     from sqlq.bench.crashreport import _running_section
 
     row = {"store": "walq", "running_cancels": 3, "running_cancels_cancelled": 2,
@@ -205,3 +208,35 @@ def test_the_crash_report_shows_what_the_mixed_trials_did_with_running_jobs(
     lines = _running_section(tmp_path)
     assert "| walq | 1 | 3 | 2 | 5 | 4 | 9 | 7 | 6 | 8 |" in lines
     assert _running_section(tmp_path / "nothing") == []
+
+
+async def test_every_engine_s_files_read_offline_hold_what_a_running_job_carries(
+    reopen_factory: StoreFactory, reopen_engine: str, tmp_path: Path
+) -> None:
+    """The readers the crash suites use, against what each engine really wrote (SQLite and
+    PostgreSQL: their new columns, read in plain SQL)."""
+    store = reopen_factory()
+    await store.open()
+    job = Job.new(kind="sleep", args={}, now=NOW, job_id="b" * 32, max_attempts=5)
+    await store.commit([job])
+    for step in ("start", "touch", "retry", "start", "snooze", "start", "request_cancel"):
+        if step == "touch":
+            p = Progress(percent=12.5, message="an eighth", at=NOW)
+            t = job.touch(NOW, progress=p, checkpoint={"blob": "y" * 1000})
+        elif step == "retry":
+            t = job.retry("boom", NOW, NOW)
+        elif step == "snooze":
+            t = job.snooze(NOW, NOW)
+        else:
+            t = getattr(job, step)(NOW + 1)
+        await store.commit([t])
+        job = job.apply(t)
+    await store.close()
+    if reopen_engine in SHARED:
+        [facts] = (await read_pg(store.dsn)).values()  # type: ignore[attr-defined]
+    else:
+        [facts] = read_data(reopen_engine, tmp_path).values()
+    want = json.loads(msgspec.json.encode(job))
+    assert (facts.state, facts.epoch, facts.attempts) == ("running", 2, 2)
+    for name in ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors"):
+        assert getattr(facts, name) == want[name], name
