@@ -6,9 +6,11 @@ The public surface::
 
 ``task`` registers a handler (``sqlq serve --import yourmodule``), and with ``cron=`` or
 ``every_s=`` a schedule of it; ``schedule`` defines a schedule of any kind; ``Client`` and
-``AsyncClient`` talk to a server. Their errors: ``ApiError`` and its kinds
-``Invalid``, ``Unauthorized``, ``NotFound``, ``Conflict``, ``RateLimited``,
-``Unavailable``. ``Job`` is what they return. Everything else is internal:
+``AsyncClient`` talk to a server. A handler reaches its running job through its
+``JobContext`` and speaks ``Snooze`` (or returns ``snooze(seconds)``), ``Cancelled``
+(``ctx.raise_if_cancelled()``), ``AttemptFenced`` and ``JobFailed``. The client's errors:
+``ApiError`` and its kinds ``Invalid``, ``Unauthorized``, ``NotFound``, ``Conflict``,
+``RateLimited``, ``Unavailable``. ``Job`` is what they return. Everything else is internal:
 ``sqlq.common`` (the kernel), ``sqlq.walq`` (the WAL engine) and ``sqlq.bench``
 (the benchmarks) are the repository's top-level folders, installed here so that
 no package of a user's can shadow them.
@@ -21,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 from sqlq.common.models import Job, State
-from sqlq.runtime.kinds import JobContext, JobFailed, schedule, task
+from sqlq.runtime.context import AttemptFenced, Cancelled, JobContext, JobFailed, Snooze, snooze
+from sqlq.runtime.kinds import schedule, task
 
 if TYPE_CHECKING:
     from sqlq.client import (
@@ -53,6 +56,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ApiError",
     "AsyncClient",
+    "AttemptFenced",
+    "Cancelled",
     "Client",
     "Conflict",
     "Invalid",
@@ -61,10 +66,12 @@ __all__ = [
     "JobFailed",
     "NotFound",
     "RateLimited",
+    "Snooze",
     "State",
     "Unauthorized",
     "Unavailable",
     "__version__",
     "schedule",
+    "snooze",
     "task",
 ]

@@ -63,6 +63,7 @@ class Expected:
     attempts: int = 0
     attempts_total: int = 0
     ready_at: float = 0.0
+    cancel_asked: bool = False  # a cancel was asked for while it ran: a failure cancels it
     history: list[State] = field(default_factory=lambda: [State.SCHEDULED])
 
     def move(self, state: State) -> None:

@@ -106,7 +106,9 @@ class ServiceHarness(RuleBasedStateMachine):
             retry=RETRY,
             lease_s=LEASE_S,
         )
-        return Service(self._store(), config, kinds=registry(), clock=self.clock)
+        service = Service(self._store(), config, kinds=registry(), clock=self.clock)
+        service.claims.attach(_Held(self.held))  # the machine is the worker: a cancel finds it
+        return service
 
     def _shared_by_hand(self) -> None:
         """Shared mode: the test renews leases and rescues expired ones itself, so that
@@ -151,9 +153,14 @@ class ServiceHarness(RuleBasedStateMachine):
         ]
 
     def _failed(self, e: Expected, actual: Job | None) -> None:
-        """An attempt of ``e`` ended badly: retried with backoff, or dead on its last."""
+        """An attempt of ``e`` ended badly: retried with backoff, or dead on its last; or,
+        once a cancel was asked for, cancelled."""
         e.epoch += 1
-        if RETRY.retries and e.attempts < e.max_attempts:
+        if e.cancel_asked:
+            e.move(State.CANCELLED)
+            assert actual is None or actual.state is State.CANCELLED, (e, actual)
+            self.ended[State.CANCELLED.value] += 1
+        elif RETRY.retries and e.attempts < e.max_attempts:
             e.move(State.SCHEDULED)
             assert actual is not None, e
             assert actual.state is State.SCHEDULED, (e, actual)
@@ -247,3 +254,16 @@ class ServiceHarness(RuleBasedStateMachine):
             assert not stale, f"queue {q}'s lanes hold jobs that are not scheduled: {stale}"
             assert len(ids) == len(set(ids)), f"queue {q}'s lanes hold a job twice"
             assert all(fold[i].queue == q for i in ids)
+
+
+class _Held:
+    """The attempts the machine holds, as a cancel finds them (``reach.Attempts``)."""
+
+    def __init__(self, held: dict[str, Claim]) -> None:
+        self.held = held
+
+    def holding(self, job_id: str) -> Claim | None:
+        return self.held.get(job_id)
+
+    def interrupt(self, job_id: str, grace_s: float | None) -> bool:
+        return job_id in self.held  # (nothing runs: the machine reports the outcome)

@@ -138,10 +138,15 @@ class ServiceModel(ProcessRules):
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         done = self._operate(self._pick(data, list(self.jobs)), self.service.cancel,
-                             (State.SCHEDULED,))  # fmt: skip
+                             (State.SCHEDULED, State.RUNNING))  # fmt: skip
         if done is None:
             return
         e, job = done
+        if e.state is State.RUNNING:  # asked for, durably: the attempt's end decides
+            assert (job.state, job.epoch) == (State.RUNNING, e.epoch), job
+            assert job.cancel_requested_at is not None, job
+            e.cancel_asked = True
+            return
         assert job.state is State.CANCELLED
         e.move(State.CANCELLED)
         self.ended[State.CANCELLED.value] += 1
@@ -160,6 +165,7 @@ class ServiceModel(ProcessRules):
         e.attempts_total += e.attempts
         e.attempts = 0
         e.ready_at = now
+        e.cancel_asked = False
         assert (job.state, job.epoch, job.ready_at) == (State.SCHEDULED, e.epoch, now), job
 
     @rule(state=st.sampled_from((State.DEAD, State.CANCELLED)), queue=st.sampled_from(QUEUES))

@@ -146,5 +146,7 @@ class ProcessRules(ServiceHarness):
         if not self.shared:  # each interrupted attempt is counted once, for what it became
             stats = self.service.stats()
             buried = sum(1 for e in running if e.state is State.DEAD)
+            withdrawn = sum(1 for e in running if e.state is State.CANCELLED)
             assert stats["dead_at_recovery"] == buried
-            assert stats["requeued_at_recovery"] == len(running) - buried
+            assert stats["cancelled_running"] == withdrawn
+            assert stats["requeued_at_recovery"] == len(running) - buried - withdrawn

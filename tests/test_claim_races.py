@@ -9,7 +9,6 @@ import pytest
 from sqlq.common.clock import FakeClock
 from sqlq.common.errors import (
     IllegalTransitionError,
-    JobRunningError,
     QueueFullError,
     StoreFailedError,
 )
@@ -37,19 +36,24 @@ async def test_the_queue_limit_refuses_whole_submissions(
     assert len(rt.live) == 5  # acknowledged work untouched
 
 
-async def test_cancel_while_a_claim_is_in_flight_is_409_running(
+async def test_a_cancel_while_a_claim_is_in_flight_asks_the_attempt_to_stop(
     runtimes: ServiceFactory,
 ) -> None:
+    """The worker holds the claim while it is not yet durable: the cancel marks that claim,
+    waits for it to hold, then writes the request; the attempt is told and ends cancelled."""
     store = GatedStore(State.RUNNING)
     rt = runtimes(store=store)
     await rt.start()
-    job = await submit(rt, args={"work_ms": 1})
+    job = await submit(rt, args={"work_ms": 60_000})
     await asyncio.wait_for(store.held.wait(), 5)  # a worker took it; its claim is not durable
-    with pytest.raises(JobRunningError):
-        await rt.cancel(job.id)
+    cancel = asyncio.ensure_future(rt.cancel(job.id))
+    await asyncio.sleep(0.01)
+    assert not cancel.done()  # the request waits for the claim: nothing is told before
     store.gate.set()
+    asked = await cancel
+    assert (asked.state, asked.cancel_requested_at is not None) == (State.RUNNING, True)
     done = await final(rt, job.id)
-    assert done.state is State.COMPLETED  # it ran, and nobody was told it was cancelled
+    assert (done.state, done.attempts) == (State.CANCELLED, 1)
 
 
 async def test_a_job_whose_cancel_is_in_flight_never_starts(

@@ -26,12 +26,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
-from sqlq.common.backoff import after_failure
+from sqlq.common.backoff import after_failure, after_snooze
 from sqlq.common.errors import StoreError, TransitionError, UnencodableError
 from sqlq.common.models import JSON, Job, State, Transition
+from sqlq.common.running import Progress
 from sqlq.common.store import Recovery
 from sqlq.runtime.events import Event
 from sqlq.runtime.parts import Parts
+from sqlq.runtime.reach import Attempts, Reach
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +46,16 @@ class ClaimResult(StrEnum):
 
 @dataclass(slots=True, eq=False)
 class Claim:
-    """A job a worker may run: its running version, and the claim's fate."""
+    """A job a worker may run: its running version, and the claim's fate; and what its
+    attempt reported while it ran (``sqlq.runtime.reach``: only if it reported any)."""
 
-    job: Job  # as running (attempts and started_at updated)
+    job: Job  # as running (attempts and started_at updated), and as changed since
     claimed: asyncio.Future[ClaimResult]
+    progress: Progress | None = None  # the latest the handler reported (written or not)
+    armed: bool = False  # a write of the progress is due
+    written_at: float | None = None  # monotonic: the last progress write (or first report)
+    over: bool = False  # the outcome is built: nothing more is written for this attempt
+    last: asyncio.Task[Any] | None = None  # the latest write of this claim (``Reach._chain``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +99,23 @@ class Claims(Protocol):
         """``jobs`` are durable: make them claimable."""
         ...
 
-    async def cancel(self, job_id: str) -> Job:
-        """Cancel a scheduled job; ``JobRunningError`` if a claim may have won."""
+    async def cancel(self, job_id: str, *, force: bool = False) -> Job:
+        """Cancel a scheduled job (returned ``cancelled``), or ask a running one to stop
+        (returned ``running``, ``cancel_requested_at`` set; ``force``: and cut it off after
+        ``cancel_grace_s``); ``IllegalTransitionError`` if finished."""
         ...
+
+    def attach(self, attempts: Attempts) -> None:
+        """The worker pool whose attempts a cancel reaches."""
+        ...
+
+    # What an attempt's context writes through (``sqlq.runtime.context.Channel``).
+    def progressed(self, claim: Claim) -> None: ...
+
+    def save(self, claim: Claim, data: JSON) -> asyncio.Future[None]: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
 
     async def retry(self, jobs: Sequence[Job]) -> list[Job]:
         """Put dead or cancelled ``jobs`` back, due now, in one durable commit."""
@@ -111,6 +133,10 @@ class Claims(Protocol):
 
     def hung(self, claim: Claim, reason: str) -> None:
         """The attempt was cut off (silent or past its timeout): like a failure."""
+        ...
+
+    def snoozed(self, claim: Claim, delay_s: float) -> None:
+        """The handler snoozed: due again after ``delay_s``, its attempt not counted."""
         ...
 
     async def pause(self, queue: str, paused: bool) -> None:
@@ -163,7 +189,7 @@ class Claims(Protocol):
 LIVE_STATES = (State.SCHEDULED.value, State.RUNNING.value)
 
 
-class ClaimsBase:
+class ClaimsBase(Reach):
     """What both implementations of ``Claims`` do alike (see the module's docstring)."""
 
     key_attempts: ClassVar[int] = 1
@@ -180,7 +206,7 @@ class ClaimsBase:
         self._caps = dict(parts.config.queue_caps)
         self._paused: set[str] = set()  # paused queues
         self._running: Counter[str] = Counter()  # attempts started here and not yet over, by queue
-        self._background: set[asyncio.Task[None]] = set()  # outcomes being written
+        self._background: set[asyncio.Task[Any]] = set()  # outcomes (and touches) being written
         self._setup()
 
     def _setup(self) -> None:
@@ -260,15 +286,22 @@ class ClaimsBase:
 
     def completed(self, claim: Claim, result: JSON) -> None:
         self._over(claim)
-        self._record(claim, claim.job.complete(result, self._clock.time()))
+        self._record(claim, self._carry(claim).complete(result, self._clock.time()))
 
     def failed(self, claim: Claim, error: str) -> None:
         self._over(claim)
-        self._record(claim, self._after_failure(claim.job, error, self._clock.time()))
+        self._record(claim, self._after_failure(self._carry(claim), error, self._clock.time()))
 
     def hung(self, claim: Claim, reason: str) -> None:
         self._over(claim)
-        self._record(claim, self._after_failure(claim.job, reason, self._clock.time()), hung=True)
+        t = self._after_failure(self._carry(claim), reason, self._clock.time())
+        self._record(claim, t, again=Event.REQUEUED_HUNG)
+
+    def snoozed(self, claim: Claim, delay_s: float) -> None:
+        self._over(claim)
+        job, now = self._carry(claim), self._clock.time()
+        self._record(claim, after_snooze(job, delay_s, now, self._config.max_snoozes),
+                     again=Event.SNOOZED)  # fmt: skip
 
     def _over(self, claim: Claim) -> None:
         """The attempt ended: its queue has room for one more."""
@@ -286,17 +319,40 @@ class ClaimsBase:
     def _after_failure(self, job: Job, error: str, now: float) -> Transition:
         return after_failure(job, error, now, self._config.retry, self._rng)
 
-    def _record(self, claim: Claim, t: Transition, *, hung: bool = False) -> None:
-        """Write the outcome ``t`` in the background, while the worker takes its next job."""
-        task = asyncio.create_task(self._outcome(claim, t, hung))
+    # -- a cancel of a running attempt held here ---------------------------------------------
+
+    async def _ask(self, claim: Claim, force: bool) -> Job:
+        """Ask the attempt of ``claim`` to stop: the request durable, then the attempt told;
+        the job as it now stands (running, the cancel asked for). ``AttemptFenced`` if the
+        request was refused: the attempt no longer holds the job (look at it again)."""
+        t = self._mark(claim, self._clock.time())
+        if t is None:
+            await self._settled(claim)  # asked before: durable first
+        else:
+            self._events.record(Event.CANCEL_REQUESTED, claim.job)
+            await self._chain(claim, lambda: self._write_request(claim, t))
+        self._attempts.interrupt(claim.job.id, self._config.cancel_grace_s if force else None)
+        return claim.job
+
+    def _write_request(self, claim: Claim, t: Transition) -> Awaitable[None]:
+        """Write the cancel request ``t`` of the attempt of ``claim``; ``AttemptFenced`` if
+        refused."""
+        return self._write_touch(claim, t)
+
+    def _record(self, claim: Claim, t: Transition, *, again: Event | None = None) -> None:
+        """Write the outcome ``t`` in the background, while the worker takes its next job.
+        ``again``: what to count besides ``retried`` if it is due again (a snooze: instead)."""
+        task = asyncio.create_task(self._outcome(claim, t, again))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _outcome(self, claim: Claim, t: Transition, hung: bool) -> None:
+    async def _outcome(self, claim: Claim, t: Transition, again: Event | None) -> None:
         events, job = self._events, claim.job
         try:
             if not await self._stood(claim):
                 return
+            if claim.last is not None:  # its progress, checkpoint or cancel first
+                await self._settled(claim)
             at = self._clock.time()
             try:
                 try:
@@ -320,7 +376,10 @@ class ClaimsBase:
             self._let_go(claim)
         after = self._applied(job, t)
         if after.state is State.SCHEDULED:
-            events.record(Event.RETRIED, job)
-            if hung:
-                events.record(Event.REQUEUED_HUNG, job)
+            if again is not Event.SNOOZED:
+                events.record(Event.RETRIED, job)
+            if again is not None:
+                events.record(again, job)
             self._due(after)
+        elif after.state is State.CANCELLED:
+            events.record(Event.CANCELLED_RUNNING, job)

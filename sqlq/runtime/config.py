@@ -7,6 +7,7 @@ from enum import StrEnum
 
 from sqlq.common.backoff import RetryPolicy
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS
+from sqlq.common.running import DEFAULT_MAX_SNOOZES
 
 DEFAULT_GRACE_S = 10.0  # seconds running jobs get to finish at a stop (--grace)
 
@@ -36,6 +37,12 @@ class RuntimeConfig:
     max_abandoned: int = 100  # cut-off handlers still running; past it, /readyz is 503
     handler_threads: int | None = None  # the sync handlers' pool; None: one per worker
     queue_caps: dict[str, int] = field(default_factory=dict)  # queue -> jobs running at once
+    # A running job: a forced cancel cuts its attempt off this long after the request
+    # (--cancel-grace); snoozes past --max-snoozes dead-letter it; its progress is written
+    # at most once per progress_every_s (and always with the outcome).
+    cancel_grace_s: float = 10.0
+    max_snoozes: int = DEFAULT_MAX_SNOOZES
+    progress_every_s: float = 1.0
     # Shared mode (a shared store): how long a claim lasts unrenewed, the claimer's
     # backstop poll, and whether to LISTEN for other nodes' submissions at all.
     lease_s: float = 5.0

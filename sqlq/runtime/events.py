@@ -57,6 +57,9 @@ class Event(StrEnum):
     COMPACTED = "compactions"  # a periodic compaction (no job)
     TICK_ENQUEUED = "schedule_ticks_enqueued"  # a schedule's tick made its job
     TICK_SKIPPED = "schedule_ticks_skipped"  # passed over: catch-up, overlap, paused
+    CANCEL_REQUESTED = "cancel_requested"  # a cancel of a running job was asked for, durably
+    CANCELLED_RUNNING = "cancelled_running"  # a running job ended cancelled (a cancel asked for)
+    SNOOZED = "snoozed"  # a handler snoozed: due again later, its attempt given back
 
 
 # What /metrics calls each event it shows (``sqlq_jobs_total{event=...}``).
@@ -69,6 +72,8 @@ LABEL: dict[Event, str] = {
     Event.REQUEUED_HUNG: "requeued",
     Event.REQUEUED_AT_RECOVERY: "requeued",
     Event.REQUEUED_EXPIRED_LEASE: "requeued",
+    Event.CANCEL_REQUESTED: "cancel_requested",
+    Event.SNOOZED: "snoozed",
 }
 ENDED = {State.COMPLETED: Event.COMPLETED, State.DEAD: Event.DEAD, State.CANCELLED: Event.CANCELLED}
 

@@ -15,14 +15,19 @@ result JSON cannot encode, and the store never sees it.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from sqlq.common.clock import Clock
 from sqlq.common.models import JSON, Job
 from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.context import Channel
 from sqlq.runtime.cpu import CpuPool, cpu_kind
 from sqlq.runtime.kinds import JobContext, Kind, Registry, sleep_kind
 from sqlq.runtime.threads import HandlerThreads
+
+if TYPE_CHECKING:
+    from sqlq.runtime.claims import Claim
 
 
 class UnstorableResult(Exception):
@@ -59,19 +64,23 @@ class Executor:
         self._server_hb = config.hb_timeout_s
         self._rng = rng
         self._clock = clock
-        # Per kind: (heartbeat timeout, timeout) in seconds, "server" resolved.
+        # Per kind: (heartbeat timeout, timeout) in seconds, "server" resolved, and whether
+        # a cancel cancels its task.
         self._limits = {name: self._resolve(kinds.get(name)) for name in kinds.names()}
 
-    def _resolve(self, kind: Kind) -> tuple[float | None, float | None]:
+    def _resolve(self, kind: Kind) -> tuple[float | None, float | None, bool]:
         hb = self._server_hb if kind.hb_timeout_s == "server" else kind.hb_timeout_s
-        return hb, kind.timeout_s
+        return hb, kind.timeout_s, kind.interruptible
 
-    def context(self, job: Job) -> JobContext:
-        """The handler's context, with the limits of its kind (unknown kind: the server's)."""
-        hb, timeout = self._limits.get(job.kind, (self._server_hb, None))
-        return JobContext(
-            job, self._rng, clock=self._clock, threads=self.threads, hb_timeout=hb, timeout=timeout
-        )
+    def context(
+        self, job: Job, claim: Claim | None = None, channel: Channel | None = None
+    ) -> JobContext:
+        """The handler's context, with the limits of its kind (unknown kind: the server's),
+        writing through ``channel`` (the claims) for ``claim``."""
+        hb, timeout, interruptible = self._limits.get(job.kind, (self._server_hb, None, True))
+        return JobContext(job, self._rng, clock=self._clock, threads=self.threads, hb_timeout=hb,
+                          timeout=timeout, claim=claim, channel=channel,
+                          interruptible=interruptible)  # fmt: skip
 
     async def execute(self, job: Job, ctx: JobContext) -> JSON:
         """Run the job's handler; an unknown kind (its module not imported) or a result

@@ -31,26 +31,61 @@ way the attempt fails and the job retries or dead-letters like any other
 failure. The built-in kinds beat every 10 ms and are judged by the server's
 ``--hb-timeout``.
 
-An exception fails the attempt; its message becomes ``last_error``.
+An exception fails the attempt; its message becomes ``last_error`` (and one entry of
+the job's ``errors``, the last ten failures).
+
+Reaching the running job, through ``ctx`` (``sqlq.runtime.context``)::
+
+    @task()
+    def export(args, ctx):
+        done = ctx.checkpoint_data or 0       # what an earlier attempt saved, or None
+        for i in range(done, args["n"]):
+            ctx.raise_if_cancelled()          # or test ctx.cancelled and clean up
+            ...
+            ctx.progress(100 * i / args["n"], f"row {i}")   # never blocks
+            ctx.checkpoint(i + 1)             # durable when it returns (in a thread)
+        if not ready():
+            raise sqlq.Snooze(60)             # or: return sqlq.snooze(60)
+        return {"rows": args["n"]}
+
+- ``ctx.progress(percent=None, message=None)``: only the latest counts; it is written
+  at most once a second (``progress_every_s``) and always with the outcome, and shows
+  on the job (``GET /jobs/{id}``). A bad value raises ``ValueError`` in the handler.
+- ``ctx.checkpoint(data)``: a small JSON value (64 KiB at most) the next attempt of the
+  same job reads as ``ctx.checkpoint_data``; kept across retries, cleared when the job
+  completes. A plain handler blocks until it is durable; an async one awaits what it
+  returns (``await ctx.checkpoint(data)``). An attempt that no longer holds its job
+  (cut off, its lease gone) gets ``AttemptFenced``.
+- A cancel of a running job (``DELETE /jobs/{id}``): an async handler has its task
+  cancelled (it may catch ``CancelledError`` to clean up; if it then returns, the job
+  completes); a plain one reads ``ctx.cancelled`` or calls ``ctx.raise_if_cancelled()``
+  (``sqlq.Cancelled``). Any failure after a cancel was asked for ends the job
+  ``cancelled``, never retried. ``?force=1`` also cuts the attempt off after
+  ``--cancel-grace`` seconds, as a timeout does. ``sleep`` and ``cpu`` stop at once.
+- ``sqlq.Snooze(seconds)``: the job runs again after ``seconds`` and this attempt is not
+  counted; past ``--max-snoozes`` snoozes it is dead-lettered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.errors import ValidationError, clip
-from sqlq.common.models import JSON, Job
+from sqlq.common.models import JSON
 from sqlq.common.schedule import ScheduleSpec, check_name, check_spec
 from sqlq.common.specs import error_field
-from sqlq.runtime.threads import HandlerThreads
+from sqlq.runtime.context import AttemptFenced as AttemptFenced  # (re-exported, as below)
+from sqlq.runtime.context import Cancelled as Cancelled
+from sqlq.runtime.context import JobContext as JobContext
+from sqlq.runtime.context import JobFailed as JobFailed
+from sqlq.runtime.context import Snooze as Snooze
+from sqlq.runtime.context import snooze as snooze
 
 MAX_WORK_MS = 600_000  # ten minutes: longer sleeps are a typo, not an experiment
 BEAT_EVERY_S = 0.010  # the sleep kind's heartbeat slice
@@ -60,47 +95,6 @@ DEFAULT_TASK_TIMEOUT_S = 300.0
 # A kind's heartbeat timeout: seconds, None (never judged by heartbeat), or
 # "server": the server's --hb-timeout, for kinds that beat every 10 ms.
 HbTimeout = float | Literal["server"] | None
-
-
-class JobContext:
-    """What a running handler may touch: its job, a heartbeat and an RNG.
-
-    ``hb_timeout`` and ``deadline`` (monotonic seconds) are the limits the
-    health loop applies to this attempt; ``None`` means no such limit.
-    """
-
-    __slots__ = ("_clock", "deadline", "hb_timeout", "job", "last_beat", "rng", "threads")
-
-    def __init__(
-        self,
-        job: Job,
-        rng: random.Random,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        threads: HandlerThreads | None = None,
-        hb_timeout: float | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        self.job = job
-        self.rng = rng
-        self.threads = threads
-        self._clock = clock
-        self.last_beat = clock.monotonic()
-        self.hb_timeout = hb_timeout
-        self.deadline = None if timeout is None else self.last_beat + timeout
-
-    @property
-    def clock(self) -> Clock:
-        """The server's clock: a handler that waits a policy's time waits on it."""
-        return self._clock
-
-    def beat(self) -> None:
-        """I am alive and working. Safe to call from any thread."""
-        self.last_beat = self._clock.monotonic()
-
-
-class JobFailed(Exception):
-    """A handler's way to fail an attempt with a message."""
 
 
 Validate = Callable[[JSON], JSON]
@@ -114,6 +108,7 @@ class Kind:
     run: Run
     timeout_s: float | None = None  # an attempt running longer is cut off
     hb_timeout_s: HbTimeout = "server"  # an attempt silent longer is cut off
+    interruptible: bool = True  # a cancel cancels its task (False: a thread, told by a flag)
 
 
 class Registry:
@@ -268,7 +263,8 @@ def task(
                     return await asyncio.to_thread(call)
                 return await ctx.threads.run(call)
 
-        kind = Kind(name or fn.__name__, _any_json, run, timeout, hb_timeout)
+        kind = Kind(name or fn.__name__, _any_json, run, timeout, hb_timeout,
+                    interruptible=inspect.iscoroutinefunction(fn))  # fmt: skip
         if timing:  # checked first: a bad schedule registers neither
             spec = _spec(kind.name, kind.name, {"cron": cron, "every_s": every_s, "tz": tz,
                                                 "args": {} if args is None else args})  # fmt: skip

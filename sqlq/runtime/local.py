@@ -35,10 +35,18 @@ from sqlq.common.errors import (
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.store import Recovery
 from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase, QueueInfo
+from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
 from sqlq.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+# What an attempt interrupted by a stop became at recovery, as counted.
+_AT_RECOVERY = {
+    State.SCHEDULED: Event.REQUEUED_AT_RECOVERY,
+    State.DEAD: Event.DEAD_AT_RECOVERY,
+    State.CANCELLED: Event.CANCELLED_RUNNING,
+}
 
 
 class LocalClaims(ClaimsBase):
@@ -55,6 +63,7 @@ class LocalClaims(ClaimsBase):
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, recovery: Recovery) -> None:
+        self._loop = asyncio.get_running_loop()
         self._paused = set(recovery.paused_queues)
         live = self._live
         live.load(recovery.jobs)
@@ -66,13 +75,10 @@ class LocalClaims(ClaimsBase):
         if moves:
             await self._store.commit(moves)
         for job, t in zip(interrupted, moves, strict=True):
-            # On its last attempt the policy buries it: the view drops it (and counts it
-            # dead), so it is counted from ``job``, never looked up again.
+            # On its last attempt the policy buries it (and a cancel asked for withdraws
+            # it): the view drops it and counts it so, so it is counted from ``job``.
             live.applied(job, t)
-            again = t.state is State.SCHEDULED
-            self._events.record(
-                Event.REQUEUED_AT_RECOVERY if again else Event.DEAD_AT_RECOVERY, job
-            )
+            self._events.record(_AT_RECOVERY[t.state], job)
         self.scheduler.load([job for job in live.jobs.values() if job.state is State.SCHEDULED])
         self.scheduler.start()
 
@@ -94,6 +100,14 @@ class LocalClaims(ClaimsBase):
 
     def _write(self, t: Transition, at: float) -> Awaitable[None]:
         return self._store.commit([t])
+
+    def _touch(self, t: Transition) -> Awaitable[None]:
+        return self._store.commit([t])
+
+    def _touched(self, t: Transition) -> None:
+        job = self._live.get(t.job_id)
+        if job is not None and job.state is State.RUNNING and job.epoch == t.expect_epoch:
+            self._live.applied(job, t)
 
     def _applied(self, job: Job, t: Transition) -> Job:
         return self._live.applied(job, t)
@@ -157,14 +171,40 @@ class LocalClaims(ClaimsBase):
         """Whether a worker passed ``job_id`` over because its cancel is in flight."""
         return job_id in self._skipped
 
-    async def cancel(self, job_id: str) -> Job:
-        job = self._live.get(job_id)
-        if job is None:
-            if await self._store.get(job_id) is None:
-                raise JobNotFoundError(job_id)
-            raise IllegalTransitionError(job_id, "only a scheduled job can be cancelled")
-        if job.state is not State.SCHEDULED:
-            raise IllegalTransitionError(job_id, f"a {job.state.value} job cannot be cancelled")
+    async def cancel(self, job_id: str, *, force: bool = False) -> Job:
+        for _ in range(3):  # a cancel that finds the job moving on looks at it again
+            claim = self._attempts.holding(job_id)
+            if claim is not None:  # (from the claim on: the claim's job is the one to mark)
+                try:
+                    return await self._ask(claim, force)
+                except AttemptFenced:
+                    continue
+            job = self._live.get(job_id)
+            if job is None:
+                if await self._store.get(job_id) is None:
+                    raise JobNotFoundError(job_id)
+                raise IllegalTransitionError(job_id, "only a live job can be cancelled")
+            if job.state is State.SCHEDULED:
+                return await self._cancel_scheduled(job)
+            # Running, and no worker holds it: its outcome is being written. Once it is, the
+            # job is finished, due again (cancel that), or (its write failed) still running.
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+            job = self._live.get(job_id)
+            if job is not None and job.state is State.RUNNING:
+                if self._attempts.holding(job_id) is None:
+                    return await self._request_unheld(job)
+        raise IllegalTransitionError(job_id, "the job kept changing while it was cancelled")
+
+    async def _request_unheld(self, job: Job) -> Job:
+        """Ask for the cancel of a running job no attempt here holds (its outcome failed
+        to write): recorded, so recovery ends it cancelled."""
+        t = job.request_cancel(self._clock.time())
+        await self._store.commit([t])
+        self._events.record(Event.CANCEL_REQUESTED, job)
+        return self._live.applied(job, t)
+
+    async def _cancel_scheduled(self, job: Job) -> Job:
+        job_id = job.id
         if job_id in self._claiming:
             raise JobRunningError(job_id, "a worker has claimed it and it may be running")
         if job_id in self._cancelling:

@@ -33,6 +33,9 @@ TOTALS = {
     "claim_failed": Event.CLAIM_FAILED,
     "unencodable_results": Event.UNENCODABLE,
     "refused_queue_full": Event.REFUSED_FULL,
+    "cancel_requested": Event.CANCEL_REQUESTED,
+    "cancelled_running": Event.CANCELLED_RUNNING,
+    "snoozed": Event.SNOOZED,
 }
 
 

@@ -36,7 +36,7 @@ from sqlq.common.errors import (
     ValidationError,
 )
 from sqlq.common.models import RETRYABLE, Job, State
-from sqlq.common.specs import JobSpec, RetrySpec
+from sqlq.common.specs import CancelSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, JobQuery, JobStore, Recovery
 from sqlq.runtime import report
 from sqlq.runtime.claims import QueueInfo
@@ -54,6 +54,8 @@ from sqlq.runtime.waiters import Waiters
 from sqlq.runtime.workers import WorkerPool
 
 log = logging.getLogger(__name__)
+
+CANCEL_AT_ONCE = 100  # cancels in flight at once in a bulk cancel
 
 
 def _next_page(query: JobQuery, seen: list[Job]) -> JobQuery:
@@ -109,6 +111,7 @@ class Service:
             healthcheck=config.healthcheck,
             clock=clock,
         )
+        self.claims.attach(self.pool)  # a cancel reaches the attempts running here
         self.submissions = Submissions(store, self.claims, config, all_kinds, self.events, clock)
         self.waiters = Waiters(self.claims, self.get, clock)
         self.schedules = Schedules(store, self.claims, self.submissions, all_kinds, self.events,
@@ -249,9 +252,44 @@ class Service:
                 continue
         raise IllegalTransitionError("*", "the matching jobs kept changing; try again")
 
-    async def cancel(self, job_id: str) -> Job:
+    async def cancel(self, job_id: str, *, force: bool = False) -> Job:
+        """Cancel a scheduled job (returned ``cancelled``), or ask a running one to stop
+        (returned ``running`` with ``cancel_requested_at``: durable, then its handler is
+        told); ``force``: also cut its attempt off after ``--cancel-grace``. A finished
+        job: ``IllegalTransitionError``; unknown: ``JobNotFoundError``."""
         self._check_accepting()
-        return await self.claims.cancel(job_id)
+        return await self.claims.cancel(job_id, force=force)
+
+    async def cancel_matching(self, spec: CancelSpec) -> tuple[int, int]:
+        """Cancel every scheduled job that matches and ask every running one to stop:
+        (cancelled, requested). One that finished or moved on meanwhile counts in neither,
+        nor does a running one whose cancel was asked for before."""
+        self._check_accepting()
+        states = [State(spec.state)] if spec.state else [State.SCHEDULED, State.RUNNING]
+        matches: list[Job] = []
+        for state in states:
+            query = JobQuery(state=state, kind=spec.kind, queue=spec.queue)
+            seen: list[Job] = []
+            while page := await self.store.list_jobs(_next_page(query, seen)):
+                seen += page
+                if len(page) < MAX_PAGE:
+                    break
+            matches += (j for j in seen if j.cancel_requested_at is None)
+        cancelled = requested = 0
+        for i in range(0, len(matches), CANCEL_AT_ONCE):  # at once: group-committed together
+            chunk = matches[i : i + CANCEL_AT_ONCE]
+            outcomes = await asyncio.gather(
+                *(self.claims.cancel(j.id) for j in chunk), return_exceptions=True
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, Job):
+                    if outcome.state is State.CANCELLED:
+                        cancelled += 1
+                    else:
+                        requested += 1
+                elif not isinstance(outcome, TransitionError | JobNotFoundError):
+                    raise outcome  # the store failed: the client hears of it
+        return cancelled, requested
 
     def _check_accepting(self) -> None:
         if self.state is not RuntimeState.READY:

@@ -21,6 +21,10 @@ No node owns the queue, so nothing about it is kept in this process. What
 - **Queues.** Pauses are rows every node reads in the claim; a queue cap is
   counted against the jobs of that queue running on every node, under an
   advisory lock, so it holds across nodes.
+- **A running job** may be held by another node: a cancel is asked for in the
+  store (``request_cancel``), and the holder hears of it by NOTIFY (``listen``'s
+  ``cancel``) or, if that was lost, in its next renewal's answer; then tells the
+  attempt. Progress rides on the renewal; a checkpoint is a fenced write.
 
 Time is the nodes' wall clocks, as for ``ready_at`` everywhere: nodes on
 different machines need synchronised clocks, and a skew eats into the lease.
@@ -35,17 +39,20 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
+import msgspec
+
 from sqlq.common.errors import (
     IllegalTransitionError,
     JobNotFoundError,
-    JobRunningError,
     StoreError,
     TransitionError,
 )
 from sqlq.common.models import Job, State, Transition
+from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Recovery, SharedStore
 from sqlq.runtime.census import CENSUS_EVERY_S, Census
 from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase, QueueInfo
+from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
 from sqlq.runtime.leases import rescue_expired, write_fenced
 
@@ -71,6 +78,7 @@ class SharedClaims(ClaimsBase):
         self._claimer: asyncio.Task[None] | None = None
         self._upkeep: list[asyncio.Task[None]] = []  # lease renewal and rescue (by_hand)
         self._held: set[str] = set()  # claimed here, outcome not yet written: leases to renew
+        self._progress: dict[str, Progress] = {}  # progress due, for the next renewal
         self._census = Census(self._store, self._clock)
         self._next_due: float | None = None
         self._stopping = False
@@ -84,12 +92,13 @@ class SharedClaims(ClaimsBase):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, recovery: Recovery) -> None:
+        self._loop = asyncio.get_running_loop()
         self._paused = set(recovery.paused_queues)
         now = self._clock.time()
         await self._store.renew(now, now + self.lease_s, [])  # this node is seen from the start
         await self._refresh()
         if self._config.listen:
-            self._store.listen(self._woken)
+            self._store.listen(self._woken, self._heard)
         self._claimer = asyncio.create_task(self._claim_loop(), name="sqlq-shared-claimer")
         self._upkeep = [
             self._every("leases", self.lease_s / 4, self.renew, "lease renewal failed"),
@@ -229,10 +238,23 @@ class SharedClaims(ClaimsBase):
     # -- leases and rescue -------------------------------------------------------------------
 
     async def renew(self) -> None:
-        """Extend every lease this node holds, in one statement (every ``lease_s / 4``)."""
+        """Extend every lease this node holds, in one statement (every ``lease_s / 4``), with
+        the progress due; hear of the cancels asked for that a NOTIFY may have lost."""
         now = self._clock.time()
-        await self._store.renew(now, now + self.lease_s, list(self._held))
+        held = self._held
+        progress, self._progress = self._progress, {}
+        due = {job_id: p for job_id, p in progress.items() if job_id in held} or None
+        renewal = await self._store.renew(now, now + self.lease_s, list(held), due)
         self.renewals += 1
+        for job_id in renewal.cancel_asked:
+            self._heard(job_id)
+
+    def _heard(self, job_id: str) -> None:
+        """A cancel of ``job_id`` was asked for (on any node): if an attempt here holds it,
+        mark its claim (the outcome takes the cancel rule) and tell it."""
+        claim = self._attempts.holding(job_id)
+        if claim is not None and self._mark(claim, self._clock.time()) is not None:
+            self._attempts.interrupt(job_id, None)
 
     async def rescue(self) -> int:
         """Requeue (or dead-letter) running jobs whose lease ran out; how many this node did."""
@@ -262,6 +284,19 @@ class SharedClaims(ClaimsBase):
     def _let_go(self, claim: Claim) -> None:
         self._held.discard(claim.job.id)  # no lease of it to renew from now on
 
+    def _touch(self, t: Transition) -> Awaitable[None]:
+        return self._write(t, self._clock.time())
+
+    def _send_progress(self, claim: Claim, progress: Progress) -> None:
+        """With the next renewal (fenced like the lease), not a write of its own."""
+        claim.job = msgspec.structs.replace(claim.job, progress=progress)
+        self._progress[claim.job.id] = progress
+
+    async def _write_request(self, claim: Claim, t: Transition) -> None:
+        asked = await self._store.request_cancel(t.job_id, t.updated_at)
+        if asked is None or asked.state is not State.RUNNING or asked.epoch != t.epoch:
+            raise AttemptFenced(f"this attempt no longer holds job {t.job_id}")
+
     def _applied(self, job: Job, t: Transition) -> Job:
         new = job.apply(t)
         if new.terminal:
@@ -280,21 +315,37 @@ class SharedClaims(ClaimsBase):
 
     # -- the service's side -------------------------------------------------------------------
 
-    async def cancel(self, job_id: str) -> Job:
-        job = await self._store.get(job_id)
-        if job is None:
-            raise JobNotFoundError(job_id)
-        if job.state is not State.SCHEDULED:
-            raise IllegalTransitionError(job_id, f"a {job.state.value} job cannot be cancelled")
-        t = job.cancel(self._clock.time())
-        try:
-            await self._store.commit([t])
-        except TransitionError:
-            now = await self._store.get(job_id)
-            if now is not None and now.state is State.RUNNING:
-                raise JobRunningError(job_id, "a node claimed it and it may be running") from None
-            raise
-        return self._applied(job, t)
+    async def cancel(self, job_id: str, *, force: bool = False) -> Job:
+        claim = self._attempts.holding(job_id)
+        if claim is not None:  # held here: the claim's job is the one to mark
+            try:
+                return await self._ask(claim, force)
+            except AttemptFenced:
+                pass  # rescued meanwhile: as the job is now
+        state = "changing"
+        for _ in range(3):  # a job that moves on meanwhile is looked at again
+            job = await self._store.get(job_id)
+            if job is None:
+                raise JobNotFoundError(job_id)
+            now = self._clock.time()
+            if job.state is State.SCHEDULED:
+                t = job.cancel(now)
+                try:
+                    await self._store.commit([t])
+                except TransitionError:
+                    continue  # claimed (or retried) meanwhile
+                return self._applied(job, t)
+            state = job.state.value
+            if job.state is not State.RUNNING:
+                break
+            asked = await self._store.request_cancel(job_id, now)
+            if asked is None:
+                raise JobNotFoundError(job_id)
+            if asked.state is State.RUNNING:  # its node hears of it (NOTIFY, or its renewal)
+                self._events.record(Event.CANCEL_REQUESTED, asked)
+                self._heard(job_id)  # (if a worker here took it meanwhile)
+                return asked
+        raise IllegalTransitionError(job_id, f"a {state} job cannot be cancelled")
 
     # -- what the queue holds, on every node ------------------------------------------------------
 

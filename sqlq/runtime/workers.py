@@ -11,6 +11,14 @@ cannot be stopped; its task ends and the thread is counted as abandoned until
 it returns (``HandlerThreads``). A handler that swallows the cancellation and
 returns late has its result fenced off by the epoch (and counted). So at most
 N workers are ever live (not hung), and abandoned tasks do not pile up.
+
+A cancel asked for reaches the attempt here (``interrupt``): its context is
+flagged, and an async handler's task is cancelled. That cancellation is told
+apart from a stop's or a hang's by ``ctx.cancel_sent`` and the task's cancel
+count (``uncancel``): only when it is the one pending does the worker record the
+attempt's end (cancelled, by the cancel rule) and go on to its next job. A forced
+cancel moves the attempt's deadline to the grace's end: the health loop then cuts
+it off as it does a timeout.
 """
 
 from __future__ import annotations
@@ -24,8 +32,8 @@ from typing import Any
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.runtime.claims import Claim, Claims
+from sqlq.runtime.context import JobContext, Snooze
 from sqlq.runtime.executor import Executor
-from sqlq.runtime.kinds import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +65,30 @@ def overdue(ctx: JobContext, now: float) -> tuple[Limit, str] | None:
     """Which limit the attempt behind ``ctx`` ran past at ``now``, and why, or None."""
     if ctx.deadline is not None and now > ctx.deadline:
         late = now - ctx.deadline
+        if ctx.forced:
+            return Limit.TIMEOUT, f"cancelled: still running {late:.3f} s past the cancel's grace"
         return Limit.TIMEOUT, f"timed out: still running {late:.3f} s past its timeout"
     if ctx.hb_timeout is not None and (silent := now - ctx.last_beat) > ctx.hb_timeout:
         return Limit.HEARTBEAT, f"worker hung: no heartbeat for {silent * 1000:.0f} ms"
     return None
+
+
+def _withdrawn(w: Worker) -> bool:
+    """Whether the cancellation that ended this attempt was the cancel request's alone
+    (not a stop's nor a hang's): then the worker records it and goes on."""
+    if w.hung:
+        return False
+    task = asyncio.current_task()
+    return task is not None and task.uncancel() == 0
+
+
+def _settle_cancel(ctx: JobContext) -> None:
+    """The attempt ended some other way after its task was cancelled for a request: take
+    that cancellation off the task's count, once (a stop's stays)."""
+    ctx.cancel_sent = False
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        task.uncancel()
 
 
 class WorkerPool:
@@ -112,16 +140,25 @@ class WorkerPool:
         claims, executor = self._claims, self._executor
         while not self._stopping and not w.hung:
             claim = await claims.next()
-            ctx = executor.context(claim.job)
+            ctx = executor.context(claim.job, claim, claims)
             w.ctx, w.claim = ctx, claim
             try:
                 result = await executor.execute(claim.job, ctx)
             except asyncio.CancelledError:
-                raise
+                if not (ctx.cancel_sent and _withdrawn(w)):
+                    raise  # a stop, or a hang: not this worker's to record
+                claims.failed(claim, "cancelled: a cancel was asked for while it ran")
+            except Snooze as s:
+                claims.snoozed(claim, s.seconds)
             except Exception as exc:
                 claims.failed(claim, describe(exc))
             else:
-                claims.completed(claim, result)
+                if type(result) is Snooze:
+                    claims.snoozed(claim, result.seconds)
+                else:
+                    claims.completed(claim, result)
+            if ctx.cancel_sent:  # the handler caught the cancel (or the task ended): its count
+                _settle_cancel(ctx)
             w.ctx = w.claim = None
             w.jobs_done += 1
             if self._stopping and not self.busy():
@@ -162,6 +199,33 @@ class WorkerPool:
                 self._spawn()
                 self.replaced += 1
         return hung
+
+    # -- a cancel asked for (``sqlq.runtime.reach.Attempts``) --------------------------------
+
+    def holding(self, job_id: str) -> Claim | None:
+        """The claim a live worker holds on ``job_id``: a walk over the workers, made only
+        when a cancel comes, so the hot path keeps no index of them."""
+        for w in self.live:
+            claim = w.claim
+            if claim is not None and claim.job.id == job_id:
+                return claim
+        return None
+
+    def interrupt(self, job_id: str, grace_s: float | None) -> bool:
+        for w in self.live:
+            claim, ctx = w.claim, w.ctx
+            if claim is None or ctx is None or claim.job.id != job_id:
+                continue
+            ctx.cancelled = True
+            if grace_s is not None:
+                until = self._clock.monotonic() + grace_s
+                ctx.deadline = until if ctx.deadline is None else min(ctx.deadline, until)
+                ctx.forced = True
+            if ctx.interruptible and not ctx.cancel_sent and w.task is not None:
+                ctx.cancel_sent = True
+                w.task.cancel()  # an async handler stops (or catches it and cleans up)
+            return True
+        return False
 
     def hurry(self) -> None:
         """Cut the grace period short (a second signal). Safe from a signal handler."""
