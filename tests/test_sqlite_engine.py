@@ -19,6 +19,7 @@ from sqlq.common.models import TRANSITIONS, Job, State
 from sqlq.common.store import SyncLevel
 from sqlq.engines.sqlite import batch
 from sqlq.engines.sqlite.batch import duplicate
+from sqlq.engines.sqlite.migrate import SCHEMA_VERSION
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
 
@@ -146,7 +147,9 @@ async def test_transition_table_is_in_the_database(tmp_path: Path) -> None:
         pairs = set(db.execute("SELECT from_state, to_state FROM legal_transitions"))
     # Exactly the Python table: every legal move, and nothing else.
     assert pairs == {(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt}
-    assert len(pairs) == 7  # 5 moves of the lifecycle, and an operator retry from dead or cancelled
+    # 5 moves of the lifecycle, an operator retry from dead or cancelled, running -> running
+    # (progress, a checkpoint, a cancel asked for) and running -> cancelled.
+    assert len(pairs) == 9
 
 
 V1_TABLE = """CREATE TABLE jobs (
@@ -179,7 +182,7 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
     with sqlite3.connect(tmp_path / "sqlq.db") as db:
         version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    assert version == ("3",)  # the latest, whatever the database was made at
+    assert version == (SCHEMA_VERSION,) == ("4",)  # the latest, whatever the file was made at
     assert {"jobs_key", "jobs_retryable"} <= indexes
 
 
@@ -221,8 +224,11 @@ async def test_reads_pauses_and_compactions_never_run_inside_a_batch(tmp_path: P
     await store.open()
     first = Job.new(kind="noop", args={}, now=NOW)
     await store.commit([first])
-    stale = first.start(NOW)
-    await store.commit([stale])  # a second start of the same epoch is refused from now on
+    start = first.start(NOW)
+    await store.commit([start])
+    # A move at an epoch the job has left is refused from now on (a second start is not:
+    # running -> running at the same epoch is what the attempt carries changing).
+    stale = msgspec.structs.replace(start, expect_epoch=start.expect_epoch - 1)
     jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(3000)]
     batch = asyncio.create_task(store.commit(jobs))
     refused = asyncio.create_task(store.commit([stale]))  # rolls its batch back

@@ -134,7 +134,7 @@ async def test_changes_of_one_call_apply_in_order_across_the_two_kinds(tmp_path:
 
 async def test_a_database_made_before_schedules_gains_the_table_at_open(tmp_path: Path) -> None:
     """A version-2 database (today's schema without the schedules table, as the engine
-    wrote it before) opens with its jobs, gains the table, and says version 3."""
+    wrote it before) opens with its jobs, gains the table, and says the latest version."""
     store = SQLiteStore(tmp_path)
     await store.open()
     job = Job.new(kind="noop", args={}, now=NOW)
@@ -158,7 +158,7 @@ async def test_a_database_made_before_schedules_gains_the_table_at_open(tmp_path
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         spec = db.execute("SELECT json_extract(spec, '$.every_s') FROM schedules").fetchone()
     db.close()
-    assert version == ("3",)
+    assert version == ("4",)
     assert "schedules" in tables
     assert spec == (60,)  # plain JSON, readable with plain SQL
 

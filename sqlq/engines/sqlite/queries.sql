@@ -6,7 +6,7 @@
 -- Written once: every statement below that names them says {job_columns}.
 id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, created_at,
 updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
-attempts_total
+attempts_total, cancel_requested_at, progress, checkpoint, snoozes, errors
 
 -- name: changes_view
 -- A batch's changes, in the callers' order, as rows of one view (created per connection
@@ -29,7 +29,8 @@ END;
 -- name: move_change
 -- The epoch guard fences stale workers; the EXISTS guard enforces the transition
 -- table; a move either guard refuses aborts the statement. A NULL attempts_total
--- leaves the column as it is.
+-- leaves the column as it is; the running columns are set whole, as the move says (a
+-- NULL there is "none", not "unchanged": sqlq.engines.rows.running_values).
 CREATE TEMP TRIGGER IF NOT EXISTS move_change INSTEAD OF INSERT ON batch_changes
 WHEN NEW.op = 'move'
 BEGIN
@@ -37,7 +38,9 @@ BEGIN
      SET state = NEW.state, epoch = NEW.epoch, attempts = NEW.attempts,
          ready_at = NEW.ready_at, updated_at = NEW.updated_at, last_error = NEW.last_error,
          result = NEW.result, started_at = NEW.started_at,
-         attempts_total = COALESCE(NEW.attempts_total, jobs.attempts_total)
+         attempts_total = COALESCE(NEW.attempts_total, jobs.attempts_total),
+         cancel_requested_at = NEW.cancel_requested_at, progress = NEW.progress,
+         checkpoint = NEW.checkpoint, snoozes = NEW.snoozes, errors = NEW.errors
    WHERE id = NEW.id
      AND epoch = NEW.expect_epoch
      AND EXISTS (SELECT 1 FROM legal_transitions

@@ -1,5 +1,6 @@
--- sqlq SQLite schema, version 3 (3 added the schedules table; every statement here runs at
--- every open, IF NOT EXISTS, so an older database gains what it lacks). Readable with the stdlib sqlite3 module and plain SQL.
+-- sqlq SQLite schema, version 4 (3 added the schedules table, 4 the running columns; every
+-- statement here runs at every open, IF NOT EXISTS, so an older database gains the tables it
+-- lacks, and migrate_v*.sql the columns). Readable with the stdlib sqlite3 module and plain SQL.
 CREATE TABLE IF NOT EXISTS jobs (
     id           TEXT PRIMARY KEY,
     kind         TEXT NOT NULL,
@@ -18,7 +19,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     queue        TEXT NOT NULL DEFAULT 'default',
     idempotency_key TEXT,                  -- a client's key: one retained job per key
     request_hash TEXT,                     -- what was asked with that key
-    attempts_total INTEGER NOT NULL DEFAULT 0  -- attempts before the latest operator retry
+    attempts_total INTEGER NOT NULL DEFAULT 0, -- attempts before the latest operator retry
+    -- What a running job carries (sqlq.common.running), NULL for none; migrate_v4.sql.
+    cancel_requested_at REAL,              -- unix seconds: a cancel was asked for while it ran
+    progress     TEXT,                     -- JSON {percent, message, at}
+    checkpoint   TEXT,                     -- JSON: what the next attempt starts with
+    snoozes      INTEGER NOT NULL DEFAULT 0,
+    errors       TEXT                      -- JSON [{attempt, error, at}], the last few failures
 ) WITHOUT ROWID;
 
 -- Recovery reads only live jobs; pruning reads only old terminal ones.

@@ -35,13 +35,12 @@ import aiosqlite
 from sqlq.common.engine.base import DurableStore
 from sqlq.common.engine.datadir import open_private
 from sqlq.common.engine.groupcommit import Pending
-from sqlq.common.engine.sql import load_script
 from sqlq.common.errors import (
     StoreClosedError,
     StoreError,
     StoreFailedError,
 )
-from sqlq.common.models import TRANSITIONS, Job, State
+from sqlq.common.models import Job, State
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import (
     Change,
@@ -53,7 +52,6 @@ from sqlq.common.store import (
 )
 from sqlq.engines.listing import sqlite_params, sqlite_shape, sqlite_statements
 from sqlq.engines.sqlite.batch import (
-    BATCH_OBJECTS,
     STATEMENT_CACHE,
     Steps,
     decode_row,
@@ -65,6 +63,7 @@ from sqlq.engines.sqlite.batch import (
     write_batch,
     write_one_by_one,
 )
+from sqlq.engines.sqlite.migrate import SCHEMA_VERSION, prepare
 from sqlq.engines.sqlite.queries import Q
 from sqlq.engines.sqlite.schedules import schedule_listing, select_schedules
 
@@ -72,10 +71,6 @@ logger = logging.getLogger(__name__)
 
 DB_NAME = "sqlq.db"
 LOCK_NAME = "sqlq.lock"
-SCHEMA_VERSION = "3"  # 3: the schedules table (schema.sql creates it in an older database)
-SCHEMA = load_script("sqlq.engines.sqlite", "schema.sql")
-MIGRATE_V2 = load_script("sqlq.engines.sqlite", "migrate_v2.sql")
-INDEXES = load_script("sqlq.engines.sqlite", "indexes.sql")
 LIST_STATEMENTS = sqlite_statements(Q)
 
 # Pragmas, by name (diskcache's DEFAULT_SETTINGS idea). WAL journal mode for
@@ -146,7 +141,7 @@ class SQLiteStore(DurableStore):
                 os.close(open_private(self.path + suffix, os.O_RDONLY))
 
     async def _open_db(self) -> list[Job]:
-        """Connect, set pragmas and schema, read live jobs."""
+        """Connect, set pragmas and schema (migrate.py), read live jobs."""
         # Batch statements differ by row count; keep them all prepared.
         db = await aiosqlite.connect(
             self.path, isolation_level=None, cached_statements=STATEMENT_CACHE
@@ -154,20 +149,7 @@ class SQLiteStore(DurableStore):
         self._db = db
         for key, value in self.pragmas.items():
             await db.execute(f"PRAGMA {key} = {value}")
-        await db.executescript(SCHEMA)
-        if "queue" not in {r[0] for r in await db.execute_fetchall(Q["table_columns"])}:
-            await db.executescript(MIGRATE_V2)  # a version-1 database: add the new columns
-        await db.executescript(INDEXES)
-        for statement in BATCH_OBJECTS:
-            await db.execute(statement)
-        await db.execute("BEGIN IMMEDIATE")
-        await db.execute(Q["clear_transitions"])
-        await db.executemany(
-            Q["insert_transition"],
-            [(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt],
-        )
-        await db.execute(Q["set_meta"], ("schema_version", SCHEMA_VERSION))
-        await db.commit()
+        await prepare(db)  # schema, migrations, the batch view, the transition table
         # In slices, not fetchall: a million row tuples alive at once left their freed
         # memory as holes the process kept (RSS per job after a restart ~1.2 KB). Each
         # row is decoded as it is fetched, on the connection's thread (``decode_row``).
@@ -324,4 +306,4 @@ class SQLiteStore(DurableStore):
         }
 
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]

@@ -1,0 +1,110 @@
+"""The running columns on every SQLite path a job takes: the batch statement and the slow
+path's savepoints write them, and every read (get, a key, each listing shape, a schedule's
+listing, recovery) gives them back whole. The contract suite covers ``get`` and a reopen."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from sqlq.common.backoff import RetryPolicy, after_failure, after_snooze
+from sqlq.common.errors import StaleEpochError
+from sqlq.common.models import Job, State, Transition
+from sqlq.common.running import check_progress
+from sqlq.common.schedule import tick_key
+from sqlq.common.store import JobQuery
+from sqlq.engines.sqlite.store import SQLiteStore
+from tests.helpers import NOW
+
+
+async def _carrying_all(store: SQLiteStore, key: str) -> Job:
+    """A running job with every running field set: an error, a snooze, progress, a
+    checkpoint and a cancel asked for, each committed as its own batch."""
+    job = Job.new(kind="noop", args={"n": 1}, now=NOW, idempotency_key=key)
+    await store.commit([job])
+    steps: list[Callable[[Job], Transition]] = [
+        lambda j: j.start(NOW + 1),
+        lambda j: after_failure(j, "ValueError: boom", NOW + 2, RetryPolicy(), random.Random(1)),
+        lambda j: j.start(NOW + 3),
+        lambda j: after_snooze(j, 5.0, NOW + 4, max_snoozes=100),
+        lambda j: j.start(NOW + 5),
+        lambda j: j.touch(
+            NOW + 6, progress=check_progress(75, "most", NOW + 6), checkpoint={"page": 3}
+        ),
+        lambda j: j.request_cancel(NOW + 7),
+    ]
+    for step in steps:
+        t = step(job)
+        await store.commit([t])
+        job = job.apply(t)
+    assert job.state is State.RUNNING
+    assert job.cancel_requested_at == NOW + 7
+    assert job.progress is not None
+    assert job.checkpoint == {"page": 3}
+    assert job.snoozes == 1
+    assert len(job.errors) == 1
+    return job
+
+
+async def test_every_read_gives_the_running_fields_back(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    try:
+        job = await _carrying_all(store, "plain")
+        ticked = await _carrying_all(store, tick_key("nightly", int(NOW)))
+        assert await store.get(job.id) == job
+        assert await store.find_key("plain") == job
+        for query in (
+            JobQuery(),
+            JobQuery(state=State.RUNNING),
+            JobQuery(kind="noop"),
+            JobQuery(queue="default"),
+            JobQuery(state=State.RUNNING, kind="noop", queue="default"),
+        ):
+            assert await store.list_jobs(query) == sorted([job, ticked], key=lambda j: j.id)
+        for query in (
+            JobQuery(schedule="nightly"),
+            JobQuery(schedule="nightly", state=State.RUNNING),
+        ):
+            assert await store.list_jobs(query) == [ticked]
+    finally:
+        await store.close()
+    again = SQLiteStore(tmp_path)
+    recovery = await again.open()
+    try:
+        assert sorted(recovery.jobs, key=lambda j: j.id) == sorted(
+            [job, ticked], key=lambda j: j.id
+        )
+    finally:
+        await again.close()
+
+
+async def test_the_slow_path_writes_the_running_fields_whole(tmp_path: Path) -> None:
+    """A batch a guard refuses is redone caller by caller: the caller whose move carries
+    progress and a checkpoint still commits them, the stale one gets its error."""
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    try:
+        job = await _carrying_all(store, "k")
+        other = Job.new(kind="noop", args={}, now=NOW)
+        await store.commit([other])
+        stale = msgspec.structs.replace(other.start(NOW + 1), expect_epoch=other.epoch + 1)
+        touch = job.touch(NOW + 8, progress=check_progress(90, None, NOW + 8),
+                          checkpoint={"page": 9})  # fmt: skip
+        results = await asyncio.gather(
+            store.commit([stale]), store.commit([touch]), return_exceptions=True
+        )
+        assert isinstance(results[0], StaleEpochError)
+        assert results[1] is None
+        assert store.slow_batches == 1
+        got = await store.get(job.id)
+        assert got == job.apply(touch)
+        assert got is not None
+        assert got.checkpoint == {"page": 9}
+        assert got.cancel_requested_at == job.cancel_requested_at  # carried by the move
+    finally:
+        await store.close()
