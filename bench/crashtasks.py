@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 import sqlq
-from sqlq import task
+from sqlq import JobContext, task
 
 SAVED_ENV = "SQLQ_CRASH_SAVED"  # the handlers' ledger: "<job id> <epoch>" per durable save
 IMPORT = "sqlq.bench.crashtasks"  # what ``sqlq serve --import`` is given
@@ -46,7 +46,7 @@ def _epoch(value: Any) -> int | None:
 
 
 @task(name="crash.checkpoint", timeout=60)
-async def checkpointing(args: Any, ctx: Any) -> Any:
+async def checkpointing(args: Any, ctx: JobContext) -> Any:
     job = ctx.job
     read = _epoch(ctx.checkpoint_data)
     ctx.progress(percent=0.0, message=f"attempt {job.attempts} read epoch {read}")
@@ -66,7 +66,7 @@ async def checkpointing(args: Any, ctx: Any) -> Any:
 
 
 @task(name="crash.snooze", timeout=60)
-async def snoozing(args: Any, ctx: Any) -> Any:
+async def snoozing(args: Any, ctx: JobContext) -> Any:
     job = ctx.job
     if job.snoozes < int(args.get("snoozes", 1)):
         return sqlq.snooze(float(args.get("delay_ms", 20)) / 1000)

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlq import task
+from sqlq import JobContext, task
 
 IMPORT = "sqlq.bench.progresskind"
 KIND = "bench.progress"
 
 
 @task(name=KIND, timeout=3600)
-async def reporting(args: Any, ctx: Any) -> Any:
+async def reporting(args: Any, ctx: JobContext) -> Any:
     every, seconds = int(args["every_ms"]) / 1000, float(args["seconds"])
     clock = ctx.clock
     start = clock.monotonic()
