@@ -57,7 +57,8 @@ def mixed_spec(rng: random.Random) -> tuple[dict[str, Any], bool, str]:
     args: dict[str, float]
     if roll < 0.41:  # long and unfailing: the operator cancels it while it runs
         args = {"work_ms": rng.randint(300, 2000)}
-        return {"kind": "sleep", "args": args, "max_attempts": 3, "queue": queue}, False, CANCEL_TAG
+        kind = "sleep" if rng.random() < 0.5 else "crash.stubborn"  # stops, or ignores it
+        return {"kind": kind, "args": args, "max_attempts": 3, "queue": queue}, False, CANCEL_TAG
     if roll < 0.47:  # checkpoints, then fails its first attempts
         fail_first = rng.randint(1, 2)
         args = {"work_ms": rng.randint(5, 300), "fail_first": fail_first}
@@ -164,6 +165,17 @@ class Ledger:
             self.long.append(job_id)
 
 
+async def _running_long(pool: HttpPool, ledger: Ledger, rng: random.Random) -> str | None:
+    """One of the long jobs that runs now (taken off the list), else one of the newest."""
+    status, page = await pool.json("GET", "/jobs?state=running&limit=100")
+    running = {j["id"] for j in page.get("jobs", [])} if status == 200 else set()
+    candidates = [i for i in ledger.long if i in running] or ledger.long[-5:]
+    job_id = candidates[rng.randrange(len(candidates))] if candidates else None
+    if job_id is not None:
+        ledger.long.remove(job_id)
+    return job_id
+
+
 async def operate(
     pools: Callable[[], HttpPool | None], ledger: Ledger, rng: random.Random,
     stop: asyncio.Event, *, gone: Callable[[HttpPool], None] | None = None,
@@ -182,16 +194,18 @@ async def operate(
             if roll < 0.45 and (ledger.delayed or ledger.long):
                 # a delayed job (still scheduled), or one of the newest long ones (running)
                 if ledger.long and (rng.random() < 0.5 or not ledger.delayed):
-                    newest = ledger.long[-10:]
-                    job_id = newest[rng.randrange(len(newest))]
-                    ledger.long.remove(job_id)
+                    job_id = await _running_long(pool, ledger, rng)
+                    if job_id is None:
+                        continue
                 else:
                     job_id = ledger.delayed.pop(rng.randrange(len(ledger.delayed)))
                 ledger.note(job_id, "cancel?")
                 status, job = await pool.json("DELETE", f"/jobs/{job_id}")
-                if status == 200:
+                # 200: cancelled; 202: running, the cancel asked for (told by the job's
+                # state too, so the ledger says what the server said it did)
+                if status in (200, 202) and job["state"] == "cancelled":
                     ledger.note(job_id, "cancel")
-                elif status == 202:
+                elif status in (200, 202) and job["state"] == "running":
                     ledger.requested(job_id, int(job["attempts"]))
             elif roll < 0.8:
                 state = "dead" if rng.random() < 0.7 else "cancelled"

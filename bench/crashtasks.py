@@ -11,6 +11,9 @@ sqlq.bench.crashtasks``): handlers that use what a running job carries (issue 22
   durable, so a checkpoint survives a failure and a kill -9 alike.
 - ``crash.snooze``: snoozes until the job has snoozed ``snoozes`` times, then completes;
   its attempts must not count the snoozes.
+- ``crash.stubborn``: a plain (thread) handler that works ``work_ms`` and ignores a
+  cancel: asked while it runs, it completes, unless a kill lands first; then the
+  restart must end it cancelled, never run it again.
 
 An attempt's epoch names it: every requeue (a failure, a snooze, a rescue at a restart)
 takes a new one, so two attempts of a job never share one.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import sqlq
@@ -71,3 +75,12 @@ async def snoozing(args: Any, ctx: JobContext) -> Any:
     if job.snoozes < int(args.get("snoozes", 1)):
         return sqlq.snooze(float(args.get("delay_ms", 20)) / 1000)
     return {"snoozes": job.snoozes, "attempts": job.attempts}
+
+
+@task(name="crash.stubborn", timeout=60)
+def stubborn(args: Any, ctx: JobContext) -> Any:
+    end = time.monotonic() + int(args.get("work_ms", 500)) / 1000
+    while time.monotonic() < end:
+        time.sleep(0.01)  # in its thread; ``ctx.cancelled`` is not looked at, on purpose
+        ctx.beat()
+    return {"ignored_cancel": ctx.cancelled}
