@@ -25,6 +25,7 @@ from sqlq.common.models import TERMINAL
 from sqlq.common.wire import (
     MAX_WAIT_S,
     BatchResult,
+    Cancelled,
     JobPage,
     QueueList,
     QueueView,
@@ -32,7 +33,7 @@ from sqlq.common.wire import (
     ScheduleList,
     ScheduleView,
 )
-from sqlq.common.wire import JobView as Job  # the client's job: the model, with its schedule
+from sqlq.common.wire import JobView as Job  # the client's job: as the API shows it
 
 T = TypeVar("T")
 
@@ -187,8 +188,26 @@ class Requests:
         return (yield from Call("GET", "/jobs", JobPage, params=query, retry=True))
 
     @staticmethod
-    def cancel(job_id: str) -> Plan[Job]:
-        return (yield from Call("DELETE", f"/jobs/{job_id}", Job))
+    def cancel(job_id: str, force: bool = False) -> Plan[Job]:
+        """Cancel a job. One that had not started comes back ``cancelled``; a running one
+        comes back ``running`` with ``cancel_requested`` set: its handler is told, and the
+        job ends cancelled when it stops (completed, if it finishes first). ``force``: the
+        server also cuts the attempt off after its ``--cancel-grace``. A finished job is
+        ``Conflict``."""
+        params = {"force": "1"} if force else None
+        return (yield from Call("DELETE", f"/jobs/{job_id}", Job, params=params))
+
+    @staticmethod
+    def cancel_matching(
+        *, state: str | None = None, kind: str | None = None, queue: str | None = None
+    ) -> Plan[tuple[int, int]]:
+        """Cancel every live job that matches (no filter: every live one); ``state``:
+        scheduled or running. Returns (cancelled, requested): how many were cancelled
+        before they ran, and how many running ones were asked to stop."""
+        filters = {"state": state, "kind": kind, "queue": queue}
+        body = {k: v for k, v in filters.items() if v is not None}  # "" is refused, not "any"
+        done = yield from Call("POST", "/jobs/cancel", Cancelled, body)
+        return done.cancelled, done.requested
 
     @staticmethod
     def retry(job_id: str) -> Plan[Job]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from sqlq import __version__, ops
+from sqlq import __version__, ops, ops_schedules
 from sqlq.common.errors import SqlqError
 from sqlq.settings import ServeSettings, options
 
@@ -59,7 +59,7 @@ def main() -> None:
 
 
 main.add_command(ops.jobs)
-main.add_command(ops.schedules)
+main.add_command(ops_schedules.schedules)
 main.add_command(ops.submit)
 
 

@@ -48,6 +48,7 @@ from sqlq.common.errors import SqlqError
 from sqlq.common.models import TERMINAL
 from sqlq.common.wire import (
     BatchResult,
+    Cancelled,
     JobPage,
     QueueList,
     QueueView,
@@ -55,7 +56,7 @@ from sqlq.common.wire import (
     ScheduleList,
     ScheduleView,
 )
-from sqlq.common.wire import JobView as Job  # the model, with the schedule and tick it came of
+from sqlq.common.wire import JobView as Job  # a job as the API shows it
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -157,6 +158,7 @@ class Client(_Base):
     wait = _blocking(Requests.wait)
     list = _blocking(Requests.list)
     cancel = _blocking(Requests.cancel)
+    cancel_matching = _blocking(Requests.cancel_matching)
     retry = _blocking(Requests.retry)
     retry_all = _blocking(Requests.retry_all)
     queues = _blocking(Requests.queues)
@@ -234,6 +236,7 @@ class AsyncClient(_Base):
     wait = _awaited(Requests.wait)
     list = _awaited(Requests.list)
     cancel = _awaited(Requests.cancel)
+    cancel_matching = _awaited(Requests.cancel_matching)
     retry = _awaited(Requests.retry)
     retry_all = _awaited(Requests.retry_all)
     queues = _awaited(Requests.queues)
@@ -275,6 +278,7 @@ __all__ = [
     "AsyncClient",
     "BatchResult",
     "Call",
+    "Cancelled",
     "Client",
     "Conflict",
     "Invalid",

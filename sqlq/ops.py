@@ -1,5 +1,5 @@
-"""Operator commands: ``sqlq jobs ...``, ``sqlq schedules ...`` and ``sqlq submit``, over
-``sqlq.Client``.
+"""Operator commands: ``sqlq jobs ...`` and ``sqlq submit`` over ``sqlq.Client``
+(``sqlq schedules ...`` is ``sqlq.ops_schedules``, on the same footing).
 
 They talk to a running server at ``--url`` (``SQLQ_URL``) with ``--token``
 (``SQLQ_TOKEN``), print a table for people and JSON with ``--json`` for
@@ -18,11 +18,8 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from sqlq.client import DEFAULT_URL, ApiError, Client
-from sqlq.common.errors import ValidationError
-from sqlq.common.models import Job
-from sqlq.common.schedule import check_name
-from sqlq.common.wire import ScheduleView
+from sqlq.client import DEFAULT_URL, ApiError, Client, Job
+from sqlq.common.specs import CancelSpec, error_field
 
 F = TypeVar("F", bound=Callable[..., Any])
 COLUMNS = ("id", "kind", "queue", "state", "attempts", "updated", "last_error")
@@ -52,6 +49,10 @@ def _row(job: Job) -> list[str]:
     return [job.id, job.kind, job.queue, job.state.value, str(job.attempts), when, error[:50]]
 
 
+def _stamp(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def _table(rows: Iterable[list[str]], columns: tuple[str, ...] = COLUMNS) -> str:
     rows = [list(columns), *rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
@@ -73,8 +74,28 @@ def _detail(job: Job, as_json: bool) -> None:
     if as_json:
         click.echo(msgspec.json.encode(job).decode())
         return
-    for name, value in msgspec.structs.asdict(job).items():
-        click.echo(f"{name:>16}  {json.dumps(value) if not isinstance(value, str) else value}")
+    for name, value in msgspec.to_builtins(job).items():
+        if name == "progress" and value is not None:
+            value = _progress(job)
+        elif name == "errors":
+            value = f"{len(job.errors)} (newest last)" if job.errors else "none"
+        elif name == "checkpoint" and value is not None:
+            value = f"{len(msgspec.json.encode(value))} bytes of JSON"
+        click.echo(f"{name:>19}  {json.dumps(value) if not isinstance(value, str) else value}")
+    for e in job.errors:
+        click.echo(f"{'':>19}  attempt {e.attempt} at {_stamp(e.at)}: {_line(e.error)}")
+
+
+def _progress(job: Job) -> str:
+    p = job.progress
+    assert p is not None
+    said = [f"{p.percent:.0f}%" if p.percent is not None else "", p.message or ""]
+    return f"{' '.join(x for x in said if x) or '-'} (at {_stamp(p.at)})"
+
+
+def _line(text: str, limit: int = 200) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @click.group()
@@ -143,10 +164,64 @@ def retry_jobs(
 
 @jobs.command("cancel")
 @connection
-@click.argument("job_id")
-def cancel_job(client: Client, as_json: bool, job_id: str) -> None:
-    """Cancel a job that has not started."""
-    _detail(client.cancel(job_id), as_json)
+@click.argument("job_id", required=False)
+@click.option("--force", is_flag=True, help="A running job: cut it off after the grace too.")
+@click.option("--state", type=click.Choice(["scheduled", "running"]), help="Bulk: these only.")
+@click.option("--kind", help="Bulk: jobs of this kind.")
+@click.option("--queue", help="Bulk: jobs of this queue.")
+@click.option("--all", "everything", is_flag=True, help="Bulk: every live job (no filter).")
+def cancel_jobs(
+    client: Client,
+    as_json: bool,
+    job_id: str | None,
+    force: bool,
+    state: str | None,
+    kind: str | None,
+    queue: str | None,
+    everything: bool,
+) -> None:
+    """Cancel a job (or, with --state/--kind/--queue/--all, every live one that matches).
+
+    One that has not started is cancelled; for a running one a cancel is asked for, and
+    it ends cancelled when its handler stops (--force: or when the server's
+    --cancel-grace runs out)."""
+    bulk = state is not None or kind is not None or queue is not None or everything
+    if (job_id is None) == (not bulk):
+        raise click.UsageError("give a JOB_ID or --state/--kind/--queue/--all, not both")
+    if job_id is not None:
+        job = client.cancel(job_id, force=force)
+        if as_json:
+            _detail(job, as_json)
+        elif job.state.value == "running":
+            how = "; cut off after the grace if it has not stopped" if force else ""
+            click.echo(f"cancel requested for job {job.id}: it is running, and ends cancelled "
+                       f"when its handler stops{how}")  # fmt: skip
+        else:
+            click.echo(f"job {job.id} is {job.state.value}")
+        return
+    if force:
+        raise click.UsageError("--force is for one JOB_ID, not a bulk cancel")
+    filters = _cancel_filters(state, kind, queue)
+    cancelled, requested = client.cancel_matching(**filters)
+    if as_json:
+        click.echo(json.dumps({"cancelled": cancelled, "requested": requested}))
+    else:
+        click.echo(f"cancelled {cancelled} scheduled jobs; asked {requested} running jobs "
+                   "to stop")  # fmt: skip
+
+
+def _cancel_filters(state: str | None, kind: str | None, queue: str | None) -> dict[str, Any]:
+    """The bulk cancel's filters, checked here as the server checks them (``CancelSpec``):
+    a message naming the flag, not a round trip."""
+    given = {
+        k: v for k, v in {"state": state, "kind": kind, "queue": queue}.items() if v is not None
+    }  # fmt: skip (``--kind ""`` is refused, not "every kind")
+    try:
+        msgspec.convert(given, CancelSpec)
+    except msgspec.ValidationError as exc:
+        field, message = error_field(str(exc))
+        raise click.BadParameter(message, param_hint=f"--{field}") from None
+    return given
 
 
 @click.command()
@@ -167,106 +242,3 @@ def submit(client: Client, as_json: bool, kind: str, args_json: str, **options: 
     if not isinstance(args, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--args")
     _detail(client.submit(kind, args, **options), as_json)
-
-
-# -- schedules ----------------------------------------------------------------------------
-
-SCHEDULE_COLUMNS = ("name", "when", "tz", "kind", "next", "last_tick", "last_job", "paused")
-
-
-def _stamp(ts: float | None) -> str:
-    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _when(view: ScheduleView) -> str:
-    spec = view.spec
-    return spec.cron if spec.cron is not None else f"every {spec.every_s} s"
-
-
-def _schedule_row(view: ScheduleView) -> list[str]:
-    last = view.last_job
-    job = "-" if last is None else f"{last.id} ({last.state.value if last.state else 'pruned'})"
-    spec = view.spec
-    return [view.name, _when(view), spec.tz, spec.kind, _stamp(view.next_at),
-            _stamp(view.last_tick), job, "yes" if spec.paused else "no"]  # fmt: skip
-
-
-def _show_schedule(view: ScheduleView, as_json: bool) -> None:
-    if as_json:
-        click.echo(msgspec.json.encode(view).decode())
-        return
-    for name, value in zip(SCHEDULE_COLUMNS, _schedule_row(view), strict=True):
-        click.echo(f"{name:>16}  {value}")
-    for name, value in msgspec.structs.asdict(view.spec).items():
-        if name not in ("cron", "every_s", "tz", "kind", "paused"):
-            click.echo(f"{name:>16}  {json.dumps(value) if not isinstance(value, str) else value}")
-
-
-def _schedule_name(_: click.Context, __: click.Parameter, value: str) -> str:
-    """NAME, checked here as the server checks it: a message, not a round trip."""
-    try:
-        return check_name(value)
-    except ValidationError as exc:
-        raise click.BadParameter(exc.message) from None
-
-
-NAME = click.argument("name", callback=_schedule_name)
-
-
-@click.group()
-def schedules() -> None:
-    """List, inspect, pause, resume, trigger and remove schedules on a running server."""
-
-
-@schedules.command("list")
-@connection
-def list_schedules(client: Client, as_json: bool) -> None:
-    """Every schedule: its expression, next and last tick, and the last tick's job."""
-    found = client.schedules()
-    if as_json:
-        click.echo(msgspec.json.encode(found).decode())
-    elif found:
-        click.echo(_table((_schedule_row(v) for v in found), SCHEDULE_COLUMNS))
-    else:
-        click.echo("no schedules")
-
-
-@schedules.command("get")
-@connection
-@NAME
-def get_schedule(client: Client, as_json: bool, name: str) -> None:
-    """One schedule: its whole spec, next and last tick."""
-    _show_schedule(client.schedule(name), as_json)
-
-
-@schedules.command("pause")
-@connection
-@NAME
-def pause_schedule(client: Client, as_json: bool, name: str) -> None:
-    """Enqueue none of its ticks until it is resumed (durable, on every node)."""
-    _show_schedule(client.pause_schedule(name), as_json)
-
-
-@schedules.command("resume")
-@connection
-@NAME
-def resume_schedule(client: Client, as_json: bool, name: str) -> None:
-    """Enqueue its ticks again, from now."""
-    _show_schedule(client.pause_schedule(name, paused=False), as_json)
-
-
-@schedules.command("trigger")
-@connection
-@NAME
-def trigger_schedule(client: Client, as_json: bool, name: str) -> None:
-    """Enqueue one job of it now, outside its ticks, and print the job."""
-    _detail(client.trigger(name), as_json)
-
-
-@schedules.command("rm")
-@connection
-@NAME
-def remove_schedule(client: Client, as_json: bool, name: str) -> None:
-    """Delete it (the jobs it made stay)."""
-    view = client.delete_schedule(name)
-    click.echo(msgspec.json.encode(view).decode() if as_json else f"removed schedule {name}")

@@ -27,7 +27,7 @@ from schemathesis.checks import (
 from schemathesis.core.result import Err
 
 from sqlq.bench.client.server import ServerProcess
-from sqlq.http.openapi import OPS
+from sqlq.http.openapi import OPS, document
 from tests.helpers import spawn_server
 
 # Requests per operation: the fast tier, and the slow one; hypothesis shrinks any failure
@@ -61,6 +61,27 @@ def test_the_document_is_openapi_3_1_from_the_validating_types(server: ServerPro
     job_spec = doc["components"]["schemas"]["JobSpec"]
     assert job_spec["properties"]["kind"]["maxLength"] == 128  # the decoder's own bound
     assert set(doc["paths"]) >= {"/jobs", "/jobs/{job_id}", "/queues", "/metrics"}
+
+
+def test_the_document_shows_a_running_jobs_fields_and_the_cancels() -> None:
+    from sqlq.http.app import FORCE
+
+    doc = document("x")
+    schemas = doc["components"]["schemas"]
+    job = schemas["JobView"]["properties"]
+    assert {"attempts_total", "cancel_requested", "cancel_requested_at", "progress",
+            "checkpoint", "snoozes", "errors", "schedule", "tick"} <= set(job)  # fmt: skip
+    assert "request_hash" not in job
+    assert set(schemas["Progress"]["properties"]) == {"percent", "message", "at"}
+    assert set(schemas["AttemptError"]["properties"]) == {"attempt", "error", "at"}
+    delete = doc["paths"]["/jobs/{job_id}"]["delete"]
+    assert {"200", "202", "404", "409", "422"} <= set(delete["responses"])
+    [force] = [p for p in delete["parameters"] if p["name"] == "force"]
+    assert set(force["schema"]["enum"]) == set(FORCE)  # exactly what the route takes
+    bulk = doc["paths"]["/jobs/cancel"]["post"]
+    assert bulk["requestBody"]["required"] is True
+    assert set(schemas["Cancelled"]["properties"]) == {"cancelled", "requested"}
+    assert schemas["CancelSpec"]["properties"]["state"]
 
 
 def test_every_operation_answers_as_documented(server: ServerProcess) -> None:

@@ -15,13 +15,32 @@ from sqlq.bench.client.server import ServerProcess
 from sqlq.cli import main
 from tests.helpers import spawn_server
 
+OPSTASKS = """
+import time
+
+from sqlq import task
+
+
+@task()
+def fails(args):
+    raise ValueError('nope')
+
+
+@task()
+def waits(args, ctx):
+    # Until it is asked to stop (or a minute passes): a running job to cancel.
+    deadline = time.monotonic() + 60
+    while not ctx.cancelled and time.monotonic() < deadline:
+        ctx.beat()
+        time.sleep(0.01)
+    ctx.raise_if_cancelled()
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     mods = tmp_path_factory.mktemp("mods")
-    (mods / "opstasks.py").write_text(
-        "from sqlq import task\n\n@task()\ndef fails(args):\n    raise ValueError('nope')\n"
-    )
+    (mods / "opstasks.py").write_text(OPSTASKS)
     srv = spawn_server(
         "--store", "memory", "--import", "opstasks", "--max-attempts", "1",
         env={"PYTHONPATH": str(mods)},
@@ -66,7 +85,8 @@ def test_list_the_dead_and_retry_them(server: ServerProcess) -> None:
     assert (code, json.loads(out)) == (0, {"retried": 2})
     for retried, before in ((job_id, 2), (another, 1)):  # each went back with its history
         code, out = run(server, "jobs", "get", retried, "--json")
-        assert (code, json.loads(out)["attempts_total"]) == (0, before)
+        shown = json.loads(out)  # attempts_total: every attempt, this budget's (may run) too
+        assert (code, shown["attempts_total"] - shown["attempts"]) == (0, before)
 
 
 def test_submit_get_and_cancel(server: ServerProcess) -> None:
@@ -80,6 +100,79 @@ def test_submit_get_and_cancel(server: ServerProcess) -> None:
     assert (code, json.loads(out)["state"]) == (0, "cancelled")
 
 
+def _state(server: ServerProcess, job_id: str) -> str:
+    code, out = run(server, "jobs", "get", job_id, "--json")
+    assert code == 0, out
+    state: str = json.loads(out)["state"]
+    return state
+
+
+def _until(server: ServerProcess, job_id: str, state: str) -> None:
+    deadline = time.monotonic() + 20
+    while _state(server, job_id) != state:
+        assert time.monotonic() < deadline, f"{job_id} never {state}"
+        time.sleep(0.02)
+
+
+def _submit(server: ServerProcess, *args: str) -> str:
+    code, out = run(server, "submit", *args, "--json")
+    assert code == 0, out
+    job_id: str = json.loads(out)["id"]
+    return job_id
+
+
+def test_cancel_says_what_happened_to_a_waiting_and_a_running_job(server: ServerProcess) -> None:
+    waiting = _submit(server, "sleep", "--delay-ms", "60000")
+    code, out = run(server, "jobs", "cancel", waiting)
+    assert (code, out) == (0, f"job {waiting} is cancelled\n")
+    running = _submit(server, "waits")
+    _until(server, running, "running")
+    code, out = run(server, "jobs", "cancel", running)
+    assert code == 0, out
+    assert out.startswith(f"cancel requested for job {running}: it is running")
+    _until(server, running, "cancelled")
+    code, out = run(server, "jobs", "cancel", running)  # finished now: a message, exit 1
+    assert code == 1
+    assert "cancel" in out
+    assert "Traceback" not in out
+    forced = _submit(server, "waits")
+    _until(server, forced, "running")
+    code, out = run(server, "jobs", "cancel", forced, "--force", "--json")
+    assert code == 0, out
+    shown = json.loads(out)
+    assert (shown["state"], shown["cancel_requested"]) == ("running", True)
+    _until(server, forced, "cancelled")
+
+
+def test_bulk_cancel_counts_the_cancelled_and_the_asked(server: ServerProcess) -> None:
+    waiting = [_submit(server, "sleep", "--delay-ms", "60000", "--queue", "bulk")
+               for _ in range(2)]  # fmt: skip
+    running = _submit(server, "waits", "--queue", "bulk")
+    _until(server, running, "running")
+    code, out = run(server, "jobs", "cancel", "--queue", "elsewhere", "--json")
+    assert (code, json.loads(out)) == (0, {"cancelled": 0, "requested": 0})
+    code, out = run(server, "jobs", "cancel", "--queue", "bulk", "--state", "scheduled")
+    assert (code, out) == (0, "cancelled 2 scheduled jobs; asked 0 running jobs to stop\n")
+    code, out = run(server, "jobs", "cancel", "--queue", "bulk", "--kind", "waits", "--json")
+    assert (code, json.loads(out)) == (0, {"cancelled": 0, "requested": 1})
+    _until(server, running, "cancelled")
+    assert [_state(server, j) for j in waiting] == ["cancelled", "cancelled"]
+
+
+def test_get_shows_the_errors_snoozes_and_progress(server: ServerProcess) -> None:
+    job_id = dead_job(server)
+    code, out = run(server, "jobs", "get", job_id)
+    assert code == 0, out
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
+    assert "request_hash" not in lines
+    assert lines["errors"].split()[1:] == ["1", "(newest", "last)"]
+    assert lines["snoozes"].split()[1] == "0"
+    assert lines["progress"].split()[1] == "null"
+    assert lines["attempts_total"].split()[1] == "1"
+    assert "attempt 1 at " in out
+    assert "ValueError: nope" in out.split("attempt 1 at ", 1)[1]
+
+
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
@@ -90,6 +183,14 @@ def test_submit_get_and_cancel(server: ServerProcess) -> None:
         (("jobs", "get", "ffff"), 1, "no job with id"),
         (("jobs", "retry"), 2, "--all-dead"),
         (("jobs", "list", "--state", "bogus"), 2, "--state"),
+        (("jobs", "cancel"), 2, "JOB_ID"),
+        (("jobs", "cancel", "f" * 32, "--state", "running"), 2, "not both"),
+        (("jobs", "cancel", "--state", "bogus"), 2, "--state"),
+        (("jobs", "cancel", "--state", "dead"), 2, "--state"),
+        (("jobs", "cancel", "--queue", "no spaces"), 2, "--queue"),
+        (("jobs", "cancel", "--kind", ""), 2, "--kind"),
+        (("jobs", "cancel", "--all", "--force"), 2, "--force"),
+        (("jobs", "cancel", "f" * 32), 1, "no job with id"),
     ],
 )
 def test_mistakes_are_one_line_messages(

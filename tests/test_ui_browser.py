@@ -83,7 +83,10 @@ def test_a_failed_job_is_a_dead_letter_and_retrying_it_from_the_page_schedules_i
         assert state_of(c, job) == "scheduled"
     page.goto(server.url + f"/ui/jobs/{job}")
     expect(page.locator(".badge").first).to_have_text("scheduled")
-    expect(page.locator("main")).to_contain_text("2 before the last retry")
+    # Every attempt it made, and each one's error, outlive the retry.
+    expect(page.locator("#job-attempts-total")).to_have_text("2 (through operator retries)")
+    expect(page.locator("#job-errors tbody tr")).to_have_count(2)
+    expect(page.locator("#job-errors")).to_contain_text("injected failure")
 
 
 def test_retry_all_that_match_a_filter(server: ServerProcess, page: Page) -> None:

@@ -35,9 +35,11 @@ def browser() -> Iterator[Browser]:
         b.close()
 
 
-def _server(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
+def _server(
+    tmp: Path, *flags: str, env: dict[str, str] | None = None, store: str = "sqlite"
+) -> ServerProcess:
     server = spawn_server(
-        "--store", "sqlite", "--data", str(tmp / "data"), "--fault-injection",
+        "--store", store, "--data", str(tmp / "data"), "--fault-injection",
         "--retry-base-ms", "1", *flags, env=env,
     )  # fmt: skip
     server.wait_ready()

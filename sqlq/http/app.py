@@ -24,19 +24,21 @@ from starlette.types import Receive, Scope, Send
 from sqlq import __version__
 from sqlq.common import query as params
 from sqlq.common.errors import JobNotFoundError, ValidationError
+from sqlq.common.models import State
 from sqlq.common.redact import redact_paths
 from sqlq.common.specs import (
     MAX_JOB_BYTES,
+    CancelSpec,
     RetrySpec,
     decode,
     decode_batch,
     decode_job,
     whole_number,
 )
+from sqlq.common.wire import Cancelled, job_view
 from sqlq.http.errors import ERRORS, BodyTooLarge, JSONResponse, handler_for
 from sqlq.http.guard import Guard, Security
 from sqlq.http.openapi import document
-from sqlq.http.schedules import job_view
 from sqlq.http.schedules import routes as schedule_routes
 from sqlq.runtime.claims import QueueInfo
 from sqlq.runtime.config import DEFAULT_GRACE_S
@@ -75,6 +77,21 @@ def _info(info: QueueInfo) -> dict[str, Any]:
         "limit": info.limit,
         "paused": info.paused,
     }
+
+
+FORCE = {"1": True, "true": True, "0": False, "false": False}  # exactly these (OpenAPI's enum)
+
+
+def _force(request: Request) -> bool:
+    """``?force=``: 1/true or 0/false (absent: false); anything else a 422 naming it, not
+    a cancel of another kind than was asked for."""
+    given = request.query_params.getlist("force")
+    if not given:
+        return False
+    force = FORCE.get(given[0]) if len(given) == 1 else None
+    if force is None:
+        raise ValidationError("force", "must be 1, true, 0 or false, given once")
+    return force
 
 
 def _job_id(request: Request) -> str:
@@ -156,7 +173,21 @@ def create_app(
         return JSONResponse({"retried": await runtime.retry_matching(spec)})
 
     async def cancel_job(request: Request) -> Response:
-        return JSONResponse(view(await runtime.cancel(_job_id(request))))
+        """200: cancelled before it ran; 202: it runs, and a cancel is asked for (durably;
+        its attempt decides how it ends). A finished job is a 409 from the service."""
+        job_id, force = _job_id(request), _force(request)
+        job = await runtime.cancel(job_id, force=force)
+        return JSONResponse(view(job), status_code=202 if job.state is State.RUNNING else 200)
+
+    async def cancel_matching(request: Request) -> Response:
+        """Every live job that matches; the body is required (``{}`` is every live job,
+        said on purpose, never an empty POST by mistake)."""
+        body = await read_body(request, MAX_BODY)
+        if not body:
+            raise ValidationError("body", "required: {} cancels every live job")
+        spec = decode(body, CancelSpec)
+        cancelled, requested = await runtime.cancel_matching(spec)
+        return JSONResponse(Cancelled(cancelled=cancelled, requested=requested))
 
     async def healthz(_: Request) -> Response:
         # Liveness: 503 only for what a restart mends (a failed store).
@@ -207,6 +238,7 @@ def create_app(
             Route("/jobs", list_jobs, methods=["GET"]),
             Route("/jobs/batch", submit_batch, methods=["POST"]),
             Route("/jobs/retry", retry_matching, methods=["POST"]),
+            Route("/jobs/cancel", cancel_matching, methods=["POST"]),
             Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
             Route("/queues", queues, methods=["GET"]),
             Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),

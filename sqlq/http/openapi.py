@@ -1,8 +1,9 @@
 """``GET /openapi.json``: the API described by the same msgspec types that validate it.
 
 Requests are the structs the handlers decode (``JobSpec``, ``BatchSpec``,
-``RetrySpec``, ``ScheduleSpec``); responses are the wire types of ``common.wire`` (a
-job is ``JobView``: the ``Job`` model with its schedule and tick).
+``RetrySpec``, ``CancelSpec``, ``ScheduleSpec``); responses are the wire types of
+``common.wire`` (a job is ``JobView``: what is stored of it, less the request hash,
+with every attempt it made, its cancel, progress, errors, schedule and tick).
 msgspec writes their JSON Schema (2020-12, what OpenAPI 3.1 uses); this module
 only lays out the operations. Nothing about a field is written twice.
 """
@@ -15,11 +16,19 @@ from typing import Any
 import msgspec
 
 from sqlq.common.schedule import NAME_PATTERN, ScheduleSpec
-from sqlq.common.specs import KEY_PATTERN, QUEUE_PATTERN, BatchSpec, JobSpec, RetrySpec
+from sqlq.common.specs import (
+    KEY_PATTERN,
+    QUEUE_PATTERN,
+    BatchSpec,
+    CancelSpec,
+    JobSpec,
+    RetrySpec,
+)
 from sqlq.common.store import MAX_PAGE
 from sqlq.common.wire import (
     MAX_WAIT_S,
     BatchResult,
+    Cancelled,
     ErrorBody,
     Health,
     JobPage,
@@ -111,6 +120,14 @@ OPS = (
         RetrySpec,
     ),
     Op(
+        "post",
+        "/jobs/cancel",
+        "Cancel every live job that matches ({} is all): scheduled ones are cancelled, "
+        "running ones asked to stop",
+        {200: Cancelled},
+        CancelSpec,
+    ),
+    Op(
         "get",
         "/jobs/{job_id}",
         "A job; with ?wait=S, once it finishes or S seconds pass",
@@ -123,9 +140,18 @@ OPS = (
     Op(
         "delete",
         "/jobs/{job_id}",
-        "Cancel a job that has not started",
-        {200: JobView},
-        params=(JOB_ID,),
+        "Cancel a job: 200 cancelled before it ran; 202 running, its cancel asked for "
+        "(force: cut off after the server's --cancel-grace); 409 finished",
+        {200: JobView, 202: JobView},
+        params=(
+            JOB_ID,
+            Param(
+                "force",
+                "query",
+                {"type": "string", "enum": ["1", "true", "0", "false"]},
+                "a running job: also cut its attempt off after the grace, as a timeout does",
+            ),
+        ),
     ),
     Op(
         "post",

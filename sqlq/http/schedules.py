@@ -10,30 +10,19 @@ table, ``sqlq.http.errors.ERRORS``, as every other route's does.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from sqlq.common.models import Job
-from sqlq.common.schedule import check_name, decode_schedule, schedule_of
+from sqlq.common.schedule import check_name, decode_schedule
 from sqlq.common.specs import MAX_JOB_BYTES
-from sqlq.common.wire import ScheduleView
+from sqlq.common.wire import ScheduleView, job_view
 from sqlq.http.errors import JSONResponse, ScheduleNotFoundError
 from sqlq.runtime.service import Service
 
 MAX_SCHEDULE_BODY = MAX_JOB_BYTES  # a schedule holds one job's args
-
-
-def job_view(job: Job) -> dict[str, Any]:
-    """A job as every route shows it (``JobView``): with the schedule and tick its key
-    names, None for a job no schedule made."""
-    body: dict[str, Any] = job.to_dict()
-    made = schedule_of(job.idempotency_key)
-    body["schedule"], body["tick"] = (None, None) if made is None else made
-    return body
 
 
 def _view(view: ScheduleView | None, name: str) -> Response:

@@ -16,6 +16,7 @@ from starlette.datastructures import QueryParams
 
 from sqlq.common import query as params
 from sqlq.common.errors import JobNotFoundError, StoreError, TransitionError, ValidationError
+from sqlq.common.models import State
 from sqlq.common.specs import RetrySpec
 from sqlq.runtime.service import Service
 from sqlq.ui.gate import Refused
@@ -113,9 +114,19 @@ async def _retry_dead(runtime: Service, fields: Fields) -> str:
     return f"Retried {n} dead job{'s' if n != 1 else ''}{_matching(fields)}."
 
 
-async def _cancel(runtime: Service, fields: Fields) -> str:
-    job = await runtime.cancel(fields["job"])
+async def _cancel(runtime: Service, fields: Fields, force: bool = False) -> str:
+    """Whichever the job turned out to be when the POST came: one that had not started is
+    cancelled; a running one is asked to stop, and the page says that it was only asked."""
+    job = await runtime.cancel(fields["job"], force=force)
+    if job.state is State.RUNNING:
+        cut = " (or when the cancel grace runs out, which cuts it off)" if force else ""
+        return (f"Cancel of job {job.id} asked for: it is still running, and ends cancelled "
+                f"when its handler stops{cut}, or completed if it finishes first.")  # fmt: skip
     return f"Job {job.id} is {job.state.value}."
+
+
+async def _force_cancel(runtime: Service, fields: Fields) -> str:
+    return await _cancel(runtime, fields, force=True)
 
 
 async def _pause(runtime: Service, fields: Fields) -> str:
@@ -137,6 +148,12 @@ ACTIONS = {
                question="Retry every dead job{matching}? Each is scheduled again."),
         Action(name="cancel", target=JOB, run=_cancel,
                question="Cancel job {job}? It will not run."),
+        Action(name="cancel-running", target=JOB, run=_cancel,
+               question="Ask running job {job} to stop? Its handler is told, and the job ends "
+               "cancelled when it stops (completed, if it finishes first)."),
+        Action(name="force-cancel", target=JOB, run=_force_cancel,
+               question="Stop running job {job}, and cut its attempt off if its handler has not "
+               "stopped within the server's cancel grace? It ends cancelled, not retried."),
         Action(name="pause", target=QUEUE, run=_pause,
                question="Pause queue {queue}? Its waiting jobs stay waiting; running ones finish."),
         Action(name="resume", target=QUEUE, run=_resume,

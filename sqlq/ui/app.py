@@ -30,6 +30,7 @@ from sqlq.common.clock import Clock
 from sqlq.common.errors import ValidationError
 from sqlq.common.models import State
 from sqlq.common.schedule import check_name
+from sqlq.common.wire import job_view
 from sqlq.runtime.service import Service
 from sqlq.ui.actions import ACTIONS, Action
 from sqlq.ui.gate import HEADERS, Refused, next_path, read_form
@@ -178,7 +179,7 @@ class Dashboard:
         return self.render(
             request,
             template,
-            jobs=jobs,
+            jobs=[job_view(j) for j in jobs],
             filters=filters,
             first_page=urlencode(filters),
             next_page=urlencode({**filters, "after": params.cursor(jobs[-1].id)}) if more else None,
@@ -192,9 +193,10 @@ class Dashboard:
         if job is None:
             raise Refused(404, "No such job", f"No job {job_id[:64]!r} (finished jobs are kept "
                           "for --retention, then pruned).")  # fmt: skip
+        view = job_view(job)  # what the API shows of it: every attempt, its errors, progress
         # The args are outside the live block: a refresh neither shows nor renders them.
-        args = "" if _refresh(request) else self.shown_args.get(job)
-        return self.render(request, "job.html", job=job, args=args, result=pretty(job.result))
+        args = "" if _refresh(request) else self.shown_args.get(view)
+        return self.render(request, "job.html", job=view, args=args, result=pretty(job.result))
 
     async def queues_page(self, request: Request) -> Response:
         return self.render(request, "queues.html", queues=await self.runtime.queues())
