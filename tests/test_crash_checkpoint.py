@@ -1,5 +1,6 @@
 """The bar of issue 22: a job that checkpoints, is killed with the server (kill -9), and
-restarts reads its checkpoint.
+restarts reads its checkpoint. And a cancel acknowledged while a job runs survives the
+kill -9: the restart ends that job cancelled, with the one attempt, never runs it again.
 
 A real ``sqlq serve`` on every durable engine of the registry, PostgreSQL included (there
 the restarted node rescues the dead node's job once its lease runs out). The handler
@@ -31,7 +32,7 @@ LEASE_S = 0.5  # shared mode: how soon the restarted node may rescue the killed 
 
 HANDLERS = """
 import asyncio
-import signal
+import time
 from pathlib import Path
 
 from sqlq import task
@@ -47,6 +48,13 @@ async def resumable(args, ctx):
         await asyncio.sleep(120)  # the server is killed here
     return {"resumed_from": {k: v for k, v in start.items() if k != "blob"},
             "attempt": ctx.job.attempts}
+
+
+@task(name="stubborn", timeout=120)
+def stubborn(args, ctx):
+    Path(args["marker"]).write_text(str(ctx.job.attempts))
+    time.sleep(120)  # ignores ctx.cancelled: the server is killed here
+    return "finished"
 """
 
 
@@ -124,3 +132,40 @@ async def test_a_checkpoint_saved_before_a_kill9_is_read_by_the_next_attempt(
     facts = await _offline(engine, serve_args, tmp_path)
     assert (facts.state, facts.attempts, facts.checkpoint) == ("completed", 2, None)
     assert facts.result == job["result"]
+
+
+@pytest.mark.slow  # a real sqlq serve, killed and restarted
+async def test_a_cancel_acknowledged_before_a_kill9_ends_the_job_cancelled_after_it(
+    engine: str, serve_args: list[str], tmp_path: Path
+) -> None:
+    handlers, marker = tmp_path / "handlers", tmp_path / "started"
+    server = await _start(serve_args, handlers)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
+            r = await http.post("/jobs", json={"kind": "stubborn", "args": {"marker": str(marker)}})
+            assert r.status_code == 201, r.text
+            job_id = r.json()["id"]
+            await wait_for(marker.exists, 30, "the job to run")
+            r = await http.delete(f"/jobs/{job_id}")
+            assert r.status_code == 202, r.text
+            assert (r.json()["state"], r.json()["cancel_requested"]) == ("running", True)
+        await asyncio.to_thread(server.kill)  # the handler never looked: still running
+        marker.unlink()
+        server = await _start(serve_args, handlers)
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
+
+            async def cancelled() -> bool:
+                return bool((await _job(http, job_id))["state"] == "cancelled")
+
+            await wait_for(cancelled, 60, f"job {job_id} to end cancelled after the restart")
+            job = await _job(http, job_id)
+        await asyncio.to_thread(server.stop, signal.SIGTERM)
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert not marker.exists()  # no second attempt started
+    assert (job["attempts"], job["attempts_total"]) == (1, 1)
+    assert job["cancel_requested_at"] is not None
+    facts = await _offline(engine, serve_args, tmp_path)
+    assert (facts.state, facts.attempts) == ("cancelled", 1)
+    assert facts.cancel_requested_at == job["cancel_requested_at"]
+    assert facts.breaks == []
