@@ -36,25 +36,22 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from sqlq.common.errors import (
-    IllegalTransitionError,
-    JobNotFoundError,
     StoreError,
-    TransitionError,
 )
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Recovery, SharedStore
-from sqlq.runtime.census import CENSUS_EVERY_S, Census
-from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase, QueueInfo
+from sqlq.runtime.census import CENSUS_EVERY_S, Census, CensusViews
+from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
-from sqlq.runtime.leases import rescue_expired, write_fenced
+from sqlq.runtime.leases import cancel_in_store, rescue_expired, write_fenced
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +60,7 @@ WAIT_POLL_S = 0.1  # how often this node looks at the jobs a GET ?wait= here wai
 MAX_FINISHED_IDS = 1000  # job ids in one statement of that look
 
 
-class SharedClaims(ClaimsBase):
+class SharedClaims(CensusViews, ClaimsBase):
     _store: SharedStore  # the parts' store; the composition root passes only a shared one
     key_attempts = 2  # other nodes reserve no key here: a key taken meanwhile, look again
     finish_poll_s = WAIT_POLL_S  # a job waited on here may finish on another node
@@ -322,61 +319,12 @@ class SharedClaims(ClaimsBase):
                 return await self._ask(claim, force)
             except AttemptFenced:
                 pass  # rescued meanwhile: as the job is now
-        state = "changing"
-        for _ in range(3):  # a job that moves on meanwhile is looked at again
-            job = await self._store.get(job_id)
-            if job is None:
-                raise JobNotFoundError(job_id)
-            now = self._clock.time()
-            if job.state is State.SCHEDULED:
-                t = job.cancel(now)
-                try:
-                    await self._store.commit([t])
-                except TransitionError:
-                    continue  # claimed (or retried) meanwhile
-                return self._applied(job, t)
-            state = job.state.value
-            if job.state is not State.RUNNING:
-                break
-            asked = await self._store.request_cancel(job_id, now)
-            if asked is None:
-                raise JobNotFoundError(job_id)
-            if asked.state is State.RUNNING:  # its node hears of it (NOTIFY, or its renewal)
-                self._events.record(Event.CANCEL_REQUESTED, asked)
-                self._heard(job_id)  # (if a worker here took it meanwhile)
-                return asked
-        raise IllegalTransitionError(job_id, f"a {state} job cannot be cancelled")
-
-    # -- what the queue holds, on every node ------------------------------------------------------
-
-    async def _refresh(self) -> None:
-        self._paused = await self._census.refresh()
-
-    async def queues(self) -> dict[str, QueueInfo]:
-        await self._refresh()
-        return self.queues_now()
-
-    def queues_now(self) -> dict[str, QueueInfo]:
-        return self._census.view(self._caps, self._paused)
-
-    async def queue(self, name: str) -> QueueInfo:
-        await self._refresh()
-        return self._census.info(name, self._caps, self._paused)
-
-    def backlog(self) -> int:
-        return self._census.backlog()
-
-    def census(self) -> dict[tuple[str, str], int]:
-        return dict(self._census.jobs)
-
-    def live_queues(self) -> Collection[str]:
-        return self._census.queues()
-
-    def live_counts(self) -> dict[str, int]:
-        counts = super().live_counts()  # (none: nothing is kept here) plus the queue's
-        for state, n in self._census.by_state().items():
-            counts[state] += n
-        return counts
+        job, t = await cancel_in_store(self._store, job_id, self._clock)
+        if t is not None:  # it was scheduled: cancelled
+            return self._applied(job, t)
+        self._events.record(Event.CANCEL_REQUESTED, job)  # its node hears (NOTIFY, renewal)
+        self._heard(job_id)  # (if a worker here took it meanwhile)
+        return job
 
     def stats(self) -> dict[str, Any]:
         return {
