@@ -74,7 +74,7 @@ class SharedClaims(CensusViews, ClaimsBase):
         self._tasks: list[asyncio.Task[None]] = []  # every loop below, the claimer's too
         self._claimer: asyncio.Task[None] | None = None
         self._upkeep: list[asyncio.Task[None]] = []  # lease renewal and rescue (by_hand)
-        self._held: set[str] = set()  # claimed here, outcome not yet written: leases to renew
+        self._held: dict[str, Claim] = {}  # claimed here, outcome not yet written: the leases
         self._progress: dict[str, Progress] = {}  # progress due, for the next renewal
         self._census = Census(self._store, self._clock)
         self._next_due: float | None = None
@@ -216,11 +216,10 @@ class SharedClaims(CensusViews, ClaimsBase):
     def _hand(self, job: Job, now: float) -> None:
         """A claimed job to the first waiting worker (or the ready list if none is left)."""
         self._running[job.queue] += 1
-        self._held.add(job.id)
         self._metrics.queue_wait.observe(max(0.0, now - job.ready_at))
         done: asyncio.Future[ClaimResult] = asyncio.get_running_loop().create_future()
         done.set_result(ClaimResult.CLAIMED)
-        claim = Claim(job, done)
+        claim = self._held[job.id] = Claim(job, done)
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
@@ -247,11 +246,13 @@ class SharedClaims(CensusViews, ClaimsBase):
             self._heard(job_id)
 
     def _heard(self, job_id: str) -> None:
-        """A cancel of ``job_id`` was asked for (on any node): if an attempt here holds it,
-        mark its claim (the outcome takes the cancel rule) and tell it."""
-        claim = self._attempts.holding(job_id)
-        if claim is not None and self._mark(claim, self._clock.time()) is not None:
-            self._attempts.interrupt(job_id, None)
+        """A cancel of ``job_id`` was asked for (on any node): if this node holds it, mark its
+        claim (the outcome takes the cancel rule; a worker yet to start it ends it at once)
+        and tell its attempt."""
+        claim = self._held.get(job_id)
+        if claim is None or claim.over or self._mark(claim, self._clock.time()) is None:
+            return
+        self._attempts.interrupt(job_id, None)
 
     async def rescue(self) -> int:
         """Requeue (or dead-letter) running jobs whose lease ran out; how many this node did."""
@@ -279,7 +280,7 @@ class SharedClaims(CensusViews, ClaimsBase):
                            self._clock.time() > give_up)  # fmt: skip
 
     def _let_go(self, claim: Claim) -> None:
-        self._held.discard(claim.job.id)  # no lease of it to renew from now on
+        self._held.pop(claim.job.id, None)  # no lease of it to renew from now on
 
     def _touch(self, t: Transition) -> Awaitable[None]:
         return self._write(t, self._clock.time())
@@ -313,8 +314,8 @@ class SharedClaims(CensusViews, ClaimsBase):
     # -- the service's side -------------------------------------------------------------------
 
     async def cancel(self, job_id: str, *, force: bool = False) -> Job:
-        claim = self._attempts.holding(job_id)
-        if claim is not None:  # held here: the claim's job is the one to mark
+        claim = self._held.get(job_id)
+        if claim is not None and not claim.over:  # held here: the claim's job is the one to mark
             try:
                 return await self._ask(claim, force)
             except AttemptFenced:
