@@ -211,6 +211,9 @@ class Connections:
                 self.listener = conn  # listening on every channel from here
             except (*UNAVAILABLE, asyncpg.PostgresError):
                 conn.terminate()  # lost while it began to listen: connect again
+            except asyncio.CancelledError:
+                conn.terminate()  # closed while it began to listen: ``close`` never saw it
+                raise
             if self._wake is not None:
                 self._wake()  # anything submitted while we were not listening
             await lost.wait()

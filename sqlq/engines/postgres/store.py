@@ -48,18 +48,12 @@ from sqlq.common.store import (
     SyncLevel,
 )
 from sqlq.engines.listing import postgres_args, postgres_shape
-from sqlq.engines.postgres.batch import (
-    JOB_WIDTH,
-    Encoded,
-    fast_path_safe,
-    write_batch,
-    write_one_by_one,
-)
+from sqlq.engines.postgres.batch import Encoded, fast_path_safe, write_batch, write_one_by_one
 from sqlq.engines.postgres.connections import UNAVAILABLE, Connections
 from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
 from sqlq.engines.postgres.schedule_rows import row_schedule
 from sqlq.engines.postgres.schedules import flush
-from sqlq.engines.rows import row_job
+from sqlq.engines.rows import JOB_COLUMNS, row_job
 
 T = TypeVar("T")
 _encode = msgspec.json.Encoder().encode  # a renewal's progress, as rows.py writes it
@@ -259,6 +253,8 @@ class PostgresStore(Committing):
         held: Sequence[str],
         progress: Mapping[str, Progress] | None = None,
     ) -> Renewal:
+        """One statement (queries.sql ``renew``): the leases, the progress riding on them,
+        and the cancels asked for, so a node's heartbeat stays one round trip."""
         ids = list(dict.fromkeys(held))
         given = progress or {}
         texts = [None if (p := given.get(i)) is None else _encode(p).decode() for i in ids]
@@ -268,10 +264,12 @@ class PostgresStore(Committing):
         return Renewal(int(count), frozenset(asked))
 
     async def request_cancel(self, job_id: str, now: float) -> Job | None:
+        """Not a transition: any node may ask, whatever epoch it read, and the holder's next
+        outcome obeys it (write_batch's cancel rule)."""
         row = await self._read(lambda c: c.fetchrow(Q["request_cancel"], job_id, now), "job_id")
         if row is None:  # not running, or asked already: read as it is now, in a new snapshot
             return await self.get(job_id)
-        return row_job(tuple(row)[:JOB_WIDTH])
+        return row_job(tuple(row)[: len(JOB_COLUMNS)])
 
     async def expired(self, now: float, limit: int) -> list[Job]:
         rows = await self._read(lambda c: c.fetch(Q["expired"], now, limit))
