@@ -69,8 +69,8 @@ def bench(
     B retries, C hangs and the health check, D durability cost, E kill -9
     recovery, F CPU jobs, G recovery time and compaction, H latency under load,
     I emulated disk latency, J many nodes on PostgreSQL, K the machine's limits,
-    L the dashboard's cost, M dispatch against the queues ever used; `ceiling` is the
-    client against a trivial endpoint.
+    L the dashboard's cost, M dispatch against the queues ever used, N schedules, O the
+    store writes of progress; `ceiling` is the client against a trivial endpoint.
     """
     from pathlib import Path
 

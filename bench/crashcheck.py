@@ -13,13 +13,19 @@ Two workloads. ``plain``: 2 ms jobs that always succeed. ``mixed`` (the
 default): besides the plain jobs, jobs that fail at random with ``max_attempts``
 1 to 3, long jobs on their last attempt (so a kill often lands on one), hangs,
 delayed jobs in a second queue, and an operator who cancels, retries dead and
-cancelled jobs, and pauses and resumes that queue during the trial. After the
-restart the operator resumes the queues and the trial drains.
+cancelled jobs, and pauses and resumes that queue during the trial; and what a
+running job carries (issue 22): long jobs the operator cancels while they run,
+jobs that checkpoint then fail, jobs that snooze (``sqlq.bench.crashtasks``, which
+the server imports). After the restart the operator resumes the queues and the
+trial drains.
 
 A trial fails if its first restart exits or is not ready within
 ``READY_WITHIN_S``; if an acknowledged id is missing, not finished, or ended in
-a way the client's own story does not allow (``sqlq.bench.offline.judge``: a cancel
-the client saw succeed stays cancelled; a dead job used its attempts); if the
+a way the client's own story does not allow (``sqlq.bench.verdict.judge``: a cancel
+the client saw succeed stays cancelled; a running job's acknowledged cancel ends it
+cancelled, or completed by that attempt, never run again; the attempt that completes a
+checkpointing job read the newest checkpoint saved durably before it; a snooze costs
+no attempt; a dead job used its attempts); if the
 store holds more unacknowledged jobs than could have been in flight at the kill
 (one per client); or if a job's epoch history is inconsistent.
 """
@@ -43,8 +49,9 @@ import uvloop
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerError, ServerProcess
-from sqlq.bench.crashload import QUEUES, Ledger, Trial, load
-from sqlq.bench.offline import JobFacts, VerifyError, judge, read_data
+from sqlq.bench.crashload import QUEUES, SERVER_FLAGS, Ledger, Trial, load, server_env
+from sqlq.bench.offline import JobFacts, VerifyError, read_data
+from sqlq.bench.verdict import CANCEL_TAG, CHECKPOINT_TAG, SNOOZE_TAG, ClientRecord, judge
 
 READY_WITHIN_S = 30.0  # a first restart slower than this fails the trial
 
@@ -57,7 +64,7 @@ def _restart(trial: Trial, data: Path, flags: tuple[str, ...]) -> tuple[ServerPr
     for within in (READY_WITHIN_S, 120.0):
         again = ServerProcess.engine(
             store=trial.store, data_dir=str(data), sync=trial.sync, flags=flags,
-            ready_within=within,
+            ready_within=within, env=server_env(data.parent),
         )  # fmt: skip
         t0 = time.perf_counter()
         try:
@@ -74,11 +81,14 @@ def _restart(trial: Trial, data: Path, flags: tuple[str, ...]) -> tuple[ServerPr
 def run_trial(trial: Trial, workdir: Path) -> dict[str, Any]:
     data = workdir / "data"
     ledger_path = workdir / "ledger.txt"
-    flags: tuple[str, ...] = ("--workers", "16")
+    flags: tuple[str, ...] = ("--workers", "16", *SERVER_FLAGS)
     if trial.compact_floor_mb is not None:
         # Compact often without pruning anything, so an absent job can only be a lost one.
         flags += ("--compact-floor-mb", str(trial.compact_floor_mb), "--compact-ratio", "1.5")
-    srv = ServerProcess.engine(store=trial.store, data_dir=str(data), sync=trial.sync, flags=flags)
+    srv = ServerProcess.engine(
+        store=trial.store, data_dir=str(data), sync=trial.sync, flags=flags,
+        env=server_env(workdir),
+    )  # fmt: skip
     os.makedirs(data, exist_ok=True)
     srv.start()
     t_start = time.perf_counter()
@@ -132,6 +142,7 @@ def verify(
         ids, ledger = ledger, Ledger(data / "unused")
         for i in ids:
             ledger.ack(i, None, False)
+    ledger.read_saved()  # the handlers' ledger, with what the restarted server's added
     jobs: dict[str, JobFacts] = {}
     try:
         jobs = read_data(trial.store, data)
@@ -172,12 +183,37 @@ def verify(
         "ended": dict(ended),
         "cancels_seen": sum(r.events.count("cancel") for r in ledger.records.values()),
         "retries_seen": sum(r.events.count("retry") for r in ledger.records.values()),
+        **running_counts(jobs, ledger.records),
         "restart_to_ready_s": round(ready_s, 4),
         "first_restart_ok": not any("restart" in p for p in problems),
         "recovery": recovery,
         "problems": problems,
         "ok": not problems,
     }
+
+
+def running_counts(jobs: dict[str, JobFacts], records: dict[str, ClientRecord]) -> dict[str, int]:
+    """How much of a trial exercised what a running job carries (a trial that did none of
+    it proves nothing of it): cancels acknowledged while running, and how those ended;
+    checkpointing jobs whose completing attempt read an earlier one's checkpoint;
+    snoozing jobs completed, and their snoozes."""
+    asked = [i for i, r in records.items() if "cancel202" in r.events and i in jobs]
+    checkpoints = [i for i, r in records.items() if r.tag == CHECKPOINT_TAG and i in jobs]
+    snoozers = [i for i, r in records.items() if r.tag == SNOOZE_TAG and i in jobs]
+    return {
+        "long_jobs": sum(1 for r in records.values() if r.tag == CANCEL_TAG),
+        "running_cancels": len(asked),
+        "running_cancels_cancelled": sum(1 for i in asked if jobs[i].state == "cancelled"),
+        "checkpoint_jobs": len(checkpoints),
+        "checkpoints_read": sum(
+            1 for i in checkpoints
+            if jobs[i].state == "completed" and (jobs[i].result or {}).get("read") is not None
+        ),
+        "checkpoints_saved": sum(len(records[i].saved) for i in checkpoints),
+        "snoozes": sum(jobs[i].snoozes for i in snoozers if jobs[i].state == "completed"),
+        "with_progress": sum(1 for j in jobs.values() if j.progress is not None),
+        "with_errors": sum(1 for j in jobs.values() if j.errors),
+    }  # fmt: skip
 
 
 def run_trials(

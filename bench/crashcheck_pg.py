@@ -33,11 +33,12 @@ import asyncpg
 
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
-from sqlq.bench.crashcheck import READY_WITHIN_S
-from sqlq.bench.crashload import QUEUES, Ledger
+from sqlq.bench.crashcheck import READY_WITHIN_S, running_counts
+from sqlq.bench.crashload import QUEUES, SERVER_FLAGS, Ledger, server_env
 from sqlq.bench.crashload_pg import CLIENTS, Targets, submit
-from sqlq.bench.offline import JobFacts, judge
+from sqlq.bench.offline import JOB_FACT_COLUMNS, JobFacts, row_facts
 from sqlq.bench.pgcluster import Cluster, make_cluster
+from sqlq.bench.verdict import judge
 
 NODES = 3
 
@@ -59,8 +60,12 @@ def node(
         "--store", "postgres", "--dsn", dsn, "--workers", "16", "--lease", str(lease_s),
         "--log-level", "warning", "--grace", "0",
         "--fault-injection",  # the mixed workload's jobs fail and hang on purpose
+        *SERVER_FLAGS,
     )  # fmt: skip
-    return ServerProcess(*args, log_path=workdir / f"node{n}.log", ready_within=ready_within)
+    return ServerProcess(
+        *args, env=server_env(workdir), log_path=workdir / f"node{n}.log",
+        ready_within=ready_within,
+    )  # fmt: skip
 
 
 async def _sql(dsn: str, query: str, *args: Any, within: float = 60.0) -> list[asyncpg.Record]:
@@ -182,27 +187,40 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
     )
 
 
+async def read_pg(dsn: str) -> dict[str, JobFacts]:
+    """Every job's facts in plain SQL (``row_facts``): the columns the verifier reads that
+    the schema has (an old one lacks what a running job carries)."""
+    have = {r[0] for r in await _sql(
+        dsn, "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs'"
+    )}  # fmt: skip
+    names = [c for c in JOB_FACT_COLUMNS if c in have]
+    rows = await _sql(dsn, f"SELECT {', '.join(names)} FROM jobs")
+    return {r["id"]: row_facts(dict(r)) for r in rows}
+
+
 async def verify(
     dsn: str, trial: PgTrial, ledger: Ledger | list[str], held: set[str], at_crash: set[str],
     events: dict[str, float], problems: list[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The verdict in plain SQL: every acknowledged job ended as the client's story allows
-    (``sqlq.bench.offline.judge``; a plain job: completed), and every rerun of a job that
+    (``sqlq.bench.verdict.judge``; a plain job: completed), and every rerun of a job that
     cannot fail is explained by a death."""
     if isinstance(ledger, list):  # ids alone: acknowledged plain jobs
         ids, ledger = ledger, Ledger(Path("unused"))
         for i in ids:
             ledger.ack(i, None, False)
-    rows = await _sql(
-        dsn, "SELECT id, state, epoch, attempts, max_attempts, attempts_total FROM jobs"
-    )
-    jobs = {r[0]: JobFacts(r[1], r[2], r[3], max_attempts=r[4], attempts_total=r[5]) for r in rows}
+    jobs = await read_pg(dsn)
+    if isinstance(ledger, Ledger):
+        ledger.read_saved()  # what the handlers saw durable, through every node's life
     problems = list(problems or [])
     acked = ledger.acked
     lost = [i for i in acked if i not in jobs]
     # A shared claim takes a new epoch, and so does the requeue after a failed attempt.
+    deaths = 2 + (1 if trial.kill_db else 0)  # a rerun each, at most: the node, the database
     verdicts = {
-        i: judge(jobs[i], ledger.records[i], epochs_per_attempt=2) for i in acked if i in jobs
+        i: judge(jobs[i], ledger.records[i], epochs_per_attempt=2, deaths=deaths)
+        for i in acked
+        if i in jobs
     }
     plain = {i for i in acked if not ledger.records[i].can_fail and not ledger.records[i].events}
     unfinished = {i: v for i, v in verdicts.items() if v is not None}
@@ -242,6 +260,7 @@ async def verify(
         "db_down_s": round(events.get("db_down_s", 0.0), 3),
         "lease_s": trial.lease_s,
         "ended": dict(Counter(jobs[i].state for i in acked if i in jobs)),
+        **running_counts(jobs, ledger.records),
         "first_restart_ok": not any("restart" in p for p in problems),
         "problems": problems,
         "ok": not problems,

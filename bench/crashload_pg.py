@@ -56,16 +56,14 @@ async def submit(
                 continue
             pool = targets.pools[n % len(targets.pools)]
             n += 1
-            spec, can_fail = mixed_spec(rng) if mixed else (PLAIN, False)
+            spec, can_fail, tag = mixed_spec(rng) if mixed else (PLAIN, False, "")
             try:
                 status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(spec))
             except (HTTPError, OSError, TimeoutError):
                 targets.drop(pool)  # that node is down: the others take the load
                 continue
             if status == 201:
-                ledger.ack(reply["id"], spec.get("max_attempts"), can_fail)
-                if "delay_ms" in spec:
-                    ledger.delayed.append(reply["id"])
+                ledger.acknowledged(reply["id"], spec, can_fail, tag)
             else:  # 503 while the database is down: not acknowledged, try again
                 await asyncio.sleep(0.02)
 

@@ -74,6 +74,7 @@ def write_report(out: Path) -> str:
         "used all its attempts.",
         "",
     ]
+    lines += _running_section(out)
     if shared:
         lines += _shared_section(shared)
     if ticking:
@@ -81,6 +82,47 @@ def write_report(out: Path) -> str:
     text = "\n".join(lines)
     (out / "crash.md").write_text(text)
     return text
+
+
+def _running_section(out: Path) -> list[str]:
+    """What the mixed trials did with what a running job carries (issue 22), so a reader
+    sees the rules were exercised, not only that nothing broke them."""
+    runs = []
+    for path in sorted(out.glob("crash-*-mixed.jsonl")):
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        if rows and "running_cancels" in rows[0]:
+            runs.append(rows)
+    if not runs:
+        return []
+    lines = [
+        "### What a running job carries, through the kills (mixed workload)",
+        "",
+        "Long jobs the operator cancels while they run (each cancel acknowledged 202 must "
+        "end the job cancelled, or completed by the attempt it was asked of; walq's fold "
+        "checks that no step requeued it after the request); jobs that checkpoint and fail "
+        "their first attempts (the attempt that completes must have read the newest "
+        "checkpoint an earlier attempt saw durable, from the handlers' fsynced ledger); jobs "
+        "that snooze (they complete after exactly their snoozes, which cost no attempt).",
+        "",
+        "| store | trials | cancels acknowledged while running | of those, cancelled | "
+        "checkpointing jobs | completed reading a checkpoint | checkpoints saw durable | "
+        "snoozes | jobs with progress | jobs with errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = (
+        "running_cancels",
+        "running_cancels_cancelled",
+        "checkpoint_jobs",
+        "checkpoints_read",
+        "checkpoints_saved",
+        "snoozes",
+        "with_progress",
+        "with_errors",
+    )
+    for rows in runs:
+        sums = " | ".join(f"{sum(r.get(k, 0) for r in rows):,}" for k in keys)
+        lines.append(f"| {rows[0]['store']} | {len(rows)} | {sums} |")
+    return [*lines, ""]
 
 
 def _shared_section(runs: list[list[dict[str, Any]]]) -> list[str]:

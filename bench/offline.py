@@ -2,8 +2,16 @@
 
 walq's log through a minimal parser (framing, CRC-32, sequence numbers, the
 fold with every epoch fence checked); SQLite's file with the stdlib ``sqlite3``
-module and plain SQL. The transition table is restated here on purpose: a
-verifier must not trust the code it is checking.
+module and plain SQL (PostgreSQL's rows, read in plain SQL by ``crashcheck_pg``,
+become facts through ``row_facts`` too). The transition table is restated here on
+purpose: a verifier must not trust the code it is checking.
+
+Besides the state, each job's facts hold what a running job carries (issue 22): the
+cancel asked for, progress, the checkpoint, snoozes and the last errors, read from the
+log's JSON or the columns' JSON text, and the result (the crash workload's checkpoint
+jobs report there what they read). Folding walq's log, the reader also checks the
+cancel rule on every step: a running job whose cancel was asked for leaves running
+only to completed or cancelled (``JobFacts.breaks`` says when one did not).
 """
 
 from __future__ import annotations
@@ -20,12 +28,15 @@ from typing import Any
 # the code it is checking.
 LEGAL = {
     "scheduled": {"running", "cancelled"},
-    "running": {"completed", "scheduled", "dead"},
+    # running -> running: what the attempt carries changed (same epoch); -> cancelled: it
+    # ended after a cancel was asked for
+    "running": {"completed", "scheduled", "dead", "running", "cancelled"},
     "completed": set(),
     "dead": {"scheduled"},  # an operator's retry
     "cancelled": {"scheduled"},
 }
 TERMINAL = {"completed", "dead", "cancelled"}
+RUNNING_FIELDS = ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors")
 
 
 @dataclass
@@ -36,71 +47,88 @@ class JobFacts:
     history: list[tuple[str, int]] = field(default_factory=list)  # (state, epoch) as folded
     max_attempts: int = 0
     attempts_total: int = 0  # attempts before the latest operator retry
+    cancel_requested_at: float | None = None  # what a running job carries, as stored
+    progress: dict[str, Any] | None = None
+    checkpoint: Any = None
+    snoozes: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    result: Any = None
+    breaks: list[str] = field(default_factory=list)  # the cancel rule broken, step by step
+
+    def carry(self, record: dict[str, Any]) -> None:
+        """Take the running fields (and the result) of a job or transition record: whole,
+        and an absent one at its default (a transition's JSON omits defaults)."""
+        self.cancel_requested_at = record.get("cancel_requested_at")
+        self.progress = record.get("progress")
+        self.checkpoint = record.get("checkpoint")
+        self.snoozes = record.get("snoozes", 0)
+        self.errors = list(record.get("errors") or ())
+        self.result = record.get("result")
 
 
 def _facts(j: dict[str, Any]) -> JobFacts:
     """A job record (a put, or a snapshot's job) as facts."""
-    return JobFacts(
+    facts = JobFacts(
         j["state"], j["epoch"], j["attempts"], [(j["state"], j["epoch"])],
         max_attempts=j.get("max_attempts", 0), attempts_total=j.get("attempts_total", 0),
     )  # fmt: skip
+    facts.carry(j)
+    return facts
 
 
-@dataclass
-class ClientRecord:
-    """What the clients did with one job and what they were told, in order.
+def _step(job_id: str, cur: JobFacts, t: dict[str, Any]) -> None:
+    """One transition folded into ``cur``, every fence and the cancel rule checked."""
+    if t["expect_epoch"] != cur.epoch:
+        raise VerifyError(
+            f"job {job_id}: change fenced at epoch {t['expect_epoch']} applied at {cur.epoch}"
+        )
+    if t["state"] not in LEGAL[cur.state]:
+        raise VerifyError(f"job {job_id}: illegal {cur.state} -> {t['state']}")
+    if t["epoch"] < cur.epoch:
+        raise VerifyError(f"job {job_id}: epoch went back")
+    if cur.state == t["state"] == "running" and t["epoch"] != cur.epoch:
+        raise VerifyError(f"job {job_id}: running -> running took a new epoch")
+    if cur.state == "running" and cur.cancel_requested_at is not None:
+        if t["state"] in ("scheduled", "dead"):
+            cur.breaks.append(f"{t['state']} after a cancel was asked for (epoch {cur.epoch})")
+    cur.state, cur.epoch, cur.attempts = t["state"], t["epoch"], t["attempts"]
+    if t.get("attempts_total") is not None:  # only an operator's retry sets it
+        cur.attempts_total = t["attempts_total"]
+    cur.carry(t)
+    cur.history.append((cur.state, cur.epoch))
 
-    ``events``: ``cancel?`` and ``retry?`` when a request was sent (it may have
-    landed even if no answer came back before the kill), ``cancel`` and ``retry``
-    when it was answered 200.
-    """
 
-    max_attempts: int | None = None  # as asked; None: the server's default
-    can_fail: bool = False  # the job was asked to fail (or hang) sometimes
-    events: list[str] = field(default_factory=list)
-
-    def after(self, event: str, start: int) -> bool:
-        return event in self.events[start:]
-
-    def last(self, event: str) -> int:
-        """The index of the last ``event``; -1 if none."""
-        return max((i for i, e in enumerate(self.events) if e == event), default=-1)
+def _json(text: Any) -> Any:
+    """A JSON column's value: text as stored (NULL: None); a driver that decodes jsonb
+    itself hands over the value."""
+    return json.loads(text) if isinstance(text, str | bytes) else text
 
 
-def judge(job: JobFacts | None, rec: ClientRecord, *, epochs_per_attempt: int = 1) -> str | None:
-    """Whether an acknowledged job's end is one the client's own story allows; why not if not.
-
-    It must be there and finished; a job that nothing could fail, completed. A cancel
-    the client saw succeed, with no retry sent after it, leaves it cancelled; it is
-    cancelled only if a cancel was sent and no retry was answered after it. Dead means
-    its attempts were used up. Every epoch bump is a requeue after an attempt or an
-    operator's retry (and, in shared mode, ``epochs_per_attempt=2``: a claim too).
-    """
-    if job is None:
-        return "missing"
-    if job.state not in TERMINAL:
-        return f"not finished ({job.state})"
-    if not rec.can_fail and rec.max_attempts is None and not rec.events:
-        # Never asked to fail, never touched, the server's 5 attempts: a trial's few deaths
-        # cannot use them up, so it completed.
-        return None if job.state == "completed" else f"{job.state}, though nothing failed it"
-    cancelled = rec.last("cancel")
-    if cancelled >= 0 and not rec.after("retry?", cancelled) and job.state != "cancelled":
-        return f"{job.state}, though the client saw it cancelled"
-    if job.state == "cancelled":
-        sent = rec.last("cancel?")
-        if sent < 0:
-            return "cancelled, though no client cancelled it"
-        if rec.after("retry", sent):
-            return "cancelled, though the client saw it retried after its last cancel"
-    if job.state == "dead":
-        limit = rec.max_attempts or job.max_attempts
-        if job.attempts != job.max_attempts or (rec.max_attempts and limit != job.max_attempts):
-            return f"dead after {job.attempts} of {limit} attempts"
-    revivals = rec.events.count("retry?")
-    if job.epoch > epochs_per_attempt * (job.attempts + job.attempts_total) + revivals:
-        return f"epoch {job.epoch} but only {job.attempts + job.attempts_total} attempts"
-    return None
+def row_facts(row: dict[str, Any]) -> JobFacts:
+    """A job row read in plain SQL (SQLite, PostgreSQL) as facts: JSON columns as text or
+    NULL; a column the schema lacks (an old database) reads as its default."""
+    job_id, state = row["id"], row["state"]
+    if state not in LEGAL:
+        raise VerifyError(f"job {job_id}: unknown state {state!r}")
+    if row["attempts"] > row["max_attempts"]:
+        raise VerifyError(
+            f"job {job_id}: {row['attempts']} attempts of at most {row['max_attempts']}"
+        )
+    facts = JobFacts(
+        state, row["epoch"], row["attempts"], max_attempts=row["max_attempts"],
+        attempts_total=row["attempts_total"],
+    )  # fmt: skip
+    facts.carry(
+        {
+            "cancel_requested_at": row.get("cancel_requested_at"),
+            "progress": _json(row.get("progress")),
+            "checkpoint": _json(row.get("checkpoint")),
+            "snoozes": row.get("snoozes") or 0,
+            "errors": _json(row.get("errors")),
+            "result": _json(row.get("result")),
+        }
+    )
+    return facts
 
 
 class VerifyError(Exception):
@@ -154,36 +182,25 @@ def read_walq(path: Path) -> dict[str, JobFacts]:
                 cur = jobs.get(t["id"])
                 if cur is None:
                     raise VerifyError(f"change to unknown job {t['id']}")
-                if t["expect_epoch"] != cur.epoch:
-                    raise VerifyError(
-                        f"job {t['id']}: change fenced at epoch {t['expect_epoch']} "
-                        f"applied at {cur.epoch}"
-                    )
-                if t["state"] not in LEGAL[cur.state]:
-                    raise VerifyError(f"job {t['id']}: illegal {cur.state} -> {t['state']}")
-                if t["epoch"] < cur.epoch:
-                    raise VerifyError(f"job {t['id']}: epoch went back")
-                cur.state, cur.epoch, cur.attempts = t["state"], t["epoch"], t["attempts"]
-                if t.get("attempts_total") is not None:  # only an operator's retry sets it
-                    cur.attempts_total = t["attempts_total"]
-                cur.history.append((cur.state, cur.epoch))
+                _step(t["id"], cur, t)
     return jobs
+
+
+JOB_FACT_COLUMNS = (
+    "id", "state", "epoch", "attempts", "max_attempts", "attempts_total", "result",
+    *RUNNING_FIELDS,
+)  # fmt: skip
 
 
 def read_sqlite(path: Path) -> dict[str, JobFacts]:
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        rows = db.execute(
-            "SELECT id, state, epoch, attempts, max_attempts, attempts_total FROM jobs"
-        ).fetchall()
+        have = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+        names = [c for c in JOB_FACT_COLUMNS if c in have]
+        rows = db.execute(f"SELECT {', '.join(names)} FROM jobs").fetchall()
     jobs = {}
-    for job_id, state, epoch, attempts, max_attempts, attempts_total in rows:
-        if state not in LEGAL:
-            raise VerifyError(f"job {job_id}: unknown state {state!r}")
-        if attempts > max_attempts:
-            raise VerifyError(f"job {job_id}: {attempts} attempts of at most {max_attempts}")
-        jobs[job_id] = JobFacts(
-            state, epoch, attempts, max_attempts=max_attempts, attempts_total=attempts_total
-        )
+    for values in rows:
+        row = dict(zip(names, values, strict=True))
+        jobs[row["id"]] = row_facts(row)
     return jobs
 
 

@@ -115,6 +115,21 @@ class ServeSettings:
         type=click.FloatRange(0, 3600),
         help="Seconds running jobs get to finish on SIGTERM/SIGINT.",
     )
+    cancel_grace: float = opt(
+        _RUNTIME.cancel_grace_s,
+        "--cancel-grace",
+        type=click.FloatRange(0, 86_400),
+        metavar="S",
+        help="A forced cancel of a running job (DELETE /jobs/{id}?force=1) cuts its attempt "
+        "off S seconds after the request, as a timeout does.",
+    )
+    max_snoozes: int = opt(
+        _RUNTIME.max_snoozes,
+        "--max-snoozes",
+        type=click.IntRange(0, 1_000_000),
+        help="A job that snoozes more than this many times (within its attempt budget) is "
+        "dead-lettered.",
+    )
     retention: float = opt(
         DEFAULT_RETENTION_S,
         "--retention",
@@ -296,6 +311,8 @@ class ServeSettings:
             lease_s=self.lease,
             poll_s=self.poll,
             listen=self.listen,
+            cancel_grace_s=self.cancel_grace,
+            max_snoozes=self.max_snoozes,
         )
 
     def store_options(self) -> dict[str, Any]:

@@ -10,15 +10,8 @@ import pytest
 
 from sqlq.bench.crashcheck import run_trials, verify
 from sqlq.bench.crashload import Ledger, Trial
-from sqlq.bench.offline import (
-    READERS,
-    ClientRecord,
-    JobFacts,
-    VerifyError,
-    judge,
-    read_data,
-    read_walq,
-)
+from sqlq.bench.offline import READERS, JobFacts, VerifyError, read_data, read_walq
+from sqlq.bench.verdict import ClientRecord, judge
 from sqlq.engines.registry import DURABLE
 
 

@@ -69,8 +69,10 @@ class ServerProcess:
         workers: int = 16,
         flags: tuple[str, ...] = (),
         ready_within: float = 120.0,
+        env: dict[str, str] | None = None,
     ) -> ServerProcess:
-        """The benchmark's server: a fresh data directory unless given one."""
+        """The benchmark's server: a fresh data directory unless given one; ``env`` adds to
+        the environment (the crash trials' handlers read theirs)."""
         tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="sqlq-bench-")
         data = data_dir or (tmp.name if tmp else "")
         args = (
@@ -80,7 +82,9 @@ class ServerProcess:
             "--fault-injection",  # the experiments inject failures and hangs
             *flags,
         )  # fmt: skip
-        srv = cls(*args, log_path=Path(data) / "server.log", ready_within=ready_within, tmp=tmp)
+        srv = cls(
+            *args, env=env, log_path=Path(data) / "server.log", ready_within=ready_within, tmp=tmp
+        )
         srv.store, srv.data_dir = store, data
         return srv
 

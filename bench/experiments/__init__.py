@@ -27,6 +27,7 @@ from sqlq.bench.experiments import (
     l_dashboard,
     m_queues,
     n_schedules,
+    o_progress,
 )
 from sqlq.bench.experiments.answer import answer
 from sqlq.bench.experiments.base import BenchRun
@@ -39,6 +40,7 @@ MODULES = (
     l_dashboard,
     m_queues,
     n_schedules,
+    o_progress,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so

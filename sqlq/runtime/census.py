@@ -64,3 +64,41 @@ class Census:
     def backlog(self) -> int:
         """Live jobs on every node, as of the last count, plus what this node added since."""
         return sum(self.jobs.values()) + self.since
+
+
+class CensusViews:
+    """What a shared queue holds on every node, as the claims show it (a mixin of
+    ``SharedClaims``, before ``ClaimsBase``): read from its ``Census``."""
+
+    _census: Census
+    _caps: dict[str, int]
+    _paused: set[str]
+
+    async def _refresh(self) -> None:
+        self._paused = await self._census.refresh()
+
+    async def queues(self) -> dict[str, QueueInfo]:
+        await self._refresh()
+        return self.queues_now()
+
+    def queues_now(self) -> dict[str, QueueInfo]:
+        return self._census.view(self._caps, self._paused)
+
+    async def queue(self, name: str) -> QueueInfo:
+        await self._refresh()
+        return self._census.info(name, self._caps, self._paused)
+
+    def backlog(self) -> int:
+        return self._census.backlog()
+
+    def census(self) -> dict[tuple[str, str], int]:
+        return dict(self._census.jobs)
+
+    def live_queues(self) -> Collection[str]:
+        return self._census.queues()
+
+    def live_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = super().live_counts()  # type: ignore[misc]  # (ClaimsBase's)
+        for state, n in self._census.by_state().items():
+            counts[state] += n
+        return counts

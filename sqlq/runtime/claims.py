@@ -22,48 +22,20 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
 from sqlq.common.backoff import after_failure, after_snooze
 from sqlq.common.errors import StoreError, TransitionError, UnencodableError
 from sqlq.common.models import JSON, Job, State, Transition
-from sqlq.common.running import Progress
 from sqlq.common.store import Recovery
+from sqlq.runtime.claim import Claim as Claim  # (re-exported: where the claims speak of it)
+from sqlq.runtime.claim import ClaimResult as ClaimResult
+from sqlq.runtime.claim import QueueInfo as QueueInfo
 from sqlq.runtime.events import Event
 from sqlq.runtime.parts import Parts
 from sqlq.runtime.reach import Attempts, Reach
 
 log = logging.getLogger(__name__)
-
-
-class ClaimResult(StrEnum):
-    CLAIMED = "claimed"  # durable: the attempt counts, and so will its outcome
-    REFUSED = "refused"  # a guard refused it (a cancel won): the outcome is fenced
-    FAILED = "failed"  # the store failed: nothing of this attempt is recorded
-
-
-@dataclass(slots=True, eq=False)
-class Claim:
-    """A job a worker may run: its running version, and the claim's fate; and what its
-    attempt reported while it ran (``sqlq.runtime.reach``: only if it reported any)."""
-
-    job: Job  # as running (attempts and started_at updated), and as changed since
-    claimed: asyncio.Future[ClaimResult]
-    progress: Progress | None = None  # the latest the handler reported (written or not)
-    armed: bool = False  # a write of the progress is due
-    written_at: float | None = None  # monotonic: the last progress write (or first report)
-    over: bool = False  # the outcome is built: nothing more is written for this attempt
-    last: asyncio.Task[Any] | None = None  # the latest write of this claim (``Reach._chain``)
-
-
-@dataclass(frozen=True, slots=True)
-class QueueInfo:
-    depth: int  # jobs waiting (due or delayed)
-    running: int
-    limit: int | None  # None: no cap beyond the worker pool
-    paused: bool
 
 
 class Claims(Protocol):
@@ -318,26 +290,6 @@ class ClaimsBase(Reach):
 
     def _after_failure(self, job: Job, error: str, now: float) -> Transition:
         return after_failure(job, error, now, self._config.retry, self._rng)
-
-    # -- a cancel of a running attempt held here ---------------------------------------------
-
-    async def _ask(self, claim: Claim, force: bool) -> Job:
-        """Ask the attempt of ``claim`` to stop: the request durable, then the attempt told;
-        the job as it now stands (running, the cancel asked for). ``AttemptFenced`` if the
-        request was refused: the attempt no longer holds the job (look at it again)."""
-        t = self._mark(claim, self._clock.time())
-        if t is None:
-            await self._settled(claim)  # asked before: durable first
-        else:
-            self._events.record(Event.CANCEL_REQUESTED, claim.job)
-            await self._chain(claim, lambda: self._write_request(claim, t))
-        self._attempts.interrupt(claim.job.id, self._config.cancel_grace_s if force else None)
-        return claim.job
-
-    def _write_request(self, claim: Claim, t: Transition) -> Awaitable[None]:
-        """Write the cancel request ``t`` of the attempt of ``claim``; ``AttemptFenced`` if
-        refused."""
-        return self._write_touch(claim, t)
 
     def _record(self, claim: Claim, t: Transition, *, again: Event | None = None) -> None:
         """Write the outcome ``t`` in the background, while the worker takes its next job.

@@ -26,7 +26,7 @@ from sqlq.common.running import Progress, check_checkpoint, check_progress, chec
 from sqlq.runtime.threads import HandlerThreads
 
 if TYPE_CHECKING:
-    from sqlq.runtime.claims import Claim
+    from sqlq.runtime.claim import Claim
 
 
 class JobFailed(Exception):

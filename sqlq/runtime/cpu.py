@@ -9,6 +9,11 @@ A job first waits for a free process and beats while it waits: with more
 workers than cores, jobs queue for a CPU, and queueing is not hanging. Without
 that, every job queued behind the pool would be declared hung and requeued,
 burning the CPU it was waiting for.
+
+An attempt that ends early (a cancel asked for, a hang, a stop) raises its
+process's stop flag; the child looks at it as often as it bumps its counter, so
+it stops within 1024 rounds (well within a heartbeat) and its process is free
+for the next job, instead of computing a digest nobody will read.
 """
 
 from __future__ import annotations
@@ -31,22 +36,31 @@ POLL_S = 0.005
 STARTUP_S = 30.0  # how long a submitted job may wait for a pool process to pick it up
 
 _counters: Any = None  # the shared counter array, in a pool process
+_stops: Any = None  # the shared stop flags, in a pool process
 
 
-def _init_child(counters: Any) -> None:
-    global _counters
-    _counters = counters
+def _init_child(counters: Any, stops: Any = None) -> None:
+    global _counters, _stops
+    _counters, _stops = counters, stops
+
+
+class Stopped(Exception):
+    """The child saw its stop flag: the attempt it computed for is over."""
 
 
 def chain_sha256(seed: str, rounds: int, slot: int = -1) -> str:
-    """The chained digest; bumps ``_counters[slot]`` as it goes when in the pool."""
+    """The chained digest; bumps ``_counters[slot]`` as it goes when in the pool, and
+    stops (``Stopped``) once ``_stops[slot]`` is raised."""
     digest = hashlib.sha256(seed.encode()).digest()
     counters = _counters if slot >= 0 else None
+    stops = _stops if slot >= 0 else None
     sha = hashlib.sha256
     for i in range(rounds):
         digest = sha(digest).digest()
         if counters is not None and i % PROGRESS_EVERY == 0:
             counters[slot] += 1
+            if stops is not None and stops[slot]:
+                raise Stopped(f"stopped after {i} rounds")
     return digest.hex()
 
 
@@ -68,6 +82,7 @@ class CpuPool:
         self.beat_while_queued = beat_while_queued
         self._executor: ProcessPoolExecutor | None = None
         self._counters: Any = None
+        self._stops: Any = None
         self._free: asyncio.Queue[int] | None = None
 
     def _ensure(self) -> tuple[ProcessPoolExecutor, asyncio.Queue[int]]:
@@ -75,8 +90,12 @@ class CpuPool:
             # spawn, not fork: the parent has I/O threads (one per durable engine) running.
             mp = multiprocessing.get_context("spawn")
             self._counters = mp.RawArray("Q", self.processes)
+            self._stops = mp.RawArray("b", self.processes)
             self._executor = ProcessPoolExecutor(
-                self.processes, mp_context=mp, initializer=_init_child, initargs=(self._counters,)
+                self.processes,
+                mp_context=mp,
+                initializer=_init_child,
+                initargs=(self._counters, self._stops),
             )
             self._free = asyncio.Queue()
             for slot in range(self.processes):
@@ -87,8 +106,10 @@ class CpuPool:
         a = CpuArgs(**args)
         executor, free = self._ensure()
         slot = await _wait_beating(free, ctx, self.beat_while_queued)
+        fut: asyncio.Future[str] | None = None
         try:
             loop = asyncio.get_running_loop()
+            self._stops[slot] = 0
             fut = loop.run_in_executor(executor, chain_sha256, a.seed, a.rounds, slot)
             seen = self._counters[slot]
             started = False
@@ -105,6 +126,11 @@ class CpuPool:
                     ctx.beat()
                 if done:
                     return {"digest": fut.result(), "rounds": a.rounds}
+        except BaseException:
+            if fut is not None and not fut.done():  # over early: stop the child first
+                self._stops[slot] = 1
+                await _stopped(fut)
+            raise
         finally:
             free.put_nowait(slot)
 
@@ -112,6 +138,17 @@ class CpuPool:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+
+async def _stopped(fut: asyncio.Future[str]) -> None:
+    """Wait (a few ms) for a child told to stop, so its process is free when its slot is
+    handed on; a second cancel while waiting gives up on it."""
+    try:
+        await asyncio.wait({fut}, timeout=STARTUP_S)
+    except asyncio.CancelledError:
+        pass
+    if fut.done() and not fut.cancelled():
+        fut.exception()  # (retrieved: Stopped, as expected)
 
 
 async def _wait_beating(free: asyncio.Queue[int], ctx: JobContext, beat: bool) -> int:

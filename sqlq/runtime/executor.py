@@ -27,7 +27,7 @@ from sqlq.runtime.kinds import JobContext, Kind, Registry, sleep_kind
 from sqlq.runtime.threads import HandlerThreads
 
 if TYPE_CHECKING:
-    from sqlq.runtime.claims import Claim
+    from sqlq.runtime.claim import Claim
 
 
 class UnstorableResult(Exception):

@@ -2,8 +2,9 @@
 
 An outcome applies only while its node still holds an unexpired lease on the job
 at the claim's epoch; a rescue only while the lease is still expired (a late
-renewal wins). Both are plain functions of the store, so ``SharedClaims`` keeps
-only the decisions: what an attempt became, and whom to tell.
+renewal wins); a cancel of a job held elsewhere is asked of the store. All are
+plain functions of the store, so ``SharedClaims`` keeps only the decisions: what
+an attempt became, and whom to tell.
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ import logging
 from collections.abc import Callable
 
 from sqlq.common.clock import Clock
-from sqlq.common.errors import StoreUnavailableError, TransitionError
-from sqlq.common.models import Job, Transition
+from sqlq.common.errors import (
+    IllegalTransitionError,
+    JobNotFoundError,
+    StoreUnavailableError,
+    TransitionError,
+)
+from sqlq.common.models import Job, State, Transition
 from sqlq.common.store import Fence, SharedStore
 
 log = logging.getLogger(__name__)
@@ -76,3 +82,33 @@ async def rescue_expired(
         elif not isinstance(outcome, TransitionError):  # another node rescued it first
             log.warning("could not rescue job %s: %s", move[0].id, outcome)
     return done
+
+
+async def cancel_in_store(
+    store: SharedStore, job_id: str, clock: Clock
+) -> tuple[Job, Transition | None]:
+    """Cancel ``job_id`` if it is scheduled (the job before, and the durable cancel), or ask
+    for the cancel of it running on any node (the job as it now stands, None). A job that
+    moves on meanwhile is looked at again; a finished one: ``IllegalTransitionError``."""
+    state = "changing"
+    for _ in range(3):
+        job = await store.get(job_id)
+        if job is None:
+            raise JobNotFoundError(job_id)
+        now = clock.time()
+        state = job.state.value
+        if job.state is State.SCHEDULED:
+            t = job.cancel(now)
+            try:
+                await store.commit([t])
+            except TransitionError:
+                continue  # claimed (or retried) meanwhile
+            return job, t
+        if job.state is not State.RUNNING:
+            break
+        asked = await store.request_cancel(job_id, now)
+        if asked is None:
+            raise JobNotFoundError(job_id)
+        if asked.state is State.RUNNING:
+            return asked, None
+    raise IllegalTransitionError(job_id, f"a {state} job cannot be cancelled")

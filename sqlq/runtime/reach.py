@@ -24,17 +24,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from sqlq.common.clock import Clock
 from sqlq.common.errors import StoreError, TransitionError
 from sqlq.common.models import JSON, Job, Transition
 from sqlq.common.running import Progress
+from sqlq.runtime.claim import Claim, ClaimResult
+from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.context import AttemptFenced
-
-if TYPE_CHECKING:
-    from sqlq.runtime.claims import Claim
+from sqlq.runtime.events import Event, Events
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,9 @@ class Reach:
 
     # What ClaimsBase has (set in its __init__):
     _background: set[asyncio.Task[Any]]
-    _clock: Any
-    _config: Any
+    _clock: Clock
+    _config: RuntimeConfig
+    _events: Events
     _attempts: Attempts = _Nobody()
     _loop: asyncio.AbstractEventLoop | None = None
 
@@ -133,8 +135,6 @@ class Reach:
         return self._chain(claim, lambda: self._write_touch(claim, t))
 
     async def _write_touch(self, claim: Claim, t: Transition) -> None:
-        from sqlq.runtime.claims import ClaimResult  # (claims imports this module)
-
         if await claim.claimed is not ClaimResult.CLAIMED:
             raise AttemptFenced(f"job {t.job_id}: this attempt's claim never held")
         try:
@@ -181,6 +181,24 @@ class Reach:
         if progress is not None and progress is not job.progress:
             job = claim.job = msgspec.structs.replace(job, progress=progress)
         return job
+
+    async def _ask(self, claim: Claim, force: bool) -> Job:
+        """Ask the attempt of ``claim`` to stop: the request durable, then the attempt told;
+        the job as it now stands (running, the cancel asked for). ``AttemptFenced`` if the
+        request was refused: the attempt no longer holds the job (look at it again)."""
+        t = self._mark(claim, self._clock.time())
+        if t is None:
+            await self._settled(claim)  # asked before: durable first
+        else:
+            self._events.record(Event.CANCEL_REQUESTED, claim.job)
+            await self._chain(claim, lambda: self._write_request(claim, t))
+        self._attempts.interrupt(claim.job.id, self._config.cancel_grace_s if force else None)
+        return claim.job
+
+    def _write_request(self, claim: Claim, t: Transition) -> Awaitable[None]:
+        """Write the cancel request ``t`` of the attempt of ``claim``; ``AttemptFenced`` if
+        refused."""
+        return self._write_touch(claim, t)
 
     def _mark(self, claim: Claim, now: float) -> Transition | None:
         """Mark the cancel on ``claim.job`` (so the outcome built from it takes the cancel

@@ -36,25 +36,22 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from sqlq.common.errors import (
-    IllegalTransitionError,
-    JobNotFoundError,
     StoreError,
-    TransitionError,
 )
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Recovery, SharedStore
-from sqlq.runtime.census import CENSUS_EVERY_S, Census
-from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase, QueueInfo
+from sqlq.runtime.census import CENSUS_EVERY_S, Census, CensusViews
+from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
-from sqlq.runtime.leases import rescue_expired, write_fenced
+from sqlq.runtime.leases import cancel_in_store, rescue_expired, write_fenced
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +60,7 @@ WAIT_POLL_S = 0.1  # how often this node looks at the jobs a GET ?wait= here wai
 MAX_FINISHED_IDS = 1000  # job ids in one statement of that look
 
 
-class SharedClaims(ClaimsBase):
+class SharedClaims(CensusViews, ClaimsBase):
     _store: SharedStore  # the parts' store; the composition root passes only a shared one
     key_attempts = 2  # other nodes reserve no key here: a key taken meanwhile, look again
     finish_poll_s = WAIT_POLL_S  # a job waited on here may finish on another node
@@ -77,7 +74,7 @@ class SharedClaims(ClaimsBase):
         self._tasks: list[asyncio.Task[None]] = []  # every loop below, the claimer's too
         self._claimer: asyncio.Task[None] | None = None
         self._upkeep: list[asyncio.Task[None]] = []  # lease renewal and rescue (by_hand)
-        self._held: set[str] = set()  # claimed here, outcome not yet written: leases to renew
+        self._held: dict[str, Claim] = {}  # claimed here, outcome not yet written: the leases
         self._progress: dict[str, Progress] = {}  # progress due, for the next renewal
         self._census = Census(self._store, self._clock)
         self._next_due: float | None = None
@@ -219,11 +216,10 @@ class SharedClaims(ClaimsBase):
     def _hand(self, job: Job, now: float) -> None:
         """A claimed job to the first waiting worker (or the ready list if none is left)."""
         self._running[job.queue] += 1
-        self._held.add(job.id)
         self._metrics.queue_wait.observe(max(0.0, now - job.ready_at))
         done: asyncio.Future[ClaimResult] = asyncio.get_running_loop().create_future()
         done.set_result(ClaimResult.CLAIMED)
-        claim = Claim(job, done)
+        claim = self._held[job.id] = Claim(job, done)
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
@@ -250,11 +246,13 @@ class SharedClaims(ClaimsBase):
             self._heard(job_id)
 
     def _heard(self, job_id: str) -> None:
-        """A cancel of ``job_id`` was asked for (on any node): if an attempt here holds it,
-        mark its claim (the outcome takes the cancel rule) and tell it."""
-        claim = self._attempts.holding(job_id)
-        if claim is not None and self._mark(claim, self._clock.time()) is not None:
-            self._attempts.interrupt(job_id, None)
+        """A cancel of ``job_id`` was asked for (on any node): if this node holds it, mark its
+        claim (the outcome takes the cancel rule; a worker yet to start it ends it at once)
+        and tell its attempt."""
+        claim = self._held.get(job_id)
+        if claim is None or claim.over or self._mark(claim, self._clock.time()) is None:
+            return
+        self._attempts.interrupt(job_id, None)
 
     async def rescue(self) -> int:
         """Requeue (or dead-letter) running jobs whose lease ran out; how many this node did."""
@@ -282,7 +280,7 @@ class SharedClaims(ClaimsBase):
                            self._clock.time() > give_up)  # fmt: skip
 
     def _let_go(self, claim: Claim) -> None:
-        self._held.discard(claim.job.id)  # no lease of it to renew from now on
+        self._held.pop(claim.job.id, None)  # no lease of it to renew from now on
 
     def _touch(self, t: Transition) -> Awaitable[None]:
         return self._write(t, self._clock.time())
@@ -316,67 +314,18 @@ class SharedClaims(ClaimsBase):
     # -- the service's side -------------------------------------------------------------------
 
     async def cancel(self, job_id: str, *, force: bool = False) -> Job:
-        claim = self._attempts.holding(job_id)
-        if claim is not None:  # held here: the claim's job is the one to mark
+        claim = self._held.get(job_id)
+        if claim is not None and not claim.over:  # held here: the claim's job is the one to mark
             try:
                 return await self._ask(claim, force)
             except AttemptFenced:
                 pass  # rescued meanwhile: as the job is now
-        state = "changing"
-        for _ in range(3):  # a job that moves on meanwhile is looked at again
-            job = await self._store.get(job_id)
-            if job is None:
-                raise JobNotFoundError(job_id)
-            now = self._clock.time()
-            if job.state is State.SCHEDULED:
-                t = job.cancel(now)
-                try:
-                    await self._store.commit([t])
-                except TransitionError:
-                    continue  # claimed (or retried) meanwhile
-                return self._applied(job, t)
-            state = job.state.value
-            if job.state is not State.RUNNING:
-                break
-            asked = await self._store.request_cancel(job_id, now)
-            if asked is None:
-                raise JobNotFoundError(job_id)
-            if asked.state is State.RUNNING:  # its node hears of it (NOTIFY, or its renewal)
-                self._events.record(Event.CANCEL_REQUESTED, asked)
-                self._heard(job_id)  # (if a worker here took it meanwhile)
-                return asked
-        raise IllegalTransitionError(job_id, f"a {state} job cannot be cancelled")
-
-    # -- what the queue holds, on every node ------------------------------------------------------
-
-    async def _refresh(self) -> None:
-        self._paused = await self._census.refresh()
-
-    async def queues(self) -> dict[str, QueueInfo]:
-        await self._refresh()
-        return self.queues_now()
-
-    def queues_now(self) -> dict[str, QueueInfo]:
-        return self._census.view(self._caps, self._paused)
-
-    async def queue(self, name: str) -> QueueInfo:
-        await self._refresh()
-        return self._census.info(name, self._caps, self._paused)
-
-    def backlog(self) -> int:
-        return self._census.backlog()
-
-    def census(self) -> dict[tuple[str, str], int]:
-        return dict(self._census.jobs)
-
-    def live_queues(self) -> Collection[str]:
-        return self._census.queues()
-
-    def live_counts(self) -> dict[str, int]:
-        counts = super().live_counts()  # (none: nothing is kept here) plus the queue's
-        for state, n in self._census.by_state().items():
-            counts[state] += n
-        return counts
+        job, t = await cancel_in_store(self._store, job_id, self._clock)
+        if t is not None:  # it was scheduled: cancelled
+            return self._applied(job, t)
+        self._events.record(Event.CANCEL_REQUESTED, job)  # its node hears (NOTIFY, renewal)
+        self._heard(job_id)  # (if a worker here took it meanwhile)
+        return job
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -140,6 +140,9 @@ class WorkerPool:
         claims, executor = self._claims, self._executor
         while not self._stopping and not w.hung:
             claim = await claims.next()
+            if claim.job.cancel_requested_at is not None:  # asked for before it started here
+                claims.failed(claim, "cancelled: a cancel was asked for before it started")
+                continue
             ctx = executor.context(claim.job, claim, claims)
             w.ctx, w.claim = ctx, claim
             try:

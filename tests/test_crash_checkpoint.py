@@ -1,0 +1,171 @@
+"""The bar of issue 22: a job that checkpoints, is killed with the server (kill -9), and
+restarts reads its checkpoint. And a cancel acknowledged while a job runs survives the
+kill -9: the restart ends that job cancelled, with the one attempt, never runs it again.
+
+A real ``sqlq serve`` on every durable engine of the registry, PostgreSQL included (there
+the restarted node rescues the dead node's job once its lease runs out). The handler
+saves a checkpoint, waits for it to be durable, says so through a marker file, and then
+works on until it is killed; the next attempt, after the restart, must start with that
+checkpoint, and its completion clears it. The files are read at the end without the
+engine's code too (``sqlq.bench.offline``), so the API is not the only witness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.crashcheck_pg import read_pg
+from sqlq.bench.offline import JobFacts, read_data
+from sqlq.engines.registry import ENGINES
+from tests.helpers import ROOT, spawn_server, wait_for
+from tests.pgdb import fresh_database
+
+DURABLE_ENGINES = tuple(name for name, e in ENGINES.items() if e.durable)
+LEASE_S = 0.5  # shared mode: how soon the restarted node may rescue the killed one's job
+
+HANDLERS = """
+import asyncio
+import time
+from pathlib import Path
+
+from sqlq import task
+
+
+@task(name="resumable", timeout=120)
+async def resumable(args, ctx):
+    start = ctx.checkpoint_data
+    if start is None:
+        ctx.progress(percent=50.0, message="step 1 saved")
+        await ctx.checkpoint({"step": 1, "attempt": ctx.job.attempts, "blob": "x" * 60000})
+        Path(args["marker"]).write_text(str(ctx.job.attempts))  # only once it is durable
+        await asyncio.sleep(120)  # the server is killed here
+    return {"resumed_from": {k: v for k, v in start.items() if k != "blob"},
+            "attempt": ctx.job.attempts}
+
+
+@task(name="stubborn", timeout=120)
+def stubborn(args, ctx):
+    Path(args["marker"]).write_text(str(ctx.job.attempts))
+    time.sleep(120)  # ignores ctx.cancelled: the server is killed here
+    return "finished"
+"""
+
+
+@pytest.fixture(params=DURABLE_ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def serve_args(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    """The same data for every life of the server: a directory, or one database."""
+    handlers = tmp_path / "handlers"
+    handlers.mkdir()
+    (handlers / "ckpt_tasks.py").write_text(HANDLERS)
+    common = ["--import", "ckpt_tasks", "--log-level", "warning", "--grace", "0"]
+    if ENGINES[engine].shared:
+        dsn = fresh_database(request)
+        return ["--store", engine, "--dsn", dsn, "--lease", str(LEASE_S), *common]
+    return ["--store", engine, "--data", str(tmp_path / "data"), "--sync", "full", *common]
+
+
+async def _start(args: list[str], handlers: Path) -> ServerProcess:
+    server = spawn_server(*args, env={"PYTHONPATH": f"{handlers}:{ROOT}"})
+    try:
+        await asyncio.to_thread(server.wait_ready, 60)
+    except BaseException:
+        await asyncio.to_thread(server.stop)
+        raise
+    return server
+
+
+async def _job(http: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+    r = await http.get(f"/jobs/{job_id}")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+async def _offline(engine: str, args: list[str], tmp_path: Path) -> JobFacts:
+    if ENGINES[engine].shared:
+        [facts] = (await read_pg(args[args.index("--dsn") + 1])).values()
+    else:
+        [facts] = (await asyncio.to_thread(read_data, engine, tmp_path / "data")).values()
+    return facts
+
+
+@pytest.mark.slow  # a real sqlq serve, killed and restarted
+async def test_a_checkpoint_saved_before_a_kill9_is_read_by_the_next_attempt(
+    engine: str, serve_args: list[str], tmp_path: Path
+) -> None:
+    handlers, marker = tmp_path / "handlers", tmp_path / "saved"
+    server = await _start(serve_args, handlers)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
+            spec = {"kind": "resumable", "args": {"marker": str(marker)}}
+            r = await http.post("/jobs", json=spec)
+            assert r.status_code == 201, r.text
+            job_id = r.json()["id"]
+            await wait_for(marker.exists, 30, "the checkpoint to be durable")
+        await asyncio.to_thread(server.kill)  # SIGKILL to this process's PID
+        assert marker.read_text() == "1"
+        server = await _start(serve_args, handlers)
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
+
+            async def completed() -> bool:
+                return bool((await _job(http, job_id))["state"] == "completed")
+
+            await wait_for(completed, 60, f"job {job_id} to complete after the restart")
+            job = await _job(http, job_id)
+        await asyncio.to_thread(server.stop, signal.SIGTERM)  # then read the files
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert job["result"] == {"resumed_from": {"step": 1, "attempt": 1}, "attempt": 2}
+    assert job["checkpoint"] is None  # spent by the completion
+    assert job["attempts"] == 2
+    facts = await _offline(engine, serve_args, tmp_path)
+    assert (facts.state, facts.attempts, facts.checkpoint) == ("completed", 2, None)
+    assert facts.result == job["result"]
+
+
+@pytest.mark.slow  # a real sqlq serve, killed and restarted
+async def test_a_cancel_acknowledged_before_a_kill9_ends_the_job_cancelled_after_it(
+    engine: str, serve_args: list[str], tmp_path: Path
+) -> None:
+    handlers, marker = tmp_path / "handlers", tmp_path / "started"
+    server = await _start(serve_args, handlers)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
+            r = await http.post("/jobs", json={"kind": "stubborn", "args": {"marker": str(marker)}})
+            assert r.status_code == 201, r.text
+            job_id = r.json()["id"]
+            await wait_for(marker.exists, 30, "the job to run")
+            r = await http.delete(f"/jobs/{job_id}")
+            assert r.status_code == 202, r.text
+            assert (r.json()["state"], r.json()["cancel_requested"]) == ("running", True)
+        await asyncio.to_thread(server.kill)  # the handler never looked: still running
+        marker.unlink()
+        server = await _start(serve_args, handlers)
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
+
+            async def cancelled() -> bool:
+                return bool((await _job(http, job_id))["state"] == "cancelled")
+
+            await wait_for(cancelled, 60, f"job {job_id} to end cancelled after the restart")
+            job = await _job(http, job_id)
+        await asyncio.to_thread(server.stop, signal.SIGTERM)
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert not marker.exists()  # no second attempt started
+    assert (job["attempts"], job["attempts_total"]) == (1, 1)
+    assert job["cancel_requested_at"] is not None
+    facts = await _offline(engine, serve_args, tmp_path)
+    assert (facts.state, facts.attempts) == ("cancelled", 1)
+    assert facts.cancel_requested_at == job["cancel_requested_at"]
+    assert facts.breaks == []
