@@ -10,6 +10,7 @@ it on, as arq passes its settings class around.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,15 @@ from sqlq.flags import queue_caps as queue_caps
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig
 
 _RUNTIME = RuntimeConfig()
+
+
+def _finite(value: float, flag: str) -> float:
+    """A float flag's value, refusing NaN (which every range check lets through)."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is not a number of seconds", param_hint=flag)
+    return value
+
+
 _RETRY = RetryPolicy()
 
 
@@ -119,6 +129,7 @@ class ServeSettings:
         _RUNTIME.cancel_grace_s,
         "--cancel-grace",
         type=click.FloatRange(0, 86_400),
+        callback=lambda ctx, param, value: _finite(value, "--cancel-grace"),
         metavar="S",
         help="A forced cancel of a running job (DELETE /jobs/{id}?force=1) cuts its attempt "
         "off S seconds after the request, as a timeout does.",

@@ -192,3 +192,34 @@ async def test_cancel_matching_cancels_the_scheduled_and_asks_the_running(
     assert (await rt.get(other.id)).state is State.SCHEDULED  # type: ignore[union-attr]
     assert await rt.cancel_matching(CancelSpec(state="running")) == (0, 0)
     assert await rt.cancel_matching(CancelSpec(state="scheduled", queue="default")) == (1, 0)
+
+
+async def test_a_stop_while_a_handler_ignores_its_cancel_records_no_outcome(
+    services: ServiceFactory,
+) -> None:
+    """The stop's cancellation is not the request's: the worker re-raises it, nothing is
+    written, and the job is left running for recovery (which ends it cancelled)."""
+    reg = Registry()
+    ignored = asyncio.Event()
+
+    @task(registry=reg, timeout=None)
+    async def deaf(args: Any, ctx: JobContext) -> Any:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            ignored.set()  # ignores the request
+        await asyncio.Event().wait()
+
+    rt = services(kinds=reg)
+    await rt.start()
+    job = await submit(rt, "deaf")
+    await running(rt, job.id)
+    await rt.cancel(job.id)
+    await asyncio.wait_for(ignored.wait(), 5)
+    store = rt.store
+    await rt.pool.stop(0)  # the stop's cancellation, on top of the request's
+    await rt.claims.settle()
+    left = await store.get(job.id)
+    assert left is not None
+    assert (left.state, left.cancel_requested_at is not None) == (State.RUNNING, True)
+    assert rt.stats()["cancelled_running"] == 0

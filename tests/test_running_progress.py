@@ -230,6 +230,7 @@ async def test_a_checkpoint_survives_a_stop_before_the_outcome_and_is_read_after
         seen.append(ctx.checkpoint_data)
         if ctx.checkpoint_data is not None:
             return {"resumed_from": ctx.checkpoint_data}
+        ctx.progress(50, "half")  # goes with the checkpoint's write
         ctx.checkpoint({"row": 42})
         saved.set()
         release.wait(30)
@@ -253,6 +254,8 @@ async def test_a_checkpoint_survives_a_stop_before_the_outcome_and_is_read_after
             State.COMPLETED, {"resumed_from": {"row": 42}}, 2,
         )  # fmt: skip
         assert done.checkpoint is None
+        assert done.progress is not None  # durable with the checkpoint, kept by the rerun
+        assert (done.progress.percent, done.progress.message) == (50.0, "half")
     finally:
         await second.stop(0)
 

@@ -97,7 +97,7 @@ async def test_a_renewed_lease_is_not_rescued(stores: Any) -> None:
     await a.commit([job])
     [held] = await a.claim(1, NOW, NOW + 5, {})
     [stale_view] = await b.expired(NOW + 6, 10)
-    assert await a.renew(NOW + 4, NOW + 20, [job.id]) == 1  # it lands before the rescue
+    assert (await a.renew(NOW + 4, NOW + 20, [job.id])).renewed == 1  # lands before the rescue
     with pytest.raises(StaleEpochError):
         await b.commit_fenced(
             [stale_view.retry("lease expired", NOW + 6, NOW + 6)], Fence(lease_before=NOW + 6)

@@ -164,8 +164,8 @@ class JobContext:
             self._progress = p
             return
         claim.progress = p
-        if claim.armed:
-            return  # a write is due already: it takes the latest
+        if claim.armed or claim.over:
+            return  # a write is due already (it takes the latest), or none will be
         claim.armed = True
         loop = channel.loop
         if loop is None:
@@ -176,8 +176,11 @@ class JobContext:
             on_loop = False
         if on_loop:
             channel.progressed(claim)
-        else:
+            return
+        try:
             loop.call_soon_threadsafe(channel.progressed, claim)
+        except RuntimeError:  # the loop is closed: an abandoned thread reports to nobody
+            pass
 
     @property
     def latest_progress(self) -> Progress | None:
@@ -214,7 +217,13 @@ class JobContext:
         async def save() -> None:
             await channel.save(claim, value)
 
-        asyncio.run_coroutine_threadsafe(save(), loop).result()
+        coro = save()
+        try:
+            done = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop is closed: the server is gone
+            coro.close()
+            raise AttemptFenced("the server stopped: there is nowhere to save to") from None
+        done.result()
         return _Done()
 
     # -- cancellation --------------------------------------------------------------------

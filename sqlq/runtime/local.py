@@ -12,10 +12,14 @@ the store failed to write records nothing (counted as ``claim_failed``). Waiting
 for the claim before working cost about 1 ms of a 20 ms job (an fdatasync round
 trip), measured.
 
-A cancel and a claim of the same job can race. While a claim is in flight the
-job may already be running, so a cancel then answers 409 ``running``; while a
-cancel is in flight, workers skip the job (and it is put back if the cancel
-fails). So a job reported cancelled never starts.
+A cancel and a claim of the same job can race. From the moment a worker takes a
+job (its claim in flight or durable) the cancel is a request: it marks the claim's
+job, waits for the claim to hold, writes the request, then tells the attempt
+(``sqlq.runtime.reach``). While a cancel of a scheduled job is in flight, workers
+skip the job (and it is put back if the cancel fails). So a job reported
+cancelled never starts, and a running one asked to stop ends by the cancel rule.
+A running job no worker holds has its outcome in flight: the cancel waits for it
+and looks again (finished: refused; due again: cancelled).
 """
 
 from __future__ import annotations

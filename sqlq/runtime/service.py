@@ -275,6 +275,7 @@ class Service:
                 if len(page) < MAX_PAGE:
                     break
             matches += (j for j in seen if j.cancel_requested_at is None)
+        matches = list({j.id: j for j in matches}.values())  # (one that started meanwhile)
         cancelled = requested = 0
         for i in range(0, len(matches), CANCEL_AT_ONCE):  # at once: group-committed together
             chunk = matches[i : i + CANCEL_AT_ONCE]
