@@ -10,7 +10,8 @@ The public surface::
 ``JobContext`` and speaks ``Snooze`` (or returns ``snooze(seconds)``), ``Cancelled``
 (``ctx.raise_if_cancelled()``), ``AttemptFenced`` and ``JobFailed``. The client's errors:
 ``ApiError`` and its kinds ``Invalid``, ``Unauthorized``, ``NotFound``, ``Conflict``,
-``RateLimited``, ``Unavailable``. ``Job`` is what they return. Everything else is internal:
+``RateLimited``, ``Unavailable``. ``Job`` is the stored job (a handler's ``ctx.job``); the
+clients return its API view, ``sqlq.client.Job``. Everything else is internal:
 ``sqlq.common`` (the kernel), ``sqlq.walq`` (the WAL engine) and ``sqlq.bench``
 (the benchmarks) are the repository's top-level folders, installed here so that
 no package of a user's can shadow them.

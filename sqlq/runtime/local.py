@@ -185,9 +185,12 @@ class LocalClaims(ClaimsBase):
                     continue
             job = self._live.get(job_id)
             if job is None:
-                if await self._store.get(job_id) is None:
+                stored = await self._store.get(job_id)
+                if stored is None:
                     raise JobNotFoundError(job_id)
-                raise IllegalTransitionError(job_id, "only a live job can be cancelled")
+                raise IllegalTransitionError(
+                    job_id, f"only a live job can be cancelled; it is {stored.state.value}"
+                )
             if job.state is State.SCHEDULED:
                 return await self._cancel_scheduled(job)
             # Running, and no worker holds it: its outcome is being written. Once it is, the
