@@ -62,3 +62,11 @@ def after_snooze(job: Job, delay_s: float, now: float, max_snoozes: int) -> Tran
         return job.bury(f"snoozed {job.snoozes + 1} times, more than --max-snoozes ({max_snoozes})",
                         now)  # fmt: skip
     return job.snooze(now + delay_s, now)
+
+
+def given_back(job: Job, reason: str, now: float) -> Transition:
+    """What a claim that never started becomes when its node gives it back: due again as it
+    was (no backoff: it did not fail), or cancelled if a cancel was asked for."""
+    if job.cancel_requested_at is not None:
+        return job.withdraw(reason, now)
+    return job.retry(reason, job.ready_at, now)

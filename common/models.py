@@ -1,7 +1,6 @@
 """The job, its states, and the one table of legal transitions.
 
-Every engine and the runtime consult ``TRANSITIONS``; SQLite gets a copy of it as
-a table so its guarded ``UPDATE`` refuses exactly what the Python fold refuses.
+Every engine and the runtime consult ``TRANSITIONS``; SQLite gets a copy as a table.
 
 A state change is a ``Transition``: the full set of fields that change, plus the
 epoch the caller believes the job has. Engines never compute new values; they
@@ -164,6 +163,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             raise IllegalTransitionError(
                 self.id, f"{self.state.value} -> {t.state.value} is not allowed"
             )
+        if t.state is self.state is State.RUNNING and t.started_at != self.started_at:
+            # running -> running keeps the attempt's start (SQLite, PostgreSQL restate it)
+            raise IllegalTransitionError(self.id, "running -> running may not start an attempt")
 
     def apply(self, t: Transition) -> Job:
         """The job after ``t``; raises a ``TransitionError`` if ``t`` is refused."""
@@ -217,9 +219,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         return self._to(State.COMPLETED, now, result=result, last_error=None, checkpoint=None)
 
     def _failed(self, error: str, now: float) -> dict[str, Any]:
-        """What every failed attempt changes: ``last_error``, and one more in ``errors``."""
+        """What every failed attempt changes: ``last_error``, one more in ``errors`` (numbered
+        among every attempt ever, so a history goes on counting past an operator's retry)."""
         text = clean_error(error)
-        return {"last_error": text, "errors": with_error(self.errors, self.attempts, text, now)}
+        errors = with_error(self.errors, self.all_attempts, text, now)
+        return {"last_error": text, "errors": errors}
 
     def retry(self, error: str, ready_at: float, now: float) -> Transition:
         """running -> scheduled again at ``ready_at``, with a new epoch."""

@@ -42,8 +42,8 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AttemptError(msgspec.Struct, frozen=True, kw_only=True):
-    """One failed attempt: its number (1-based, within the current attempt budget), why,
-    and when."""
+    """One failed attempt: its number (1-based, among every attempt the job made:
+    ``Job.all_attempts``), why, and when."""
 
     attempt: int
     error: str

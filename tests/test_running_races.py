@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,10 @@ import pytest
 
 from sqlq.common.backoff import RetryPolicy
 from sqlq.common.clock import SYSTEM_CLOCK, FakeClock
-from sqlq.common.errors import IllegalTransitionError
-from sqlq.common.models import State
+from sqlq.common.errors import IllegalTransitionError, StoreUnavailableError
+from sqlq.common.models import State, Transition
 from sqlq.common.specs import JobSpec
+from sqlq.common.store import Change
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
@@ -173,3 +175,38 @@ async def test_a_cancelled_cpu_job_stops_its_process(services: ServiceFactory) -
     assert (done.state, done.attempts) == (State.CANCELLED, 1)
     short = await submit(rt, "cpu", args={"rounds": 10})
     assert (await final(rt, short.id, within=10)).state is State.COMPLETED
+
+
+class FailOnce(HeldStore):
+    """A store whose first write of a cancel request fails (the database out of reach)."""
+
+    failed = False
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        if not self.failed and any(isinstance(c, Transition) and asks_cancel(c) for c in changes):
+            self.failed = True
+            raise StoreUnavailableError("down for a moment")
+        await self.inner.commit(changes)
+
+
+async def test_a_cancel_retried_after_its_write_failed_writes_it_again(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """The first DELETE's write fails (a 503); the client's retry must not answer "asked"
+    from the mark in memory alone: it writes the request, and only then answers."""
+    reg, _ = gated()
+    store = FailOnce(clock=fake_clock)
+    rt = services(store, clock=fake_clock, kinds=reg, max_attempts=3)
+    await rt.start()
+    job = await submit(rt, "step", args={})
+    await running(rt, job.id)
+    with pytest.raises(StoreUnavailableError):
+        await rt.cancel(job.id)
+    asked = await rt.cancel(job.id)
+    assert asked.state is State.RUNNING
+    assert asked.cancel_requested_at is not None
+    stored = await store.inner.get(job.id)
+    assert stored is not None
+    assert stored.cancel_requested_at is not None  # durable before the 202
+    done = await final(rt, job.id)  # its task was cancelled: the request was told
+    assert (done.state, done.attempts) == (State.CANCELLED, 1)

@@ -226,8 +226,7 @@ async def test_reads_pauses_and_compactions_never_run_inside_a_batch(tmp_path: P
     await store.commit([first])
     start = first.start(NOW)
     await store.commit([start])
-    # A move at an epoch the job has left is refused from now on (a second start is not:
-    # running -> running at the same epoch is what the attempt carries changing).
+    # A move at an epoch the job has left is refused from now on.
     stale = msgspec.structs.replace(start, expect_epoch=start.expect_epoch - 1)
     jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(3000)]
     batch = asyncio.create_task(store.commit(jobs))

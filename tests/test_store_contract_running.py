@@ -158,7 +158,7 @@ async def test_errors_keep_the_last_ten_and_attempts_total_counts_every_attempt(
             job = job.apply(t)
     assert len(job.errors) == MAX_ERRORS
     assert job.all_attempts == 14
-    assert [e.attempt for e in job.errors] == [1, 2] * 5
+    assert [e.attempt for e in job.errors] == list(range(5, 15))
     assert all(len(e.error.encode()) <= 1024 for e in job.errors)
     assert await s.get(job.id) == job
     await s.close()
@@ -179,3 +179,19 @@ async def test_a_revived_job_forgets_the_cancel_request(store: JobStore) -> None
     assert got.state is State.SCHEDULED
     assert got.all_attempts == 1
     assert len(got.errors) == 1
+
+
+async def test_a_second_start_at_the_same_epoch_is_refused(store: JobStore) -> None:
+    """running -> running is legal only as the same attempt: a claim built again from the
+    scheduled job (the same epoch) must not count a second attempt or wipe what the first
+    carries."""
+    job = new_job()
+    await store.commit([job])
+    await store.commit([job.start(NOW + 1)])
+    running = job.apply(job.start(NOW + 1))
+    await store.commit([running.touch(NOW + 2, checkpoint={"kept": True})])
+    with pytest.raises(IllegalTransitionError):
+        await store.commit([job.start(NOW + 3)])
+    got = await store.get(job.id)
+    assert got is not None
+    assert (got.attempts, got.started_at, got.checkpoint) == (1, NOW + 1, {"kept": True})

@@ -34,6 +34,7 @@ class Claim:
     written_at: float | None = None  # monotonic: the last progress write (or first report)
     over: bool = False  # the outcome is built: nothing more is written for this attempt
     last: asyncio.Task[Any] | None = None  # the latest write of this claim (``Reach._chain``)
+    asked: asyncio.Task[Any] | None = None  # the write of its cancel request (``Reach._ask``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,7 +178,7 @@ class LocalClaims(ClaimsBase):
     async def cancel(self, job_id: str, *, force: bool = False) -> Job:
         for _ in range(3):  # a cancel that finds the job moving on looks at it again
             claim = self._attempts.holding(job_id)
-            if claim is not None:  # (from the claim on: the claim's job is the one to mark)
+            if claim is not None and not _void(claim):  # the claim's job is the one to mark
                 try:
                     return await self._ask(claim, force)
                 except AttemptFenced:
@@ -279,3 +279,10 @@ class LocalClaims(ClaimsBase):
         super()._release(queue)
         if queue in self._caps:
             self.scheduler.poke(queue)
+
+
+def _void(claim: Claim) -> bool:
+    """Whether ``claim`` turned out never to hold (a cancel won it, or the store failed):
+    its worker may still run, but the job is as the store has it, not the claim."""
+    claimed = claim.claimed
+    return claimed.done() and claimed.result() is not ClaimResult.CLAIMED

@@ -185,13 +185,18 @@ class Reach:
     async def _ask(self, claim: Claim, force: bool) -> Job:
         """Ask the attempt of ``claim`` to stop: the request durable, then the attempt told;
         the job as it now stands (running, the cancel asked for). ``AttemptFenced`` if the
-        request was refused: the attempt no longer holds the job (look at it again)."""
-        t = self._mark(claim, self._clock.time())
-        if t is None:
-            await self._settled(claim)  # asked before: durable first
-        else:
-            self._events.record(Event.CANCEL_REQUESTED, claim.job)
-            await self._chain(claim, lambda: self._write_request(claim, t))
+        request was refused: the attempt no longer holds the job (look at it again).
+
+        A request asked before is awaited, not assumed: only its durable write answers
+        "asked". If that write failed (the store), it is written again, from ``claim.job``,
+        which carries the mark."""
+        asked = claim.asked
+        if asked is None or _failed(asked):
+            if claim.job.cancel_requested_at is None:
+                self._events.record(Event.CANCEL_REQUESTED, claim.job)
+            t = self._mark(claim, self._clock.time())
+            asked = claim.asked = self._chain(claim, lambda: self._write_request(claim, t))
+        await asyncio.shield(asked)  # its error, if it failed, is this call's too
         self._attempts.interrupt(claim.job.id, self._config.cancel_grace_s if force else None)
         return claim.job
 
@@ -200,14 +205,25 @@ class Reach:
         refused."""
         return self._write_touch(claim, t)
 
-    def _mark(self, claim: Claim, now: float) -> Transition | None:
+    def _mark(self, claim: Claim, now: float) -> Transition:
         """Mark the cancel on ``claim.job`` (so the outcome built from it takes the cancel
-        rule), and the request's transition to write; None if it was marked already."""
+        rule), and the transition that writes the request (marked already: the same fields
+        again, for a write that failed)."""
         if claim.job.cancel_requested_at is not None:
-            return None
+            return claim.job.touch(now)
         t = claim.job.request_cancel(now)
         claim.job = claim.job.apply(t)
         return t
+
+
+def _failed(task: asyncio.Task[Any]) -> bool:
+    """Whether the write ``task`` is over without landing or being refused: to write again."""
+    if not task.done():
+        return False
+    if task.cancelled():
+        return True
+    exc = task.exception()
+    return exc is not None and not isinstance(exc, AttemptFenced)
 
 
 def _quietly(task: asyncio.Task[Any]) -> None:

@@ -263,33 +263,33 @@ class Service:
     async def cancel_matching(self, spec: CancelSpec) -> tuple[int, int]:
         """Cancel every scheduled job that matches and ask every running one to stop:
         (cancelled, requested). One that finished or moved on meanwhile counts in neither,
-        nor does a running one whose cancel was asked for before."""
+        nor does a running one whose cancel was asked for before. Page by page: what it
+        holds at once is one page, whatever the number of matches."""
         self._check_accepting()
         states = [State(spec.state)] if spec.state else [State.SCHEDULED, State.RUNNING]
-        matches: list[Job] = []
-        for state in states:
+        cancelled = requested = 0
+        for state in states:  # scheduled first: one that starts meanwhile is asked next
             query = JobQuery(state=state, kind=spec.kind, queue=spec.queue)
             seen: list[Job] = []
             while page := await self.store.list_jobs(_next_page(query, seen)):
-                seen += page
+                seen = page[-1:]  # (the cursor: the last id)
+                for i in range(0, len(page), CANCEL_AT_ONCE):  # at once: group-committed
+                    chunk = [
+                        j for j in page[i : i + CANCEL_AT_ONCE] if j.cancel_requested_at is None
+                    ]
+                    outcomes = await asyncio.gather(
+                        *(self.claims.cancel(j.id) for j in chunk), return_exceptions=True
+                    )
+                    for outcome in outcomes:
+                        if isinstance(outcome, Job):
+                            if outcome.state is State.CANCELLED:
+                                cancelled += 1
+                            else:
+                                requested += 1
+                        elif not isinstance(outcome, TransitionError | JobNotFoundError):
+                            raise outcome  # the store failed: the client hears of it
                 if len(page) < MAX_PAGE:
                     break
-            matches += (j for j in seen if j.cancel_requested_at is None)
-        matches = list({j.id: j for j in matches}.values())  # (one that started meanwhile)
-        cancelled = requested = 0
-        for i in range(0, len(matches), CANCEL_AT_ONCE):  # at once: group-committed together
-            chunk = matches[i : i + CANCEL_AT_ONCE]
-            outcomes = await asyncio.gather(
-                *(self.claims.cancel(j.id) for j in chunk), return_exceptions=True
-            )
-            for outcome in outcomes:
-                if isinstance(outcome, Job):
-                    if outcome.state is State.CANCELLED:
-                        cancelled += 1
-                    else:
-                        requested += 1
-                elif not isinstance(outcome, TransitionError | JobNotFoundError):
-                    raise outcome  # the store failed: the client hears of it
         return cancelled, requested
 
     def _check_accepting(self) -> None:

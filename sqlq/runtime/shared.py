@@ -41,10 +41,9 @@ from typing import Any
 
 import msgspec
 
-from sqlq.common.errors import (
-    StoreError,
-)
-from sqlq.common.models import Job, State, Transition
+from sqlq.common.backoff import given_back
+from sqlq.common.errors import StoreError
+from sqlq.common.models import JSON, Job, State, Transition
 from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Recovery, SharedStore
 from sqlq.runtime.census import CENSUS_EVERY_S, Census, CensusViews
@@ -138,8 +137,8 @@ class SharedClaims(CensusViews, ClaimsBase):
         while self._ready:
             claim = self._ready.popleft()
             self._release(claim.job.queue)  # it never started, but it was counted as running
-            self._record(claim, claim.job.retry("not started: the node stopped", claim.job.ready_at,
-                                                self._clock.time()))  # fmt: skip
+            self._record(claim, given_back(claim.job, "not started: the node stopped",
+                                           self._clock.time()))  # fmt: skip
 
     async def drain(self) -> None:
         """Record every outcome, then end this node's leases so others rescue what is left."""
@@ -250,9 +249,9 @@ class SharedClaims(CensusViews, ClaimsBase):
         claim (the outcome takes the cancel rule; a worker yet to start it ends it at once)
         and tell its attempt."""
         claim = self._held.get(job_id)
-        if claim is None or claim.over or self._mark(claim, self._clock.time()) is None:
-            return
-        self._attempts.interrupt(job_id, None)
+        if claim is not None and not claim.over and claim.job.cancel_requested_at is None:
+            self._mark(claim, self._clock.time())  # (the store has it: nothing to write)
+            self._attempts.interrupt(job_id, None)
 
     async def rescue(self) -> int:
         """Requeue (or dead-letter) running jobs whose lease ran out; how many this node did."""
@@ -284,6 +283,11 @@ class SharedClaims(CensusViews, ClaimsBase):
 
     def _touch(self, t: Transition) -> Awaitable[None]:
         return self._write(t, self._clock.time())
+
+    def save(self, claim: Claim, data: JSON) -> asyncio.Future[None]:
+        """(Its write carries the latest progress: no renewal may write an older one after.)"""
+        self._progress.pop(claim.job.id, None)
+        return super().save(claim, data)
 
     def _send_progress(self, claim: Claim, progress: Progress) -> None:
         """With the next renewal (fenced like the lease), not a write of its own."""

@@ -13,7 +13,8 @@
 -- and whether to wake the claimers ($45). The casts are the table's column types, in
 -- those orders (tests/test_postgres_rows.py holds them to the table).
 -- A transition applies only if the job is at the expected epoch, the move is
--- legal (``allowed`` lists the states it may come from, as |a|b|), and the
+-- legal (``allowed`` lists the states it may come from, as |a|b|; running -> running
+-- must keep the attempt's start, Job.check), and the
 -- fence holds: the holding node, and the lease still running (an outcome) or
 -- run out (a rescue). If fewer rows changed than were asked for, sqlq_expect
 -- aborts the statement, rolling back all of it, and the engine redoes the batch
@@ -60,6 +61,8 @@ WITH ins AS (
      WHERE j.id = u.id
        AND j.epoch = u.expect_epoch
        AND strpos(u.allowed, '|' || j.state || '|') > 0
+       AND (j.state <> 'running' OR u.state <> 'running'
+            OR j.started_at IS NOT DISTINCT FROM u.started_at)
        AND (u.holder IS NULL OR j.node = u.holder)
        AND (u.lease_from IS NULL OR j.lease_until >= u.lease_from)
        AND (u.lease_before IS NULL OR j.lease_until < u.lease_before)

@@ -28,7 +28,8 @@ END;
 
 -- name: move_change
 -- The epoch guard fences stale workers; the EXISTS guard enforces the transition
--- table; a move either guard refuses aborts the statement. A NULL attempts_total
+-- table, and running -> running must keep the attempt's start (Job.check); a move a guard
+-- refuses aborts the statement. A NULL attempts_total
 -- leaves the column as it is; the running columns are set whole, as the move says (a
 -- NULL there is "none", not "unchanged": sqlq.engines.rows.running_values).
 CREATE TEMP TRIGGER IF NOT EXISTS move_change INSTEAD OF INSERT ON batch_changes
@@ -44,7 +45,9 @@ BEGIN
    WHERE id = NEW.id
      AND epoch = NEW.expect_epoch
      AND EXISTS (SELECT 1 FROM legal_transitions
-                  WHERE from_state = jobs.state AND to_state = NEW.state);
+                  WHERE from_state = jobs.state AND to_state = NEW.state)
+     AND (jobs.state <> 'running' OR NEW.state <> 'running'
+          OR jobs.started_at IS NEW.started_at);
   SELECT RAISE(ABORT, 'sqlq: a guard refused a move') WHERE changes() = 0;
 END;
 
