@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from sqlq.bench.client.server import ServerProcess
@@ -76,6 +77,25 @@ async def final(rt: Service, job_id: str, within: float = 20.0) -> Job:
 def spawn_server(*serve_args: str, env: dict[str, str] | None = None) -> ServerProcess:
     """A real ``sqlq serve`` with these flags, started but not waited for (``wait_ready``)."""
     return ServerProcess(*serve_args, env={"PYTHONPATH": str(ROOT), **(env or {})}).spawn()
+
+
+async def start_ready(*serve_args: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """A real ``sqlq serve``, ready within 60 s (stopped and the error raised if not): a
+    fresh life of a server must be ready at once, whatever it recovered."""
+    server = spawn_server(*serve_args, env=env)
+    try:
+        await asyncio.to_thread(server.wait_ready, 60)
+    except BaseException:
+        await asyncio.to_thread(server.stop)
+        raise
+    return server
+
+
+async def job_json(http: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+    """``GET /jobs/{id}``'s body; it must answer 200."""
+    r = await http.get(f"/jobs/{job_id}")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
 
 
 def serve_tasks(

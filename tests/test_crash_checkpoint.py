@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +23,7 @@ from sqlq.bench.client.server import ServerProcess
 from sqlq.bench.crashcheck_pg import read_pg
 from sqlq.bench.offline import JobFacts, read_data
 from sqlq.engines.registry import ENGINES
-from tests.helpers import ROOT, spawn_server, wait_for
+from tests.helpers import ROOT, job_json, start_ready, wait_for
 from tests.pgdb import fresh_database
 
 DURABLE_ENGINES = tuple(name for name, e in ENGINES.items() if e.durable)
@@ -77,19 +76,7 @@ def serve_args(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> l
 
 
 async def _start(args: list[str], handlers: Path) -> ServerProcess:
-    server = spawn_server(*args, env={"PYTHONPATH": f"{handlers}:{ROOT}"})
-    try:
-        await asyncio.to_thread(server.wait_ready, 60)
-    except BaseException:
-        await asyncio.to_thread(server.stop)
-        raise
-    return server
-
-
-async def _job(http: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
-    r = await http.get(f"/jobs/{job_id}")
-    assert r.status_code == 200, r.text
-    return dict(r.json())
+    return await start_ready(*args, env={"PYTHONPATH": f"{handlers}:{ROOT}"})
 
 
 async def _offline(engine: str, args: list[str], tmp_path: Path) -> JobFacts:
@@ -119,10 +106,10 @@ async def test_a_checkpoint_saved_before_a_kill9_is_read_by_the_next_attempt(
         async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
 
             async def completed() -> bool:
-                return bool((await _job(http, job_id))["state"] == "completed")
+                return bool((await job_json(http, job_id))["state"] == "completed")
 
             await wait_for(completed, 60, f"job {job_id} to complete after the restart")
-            job = await _job(http, job_id)
+            job = await job_json(http, job_id)
         await asyncio.to_thread(server.stop, signal.SIGTERM)  # then read the files
     finally:
         await asyncio.to_thread(server.stop)
@@ -155,10 +142,10 @@ async def test_a_cancel_acknowledged_before_a_kill9_ends_the_job_cancelled_after
         async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
 
             async def cancelled() -> bool:
-                return bool((await _job(http, job_id))["state"] == "cancelled")
+                return bool((await job_json(http, job_id))["state"] == "cancelled")
 
             await wait_for(cancelled, 60, f"job {job_id} to end cancelled after the restart")
-            job = await _job(http, job_id)
+            job = await job_json(http, job_id)
         await asyncio.to_thread(server.stop, signal.SIGTERM)
     finally:
         await asyncio.to_thread(server.stop)

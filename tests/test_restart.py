@@ -22,7 +22,7 @@ import pytest
 
 from sqlq.bench.client.server import ServerProcess
 from sqlq.engines.registry import ENGINES
-from tests.helpers import spawn_server, wait_for
+from tests.helpers import job_json, start_ready, wait_for
 from tests.pgdb import fresh_database
 
 DURABLE_ENGINES = tuple(name for name, e in ENGINES.items() if e.durable)
@@ -45,20 +45,7 @@ def serve_args(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> l
 
 
 async def _start(args: list[str]) -> ServerProcess:
-    """A fresh life of the server; it must be ready at once, whatever it recovered."""
-    server = spawn_server(*args, "--log-level", "warning", "--grace", "0")
-    try:
-        await asyncio.to_thread(server.wait_ready, 60)
-    except BaseException:
-        await asyncio.to_thread(server.stop)
-        raise
-    return server
-
-
-async def _job(http: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
-    r = await http.get(f"/jobs/{job_id}")
-    assert r.status_code == 200, r.text
-    return dict(r.json())
+    return await start_ready(*args, "--log-level", "warning", "--grace", "0")
 
 
 async def _kill_while_running(server: ServerProcess, job_id: str, attempt: int) -> None:
@@ -66,7 +53,7 @@ async def _kill_while_running(server: ServerProcess, job_id: str, attempt: int) 
     async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
 
         async def running() -> bool:
-            job = await _job(http, job_id)
+            job = await job_json(http, job_id)
             return bool(job["state"] == "running" and job["attempts"] == attempt)
 
         await wait_for(running, 30, f"attempt {attempt} of job {job_id} to run")
@@ -89,10 +76,10 @@ async def _dead_after_kills(args: list[str], spec: dict[str, Any], kills: int) -
         async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
 
             async def dead() -> bool:
-                return bool((await _job(http, job_id))["state"] == "dead")
+                return bool((await job_json(http, job_id))["state"] == "dead")
 
             await wait_for(dead, 30, f"job {job_id} to be dead")
-            job = await _job(http, job_id)
+            job = await job_json(http, job_id)
             stats = (await http.get("/stats")).json()
             metrics = (await http.get("/metrics")).text
         return {**job, "_stats": stats, "_metrics": metrics}
