@@ -110,3 +110,13 @@ def serve_tasks(
     )  # fmt: skip
     srv.wait_ready()
     return srv
+
+
+def assert_verdict(verdict: str | None, problem: str | None) -> None:
+    """A crash verdict (``sqlq.bench.verdict.judge``): none when ``problem`` is None, else one
+    that names it."""
+    if problem is None:
+        assert verdict is None
+    else:
+        assert verdict is not None
+        assert problem in verdict

@@ -1,16 +1,22 @@
-"""What the tests of a running job share: a store that holds chosen commits, and counts."""
+"""What the tests of a running job share: a store that holds chosen commits, and counts;
+waiting for a job to run; cancelling one that runs; cutting an attempt off with a stop."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.models import Job, State, Transition
+from sqlq.common.specs import JobSpec
 from sqlq.common.store import Change
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.kinds import Registry
 from sqlq.runtime.service import Service
-from tests.helpers import wait_for
+from tests.helpers import StoreFactory, final, submit, wait_for
 
 Pick = Callable[[Transition], bool]
 
@@ -69,3 +75,36 @@ async def running(rt: Service, job_id: str) -> Job:
 
     await wait_for(started, 10, f"job {job_id} to run")
     return out[0]
+
+
+async def cancelled_running(rt: Service, kind: str) -> Job:
+    """A job of ``kind``, asked to cancel once it runs: the job as it ended."""
+    job = await submit(rt, kind)
+    await running(rt, job.id)
+    await rt.cancel(job.id)
+    return await final(rt, job.id)
+
+
+async def cut_off(
+    factory: StoreFactory,
+    kinds: Registry,
+    kind: str,
+    during: Callable[[Service, Job], Awaitable[Job | None]],
+    release: threading.Event,
+) -> tuple[Service, Job, Job | None]:
+    """A job of ``kind`` on a service over ``factory``'s files, stopped at once after
+    ``during(service, job)`` (its attempt cut off: no outcome written; ``release`` lets the
+    handler's thread go), then a second service on the same files, started: that service,
+    the job as submitted, and what ``during`` returned."""
+    config = RuntimeConfig(workers=2, seed=1)
+    first = Service(factory(clock=SYSTEM_CLOCK), config, kinds=kinds)
+    await first.start()
+    try:
+        [job], _ = await first.submit([JobSpec(kind=kind)])
+        noted = await during(first, job)
+        await first.stop(0)
+    finally:
+        release.set()
+    second = Service(factory(clock=SYSTEM_CLOCK), config, kinds=kinds)
+    await second.start()
+    return second, job, noted

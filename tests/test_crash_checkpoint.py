@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -87,6 +88,25 @@ async def _offline(engine: str, args: list[str], tmp_path: Path) -> JobFacts:
     return facts
 
 
+async def _submit(http: httpx.AsyncClient, kind: str, marker: Path, what: str) -> str:
+    """A job of ``kind`` whose handler makes ``marker`` (what ``what`` waits for): its id."""
+    r = await http.post("/jobs", json={"kind": kind, "args": {"marker": str(marker)}})
+    assert r.status_code == 201, r.text
+    job_id: str = r.json()["id"]
+    await wait_for(marker.exists, 30, what)
+    return job_id
+
+
+async def _ended(http: httpx.AsyncClient, job_id: str, state: str) -> dict[str, Any]:
+    """The job once it is ``state``, after the restart."""
+
+    async def there() -> bool:
+        return bool((await job_json(http, job_id))["state"] == state)
+
+    await wait_for(there, 60, f"job {job_id} to end {state} after the restart")
+    return await job_json(http, job_id)
+
+
 @pytest.mark.slow  # a real sqlq serve, killed and restarted
 async def test_a_checkpoint_saved_before_a_kill9_is_read_by_the_next_attempt(
     engine: str, serve_args: list[str], tmp_path: Path
@@ -95,21 +115,12 @@ async def test_a_checkpoint_saved_before_a_kill9_is_read_by_the_next_attempt(
     server = await _start(serve_args, handlers)
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
-            spec = {"kind": "resumable", "args": {"marker": str(marker)}}
-            r = await http.post("/jobs", json=spec)
-            assert r.status_code == 201, r.text
-            job_id = r.json()["id"]
-            await wait_for(marker.exists, 30, "the checkpoint to be durable")
+            job_id = await _submit(http, "resumable", marker, "the checkpoint to be durable")
         await asyncio.to_thread(server.kill)  # SIGKILL to this process's PID
         assert marker.read_text() == "1"
         server = await _start(serve_args, handlers)
         async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
-
-            async def completed() -> bool:
-                return bool((await job_json(http, job_id))["state"] == "completed")
-
-            await wait_for(completed, 60, f"job {job_id} to complete after the restart")
-            job = await job_json(http, job_id)
+            job = await _ended(http, job_id, "completed")
         await asyncio.to_thread(server.stop, signal.SIGTERM)  # then read the files
     finally:
         await asyncio.to_thread(server.stop)
@@ -129,10 +140,7 @@ async def test_a_cancel_acknowledged_before_a_kill9_ends_the_job_cancelled_after
     server = await _start(serve_args, handlers)
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
-            r = await http.post("/jobs", json={"kind": "stubborn", "args": {"marker": str(marker)}})
-            assert r.status_code == 201, r.text
-            job_id = r.json()["id"]
-            await wait_for(marker.exists, 30, "the job to run")
+            job_id = await _submit(http, "stubborn", marker, "the job to run")
             r = await http.delete(f"/jobs/{job_id}")
             assert r.status_code == 202, r.text
             assert (r.json()["state"], r.json()["cancel_requested"]) == ("running", True)
@@ -140,12 +148,7 @@ async def test_a_cancel_acknowledged_before_a_kill9_ends_the_job_cancelled_after
         marker.unlink()
         server = await _start(serve_args, handlers)
         async with httpx.AsyncClient(base_url=server.url, timeout=5) as http:
-
-            async def cancelled() -> bool:
-                return bool((await job_json(http, job_id))["state"] == "cancelled")
-
-            await wait_for(cancelled, 60, f"job {job_id} to end cancelled after the restart")
-            job = await job_json(http, job_id)
+            job = await _ended(http, job_id, "cancelled")
         await asyncio.to_thread(server.stop, signal.SIGTERM)
     finally:
         await asyncio.to_thread(server.stop)

@@ -21,7 +21,7 @@ from sqlq.common.models import Job, Transition
 from sqlq.common.running import Progress
 from sqlq.engines.registry import SHARED
 from sqlq.walq.store import WalStore
-from tests.helpers import StoreFactory
+from tests.helpers import StoreFactory, assert_verdict
 from tests.walq_helpers import NOW, NoSyncFiles, log_path
 
 
@@ -157,12 +157,7 @@ ASKED = ["cancel?", "cancel202"]
 def test_the_verdict_on_what_a_running_job_carries(
     job: JobFacts, rec: ClientRecord, problem: str | None
 ) -> None:
-    verdict = judge(job, rec)
-    if problem is None:
-        assert verdict is None
-    else:
-        assert verdict is not None
-        assert problem in verdict
+    assert_verdict(judge(job, rec), problem)
 
 
 def test_the_ledgers_read_back_tags_running_cancels_and_durable_checkpoints(

@@ -13,6 +13,7 @@ from sqlq.bench.crashload import Ledger, Trial
 from sqlq.bench.offline import READERS, JobFacts, VerifyError, read_data, read_walq
 from sqlq.bench.verdict import ClientRecord, judge
 from sqlq.engines.registry import DURABLE
+from tests.helpers import assert_verdict
 
 
 def test_every_durable_engine_is_read_offline_by_the_crash_suites() -> None:
@@ -157,12 +158,7 @@ def _job(state: str, attempts: int = 1, max_attempts: int = 3, epoch: int = 0) -
 def test_the_verdict_on_how_an_acknowledged_job_may_end(
     job: JobFacts | None, rec: ClientRecord, problem: str | None
 ) -> None:
-    verdict = judge(job, rec)
-    if problem is None:
-        assert verdict is None
-    else:
-        assert verdict is not None
-        assert problem in verdict
+    assert_verdict(judge(job, rec), problem)
 
 
 def test_in_shared_mode_a_claim_takes_an_epoch_too() -> None:

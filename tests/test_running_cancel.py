@@ -20,7 +20,7 @@ from sqlq.common.models import State
 from sqlq.common.specs import CancelSpec
 from sqlq.runtime.kinds import JobContext, Registry, task
 from tests.helpers import ServiceFactory, final, submit
-from tests.running_helpers import running
+from tests.running_helpers import cancelled_running, running
 
 
 async def test_a_running_30_s_sleep_job_is_cancelled_within_a_heartbeat(
@@ -84,10 +84,7 @@ async def test_an_async_handler_that_catches_the_cancel_and_returns_completes(
 
     rt = services(clock=fake_clock, kinds=reg)
     await rt.start()
-    job = await submit(rt, "tidy")
-    await running(rt, job.id)
-    await rt.cancel(job.id)
-    done = await final(rt, job.id)
+    done = await cancelled_running(rt, "tidy")
     assert (done.state, done.result, cleaned) == (State.COMPLETED, "partial", ["cleaned up"])
     assert done.cancel_requested_at is not None  # the record says it was asked
     # The worker took it as the attempt's end and carried on with the next job.

@@ -15,15 +15,13 @@ from typing import Any
 
 import pytest
 
-from sqlq.common.clock import SYSTEM_CLOCK, FakeClock
-from sqlq.common.models import State
-from sqlq.common.specs import JobSpec
-from sqlq.runtime.config import RuntimeConfig
+from sqlq.common.clock import FakeClock
+from sqlq.common.models import Job, State
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
 from tests.helpers import ServiceFactory, StoreFactory, final, submit, wait_for
-from tests.running_helpers import HeldStore
+from tests.running_helpers import HeldStore, cut_off
 
 
 async def test_progress_every_10_ms_for_5_s_makes_a_write_a_second(
@@ -236,17 +234,10 @@ async def test_a_checkpoint_survives_a_stop_before_the_outcome_and_is_read_after
         release.wait(30)
         return "first attempt"
 
-    config = RuntimeConfig(workers=2, seed=1)
-    first = Service(durable_factory(clock=SYSTEM_CLOCK), config, kinds=reg)
-    await first.start()
-    try:
-        [job], _ = await first.submit([JobSpec(kind="worker")])
+    async def until_saved(_: Service, __: Job) -> None:
         await wait_for(saved.is_set, 10, "the checkpoint")
-        await first.stop(0)  # cut off: the attempt's outcome is never written
-    finally:
-        release.set()
-    second = Service(durable_factory(clock=SYSTEM_CLOCK), config, kinds=reg)
-    await second.start()
+
+    second, job, _ = await cut_off(durable_factory, reg, "worker", until_saved, release)
     try:
         done = await final(second, job.id)
         assert seen == [None, {"row": 42}]

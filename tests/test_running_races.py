@@ -17,16 +17,14 @@ from typing import Any
 import pytest
 
 from sqlq.common.backoff import RetryPolicy
-from sqlq.common.clock import SYSTEM_CLOCK, FakeClock
+from sqlq.common.clock import FakeClock
 from sqlq.common.errors import IllegalTransitionError, StoreUnavailableError
-from sqlq.common.models import State, Transition
-from sqlq.common.specs import JobSpec
+from sqlq.common.models import Job, State, Transition
 from sqlq.common.store import Change
-from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
 from tests.helpers import ServiceFactory, StoreFactory, final, submit, wait_for
-from tests.running_helpers import HeldStore, asks_cancel, running
+from tests.running_helpers import HeldStore, asks_cancel, cut_off, running
 
 
 async def turns(n: int = 20) -> None:
@@ -134,19 +132,14 @@ async def test_a_job_found_running_with_a_cancel_asked_for_ends_cancelled_at_rec
         release.wait(30)  # never looks at ctx.cancelled
         return "late"
 
-    config = RuntimeConfig(workers=2, seed=1)
-    first = Service(durable_factory(clock=SYSTEM_CLOCK), config, kinds=reg)
-    await first.start()
-    try:
-        [job], _ = await first.submit([JobSpec(kind="deaf")])
-        await running(first, job.id)
-        asked = await first.cancel(job.id)
+    async def ask(rt: Service, job: Job) -> Job:
+        await running(rt, job.id)
+        asked = await rt.cancel(job.id)
         assert asked.cancel_requested_at is not None
-        await first.stop(0)  # the attempt is cut off by the stop: no outcome is written
-    finally:
-        release.set()
-    second = Service(durable_factory(clock=SYSTEM_CLOCK), config, kinds=reg)
-    await second.start()
+        return asked  # then the stop cuts the attempt off: no outcome is written
+
+    second, job, asked = await cut_off(durable_factory, reg, "deaf", ask, release)
+    assert asked is not None
     try:
         done = await second.get(job.id)
         assert done is not None

@@ -6,12 +6,12 @@ import asyncio
 from typing import Any
 
 from sqlq.common.clock import FakeClock
-from sqlq.common.models import State
+from sqlq.common.models import Job, State
 from sqlq.common.running import MAX_ERRORS
 from sqlq.runtime.context import Snooze, snooze
 from sqlq.runtime.kinds import JobContext, Registry, task
 from tests.helpers import ServiceFactory, final, submit
-from tests.running_helpers import running
+from tests.running_helpers import cancelled_running
 
 
 def snoozer() -> Registry:
@@ -70,10 +70,7 @@ async def test_a_snooze_after_a_cancel_was_asked_for_cancels(
 
     rt = services(clock=fake_clock, kinds=reg)
     await rt.start()
-    job = await submit(rt, "nap")
-    await running(rt, job.id)
-    await rt.cancel(job.id)
-    done = await final(rt, job.id)
+    done = await cancelled_running(rt, "nap")
     assert (done.state, done.snoozes) == (State.CANCELLED, 0)
     assert done.last_error == "cancelled: it snoozed after a cancel was asked for"
 
@@ -99,14 +96,19 @@ def failing(registry: Registry) -> None:
         raise RuntimeError(f"boom {ctx.job.attempts}")
 
 
+async def dead_boom(services: ServiceFactory, clock: FakeClock, *, max_attempts: int) -> Job:
+    """A job that fails every attempt, as it ended after ``max_attempts``."""
+    reg = Registry()
+    failing(reg)
+    rt = services(clock=clock, kinds=reg, max_attempts=max_attempts)
+    await rt.start()
+    return await final(rt, (await submit(rt, "boom")).id)
+
+
 async def test_a_dead_job_that_used_2_attempts_shows_both_and_both_errors(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
-    reg = Registry()
-    failing(reg)
-    rt = services(clock=fake_clock, kinds=reg, max_attempts=2)
-    await rt.start()
-    done = await final(rt, (await submit(rt, "boom")).id)
+    done = await dead_boom(services, fake_clock, max_attempts=2)
     assert (done.state, done.attempts, done.all_attempts) == (State.DEAD, 2, 2)
     assert [(e.attempt, e.error) for e in done.errors] == [
         (1, "RuntimeError: boom 1"), (2, "RuntimeError: boom 2"),
@@ -117,11 +119,7 @@ async def test_a_dead_job_that_used_2_attempts_shows_both_and_both_errors(
 async def test_a_job_keeps_its_last_10_errors(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
-    reg = Registry()
-    failing(reg)
-    rt = services(clock=fake_clock, kinds=reg, max_attempts=13)
-    await rt.start()
-    done = await final(rt, (await submit(rt, "boom")).id)
+    done = await dead_boom(services, fake_clock, max_attempts=13)
     assert (done.state, done.all_attempts) == (State.DEAD, 13)
     assert len(done.errors) == MAX_ERRORS
     assert [e.attempt for e in done.errors] == list(range(4, 14))
