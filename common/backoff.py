@@ -70,3 +70,11 @@ def given_back(job: Job, reason: str, now: float) -> Transition:
     if job.cancel_requested_at is not None:
         return job.withdraw(reason, now)
     return job.retry(reason, job.ready_at, now)
+
+
+def released(job: Job, now: float) -> Transition:
+    """What a remote worker's ``/claims/release`` becomes: due now again with its attempt
+    given back (it never started), or cancelled if a cancel was asked for."""
+    if job.cancel_requested_at is not None:
+        return job.withdraw("cancelled: given back after a cancel was asked for", now)
+    return job.release(now)

@@ -2,6 +2,7 @@
 
     SqlqError
     ├── ValidationError          bad input from a user; names the field
+    ├── ForbiddenError           the caller's role (or a worker's queues) does not allow it
     ├── UnencodableError         a value (a handler's result) cannot be stored as JSON
     ├── QueueFullError           accepting the submission would pass --max-queued
     ├── JobNotFoundError         no job with that id
@@ -48,6 +49,14 @@ class ValidationError(SqlqError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
+
+
+class ForbiddenError(SqlqError):
+    """The caller is who it says, but its role does not allow this (HTTP 403)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
         self.message = message
 
 

@@ -106,6 +106,9 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     checkpoint: JSON = None
     snoozes: int = 0
     errors: tuple[AttemptError, ...] = ()
+    # Who holds a running job, and until when (``Job.holder``); None once it leaves running.
+    holder: str | None = None
+    lease_until: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -141,6 +144,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint: JSON = None  # what an attempt saved for the next one; None: nothing
     snoozes: int = 0  # times it snoozed (within the current attempt budget)
     errors: tuple[AttemptError, ...] = ()  # the last MAX_ERRORS failures, newest last
+    # A running job's holder and lease. Local engines set them only for a remote worker's
+    # claim (``sqlq.common.protocol.remote_holder``): such a job stays running through a
+    # restart while its lease holds. PostgreSQL fills them for every claim (its node, or
+    # the remote worker) from its own columns, which its claim and renewal statements own.
+    holder: str | None = None
+    lease_until: float | None = None
 
     @property
     def all_attempts(self) -> int:
@@ -186,11 +195,14 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint=t.checkpoint,
             snoozes=t.snoozes,
             errors=t.errors,
+            holder=t.holder,
+            lease_until=t.lease_until,
         )
 
     # -- pure constructors of transitions (the runtime's vocabulary) -------------
 
     def _to(self, state: State, now: float, **changes: Any) -> Transition:
+        held = state is State.RUNNING  # a job that leaves running is nobody's
         base = Transition(
             job_id=self.id,
             expect_epoch=self.epoch,
@@ -207,12 +219,39 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint=self.checkpoint,
             snoozes=self.snoozes,
             errors=self.errors,
+            holder=self.holder if held else None,
+            lease_until=self.lease_until if held else None,
         )
         return msgspec.structs.replace(base, **changes) if changes else base
 
-    def start(self, now: float) -> Transition:
-        """scheduled -> running; counts the attempt."""
-        return self._to(State.RUNNING, now, attempts=self.attempts + 1, started_at=now)
+    def start(
+        self, now: float, *, holder: str | None = None, lease_until: float | None = None
+    ) -> Transition:
+        """scheduled -> running; counts the attempt. A remote worker's claim names its
+        ``holder`` and a ``lease_until``; an in-process one neither."""
+        return self._to(State.RUNNING, now, attempts=self.attempts + 1, started_at=now,
+                        holder=holder, lease_until=lease_until)  # fmt: skip
+
+    def renew(self, now: float, lease_until: float, progress: Progress | None = None) -> Transition:
+        """running -> running, same epoch: a remote holder's lease runs until
+        ``lease_until`` (never shortened), with its newest progress (None: as it was)."""
+        return self._to(
+            State.RUNNING,
+            now,
+            lease_until=max(lease_until, self.lease_until or lease_until),
+            progress=self.progress if progress is None else progress,
+        )
+
+    def release(self, now: float) -> Transition:
+        """running -> scheduled, due now, a new epoch: its holder gives the job back before
+        starting it, so the attempt is not counted (``sqlq.common.backoff.released``)."""
+        return self._to(
+            State.SCHEDULED,
+            now,
+            epoch=self.epoch + 1,
+            attempts=max(0, self.attempts - 1),
+            ready_at=now,
+        )
 
     def complete(self, result: JSON, now: float) -> Transition:
         """running -> completed; its checkpoint is spent (errors stay, as its history)."""

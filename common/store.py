@@ -210,6 +210,13 @@ class JobStore(Protocol):
         """
         ...
 
+    async def signing_key(self) -> bytes:
+        """The key remote claims' tokens are signed with (``sqlq.common.tokens``): made
+        once, at random, and kept durably beside the data (walq: a 0600 file in its
+        directory; SQLite: a row in its database; PostgreSQL: a row every node reads),
+        so tokens outlive a restart. ``memory`` makes one per process. Never logged."""
+        ...
+
     async def close(self) -> None:
         """Finish queued commits, release files and locks. Idempotent."""
         ...
@@ -231,6 +238,24 @@ class Fence:
     holder: str | None = None  # the row's node must be this one
     lease_from: float | None = None  # the lease must run until at least this time
     lease_before: float | None = None  # the lease must have run out before this time
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A remote worker's lease to renew (``SharedStore.extend``)."""
+
+    job_id: str
+    epoch: int
+    holder: str
+    lease_until: float
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Extended:
+    job_id: str
+    lease_until: float
+    cancel_asked: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,11 +286,31 @@ class SharedStore(JobStore, Protocol):
         ...
 
     async def claim(
-        self, n: int, now: float, lease_until: float, caps: dict[str, int]
+        self,
+        n: int,
+        now: float,
+        lease_until: float,
+        caps: dict[str, int],
+        *,
+        only: Sequence[str] | None = None,
+        besides: Sequence[str] = (),
+        kinds: Sequence[str] | None = None,
+        holder: str | None = None,
     ) -> list[Job]:
         """Up to ``n`` due jobs of unpaused queues, marked running for this node with a new
         epoch, one more attempt and a lease until ``lease_until``; never to two nodes.
-        A queue in ``caps`` never has more running jobs than its cap, counted on every node."""
+        A queue in ``caps`` never has more running jobs than its cap, counted on every node.
+
+        A remote worker's claim names its ``holder`` (``remote_holder``: stored instead of
+        this node), the queues it serves (``only``) and perhaps its ``kinds``; this node's
+        own claims leave out the remote queues (``besides``)."""
+        ...
+
+    async def extend(self, now: float, leases: Sequence[Lease]) -> list[Extended]:
+        """Renew remote workers' leases, each fenced like an outcome (still running at its
+        epoch, held by its holder, the lease unexpired at ``now``), with its progress if
+        any: one statement for all. Those that held come back, with whether a cancel was
+        asked for; a lease missing from the answer is fenced."""
         ...
 
     async def next_due(self, now: float) -> float | None:

@@ -60,6 +60,8 @@ class JobView(msgspec.Struct, frozen=True):
     errors: tuple[AttemptError, ...] = ()  # the last failures, newest last
     schedule: str | None = None
     tick: int | None = None
+    holder: str | None = None  # a running job's remote worker (``worker:<name>``) or node
+    lease_until: float | None = None  # when that holder's lease runs out unless renewed
 
 
 def job_view(job: Job) -> JobView:
@@ -72,7 +74,7 @@ def job_view(job: Job) -> JobView:
         job.attempts, job.max_attempts, job.all_attempts, job.priority, job.epoch,
         job.started_at, job.last_error, job.result, job.queue, job.idempotency_key,
         job.cancel_requested_at is not None, job.cancel_requested_at, job.progress,
-        job.checkpoint, job.snoozes, job.errors, schedule, tick,
+        job.checkpoint, job.snoozes, job.errors, schedule, tick, job.holder, job.lease_until,
     )  # fmt: skip
 
 

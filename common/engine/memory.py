@@ -8,6 +8,7 @@ drift from a durable engine's.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,6 +29,7 @@ from sqlq.common.store import (
     StoreStats,
     SyncLevel,
 )
+from sqlq.common.tokens import KEY_BYTES
 
 __all__ = ["MemoryStore"]
 
@@ -52,6 +54,7 @@ class MemoryStore:
         self._opened_once = False
         self._commits = 0
         self._changes = 0
+        self._key: bytes | None = None
 
     async def open(self) -> Recovery:
         if self._opened_once:
@@ -120,6 +123,11 @@ class MemoryStore:
         )
         self._last_compaction = (began, report)
         return report
+
+    async def signing_key(self) -> bytes:
+        if self._key is None:
+            self._key = os.urandom(KEY_BYTES)  # per process: nothing here outlives it
+        return self._key
 
     async def close(self) -> None:
         self._open = False

@@ -37,6 +37,7 @@ JOB_COLUMNS = (
     "request_hash",
     "attempts_total",
     *(RUNNING_COLUMNS := ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors")),
+    *(LEASE_COLUMNS := ("holder", "lease_until")),
 )
 # A transition row's columns, in order: the job's id, the epoch it must be at, then
 # what the job becomes (a NULL attempts_total leaves the column as it is).
@@ -53,6 +54,7 @@ TRANSITION_COLUMNS = (
     "started_at",
     "attempts_total",
     *RUNNING_COLUMNS,
+    *LEASE_COLUMNS,
 )
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)  # for a statement's column list
 # The rows below are the models' fields in order: say so where it can be checked once.
