@@ -21,12 +21,13 @@ import msgspec
 
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.crashtasks import IMPORT, SAVED_ENV
-from sqlq.bench.verdict import CANCEL_TAG, CHECKPOINT_TAG, SNOOZE_TAG, ClientRecord
+from sqlq.bench.verdict import CANCEL_TAG, CHECKPOINT_TAG, FORCE, SNOOZE_TAG, ClientRecord
 
 QUEUES = ("default", "mail")  # mixed: "mail" is the one the operator pauses
 PLAIN: dict[str, Any] = {"kind": "sleep", "args": {"work_ms": 2}}
 SERVER_FLAGS = ("--import", IMPORT)  # the mixed workload's own kinds
 SAVED_NAME = "saved.txt"  # the handlers' ledger, beside the clients'
+Spec = Callable[[random.Random], tuple[dict[str, Any], bool, str]]  # what mixed_spec is
 
 
 def server_env(workdir: Path) -> dict[str, str]:
@@ -179,10 +180,12 @@ async def _running_long(pool: HttpPool, ledger: Ledger, rng: random.Random) -> s
 async def operate(
     pools: Callable[[], HttpPool | None], ledger: Ledger, rng: random.Random,
     stop: asyncio.Event, *, gone: Callable[[HttpPool], None] | None = None,
+    force: float = 0.0,
 ) -> None:  # fmt: skip
     """The mixed workload's operator: cancels, retries, pauses and resumes until stopped,
     on the server ``pools()`` names. When that one stops answering it gives up, or with
-    ``gone`` (many nodes) tells it and goes on with the next."""
+    ``gone`` (many nodes) tells it and goes on with the next. ``force``: how often a cancel
+    of a running job says ``?force=1`` (noted ``FORCE``: its lease is cut short)."""
     paused = False
     while not stop.is_set():
         await asyncio.sleep(rng.uniform(0.005, 0.03))
@@ -200,7 +203,11 @@ async def operate(
                 else:
                     job_id = ledger.delayed.pop(rng.randrange(len(ledger.delayed)))
                 ledger.note(job_id, "cancel?")
-                status, job = await pool.json("DELETE", f"/jobs/{job_id}")
+                query = ""
+                if force and rng.random() < force:
+                    ledger.note(job_id, FORCE)
+                    query = "?force=1"
+                status, job = await pool.json("DELETE", f"/jobs/{job_id}{query}")
                 # 200: cancelled; 202: running, the cancel asked for (told by the job's
                 # state too, so the ledger says what the server said it did)
                 if status in (200, 202) and job["state"] == "cancelled":
@@ -226,9 +233,15 @@ async def operate(
             gone(pool)
 
 
-async def load(url: str, trial: Trial, ledger: Ledger, stop: asyncio.Event) -> int:
-    """Submit until stopped; every acked id goes to the ledger, fsynced in groups."""
+async def load(
+    url: str, trial: Trial, ledger: Ledger, stop: asyncio.Event, *, spec: Spec | None = None,
+    force: float = 0.0,
+) -> int:  # fmt: skip
+    """Submit until stopped; every acked id goes to the ledger, fsynced in groups. ``spec``:
+    the mixed workload's submissions (``mixed_spec`` unless given); ``force``: the
+    operator's (``operate``)."""
     rng = random.Random(trial.seed)
+    pick = spec or mixed_spec
     fd = os.open(ledger.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     loop = asyncio.get_running_loop()
     mixed = trial.workload == "mixed"
@@ -247,13 +260,13 @@ async def load(url: str, trial: Trial, ledger: Ledger, stop: asyncio.Event) -> i
 
             async def client() -> None:
                 while not stop.is_set() and len(ledger.acked) < trial.jobs:
-                    spec, can_fail, tag = mixed_spec(rng) if mixed else (PLAIN, False, "")
+                    body, can_fail, tag = pick(rng) if mixed else (PLAIN, False, "")
                     try:
-                        status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(spec))
+                        status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(body))
                     except (HTTPError, OSError):
                         return
                     if status == 201:
-                        ledger.acknowledged(reply["id"], spec, can_fail, tag)
+                        ledger.acknowledged(reply["id"], body, can_fail, tag)
 
             async def ledger_writer() -> None:
                 while not stop.is_set():
@@ -264,7 +277,7 @@ async def load(url: str, trial: Trial, ledger: Ledger, stop: asyncio.Event) -> i
             clients = [client() for _ in range(trial.clients)]
             if mixed:
                 rng_op = random.Random(trial.seed + 1)
-                clients.append(operate(lambda: pool, ledger, rng_op, stop))
+                clients.append(operate(lambda: pool, ledger, rng_op, stop, force=force))
             await asyncio.gather(*clients)
             stop.set()
             await writer

@@ -9,7 +9,7 @@ import random
 import msgspec
 
 from sqlq.bench.client.http import HTTPError, HttpPool
-from sqlq.bench.crashload import PLAIN, Ledger, mixed_spec, operate
+from sqlq.bench.crashload import PLAIN, Ledger, Spec, mixed_spec, operate
 
 CLIENTS = 8
 
@@ -42,10 +42,11 @@ class Targets:
 
 async def submit(
     targets: Targets, budget: int, stop: asyncio.Event, ledger: Ledger, workload: str,
-    rng: random.Random,
+    rng: random.Random, *, spec: Spec = mixed_spec, force: float = 0.0,
 ) -> list[str]:  # fmt: skip
     """Clients submit until stopped or the budget is acknowledged (and, in the mixed
-    workload, an operator acts on one live node at a time); the acknowledged ids."""
+    workload, an operator acts on one live node at a time); the acknowledged ids.
+    ``spec`` and ``force``: the mixed workload's submissions and the operator's."""
     mixed = workload == "mixed"
 
     async def client(i: int) -> None:
@@ -56,20 +57,21 @@ async def submit(
                 continue
             pool = targets.pools[n % len(targets.pools)]
             n += 1
-            spec, can_fail, tag = mixed_spec(rng) if mixed else (PLAIN, False, "")
+            body, can_fail, tag = spec(rng) if mixed else (PLAIN, False, "")
             try:
-                status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(spec))
+                status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(body))
             except (HTTPError, OSError, TimeoutError):
                 targets.drop(pool)  # that node is down: the others take the load
                 continue
             if status == 201:
-                ledger.acknowledged(reply["id"], spec, can_fail, tag)
+                ledger.acknowledged(reply["id"], body, can_fail, tag)
             else:  # 503 while the database is down: not acknowledged, try again
                 await asyncio.sleep(0.02)
 
     clients = [client(i) for i in range(CLIENTS)]
     if mixed:
         first = targets.first
-        clients.append(operate(first, ledger, random.Random(rng.random()), stop, gone=targets.drop))
+        op_rng = random.Random(rng.random())
+        clients.append(operate(first, ledger, op_rng, stop, gone=targets.drop, force=force))
     await asyncio.gather(*clients)
     return ledger.acked

@@ -26,6 +26,8 @@ from sqlq.bench.offline import TERMINAL, JobFacts
 CANCEL_TAG = "cancel"  # long and unfailing: the operator cancels it while it runs
 CHECKPOINT_TAG = "checkpoint"  # checkpoints, then fails its first attempts on purpose
 SNOOZE_TAG = "snooze"  # snoozes ``snoozes`` times, then completes
+FORCE = "force"  # a ledger event: the operator's cancel of a running job said ?force=1
+BURY_TAG = "bury"  # a remote worker fails it with ``retry: false``: dead at its first end
 
 
 @dataclass
@@ -55,8 +57,9 @@ class ClientRecord:
 
 
 def judge(
-    job: JobFacts | None, rec: ClientRecord, *, epochs_per_attempt: int = 1, deaths: int = 1
-) -> str | None:
+    job: JobFacts | None, rec: ClientRecord, *, epochs_per_attempt: int = 1, deaths: int = 1,
+    releases: int = 0,
+) -> str | None:  # fmt: skip
     """Whether an acknowledged job's end is one the client's own story allows; why not if not.
 
     It must be there and finished; a job that nothing could fail, completed. A cancel
@@ -65,6 +68,9 @@ def judge(
     its attempts were used up. Every epoch bump is a requeue after an attempt, a snooze
     or an operator's retry (and, in shared mode, ``epochs_per_attempt=2``: a claim too).
     ``deaths``: how many times the trial killed what ran it (a rerun each, at most).
+    ``releases``: how many times a remote worker gave it back unstarted (at most): an epoch
+    each (and its claim's, in shared mode), no attempt. A job a remote worker buried
+    (``BURY_TAG``) is dead with attempts to spare.
     """
     if job is None:
         return "missing"
@@ -88,12 +94,12 @@ def judge(
             return "cancelled, though no client cancelled it"
         if rec.after("retry", sent):
             return "cancelled, though the client saw it retried after its last cancel"
-    if job.state == "dead":
+    if job.state == "dead" and rec.tag != BURY_TAG:
         limit = rec.max_attempts or job.max_attempts
         if job.attempts != job.max_attempts or (rec.max_attempts and limit != job.max_attempts):
             return f"dead after {job.attempts} of {limit} attempts"
     revivals = rec.events.count("retry?")
-    spent = job.attempts + job.attempts_total + job.snoozes
+    spent = job.attempts + job.attempts_total + job.snoozes + releases
     if job.epoch > epochs_per_attempt * spent + revivals:
         return f"epoch {job.epoch} but only {job.attempts + job.attempts_total} attempts"
     return None
