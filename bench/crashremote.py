@@ -1,0 +1,353 @@
+"""``sqlq crashcheck --remote-workers``: kill -9 trials with the jobs run by remote workers.
+
+Each trial: a fresh data directory; ``sqlq serve --workers 0`` (every queue remote) as a
+subprocess; ``WORKERS`` worker processes (``sqlq.bench.crashworker``) claiming, heartbeating
+and reporting over HTTP, each noting every call and its answer in a side file; clients
+submitting the remote mixed workload (``remote_spec``) and fsyncing every acknowledged id
+to a ledger; the operator of the in-process trials cancelling (running jobs too, some
+with ``?force=1``), retrying and pausing. Then one of the modes:
+
+- ``worker``: a worker holding jobs is killed -9 (and a new one started); its jobs run
+  again once their leases run out;
+- ``server``: the server is killed -9 while the workers hold jobs, and started again on
+  the same port and data; the workers keep their finished outcomes and send them again
+  until answered, so they land, and nothing runs twice but through a death;
+- ``fence``: some jobs' first attempts stall (their worker stops heartbeating them and
+  reports only once their lease has surely run out): every such outcome must be fenced,
+  and the newer attempt's result must stand.
+
+After the load, the queues are resumed and drained, the workers stopped (SIGTERM: they
+report what they hold and exit), the server stopped; then the verdict
+(``sqlq.bench.crashjudge``) reads the store's files without the engine's code
+(``sqlq.bench.offline``), the ledger and the workers' files. PostgreSQL, with two nodes
+and the workers talking to either: ``sqlq.bench.crashremote_pg``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from sqlq.bench.client.http import HTTPError, HttpPool
+from sqlq.bench.client.server import ServerError, ServerProcess
+from sqlq.bench.crashjudge import Death, Verdict
+from sqlq.bench.crashload import QUEUES, SAVED_NAME, Ledger, Trial, load
+from sqlq.bench.crashrecords import read_records
+from sqlq.bench.offline import JobFacts, VerifyError, read_data
+from sqlq.bench.verdict import BURY_TAG, CANCEL_TAG, CHECKPOINT_TAG, SNOOZE_TAG
+
+MODES = ("worker", "server", "fence")
+WORKERS = 3  # worker processes at a time
+CLIENTS = 4  # submitting clients
+LEASE_S = 5.0  # the protocol's shortest lease: a killed worker's jobs wait this long
+CANCEL_GRACE_S = 1.0  # a forced cancel's lease, from the request
+READY_WITHIN_S = 30.0
+
+
+def remote_spec(rng: random.Random, stall: float = 0.0) -> tuple[dict[str, Any], bool, str]:
+    """One submission of the remote mixed workload, whether it may fail, and its tag (the
+    in-process ``mixed_spec``'s shape, with the remote worker's kinds,
+    ``sqlq.bench.crashworker``): ``stall`` of them stall on their first attempt."""
+    roll = rng.random()
+    queue = "mail" if rng.random() < 0.3 else "default"
+    spec: dict[str, Any]
+    args: dict[str, Any]
+    can_fail, tag = False, ""
+    if roll < 0.35:  # plain
+        spec = {"kind": "r.sleep", "args": {"work_ms": 2}}
+    elif roll < 0.41:  # long: the operator cancels it while it runs (a stubborn one ignores it)
+        kind = "r.sleep" if rng.random() < 0.5 else "r.stubborn"
+        spec = {"kind": kind, "args": {"work_ms": rng.randint(300, 2000)}, "max_attempts": 3}
+        tag = CANCEL_TAG
+    elif roll < 0.47:  # checkpoints, then fails its first attempts
+        fail_first = rng.randint(1, 2)
+        args = {"work_ms": rng.randint(5, 300), "fail_first": fail_first}
+        spec = {"kind": "r.checkpoint", "args": args, "max_attempts": fail_first + 3}
+        can_fail, tag = True, CHECKPOINT_TAG
+    elif roll < 0.51:  # snoozes a few times, then completes
+        args = {"snoozes": rng.randint(1, 3), "delay_ms": rng.randint(5, 100)}
+        spec, tag = {"kind": "r.snooze", "args": args}, SNOOZE_TAG
+    elif roll < 0.55:  # fails with retry: false
+        spec, can_fail, tag = {"kind": "r.bury", "args": {}, "max_attempts": 3}, True, BURY_TAG
+    elif roll < 0.72:  # fails at random
+        args = {"work_ms": rng.randint(1, 5), "fail_prob": 0.5}
+        spec, can_fail = {"kind": "r.sleep", "args": args, "max_attempts": rng.randint(1, 3)}, True
+    elif roll < 0.85:  # long, on its last attempt: a kill often lands on it
+        args = {"work_ms": rng.randint(200, 1500)}
+        if rng.random() < 0.3:
+            args["fail_prob"] = 0.3
+        spec, can_fail = {"kind": "r.sleep", "args": args, "max_attempts": 1}, True
+    else:  # delayed: what the operator cancels
+        delay = rng.randint(100, 800)
+        spec = {"kind": "r.sleep", "args": {"work_ms": 2}, "delay_ms": delay,
+                "max_attempts": rng.randint(1, 3)}  # fmt: skip
+    if tag not in (BURY_TAG, SNOOZE_TAG) and rng.random() < stall:
+        spec["args"]["stall"] = True
+    return {**spec, "queue": queue}, can_fail, tag
+
+
+@dataclass(frozen=True)
+class RemoteTrial:
+    store: str
+    mode: str
+    jobs: int
+    kill_after_s: float
+    seed: int
+    sync: str = "full"
+    lease_s: float = LEASE_S
+
+
+class Fleet:
+    """The worker processes of a trial: started, killed, stopped; what was killed, when."""
+
+    def __init__(self, urls: list[str], workdir: Path, lease_s: float, seed: int) -> None:
+        self.urls, self.workdir, self.lease_s, self.seed = urls, workdir, lease_s, seed
+        self.records = workdir / "records"
+        self.records.mkdir(exist_ok=True)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.deaths: list[Death] = []
+        self.problems: list[str] = []
+        self.n = 0
+
+    def spawn(self) -> str:
+        name = f"w{self.n}"
+        self.n += 1
+        argv = [sys.executable, "-m", "sqlq.bench.crashworker", "--name", name,
+                "--lease", str(self.lease_s), "--seed", str(self.seed + self.n),
+                "--records", str(self.records), "--saved", str(self.workdir / SAVED_NAME),
+                *(a for q in QUEUES for a in ("--queue", q)),
+                *(a for u in self.urls for a in ("--url", u))]  # fmt: skip
+        log = open(self.workdir / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return name
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.kill()
+        self.deaths.append(Death("worker", name, time.time()))
+        proc.wait()
+
+    def stop(self, within: float = 30.0) -> None:
+        """SIGTERM each (they report what they hold, then exit); a worker that does not exit
+        in time, or exits with an error, fails the trial (and a late one is killed)."""
+        for proc in self.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + within
+        for name, proc in self.procs.items():
+            try:
+                code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self.deaths.append(Death("worker", name, time.time()))
+                self.problems.append(f"worker {name} did not stop within {within:.0f} s")
+                continue
+            if code != 0:
+                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-400:]
+                self.problems.append(f"worker {name} exited with {code}: {tail}")
+        self.procs.clear()
+
+
+async def holders(pool: HttpPool) -> list[str]:
+    """The workers holding running jobs now, by name (``holder`` ``worker:<name>``)."""
+    status, page = await pool.json("GET", "/jobs?state=running&limit=100")
+    if status != 200:
+        return []
+    return [str(j["holder"]).removeprefix("worker:") for j in page.get("jobs", [])
+            if str(j.get("holder") or "").startswith("worker:")]  # fmt: skip
+
+
+def same_port(srv: ServerProcess, old: ServerProcess) -> ServerProcess:
+    """``srv`` on ``old``'s port: the workers and the clients know that one address."""
+    srv.port, srv.url = old.port, old.url
+    srv.cmd[srv.cmd.index("--port") + 1] = str(old.port)
+    return srv
+
+
+def serve(trial: RemoteTrial, data: Path, ready_within: float = 120.0) -> ServerProcess:
+    flags = ("--cancel-grace", str(CANCEL_GRACE_S))
+    return ServerProcess.engine(
+        store=trial.store, data_dir=str(data), sync=trial.sync, workers=0, flags=flags,
+        ready_within=ready_within,
+    )  # fmt: skip
+
+
+async def chaos(trial: RemoteTrial, rng: random.Random, srv: list[ServerProcess], fleet: Fleet,
+                problems: list[str], pool: HttpPool) -> None:  # fmt: skip
+    """The trial's mode, at ``kill_after_s``: a worker killed and replaced, or the server
+    killed and started again on its data and port; ``fence`` kills nothing."""
+    await asyncio.sleep(trial.kill_after_s)
+    if trial.mode == "worker":
+        for _ in range(2):  # a worker that holds a job, if one does
+            held = [n for n in await holders(pool) if n in fleet.procs]
+            name = rng.choice(held or list(fleet.procs))
+            fleet.kill(name)
+            fleet.spawn()
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
+    elif trial.mode == "server":
+        for _ in range(150):  # while the workers hold jobs, if they come to within 3 s
+            if await holders(pool):
+                break
+            await asyncio.sleep(0.02)
+        old = srv[0]
+        old.kill()
+        fleet.deaths.append(Death("server", old.url, time.time()))
+        await asyncio.sleep(rng.uniform(0.0, 0.5))  # down a while: the workers retry
+        for within in (READY_WITHIN_S, 120.0):
+            again = same_port(serve(trial, Path(old.data_dir), within), old)
+            try:
+                await asyncio.to_thread(again.start)
+                srv[0] = again
+                return
+            except ServerError as exc:
+                again.stop()
+                problems.append(f"the restart failed: {str(exc)[:300]}")
+        raise ServerError("the server did not come back")
+
+
+async def drain(pool: HttpPool, within: float = 120.0) -> bool:
+    """Resume the queues the operator paused; wait until nothing is scheduled or running."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            for q in QUEUES:
+                await pool.json("POST", f"/queues/{q}/resume")
+            _, stats = await pool.json("GET", "/stats")
+            if stats["jobs"]["scheduled"] == 0 and stats["jobs"]["running"] == 0:
+                return True
+        except (HTTPError, OSError):
+            pass
+        await asyncio.sleep(0.05)
+    return False
+
+
+def run_remote_trial(trial: RemoteTrial, workdir: Path) -> dict[str, Any]:
+    data = workdir / "data"
+    os.makedirs(data, exist_ok=True)
+    rng = random.Random(trial.seed)
+    srv = [serve(trial, data)]
+    srv[0].start()
+    fleet = Fleet([srv[0].url], workdir, trial.lease_s, trial.seed)
+    problems: list[str] = []
+    t_start = time.perf_counter()
+    ledger = Ledger(workdir / "ledger.txt")
+    try:
+        for _ in range(WORKERS):
+            fleet.spawn()
+
+        async def life() -> None:
+            load_trial = Trial(store=trial.store, sync=trial.sync, jobs=trial.jobs,
+                               clients=CLIENTS, kill_after_s=trial.kill_after_s,
+                               compact_floor_mb=None, seed=trial.seed)  # fmt: skip
+            stall = 0.15 if trial.mode == "fence" else 0.0
+            async with HttpPool(srv[0].url, 2) as pool:
+                stop = asyncio.Event()
+                submitting = asyncio.create_task(load(
+                    srv[0].url, load_trial, ledger, stop, force=0.3,
+                    spec=lambda r: remote_spec(r, stall),
+                ))  # fmt: skip
+                await chaos(trial, rng, srv, fleet, problems, pool)
+                await submitting
+                if not await drain(pool):
+                    problems.append("not drained within 120 s")
+
+        uvloop.run(life())
+    except ServerError as exc:
+        problems.append(str(exc)[:300])
+    finally:
+        fleet.stop()
+        for s in srv:
+            s.stop(signal.SIGTERM)
+    row = verify(trial, data, workdir, fleet, problems + fleet.problems)
+    row["trial_s"] = round(time.perf_counter() - t_start, 3)
+    return row
+
+
+def verify(trial: RemoteTrial, data: Path, workdir: Path, fleet: Fleet, problems: list[str]
+           ) -> dict[str, Any]:  # fmt: skip
+    """The verdict on one trial, from the files alone: the store's, the ledger, the workers'."""
+    jobs: dict[str, JobFacts] = {}
+    try:
+        jobs = read_data(trial.store, data)
+    except (VerifyError, sqlite3.Error, ValueError, KeyError) as exc:
+        problems.append(f"unreadable store: {exc}")
+    ledger = Ledger.read(workdir / "ledger.txt")
+    verdict = Verdict(jobs, ledger, read_records(fleet.records), fleet.deaths, clients=CLIENTS)
+    row = verdict.row()
+    problems += verdict.problems
+    return {
+        "store": trial.store,
+        "sync": trial.sync,
+        "mode": trial.mode,
+        "workload": "remote",
+        "kill_after_s": round(trial.kill_after_s, 3),
+        "lease_s": trial.lease_s,
+        **row,
+        "problems": problems,
+        "ok": not problems,
+    }
+
+
+def run_remote_trials(
+    *, store: str, sync: str, trials: int, jobs: int, seed: int, out: Path | None,
+    modes: tuple[str, ...] = MODES, progress: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """``trials`` trials of each mode; rows to ``crash-remote-<store>-<mode>.jsonl`` as they
+    come (replacing an earlier run's file)."""
+    from tqdm import tqdm
+
+    from sqlq.bench import meta
+    from sqlq.bench.crashcheck import keep
+
+    if store == "postgres":
+        from sqlq.bench.crashremote_pg import run_remote_pg_trials
+
+        return run_remote_pg_trials(trials=trials, jobs=jobs, seed=seed, out=out,
+                                    progress=progress)  # fmt: skip
+    rng = random.Random(seed)
+    commit = meta.git_commit()
+    rows: list[dict[str, Any]] = []
+    for mode in modes:
+        path = None
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"crash-remote-{store}-{mode}.jsonl"
+            path.write_text("")
+        for n in tqdm(range(trials), desc=f"crashcheck remote {store} {mode}",
+                      disable=not progress):  # fmt: skip
+            trial = RemoteTrial(store=store, mode=mode, jobs=jobs, sync=sync,
+                                kill_after_s=rng.uniform(0.3, 2.0),
+                                seed=rng.randrange(1 << 30))  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="sqlq-crashremote-") as d:
+                row = run_remote_trial(trial, Path(d))
+            keep(rows, row, n, commit, path)
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """One line per mode, for the command's output."""
+    lines = []
+    for mode in sorted({r["mode"] for r in rows}):
+        mine = [r for r in rows if r["mode"] == mode]
+        total = {k: sum(r[k] for r in mine) for k in ("acknowledged", "lost", "stale_outcomes",
+                                                     "stale_fenced", "executions")}  # fmt: skip
+        reruns = {k.removeprefix("reruns_"): sum(r[k] for r in mine)
+                  for k in mine[0] if k.startswith("reruns_")}  # fmt: skip
+        lines.append(f"{mine[0]['store']} {mode}: {len(mine)} trials, " + json.dumps(total)
+                     + f", reruns {json.dumps(reruns)}, "
+                     f"{sum(1 for r in mine if not r['ok'])} failed")  # fmt: skip
+    return "\n".join(lines)
