@@ -261,6 +261,7 @@ def run_remote_trial(trial: RemoteTrial, workdir: Path) -> dict[str, Any]:
                     spec=lambda r: remote_spec(r, stall),
                 ))  # fmt: skip
                 await chaos(trial, rng, srv, fleet, problems, pool)
+                stop.set()  # the load ends with the chaos (or at its budget, if sooner)
                 await submitting
                 if not await drain(pool):
                     problems.append("not drained within 120 s")
@@ -351,3 +352,20 @@ def summary(rows: list[dict[str, Any]]) -> str:
                      + f", reruns {json.dumps(reruns)}, "
                      f"{sum(1 for r in mine if not r['ok'])} failed")  # fmt: skip
     return "\n".join(lines)
+
+
+def command(*, store: str, sync: str, trials: int, jobs: int, seed: int, out: str) -> int:
+    """``sqlq crashcheck --remote-workers``: the trials, ``crash.md`` rebuilt, a line per
+    mode and one per failed trial; the exit status (1 if any trial failed)."""
+    import click
+
+    from sqlq.bench.crashreport import write_report
+
+    rows = run_remote_trials(store=store, sync=sync, trials=trials, jobs=jobs, seed=seed,
+                             out=Path(out))  # fmt: skip
+    write_report(Path(out))
+    click.echo(summary(rows))
+    bad = [r for r in rows if not r["ok"]]
+    for r in bad:
+        click.echo(f"  {r['mode']} trial {r['trial']}: {'; '.join(r['problems'])}", err=True)
+    return 1 if bad else 0

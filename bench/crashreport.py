@@ -35,9 +35,13 @@ def write_report(out: Path) -> str:
     ]
     shared: list[list[dict[str, Any]]] = []
     ticking: list[list[dict[str, Any]]] = []
+    remote: list[list[dict[str, Any]]] = []
     for path in sorted(out.glob("crash-*.jsonl")):
         rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         if not rows:
+            continue
+        if rows[0].get("workload") == "remote":
+            remote.append(rows)
             continue
         if rows[0].get("workload") == "schedules":
             ticking.append(rows)
@@ -79,6 +83,8 @@ def write_report(out: Path) -> str:
         lines += _shared_section(shared)
     if ticking:
         lines += _schedules_section(ticking)
+    if remote:
+        lines += _remote_section(remote)
     text = "\n".join(lines)
     (out / "crash.md").write_text(text)
     return text
@@ -204,3 +210,65 @@ def _schedules_section(runs: list[list[dict[str, Any]]]) -> list[str]:
             f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
         )
     return [*lines, ""]
+
+
+LIVE = ("an outcome fenced while its lease held", "a heartbeat fenced while its lease held",
+        "a job claimed again while a lease held")  # fmt: skip
+
+
+def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
+    """The remote-worker trials (``sqlq.bench.crashremote``, ``crashremote_pg``)."""
+    lines = [
+        "## Remote workers through kill -9 (`sqlq crashcheck --remote-workers`)",
+        "",
+        "Each trial: a fresh data directory (PostgreSQL: a fresh database, two nodes); "
+        "`sqlq serve --workers 0`; three worker processes (`sqlq.bench.crashworker`) that "
+        "claim, heartbeat every lease/5 and report over HTTP (batches or single outcomes at "
+        "random, each kept and sent again until answered), noting both ends of every call "
+        "in a side file; clients submitting a mixed workload (failures, last attempts, "
+        "retry: false, checkpoints, snoozes, long jobs the operator cancels while they run, "
+        "some with ?force=1, delayed jobs, retries, a paused queue); lease 5 s. Modes: "
+        "`worker`, two workers holding jobs killed -9 and replaced; `server`, the server "
+        "killed -9 while workers hold jobs and started again on its port; `fence`, 15% of "
+        "jobs stall on their first attempt (no heartbeat; the outcome sent only once the "
+        "lease has surely run out); `nodes` (PostgreSQL), one node and one worker killed, "
+        "every call to either node at random, 10% stalls. Verified from the files (plain "
+        "SQL for PostgreSQL) and the workers' records, on one clock: nothing acknowledged "
+        "lost or ended wrong; every outcome sent after its lease surely ran out, or after a "
+        "newer attempt was claimed, fenced (409); no outcome or heartbeat fenced, and no job "
+        "claimed again, while a lease the server surely granted held; one execution per "
+        "epoch; a job executed again only after an accepted requeue (failure, snooze, "
+        "release), an operator's retry, or a death (the cause counted); a completed job's "
+        "result is its newest attempt's.",
+        "",
+        "| store | mode | trials | acknowledged | lost | executions | stale outcomes | of "
+        "those fenced | live leases fenced or taken | reruns: worker killed | server killed "
+        "| stalled (cut off) | fenced | unexplained | outcomes landed after a restart | "
+        "failed trials | git commit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for rows in runs:
+
+        def total(key: str, rows: list[dict[str, Any]] = rows) -> str:
+            return f"{sum(r.get(key, 0) for r in rows):,}"
+
+        live = sum(r["violations"].get(k, 0) for r in rows for k in LIVE)
+        lines.append(
+            f"| {rows[0]['store']} | {rows[0]['mode']} | {len(rows)} | {total('acknowledged')} "
+            f"| {total('lost')} | {total('executions')} | {total('stale_outcomes')} | "
+            f"{total('stale_fenced')} | {live} | {total('reruns_worker_killed')} | "
+            f"{total('reruns_server_killed')} | {total('reruns_cut_off')} | "
+            f"{total('reruns_fenced')} | {total('reruns_unexplained')} | "
+            f"{total('landed_after_restart')} | {sum(1 for r in rows if not r['ok'])} | "
+            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
+        )
+    return [
+        *lines,
+        "",
+        "`stale outcomes`: outcomes the records prove stale when sent; each must be fenced. "
+        "`reruns`: executions of a job after one that did not end by its own accepted "
+        "outcome, by why: its worker was killed; a server died meanwhile; it stalled on "
+        "purpose; it was fenced (a forced cancel). `outcomes landed after a restart`: "
+        "outcomes first sent before the server's kill and accepted after its restart.",
+        "",
+    ]

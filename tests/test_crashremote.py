@@ -359,3 +359,23 @@ def test_a_real_remote_trial_on_two_postgres_nodes_loses_nothing(tmp_path: Path)
     assert row["problems"] == []
     assert (row["servers_killed"], row["workers_killed"]) == (1, 1)
     assert row["acknowledged"] > 0
+
+
+def test_the_crash_report_has_a_row_per_store_and_mode(tmp_path: Path) -> None:
+    import json
+
+    from sqlq.bench.crashreport import _remote_section, write_report
+
+    row = {"store": "walq", "mode": "fence", "workload": "remote", "acknowledged": 10,
+           "lost": 0, "executions": 12, "stale_outcomes": 2, "stale_fenced": 2,
+           "reruns_worker_killed": 0, "reruns_server_killed": 0, "reruns_cut_off": 2,
+           "reruns_fenced": 1, "reruns_unexplained": 0, "landed_after_restart": 0,
+           "violations": {}, "ok": True, "git_commit": "abc"}  # fmt: skip
+    rows = [row, {**row, "violations": {"a job claimed again while a lease held": 1},
+                  "ok": False}]  # fmt: skip
+    lines = _remote_section([rows])
+    assert (
+        "| walq | fence | 2 | 20 | 0 | 24 | 4 | 4 | 1 | 0 | 0 | 4 | 2 | 0 | 0 | 1 | abc |" in lines
+    )
+    (tmp_path / "crash-remote-walq-fence.jsonl").write_text(json.dumps(row) + "\n")
+    assert "| walq | fence | 1 |" in write_report(tmp_path)  # beside no other trial's rows
