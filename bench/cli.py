@@ -170,9 +170,18 @@ def loadgen(
     "plain: 2 ms jobs that always succeed; schedules: schedules ticking every second "
     "(no tick lost, none doubled).",
 )
+@click.option(
+    "--remote-workers",
+    is_flag=True,
+    help="Remote worker processes run the jobs over the pull protocol: per mode, a worker "
+    "killed, the server killed while workers hold jobs, workers that stall and report late "
+    "(postgres: two nodes, a node and a worker killed). Verified from the files and the "
+    "workers' records: every stale outcome fenced.",
+)
 def crashcheck(
-    store: str, sync: str, trials: int, jobs: int, seed: int, out: str, workload: str
-) -> None:
+    store: str, sync: str, trials: int, jobs: int, seed: int, out: str, workload: str,
+    remote_workers: bool,
+) -> None:  # fmt: skip
     """Kill -9 a real server at random moments and verify nothing acknowledged was lost.
 
     Verification reads the files without the engine's code. With --store postgres:
@@ -186,6 +195,10 @@ def crashcheck(
     from sqlq.bench.crashreport import write_report
 
     name = engine(store).name
+    if remote_workers:  # sqlq.bench.crashremote: its trials, report and output
+        from sqlq.bench.crashremote import command
+
+        sys.exit(command(store=name, sync=sync, trials=trials, jobs=jobs, seed=seed, out=out))
     if engine(store).shared:  # three nodes and a throwaway PostgreSQL, both killed
         from sqlq.bench.crashcheck_pg import run_pg_trials
 
