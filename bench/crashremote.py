@@ -85,11 +85,13 @@ def remote_spec(rng: random.Random, stall: float = 0.0) -> tuple[dict[str, Any],
     elif roll < 0.72:  # fails at random
         args = {"work_ms": rng.randint(1, 5), "fail_prob": 0.5}
         spec, can_fail = {"kind": "r.sleep", "args": args, "max_attempts": rng.randint(1, 3)}, True
-    elif roll < 0.85:  # long, on its last attempt: a kill often lands on it
+    elif roll < 0.80:  # long, on its last attempt: a kill often lands on it
         args = {"work_ms": rng.randint(200, 1500)}
         if rng.random() < 0.3:
             args["fail_prob"] = 0.3
         spec, can_fail = {"kind": "r.sleep", "args": args, "max_attempts": 1}, True
+    elif roll < 0.85:  # long, attempts to spare: a kill means it runs again
+        spec = {"kind": "r.sleep", "args": {"work_ms": rng.randint(200, 1200)}}
     else:  # delayed: what the operator cancels
         delay = rng.randint(100, 800)
         spec = {"kind": "r.sleep", "args": {"work_ms": 2}, "delay_ms": delay,
