@@ -21,7 +21,8 @@ check below is a proof from the records, not a guess:
   was fenced, or a server died while it ran: the reruns, counted by cause;
 - **the newer attempt stands**: a completed job's result names the execution that made it,
   the job's last one, whose outcome was not refused;
-- **every outcome answered**: a worker that lived kept each outcome until it was answered.
+- **every outcome answered**: a worker that lived kept each outcome until it was answered;
+- **a finished job holds nothing**: no job out of ``running`` names a holder or a lease.
 """
 
 from __future__ import annotations
@@ -248,6 +249,9 @@ class Verdict:
         if lost:
             self.problems.append(f"{lost} acknowledged jobs missing")
         self.counts["lost"] = lost + wrong
+        for i, job in self.jobs.items():
+            if job.state != "running" and (job.holder is not None or job.lease_until is not None):
+                self.problem("a job that left running still names a holder or lease", i)
         acked = set(self.ledger.acked)
         unknown = sum(1 for i in self.jobs if i not in acked)
         self.counts["unknown"] = unknown

@@ -8,7 +8,8 @@ purpose: a verifier must not trust the code it is checking.
 
 Besides the state, each job's facts hold what a running job carries (issue 22): the
 cancel asked for, progress, the checkpoint, snoozes and the last errors, read from the
-log's JSON or the columns' JSON text, and the result (the crash workload's checkpoint
+log's JSON or the columns' JSON text, a running job's holder and lease (issue 23: a
+remote worker's claim), and the result (the crash workload's checkpoint
 jobs report there what they read). Folding walq's log, the reader also checks the
 cancel rule on every step: a running job whose cancel was asked for leaves running
 only to completed or cancelled (``JobFacts.breaks`` says when one did not).
@@ -53,6 +54,8 @@ class JobFacts:
     snoozes: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     result: Any = None
+    holder: str | None = None  # a running job's remote worker (``worker:<name>``), as stored
+    lease_until: float | None = None
     breaks: list[str] = field(default_factory=list)  # the cancel rule broken, step by step
 
     def carry(self, record: dict[str, Any]) -> None:
@@ -64,6 +67,8 @@ class JobFacts:
         self.snoozes = record.get("snoozes", 0)
         self.errors = list(record.get("errors") or ())
         self.result = record.get("result")
+        self.holder = record.get("holder")
+        self.lease_until = record.get("lease_until")
 
 
 def _facts(j: dict[str, Any]) -> JobFacts:
@@ -126,6 +131,8 @@ def row_facts(row: dict[str, Any]) -> JobFacts:
             "snoozes": row.get("snoozes") or 0,
             "errors": _json(row.get("errors")),
             "result": _json(row.get("result")),
+            "holder": row.get("holder"),
+            "lease_until": row.get("lease_until"),
         }
     )
     return facts
@@ -188,7 +195,7 @@ def read_walq(path: Path) -> dict[str, JobFacts]:
 
 JOB_FACT_COLUMNS = (
     "id", "state", "epoch", "attempts", "max_attempts", "attempts_total", "result",
-    *RUNNING_FIELDS,
+    *RUNNING_FIELDS, "holder", "lease_until",
 )  # fmt: skip
 
 

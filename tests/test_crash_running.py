@@ -222,6 +222,8 @@ async def test_every_engine_s_files_read_offline_hold_what_a_running_job_carries
             t = job.retry("boom", NOW, NOW)
         elif step == "snooze":
             t = job.snooze(NOW, NOW)
+        elif step == "start" and job.snoozes == 1:  # the last start: a remote worker's claim
+            t = job.start(NOW + 1, holder="worker:w0", lease_until=NOW + 31)
         else:
             t = getattr(job, step)(NOW + 1)
         await store.commit([t])
@@ -233,5 +235,8 @@ async def test_every_engine_s_files_read_offline_hold_what_a_running_job_carries
         [facts] = read_data(reopen_engine, tmp_path).values()
     want = json.loads(msgspec.json.encode(job))
     assert (facts.state, facts.epoch, facts.attempts) == ("running", 2, 2)
-    for name in ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors"):
+    names = ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors", "holder",
+             "lease_until")  # fmt: skip
+    for name in names:
         assert getattr(facts, name) == want[name], name
+    assert (facts.holder, facts.lease_until) == ("worker:w0", NOW + 31)

@@ -379,3 +379,30 @@ def test_the_crash_report_has_a_row_per_store_and_mode(tmp_path: Path) -> None:
     )
     (tmp_path / "crash-remote-walq-fence.jsonl").write_text(json.dumps(row) + "\n")
     assert "| walq | fence | 1 |" in write_report(tmp_path)  # beside no other trial's rows
+
+
+def test_a_job_that_left_running_still_holding_a_lease_fails(tmp_path: Path) -> None:
+    s = Story(tmp_path)
+    r = s.claim("a", 0, "w0", T)
+    s.outcome(r, T + 1)
+    s.ack("a", run=r, holder="worker:w0", lease_until=T + 5)
+    _, problems = s.verdict()
+    assert any("still names a holder or lease" in p for p in problems)
+
+
+def test_the_sqlite_reader_reads_a_running_job_s_holder_and_lease(tmp_path: Path) -> None:
+    import sqlite3
+
+    from sqlq.bench.offline import read_sqlite
+
+    path = tmp_path / "sqlq.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE jobs (id TEXT, state TEXT, epoch INT, attempts INT, max_attempts INT, "
+            "attempts_total INT, holder TEXT, lease_until REAL)"
+        )
+        db.execute("INSERT INTO jobs VALUES ('a', 'running', 0, 1, 5, 0, 'worker:w0', 12.5)")
+        db.execute("INSERT INTO jobs VALUES ('b', 'completed', 0, 1, 5, 0, NULL, NULL)")
+    facts = read_sqlite(path)
+    assert (facts["a"].holder, facts["a"].lease_until) == ("worker:w0", 12.5)
+    assert (facts["b"].holder, facts["b"].lease_until) == (None, None)
