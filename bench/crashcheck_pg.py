@@ -189,11 +189,14 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
 
 async def read_pg(dsn: str) -> dict[str, JobFacts]:
     """Every job's facts in plain SQL (``row_facts``): the columns the verifier reads that
-    the schema has (an old one lacks what a running job carries)."""
+    the schema has (an old one lacks what a running job carries; a running job's holder is
+    the ``node`` column, a node's name or ``worker:<name>``)."""
     have = {r[0] for r in await _sql(
         dsn, "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs'"
     )}  # fmt: skip
     names = [c for c in JOB_FACT_COLUMNS if c in have]
+    if "holder" not in have and "node" in have:  # schema 4: the holder is the node column
+        names.append("node AS holder")
     rows = await _sql(dsn, f"SELECT {', '.join(names)} FROM jobs")
     return {r["id"]: row_facts(dict(r)) for r in rows}
 
