@@ -42,7 +42,6 @@ from sqlq.common.errors import (
 )
 from sqlq.common.models import Job, State
 from sqlq.common.schedule import Schedule
-from sqlq.common.tokens import KEY_BYTES
 from sqlq.common.store import (
     Change,
     CompactionReport,
@@ -51,6 +50,7 @@ from sqlq.common.store import (
     StoreStats,
     SyncLevel,
 )
+from sqlq.common.tokens import KEY_BYTES
 from sqlq.engines.listing import sqlite_params, sqlite_shape, sqlite_statements
 from sqlq.engines.sqlite.batch import (
     STATEMENT_CACHE,
