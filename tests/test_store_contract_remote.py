@@ -31,6 +31,7 @@ from sqlq.common.protocol import remote_holder
 from sqlq.common.running import check_progress
 from sqlq.common.store import Extended, Fence, JobStore, Lease, SharedStore
 from sqlq.common.tokens import KEY_BYTES
+from sqlq.engines.postgres.queries import Q
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.registry import DURABLE
 from sqlq.walq.signing import KEY_NAME
@@ -311,3 +312,34 @@ async def test_postgres_every_node_gets_the_same_key(pg_db: str) -> None:
             await s.close()
     assert len(keys[0]) == KEY_BYTES
     assert set(keys) == {keys[0]}
+
+
+async def test_postgres_every_claim_shape_walks_the_claim_index_in_order(
+    pg: PostgresStore,
+) -> None:
+    """The claim's filters are terms of its ordered walk of jobs_claim, never a read and a
+    sort of every due row: for a node's claim and a remote one, custom plans and generic
+    (asyncpg prepares the claim, and PostgreSQL may switch to a generic plan)."""
+    jobs = [
+        Job.new(kind=f"k{i % 3}", args=None, now=NOW, queue=f"q{i % 4}", priority=i % 5)
+        for i in range(3000)
+    ]
+    await pg.commit(jobs)
+    shapes = [
+        ([], pg.node, None, None),  # a node's claim, nothing remote
+        (["q3"], pg.node, None, None),  # a node's claim beside a remote queue
+        (["q0"], WORKER, ["q1", "q2"], ["k1"]),  # a remote worker's
+        ([], WORKER, ["q1"], None),
+    ]
+    async with pg._conn(claims=True) as conn:
+        await conn.execute("ANALYZE jobs")
+        try:
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                await conn.execute(f"SET plan_cache_mode = {mode}")
+                for skipped, holder, only, kinds in shapes:
+                    args = (NOW, 10, LEASE, skipped, holder, only, kinds)
+                    plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + Q["claim"], *args))
+                    assert "Index Scan using jobs_claim" in plan, plan
+                    assert "Sort" not in plan, plan
+        finally:
+            await conn.execute("RESET plan_cache_mode")
