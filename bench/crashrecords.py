@@ -152,6 +152,8 @@ class Records:
 
 def _apply(recs: Records, ev: dict[str, Any]) -> None:
     kind = ev["ev"]
+    if kind == "hello":  # the worker is up
+        return
     if kind == "claim":
         recs.add(Execution(
             ev["job"], ev["epoch"], ev["w"], ev["run"], ev["attempt"], ev["lease_s"],

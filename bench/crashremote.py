@@ -137,6 +137,16 @@ class Fleet:
         log.close()
         return name
 
+    def wait_ready(self, within: float = 30.0) -> None:
+        """Until every worker has said ``hello`` (so a kill lands on one that works)."""
+        deadline = time.monotonic() + within
+        for name, proc in self.procs.items():
+            path = self.records / f"{name}.rec"
+            while not (path.exists() and b'"hello"' in path.read_bytes()[:200]):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise ServerError(f"worker {name} did not start")
+                time.sleep(0.01)
+
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
         proc.kill()
@@ -250,6 +260,7 @@ def run_remote_trial(trial: RemoteTrial, workdir: Path) -> dict[str, Any]:
     try:
         for _ in range(WORKERS):
             fleet.spawn()
+        fleet.wait_ready()
 
         async def life() -> None:
             load_trial = Trial(store=trial.store, sync=trial.sync, jobs=trial.jobs,

@@ -68,6 +68,7 @@ async def run_remote_pg_trial(cluster: Cluster, jobs: int, kill_after_s: float, 
             await asyncio.to_thread(n.wait_ready)
         for _ in range(WORKERS):
             fleet.spawn()
+        await asyncio.to_thread(fleet.wait_ready)
         targets = Targets()
         for n in nodes:
             await targets.add(n.url)

@@ -337,6 +337,7 @@ class CrashWorker:
         timeout = httpx.Timeout(10.0, connect=1.0, pool=5.0)
         limits = httpx.Limits(max_connections=self.concurrency + 4)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as self.http:
+            self.rec.write(ev="hello", w=self.name, t=time.time())  # the trial waits for it
             await asyncio.gather(self.claim_loop(), self.beat_loop(), self.report_loop())
             await asyncio.gather(*self.tasks)
         self.rec.close()
