@@ -10,8 +10,9 @@ with ``?force=1``), retrying and pausing. Then one of the modes:
 - ``worker``: a worker holding jobs is killed -9 (and a new one started); its jobs run
   again once their leases run out;
 - ``server``: the server is killed -9 while the workers hold jobs, and started again on
-  the same port and data; the workers keep their finished outcomes and send them again
-  until answered, so they land, and nothing runs twice but through a death;
+  the same port and data (a lease of ``SERVER_LEASE_S``, longer than the restart); the
+  workers keep their finished outcomes and send them again until answered, so they land,
+  and nothing runs twice but through a death;
 - ``fence``: some jobs' first attempts stall (their worker stops heartbeating them and
   reports only once their lease has surely run out): every such outcome must be fenced,
   and the newer attempt's result must stand.
@@ -53,6 +54,10 @@ MODES = ("worker", "server", "fence")
 WORKERS = 3  # worker processes at a time
 CLIENTS = 4  # submitting clients
 LEASE_S = 5.0  # the protocol's shortest lease: a killed worker's jobs wait this long
+# The server mode's: longer than a restart on a busy 2-core machine (up to ~3 s seen), so
+# the leases outlive the downtime and the outcomes kept through it land; no kill there
+# waits for a lease to run out.
+SERVER_LEASE_S = 10.0
 CANCEL_GRACE_S = 1.0  # a forced cancel's lease, from the request
 READY_WITHIN_S = 30.0
 
@@ -123,6 +128,7 @@ class Fleet:
         self.deaths: list[Death] = []
         self.problems: list[str] = []
         self.n = 0
+        self.downtime_s = 0.0  # a killed server's, from the kill until ready again
 
     def spawn(self) -> str:
         name = f"w{self.n}"
@@ -217,13 +223,15 @@ async def chaos(trial: RemoteTrial, rng: random.Random, srv: list[ServerProcess]
             await asyncio.sleep(0.02)
         old = srv[0]
         old.kill()
-        fleet.deaths.append(Death("server", old.url, time.time()))
+        killed_at = time.time()
+        fleet.deaths.append(Death("server", old.url, killed_at))
         await asyncio.sleep(rng.uniform(0.0, 0.5))  # down a while: the workers retry
         for within in (READY_WITHIN_S, 120.0):
             again = same_port(serve(trial, Path(old.data_dir), within), old)
             try:
                 await asyncio.to_thread(again.start)
                 srv[0] = again
+                fleet.downtime_s = time.time() - killed_at
                 return
             except ServerError as exc:
                 again.stop()
@@ -310,6 +318,7 @@ def verify(trial: RemoteTrial, data: Path, workdir: Path, fleet: Fleet, problems
         "workload": "remote",
         "kill_after_s": round(trial.kill_after_s, 3),
         "lease_s": trial.lease_s,
+        "downtime_s": round(fleet.downtime_s, 3),
         **row,
         "problems": problems,
         "ok": not problems,
@@ -345,6 +354,7 @@ def run_remote_trials(
                       disable=not progress):  # fmt: skip
             trial = RemoteTrial(store=store, mode=mode, jobs=jobs, sync=sync,
                                 kill_after_s=rng.uniform(0.3, 2.0),
+                                lease_s=SERVER_LEASE_S if mode == "server" else LEASE_S,
                                 seed=rng.randrange(1 << 30))  # fmt: skip
             with tempfile.TemporaryDirectory(prefix="sqlq-crashremote-") as d:
                 row = run_remote_trial(trial, Path(d))

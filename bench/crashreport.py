@@ -229,7 +229,8 @@ def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "retry: false, checkpoints, snoozes, long jobs the operator cancels while they run, "
         "some with ?force=1, delayed jobs, retries, a paused queue); lease 5 s. Modes: "
         "`worker`, two workers holding jobs killed -9 and replaced; `server`, the server "
-        "killed -9 while workers hold jobs and started again on its port; `fence`, 15% of "
+        "killed -9 while workers hold jobs and started again on its port (lease 10 s, longer "
+        "than the restart); `fence`, 15% of "
         "jobs stall on their first attempt (no heartbeat; the outcome sent only once the "
         "lease has surely run out); `nodes` (PostgreSQL), one node and one worker killed, "
         "every call to either node at random, 10% stalls. Verified from the files (plain "
@@ -244,8 +245,8 @@ def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "| store | mode | trials | acknowledged | lost | executions | stale outcomes | of "
         "those fenced | live leases fenced or taken | reruns: worker killed | server killed "
         "| stalled (cut off) | fenced | unexplained | outcomes landed after a restart | "
-        "failed trials | git commit |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "server down p50 / max s | failed trials | git commit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for rows in runs:
 
@@ -253,13 +254,16 @@ def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
             return f"{sum(r.get(key, 0) for r in rows):,}"
 
         live = sum(r["violations"].get(k, 0) for r in rows for k in LIVE)
+        down = sorted(r["downtime_s"] for r in rows if r.get("downtime_s"))
+        downtime = f"{down[len(down) // 2]:.2f} / {down[-1]:.2f}" if down else "-"
         lines.append(
             f"| {rows[0]['store']} | {rows[0]['mode']} | {len(rows)} | {total('acknowledged')} "
             f"| {total('lost')} | {total('executions')} | {total('stale_outcomes')} | "
             f"{total('stale_fenced')} | {live} | {total('reruns_worker_killed')} | "
             f"{total('reruns_server_killed')} | {total('reruns_cut_off')} | "
             f"{total('reruns_fenced')} | {total('reruns_unexplained')} | "
-            f"{total('landed_after_restart')} | {sum(1 for r in rows if not r['ok'])} | "
+            f"{total('landed_after_restart')} | {downtime} | "
+            f"{sum(1 for r in rows if not r['ok'])} | "
             f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
         )
     return [

@@ -374,9 +374,10 @@ def test_the_crash_report_has_a_row_per_store_and_mode(tmp_path: Path) -> None:
     rows = [row, {**row, "violations": {"a job claimed again while a lease held": 1},
                   "ok": False}]  # fmt: skip
     lines = _remote_section([rows])
-    assert (
-        "| walq | fence | 2 | 20 | 0 | 24 | 4 | 4 | 1 | 0 | 0 | 4 | 2 | 0 | 0 | 1 | abc |" in lines
-    )
+    want = "| walq | fence | 2 | 20 | 0 | 24 | 4 | 4 | 1 | 0 | 0 | 4 | 2 | 0 | 0 | - | 1 | abc |"
+    assert want in lines
+    server = [{**row, "mode": "server", "downtime_s": d} for d in (1.0, 3.0, 2.0)]
+    assert any("| 0 | 2.00 / 3.00 | 0 | abc |" in x for x in _remote_section([server]))
     (tmp_path / "crash-remote-walq-fence.jsonl").write_text(json.dumps(row) + "\n")
     assert "| walq | fence | 1 |" in write_report(tmp_path)  # beside no other trial's rows
 
