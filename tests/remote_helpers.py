@@ -30,9 +30,7 @@ def worker(name: str, *queues: str) -> Principal:
     return Principal(name, Role.WORKER, frozenset(queues) if queues else None)
 
 
-async def remote_service(
-    services: ServiceFactory, clock: FakeClock, **config: Any
-) -> Service:
+async def remote_service(services: ServiceFactory, clock: FakeClock, **config: Any) -> Service:
     """A started service (memory engine, 2 in-process workers) whose queues ``r`` and ``r2``
     are remote."""
     config.setdefault("remote_queues", REMOTE)
