@@ -177,6 +177,7 @@ class ClaimsBase(Reach):
 
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
+        self._seen = parts.seen
         self._store = parts.store
         self._config = parts.config
         self._clock = parts.clock
