@@ -135,22 +135,24 @@ async def test_a_cancel_asked_on_one_node_reaches_the_heartbeat_on_the_other(
     assert (await report(a, g.token, FailIn(error="stopped"))).state == "cancelled"
 
 
-async def test_a_forced_cancel_moves_the_lease_to_the_grace(
+async def test_a_forced_cancel_cuts_the_attempt_off_after_the_grace(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
     db = RemoteDatabase()
     a, _ = await two_nodes(services, fake_clock, db, cancel_grace_s=3.0, lease_s=2.0)
     job = await submit(a, "k", queue="r")
     g = await claim_one(a, lease_s=60)
-    now = fake_clock.time()
     forced = await a.cancel(job.id, force=True)
-    assert forced.lease_until == now + 3
+    assert forced.cancel_requested_at is not None
+    fake_clock.advance(1)
     [hb] = await beat(a, g.token)
-    assert hb.lease_until == now + 3  # not renewed past it here
-    fake_clock.advance(5)
+    assert (hb.lease_until, hb.cancel_requested) == (g.lease_until, True)  # not renewed here
+    fake_clock.advance(2.5)
     for _ in range(10):
         await asyncio.sleep(0)
-    assert (await stored(a, job.id)).state is State.CANCELLED
+    done = await stored(a, job.id)
+    assert (done.state, done.attempts) == (State.CANCELLED, 1)
+    assert (await report(a, g.token, CompleteIn())).error == FENCED
 
 
 async def test_release_and_a_stale_token_on_another_node(

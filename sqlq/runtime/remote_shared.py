@@ -18,9 +18,11 @@ accepts a token another node issued (the signing key is a row every node reads):
   lease ran out or that moved on is refused there, whichever node moved it.
 - **Expiry** is the rescue every node already runs (``SharedClaims.rescue``): a remote
   row's lease runs out like a dead node's, through the retry policy.
-- **A forced cancel** moves the lease to now + ``cancel_grace_s`` (an ``extend``) and this
-  node renews it no further; a heartbeat that reaches another node may (the forced set
-  is this node's: a limitation of shared mode).
+- **A forced cancel**: this node renews the lease no further, and after ``cancel_grace_s``
+  writes the attempt's end itself (cancelled), fenced on the epoch and holder: the
+  database's lease never shortens. The forced set and the timer are this node's: a
+  heartbeat that reaches another node renews the lease there, and a restart of this node
+  before the grace leaves the job to its lease's end (a limitation of shared mode).
 
 Writes of one job from this node take turns (``Serial``); two nodes' writes of one job
 are kept apart by the database's fence.
@@ -29,22 +31,29 @@ are kept apart by the database's fence.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import msgspec
-
+from sqlq.common.backoff import after_failure
 from sqlq.common.clock import wait_event
+from sqlq.common.errors import StoreError, TransitionError
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import ClaimRequest
 from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Lease
 from sqlq.runtime.leases import write_fenced
-from sqlq.runtime.remote import Renewed
+from sqlq.runtime.remote import Renewed, expired_reason, note_end
 from sqlq.runtime.serial import Serial
 
 if TYPE_CHECKING:
     from sqlq.runtime.shared import SharedClaims
+
+log = logging.getLogger(__name__)
+
+# An outcome the database did not answer is written again for this long at most (and
+# never past the lease): then the worker hears 503, and reports it again itself.
+WRITE_FOR_S = 2.0
 
 
 class SharedSide:
@@ -58,6 +67,7 @@ class SharedSide:
         self._stopping = False
         self._forced: set[str] = set()
         self._next_due: tuple[float, float | None] | None = None  # (read at, next due)
+        self._tasks: set[asyncio.Task[None]] = set()  # forced cancels' cut-offs being written
 
     @property
     def stopping(self) -> bool:
@@ -92,7 +102,11 @@ class SharedSide:
         now = clock.time()
         cached = self._next_due
         if cached is None or now - cached[0] > poll_s:
-            cached = self._next_due = (now, await self._store.next_due(now))
+            try:
+                due = await self._store.next_due(now)
+            except StoreError:  # out of reach for now: the poll looks again
+                due = None
+            cached = self._next_due = (now, due)
         timeout = min(within, poll_s)
         if cached[1] is not None:
             timeout = min(timeout, max(0.0, cached[1] - now))
@@ -106,7 +120,7 @@ class SharedSide:
 
     async def write(self, job: Job, t: Transition, now: float) -> Job:
         clock = self._clock
-        until = job.lease_until if job.lease_until is not None else now
+        until = min(job.lease_until if job.lease_until is not None else now, now + WRITE_FOR_S)
         fence = Fence(holder=job.holder, lease_from=now)
         await write_fenced(self._store, clock, t, fence, lambda: clock.time() > until)
         after = self._claims._applied(job, t)  # (finished: its waiters here are told)
@@ -131,21 +145,47 @@ class SharedSide:
     def forced(self, job_id: str) -> bool:
         return job_id in self._forced
 
-    async def force(self, job: Job) -> Job:
-        """A forced cancel of the remotely held ``job`` (its cancel asked for): its lease
-        until now + ``cancel_grace_s``, and no renewal from this node after."""
-        now = self._clock.time()
-        until = now + self._parts.config.cancel_grace_s
-        if job.lease_until is not None:
-            until = min(until, job.lease_until)
+    def force(self, job: Job) -> None:
+        """A forced cancel of the remotely held ``job`` (its cancel asked for, durably): no
+        renewal from this node from now on, and once ``cancel_grace_s`` has passed, if the
+        attempt still holds the job, its end is written (cancelled, by the cancel rule),
+        fenced on the epoch and the holder. (The database's lease never shortens: a timer
+        here cuts the attempt off instead, so a restart of this node before the grace
+        leaves the job to its lease's own end.)"""
+        self._forced.add(job.id)
+        self._clock.call_later(self._parts.config.cancel_grace_s, lambda: self._cut_later(job))
+
+    def _cut_later(self, job: Job) -> None:
+        if self._stopping:
+            return
+        task = asyncio.ensure_future(self._cut(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _cut(self, job: Job) -> None:
         await self.serial.take(job.id)
         try:
-            self._forced.add(job.id)
-            lease = Lease(job.id, job.epoch, job.holder or "", until, None)
-            held = await self._store.extend(now, [lease])
+            now = self._clock.time()
+            current = await self._store.get(job.id)
+            if (current is None or current.state is not State.RUNNING
+                    or current.epoch != job.epoch or current.holder != job.holder):  # fmt: skip
+                return
+            parts = self._parts
+            t = after_failure(current, expired_reason(current), now, parts.config.retry, parts.rng)
+            try:
+                await self._store.commit_fenced([t], Fence(holder=current.holder))
+            except (TransitionError, StoreError) as exc:
+                log.warning("could not cut off job %s after its forced cancel: %s", job.id, exc)
+                return
+            after = self._claims._applied(current, t)
+            parts.remote_counts["expired"] += 1
+            note_end(parts, current, after, "expired")
+            self._forced.discard(job.id)
+            if after.state is State.SCHEDULED:
+                self._claims._due(after)
         finally:
             self.serial.give(job.id)
-        if not held:
-            self._forced.discard(job.id)
-            return job
-        return msgspec.structs.replace(job, lease_until=held[0].lease_until)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

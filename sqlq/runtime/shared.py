@@ -151,6 +151,7 @@ class SharedClaims(CensusViews, ClaimsBase):
     async def drain(self) -> None:
         """Record every outcome, then end this node's leases so others rescue what is left."""
         await self.settle()
+        await self.remote_side.drain()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -353,8 +354,8 @@ class SharedClaims(CensusViews, ClaimsBase):
             return self._applied(job, t)
         self._events.record(Event.CANCEL_REQUESTED, job)  # its node hears (NOTIFY, renewal)
         self._heard(job_id)  # (if a worker here took it meanwhile)
-        if force and remote_worker(job.holder) is not None:  # its heartbeat hears; its lease
-            return await self.remote_side.force(job)  # runs out after the grace
+        if force and remote_worker(job.holder) is not None:  # its heartbeat hears; it is cut
+            self.remote_side.force(job)  # off after the grace
         return job
 
     def stats(self) -> dict[str, Any]:
