@@ -435,7 +435,14 @@ class Remote:
                 writes.append((i, self._write(job, t, what, now)))
             if not writes:
                 return
-            done = await asyncio.gather(*(w for _, w in writes), return_exceptions=True)
+            done: list[Reported | BaseException]
+            if len(writes) == 1:  # (no task for the one write of a single form)
+                try:
+                    done = [await writes[0][1]]
+                except Exception as exc:
+                    done = [exc]
+            else:
+                done = await asyncio.gather(*(w for _, w in writes), return_exceptions=True)
             for (i, _), answer in zip(writes, done, strict=True):
                 if isinstance(answer, BaseException):
                     failures.append(answer)

@@ -70,7 +70,8 @@ def stats(rt: Service) -> dict[str, Any]:
 
 
 def gauges(rt: Service) -> Iterator[Metric]:
-    """What /metrics reads at scrape time: live jobs, workers, recovery."""
+    """What /metrics reads at scrape time: live jobs, workers (remote ones too: their calls
+    by what they were, a fixed set of labels), recovery."""
     yield gauge(
         "sqlq_jobs_live", "Scheduled and running jobs (in shared mode, on every node).",
         ["state", "queue"], {k: float(n) for k, n in rt.claims.census().items()},
@@ -84,11 +85,12 @@ def gauges(rt: Service) -> Iterator[Metric]:
     )  # fmt: skip
     remote, now = rt.remote, rt.clock.time()
     yield gauge(
-        "sqlq_remote_workers", "Remote workers remembered (seen), and heard of in the last "
-        "minute (active).", ["status"],
-        {("seen",): float(len(remote.seen)), ("active",): float(remote.seen.active(now)),
-         ("waiting_claims",): float(remote.waiting())},
+        "sqlq_remote_workers", "Remote workers remembered (seen, at most 1,000) and heard of in "
+        "the last minute (active).", ["status"],
+        {("seen",): float(len(remote.seen)), ("active",): float(remote.seen.active(now))},
     )  # fmt: skip
+    yield gauge("sqlq_remote_claims_waiting", "Remote workers' claims long-polling now.", [],
+                {(): float(remote.waiting())})  # fmt: skip
     calls = CounterMetricFamily(
         "sqlq_remote", "Remote workers' claims, jobs claimed, heartbeats, leases renewed, "
         "outcomes by what they said, and those fenced, invalid, forbidden; leases expired.",
