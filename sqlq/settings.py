@@ -406,6 +406,7 @@ class ServeSettings:
             listen=self.listen,
             cancel_grace_s=self.cancel_grace,
             max_snoozes=self.max_snoozes,
+            remote_queues=frozenset(self.remote_queues),  # (--workers 0: every queue)
         )
 
     def store_options(self) -> dict[str, Any]:

@@ -80,8 +80,8 @@ def _info(info: QueueInfo) -> dict[str, Any]:
         "running": info.running,
         "limit": info.limit,
         "paused": info.paused,
-        "remote": getattr(info, "remote", False),
-        "warning": getattr(info, "warning", None),
+        "remote": info.remote,
+        "warning": info.warning,
     }
 
 

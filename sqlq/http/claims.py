@@ -23,7 +23,7 @@ nothing else here has one).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -37,15 +37,12 @@ from sqlq.common.protocol import (
     MAX_TOKEN,
     CheckpointBody,
     CheckpointIn,
-    ClaimAnswer,
     ClaimRequest,
     CompleteBody,
     CompleteIn,
     FailBody,
     FailIn,
-    HeartbeatAnswer,
     HeartbeatRequest,
-    OutcomesAnswer,
     OutcomesRequest,
     ReleaseBody,
     ReleaseIn,
@@ -53,7 +50,6 @@ from sqlq.common.protocol import (
     SnoozeBody,
     SnoozeIn,
     What,
-    WorkerList,
 )
 from sqlq.common.roles import Principal
 from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE
@@ -69,25 +65,13 @@ MAX_CLAIM_BODY = 64 << 10  # up to 100 queues and 100 kinds: ~20 KiB at most
 # MAX_ITEMS beats, each a token and a progress message at its longest, escaped
 MAX_HEARTBEAT_BODY = MAX_ITEMS * (MAX_TOKEN + 6 * MAX_PROGRESS_MESSAGE + 128)
 MAX_OUTCOME_BODY = MAX_JOB_BYTES  # one outcome: a result as large as a job (1 MiB)
-MAX_CHECKPOINT_BODY = MAX_CHECKPOINT_BYTES + 6 * MAX_TOKEN + 1024  # 64 KiB of data and a token
+# A checkpoint is held to MAX_CHECKPOINT_BYTES as the server encodes it (the runtime's
+# check); a client's encoder may escape every character (Python's json.dumps does).
+MAX_CHECKPOINT_BODY = 6 * MAX_CHECKPOINT_BYTES + 6 * MAX_TOKEN + 1024
 MAX_OUTCOMES_BODY = 16 << 20  # up to MAX_ITEMS outcomes, as /jobs/batch's limit
 assert MAX_OUTCOME_BODY >= 6 * MAX_ERROR + 1024, "a failure's error must fit a /claims/fail body"
 
 ReadBody = Callable[[Request, int], Awaitable[bytes]]
-
-
-class RemoteAPI(Protocol):
-    """What these routes call of ``service.remote`` (``sqlq.runtime.remote.Remote``)."""
-
-    async def claim(self, req: ClaimRequest, who: Principal) -> ClaimAnswer: ...
-    async def heartbeat(self, req: HeartbeatRequest, who: Principal) -> HeartbeatAnswer: ...
-    async def report(self, token: str, what: What, who: Principal) -> Reported: ...
-    async def outcomes(self, req: OutcomesRequest, who: Principal) -> OutcomesAnswer: ...
-    def workers(self) -> WorkerList: ...
-
-
-def remote_of(service: Service) -> RemoteAPI:
-    return cast(RemoteAPI, getattr(service, "remote"))  # noqa: B009
 
 
 # Each single form: its body's struct, what it says without the token, and its limit.
@@ -132,11 +116,11 @@ def routes(service: Service, read_body: ReadBody) -> list[Route]:
 
     async def claim(request: Request) -> Response:
         req = decode(await read_body(request, MAX_CLAIM_BODY), ClaimRequest)
-        return JSONResponse(await remote_of(service).claim(req, who(request)))
+        return JSONResponse(await service.remote.claim(req, who(request)))
 
     async def heartbeat(request: Request) -> Response:
         req = decode(await read_body(request, MAX_HEARTBEAT_BODY), HeartbeatRequest)
-        return JSONResponse(await remote_of(service).heartbeat(req, who(request)))
+        return JSONResponse(await service.remote.heartbeat(req, who(request)))
 
     def single(name: str) -> Callable[[Request], Awaitable[Response]]:
         struct, said, limit = SINGLE[name]
@@ -144,7 +128,7 @@ def routes(service: Service, read_body: ReadBody) -> list[Route]:
         async def report(request: Request) -> Response:
             body = decode(await read_body(request, limit), struct)
             what = _what(body, said)
-            reported = await remote_of(service).report(body.token, what, who(request))
+            reported = await service.remote.report(body.token, what, who(request))
             return answer(reported)
 
         report.__name__ = f"report_{name}"
@@ -152,10 +136,10 @@ def routes(service: Service, read_body: ReadBody) -> list[Route]:
 
     async def outcomes(request: Request) -> Response:
         req = decode(await read_body(request, MAX_OUTCOMES_BODY), OutcomesRequest)
-        return JSONResponse(await remote_of(service).outcomes(req, who(request)))
+        return JSONResponse(await service.remote.outcomes(req, who(request)))
 
     async def workers(_: Request) -> Response:
-        return JSONResponse(msgspec.to_builtins(remote_of(service).workers()))
+        return JSONResponse(msgspec.to_builtins(service.remote.workers()))
 
     return [
         Route("/claims", claim, methods=["POST"]),

@@ -206,11 +206,11 @@ class Dashboard:
 
     async def workers_page(self, request: Request) -> Response:
         """The remote workers seen (``Remote.workers``: the most recently seen first)."""
-        runtime: Any = self.runtime  # (until the runtime's Remote is merged)
-        seen = runtime.remote.workers().workers
+        seen = self.runtime.remote.workers().workers
         workers = sorted(seen, key=lambda w: w.last_seen, reverse=True)
-        remote = sorted(getattr(self.runtime.config, "remote_queues", ()))
-        if getattr(self.runtime.config, "every_queue_remote", False):
+        config = self.runtime.config
+        remote = sorted(config.remote_queues)
+        if config.every_queue_remote:
             remote = ["every queue (--workers 0)"]
         return self.render(request, "workers.html", workers=workers, remote_queues=remote)
 
