@@ -73,6 +73,7 @@ class FakeRemote:
     """``service.remote`` for the routes' own tests: it answers what a test sets, holds a
     worker to its queues as the real one does, and records every call."""
 
+    real: Any  # the service's own Remote
     calls: list[tuple[str, Any, Principal]] = field(default_factory=list)
     reported: Reported = field(default_factory=lambda: Reported(token="", state="completed"))
     seen: WorkerList = field(default_factory=lambda: WorkerList(workers=[]))
@@ -100,8 +101,9 @@ class FakeRemote:
     def workers(self) -> WorkerList:
         return self.seen
 
-    def is_remote(self, queue: str) -> bool:
-        return True
+    def __getattr__(self, name: str) -> Any:
+        """Everything else is the real one's (its start and drain, its stats)."""
+        return getattr(self.real, name)
 
 
 @dataclass
@@ -127,7 +129,7 @@ async def served(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Make]:
     ) -> Served:
         config.setdefault("workers", 1)
         rt = Service(MemoryStore(), RuntimeConfig(**config))
-        remote = FakeRemote()
+        remote = FakeRemote(rt.remote)
         if fake:
             monkeypatch.setattr(rt, "remote", remote, raising=False)
         await rt.start()

@@ -3,13 +3,18 @@
 409 fenced, 422 invalid, 403 forbidden), and tokens only ever in bodies.
 
 These hold the routes to what they hand the runtime and what they make of its
-answers, on a stand-in ``Remote``; what the runtime decides (fencing, leases, the
-writes) is tested against the real one in ``test_http_claims_remote.py``."""
+answers, on a stand-in ``Remote``; then, on the real one (``sqlq.runtime.remote``), that
+a claim, its heartbeats and each outcome go through HTTP end to end, a stale report is
+a 409, a worker is held to its queues, and ``GET /queues`` and ``/workers`` show the
+remote side."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
@@ -36,6 +41,7 @@ from sqlq.http.claims import (
     MAX_OUTCOMES_BODY,
 )
 from sqlq.http.openapi import document
+from tests.helpers import spawn_server, wait_for
 from tests.remote_http_helpers import Make, auth, security, served
 
 __all__ = ["served"]  # the fixture, by its name
@@ -295,3 +301,213 @@ async def test_a_worker_token_reaches_the_routes_and_nothing_else(served: Make) 
     for method, path in others:
         r = await s.client.request(method, path, headers=auth("w-mail"))
         assert r.status_code == 403, (method, path)
+
+
+# -- against the real Remote ------------------------------------------------------------------
+
+REMOTE = {"remote_queues": frozenset({"mail", "video"})}
+
+
+async def _job(c: httpx.AsyncClient, queue: str = "mail", **spec: Any) -> str:
+    r = await c.post("/jobs", json={"kind": "anything.at.all", "queue": queue, **spec},
+                     headers=auth("ops"))  # fmt: skip
+    assert r.status_code == 201, r.text  # a remote queue takes any kind name
+    job_id: str = r.json()["id"]
+    return job_id
+
+
+async def _claim(c: httpx.AsyncClient, who: str = "w-mail", **req: Any) -> list[dict[str, Any]]:
+    body = {"queues": ["mail"], "worker": "box-1", **req}
+    r = await c.post("/claims", json=body, headers=auth(who))
+    assert r.status_code == 200, r.text
+    claims: list[dict[str, Any]] = r.json()["claims"]
+    return claims
+
+
+async def test_claim_heartbeat_complete_and_a_stale_report_is_409(served: Make) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    job_id = await _job(c, args={"n": 1})
+    [granted] = await _claim(c, lease_s=30)
+    assert granted["job"]["id"] == job_id
+    assert granted["job"]["holder"] == "worker:box-1"
+    token = granted["token"]
+    r = await c.post("/claims/heartbeat", headers=auth("w-mail"),
+                     json={"items": [{"token": token, "progress": {"percent": 40}}]})  # fmt: skip
+    [beat] = r.json()["items"]
+    assert (beat["token"], beat.get("cancel_requested", False)) == (token, False)  # (omitted)
+    assert beat["lease_until"] >= granted["lease_until"]
+    r = await c.post("/claims/complete", json={"token": token, "result": {"ok": True}},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json() == {"token": token, "state": "completed"}
+    job = (await c.get(f"/jobs/{job_id}", headers=auth("ops"))).json()
+    assert (job["state"], job["result"], job["holder"]) == ("completed", {"ok": True}, None)
+    r = await c.post("/claims/complete", json={"token": token, "result": 2}, headers=auth("w-mail"))
+    assert r.status_code == 409, r.text  # a definite refusal, never a silent success
+    assert (r.json()["error"], r.json()["field"]) == ("fenced", "token")
+    r = await c.post("/claims/heartbeat", json={"items": [{"token": token}]},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.status_code == 200
+    assert r.json()["items"] == [{"token": token, "error": "fenced"}]
+    assert (await c.get(f"/jobs/{job_id}", headers=auth("ops"))).json()["result"] == {"ok": True}
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "state", "attempts"),
+    [
+        ("fail", {"error": "boom", "retry": False}, "dead", 1),
+        ("fail", {"error": "boom", "retry_in_s": 60}, "scheduled", 1),
+        ("snooze", {"delay_s": 60}, "scheduled", 0),
+        ("checkpoint", {"data": {"page": 7}}, "running", 1),
+        ("release", {}, "scheduled", 0),
+    ],
+)
+async def test_each_single_outcome_lands_durably_and_answers_the_state(
+    served: Make, name: str, body: dict[str, Any], state: str, attempts: int
+) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    job_id = await _job(c)
+    [granted] = await _claim(c)
+    r = await c.post(f"/claims/{name}", json={"token": granted["token"], **body},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == state
+    stored = await s.service.store.get(job_id)  # what the store holds, not a view of it
+    assert stored is not None
+    assert (stored.state.value, stored.attempts) == (state, attempts)
+    if name == "checkpoint":
+        assert stored.checkpoint == {"page": 7}
+
+
+async def test_a_token_this_server_never_signed_is_422_naming_token(served: Make) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    await _job(c)
+    [granted] = await _claim(c)
+    forged = granted["token"][:-2] + ("AA" if not granted["token"].endswith("AA") else "BB")
+    for token in (forged, "garbage", TOKEN):
+        r = await c.post("/claims/complete", json={"token": token}, headers=auth("w-mail"))
+        assert r.status_code == 422, r.text
+        assert (r.json()["error"], r.json()["field"]) == ("invalid", "token")
+    big = "x" * (MAX_CHECKPOINT_BYTES + 1)  # within the body's limit, past the checkpoint's
+    r = await c.post("/claims/checkpoint", json={"token": granted["token"], "data": big},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "data"
+
+
+async def test_a_worker_is_held_to_its_queues_and_claims_only_remote_ones(served: Make) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    await _job(c, "video")
+    r = await c.post("/claims", json={"queues": ["video"], "worker": "b"}, headers=auth("w-mail"))
+    assert r.status_code == 403, r.text
+    assert r.json()["error"] == "forbidden"
+    r = await c.post("/claims", json={"queues": ["mail", "default"], "worker": "b"},
+                     headers=auth("w-all"))  # fmt: skip
+    assert r.status_code == 422
+    assert r.json()["field"] == "queues[1]"  # not a remote queue
+    [theirs] = await _claim(c, who="w-all", queues=["video"])
+    token = theirs["token"]
+    r = await c.post("/claims/complete", json={"token": token}, headers=auth("w-mail"))
+    assert r.status_code == 403, r.text  # a job of another queue than its own
+    r = await c.post("/claims/outcomes", json={"outcomes": [{"token": token, "complete": {}}]},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.status_code == 200
+    assert r.json()["outcomes"][0]["error"] == "forbidden"
+    r = await c.post("/claims/heartbeat", json={"items": [{"token": token}]},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.json()["items"][0]["error"] == "forbidden"
+    r = await c.post("/claims/complete", json={"token": token}, headers=auth("w-all"))
+    assert r.json()["state"] == "completed"
+
+
+async def test_the_batch_reports_many_at_once_each_with_its_fate(served: Make) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    for _ in range(3):
+        await _job(c)
+    claims = await _claim(c, max=3)
+    assert len(claims) == 3
+    tokens = [g["token"] for g in claims]
+    outcomes = [{"token": tokens[0], "complete": {"result": 1}},
+                {"token": tokens[1], "fail": {"retry": False}},
+                {"token": tokens[2], "release": {}, "snooze": {"delay_s": 1}},
+                {"token": tokens[0], "complete": {}},
+                {"token": "garbage", "complete": {}}]  # fmt: skip
+    r = await c.post("/claims/outcomes", json={"outcomes": outcomes}, headers=auth("w-mail"))
+    assert r.status_code == 200, r.text
+    answers = r.json()["outcomes"]
+    assert [a["token"] for a in answers] == [o["token"] for o in outcomes]
+    assert [a.get("state") or a["error"] for a in answers] == [
+        "completed", "dead", "invalid", "fenced", "invalid"]  # fmt: skip
+    assert answers[2]["detail"].startswith("outcome: ")
+
+
+async def test_get_workers_and_queues_show_the_remote_side(served: Make) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    await _job(c)
+    await _job(c, "video")
+    queues = {
+        q["name"]: q for q in (await c.get("/queues", headers=auth("viewer"))).json()["queues"]
+    }
+    assert queues["mail"]["remote"] is True
+    assert "no worker" in queues["mail"]["warning"]  # jobs wait, and nobody was ever seen
+    await _claim(c)
+    queues = {
+        q["name"]: q for q in (await c.get("/queues", headers=auth("viewer"))).json()["queues"]
+    }
+    assert queues["mail"]["warning"] is None  # a worker claimed from it just now
+    assert queues["video"]["warning"] is not None
+    r = await c.get("/workers", headers=auth("viewer"))
+    [seen] = r.json()["workers"]
+    shown = {k: seen[k] for k in ("name", "principal", "role", "held", "queues")}
+    assert shown == {"name": "box-1", "principal": "w-mail", "role": "worker", "held": 1,
+                     "queues": ["mail"]}  # fmt: skip
+    r = await c.post("/jobs", json={"kind": "sleep"}, headers=auth("ops"))
+    queues = {q["name"]: q for q in (await c.get("/queues", headers=auth("ops"))).json()["queues"]}
+    assert (queues["default"]["remote"], queues["default"]["warning"]) == (False, None)
+
+
+async def test_a_claim_long_polls_until_a_job_comes(served: Make) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    waiting = asyncio.ensure_future(_claim(c, wait_s=20))
+    await wait_for(lambda: s.service.remote.waiting() == 1)
+    job_id = await _job(c)
+    [granted] = await asyncio.wait_for(waiting, 10)  # woken by the submit, long before 20 s
+    assert granted["job"]["id"] == job_id
+    assert await _claim(c, wait_s=0.05) == []  # nothing more: an empty list after the wait
+
+
+# -- a real server ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a real sqlq serve, and a wait longer than its keep-alive timeout
+def test_a_long_poll_outlives_every_server_timeout_and_no_log_holds_a_token() -> None:
+    server = spawn_server("--store", "memory", "--remote-queue", "mail", "--keep-alive", "1",
+                          "--access-log", "--log-level", "debug")  # fmt: skip
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            started = time.monotonic()
+            r = c.post("/claims", json={"queues": ["mail"], "worker": "w", "wait_s": 3})
+            assert r.status_code == 200, r.text
+            assert r.json() == {"claims": []}
+            assert time.monotonic() - started >= 3  # held the whole wait, past --keep-alive 1
+            assert c.post("/jobs", json={"kind": "k", "queue": "mail"}).status_code == 201
+            [granted] = c.post("/claims", json={"queues": ["mail"], "worker": "w"}).json()["claims"]
+            token = granted["token"]
+            beat = c.post("/claims/heartbeat", json={"items": [{"token": token}]})
+            assert beat.status_code == 200
+            assert c.post("/claims/complete", json={"token": token}).status_code == 200
+            assert c.post("/claims/complete", json={"token": token}).status_code == 409
+        server.stop()
+        assert '"POST /claims/complete HTTP/1.1" 409' in server.output  # the access log ran
+        assert token not in server.output
+        assert token.rsplit(".", 1)[1] not in server.output  # not even its mac
+    finally:
+        server.stop()

@@ -30,6 +30,7 @@ from sqlq.common.roles import (
 )
 from sqlq.http.access import RULES
 from sqlq.settings import ServeSettings
+from tests.helpers import spawn_server
 from tests.remote_http_helpers import (
     ADMIN_TOKEN,
     BY_ROLE,
@@ -450,3 +451,25 @@ def test_every_role_is_in_the_rules_docs() -> None:
 
     for role in Role:
         assert f"``{role.value}``" in (access.__doc__ or "")
+
+
+@pytest.mark.slow  # a real sqlq serve (needs sqlq/cli.py to call ServeSettings.security())
+def test_sqlq_serve_with_a_token_file_holds_each_role_to_its_routes(tmp_path: Path) -> None:
+    path = _file(tmp_path, TOKEN_FILE)
+    server = spawn_server("--store", "memory", "--token-file", path, "--remote-queue", "mail")
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            assert c.get("/healthz").status_code == 200
+            assert c.get("/queues").status_code == 401
+            assert c.get("/queues", headers=auth("viewer")).status_code == 200
+            assert c.get("/queues", headers=auth("w-mail")).status_code == 403
+            r = c.post("/claims", json={"queues": ["mail"], "worker": "w"}, headers=auth("w-mail"))
+            assert r.status_code == 200, r.text
+            admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+            assert c.get("/queues", headers=admin).status_code == 401  # no --token this time
+        server.stop()
+        assert "tokens for 6 principals: ops (admin); shop (submit: mail orders)" in server.output
+        assert not any(secret in server.output for secret in SECRETS.values())
+    finally:
+        server.stop()
