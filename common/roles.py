@@ -112,7 +112,12 @@ class Roster:
 
     def find(self, secret: bytes | str) -> Principal | None:
         """The principal ``secret`` names; None for a secret no line holds."""
-        raw = secret.encode("latin-1", "replace") if isinstance(secret, str) else secret
+        if isinstance(secret, str):
+            if not secret.isascii():  # every secret is ASCII: this one is none of them
+                return None
+            raw = secret.encode()
+        else:
+            raw = secret
         if len(raw) > MAX_TOKEN_LENGTH:
             return None
         return self._by_digest.get(self._digest(raw))

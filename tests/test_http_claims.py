@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from click.testing import CliRunner
 
+from sqlq.cli import main
 from sqlq.common.protocol import (
     MAX_ITEMS,
     CheckpointIn,
@@ -41,6 +43,7 @@ from sqlq.http.claims import (
     MAX_OUTCOMES_BODY,
 )
 from sqlq.http.openapi import document
+from sqlq.settings import ServeSettings
 from tests.helpers import spawn_server, wait_for
 from tests.remote_http_helpers import Make, auth, security, served
 
@@ -511,3 +514,33 @@ def test_a_long_poll_outlives_every_server_timeout_and_no_log_holds_a_token() ->
         assert token.rsplit(".", 1)[1] not in server.output  # not even its mac
     finally:
         server.stop()
+
+
+# -- the flags --------------------------------------------------------------------------------
+
+
+def test_remote_queue_and_workers_0_reach_the_runtime_config() -> None:
+    config = ServeSettings(remote_queues=("mail", "video")).runtime_config()
+    assert config.remote_queues == frozenset({"mail", "video"})
+    assert (config.is_remote("mail"), config.is_remote("default")) == (True, False)
+    everything = ServeSettings(workers=0).runtime_config()
+    assert everything.workers == 0
+    assert everything.is_remote("any-queue-at-all")
+    assert not ServeSettings().runtime_config().every_queue_remote
+
+
+@pytest.mark.parametrize("bad", ["has space", "", "x" * 65, "new\nline"])
+def test_a_bad_remote_queue_is_a_cli_error_naming_the_flag(bad: str) -> None:
+    r = CliRunner().invoke(main, ["serve", "--store", "memory", "--remote-queue", bad])
+    assert r.exit_code == 2, r.output
+    assert "--remote-queue" in r.output
+    assert "not a queue name" in r.output
+
+
+async def test_with_workers_0_every_queue_is_claimed_over_http(served: Make) -> None:
+    s = await served(fake=False, workers=0)
+    c = s.client
+    r = await c.post("/jobs", json={"kind": "made.elsewhere", "queue": "anything"})
+    assert r.status_code == 201, r.text
+    r = await c.post("/claims", json={"queues": ["anything"], "worker": "w"})
+    assert [g["job"]["kind"] for g in r.json()["claims"]] == ["made.elsewhere"]

@@ -153,7 +153,9 @@ def test_the_roster_finds_a_principal_by_its_secret_only() -> None:
     assert people is not None
     assert people.find(ADMIN_TOKEN) is ADMIN
     assert people.find(SECRETS["w-mail"].encode()) == people.named("w-mail")
-    for wrong in ("", "wmail-secret-012345678", SECRETS["w-mail"] + " ", "x" * 5000, "wmail"):
+    assert people.find(SECRETS["w-mail"]) == people.named("w-mail")
+    near = SECRETS["w-mail"][:-1] + "é"  # not an ASCII string: matches no secret, not even "?"
+    for wrong in ("", "wmail-secret-012345678", SECRETS["w-mail"] + " ", "x" * 5000, near):
         assert people.find(wrong) is None
     assert roster(None) is None  # no token at all: nobody to find, everyone is ADMIN
     described = people.describe()

@@ -266,30 +266,29 @@ def create_app(
                 await dashboard.sampler.stop()
             await runtime.stop(grace_s)
 
+    routes = [  # every route behind its role's rule (sqlq.http.access.guarded)
+        Route("/jobs", submit, methods=["POST"]),
+        Route("/jobs", list_jobs, methods=["GET"]),
+        Route("/jobs/batch", submit_batch, methods=["POST"]),
+        Route("/jobs/retry", retry_matching, methods=["POST"]),
+        Route("/jobs/cancel", cancel_matching, methods=["POST"]),
+        Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
+        Route("/queues", queues, methods=["GET"]),
+        Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
+        Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
+        Route("/jobs/{job_id}", get_job, methods=["GET"]),
+        Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+        *schedule_routes(runtime, read_body),
+        *claim_routes(runtime, read_body),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        *([] if dashboard is None else [Mount(UI_PREFIX, routes=dashboard.routes())]),
+    ]
     app = Starlette(
-        routes=guarded(
-            [
-                Route("/jobs", submit, methods=["POST"]),
-                Route("/jobs", list_jobs, methods=["GET"]),
-                Route("/jobs/batch", submit_batch, methods=["POST"]),
-                Route("/jobs/retry", retry_matching, methods=["POST"]),
-                Route("/jobs/cancel", cancel_matching, methods=["POST"]),
-                Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
-                Route("/queues", queues, methods=["GET"]),
-                Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
-                Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
-                Route("/jobs/{job_id}", get_job, methods=["GET"]),
-                Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
-                *schedule_routes(runtime, read_body),
-                *claim_routes(runtime, read_body),
-                Route("/healthz", healthz, methods=["GET"]),
-                Route("/readyz", readyz, methods=["GET"]),
-                Route("/stats", stats, methods=["GET"]),
-                Route("/metrics", metrics, methods=["GET"]),
-                Route("/openapi.json", openapi, methods=["GET"]),
-                *([] if dashboard is None else [Mount(UI_PREFIX, routes=dashboard.routes())]),
-            ]
-        ),
+        routes=guarded(routes),
         exception_handlers=ERRORS,
         lifespan=lifespan,
         middleware=[
