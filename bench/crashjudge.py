@@ -118,6 +118,8 @@ class Verdict:
             self.counts["stale_outcomes"] += 1
             if r.fenced:
                 self.counts["stale_fenced"] += 1
+            elif not r.answered:  # the server died or timed out first: sent again
+                self.counts["stale_unanswered"] += 1
             elif r.accepted:
                 self.problem("a stale outcome accepted",
                              f"{ex.job} epoch {ex.epoch} {r.what}: {why}")  # fmt: skip
@@ -288,6 +290,7 @@ class Verdict:
             "stalls": sum(1 for ex in executions if ex.stalled is not None),
             "stale_outcomes": c["stale_outcomes"],
             "stale_fenced": c["stale_fenced"],
+            "stale_unanswered": c["stale_unanswered"],
             "fenced_outcomes": c["fenced_outcomes"],
             "fenced_beats": c["fenced_beats"],
             "unanswered_sends": c["unanswered_sends"],

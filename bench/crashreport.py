@@ -242,11 +242,12 @@ def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "release), an operator's retry, or a death (the cause counted); a completed job's "
         "result is its newest attempt's.",
         "",
-        "| store | mode | trials | acknowledged | lost | executions | stale outcomes | of "
-        "those fenced | live leases fenced or taken | reruns: worker killed | server killed "
-        "| stalled (cut off) | fenced | unexplained | outcomes landed after a restart | "
-        "server down p50 / max s | failed trials | git commit |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| store | mode | trials | acknowledged | lost | executions | stale outcomes sent | "
+        "answered fenced | unanswered (sent again) | live leases fenced or taken | reruns: "
+        "worker killed | server killed | stalled (cut off) | fenced | unexplained | outcomes "
+        "landed after a restart | server down p50 / max s | failed trials | git commit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---|",
     ]
     for rows in runs:
 
@@ -254,12 +255,19 @@ def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
             return f"{sum(r.get(key, 0) for r in rows):,}"
 
         live = sum(r["violations"].get(k, 0) for r in rows for k in LIVE)
+        # a row from before the count: a stale send neither fenced nor a violation went
+        # unanswered (every answer but fenced is one)
+        unanswered = sum(r["stale_unanswered"] if "stale_unanswered" in r else
+                         r["stale_outcomes"] - r["stale_fenced"] - sum(
+                             v for k, v in r["violations"].items() if k.startswith("a stale"))
+                         for r in rows)  # fmt: skip
         down = sorted(r["downtime_s"] for r in rows if r.get("downtime_s"))
         downtime = f"{down[len(down) // 2]:.2f} / {down[-1]:.2f}" if down else "-"
         lines.append(
             f"| {rows[0]['store']} | {rows[0]['mode']} | {len(rows)} | {total('acknowledged')} "
             f"| {total('lost')} | {total('executions')} | {total('stale_outcomes')} | "
-            f"{total('stale_fenced')} | {live} | {total('reruns_worker_killed')} | "
+            f"{total('stale_fenced')} | {unanswered:,} | {live} | "
+            f"{total('reruns_worker_killed')} | "
             f"{total('reruns_server_killed')} | {total('reruns_cut_off')} | "
             f"{total('reruns_fenced')} | {total('reruns_unexplained')} | "
             f"{total('landed_after_restart')} | {downtime} | "
@@ -269,7 +277,9 @@ def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
     return [
         *lines,
         "",
-        "`stale outcomes`: outcomes the records prove stale when sent; each must be fenced. "
+        "`stale outcomes sent`: sends of outcomes the records prove stale when sent; each "
+        "answered must be fenced (409, or `fenced` in a batch), and one the server did not "
+        "answer (it was killed, or the worker's node was) is sent again until it is. "
         "`reruns`: executions of a job after one that did not end by its own accepted "
         "outcome, by why: its worker was killed; a server died meanwhile; it stalled on "
         "purpose; it was fenced (a forced cancel). `outcomes landed after a restart`: "

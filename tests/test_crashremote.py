@@ -374,7 +374,9 @@ def test_the_crash_report_has_a_row_per_store_and_mode(tmp_path: Path) -> None:
     rows = [row, {**row, "violations": {"a job claimed again while a lease held": 1},
                   "ok": False}]  # fmt: skip
     lines = _remote_section([rows])
-    want = "| walq | fence | 2 | 20 | 0 | 24 | 4 | 4 | 1 | 0 | 0 | 4 | 2 | 0 | 0 | - | 1 | abc |"
+    want = (
+        "| walq | fence | 2 | 20 | 0 | 24 | 4 | 4 | 0 | 1 | 0 | 0 | 4 | 2 | 0 | 0 | - | 1 | abc |"
+    )
     assert want in lines
     server = [{**row, "mode": "server", "downtime_s": d} for d in (1.0, 3.0, 2.0)]
     assert any("| 0 | 2.00 / 3.00 | 0 | abc |" in x for x in _remote_section([server]))
