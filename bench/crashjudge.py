@@ -21,6 +21,8 @@ check below is a proof from the records, not a guess:
   was fenced, or a server died while it ran: the reruns, counted by cause;
 - **the newer attempt stands**: a completed job's result names the execution that made it,
   the job's last one, whose outcome was not refused;
+- **no lease expired early**: each expiry in the store's error history came after the
+  lease the worker surely held (the server stamps it with its time);
 - **every outcome answered**: a worker that lived kept each outcome until it was answered;
 - **a finished job holds nothing**: no job out of ``running`` names a holder or a lease.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +42,7 @@ from sqlq.bench.offline import JobFacts
 from sqlq.bench.verdict import FORCE, judge
 
 CAUSES = ("worker_killed", "server_killed", "cut_off", "fenced")
+EXPIRED = re.compile(r"lease expired: worker (\S+) went silent")  # the server's own words
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,29 @@ class Verdict:
             return False
         return not _excused(ex, n.t_claimed, self.ledger)
 
+    def expiries(self) -> None:
+        """Every expiry the store's error history holds (``lease expired: worker <name> went
+        silent``, stamped with the server's time) came after the lease the worker surely
+        had: none while a heartbeat's answered lease held, unless a cancel was forced."""
+        for job_id, runs in self.recs.by_job.items():
+            job = self.jobs.get(job_id)
+            for e in job.errors if job is not None else ():
+                m = EXPIRED.match(str(e.get("error", "")))
+                at = e.get("at")
+                if m is None or not isinstance(at, int | float):
+                    continue
+                self.counts["expiries"] += 1
+                mine = [ex for ex in runs if ex.worker == m.group(1) and ex.t_claim_sent <= at]
+                if not mine:  # a claim whose answer never came (the server or worker died)
+                    continue
+                ex = max(mine, key=lambda x: x.t_claim_sent)
+                rec = self.ledger.records.get(job_id)
+                forced = rec is not None and FORCE in rec.events
+                if at < ex.lease_lo(at) and not forced:
+                    self.problem("a lease expired before it ran out",
+                                 f"{job_id} epoch {ex.epoch} at {at:.3f}, lease until "
+                                 f"{ex.lease_lo(at):.3f}")  # fmt: skip
+
     # -- reruns and results ---------------------------------------------------------
 
     def cause(self, ex: Execution, until: float) -> str | None:
@@ -274,6 +301,7 @@ class Verdict:
     def row(self) -> dict[str, Any]:
         self.acknowledged()
         self.fences()
+        self.expiries()
         self.reruns()
         self.results()
         self.landed()
@@ -293,6 +321,7 @@ class Verdict:
             "stale_unanswered": c["stale_unanswered"],
             "fenced_outcomes": c["fenced_outcomes"],
             "fenced_beats": c["fenced_beats"],
+            "expiries": c["expiries"],
             "unanswered_sends": c["unanswered_sends"],
             "landed_after_restart": c["landed_after_restart"],
             "landed_then_retry_fenced": c["landed_then_retry_fenced"],

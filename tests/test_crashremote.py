@@ -409,3 +409,21 @@ def test_the_sqlite_reader_reads_a_running_job_s_holder_and_lease(tmp_path: Path
     facts = read_sqlite(path)
     assert (facts["a"].holder, facts["a"].lease_until) == ("worker:w0", 12.5)
     assert (facts["b"].holder, facts["b"].lease_until) == (None, None)
+
+
+def test_a_lease_the_store_expired_while_a_heartbeat_held_it_fails(tmp_path: Path) -> None:
+    for at, forced in ((T + 7.0, False), (T + 7.0, True), (T + 9.5, False)):
+        s = Story(tmp_path / f"{at}-{forced}")
+        r0 = s.claim("a", 0, "w0", T)
+        s.beat(r0, T + 4, lease_until=T + 9)  # renewed: it holds until T + 9
+        s.deaths.append(Death("worker", "w0", T + 4.5))
+        r1 = s.claim("a", 1, "w1", at + 0.5, attempt=2)
+        s.outcome(r1, at + 1)
+        silent = {"attempt": 1, "error": "lease expired: worker w0 went silent", "at": at}
+        s.ack("a", run=r1, epoch=1, attempts=2, errors=[silent])
+        if forced:
+            s.ledger.note("a", FORCE)
+        row, problems = s.verdict()
+        early = at < T + 9 and not forced
+        assert any("expired before it ran out" in p for p in problems) is early
+        assert row["expiries"] == 1
