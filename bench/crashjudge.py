@@ -177,10 +177,13 @@ class Verdict:
                 if m is None or not isinstance(at, int | float):
                     continue
                 self.counts["expiries"] += 1
-                mine = [ex for ex in runs if ex.worker == m.group(1) and ex.t_claim_sent <= at]
+                # the worker's claim the server had made by then (it granted lease_s from its
+                # own now: so a claim sent before the expiry but made after it is not it)
+                mine = [ex for ex in runs if ex.worker == m.group(1)
+                        and ex.lease_until - ex.lease_s <= at]  # fmt: skip
                 if not mine:  # a claim whose answer never came (the server or worker died)
                     continue
-                ex = max(mine, key=lambda x: x.t_claim_sent)
+                ex = max(mine, key=lambda x: x.lease_until - x.lease_s)
                 rec = self.ledger.records.get(job_id)
                 forced = rec is not None and FORCE in rec.events
                 if at < ex.lease_lo(at) and not forced:

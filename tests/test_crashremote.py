@@ -427,3 +427,22 @@ def test_a_lease_the_store_expired_while_a_heartbeat_held_it_fails(tmp_path: Pat
         early = at < T + 9 and not forced
         assert any("expired before it ran out" in p for p in problems) is early
         assert row["expiries"] == 1
+
+
+def test_an_expiry_is_matched_to_the_claim_the_server_had_made_by_then(tmp_path: Path) -> None:
+    """The same worker claims the job again: that claim was sent before the expiry and made
+    after it, so the expiry is of the earlier claim, whose lease had run out."""
+    s = Story(tmp_path)
+    r0 = s.claim("a", 0, "w0", T)  # lease until T + 5, never renewed (stalled)
+    s.ev("w0", ev="stall", job="a", epoch=0, run=r0, t=T, lease_hi=T + LEASE)
+    r1 = "w0-a-1"
+    s.ev("w0", ev="claim", job="a", epoch=1, w="w0", run=r1, attempt=2, lease_s=LEASE,
+         t0=T + 5.0, t=T + 5.3, lease_until=T + 5.2 + LEASE)  # fmt: skip
+    s.ev("w0", ev="start", job="a", epoch=1, run=r1, t=T + 5.3)
+    s.outcome(r1, T + 6)
+    s.outcome(r0, T + 7, status=409, state=None, error="fenced")
+    silent = {"attempt": 1, "error": "lease expired: worker w0 went silent", "at": T + 5.1}
+    s.ack("a", run=r1, epoch=1, attempts=2, errors=[silent])
+    row, problems = s.verdict()
+    assert problems == []
+    assert row["expiries"] == 1
