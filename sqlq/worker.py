@@ -208,6 +208,7 @@ class Worker:
         self._hurry = asyncio.Event()
         self._stop_at: float | None = None
         self._saves: set[asyncio.Task[None]] = set()  # checkpoints being written
+        self._answered_or_hurried = asyncio.Event()  # the claim in flight at a stop
         self._fatal: ApiError | None = None
         self.stats: dict[str, int] = dict.fromkeys(
             ("claimed", "completed", "failed", "snoozed", "released", "fenced", "cut_off",
@@ -216,7 +217,9 @@ class Worker:
     # -- lifecycle --------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Claim no more; finish within ``grace_s``; release the rest (signal-safe)."""
+        """Claim no more; finish within ``grace_s``; release the rest (signal-safe). A
+        claim long-polling at the stop is waited for (its jobs are released), within the
+        grace: an idle worker stops within ``min(wait_s, grace_s)``."""
         if self._stop_at is None:
             self._stop_at = self._clock.monotonic()
         self._stop.set()
@@ -226,6 +229,7 @@ class Worker:
         """Cut the grace and the wait for outcomes short (a second signal)."""
         self.stop()
         self._hurry.set()
+        self._answered_or_hurried.set()  # a claim in flight is not waited for
         self._outbox.hurry()
 
     @property
@@ -300,7 +304,7 @@ class Worker:
         call = asyncio.ensure_future(self.client.claim(
             self.queues, worker=self.name, kinds=self.kinds, max=n, wait_s=self.wait_s,
             lease_s=self.lease_s))  # fmt: skip
-        answered = asyncio.Event()
+        answered = self._answered_or_hurried = asyncio.Event()
         call.add_done_callback(lambda _: answered.set())
         stopped = asyncio.ensure_future(self._stop.wait())
         try:
