@@ -90,6 +90,7 @@ from sqlq.worker_procs import ChildFailed, ProcessHandlers
 log = logging.getLogger("sqlq.worker")
 
 DEFAULT_WAIT_S = 10.0  # a claim's long poll
+IDLE_POLL_S = 1.0  # an empty claim is not repeated sooner than this
 HEALTH_EVERY_S = 1.0  # how often timeouts are looked for (sooner for an ``hb_timeout``)
 CANCELLED_BEFORE = "cancelled: a cancel was asked for before it started"
 CANCELLED_WHILE = "cancelled: a cancel was asked for while it ran"
@@ -280,6 +281,7 @@ class Worker:
                 self._room.clear()
                 await self._room.wait()
                 continue
+            asked = self._clock.monotonic()
             try:
                 granted = await self._claim(min(free, MAX_CLAIM))
             except (Unavailable, RateLimited) as exc:
@@ -293,9 +295,18 @@ class Worker:
                 self._fatal = exc
                 self.stop()
                 break
+            except Exception:  # a bug (an answer it cannot read): logged, and not a spin
+                failures += 1
+                log.exception("a claim failed")
+                await wait_event(self._clock, self._stop, self._backoff.delay(failures, self._rng))
+                continue
             failures = 0
             for g in granted:
                 self._start(g)
+            if not granted:  # a long poll that came back at once (wait_s 0): not a spin
+                idle = IDLE_POLL_S - (self._clock.monotonic() - asked)
+                if idle > 0:
+                    await wait_event(self._clock, self._stop, idle)
 
     async def _claim(self, n: int) -> list[Granted]:
         """One claim; after a stop, it is waited for (to release what it got) until the
@@ -309,7 +320,7 @@ class Worker:
         stopped = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait({call, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not call.done():
+            if not call.done() and not self._hurry.is_set():
                 await wait_event(self._clock, answered, max(0.0, self._grace_left() or 0.0))
                 if not call.done():
                     log.warning("a claim in flight at the stop did not answer within the grace")
@@ -347,10 +358,13 @@ class Worker:
 
     async def _attempt(self, a: Attempt) -> None:
         job = a.job
+        if job.kind not in self.registry:  # (not asked for: a server that ignored ``kinds``)
+            self._decide(a, ReleaseIn())
+            return
+        kind = self.registry.get(job.kind)
         try:
-            kind = self.registry.get(job.kind)
             kind.validate(job.args)
-        except ValidationError as exc:
+        except ValidationError as exc:  # (the server can't check a remote queue's args)
             self._decide(a, failure(f"invalid job: {exc}", retry=False))
             return
         in_child = self._procs is not None and not kind.interruptible
@@ -525,10 +539,13 @@ class Worker:
                     full_at = now + delay
                 progress_at = now + delay
                 continue
-            except ApiError as exc:
-                log.error("the server refused a heartbeat: %s", exc)
+            except Exception as exc:  # refused (a 4xx), or an answer it cannot read
+                if isinstance(exc, ApiError):
+                    log.error("the server refused a heartbeat: %s", exc)
+                else:
+                    log.exception("a heartbeat failed")
                 failures += 1
-                full_at = progress_at = now + period
+                full_at = progress_at = now + min(period, self._backoff.delay(failures, self._rng))
                 continue
             failures = 0
             if full:

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import msgspec
 
-from sqlq.calls import ApiError, Invalid, RateLimited, Unauthorized, Unavailable
+from sqlq.calls import Invalid, RateLimited, Unauthorized, Unavailable
 from sqlq.common.clock import Clock, wait_event
 from sqlq.common.protocol import MAX_ITEMS, CompleteIn, Outcome, Reported
 from sqlq.common.specs import MAX_JOB_BYTES
@@ -33,7 +33,7 @@ from sqlq.worker_attempt import Attempt, failure
 
 log = logging.getLogger("sqlq.worker")
 
-BATCH_BYTES = MAX_JOB_BYTES  # a batch's body; one item past it goes alone
+BATCH_BYTES = 4 * MAX_JOB_BYTES  # a batch's body (the server takes 16 MiB); one past it goes alone
 RETRYABLE = (Unavailable, RateLimited, Unauthorized)  # may pass: a restart, a token file fixed
 
 
@@ -102,11 +102,15 @@ class Outbox:
             batch = self._batch()
             try:
                 await self._send(batch)
-            except RETRYABLE as exc:
+            except Exception as exc:  # unreachable, 5xx, 429, 401; or a bug: kept, sent again
                 self.failures += 1
                 delay = self._backoff.delay(self.failures, self._rng)
-                log.warning("could not report %d outcomes (%s); again in %.1f s", len(batch),
-                            exc, delay)  # fmt: skip
+                if isinstance(exc, RETRYABLE):
+                    log.warning("could not report %d outcomes (%s); again in %.1f s",
+                                len(batch), exc, delay)  # fmt: skip
+                else:
+                    log.exception("reporting %d outcomes failed; again in %.1f s", len(batch),
+                                  delay)  # fmt: skip
                 await wait_event(self._clock, self._hurry, delay)
             else:
                 self.failures = 0
@@ -135,10 +139,6 @@ class Outbox:
                 return
             self._refused(batch[0], f"{exc.status} {exc.code}: {exc.message}")
             return
-        except ApiError as exc:
-            if isinstance(exc, RETRYABLE):
-                raise
-            raise Unavailable(exc.status, exc.code, exc.message) from exc
         self.batches += 1
         for a, answer in zip(batch, answers, strict=False):
             if answer.error is not None and answer.error not in ("fenced", "forbidden"):

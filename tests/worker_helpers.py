@@ -1,7 +1,8 @@
 """A fake of the server's side of the pull protocol, for ``sqlq.Worker``'s tests on the
 fake clock: what ``AsyncClient`` would answer (``sqlq.worker.Remote``), with the fence's
 rules (epoch, running, lease), every call recorded with the fake time it came at, and
-switches for the faults (``down``: unreachable; ``fence``; ``cancel``).
+switches for the faults (``down``: unreachable; ``fence``; ``cancel``). And
+``WorkerProcess``, a real ``sqlq worker`` for the end-to-end tests.
 
 A small model, not the server: enough to hold the worker to the protocol's semantics.
 """
@@ -9,8 +10,13 @@ A small model, not the server: enough to hold the worker to the protocol's seman
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -234,3 +240,36 @@ class FakeServer:
             job.epoch += 1
             self._arrived.set()
         return Reported(token=o.token, state=job.state.value)
+
+
+class WorkerProcess:
+    """A real ``sqlq worker`` subprocess (``python -m sqlq worker ...``), its output in one
+    log; ``stop`` signals it and returns its exit status."""
+
+    def __init__(self, url: str, *args: str, pythonpath: str, log: Path) -> None:
+        self.cmd = [sys.executable, "-m", "sqlq", "worker", "--url", url, *args]
+        self.log_path = log
+        self._log = open(log, "ab")
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": pythonpath},
+        )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, within: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=within)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode

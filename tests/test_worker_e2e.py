@@ -1,0 +1,200 @@
+"""``sqlq worker`` end to end: a real ``sqlq serve --remote-queue`` and real worker
+processes. A handler completing, failing through its retries, snoozing, checkpointing
+across a kill -9 of its worker, progress shown by GET /jobs/{id} while it runs, a
+cancel of a running remote job, ``--processes 2`` using two processes (the PIDs the jobs
+saw), and SIGTERM letting a running job finish before exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sqlq import AsyncClient, State
+from sqlq.bench.client.server import ServerProcess
+from tests.helpers import ROOT, spawn_server, wait_for
+from tests.worker_helpers import WorkerProcess
+
+pytestmark = pytest.mark.slow
+
+QUEUE = "remote"
+HANDLERS = """
+import os, pathlib, time
+from sqlq import Snooze, task
+
+@task()
+def shout(args):
+    return args["s"].upper()
+
+@task()
+def boom(args):
+    raise RuntimeError("always")
+
+@task()
+def nap(args, ctx):
+    if ctx.job.snoozes == 0:
+        raise Snooze(0.2)
+    return {"snoozes": ctx.job.snoozes}
+
+@task()
+def steps(args, ctx):
+    start = ctx.checkpoint_data or 0
+    for i in range(start, 6):
+        ctx.checkpoint(i + 1)
+        if i + 1 == 3 and start == 0:
+            while True:  # the first worker is killed here
+                time.sleep(0.05)
+    return {"from": start}
+
+@task()
+def gate(args, ctx):
+    ctx.progress(50, "halfway")
+    path = pathlib.Path(args["path"])
+    while not path.exists():
+        ctx.raise_if_cancelled()
+        time.sleep(0.02)
+    return "opened"
+
+@task()
+def crunch(args):
+    total = 0
+    for i in range(args["n"]):
+        total += i * i
+    return {"pid": os.getpid()}
+"""
+
+
+@pytest.fixture(scope="module")
+def handlers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("remote_handlers")
+    (where / "remote_tasks.py").write_text(HANDLERS)
+    return where
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data = tmp_path_factory.mktemp("remote_server")
+    srv = spawn_server("--store", "walq", "--data", str(data), "--remote-queue", QUEUE,
+                       "--log-level", "warning")  # fmt: skip
+    try:
+        srv.wait_ready(60)
+        yield srv
+    finally:
+        srv.stop(signal.SIGTERM)
+
+
+def worker(server: ServerProcess, handlers: Path, tmp_path: Path, *args: str) -> WorkerProcess:
+    return WorkerProcess(
+        server.url, "--import", "remote_tasks", "--queue", QUEUE, "--lease", "6",
+        "--wait", "2", *args, pythonpath=f"{handlers}:{ROOT}", log=tmp_path / "worker.log",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def one(server: ServerProcess, handlers: Path, tmp_path: Path) -> Iterator[WorkerProcess]:
+    """One worker of four slots, stopped (SIGTERM, status 0) after the test."""
+    w = worker(server, handlers, tmp_path, "--concurrency", "4")
+    yield w
+    assert w.stop() == 0, w.output
+
+
+async def test_complete_fail_with_retries_and_snooze(
+    server: ServerProcess, one: WorkerProcess
+) -> None:
+    async with AsyncClient(server.url) as c:
+        done = await c.submit("shout", {"s": "hi"}, queue=QUEUE)
+        dead = await c.submit("boom", queue=QUEUE, max_attempts=2)
+        napped = await c.submit("nap", queue=QUEUE)
+        got = [await c.wait(j.id, within=60) for j in (done, dead, napped)]
+    assert (got[0].state, got[0].result) == (State.COMPLETED, "HI")
+    assert (got[1].state, got[1].attempts, got[1].last_error) == (
+        State.DEAD, 2, "RuntimeError: always")  # fmt: skip
+    assert (got[2].state, got[2].result, got[2].snoozes) == (
+        State.COMPLETED, {"snoozes": 1}, 1)  # fmt: skip
+    assert f"job {done.id} (shout) completed -> completed" in one.output
+
+
+async def test_progress_shows_while_it_runs_and_a_cancel_stops_it(
+    server: ServerProcess, one: WorkerProcess, tmp_path: Path
+) -> None:
+    door = tmp_path / "door"
+    async with AsyncClient(server.url) as c:
+        shown = await c.submit("gate", {"path": str(door)}, queue=QUEUE)
+        stopped = await c.submit("gate", {"path": str(tmp_path / "never")}, queue=QUEUE)
+
+        async def halfway() -> bool:
+            jobs = [await c.get(j.id) for j in (shown, stopped)]
+            return all(j.progress is not None and j.progress.message == "halfway" for j in jobs)
+
+        await wait_for(halfway, 60, "progress in GET /jobs/{id}")
+        running = await c.get(shown.id)
+        assert running.state is State.RUNNING
+        assert running.holder is not None
+        assert running.holder.startswith("worker:")
+        door.touch()
+        assert (await c.wait(shown.id, within=60)).result == "opened"
+        asked = await c.cancel(stopped.id)
+        assert (asked.state, asked.cancel_requested) == (State.RUNNING, True)
+        ended = await c.wait(stopped.id, within=60)
+    assert ended.state is State.CANCELLED
+
+
+async def test_a_checkpoint_carries_across_a_kill_of_the_worker(
+    server: ServerProcess, handlers: Path, tmp_path: Path
+) -> None:
+    first = worker(server, handlers, tmp_path, "--concurrency", "1")
+    async with AsyncClient(server.url) as c:
+        job = await c.submit("steps", queue=QUEUE, max_attempts=3)
+
+        async def saved() -> bool:
+            return bool((await c.get(job.id)).checkpoint == 3)
+
+        try:
+            await wait_for(saved, 60, "the checkpoint of step 3")
+        finally:
+            first.stop(signal.SIGKILL)
+        second = worker(server, handlers, tmp_path, "--concurrency", "1")
+        try:
+            done = await c.wait(job.id, within=60)  # after the first one's lease runs out
+        finally:
+            assert second.stop() == 0, second.output
+    assert (done.state, done.result, done.attempts) == (State.COMPLETED, {"from": 3}, 2)
+    assert "lease expired" in (done.errors[-1].error if done.errors else "")
+
+
+async def test_two_processes_run_cpu_bound_jobs_in_two_processes(
+    server: ServerProcess, handlers: Path, tmp_path: Path
+) -> None:
+    async with AsyncClient(server.url) as c:
+        ids = await c.submit_many([{"kind": "crunch", "args": {"n": 200_000}, "queue": QUEUE}] * 8)
+        w = worker(server, handlers, tmp_path, "--concurrency", "4", "--processes", "2")
+        try:
+            done = [await c.wait(i, within=60) for i in ids]
+        finally:
+            assert w.stop() == 0, w.output
+    pids = {j.result["pid"] for j in done}
+    assert len(pids) == 2, pids
+    assert w.pid not in pids
+
+
+async def test_sigterm_lets_the_running_job_finish_then_exits_0(
+    server: ServerProcess, handlers: Path, tmp_path: Path
+) -> None:
+    door = tmp_path / "door"
+    w = worker(server, handlers, tmp_path, "--concurrency", "1", "--grace", "30")
+    async with AsyncClient(server.url) as c:
+        job = await c.submit("gate", {"path": str(door)}, queue=QUEUE)
+
+        async def started() -> bool:
+            return (await c.get(job.id)).state is State.RUNNING
+
+        await wait_for(started, 60, "the job to start")
+        w.proc.send_signal(signal.SIGTERM)
+        await wait_for(lambda: "SIGTERM: stopping" in w.output, 30, "the stop to begin")
+        door.touch()  # (the stop is under way: the job must still be let finish)
+        code = await asyncio.to_thread(w.stop, signal.SIGTERM)
+        assert code == 0, w.output
+        assert (await c.get(job.id)).state is State.COMPLETED
