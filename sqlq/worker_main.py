@@ -84,6 +84,8 @@ def run(flags: WorkerFlags) -> None:
     logging.basicConfig(
         level=flags.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if flags.log_level != "debug":  # httpx says every request at INFO: thousands a second
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     import_handlers(flags.imports)
     from sqlq.client import AsyncClient
     from sqlq.worker import Worker, WorkerError
@@ -104,7 +106,7 @@ def run(flags: WorkerFlags) -> None:
                 raise click.BadParameter(text, param_hint=hint) from None
             _signals(worker)
             log.info(
-                "worker %s: queues %s, kinds %s, concurrency %d, processes %d, server %s",
+                "worker %s started: queues %s, kinds %s, concurrency %d, processes %d, server %s",
                 worker.name, ", ".join(worker.queues), ", ".join(worker.kinds),
                 flags.concurrency, flags.processes, flags.url,
             )  # fmt: skip

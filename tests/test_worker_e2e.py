@@ -90,7 +90,7 @@ def worker(server: ServerProcess, handlers: Path, tmp_path: Path, *args: str) ->
     return WorkerProcess(
         server.url, "--import", "remote_tasks", "--queue", QUEUE, "--lease", "6",
         "--wait", "2", *args, pythonpath=f"{handlers}:{ROOT}", log=tmp_path / "worker.log",
-    )  # fmt: skip
+    ).started()  # fmt: skip
 
 
 @pytest.fixture

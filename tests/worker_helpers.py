@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,6 +255,15 @@ class WorkerProcess:
             self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": pythonpath},
         )  # fmt: skip
+
+    def started(self, within: float = 60.0) -> WorkerProcess:
+        """Wait until it says it started (its signals are handled from then on)."""
+        deadline = time.monotonic() + within
+        while "started: queues" not in self.output:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"sqlq worker did not start: {self.cmd}\n{self.output}")
+            time.sleep(0.02)
+        return self
 
     @property
     def pid(self) -> int:
