@@ -176,9 +176,9 @@ def serve(**flags: Any) -> None:
 @click.option(
     "--concurrency",
     type=click.IntRange(1, 10_000),
-    default=10,
-    show_default=True,
-    help="Jobs held at once (claimed ones waiting for a process included).",
+    default=None,
+    help="Jobs held at once, claimed ones waiting for a process included "
+    "[default: 10, or 4 x --processes if more].",
 )
 @click.option(
     "--processes",

@@ -90,6 +90,7 @@ from sqlq.worker_procs import ChildFailed, ProcessHandlers
 log = logging.getLogger("sqlq.worker")
 
 DEFAULT_WAIT_S = 10.0  # a claim's long poll
+PROCESS_LINGER_S = 0.05  # with processes: how long a finished outcome waits for company
 IDLE_POLL_S = 1.0  # an empty claim is not repeated sooner than this
 HEALTH_EVERY_S = 1.0  # how often timeouts are looked for (sooner for an ``hb_timeout``)
 CANCELLED_BEFORE = "cancelled: a cancel was asked for before it started"
@@ -191,10 +192,14 @@ class Worker:
         config = RuntimeConfig(workers=concurrency, hb_timeout_s=hb_timeout_s)
         self._executor = Executor(self.registry, config, rng=self._rng, clock=clock)
         self._procs = ProcessHandlers(processes, imports) if processes else None
-        hbs = [hb for k in self.kinds if (hb := self._executor.context(_probe(k)).hb_timeout)]
-        self._health_every = min([HEALTH_EVERY_S, *(hb / 4 for hb in hbs)])
+        # With processes, jobs finish one by one: claiming a slot at a time would be a
+        # claim per job. So it claims once half the spare slots are free (the other half
+        # keep the processes busy meanwhile), and lets outcomes gather for a moment.
+        self._processes = processes
+        self._refill = max(1, (concurrency - processes) // 2) if processes else 1
         self._outbox = Outbox(client, clock=clock, rng=self._rng, backoff=self._backoff,
-                              answered=self._answered, before=self._flush)  # fmt: skip
+                              answered=self._answered, before=self._flush,
+                              linger_s=PROCESS_LINGER_S if processes else 0.0)  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
         self._held: dict[str, Attempt] = {}  # claimed, outcome not decided: takes a slot
         self._leased: dict[str, Attempt] = {}  # claimed, outcome not answered: heartbeated
@@ -277,7 +282,7 @@ class Worker:
         failures = 0
         while not self._stop.is_set():
             free = self.concurrency - len(self._held)
-            if free <= 0:
+            if free <= 0 or (free < self._refill and len(self._held) >= self._processes):
                 self._room.clear()
                 await self._room.wait()
                 continue
@@ -641,12 +646,14 @@ class Worker:
 
     async def _health(self) -> None:
         """Cut off every attempt past its kind's ``timeout`` or ``hb_timeout``, as the
-        server's health loop does (only while something runs)."""
+        server's health loop does: only while something runs, every second, or every
+        quarter of the shortest ``hb_timeout`` running."""
         while True:
             if not self._running:
                 self._busy.clear()
                 await self._busy.wait()
-            await self._clock.sleep(self._health_every)
+            hbs = [a.ctx.hb_timeout for a in self._running if a.ctx and a.ctx.hb_timeout]
+            await self._clock.sleep(min([HEALTH_EVERY_S, *(hb / 4 for hb in hbs)]))
             now = self._clock.monotonic()
             for a in list(self._running):
                 ctx = a.ctx
@@ -702,13 +709,6 @@ class Worker:
 
 _COUNTED: dict[type[Any], str] = {CompleteIn: "completed", SnoozeIn: "snoozed",
                                   ReleaseIn: "released"}  # fmt: skip
-
-
-def _probe(kind: str) -> Any:
-    """A job of ``kind`` to read its limits from (``Executor.context``)."""
-    from sqlq.common.models import Job
-
-    return Job(id="0" * 32, kind=kind, args={}, ready_at=0.0, created_at=0.0, updated_at=0.0)
 
 
 def _retrieve(fut: asyncio.Future[None]) -> None:

@@ -39,7 +39,7 @@ class WorkerFlags:
     imports: tuple[str, ...]
     queues: tuple[str, ...]
     kinds: tuple[str, ...]
-    concurrency: int
+    concurrency: int | None
     processes: int
     lease: float
     grace: float
@@ -48,6 +48,12 @@ class WorkerFlags:
     token: str | None
     log_level: str
     fault_injection: bool
+
+
+def concurrency(flags: WorkerFlags) -> int:
+    """``--concurrency``, or its default: 10, or four jobs per process (one running, the
+    others waiting, claimed in batches while the first ones run)."""
+    return flags.concurrency if flags.concurrency is not None else max(10, 4 * flags.processes)
 
 
 def check(flags: WorkerFlags) -> None:
@@ -62,7 +68,7 @@ def check(flags: WorkerFlags) -> None:
         raise click.BadParameter(
             f"{flags.name!r}: 1 to 64 of A-Z a-z 0-9 _ . : -", param_hint="--name"
         )
-    if flags.processes > flags.concurrency:
+    if flags.processes > concurrency(flags):
         raise click.BadParameter(
             f"{flags.concurrency} is fewer than --processes {flags.processes}: every process "
             "needs a job to run", param_hint="--concurrency",
@@ -96,7 +102,7 @@ def run(flags: WorkerFlags) -> None:
             try:
                 worker = Worker(
                     client, flags.queues, name=flags.name, kinds=flags.kinds or None,
-                    imports=flags.imports, concurrency=flags.concurrency,
+                    imports=flags.imports, concurrency=concurrency(flags),
                     processes=flags.processes, lease_s=flags.lease, grace_s=flags.grace,
                     wait_s=flags.wait, fault_injection=flags.fault_injection,
                 )  # fmt: skip
@@ -108,7 +114,7 @@ def run(flags: WorkerFlags) -> None:
             log.info(
                 "worker %s started: queues %s, kinds %s, concurrency %d, processes %d, server %s",
                 worker.name, ", ".join(worker.queues), ", ".join(worker.kinds),
-                flags.concurrency, flags.processes, flags.url,
+                concurrency(flags), flags.processes, flags.url,
             )  # fmt: skip
             try:
                 await worker.run()

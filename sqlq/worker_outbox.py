@@ -65,7 +65,9 @@ class Outbox:
         backoff: Backoff,
         answered: Callable[[Attempt, Reported | None], None],
         before: Callable[[list[Attempt]], Awaitable[None]],
+        linger_s: float = 0.0,
     ) -> None:
+        self._linger = linger_s  # a lone outcome waits this long for others to share its call
         self._client = client
         self._clock = clock
         self._rng = rng
@@ -99,6 +101,8 @@ class Outbox:
             if not self._owed:
                 self._more.clear()
                 await self._more.wait()
+                if self._linger > 0:
+                    await wait_event(self._clock, self._hurry, self._linger)
             batch = self._batch()
             try:
                 await self._send(batch)
