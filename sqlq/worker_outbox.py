@@ -80,6 +80,7 @@ class Outbox:
         self._changed = asyncio.Event()  # an item was answered, or a hurry came
         self.failures = 0  # calls failed in a row
         self.batches = 0
+        self.rounds = 0  # calls made, answered or failed
 
     def __len__(self) -> int:
         return len(self._owed)
@@ -106,6 +107,7 @@ class Outbox:
             batch = self._batch()
             try:
                 await self._send(batch)
+                self.rounds += 1
             except Exception as exc:  # unreachable, 5xx, 429, 401; or a bug: kept, sent again
                 self.failures += 1
                 delay = self._backoff.delay(self.failures, self._rng)
@@ -115,6 +117,8 @@ class Outbox:
                 else:
                     log.exception("reporting %d outcomes failed; again in %.1f s", len(batch),
                                   delay)  # fmt: skip
+                self.rounds += 1
+                self._changed.set()
                 await wait_event(self._clock, self._hurry, delay)
             else:
                 self.failures = 0
@@ -167,11 +171,13 @@ class Outbox:
         self._changed.set()
 
     async def drained(self, within: float) -> bool:
-        """Wait until nothing is owed, ``within`` seconds at most (or a hurry); True if so."""
+        """Wait until nothing is owed, ``within`` seconds at most; after a hurry, only
+        until one more call has been tried (no backoff waited out). True if drained."""
         deadline = self._clock.monotonic() + within
+        first = self.rounds
         while self._owed:
             left = deadline - self._clock.monotonic()
-            if left <= 0 or self._hurry.is_set():
+            if left <= 0 or (self._hurry.is_set() and self.rounds > first):
                 return False
             self._changed.clear()
             await wait_event(self._clock, self._changed, left)

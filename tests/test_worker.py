@@ -439,3 +439,48 @@ async def test_a_plain_handler_that_raises_cancelled_by_itself_just_fails(
     async with running(make(server, reg, fake_clock)):
         await server.until(lambda: server.state(job) is State.DEAD)
     assert server.jobs[job].last_error == "Cancelled: changed my mind"
+
+
+async def test_a_hurry_cuts_the_grace_short_and_still_reports_once(fake_clock: FakeClock) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def nap(args: Any, ctx: JobContext) -> None:
+        await ctx.clock.sleep(100)
+
+    server = FakeServer(fake_clock)
+    job = server.submit("nap")
+    worker = make(server, reg, fake_clock, grace_s=30.0)
+    run = asyncio.create_task(worker.run())
+    await server.until(lambda: worker.held == 1)
+    at = fake_clock.monotonic()
+    worker.stop()
+    worker.hurry()
+    await run
+    assert fake_clock.monotonic() - at < 1.0  # not the 30 s grace
+    assert server.jobs[job].last_error == INTERRUPTED  # and the server heard of it
+    assert worker.stats["undelivered"] == 0
+
+
+async def test_a_stop_with_the_server_gone_waits_only_as_long_as_the_leases(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def quick(args: Any) -> int:
+        return 1
+
+    server = FakeServer(fake_clock)
+    job = server.submit("quick")
+    worker = make(server, reg, fake_clock, lease_s=30.0)
+    run = asyncio.create_task(worker.run())
+    await server.until(lambda: server.state(job) is State.RUNNING)
+    server.down = True
+    await server.until(lambda: len(server.named("outcomes", ok=False)) >= 1)
+    at = fake_clock.monotonic()
+    worker.stop()
+    await run
+    assert fake_clock.monotonic() - at <= 30.0  # the lease's end: no longer worth trying
+    assert worker.stats["undelivered"] == 1
+    assert server.jobs[job].ends == []

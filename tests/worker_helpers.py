@@ -273,9 +273,11 @@ class WorkerProcess:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM, within: float = 60.0) -> int:
+    def stop(self, sig: int | None = signal.SIGTERM, within: float = 60.0) -> int:
+        """Send ``sig`` (None: none, it is stopping already) and wait for the exit."""
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if sig is not None:
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=within)
             except subprocess.TimeoutExpired:
