@@ -2,7 +2,8 @@
 processes. A handler completing, failing through its retries, snoozing, checkpointing
 across a kill -9 of its worker, progress shown by GET /jobs/{id} while it runs, a
 cancel of a running remote job, ``--processes 2`` using two processes (the PIDs the jobs
-saw), and SIGTERM letting a running job finish before exit 0."""
+saw), SIGTERM letting a running job finish before exit 0, and an outcome that finished
+while the server was killed landing after its restart."""
 
 from __future__ import annotations
 
@@ -198,3 +199,38 @@ async def test_sigterm_lets_the_running_job_finish_then_exits_0(
         code = await asyncio.to_thread(w.stop, None)  # (a second signal would hurry it)
         assert code == 0, w.output
         assert (await c.get(job.id)).state is State.COMPLETED
+
+
+async def test_an_outcome_finished_while_the_server_was_down_lands_after_its_restart(
+    handlers: Path, tmp_path: Path
+) -> None:
+    args = ("--store", "walq", "--data", str(tmp_path / "data"), "--remote-queue", QUEUE,
+            "--log-level", "warning")  # fmt: skip
+    first = spawn_server(*args)
+    first.wait_ready(60)
+    door = tmp_path / "door"
+    w = worker(first, handlers, tmp_path, "--concurrency", "1", "--lease", "60")
+    again: ServerProcess | None = None
+    try:
+        async with AsyncClient(first.url) as c:
+            job = await c.submit("gate", {"path": str(door)}, queue=QUEUE)
+
+            async def started() -> bool:
+                return (await c.get(job.id)).state is State.RUNNING
+
+            await wait_for(started, 60, "the job to start")
+        first.kill()  # kill -9, the job running remotely
+        door.touch()  # it finishes while the server is away
+        await wait_for(lambda: "could not report 1 outcomes" in w.output, 60, "a failed report")
+        again = ServerProcess(*args, env={"PYTHONPATH": str(ROOT)})  # the same data and port
+        again.port, again.url = first.port, first.url
+        again.cmd[again.cmd.index("--port") + 1] = str(first.port)
+        again.spawn().wait_ready(60)
+        async with AsyncClient(again.url) as c:
+            done = await c.wait(job.id, within=60)
+        assert (done.state, done.result, done.attempts) == (State.COMPLETED, "opened", 1)
+    finally:
+        assert w.stop() == 0, w.output
+        for srv in (first, again):
+            if srv is not None:
+                srv.stop(signal.SIGTERM)
