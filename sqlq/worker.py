@@ -46,6 +46,7 @@ Every loop's waits are on the injected ``clock``, so the tests drive it with the
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -91,6 +92,7 @@ log = logging.getLogger("sqlq.worker")
 
 DEFAULT_WAIT_S = 10.0  # a claim's long poll
 PROCESS_LINGER_S = 0.05  # with processes: how long a finished outcome waits for company
+MAX_CLAIMS_OUT = 4  # claims in flight at once, while they come back full
 IDLE_POLL_S = 1.0  # an empty claim is not repeated sooner than this
 HEALTH_EVERY_S = 1.0  # how often timeouts are looked for (sooner for an ``hb_timeout``)
 CANCELLED_BEFORE = "cancelled: a cancel was asked for before it started"
@@ -213,6 +215,10 @@ class Worker:
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
         self._stop_at: float | None = None
+        self._asked = 0  # slots the claims out now ask for
+        self._draining = False  # the latest claim came back full
+        self._claim_after = 0.0  # monotonic: no new claim before (a backoff)
+        self._claim_failures = 0
         self._saves: set[asyncio.Task[None]] = set()  # checkpoints being written
         self._answered_or_hurried = asyncio.Event()  # the claim in flight at a stop
         self._fatal: ApiError | None = None
@@ -279,39 +285,65 @@ class Worker:
     # -- claiming ---------------------------------------------------------------------------
 
     async def _claims(self) -> None:
-        failures = 0
+        """Keep claims out for the free slots: one while the queue looks empty (it
+        long-polls), up to ``MAX_CLAIMS_OUT`` while claims come back full, so a busy
+        queue's claims overlap (and the server commits them together) instead of
+        waiting on each other's round trip."""
+        out: set[asyncio.Task[None]] = set()
         while not self._stop.is_set():
-            free = self.concurrency - len(self._held)
-            if free <= 0 or (free < self._refill and len(self._held) >= self._processes):
-                self._room.clear()
-                await self._room.wait()
+            now = self._clock.monotonic()
+            if now < self._claim_after:  # a backoff, or an empty answer that came at once
+                await wait_event(self._clock, self._stop, self._claim_after - now)
                 continue
-            asked = self._clock.monotonic()
-            try:
-                granted = await self._claim(min(free, MAX_CLAIM))
-            except (Unavailable, RateLimited) as exc:
-                failures += 1
-                delay = self._backoff.delay(failures, self._rng)
-                log.warning("could not claim (%s); again in %.1f s", exc, delay)
-                await wait_event(self._clock, self._stop, delay)
+            spare = self.concurrency - len(self._held) - self._asked
+            wanted = spare > 0 and (spare >= self._refill or
+                                    len(self._held) + self._asked < self._processes)  # fmt: skip
+            if wanted and len(out) < (MAX_CLAIMS_OUT if self._draining else 1):
+                n = min(spare, MAX_CLAIM)
+                self._asked += n
+                task = asyncio.create_task(self._claim_some(n))
+                out.add(task)
+                task.add_done_callback(functools.partial(self._claimed, out))
                 continue
-            except ApiError as exc:
-                log.error("the server refused this worker's claim: %s", exc)
-                self._fatal = exc
-                self.stop()
-                break
-            except Exception:  # a bug (an answer it cannot read): logged, and not a spin
-                failures += 1
-                log.exception("a claim failed")
-                await wait_event(self._clock, self._stop, self._backoff.delay(failures, self._rng))
-                continue
-            failures = 0
-            for g in granted:
-                self._start(g)
-            if not granted:  # a long poll that came back at once (wait_s 0): not a spin
-                idle = IDLE_POLL_S - (self._clock.monotonic() - asked)
-                if idle > 0:
-                    await wait_event(self._clock, self._stop, idle)
+            self._room.clear()
+            await self._room.wait()
+        if out:  # each waits (within the grace) for its answer, whose jobs are released
+            await asyncio.gather(*out, return_exceptions=True)
+
+    def _claimed(self, out: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+        out.discard(task)
+        self._room.set()  # (after the discard: the loop may send the next one)
+
+    async def _claim_some(self, n: int) -> None:
+        asked = self._clock.monotonic()
+        try:
+            granted = await self._claim(n)
+        except (Unavailable, RateLimited) as exc:
+            self._claim_failures += 1
+            delay = self._backoff.delay(self._claim_failures, self._rng)
+            log.warning("could not claim (%s); again in %.1f s", exc, delay)
+            self._claim_after = self._clock.monotonic() + delay
+            return
+        except ApiError as exc:
+            log.error("the server refused this worker's claim: %s", exc)
+            self._fatal = exc
+            self.stop()
+            return
+        except Exception:  # a bug (an answer it cannot read): logged, and not a spin
+            self._claim_failures += 1
+            log.exception("a claim failed")
+            self._claim_after = self._clock.monotonic() + self._backoff.delay(
+                self._claim_failures, self._rng
+            )
+            return
+        finally:
+            self._asked -= n
+        self._claim_failures = 0
+        self._draining = len(granted) == n  # a full answer: there may be more
+        for g in granted:
+            self._start(g)
+        if not granted:  # a long poll that came back at once (wait_s 0): not a spin
+            self._claim_after = max(self._claim_after, asked + IDLE_POLL_S)
 
     async def _claim(self, n: int) -> list[Granted]:
         """One claim; after a stop, it is waited for (to release what it got) until the

@@ -33,6 +33,7 @@ from sqlq.worker_attempt import Attempt, failure
 
 log = logging.getLogger("sqlq.worker")
 
+MAX_SENDS = 2  # calls out at once: one is being answered while the next is built
 BATCH_BYTES = 4 * MAX_JOB_BYTES  # a batch's body (the server takes 16 MiB); one past it goes alone
 RETRYABLE = (Unavailable, RateLimited, Unauthorized)  # may pass: a restart, a token file fixed
 
@@ -81,6 +82,8 @@ class Outbox:
         self.failures = 0  # calls failed in a row
         self.batches = 0
         self.rounds = 0  # calls made, answered or failed
+        self._out: set[str] = set()  # tokens in a call now
+        self._resume_at = 0.0  # monotonic: after a failed call, no new one before this
 
     def __len__(self) -> int:
         return len(self._owed)
@@ -98,35 +101,55 @@ class Outbox:
         self._changed.set()
 
     async def run(self) -> None:
+        """Send what is owed, ``MAX_SENDS`` calls at most at once (a call that fails
+        pauses every new one for the backoff)."""
+        sending: set[asyncio.Task[None]] = set()
         while True:
-            if not self._owed:
+            now = self._clock.monotonic()
+            if now < self._resume_at and not self._hurry.is_set():
+                await wait_event(self._clock, self._hurry, self._resume_at - now)
+                continue
+            if len(sending) >= MAX_SENDS or len(self._out) >= len(self._owed):
                 self._more.clear()
                 await self._more.wait()
-                if self._linger > 0:
-                    await wait_event(self._clock, self._hurry, self._linger)
+                continue
+            if self._linger > 0 and not sending:  # a lone outcome waits a moment for others
+                await wait_event(self._clock, self._hurry, self._linger)
             batch = self._batch()
-            try:
-                await self._send(batch)
-                self.rounds += 1
-            except Exception as exc:  # unreachable, 5xx, 429, 401; or a bug: kept, sent again
-                self.failures += 1
-                delay = self._backoff.delay(self.failures, self._rng)
-                if isinstance(exc, RETRYABLE):
-                    log.warning("could not report %d outcomes (%s); again in %.1f s",
-                                len(batch), exc, delay)  # fmt: skip
-                else:
-                    log.exception("reporting %d outcomes failed; again in %.1f s", len(batch),
-                                  delay)  # fmt: skip
-                self.rounds += 1
-                self._changed.set()
-                await wait_event(self._clock, self._hurry, delay)
+            if not batch:
+                continue
+            self._out.update(a.token for a in batch)
+            task = asyncio.create_task(self._round(batch))
+            sending.add(task)
+            task.add_done_callback(sending.discard)
+
+    async def _round(self, batch: list[Attempt]) -> None:
+        try:
+            await self._send(batch)
+        except Exception as exc:  # unreachable, 5xx, 429, 401; or a bug: kept, sent again
+            self.failures += 1
+            delay = self._backoff.delay(self.failures, self._rng)
+            self._resume_at = self._clock.monotonic() + delay
+            if isinstance(exc, RETRYABLE):
+                log.warning("could not report %d outcomes (%s); again in %.1f s",
+                            len(batch), exc, delay)  # fmt: skip
             else:
-                self.failures = 0
+                log.exception("reporting %d outcomes failed; again in %.1f s", len(batch),
+                              delay)  # fmt: skip
+        else:
+            self.failures = 0
+        finally:
+            self.rounds += 1
+            self._out.difference_update(a.token for a in batch)
+            self._more.set()
+            self._changed.set()
 
     def _batch(self) -> list[Attempt]:
         batch: list[Attempt] = []
         size = 0
         for a in self._owed.values():
+            if a.token in self._out:
+                continue
             if batch and (len(batch) >= MAX_ITEMS or size + len(a.body) > BATCH_BYTES):
                 break
             batch.append(a)
