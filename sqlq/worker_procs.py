@@ -180,11 +180,24 @@ def _outcome(job: Job, ctx: ChildContext) -> tuple[Any, ...]:
     return ("done", raw, ctx.unsent())
 
 
+def _die_with_parent() -> None:
+    """Linux: killed when the worker dies (kill -9 included), so a handler stuck in a loop
+    is not left running with nobody to report to (elsewhere: it ends when it next talks
+    to the parent, whose pipe is gone)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover (not Linux)
+        pass
+
+
 def child_main(conn: Connection, imports: Sequence[str], flags: Any, stamps: Any,
                index: int) -> None:  # fmt: skip
     """A worker process: import the handlers, then run the jobs the parent sends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
     for name in imports:
         try:
             importlib.import_module(name)
