@@ -204,9 +204,9 @@ def serve(**flags: Any) -> None:
 @click.option(
     "--wait",
     type=click.FloatRange(0, 30),
-    default=10.0,
+    default=5.0,
     show_default=True,
-    help="Seconds a claim long-polls for work.",
+    help="Seconds a claim long-polls for work (an idle worker stops within this).",
 )
 @click.option("--name", default=None, help="What this worker calls itself (default host-pid).")
 @click.option(

@@ -90,7 +90,7 @@ from sqlq.worker_procs import ChildFailed, ProcessHandlers
 
 log = logging.getLogger("sqlq.worker")
 
-DEFAULT_WAIT_S = 10.0  # a claim's long poll
+DEFAULT_WAIT_S = 5.0  # a claim's long poll (an idle worker stops within it)
 PROCESS_LINGER_S = 0.05  # with processes: how long a finished outcome waits for company
 MAX_CLAIMS_OUT = 4  # claims in flight at once, while they come back full
 IDLE_POLL_S = 1.0  # an empty claim is not repeated sooner than this
