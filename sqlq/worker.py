@@ -220,7 +220,7 @@ class Worker:
         self._claim_after = 0.0  # monotonic: no new claim before (a backoff)
         self._claim_failures = 0
         self._saves: set[asyncio.Task[None]] = set()  # checkpoints being written
-        self._answered_or_hurried = asyncio.Event()  # the claim in flight at a stop
+        self._claims_out: set[asyncio.Event] = set()  # each set when its claim answers
         self._fatal: ApiError | None = None
         self.stats: dict[str, int] = dict.fromkeys(
             ("claimed", "completed", "failed", "snoozed", "released", "fenced", "cut_off",
@@ -241,7 +241,8 @@ class Worker:
         """Cut the grace and the wait for outcomes short (a second signal)."""
         self.stop()
         self._hurry.set()
-        self._answered_or_hurried.set()  # a claim in flight is not waited for
+        for answered in self._claims_out:  # a claim in flight is not waited for
+            answered.set()
         self._outbox.hurry()
 
     @property
@@ -352,8 +353,9 @@ class Worker:
         call = asyncio.ensure_future(self.client.claim(
             self.queues, worker=self.name, kinds=self.kinds, max=n, wait_s=self.wait_s,
             lease_s=self.lease_s))  # fmt: skip
-        answered = self._answered_or_hurried = asyncio.Event()
+        answered = asyncio.Event()
         call.add_done_callback(lambda _: answered.set())
+        self._claims_out.add(answered)
         stopped = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait({call, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -364,6 +366,7 @@ class Worker:
                     return []
             return call.result()
         finally:
+            self._claims_out.discard(answered)
             stopped.cancel()
             if not call.done():
                 call.cancel()
