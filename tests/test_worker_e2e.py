@@ -189,16 +189,17 @@ async def test_sigterm_lets_the_running_job_finish_then_exits_0(
     async with AsyncClient(server.url) as c:
         job = await c.submit("gate", {"path": str(door)}, queue=QUEUE)
 
-        async def started() -> bool:
-            return (await c.get(job.id)).state is State.RUNNING
+        async def started() -> bool:  # its handler runs (claimed is not enough: a claim
+            p = (await c.get(job.id)).progress  # answered after the signal is given back)
+            return p is not None and p.message == "halfway"
 
-        await wait_for(started, 60, "the job to start")
+        await wait_for(started, 60, "the handler to start")
         w.proc.send_signal(signal.SIGTERM)
         await wait_for(lambda: "SIGTERM: stopping" in w.output, 30, "the stop to begin")
         door.touch()  # (the stop is under way: the job must still be let finish)
         code = await asyncio.to_thread(w.stop, None)  # (a second signal would hurry it)
         assert code == 0, w.output
-        assert (await c.get(job.id)).state is State.COMPLETED
+        assert (await c.get(job.id)).state is State.COMPLETED, w.output
 
 
 async def test_an_outcome_finished_while_the_server_was_down_lands_after_its_restart(
@@ -215,10 +216,11 @@ async def test_an_outcome_finished_while_the_server_was_down_lands_after_its_res
         async with AsyncClient(first.url) as c:
             job = await c.submit("gate", {"path": str(door)}, queue=QUEUE)
 
-            async def started() -> bool:
-                return (await c.get(job.id)).state is State.RUNNING
+            async def started() -> bool:  # its handler runs, not only claimed
+                p = (await c.get(job.id)).progress
+                return p is not None and p.message == "halfway"
 
-            await wait_for(started, 60, "the job to start")
+            await wait_for(started, 60, "the handler to start")
         first.kill()  # kill -9, the job running remotely
         door.touch()  # it finishes while the server is away
         await wait_for(lambda: "could not report 1 outcomes" in w.output, 60, "a failed report")
