@@ -236,3 +236,27 @@ async def test_an_outcome_finished_while_the_server_was_down_lands_after_its_res
         for srv in (first, again):
             if srv is not None:
                 srv.stop(signal.SIGTERM)
+
+
+async def test_a_worker_token_for_other_queues_is_refused_and_the_worker_exits_1(
+    handlers: Path, tmp_path: Path
+) -> None:
+    secret = "w" * 40
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"admin ops {'a' * 40}\nworker w1 {secret} elsewhere\n")
+    tokens.chmod(0o600)
+    srv = spawn_server("--store", "walq", "--data", str(tmp_path / "data"), "--remote-queue",
+                       QUEUE, "--token-file", str(tokens), "--log-level", "warning")  # fmt: skip
+    try:
+        srv.wait_ready(60)
+        w = WorkerProcess(
+            srv.url, "--import", "remote_tasks", "--queue", QUEUE, pythonpath=f"{handlers}:{ROOT}",
+            log=tmp_path / "worker.log", env={"SQLQ_TOKEN": secret},
+        )  # fmt: skip
+        code = await asyncio.to_thread(w.stop, None)  # it stops by itself
+    finally:
+        srv.stop(signal.SIGTERM)
+    assert code == 1, w.output
+    assert "the server refused this worker: 403" in w.output
+    assert secret not in w.output
+    assert "Traceback" not in w.output

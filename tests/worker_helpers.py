@@ -247,13 +247,15 @@ class WorkerProcess:
     """A real ``sqlq worker`` subprocess (``python -m sqlq worker ...``), its output in one
     log; ``stop`` signals it and returns its exit status."""
 
-    def __init__(self, url: str, *args: str, pythonpath: str, log: Path) -> None:
+    def __init__(
+        self, url: str, *args: str, pythonpath: str, log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.cmd = [sys.executable, "-m", "sqlq", "worker", "--url", url, *args]
         self.log_path = log
         self._log = open(log, "ab")
         self.proc = subprocess.Popen(
             self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": pythonpath},
+            env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})},
         )  # fmt: skip
 
     def started(self, within: float = 60.0) -> WorkerProcess:
