@@ -103,7 +103,7 @@ async def test_a_heartbeat_takes_tokens_or_items_and_says_which_are_fenced() -> 
     assert [(b.token, b.lease_until, b.cancel_requested, b.error) for b in beats] == [
         ("t1", 50.0, False, None),
         ("t2", 50.0, True, None),
-        ("stale", None, False, "fenced"),
+        ("stale", None, None, "fenced"),
     ]
 
 
