@@ -1,5 +1,5 @@
-// A sqlq worker in Node.js 20 with no dependencies: the pull protocol over plain fetch,
-// the proof that a worker anywhere needs HTTP and JSON, and no sqlq code.
+// A sqlq worker in Node.js 20 (or 18, Debian 12's) with no dependencies: the pull protocol
+// over plain fetch, the proof that a worker anywhere needs HTTP and JSON, and no sqlq code.
 //
 //   SQLQ_URL=http://127.0.0.1:8080 SQLQ_QUEUE=node node examples/worker.mjs
 //
