@@ -170,8 +170,8 @@ async def _job(http: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
 
 @pytest.mark.slow  # a real sqlq serve and a real node process
 async def test_node_worker_completes_retries_and_dead_letters(
+    start_worker: StartWorker,  # first: without node, fail or skip before a server starts
     http: httpx.AsyncClient,
-    start_worker: StartWorker,
 ) -> None:
     ids = await _submit(
         http,
@@ -214,8 +214,8 @@ async def test_node_worker_completes_retries_and_dead_letters(
 
 @pytest.mark.slow  # a real sqlq serve and a real node process, a few heartbeats long
 async def test_node_worker_reports_progress_stops_on_cancel_and_when_fenced(
+    start_worker: StartWorker,  # first: without node, fail or skip before a server starts
     http: httpx.AsyncClient,
-    start_worker: StartWorker,
 ) -> None:
     """A cancel asked for reaches the handler through the next heartbeat, which ends its
     attempt: the job is cancelled. A forced cancel (``--cancel-grace 0``) takes the lease
