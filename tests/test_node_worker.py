@@ -33,6 +33,8 @@ QUEUE = "node"  # the remote queue the Node worker serves
 WORKER = "node-test"
 EXAMPLE = ROOT / "examples" / "worker.mjs"
 LEASE_S = 5  # the protocol's shortest lease: a heartbeat every 1.7 s
+ADMIN_SECRET = "admin-secret-0123456789"
+PRINCIPAL, WORKER_SECRET = "node-w", "worker-secret-0123456789"  # a --token-file line's
 
 
 @pytest.fixture(params=(*DURABLE, *SHARED))
@@ -72,15 +74,21 @@ async def _serve(serve_args: list[str], *more: str) -> ServerProcess:
 
 
 @pytest.fixture
-async def server(serve_args: list[str]) -> AsyncIterator[ServerProcess]:
-    srv = await _serve(serve_args)
+async def server(serve_args: list[str], tmp_path: Path) -> AsyncIterator[ServerProcess]:
+    """With roles: the test submits and cancels as an admin, the Node worker claims with
+    a worker's token for its queue alone, as a deployment would run it."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"admin tests {ADMIN_SECRET}\nworker {PRINCIPAL} {WORKER_SECRET} {QUEUE}\n")
+    tokens.chmod(0o600)
+    srv = await _serve(serve_args, "--token-file", str(tokens))
     yield srv
     await asyncio.to_thread(srv.stop)
 
 
 @pytest.fixture
 async def http(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=server.url, timeout=70) as client:
+    headers = {"Authorization": f"Bearer {ADMIN_SECRET}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=70) as client:
         yield client
 
 
@@ -92,7 +100,8 @@ class NodeWorker:
         self.cmd = [node, str(EXAMPLE)]
         ours = {k: v for k, v in os.environ.items() if not k.startswith("SQLQ_")}
         self.env = {**ours, "SQLQ_URL": url, "SQLQ_QUEUE": QUEUE, "SQLQ_WORKER": WORKER,
-                    "SQLQ_LEASE_S": str(LEASE_S), "SQLQ_WAIT_S": "1", **env}  # fmt: skip
+                    "SQLQ_LEASE_S": str(LEASE_S), "SQLQ_WAIT_S": "1",
+                    "SQLQ_TOKEN": WORKER_SECRET, **env}  # fmt: skip
         self.log = log
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -206,7 +215,7 @@ async def test_node_worker_completes_retries_and_dead_letters(
     r = await http.get("/workers")
     assert r.status_code == 200, r.text
     [seen] = [w for w in r.json()["workers"] if w["name"] == WORKER]
-    assert seen["queues"] == [QUEUE]
+    assert (seen["principal"], seen["role"], seen["queues"]) == (PRINCIPAL, "worker", [QUEUE])
 
     assert await worker.terminate() == 0, worker.output
     assert "stopped" in worker.output
