@@ -70,7 +70,8 @@ def bench(
     recovery, F CPU jobs, G recovery time and compaction, H latency under load,
     I emulated disk latency, J many nodes on PostgreSQL, K the machine's limits,
     L the dashboard's cost, M dispatch against the queues ever used, N schedules, O the
-    store writes of progress; `ceiling` is the client against a trivial endpoint.
+    store writes of progress, P remote workers (`sqlq worker`) against in-process and huey;
+    `ceiling` is the client against a trivial endpoint.
     """
     from pathlib import Path
 

@@ -28,6 +28,7 @@ from sqlq.bench.experiments import (
     m_queues,
     n_schedules,
     o_progress,
+    p_remote,
 )
 from sqlq.bench.experiments.answer import answer
 from sqlq.bench.experiments.base import BenchRun
@@ -41,6 +42,7 @@ MODULES = (
     m_queues,
     n_schedules,
     o_progress,
+    p_remote,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so
