@@ -50,6 +50,7 @@ ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report show
 __all__ = ["EXPERIMENTS", "ORDER", "BenchRun", "build_report"]
 
 
-def build_report(out: Path) -> str:
-    """Rebuild ``out/REPORT.md`` and its plots from ``out/*.jsonl``."""
-    return report.build(out, MODULES, answer)
+def build_report(out: Path, *, before: bool = False) -> str:
+    """Rebuild ``out/REPORT.md`` and its plots from ``out/*.jsonl`` (``before``: with the
+    older trees' ``*-before.jsonl`` beside this tree's rows, see ``report.Report``)."""
+    return report.build(out, MODULES, answer, before=before)
