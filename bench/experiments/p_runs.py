@@ -194,7 +194,7 @@ class NoopRun(PRun):
                 if local:
                     await pool.request("POST", "/queues/default/resume")
                 else:
-                    cmd = worker_cmd(url, concurrency=WORKERS, processes=1, name="p-noop")
+                    cmd = worker_cmd(url, concurrency=WORKERS, processes=0, name="p-noop")
                     child = Child(cmd, d / "worker.log", dict(os.environ))
                 after = await _drained(pool, self.jobs, child)
                 wall_s = time.perf_counter() - t0
@@ -324,7 +324,7 @@ class LatencyRun(PRun):
     async def _measure(self, url: str, d: Path, log: Path) -> dict[str, Any]:
         child: Child | None = None
         if self.mode == "remote":
-            cmd = worker_cmd(url, concurrency=4, processes=1, name="p-latency")
+            cmd = worker_cmd(url, concurrency=4, processes=0, name="p-latency")
             child = Child(cmd, d / "worker.log", {**os.environ, LOG_ENV: str(log)})
         created: list[float] = []
         started: list[float] = []
