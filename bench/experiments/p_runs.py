@@ -102,10 +102,12 @@ class Child:
 
 
 def worker_cmd(url: str, *, concurrency: int, processes: int, name: str) -> list[str]:
-    """``sqlq worker`` as the issue's CLI has it (no token: the bench server has none)."""
+    """``sqlq worker`` as the issue's CLI has it (no token: the bench server has none), quiet
+    as the bench's servers are."""
     return [sys.executable, "-m", "sqlq", "worker", "--url", url, "--import", IMPORT,
             "--queue", "default", "--concurrency", str(concurrency), "--processes",
-            str(processes), "--lease", str(LEASE_S), "--name", name]  # fmt: skip
+            str(processes), "--lease", str(LEASE_S), "--name", name,
+            "--log-level", "warning"]  # fmt: skip
 
 
 async def _stats(pool: HttpPool) -> dict[str, Any]:
