@@ -32,7 +32,15 @@ MADE: dict[str, Any] = json.loads(
     (Path(__file__).parent / "data" / "postgres_v2" / "jobs.json").read_text()
 )
 NOW = 1_700_000_000.0  # make.py's
-OLD_JOBS = [Job.from_dict(d) for d in MADE["jobs"]]  # the new fields take their defaults
+ROWS = {r["id"]: r for r in MADE["tables"]["jobs"]}
+# The new fields take their defaults, but a job's holder and lease are its row's node and
+# lease_until (schema 004 reads node as holder): the running job's node, still holding it.
+OLD_JOBS = [
+    msgspec.structs.replace(
+        Job.from_dict(d), holder=ROWS[d["id"]]["node"], lease_until=ROWS[d["id"]]["lease_until"]
+    )
+    for d in MADE["jobs"]
+]
 OLD_SCHEDULES = [msgspec.convert(d, Schedule) for d in MADE["schedules"]]
 
 
@@ -95,6 +103,9 @@ async def test_every_job_and_schedule_reads_back_with_the_new_fields_at_defaults
     store = PostgresStore(pg_dsn)
     await store.open()
     try:
+        assert [(j.holder, j.lease_until) for j in _by_state(State.RUNNING)] == [
+            (MADE["node"], NOW + 35)
+        ]
         for job in OLD_JOBS:
             got = await store.get(job.id)
             assert got == job

@@ -28,7 +28,7 @@ from sqlq.common.errors import (
 from sqlq.common.models import Job, State
 from sqlq.common.running import AttemptError, Progress
 from sqlq.common.store import Change, Fence, Renewal
-from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
+from sqlq.engines.postgres.queries import MOVE_COLUMNS, TABLE_COLUMNS, Q
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.rows import JOB_COLUMNS, TRANSITION_COLUMNS, job_values, row_job
 from tests.helpers import NOW, ROOT
@@ -62,6 +62,8 @@ def distinct_job() -> Job:
         checkpoint={"c": 16},
         snoozes=17,
         errors=(AttemptError(attempt=18, error="x", at=19.5),),
+        holder="worker:h",
+        lease_until=20.5,
     )
 
 
@@ -75,9 +77,12 @@ def test_a_job_row_is_its_fields_in_the_named_column_order() -> None:
     }  # fmt: skip
     assert by_name == {c: encoded.get(c, getattr(job, c)) for c in JOB_COLUMNS}
     assert row_job(job_values(job)) == job
-    assert MOVE_COLUMNS[: len(TRANSITION_COLUMNS) + 1] == (
-        "id", "expect_epoch", "allowed", *TRANSITION_COLUMNS[2:],
+    assert MOVE_COLUMNS[: len(TRANSITION_COLUMNS) - 1] == (
+        "id", "expect_epoch", "allowed", *TRANSITION_COLUMNS[2:-2],
     )  # fmt: skip
+    assert TRANSITION_COLUMNS[-2:] == ("holder", "lease_until")  # a move carries neither
+    assert MOVE_COLUMNS[len(TRANSITION_COLUMNS) - 1 :] == ("holder", "lease_from", "lease_before")
+    assert TABLE_COLUMNS == tuple("node" if c == "holder" else c for c in JOB_COLUMNS)
 
 
 def test_no_sql_is_inline_in_the_engines_python() -> None:
@@ -135,7 +140,7 @@ async def test_write_batch_casts_each_column_to_the_tables_type(pg_db: str) -> N
     # a move's own columns take the type of the column they are compared with
     like = {"expect_epoch": "epoch", "holder": "node", "lease_from": "lease_until",
             "lease_before": "lease_until", "allowed": "state"}  # fmt: skip
-    want = [types[c] for c in JOB_COLUMNS] + [types[like.get(c, c)] for c in MOVE_COLUMNS]
+    want = [types[c] for c in TABLE_COLUMNS] + [types[like.get(c, c)] for c in MOVE_COLUMNS]
     assert [short[t] for _, t in casts] == want
 
 
@@ -158,7 +163,8 @@ async def test_a_claim_reads_the_job_whatever_the_tables_physical_order(pg_db: s
         job = Job.new(kind="k", args={"x": 1}, now=NOW, priority=3, queue="q", max_attempts=4)
         await store.commit([job])
         [claimed] = await store.claim(1, NOW, NOW + 60, {})
-        running = {"state": State.RUNNING, "epoch": 1, "attempts": 1, "started_at": NOW}
+        running = {"state": State.RUNNING, "epoch": 1, "attempts": 1, "started_at": NOW,
+                   "holder": store.node, "lease_until": NOW + 60}  # fmt: skip
         assert claimed == msgspec.structs.replace(job, **running)  # a claim's new epoch
         assert await store.get(job.id) == claimed
     finally:

@@ -21,7 +21,7 @@ from sqlq.common.models import TRANSITIONS, Job, State
 from sqlq.common.running import check_progress
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import JobQuery
-from sqlq.engines.rows import RUNNING_COLUMNS
+from sqlq.engines.rows import LEASE_COLUMNS, RUNNING_COLUMNS
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
 
@@ -29,6 +29,7 @@ DATA = Path(__file__).parent / "data"
 FACTS = json.loads((DATA / "sqlite_v3.json").read_text())
 WRITTEN = {d["id"]: Job.from_dict(d) for d in FACTS["jobs"]}  # the new fields: defaults
 LIVE = {State.SCHEDULED, State.RUNNING}
+NEW_COLUMNS = (*RUNNING_COLUMNS, *LEASE_COLUMNS)  # version 4's, then version 5's
 
 
 def _v3(tmp_path: Path) -> Path:
@@ -84,6 +85,7 @@ async def test_a_version_3_database_opens_with_every_job_schedule_and_pause(
             assert got.cancel_requested_at is None
             assert got.progress is None
             assert (got.checkpoint, got.snoozes, got.errors) == (None, 0, ())
+            assert (got.holder, got.lease_until) == (None, None)
         assert await store.list_jobs(JobQuery(limit=100)) == sorted(
             WRITTEN.values(), key=lambda j: j.id
         )
@@ -94,8 +96,8 @@ async def test_a_version_3_database_opens_with_every_job_schedule_and_pause(
         assert await store.find_key("k1") == WRITTEN["018bcfe5680000000000000000000001"]
     finally:
         await store.close()
-    assert _version(db) == "4"
-    assert _columns(db)[-len(RUNNING_COLUMNS) :] == list(RUNNING_COLUMNS)
+    assert _version(db) == "5"  # through version 4 to the latest
+    assert _columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
 
 
 async def test_the_new_fields_round_trip_on_a_migrated_file_and_a_reopen_changes_nothing(
@@ -132,13 +134,13 @@ async def test_the_new_fields_round_trip_on_a_migrated_file_and_a_reopen_changes
         await store.close()
     schema = _raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
     again = SQLiteStore(tmp_path)
-    await again.open()  # a second open: already at version 4, nothing to migrate
+    await again.open()  # a second open: already at version 5, nothing to migrate
     try:
         assert {i: await again.get(i) for i in expected} == expected
     finally:
         await again.close()
     assert _raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name") == schema
-    assert _version(db) == "4"
+    assert _version(db) == "5"
     assert set(_raw(db, "SELECT from_state, to_state FROM legal_transitions")) == {
         (a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt
     }
@@ -162,8 +164,8 @@ async def test_a_migration_that_fails_midway_leaves_version_3(tmp_path: Path) ->
     store = SQLiteStore(tmp_path)
     await store.open()  # the next open finishes it
     await store.close()
-    assert _version(db) == "4"
-    assert _columns(db)[-len(RUNNING_COLUMNS) :] == list(RUNNING_COLUMNS)
+    assert _version(db) == "5"  # through version 4 to the latest
+    assert _columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
 
 
 PAGE = 1024  # the committed file's page size (tests/data/make_sqlite_v3.py)
@@ -195,7 +197,7 @@ async def test_the_migration_rewrites_no_row(tmp_path: Path) -> None:
     await store.open()
     await store.close()  # the last connection's close checkpoints the WAL into the file
     after = _pages(db)
-    assert _version(db) == "4"
+    assert _version(db) == "5"
     assert len(before) <= len(after) <= len(before) + 4  # a page the open's tables grew by
     changed = [n for n, (a, b) in enumerate(zip(before, after, strict=False)) if a != b]
     assert len(changed) < 16, changed

@@ -27,13 +27,16 @@ from sqlq.walq.store import LOG_NAME, WalStore
 from tests.walq_helpers import NOW, NoSyncFiles
 
 OLD = Path(__file__).parent / "data" / "walq_v_old"
-NEW_FIELDS = ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors")
+NEW_FIELDS = ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors", "holder",
+              "lease_until")  # fmt: skip
 DEFAULTS: dict[str, Any] = {
     "cancel_requested_at": None,
     "progress": None,
     "checkpoint": None,
     "snoozes": 0,
     "errors": [],
+    "holder": None,  # issue 23's: who holds a running job, until when
+    "lease_until": None,
 }
 
 
@@ -153,3 +156,37 @@ async def test_new_values_round_trip_on_top_of_an_old_log_through_reopen_and_com
         assert await all_jobs(store, ids) == jobs
     finally:
         await store.close()
+
+
+async def test_a_remote_claim_on_top_of_an_old_log_keeps_its_holder_and_lease(
+    old_log: Path,
+) -> None:
+    """Issue 23's fields on an old log: a remote worker's claim of an old job, its renewal,
+    then a reopen (the records), a compaction (the snapshot) and a reopen of that; the
+    job is found running with its holder and lease each time."""
+    want = expected()
+    store, _ = await opened(old_log)
+    t = NOW + 300
+    try:
+        waiting = await store.get("0" * 30 + "a1")  # scheduled, delayed, in the old log
+        assert waiting is not None
+        start = waiting.start(t, holder="worker:w1", lease_until=t + 30)
+        held = waiting.apply(start)
+        renew = held.renew(t + 10, t + 40)
+        held = held.apply(renew)
+        await store.commit([start])
+        await store.commit([renew])
+    finally:
+        await store.close()
+    for compact in (True, False):
+        store = WalStore(old_log, clock=FakeClock(NOW + 100), fs=NoSyncFiles())
+        recovery = await store.open()
+        try:
+            assert held.id in recovery.running
+            assert await store.get(held.id) == held
+            assert (held.holder, held.lease_until) == ("worker:w1", t + 40)
+            assert len(await all_jobs(store, sorted(want["jobs"]))) == len(want["jobs"])
+            if compact:
+                await store.compact()
+        finally:
+            await store.close()

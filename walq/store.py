@@ -41,6 +41,7 @@ from sqlq.walq.records import (
     snapshot_change,
 )
 from sqlq.walq.schedules import cursor_fixes, fix_note
+from sqlq.walq.signing import KEY_NAME, load_or_make
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class WalStore(DurableStore):
         self.compactor = Compactor(self)
         self.queues_path = os.path.join(self.dir, QUEUES_NAME)
         self._paused: set[str] = set()
+        self._key: bytes | None = None
 
     # -- open / recovery ---------------------------------------------------------
 
@@ -272,6 +274,17 @@ class WalStore(DurableStore):
         except OSError as exc:
             raise StoreError(f"{self.queues_path}: {exc.strerror or exc}") from exc
         self._paused = names
+
+    async def signing_key(self) -> bytes:
+        """``signing.key`` in the data directory (``walq.signing``), read once per open."""
+        if self._key is None:
+            self._writable()  # a failed store makes nothing durable, a key neither
+            path = os.path.join(self.dir, KEY_NAME)
+            try:
+                self._key = await self._on_io(load_or_make, self.fs, path)
+            except OSError as exc:
+                raise StoreError(f"{path}: {exc.strerror or exc}") from exc
+        return self._key
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         self._live()

@@ -116,6 +116,8 @@ def job_values(job: Job) -> tuple[Any, ...]:
         job.request_hash,
         job.attempts_total,
         *running_values(job),
+        job.holder,
+        job.lease_until,
     )
 
 
@@ -134,6 +136,8 @@ def transition_values(t: Transition) -> tuple[Any, ...]:
         t.started_at,
         t.attempts_total,
         *running_values(t),
+        t.holder,
+        t.lease_until,
     )
 
 
@@ -164,6 +168,8 @@ def row_job(row: Any) -> Job:
         checkpoint,
         snoozes,
         errors,
+        holder,
+        lease_until,
     ) = row
     progress, checkpoint, errors = running_fields(progress, checkpoint, errors)
     return Job(
@@ -190,4 +196,6 @@ def row_job(row: Any) -> Job:
         checkpoint=checkpoint,
         snoozes=snoozes,
         errors=errors,
+        holder=holder,
+        lease_until=lease_until,
     ).compact()  # interns kind and queue

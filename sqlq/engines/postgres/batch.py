@@ -33,13 +33,20 @@ from sqlq.common.models import TRANSITIONS, Job, State, Transition
 from sqlq.common.store import Change, Fence
 from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
 from sqlq.engines.postgres.schedule_rows import Step, steps
-from sqlq.engines.rows import JOB_COLUMNS, job_values, row_job, transition_values
+from sqlq.engines.rows import (
+    JOB_COLUMNS,
+    LEASE_COLUMNS,
+    job_values,
+    row_job,
+    transition_values,
+)
 
 NO_FENCE = Fence()
 REFUSED = "SQ001"  # the SQLSTATE sqlq_expect raises: a guard refused a row of the batch
 JOB_WIDTH = len(JOB_COLUMNS)
 MOVE_WIDTH = len(MOVE_COLUMNS)
 ALLOWED_AT = MOVE_COLUMNS.index("allowed")  # where a move row departs from its transition's
+LEASE_AT = -len(LEASE_COLUMNS)  # where its transition's holder and lease begin
 
 # The states a job may move into a state from, as "|a|b|" for write_batch's strpos.
 ALLOWED_FROM = {
@@ -49,12 +56,13 @@ ALLOWED_FROM = {
 
 
 def move_values(t: Transition, fence: Fence) -> tuple[Any, ...]:
-    """One guarded transition row, in ``MOVE_COLUMNS`` order."""
+    """One guarded transition row, in ``MOVE_COLUMNS`` order (its holder and lease left
+    out: the row keeps its own while it runs)."""
     row = transition_values(t)
     return (
         *row[:ALLOWED_AT],
         ALLOWED_FROM[t.state],
-        *row[ALLOWED_AT:],
+        *row[ALLOWED_AT:LEASE_AT],
         fence.holder,
         fence.lease_from,
         fence.lease_before,

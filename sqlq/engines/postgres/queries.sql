@@ -2,15 +2,17 @@
 -- in sqlq.engines.postgres.queries). Times are unix seconds from the nodes' clocks, as in
 -- every engine.
 -- {job_columns} is a job's columns in the order of sqlq.engines.rows.JOB_COLUMNS (job_values
--- and row_job read rows in that order); {move_columns} is a guarded transition's columns,
--- sqlq.engines.postgres.batch.MOVE_COLUMNS. Both are written once, in Python, and put
--- into these statements at import.
+-- and row_job read rows in that order), as a select list: Job.holder is the node column
+-- (node AS holder; sqlq.engines.postgres.queries says why), {table_columns} the same
+-- columns by the table's names, for an INSERT's column list; {move_columns} is a guarded
+-- transition's columns, sqlq.engines.postgres.queries.MOVE_COLUMNS. All are written
+-- once, in Python, and put into these statements at import.
 
 -- name: write_batch
 -- One group-commit batch in one statement, so one round trip: the inserts as
--- columns ($1..$23, in {job_columns} order), the guarded transitions as columns
--- ($24..$43, in {move_columns} order), then the number of transitions asked for ($44)
--- and whether to wake the claimers ($45). The casts are the table's column types, in
+-- columns ($1..$25, in {table_columns} order), the guarded transitions as columns
+-- ($26..$45, in {move_columns} order), then the number of transitions asked for ($46)
+-- and whether to wake the claimers ($47). The casts are the table's column types, in
 -- those orders (tests/test_postgres_rows.py holds them to the table).
 -- A transition applies only if the job is at the expected epoch, the move is
 -- legal (``allowed`` lists the states it may come from, as |a|b|; running -> running
@@ -28,13 +30,16 @@
 -- cancel was asked for lands as cancelled, with the transition's epoch, errors and
 -- last_error (sqlq.common.backoff.after_failure's rule: its holder may not have heard).
 -- Neither changes which rows apply: a guard refuses the same rows it did.
+-- The holder (node) and the lease are the claim's and the renewals' (claim, renew, extend),
+-- never a transition's: a move that stays running keeps the row's own, one out of running
+-- clears both (a move row carries neither: MOVE_COLUMNS).
 WITH ins AS (
-    INSERT INTO jobs ({job_columns})
+    INSERT INTO jobs ({table_columns})
     SELECT * FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::float8[],
         $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
         $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[], $19::float8[],
-        $20::text[], $21::text[], $22::int8[], $23::text[])
+        $20::text[], $21::text[], $22::int8[], $23::text[], $24::text[], $25::float8[])
     RETURNING 1
 ), upd AS (
     UPDATE jobs j
@@ -53,10 +58,10 @@ WITH ins AS (
            lease_until = CASE WHEN u.state = 'running' THEN j.lease_until END,
            node = CASE WHEN u.state = 'running' THEN j.node END
       FROM unnest(
-        $24::text[], $25::int8[], $26::text[], $27::text[], $28::int8[], $29::int8[],
-        $30::float8[], $31::float8[], $32::text[], $33::text[], $34::float8[], $35::int8[],
-        $36::float8[], $37::text[], $38::text[], $39::int8[], $40::text[],
-        $41::text[], $42::float8[], $43::float8[])
+        $26::text[], $27::int8[], $28::text[], $29::text[], $30::int8[], $31::int8[],
+        $32::float8[], $33::float8[], $34::text[], $35::text[], $36::float8[], $37::int8[],
+        $38::float8[], $39::text[], $40::text[], $41::int8[], $42::text[],
+        $43::text[], $44::float8[], $45::float8[])
         AS u({move_columns})
      WHERE j.id = u.id
        AND j.epoch = u.expect_epoch
@@ -68,9 +73,9 @@ WITH ins AS (
        AND (u.lease_before IS NULL OR j.lease_until < u.lease_before)
     RETURNING 1
 )
-SELECT sqlq_expect((SELECT count(*) FROM upd), $44),
+SELECT sqlq_expect((SELECT count(*) FROM upd), $46),
        (SELECT count(*) FROM ins),
-       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $45) AS woken);
+       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $47) AS woken);
 
 -- name: why_refused
 -- What a refused transition found, to name the error: the job, and who holds it until when.
@@ -78,7 +83,8 @@ SELECT {job_columns}, node, lease_until FROM jobs WHERE id = $1;
 
 -- name: claimed
 -- The due rows a claim locked (the CTE ``due``, its one column due_id), marked running
--- for this node ($5) with a new epoch, one more attempt and a lease until $3. The job's
+-- for this node, or the remote worker it claims for ($5: worker:<name>), with a new
+-- epoch, one more attempt and a lease until $3. The job's
 -- columns by name: the table's physical order is not the rows' (a column dropped and
 -- added again moves to the end). RETURNING names the table's columns as they are after
 -- the update; due's column has its own name, so that no name is ambiguous.
@@ -90,10 +96,12 @@ UPDATE jobs j
 RETURNING {job_columns};
 
 -- name: claim
--- Due jobs of queues that are neither paused nor capped (capped ones: claim_capped),
--- highest priority first, then oldest, locked so no other node takes them; each
--- gets a new epoch, one more attempt, this node and a lease. The order holds
--- within a queue; the rows come back in no order and the caller sorts them.
+-- Due jobs of queues that are neither paused nor capped (capped ones: claim_capped) nor
+-- left out ($4 holds both: the capped queues and those this claim leaves out, the
+-- remote queues for a node's own claim), of the queues $6 names (NULL: any) and the kinds
+-- $7 names (NULL: any), highest priority first, then oldest, locked so no other node
+-- takes them; each gets a new epoch, one more attempt, its holder and a lease. The order
+-- holds within a queue; the rows come back in no order and the caller sorts them.
 -- The plan must walk jobs_claim in order and stop after n rows. With statistics
 -- that lag a burst of submissions, the planner would rather read every due row
 -- through another index and sort them all (26 ms for 20,000 due jobs, against
@@ -103,6 +111,8 @@ WITH due AS (
     SELECT id AS due_id FROM jobs
      WHERE state = 'scheduled' AND ready_at <= $1
        AND queue <> ALL ($4::text[] || ARRAY(SELECT name FROM queues WHERE paused))
+       AND ($6::text[] IS NULL OR queue = ANY ($6::text[]))
+       AND ($7::text[] IS NULL OR kind = ANY ($7::text[]))
      ORDER BY priority DESC, ready_at, id
      LIMIT $2
        FOR UPDATE SKIP LOCKED
@@ -116,13 +126,14 @@ SELECT pg_advisory_xact_lock($1, hashtext($2));
 
 -- name: claim_capped
 -- The same for one capped queue ($4), taking at most what its cap ($6) leaves
--- beside the jobs of that queue running on every node. The caller holds the
+-- beside the jobs of that queue running on every node, of the kinds $7 names (NULL: any). The caller holds the
 -- queue's advisory lock, taken by an earlier statement of the transaction, so
 -- this statement's snapshot already sees every other node's claims.
 WITH due AS (
     SELECT id AS due_id FROM jobs
      WHERE state = 'scheduled' AND queue = $4 AND ready_at <= $1
        AND NOT EXISTS (SELECT 1 FROM queues WHERE name = $4 AND paused)
+       AND ($7::text[] IS NULL OR kind = ANY ($7::text[]))
      ORDER BY priority DESC, ready_at, id
      LIMIT greatest(0, least($2, $6 - (SELECT count(*) FROM jobs
                                         WHERE state = 'running' AND queue = $4)))
@@ -157,6 +168,37 @@ WITH seen AS (
     RETURNING j.id, j.cancel_requested_at IS NOT NULL AS asked
 )
 SELECT count(*), coalesce(array_agg(id) FILTER (WHERE asked), '{}') FROM renewed;
+
+-- name: extend
+-- Remote workers' leases (sqlq.common.store.SharedStore.extend), all in one statement:
+-- each row of l is a lease, renewed only where the job still runs at that epoch, held by
+-- that holder (node = worker:<name>) with its lease unexpired at $1: the fence of an
+-- outcome. The lease never shortens; a lease given progress stores it and is updated now,
+-- as renew does. Each renewed job comes back with its lease and whether a cancel was
+-- asked for; a lease missing from the answer was fenced. The ids are distinct (the
+-- engine keeps the last of a repeated one): one row of l per job.
+WITH l AS (
+    SELECT * FROM unnest($2::text[], $3::int8[], $4::text[], $5::float8[], $6::text[])
+        AS l(id, epoch, holder, lease_until, progress)
+)
+UPDATE jobs j
+   SET lease_until = greatest(j.lease_until, l.lease_until),
+       progress = coalesce(l.progress, j.progress),
+       updated_at = CASE WHEN l.progress IS NULL THEN j.updated_at ELSE $1 END
+  FROM l
+ WHERE j.id = l.id AND j.state = 'running' AND j.epoch = l.epoch AND j.node = l.holder
+   AND j.lease_until >= $1
+RETURNING j.id, j.lease_until, j.cancel_requested_at IS NOT NULL;
+
+-- name: add_secret
+-- A secret made once at random by the first node to ask ($2; the signing key of remote
+-- claims' tokens, sqlq.common.tokens): every later one, on any node, keeps it. Its own
+-- statement, so that the get_secret after it, in a snapshot of its own, sees the row
+-- whichever node's insert won.
+INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING;
+
+-- name: get_secret
+SELECT value FROM secrets WHERE name = $1;
 
 -- name: request_cancel
 -- A cancel asked for, of the running job $1 at time $2 (any node may ask): recorded once

@@ -1,12 +1,13 @@
 -- The PostgreSQL engine's statements for schedules, by name (loaded in
 -- sqlq.engines.postgres.queries, applied by sqlq.engines.postgres.schedules). Each one
--- is the rule of sqlq.common.schedule.fold, in SQL. {job_columns} is as in queries.sql.
+-- is the rule of sqlq.common.schedule.fold, in SQL. {job_columns} and {table_columns} are
+-- as in queries.sql.
 
 -- name: advance
 -- Ticks: for each row of u (one per call, numbered by caller), move the cursor of
 -- schedule name from expect_cursor to cursor if it is at expect_version with that
 -- cursor and its idle job (overlap skip) is not live, and insert that call's jobs
--- ($1..$23, write_batch's columns and casts, with their call's number in $31) only if
+-- ($1..$25, write_batch's columns and casts, with their call's number in $33) only if
 -- its cursor moved. One statement for every tick of a batch, so one round trip and one
 -- WAL flush; the names are distinct (one target row per u row). Of two nodes that
 -- evaluate the same tick, the second waits on the first's row lock, then finds the
@@ -18,8 +19,8 @@
 -- and whether its idle job is live; found values that match the expected ones mean
 -- the row changed while the statement waited for it.
 WITH u AS (
-    SELECT * FROM unnest($24::text[], $25::int8[], $26::int8[], $27::int8[], $28::text[],
-                         $29::text[], $30::int4[])
+    SELECT * FROM unnest($26::text[], $27::int8[], $28::int8[], $29::int8[], $30::text[],
+                         $31::text[], $32::int4[])
         AS u(name, expect_version, expect_cursor, cursor, idle, job, caller)
 ), idle AS (
     SELECT u.caller,
@@ -34,13 +35,14 @@ WITH u AS (
        AND NOT i.live
     RETURNING u.caller
 ), ins AS (
-    INSERT INTO jobs ({job_columns})
-    SELECT {job_columns} FROM unnest(
+    INSERT INTO jobs ({table_columns})
+    SELECT {table_columns} FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::float8[],
         $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
         $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[], $19::float8[],
-        $20::text[], $21::text[], $22::int8[], $23::text[], $31::int4[])
-        AS r({job_columns}, caller)
+        $20::text[], $21::text[], $22::int8[], $23::text[], $24::text[], $25::float8[],
+        $33::int4[])
+        AS r({table_columns}, caller)
      WHERE r.caller IN (SELECT m.caller FROM moved m)
     RETURNING 1
 )

@@ -27,7 +27,6 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import asyncpg
-import msgspec
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
@@ -39,8 +38,10 @@ from sqlq.common.store import (
     DEFAULT_RETENTION_S,
     Change,
     CompactionReport,
+    Extended,
     Fence,
     JobQuery,
+    Lease,
     QueueCount,
     Recovery,
     Renewal,
@@ -48,6 +49,7 @@ from sqlq.common.store import (
     SyncLevel,
 )
 from sqlq.engines.listing import postgres_args, postgres_shape
+from sqlq.engines.postgres import leases, signing
 from sqlq.engines.postgres.batch import Encoded, fast_path_safe, write_batch, write_one_by_one
 from sqlq.engines.postgres.connections import UNAVAILABLE, Connections
 from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
@@ -56,9 +58,7 @@ from sqlq.engines.postgres.schedules import flush
 from sqlq.engines.rows import JOB_COLUMNS, row_job
 
 T = TypeVar("T")
-_encode = msgspec.json.Encoder().encode  # a renewal's progress, as rows.py writes it
 PRUNE_LOCK = 0x5371_6C72  # one node at a time prunes
-CAP_LOCK = 0x5371_6C73  # with the queue's hash: one node at a time claims from a capped queue
 
 
 def node_name() -> str:
@@ -96,6 +96,7 @@ class PostgresStore(Committing):
         self._opened = False
         self.syncs = 0  # batches committed (each one WAL flush at synchronous_commit=on)
         self.slow_batches = 0  # batches redone one caller at a time
+        self._key: bytes | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -224,23 +225,31 @@ class PostgresStore(Committing):
         return [row_job(r) for r in rows]
 
     async def claim(
-        self, n: int, now: float, lease_until: float, caps: dict[str, int]
+        self,
+        n: int,
+        now: float,
+        lease_until: float,
+        caps: dict[str, int],
+        *,
+        only: Sequence[str] | None = None,
+        besides: Sequence[str] = (),
+        kinds: Sequence[str] | None = None,
+        holder: str | None = None,
     ) -> list[Job]:
-        capped = sorted(caps)
+        """``leases.claim``: for this node, or for the remote worker named by ``holder``."""
         async with self._conn(claims=True) as conn:
-            rows = list(await conn.fetch(Q["claim"], now, n, lease_until, capped, self.node))
-            for queue in capped:
-                if len(rows) >= n:
-                    break
-                async with conn.transaction():
-                    await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
-                    rows += await conn.fetch(
-                        Q["claim_capped"], now, n - len(rows), lease_until, queue, self.node,
-                        caps[queue],
-                    )  # fmt: skip
-        jobs = [row_job(r) for r in rows]
-        jobs.sort(key=lambda j: (-j.priority, j.ready_at, j.id))
-        return jobs
+            return await leases.claim(conn, n, now, lease_until, caps, holder or self.node,
+                                      only, besides, kinds)  # fmt: skip
+
+    async def extend(self, now: float, held: Sequence[Lease]) -> list[Extended]:
+        """``leases.extend``: every remote lease given, fenced, in one statement."""
+        return await self._read(lambda c: leases.extend(c, now, held), "leases")
+
+    async def signing_key(self) -> bytes:
+        """``signing.signing_key``: one row every node reads, kept once read."""
+        if self._key is None:
+            self._key = await self._read(signing.signing_key)
+        return self._key
 
     async def next_due(self, now: float) -> float | None:
         due: float | None = await self._read(lambda c: c.fetchval(Q["next_due"], now))
@@ -253,14 +262,9 @@ class PostgresStore(Committing):
         held: Sequence[str],
         progress: Mapping[str, Progress] | None = None,
     ) -> Renewal:
-        """One statement (queries.sql ``renew``): the leases, the progress riding on them,
-        and the cancels asked for, so a node's heartbeat stays one round trip."""
-        ids = list(dict.fromkeys(held))
-        given = progress or {}
-        texts = [None if (p := given.get(i)) is None else _encode(p).decode() for i in ids]
-        count, asked = await self._read(
-            lambda c: c.fetchrow(Q["renew"], self.node, now, lease_until, ids, texts)
-        )
+        """``leases.renew``: this node's leases, their progress and the cancels asked for."""
+        args = leases.renew_args(self.node, now, lease_until, held, progress)
+        count, asked = await self._read(lambda c: c.fetchrow(Q["renew"], *args))
         return Renewal(int(count), frozenset(asked))
 
     async def request_cancel(self, job_id: str, now: float) -> Job | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any, cast
 
 import aiosqlite
@@ -49,11 +50,14 @@ from sqlq.engines.sqlite.schedules import schedule_refused, schedule_statement
 BATCH_OBJECTS = (Q["changes_view"], Q["insert_change"], Q["move_change"])
 
 # A row of batch_changes: op, JOB_COLUMNS, expect_epoch. A move fills the slots of its
-# TRANSITION_COLUMNS and leaves the rest NULL.
-ROW_WIDTH = 1 + len(JOB_COLUMNS) + 1
-MOVE_SLOTS = tuple(
-    ROW_WIDTH - 1 if col == "expect_epoch" else 1 + JOB_COLUMNS.index(col)
-    for col in TRANSITION_COLUMNS
+# TRANSITION_COLUMNS and leaves the rest NULL: each slot after the op picks its value out of
+# the transition's values with a None appended (``_NULL``), in one C call (itemgetter),
+# where a Python loop over the slots cost a move ~1 us more.
+ROW_COLUMNS = (*JOB_COLUMNS, "expect_epoch")
+ROW_WIDTH = 1 + len(ROW_COLUMNS)
+_NULL = len(TRANSITION_COLUMNS)
+_MOVE_PICK = itemgetter(
+    *(TRANSITION_COLUMNS.index(col) if col in TRANSITION_COLUMNS else _NULL for col in ROW_COLUMNS)
 )
 
 
@@ -63,11 +67,7 @@ def change_row(change: Change) -> tuple[Any, ...] | Statement:
         return ("insert", *job_values(change), None)
     if not isinstance(change, Transition):
         return schedule_statement(change)
-    row: list[Any] = [None] * ROW_WIDTH
-    row[0] = "move"
-    for slot, value in zip(MOVE_SLOTS, transition_values(change), strict=True):
-        row[slot] = value
-    return tuple(row)
+    return ("move", *_MOVE_PICK((*transition_values(change), None)))
 
 
 Row = tuple[Any, ...] | Statement

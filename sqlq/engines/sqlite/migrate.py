@@ -19,13 +19,16 @@ from sqlq.common.models import TRANSITIONS
 from sqlq.engines.sqlite.batch import BATCH_OBJECTS
 from sqlq.engines.sqlite.queries import Q
 
-SCHEMA_VERSION = "4"  # 3: the schedules table; 4: the running columns (migrate_v4.sql)
+# 3: the schedules table; 4: the running columns (migrate_v4.sql); 5: a running job's
+# holder and lease (migrate_v5.sql) and the secrets table (schema.sql).
+SCHEMA_VERSION = "5"
 SCHEMA = load_script("sqlq.engines.sqlite", "schema.sql")
 INDEXES = load_script("sqlq.engines.sqlite", "indexes.sql")
 # (the column whose absence says the migration is due, its script), oldest first.
 MIGRATIONS = (
     ("queue", load_script("sqlq.engines.sqlite", "migrate_v2.sql")),
     ("cancel_requested_at", load_script("sqlq.engines.sqlite", "migrate_v4.sql")),
+    ("holder", load_script("sqlq.engines.sqlite", "migrate_v5.sql")),
 )
 
 

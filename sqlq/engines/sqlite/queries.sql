@@ -6,7 +6,7 @@
 -- Written once: every statement below that names them says {job_columns}.
 id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, created_at,
 updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
-attempts_total, cancel_requested_at, progress, checkpoint, snoozes, errors
+attempts_total, cancel_requested_at, progress, checkpoint, snoozes, errors, holder, lease_until
 
 -- name: changes_view
 -- A batch's changes, in the callers' order, as rows of one view (created per connection
@@ -30,8 +30,9 @@ END;
 -- The epoch guard fences stale workers; the EXISTS guard enforces the transition
 -- table, and running -> running must keep the attempt's start (Job.check); a move a guard
 -- refuses aborts the statement. A NULL attempts_total
--- leaves the column as it is; the running columns are set whole, as the move says (a
--- NULL there is "none", not "unchanged": sqlq.engines.rows.running_values).
+-- leaves the column as it is; the running columns and the holder's lease are set whole, as
+-- the move says (a NULL there is "none", not "unchanged": sqlq.engines.rows.running_values;
+-- an in-process claim's holder and lease are NULL, a remote worker's are its name and time).
 CREATE TEMP TRIGGER IF NOT EXISTS move_change INSTEAD OF INSERT ON batch_changes
 WHEN NEW.op = 'move'
 BEGIN
@@ -41,7 +42,8 @@ BEGIN
          result = NEW.result, started_at = NEW.started_at,
          attempts_total = COALESCE(NEW.attempts_total, jobs.attempts_total),
          cancel_requested_at = NEW.cancel_requested_at, progress = NEW.progress,
-         checkpoint = NEW.checkpoint, snoozes = NEW.snoozes, errors = NEW.errors
+         checkpoint = NEW.checkpoint, snoozes = NEW.snoozes, errors = NEW.errors,
+         holder = NEW.holder, lease_until = NEW.lease_until
    WHERE id = NEW.id
      AND epoch = NEW.expect_epoch
      AND EXISTS (SELECT 1 FROM legal_transitions
@@ -175,6 +177,14 @@ INSERT INTO legal_transitions (from_state, to_state) VALUES (?, ?);
 -- name: set_meta
 INSERT INTO meta (key, value) VALUES (?, ?)
     ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
+-- name: add_secret
+-- The first open's random value for a secret (the signing key of remote claims' tokens,
+-- sqlq.common.tokens); a later one keeps what is there.
+INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?);
+
+-- name: get_secret
+SELECT value FROM secrets WHERE name = ?;
 
 -- name: set_queue_paused
 INSERT INTO queues (name, paused) VALUES (?, ?)

@@ -1,4 +1,5 @@
--- sqlq SQLite schema, version 4 (3 added the schedules table, 4 the running columns; every
+-- sqlq SQLite schema, version 5 (3 added the schedules table, 4 the running columns, 5 a
+-- running job's holder and lease and the secrets table; every
 -- statement here runs at every open, IF NOT EXISTS, so an older database gains the tables it
 -- lacks, and migrate_v*.sql the columns). Readable with the stdlib sqlite3 module and plain SQL.
 CREATE TABLE IF NOT EXISTS jobs (
@@ -25,7 +26,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     progress     TEXT,                     -- JSON {percent, message, at}
     checkpoint   TEXT,                     -- JSON: what the next attempt starts with
     snoozes      INTEGER NOT NULL DEFAULT 0,
-    errors       TEXT                      -- JSON [{attempt, error, at}], the last few failures
+    errors       TEXT,                     -- JSON [{attempt, error, at}], the last few failures
+    -- Who holds a running job and until when: a remote worker's claim only (an in-process
+    -- one leaves both NULL), cleared when it leaves running; migrate_v5.sql.
+    holder       TEXT,                     -- worker:<name>
+    lease_until  REAL                      -- unix seconds
 ) WITHOUT ROWID;
 
 -- Recovery reads only live jobs; pruning reads only old terminal ones.
@@ -44,6 +49,13 @@ CREATE TABLE IF NOT EXISTS legal_transitions (
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- Secrets made once at random and kept with the data: the key remote claims' tokens are
+-- signed with (name 'signing_key', 32 bytes), so a token outlives a restart. Never shown.
+CREATE TABLE IF NOT EXISTS secrets (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL
 ) WITHOUT ROWID;
 
 -- Queues an operator paused (durable: a restart keeps them paused).

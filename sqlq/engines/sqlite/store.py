@@ -50,6 +50,7 @@ from sqlq.common.store import (
     StoreStats,
     SyncLevel,
 )
+from sqlq.common.tokens import KEY_BYTES
 from sqlq.engines.listing import sqlite_params, sqlite_shape, sqlite_statements
 from sqlq.engines.sqlite.batch import (
     STATEMENT_CACHE,
@@ -70,6 +71,7 @@ from sqlq.engines.sqlite.schedules import schedule_listing, select_schedules
 logger = logging.getLogger(__name__)
 
 DB_NAME = "sqlq.db"
+SIGNING_KEY = "signing_key"  # its row's name in the secrets table
 LOCK_NAME = "sqlq.lock"
 LIST_STATEMENTS = sqlite_statements(Q)
 
@@ -106,6 +108,7 @@ class SQLiteStore(DurableStore):
         self.rows = 0
         self.slow_batches = 0
         self.compactions = 0
+        self._key: bytes | None = None
 
     @property
     def pragmas(self) -> dict[str, str | int]:
@@ -220,6 +223,26 @@ class SQLiteStore(DurableStore):
                 await self._conn().execute(Q["set_queue_paused"], (queue, int(paused)))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
+
+    async def signing_key(self) -> bytes:
+        """A row of the secrets table, made at random by the first call on this database
+        (INSERT OR IGNORE, then read back: what is there wins), then kept in memory. Its
+        own autocommit statements, never inside a batch's transaction; never logged."""
+        if self._key is not None:
+            return self._key
+        self._writable()  # a failed store makes nothing durable, a key neither
+        try:
+            async with self._turn:
+                db = self._conn()
+                await db.execute(Q["add_secret"], (SIGNING_KEY, os.urandom(KEY_BYTES)))
+                rows = await db.execute_fetchall(Q["get_secret"], (SIGNING_KEY,))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read the signing key: {exc}") from exc
+        key = bytes(next(iter(rows))[0])
+        if len(key) != KEY_BYTES:
+            raise StoreError(f"{self.path}: the stored signing key is not {KEY_BYTES} bytes")
+        self._key = key
+        return key
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         self._live()

@@ -1,0 +1,97 @@
+"""Claims and remote workers' leases: the statements a claim and ``extend`` run, and their
+arguments, on a connection the store hands them.
+
+A claim takes due jobs for a holder: this node's name for its own workers, which leave
+out the remote queues (``besides``), or a remote worker's (``worker:<name>``) for the
+queues it serves (``only``) and the kinds it runs. A capped queue is claimed on its own,
+under its advisory lock, with the same filters. ``extend`` renews remote leases, each
+fenced like an outcome, in one statement (queries.sql ``extend``); a node's own
+``renew`` is one statement too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import asyncpg
+import msgspec
+
+from sqlq.common.models import Job
+from sqlq.common.running import Progress
+from sqlq.common.store import Extended, Lease
+from sqlq.engines.postgres.queries import Q
+from sqlq.engines.rows import row_job
+
+CAP_LOCK = 0x5371_6C73  # with the queue's hash: one node at a time claims from a capped queue
+encode = msgspec.json.Encoder().encode  # progress, as rows.py writes it
+
+
+async def claim(
+    conn: asyncpg.Connection,
+    n: int,
+    now: float,
+    lease_until: float,
+    caps: dict[str, int],
+    holder: str,
+    only: Sequence[str] | None,
+    besides: Sequence[str],
+    kinds: Sequence[str] | None,
+) -> list[Job]:
+    """Up to ``n`` due jobs for ``holder`` (``SharedStore.claim``), in claim order."""
+    left_out = set(besides)
+    wanted = None if only is None else [q for q in dict.fromkeys(only) if q not in left_out]
+    if wanted == [] or n <= 0:
+        return []
+    kind_list = None if kinds is None else list(dict.fromkeys(kinds))
+    capped = sorted(q for q in caps if q not in left_out and (wanted is None or q in wanted))
+    skipped = sorted(left_out | set(caps))  # capped queues: only through claim_capped
+    rows = list(
+        await conn.fetch(Q["claim"], now, n, lease_until, skipped, holder, wanted, kind_list)
+    )
+    for queue in capped:
+        if len(rows) >= n:
+            break
+        async with conn.transaction():
+            await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
+            rows += await conn.fetch(
+                Q["claim_capped"], now, n - len(rows), lease_until, queue, holder, caps[queue],
+                kind_list,
+            )  # fmt: skip
+    jobs = [row_job(r) for r in rows]
+    jobs.sort(key=lambda j: (-j.priority, j.ready_at, j.id))
+    return jobs
+
+
+def renew_args(
+    node: str,
+    now: float,
+    lease_until: float,
+    held: Sequence[str],
+    progress: Mapping[str, Progress] | None,
+) -> list[object]:
+    """``renew``'s arguments (one statement: the leases, the progress riding on them and
+    the cancels asked for, so a node's heartbeat stays one round trip)."""
+    ids = list(dict.fromkeys(held))
+    given = progress or {}
+    texts = [None if (p := given.get(i)) is None else encode(p).decode() for i in ids]
+    return [node, now, lease_until, ids, texts]
+
+
+def extend_args(now: float, leases: Sequence[Lease]) -> list[object]:
+    """``extend``'s arguments: the leases as columns, the last of a repeated job's."""
+    last = {lease.job_id: lease for lease in leases}.values()
+    return [
+        now,
+        [x.job_id for x in last],
+        [x.epoch for x in last],
+        [x.holder for x in last],
+        [x.lease_until for x in last],
+        [None if x.progress is None else encode(x.progress).decode() for x in last],
+    ]
+
+
+async def extend(conn: asyncpg.Connection, now: float, leases: Sequence[Lease]) -> list[Extended]:
+    if not leases:
+        return []
+    rows = await conn.fetch(Q["extend"], *extend_args(now, leases))
+    return [Extended(r[0], r[1], r[2]) for r in rows]

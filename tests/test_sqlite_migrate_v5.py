@@ -1,0 +1,196 @@
+"""A SQLite database made by the code of schema version 4 (tests/data/sqlite_v4.db, see
+tests/data/README.md) opens with today's, at version 5: every job as written (the running
+fields of version 4 included) with no holder and no lease, its schedule and its paused
+queue; a remote claim's holder and lease then round-trip, and so does the signing key;
+the migration is all or nothing and rewrites no row."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from sqlq.common.errors import StoreError
+from sqlq.common.models import Job, State
+from sqlq.common.protocol import remote_holder
+from sqlq.common.schedule import Schedule
+from sqlq.common.store import JobQuery
+from sqlq.common.tokens import KEY_BYTES
+from sqlq.engines.rows import LEASE_COLUMNS, RUNNING_COLUMNS
+from sqlq.engines.sqlite.store import SQLiteStore
+from tests.helpers import NOW
+
+DATA = Path(__file__).parent / "data"
+FACTS = json.loads((DATA / "sqlite_v4.json").read_text())
+WRITTEN = {d["id"]: Job.from_dict(d) for d in FACTS["jobs"]}  # holder, lease: defaults
+LIVE = {State.SCHEDULED, State.RUNNING}
+PAGE = 1024  # the committed file's page size (tests/data/make_sqlite_v4.py)
+
+
+def _v4(tmp_path: Path) -> Path:
+    db = tmp_path / "sqlq.db"
+    shutil.copyfile(DATA / "sqlite_v4.db", db)
+    db.chmod(0o600)
+    return db
+
+
+def _raw(db: Path, sql: str) -> list[Any]:
+    with sqlite3.connect(db) as c:
+        rows = c.execute(sql).fetchall()
+    c.close()
+    return rows
+
+
+def _columns(db: Path) -> list[str]:
+    return [r[0] for r in _raw(db, "SELECT name FROM pragma_table_info('jobs')")]
+
+
+def _version(db: Path) -> str:
+    return str(_raw(db, "SELECT value FROM meta WHERE key = 'schema_version'")[0][0])
+
+
+def _tables(db: Path) -> set[str]:
+    return {r[0] for r in _raw(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def test_the_file_is_what_version_4_wrote() -> None:
+    """The premise: version 4, the running columns but no lease ones, no secrets table, a
+    job in every state and the running fields in use."""
+    db = DATA / "sqlite_v4.db"
+    assert FACTS["schema_version"] == "4" == _version(db)
+    assert set(RUNNING_COLUMNS) <= set(_columns(db))
+    assert not set(LEASE_COLUMNS) & set(_columns(db))
+    assert "secrets" not in _tables(db)
+    assert {j.state for j in WRITTEN.values()} == set(State)
+    assert any(j.progress and j.checkpoint and j.cancel_requested_at for j in WRITTEN.values())
+    assert any(j.snoozes for j in WRITTEN.values())
+    assert any(j.errors for j in WRITTEN.values())
+
+
+async def test_a_version_4_database_opens_with_every_job_schedule_and_pause(
+    tmp_path: Path,
+) -> None:
+    db = _v4(tmp_path)
+    store = SQLiteStore(tmp_path)
+    recovery = await store.open()
+    try:
+        assert {j.id: j for j in recovery.jobs} == {
+            i: j for i, j in WRITTEN.items() if j.state in LIVE
+        }
+        [running] = [i for i, j in WRITTEN.items() if j.state is State.RUNNING]
+        assert recovery.running == [running]
+        assert recovery.paused_queues == FACTS["paused_queues"] == ["mail"]
+        for job_id, written in WRITTEN.items():
+            got = await store.get(job_id)
+            assert got == written
+            assert got is not None
+            assert (got.holder, got.lease_until) == (None, None)  # an in-process claim's
+        assert await store.list_jobs(JobQuery(limit=100)) == sorted(
+            WRITTEN.values(), key=lambda j: j.id
+        )
+        schedules = [msgspec.convert(s, Schedule) for s in FACTS["schedules"]]
+        assert await store.list_schedules() == schedules
+    finally:
+        await store.close()
+    assert _version(db) == "5"
+    assert _columns(db)[-len(LEASE_COLUMNS) :] == list(LEASE_COLUMNS)
+    assert "secrets" in _tables(db)
+
+
+async def test_a_remote_claim_and_the_signing_key_round_trip_on_a_migrated_file(
+    tmp_path: Path,
+) -> None:
+    db = _v4(tmp_path)
+    waiting = next(j for j in WRITTEN.values() if j.state is State.SCHEDULED and j.snoozes)
+    holder = remote_holder("w1")
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    try:
+        t1 = waiting.start(NOW + 100, holder=holder, lease_until=NOW + 130)
+        held = waiting.apply(t1)
+        t2 = held.renew(NOW + 110, NOW + 140)
+        renewed = held.apply(t2)
+        await store.commit([t1])
+        await store.commit([t2])
+        assert await store.get(waiting.id) == renewed
+        assert (renewed.holder, renewed.lease_until) == (holder, NOW + 140)
+        key = await store.signing_key()
+        assert len(key) == KEY_BYTES
+    finally:
+        await store.close()
+    schema = _raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
+    again = SQLiteStore(tmp_path)
+    recovery = await again.open()  # a second open: at version 5 already, nothing to migrate
+    try:
+        assert await again.get(waiting.id) == renewed
+        assert waiting.id in recovery.running
+        assert await again.signing_key() == key
+        done = renewed.complete({"ok": 1}, NOW + 120)
+        await again.commit([done])
+        ended = await again.get(waiting.id)
+        assert ended == renewed.apply(done)
+        assert ended is not None
+        assert (ended.holder, ended.lease_until) == (None, None)
+    finally:
+        await again.close()
+    assert _raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name") == schema
+    assert _raw(db, "SELECT name, length(value) FROM secrets") == [("signing_key", KEY_BYTES)]
+
+
+async def test_a_migration_that_fails_midway_leaves_version_4(tmp_path: Path) -> None:
+    """The two columns and the version are one transaction: a file that has the second
+    already (so its ADD COLUMN fails) keeps no holder column, and says 4."""
+    db = _v4(tmp_path)
+    with sqlite3.connect(db) as c:
+        c.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
+    c.close()
+    before = _columns(db)
+    with pytest.raises(StoreError, match="duplicate column"):
+        await SQLiteStore(tmp_path).open()
+    assert _columns(db) == before
+    assert _version(db) == "4"
+    with sqlite3.connect(db) as c:
+        c.execute("ALTER TABLE jobs DROP COLUMN lease_until")
+    c.close()
+    store = SQLiteStore(tmp_path)
+    await store.open()  # the next open finishes it
+    await store.close()
+    assert _version(db) == "5"
+    assert _columns(db)[-len(LEASE_COLUMNS) :] == list(LEASE_COLUMNS)
+
+
+def _pages(db: Path) -> list[bytes]:
+    data = db.read_bytes()
+    return [data[i : i + PAGE] for i in range(0, len(data), PAGE)]
+
+
+async def test_the_migration_rewrites_no_row(tmp_path: Path) -> None:
+    """ADD COLUMN of two NULL columns changes the table's entry in sqlite_schema, not its
+    rows: on thousands of pages of jobs the migrating open changes a handful (the schema,
+    the new secrets table, the transition table, meta)."""
+    db = _v4(tmp_path)
+    (row,) = _raw(db, "SELECT * FROM jobs WHERE state = 'completed'")
+    with sqlite3.connect(db) as c:
+        c.executemany(
+            f"INSERT INTO jobs VALUES ({', '.join('?' * len(row))})",
+            [
+                (f"{i:032x}", *row[1:2], json.dumps({"pad": "x" * 200}), *row[3:])
+                for i in range(20_000)
+            ],
+        )
+    c.close()
+    before = _pages(db)
+    assert len(before) > 4000
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    await store.close()  # the last connection's close checkpoints the WAL into the file
+    after = _pages(db)
+    assert _version(db) == "5"
+    assert len(before) <= len(after) <= len(before) + 4
+    changed = [n for n, (a, b) in enumerate(zip(before, after, strict=False)) if a != b]
+    assert len(changed) < 16, changed
