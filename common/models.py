@@ -47,6 +47,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.CANCELLED: frozenset({State.SCHEDULED}),
 }
 
+_RUNNING = State.RUNNING  # (a module global: the enum's attribute costs a lookup per use)
+
 # Finished: nothing runs it again unless an operator retries it. (Not "no move out".)
 TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.DEAD, State.CANCELLED})
 RETRYABLE: frozenset[State] = frozenset({State.DEAD, State.CANCELLED})
@@ -179,7 +181,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     def apply(self, t: Transition) -> Job:
         """The job after ``t``; raises a ``TransitionError`` if ``t`` is refused."""
         self.check(t)
-        return msgspec.structs.replace(
+        job = msgspec.structs.replace(
             self,
             state=t.state,
             epoch=t.epoch,
@@ -195,14 +197,20 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint=t.checkpoint,
             snoozes=t.snoozes,
             errors=t.errors,
-            holder=t.holder,
-            lease_until=t.lease_until,
         )
+        if (
+            t.holder is not None
+            or t.lease_until is not None
+            or self.holder is not None
+            or self.lease_until is not None
+        ):  # apart, so a job nobody holds remotely (nearly all) pays nothing for the two:
+            # msgspec's replace slows down past 15 keywords (0.5 us to 1.2 us, measured)
+            job = msgspec.structs.replace(job, holder=t.holder, lease_until=t.lease_until)
+        return job
 
     # -- pure constructors of transitions (the runtime's vocabulary) -------------
 
     def _to(self, state: State, now: float, **changes: Any) -> Transition:
-        held = state is State.RUNNING  # a job that leaves running is nobody's
         base = Transition(
             job_id=self.id,
             expect_epoch=self.epoch,
@@ -219,9 +227,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint=self.checkpoint,
             snoozes=self.snoozes,
             errors=self.errors,
-            holder=self.holder if held else None,
-            lease_until=self.lease_until if held else None,
         )
+        if self.holder is not None and state is _RUNNING:  # still held (one that leaves
+            # running is nobody's: the two stay None, their default)
+            changes = {"holder": self.holder, "lease_until": self.lease_until, **changes}
         return msgspec.structs.replace(base, **changes) if changes else base
 
     def start(
@@ -229,6 +238,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     ) -> Transition:
         """scheduled -> running; counts the attempt. A remote worker's claim names its
         ``holder`` and a ``lease_until``; an in-process one neither."""
+        if holder is None:  # (the in-process path: two keywords fewer, ~1 us, measured)
+            return self._to(State.RUNNING, now, attempts=self.attempts + 1, started_at=now)
         return self._to(State.RUNNING, now, attempts=self.attempts + 1, started_at=now,
                         holder=holder, lease_until=lease_until)  # fmt: skip
 

@@ -99,6 +99,7 @@ class ServiceHarness(RuleBasedStateMachine):
     def _service(self) -> Service:
         config = RuntimeConfig(
             workers=0,  # the machine is the worker
+            all_remote=False,  # (no remote worker: every queue is served here, by the machine)
             healthcheck=False,
             compact_every_s=0,
             seed=1,

@@ -9,13 +9,27 @@ since, so a burst of submissions between two counts is still bounded.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlq.common.clock import Clock
 from sqlq.common.models import State
 from sqlq.common.store import SharedStore
 from sqlq.runtime.claims import QueueInfo
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.seen import WorkersSeen, warning
+
+
+@dataclass(frozen=True, slots=True)
+class Remote:
+    """What the listing needs to know of remote queues: which are, the ones named, and
+    those a worker was seen for lately (``WorkersSeen.served``)."""
+
+    is_remote: Callable[[str], bool]
+    named: frozenset[str]
+    served: set[str]
+
 
 CENSUS_EVERY_S = 1.0  # how often the queue's counts (and pauses, and nodes) are read again
 _SCHEDULED, _RUNNING = State.SCHEDULED.value, State.RUNNING.value
@@ -42,15 +56,27 @@ class Census:
         """(scheduled, running) jobs of ``queue``."""
         return self.jobs.get((_SCHEDULED, queue), 0), self.jobs.get((_RUNNING, queue), 0)
 
-    def info(self, queue: str, caps: Mapping[str, int], paused: Collection[str]) -> QueueInfo:
-        """``queue`` as the listing shows it: its counts, its cap and whether it is paused."""
+    def info(
+        self,
+        queue: str,
+        caps: Mapping[str, int],
+        paused: Collection[str],
+        remote: Remote | None = None,
+    ) -> QueueInfo:
+        """``queue`` as the listing shows it: its counts, its cap and whether it is paused;
+        whether remote workers serve it, and a warning if none was seen for it lately."""
         depth, running = self.of(queue)
-        return QueueInfo(depth, running, limit=caps.get(queue), paused=queue in paused)
+        if remote is None or not remote.is_remote(queue):
+            return QueueInfo(depth, running, limit=caps.get(queue), paused=queue in paused)
+        return QueueInfo(depth, running, limit=caps.get(queue), paused=queue in paused,
+                         remote=True, warning=warning(depth, queue in remote.served))  # fmt: skip
 
-    def view(self, caps: Mapping[str, int], paused: Collection[str]) -> dict[str, QueueInfo]:
-        """Every queue with a cap, a pause or a live job, by name."""
-        names = {*caps, *paused, *self.queues()}
-        return {q: self.info(q, caps, paused) for q in sorted(names)}
+    def view(
+        self, caps: Mapping[str, int], paused: Collection[str], remote: Remote | None = None
+    ) -> dict[str, QueueInfo]:
+        """Every queue with a cap, a pause or a live job (or remote), by name."""
+        names = {*caps, *paused, *self.queues(), *(remote.named if remote is not None else ())}
+        return {q: self.info(q, caps, paused, remote) for q in sorted(names)}
 
     def queues(self) -> set[str]:
         return {queue for _, queue in self.jobs}
@@ -73,6 +99,15 @@ class CensusViews:
     _census: Census
     _caps: dict[str, int]
     _paused: set[str]
+    _config: RuntimeConfig
+    _seen: WorkersSeen
+    _clock: Clock
+
+    def _remote(self) -> Remote | None:
+        config = self._config
+        if not config.every_queue_remote and not config.remote_queues:
+            return None
+        return Remote(config.is_remote, config.remote_queues, self._seen.served(self._clock.time()))
 
     async def _refresh(self) -> None:
         self._paused = await self._census.refresh()
@@ -82,11 +117,11 @@ class CensusViews:
         return self.queues_now()
 
     def queues_now(self) -> dict[str, QueueInfo]:
-        return self._census.view(self._caps, self._paused)
+        return self._census.view(self._caps, self._paused, self._remote())
 
     async def queue(self, name: str) -> QueueInfo:
         await self._refresh()
-        return self._census.info(name, self._caps, self._paused)
+        return self._census.info(name, self._caps, self._paused, self._remote())
 
     def backlog(self) -> int:
         return self._census.backlog()

@@ -43,3 +43,5 @@ class QueueInfo:
     running: int
     limit: int | None  # None: no cap beyond the worker pool
     paused: bool
+    remote: bool = False  # served by remote workers only (``sqlq.runtime.remote``)
+    warning: str | None = None  # remote, jobs waiting, and no worker seen for it lately

@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Collection, Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sqlq.common.backoff import after_failure, after_snooze
 from sqlq.common.errors import StoreError, TransitionError, UnencodableError
@@ -35,10 +35,18 @@ from sqlq.runtime.events import Event
 from sqlq.runtime.parts import Parts
 from sqlq.runtime.reach import Attempts, Reach
 
+if TYPE_CHECKING:
+    from sqlq.runtime.remote import RemoteSide
+
 log = logging.getLogger(__name__)
 
 
 class Claims(Protocol):
+    @property
+    def remote_side(self) -> RemoteSide:
+        """Where remote workers' claims and reports go (``sqlq.runtime.remote.Remote``)."""
+        ...
+
     @property
     def key_attempts(self) -> int:
         """How many times a submission looks its idempotency keys up: more than once where
@@ -168,6 +176,8 @@ class ClaimsBase(Reach):
     finish_poll_s: ClassVar[float | None] = None
 
     def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+        self._seen = parts.seen
         self._store = parts.store
         self._config = parts.config
         self._clock = parts.clock

@@ -22,7 +22,7 @@ class RuntimeState(StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
-    workers: int = 16
+    workers: int = 16  # in-process worker tasks; 0 starts none (and, unless told, all is remote)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     hb_timeout_s: float = 0.200  # the built-in kinds' heartbeat timeout (they beat every 10 ms)
@@ -48,3 +48,17 @@ class RuntimeConfig:
     lease_s: float = 5.0
     poll_s: float = 1.0
     listen: bool = True
+    # Remote workers (``sqlq.runtime.remote``): the queues only they serve (--remote-queue),
+    # or every queue (``all_remote``; None: when ``workers`` is 0, as ``--workers 0`` says).
+    # In-process workers never take a remote queue's job.
+    remote_queues: frozenset[str] = frozenset()
+    all_remote: bool | None = None
+
+    @property
+    def every_queue_remote(self) -> bool:
+        """Whether every queue is served remotely (``all_remote``, or no worker here)."""
+        return self.workers == 0 if self.all_remote is None else self.all_remote
+
+    def is_remote(self, queue: str) -> bool:
+        """Whether remote workers serve ``queue`` (and in-process ones never do)."""
+        return self.every_queue_remote or queue in self.remote_queues

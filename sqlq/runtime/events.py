@@ -48,7 +48,9 @@ class Event(StrEnum):
     REQUEUED_HUNG = "requeued_hung"  # its worker was declared hung (or timed out)
     REQUEUED_AT_RECOVERY = "requeued_at_recovery"  # it was running when the server stopped
     DEAD_AT_RECOVERY = "dead_at_recovery"  # so, and on its last attempt
-    REQUEUED_EXPIRED_LEASE = "requeued_expired_lease"  # shared mode: its node's lease ran out
+    REQUEUED_EXPIRED_LEASE = (
+        "requeued_expired_lease"  # a lease ran out: a node's, a remote worker's
+    )
     FENCED = "fenced"  # an outcome refused: the attempt no longer held the job
     CLAIM_FAILED = "claim_failed"  # the store failed to write a claim: nothing recorded
     UNENCODABLE = "unencodable"  # a result JSON cannot hold: the attempt failed
@@ -60,6 +62,7 @@ class Event(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"  # a cancel of a running job was asked for, durably
     CANCELLED_RUNNING = "cancelled_running"  # a running job ended cancelled (a cancel asked for)
     SNOOZED = "snoozed"  # a handler snoozed: due again later, its attempt given back
+    REMOTE_CLAIMED = "remote_claimed"  # a remote worker claimed it (``sqlq.runtime.remote``)
 
 
 # What /metrics calls each event it shows (``sqlq_jobs_total{event=...}``).
@@ -74,6 +77,7 @@ LABEL: dict[Event, str] = {
     Event.REQUEUED_EXPIRED_LEASE: "requeued",
     Event.CANCEL_REQUESTED: "cancel_requested",
     Event.SNOOZED: "snoozed",
+    Event.REMOTE_CLAIMED: "remote_claimed",
 }
 ENDED = {State.COMPLETED: Event.COMPLETED, State.DEAD: Event.DEAD, State.CANCELLED: Event.CANCELLED}
 

@@ -20,6 +20,10 @@ skip the job (and it is put back if the cancel fails). So a job reported
 cancelled never starts, and a running one asked to stop ends by the cancel rule.
 A running job no worker holds has its outcome in flight: the cancel waits for it
 and looks again (finished: refused; due again: cancelled).
+
+Remote queues (``RuntimeConfig.is_remote``) keep their due jobs out of the scheduler,
+in lanes of their own (``remote_side``, ``sqlq.runtime.remote_local``): ``_due`` routes
+a job by its queue (one set lookup on the hot path), and so do recovery and a cancel.
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ from sqlq.common.errors import (
     TransitionError,
 )
 from sqlq.common.models import Job, State, Transition
+from sqlq.common.protocol import remote_worker
 from sqlq.common.store import Recovery
 from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase, QueueInfo
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
+from sqlq.runtime.remote_local import LocalSide
 from sqlq.runtime.scheduler import Scheduler
+from sqlq.runtime.seen import warning
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +70,14 @@ class LocalClaims(ClaimsBase):
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
         self._skipped: set[str] = set()  # taken by a worker while its cancel was in flight
+        config = self._config
+        self._all_remote = config.every_queue_remote
+        self._remote_names = config.remote_queues
+        self.remote_side = LocalSide(self)
+        self._remote_lanes = self.remote_side.lanes
+
+    def _is_remote(self, queue: str) -> bool:
+        return self._all_remote or queue in self._remote_names
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -72,7 +87,12 @@ class LocalClaims(ClaimsBase):
         live = self._live
         live.load(recovery.jobs)
         now = self._clock.time()
-        interrupted = [live.jobs[job_id] for job_id in recovery.running]
+        found = [live.jobs[job_id] for job_id in recovery.running]
+        # A remote worker's claim stays running under its lease (its outcome may come yet);
+        # an in-process claim's worker died with the process: requeued.
+        held = [j for j in found if remote_worker(j.holder) is not None]
+        interrupted = [j for j in found if remote_worker(j.holder) is None] if held else found
+        self.remote_side.recovered(held)
         moves = [
             self._after_failure(j, "interrupted: the server stopped", now) for j in interrupted
         ]
@@ -83,14 +103,24 @@ class LocalClaims(ClaimsBase):
             # it): the view drops it and counts it so, so it is counted from ``job``.
             live.applied(job, t)
             self._events.record(_AT_RECOVERY[t.state], job)
-        self.scheduler.load([job for job in live.jobs.values() if job.state is State.SCHEDULED])
+        scheduled = [job for job in live.jobs.values() if job.state is State.SCHEDULED]
+        if self._all_remote:
+            self._remote_lanes.load(scheduled)
+        elif self._remote_names:
+            remote = self._is_remote
+            self._remote_lanes.load([job for job in scheduled if remote(job.queue)])
+            self.scheduler.load([job for job in scheduled if not remote(job.queue)])
+        else:
+            self.scheduler.load(scheduled)
         self.scheduler.start()
 
     async def stop(self) -> None:
+        self.remote_side.stop()
         await self.scheduler.stop()
 
     async def drain(self) -> None:
         await self.settle()
+        await self.remote_side.drain()
 
     # -- the hooks ------------------------------------------------------------------------
 
@@ -117,10 +147,23 @@ class LocalClaims(ClaimsBase):
         return self._live.applied(job, t)
 
     def _due(self, job: Job) -> None:
-        self.scheduler.add(job)
+        if self._all_remote or job.queue in self._remote_names:
+            self._remote_lanes.add(job)
+        else:
+            self.scheduler.add(job)
+
+    def _discard(self, job: Job) -> None:
+        """``job``'s entry in its lanes is no longer wanted (cancelled)."""
+        if self._is_remote(job.queue):
+            self._remote_lanes.discard(job)
+        else:
+            self.scheduler.discard(job)
 
     def _opened(self, queue: str) -> None:
-        self.scheduler.poke(queue)
+        if self._is_remote(queue):
+            self._remote_lanes.ring(queue, everyone=True)
+        else:
+            self.scheduler.poke(queue)
 
     # -- the service's side ---------------------------------------------------------------
 
@@ -150,11 +193,19 @@ class LocalClaims(ClaimsBase):
 
     def queues_now(self) -> dict[str, QueueInfo]:
         live = (q for q, n in self._live.queues.items() if n > 0)
-        names = {*self._caps, *self._paused, *(q for q, n in self._running.items() if n > 0), *live}
-        return {q: self._info(q) for q in sorted(names)}
+        names = {*self._caps, *self._paused, *(q for q, n in self._running.items() if n > 0), *live,
+                 *self._remote_names}  # fmt: skip
+        served = self._served()
+        return {q: self._info(q, served) for q in sorted(names)}
 
     async def queue(self, name: str) -> QueueInfo:
-        return self._info(name)
+        return self._info(name, self._served())
+
+    def _served(self) -> set[str] | None:
+        """The queues some remote worker was seen for lately (None: no queue is remote)."""
+        if not self._all_remote and not self._remote_names:
+            return None
+        return self.parts.seen.served(self._clock.time())
 
     def backlog(self) -> int:
         return len(self._live)
@@ -162,8 +213,19 @@ class LocalClaims(ClaimsBase):
     def census(self) -> dict[tuple[str, str], int]:
         return dict(self._live.census)  # kept as the view changes: no walk over the jobs
 
-    def _info(self, name: str) -> QueueInfo:
-        """One queue's state; a queue nobody has used is empty, uncapped and running."""
+    def _info(self, name: str, served: set[str] | None = None) -> QueueInfo:
+        """One queue's state; a queue nobody has used is empty, uncapped and running. A remote
+        one's jobs are in its own lanes, and its running ones held by remote workers."""
+        if served is not None and self._is_remote(name):
+            depth = self._remote_lanes.depth(name)
+            return QueueInfo(
+                depth=depth,
+                running=self._live.census.get((State.RUNNING.value, name), 0),
+                limit=self._caps.get(name),
+                paused=name in self._paused,
+                remote=True,
+                warning=warning(depth, name in served),
+            )
         return QueueInfo(
             depth=self.scheduler.depth(name),
             running=self._running[name],
@@ -177,6 +239,11 @@ class LocalClaims(ClaimsBase):
 
     async def cancel(self, job_id: str, *, force: bool = False) -> Job:
         for _ in range(3):  # a cancel that finds the job moving on looks at it again
+            job = self._live.get(job_id)
+            if job is not None and (self._is_remote(job.queue) or remote_worker(job.holder)):
+                done = await self.remote_side.cancel(job_id, force)  # in the job's turn
+                if done is not None:
+                    return done
             claim = self._attempts.holding(job_id)
             if claim is not None and not _void(claim):  # the claim's job is the one to mark
                 try:
@@ -227,14 +294,17 @@ class LocalClaims(ClaimsBase):
                 raise
             cancelled = self._live.applied(job, t)
             if job_id not in self._skipped:  # its entry is still in the lanes: out of the depth
-                self.scheduler.discard(job)  # (after ``applied``: the lanes ask ``_current``)
+                self._discard(job)  # (after ``applied``: the lanes ask ``_current``)
         finally:
             self._cancelling.discard(job_id)
             self._skipped.discard(job_id)
         return cancelled
 
     def stats(self) -> dict[str, Any]:
-        return {"lanes": self.scheduler.sizes()}
+        stats: dict[str, Any] = {"lanes": self.scheduler.sizes()}
+        if self._all_remote or self._remote_names:
+            stats["remote_lanes"] = self._remote_lanes.sizes()
+        return stats
 
     # -- the workers' side ------------------------------------------------------------------
 

@@ -15,6 +15,12 @@ services in one process (the tests) never share a metric.
     sqlq_store_commit_seconds             one group-commit batch, write to durable
     sqlq_store_batch_size                 commit calls per batch
     sqlq_workers{status}                  busy, live, hung (declared), replaced
+    sqlq_remote_total{what}               remote workers' claims, jobs claimed, heartbeats,
+                                          leases renewed, outcomes by what they said
+                                          (complete, fail, snooze, checkpoint, release),
+                                          fenced, invalid, forbidden, leases expired
+    sqlq_remote_workers{status}           remote workers seen (remembered), active (1 min)
+    sqlq_remote_claims_waiting            claims long-polling now
     sqlq_recovery_seconds, sqlq_recovery_records
     sqlq_schedule_ticks_enqueued_total{schedule}   ticks that made their job
     sqlq_schedule_ticks_skipped_total{schedule}    ticks passed over (catch-up, overlap,

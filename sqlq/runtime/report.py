@@ -13,11 +13,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from sqlq.common.models import TERMINAL
 from sqlq.runtime.events import Event
 from sqlq.runtime.metrics import gauge
+from sqlq.runtime.remote import COUNTED
 
 if TYPE_CHECKING:
     from sqlq.runtime.service import Service
@@ -61,6 +62,7 @@ def stats(rt: Service) -> dict[str, Any]:
             "max_abandoned": rt.config.max_abandoned,
         },
         **rt.claims.stats(),
+        "remote": rt.remote.stats(),
         "store": rt.store.stats().to_dict(),
         "recovery": rt.recovery.summary() if rt.recovery else None,
         "process_cpu_s": round(time.process_time(), 3),
@@ -68,7 +70,8 @@ def stats(rt: Service) -> dict[str, Any]:
 
 
 def gauges(rt: Service) -> Iterator[Metric]:
-    """What /metrics reads at scrape time: live jobs, workers, recovery."""
+    """What /metrics reads at scrape time: live jobs, workers (remote ones too: their calls
+    by what they were, a fixed set of labels), recovery."""
     yield gauge(
         "sqlq_jobs_live", "Scheduled and running jobs (in shared mode, on every node).",
         ["state", "queue"], {k: float(n) for k, n in rt.claims.census().items()},
@@ -80,6 +83,22 @@ def gauges(rt: Service) -> Iterator[Metric]:
         {("busy",): pool.busy(), ("live",): len(pool.live), ("hung",): pool.declared_hung,
          ("replaced",): pool.replaced, ("abandoned",): rt.abandoned()},
     )  # fmt: skip
+    remote, now = rt.remote, rt.clock.time()
+    yield gauge(
+        "sqlq_remote_workers", "Remote workers remembered (seen, at most 1,000) and heard of in "
+        "the last minute (active).", ["status"],
+        {("seen",): float(len(remote.seen)), ("active",): float(remote.seen.active(now))},
+    )  # fmt: skip
+    yield gauge("sqlq_remote_claims_waiting", "Remote workers' claims long-polling now.", [],
+                {(): float(remote.waiting())})  # fmt: skip
+    calls = CounterMetricFamily(
+        "sqlq_remote", "Remote workers' claims, jobs claimed, heartbeats, leases renewed, "
+        "outcomes by what they said, and those fenced, invalid, forbidden; leases expired.",
+        labels=["what"],
+    )  # fmt: skip
+    for what in COUNTED:
+        calls.add_metric([what], remote.counts[what])
+    yield calls
     rec = rt.recovery
     yield gauge("sqlq_recovery_seconds", "How long this start's recovery took.", [],
                 {(): rec.seconds if rec else 0.0})  # fmt: skip

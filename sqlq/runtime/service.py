@@ -47,6 +47,7 @@ from sqlq.runtime.executor import Executor, build_registry
 from sqlq.runtime.kinds import REGISTRY, Registry
 from sqlq.runtime.modes import ClaimsFactory, claims_for
 from sqlq.runtime.parts import Parts
+from sqlq.runtime.remote import Remote
 from sqlq.runtime.schedules import Schedules
 from sqlq.runtime.submissions import Submissions
 from sqlq.runtime.ticker import Ticker
@@ -112,6 +113,7 @@ class Service:
             clock=clock,
         )
         self.claims.attach(self.pool)  # a cancel reaches the attempts running here
+        self.remote = Remote(self.claims.remote_side, parts)  # remote workers' side (/claims)
         self.submissions = Submissions(store, self.claims, config, all_kinds, self.events, clock)
         self.waiters = Waiters(self.claims, self.get, clock)
         self.schedules = Schedules(store, self.claims, self.submissions, all_kinds, self.events,
@@ -138,6 +140,7 @@ class Service:
             recovery = await self.store.open()
             self.recovery = recovery
             await self.claims.start(recovery)
+        await self.remote.start()
         self.pool.start()
         await self.schedules.define(self._defined)
         self.ticker.start()
@@ -160,9 +163,10 @@ class Service:
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
-        await self.claims.stop()
+        await self.claims.stop()  # (a waiting remote claim answers now, empty)
         await self.pool.stop(grace_s)
-        await self.claims.drain()
+        await self.remote.drain()  # remote calls' writes: durable, or refused, before the close
+        await self.claims.drain()  # (remotely held jobs stay running, under their leases)
         self.cpu.shutdown()
         self.executor.shutdown()
         await self.store.close()
@@ -313,7 +317,7 @@ class Service:
         alive, reason = self.liveness()
         if not alive:
             return False, reason
-        if not self.pool.live:
+        if not self.pool.live and self.pool.size > 0:  # (none configured: all remote)
             return False, "no healthy worker"
         abandoned, cap = self.abandoned(), self.config.max_abandoned
         if abandoned > cap:

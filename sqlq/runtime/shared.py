@@ -44,6 +44,7 @@ import msgspec
 from sqlq.common.backoff import given_back
 from sqlq.common.errors import StoreError
 from sqlq.common.models import JSON, Job, State, Transition
+from sqlq.common.protocol import remote_worker
 from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Recovery, SharedStore
 from sqlq.runtime.census import CENSUS_EVERY_S, Census, CensusViews
@@ -51,6 +52,8 @@ from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
 from sqlq.runtime.leases import cancel_in_store, rescue_expired, write_fenced
+from sqlq.runtime.remote import expired_reason, note_end
+from sqlq.runtime.remote_shared import SharedSide
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,10 @@ class SharedClaims(CensusViews, ClaimsBase):
         self.rescued = 0  # jobs this node requeued from expired leases
         self.renewals = 0
         self.notified = 0
+        # Remote workers' side (``remote_shared``): this node claims none of their queues.
+        self._all_remote = self._config.every_queue_remote
+        self._besides = sorted(self._config.remote_queues)
+        self.remote_side = SharedSide(self)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -128,6 +135,7 @@ class SharedClaims(CensusViews, ClaimsBase):
     async def stop(self) -> None:
         """Claim no more; a claim no worker took yet is given back now."""
         self._stopping = True
+        self.remote_side.stop()
         self._kick.set()
         if self._claimer is not None:
             self._claimer.cancel()
@@ -143,6 +151,7 @@ class SharedClaims(CensusViews, ClaimsBase):
     async def drain(self) -> None:
         """Record every outcome, then end this node's leases so others rescue what is left."""
         await self.settle()
+        await self.remote_side.drain()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -159,6 +168,7 @@ class SharedClaims(CensusViews, ClaimsBase):
     def _woken(self) -> None:
         self.notified += 1
         self._kick.set()
+        self.remote_side.ring()
 
     async def next(self) -> Claim:
         if self._ready:
@@ -198,10 +208,17 @@ class SharedClaims(CensusViews, ClaimsBase):
                 await self._clock.sleep(min(self.poll_s, ERROR_PAUSE_S))
 
     async def _claim_for_waiting(self) -> None:
+        if self._all_remote:
+            return  # every queue is remote workers': nothing is claimed in process
+        besides = self._besides
         while (n := self._hungry()) > 0:
             now = self._clock.time()
             t0 = time.perf_counter()
-            jobs = await self._store.claim(n, now, now + self.lease_s, self._caps)
+            if besides:
+                jobs = await self._store.claim(n, now, now + self.lease_s, self._caps,
+                                               besides=besides)  # fmt: skip
+            else:  # (the call as before remote queues: a store need not know of them)
+                jobs = await self._store.claim(n, now, now + self.lease_s, self._caps)
             self.claim_s += time.perf_counter() - t0
             self.claims += 1
             self.claimed += len(jobs)
@@ -229,6 +246,7 @@ class SharedClaims(CensusViews, ClaimsBase):
     def submitted(self, jobs: Sequence[Job]) -> None:
         self._census.since += len(jobs)
         self._kick.set()
+        self.remote_side.ring()
 
     # -- leases and rescue -------------------------------------------------------------------
 
@@ -257,8 +275,13 @@ class SharedClaims(CensusViews, ClaimsBase):
         """Requeue (or dead-letter) running jobs whose lease ran out; how many this node did."""
         now = self._clock.time()
         moves = await rescue_expired(self._store, now, lambda job: self._after_failure(
-            job, "lease expired: its node died or was cut off", now))  # fmt: skip
+            job, _expired(job), now))  # fmt: skip
         for job, t in moves:
+            if remote_worker(job.holder) is not None:  # a remote worker's: counted as one
+                after = self._applied(job, t)
+                self.parts.remote_counts["expired"] += 1
+                note_end(self.parts, job, after, "expired")
+                continue
             if t.state is State.SCHEDULED:
                 self._events.record(Event.REQUEUED_EXPIRED_LEASE, job)
             else:
@@ -307,9 +330,11 @@ class SharedClaims(CensusViews, ClaimsBase):
 
     def _due(self, job: Job) -> None:
         self._kick.set()
+        self.remote_side.ring()
 
     def _opened(self, queue: str) -> None:
         self._kick.set()
+        self.remote_side.ring()
 
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         at = range(0, len(ids), MAX_FINISHED_IDS)  # one statement per MAX_FINISHED_IDS ids
@@ -329,6 +354,8 @@ class SharedClaims(CensusViews, ClaimsBase):
             return self._applied(job, t)
         self._events.record(Event.CANCEL_REQUESTED, job)  # its node hears (NOTIFY, renewal)
         self._heard(job_id)  # (if a worker here took it meanwhile)
+        if force and remote_worker(job.holder) is not None:  # its heartbeat hears; it is cut
+            self.remote_side.force(job)  # off after the grace
         return job
 
     def stats(self) -> dict[str, Any]:
@@ -349,3 +376,10 @@ class SharedClaims(CensusViews, ClaimsBase):
                 "nodes": self._census.nodes,
             }
         }
+
+
+def _expired(job: Job) -> str:
+    """What a rescue records of a lease that ran out: a remote worker's, or a node's."""
+    if remote_worker(job.holder) is not None:
+        return expired_reason(job)
+    return "lease expired: its node died or was cut off"

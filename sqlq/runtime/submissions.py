@@ -1,6 +1,8 @@
 """``Submissions``: how a client's specs become durable, claimable jobs, under the bounds.
 
-A spec is checked against its kind and built into a job; the jobs of one request
+A spec is checked against its kind and built into a job (a remote queue's against
+nothing but the bounds: its kinds run elsewhere, so any name and any JSON object of
+args is accepted); the jobs of one request
 are committed as one atomic change (durable on return) and only then handed to
 the claims. Idempotency keys are reserved in this process for the length of the
 look-up and the commit, so two concurrent requests with one key make one job.
@@ -51,11 +53,16 @@ class Submissions:
         self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
         self._new_queues: Counter[str] = Counter()  # their new queue names, for --max-queues
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
+        self._all_remote = config.every_queue_remote
+        self._remote_queues = config.remote_queues
 
     def build(self, spec: JobSpec, now: float) -> Job:
         """A new job from a client's spec; raises ``ValidationError`` naming the field."""
         check_args(spec.args)  # HTTP checked the bytes; a spec built in Python is checked here
-        args = self._kinds.get(spec.kind).validate(spec.args)
+        if self._all_remote or spec.queue in self._remote_queues:
+            args = spec.args  # a remote worker's kind: any name, any JSON object (bounded)
+        else:
+            args = self._kinds.get(spec.kind).validate(spec.args)
         if spec.delay_ms is not None and spec.run_at is not None:
             raise ValidationError("run_at", "give delay_ms or run_at, not both")
         ready_at = now

@@ -1,0 +1,556 @@
+"""``Remote``: the pull protocol's server side (``service.remote``), over either mode's claims.
+
+A remote worker (``sqlq worker``, ``examples/worker.mjs``, curl) claims jobs of the
+remote queues with a lease, renews every lease it holds in one heartbeat, and
+reports outcomes (``sqlq.common.protocol`` has the bodies and their bounds). This
+module is what both modes do alike:
+
+- **Who may ask.** Every queue a claim names must be remote (``RuntimeConfig.is_remote``;
+  else a ``ValidationError`` naming ``queues[i]``), and a worker principal may name
+  only its own queues, and report only on their jobs (``ForbiddenError``; per item in a
+  heartbeat or a batch, ``error: "forbidden"``).
+- **Tokens.** A claim's token is signed with the store's key (``signing_key``, loaded at
+  start), naming the job, the epoch it was claimed at and the lease's length. A token
+  that does not verify is ``invalid``; one that verifies but whose job moved on is
+  ``fenced`` (``fence``: not running, another epoch, not held remotely, or the lease ran
+  out). Nothing is written for either.
+- **One job's writes in turn.** Every heartbeat, outcome, cancel and expiry of a job
+  takes its turn (``Serial``) and builds its transition from the job as it stands then,
+  so none undoes another. A call's items take their turns at once and are written
+  concurrently, so group commit batches them; an item whose job is busy waits for its
+  own turn after (never while holding another's, so no two calls wait on each other).
+- **What an outcome becomes** (``outcome_of``): ``complete``; ``fail`` through the retry
+  policy (``retry_in_s`` instead of the backoff; ``retry: false`` buries it, or
+  withdraws it if a cancel was asked for); ``snooze`` as a handler's; ``checkpoint`` a
+  touch (the job still running); ``release`` given back with no attempt counted. A
+  result JSON can't hold (or past the stored-value bounds) is the attempt's failure,
+  as in process.
+- **Durable before answered.** Each write is awaited; a request cancelled meanwhile
+  (its client gone) does not cancel its writes (``shield``): what was asked is either
+  written and shown, or refused, never half-known.
+- **Long-poll.** A claim that finds nothing waits (the side's ``wait``: the lanes' bell in
+  local mode, NOTIFY and a poll in shared mode) until ``wait_s``. At most
+  ``MAX_WAITING_CLAIMS`` claims wait at once; one more is refused at once with a
+  ``StoreUnavailableError`` (HTTP 503, retry later), not answered empty, so a worker
+  backs off instead of asking again in a tight loop.
+
+Where the queue lives is the side's (``RemoteSide``): ``LocalSide``
+(``sqlq.runtime.remote_local``: lanes of their own per remote queue, a heap of leases on
+the clock) or ``SharedSide`` (``sqlq.runtime.remote_shared``: the database's claim,
+extend and fenced writes; expiry is the rescue every node runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from sqlq.common.backoff import after_failure, after_snooze, released, should_retry
+from sqlq.common.errors import (
+    ForbiddenError,
+    StoreError,
+    StoreUnavailableError,
+    TransitionError,
+    UnencodableError,
+    ValidationError,
+)
+from sqlq.common.models import Job, State, Transition
+from sqlq.common.protocol import (
+    FENCED,
+    Beat,
+    BeatItem,
+    CheckpointIn,
+    ClaimAnswer,
+    ClaimRequest,
+    CompleteIn,
+    FailIn,
+    Granted,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    OutcomesAnswer,
+    OutcomesRequest,
+    ReleaseIn,
+    Reported,
+    SnoozeIn,
+    What,
+    WorkerList,
+    remote_holder,
+    remote_worker,
+)
+from sqlq.common.roles import Principal
+from sqlq.common.running import Progress, check_checkpoint, check_progress
+from sqlq.common.shape import ShapeError, measure
+from sqlq.common.tokens import BadToken, Ticket, sign, verify
+from sqlq.common.wire import job_view
+from sqlq.runtime.events import Event
+from sqlq.runtime.parts import Parts
+from sqlq.runtime.serial import Serial
+
+log = logging.getLogger(__name__)
+
+MAX_WAITING_CLAIMS = 1000  # claims long-polling at once; one more is a 503
+POLL_SLACK_S = 0.001  # a long-poll this close to its end is over (no sliver of a wait)
+INVALID, FORBIDDEN = "invalid", "forbidden"
+# What ``/stats`` (``remote``) and ``/metrics`` (``sqlq_remote_total{what}``) count: a
+# fixed set, so the label's cardinality is bounded whatever clients send.
+COUNTED = ("claims", "claimed", "heartbeats", "renewed", "complete", "fail", "snooze",
+           "checkpoint", "release", FENCED, INVALID, FORBIDDEN, "expired")  # fmt: skip
+
+T = TypeVar("T")
+Renewed = tuple[float, bool]  # a lease renewed: until when, and whether a cancel was asked for
+
+
+class RemoteSide(Protocol):
+    """What ``Remote`` asks of where the queue lives (``LocalSide``, ``SharedSide``)."""
+
+    serial: Serial  # one job's remote writes in turn (its cancel and expiry take turns too)
+
+    @property
+    def stopping(self) -> bool:
+        """The service is stopping: no claim waits, none is made."""
+        ...
+
+    async def take(self, req: ClaimRequest, holder: str, now: float) -> list[Job]:
+        """Claim up to ``req.max`` due jobs of ``req.queues`` (of ``req.kinds``) for
+        ``holder``, each durable before it is returned (a refused one left out)."""
+        ...
+
+    async def wait(self, req: ClaimRequest, within: float) -> None:
+        """Return when a job may have become claimable for ``req``, or after ``within``."""
+        ...
+
+    async def current(self, ids: Sequence[str]) -> list[Job | None]:
+        """The jobs as they stand now (None: no such live job), in order."""
+        ...
+
+    async def write(self, job: Job, t: Transition, now: float) -> Job:
+        """Write ``t`` (built from ``job`` at its turn) durably; the job after it, shown to
+        the view and its waiters, due again in its lanes if scheduled. ``TransitionError``
+        if refused (shared: fenced on the holder and the lease at ``now``)."""
+        ...
+
+    async def extend(
+        self, now: float, leases: Sequence[tuple[Job, float, Progress | None]]
+    ) -> list[Renewed | None]:
+        """Renew each ``(job, lease_until, progress)``, all at once; None where refused."""
+        ...
+
+    def forced(self, job_id: str) -> bool:
+        """Whether a forced cancel holds ``job_id``'s lease where it put it (no renewal)."""
+        ...
+
+
+def fence(job: Job | None, ticket: Ticket, now: float) -> str | None:
+    """Why a token no longer holds its job at ``now`` (None: it does)."""
+    if job is None:
+        return "the job is finished or gone"
+    if job.state is not State.RUNNING:
+        return f"the job is {job.state.value}"
+    if job.epoch != ticket.epoch:
+        return f"the job moved on (epoch {job.epoch}; this claim's was {ticket.epoch})"
+    if remote_worker(job.holder) is None:
+        return "the job is not held by a remote worker"
+    if job.lease_until is None or job.lease_until < now:
+        return "the lease ran out"
+    return None
+
+
+class Remote:
+    def __init__(self, side: RemoteSide, parts: Parts) -> None:
+        self._side = side
+        self._parts = parts
+        self._store = parts.store
+        self._config = parts.config
+        self._clock = parts.clock
+        self._rng = parts.rng
+        self._events = parts.live.events
+        self._metrics = parts.metrics
+        self.seen = parts.seen
+        self.counts = parts.remote_counts
+        self._key: bytes | None = None
+        self._started = False
+        self._waiting = 0  # claims long-polling now
+        self._inflight: set[asyncio.Task[Any]] = set()  # calls whose writes outlive a client
+
+    async def start(self) -> None:
+        """Load the store's signing key (the store is open), if any queue is remote; else at
+        the first call that needs it (a server with no remote queue never asks)."""
+        if self._config.every_queue_remote or self._config.remote_queues:
+            self._key = await self._store.signing_key()
+        self._started = True
+
+    async def _signing_key(self) -> bytes:
+        if not self._started:
+            raise StoreUnavailableError("the server is starting: no claim is served yet")
+        key = self._key
+        if key is None:
+            key = self._key = await self._store.signing_key()
+        return key
+
+    async def drain(self) -> None:
+        """Wait for every call's writes to be over (a stop, before the store closes)."""
+        while self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    def is_remote(self, queue: str) -> bool:
+        return self._config.is_remote(queue)
+
+    def workers(self) -> WorkerList:
+        return self.seen.view()
+
+    def waiting(self) -> int:
+        """Claims long-polling now."""
+        return self._waiting
+
+    def stats(self) -> dict[str, Any]:
+        now = self._clock.time()
+        return {
+            "queues": sorted(self._config.remote_queues),
+            "all_queues": self._config.every_queue_remote,
+            "workers_seen": len(self.seen),
+            "workers_active": self.seen.active(now),
+            "claims_waiting": self._waiting,
+            **{what: self.counts[what] for what in COUNTED},
+        }
+
+    async def _shielded(self, work: Awaitable[T]) -> T:
+        """``work``, carried on to its end even if the caller is cancelled (its writes are
+        either all shown or refused); a stop waits for it (``drain``)."""
+        task = asyncio.ensure_future(work)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
+    # -- claim ------------------------------------------------------------------------------
+
+    async def claim(self, req: ClaimRequest, who: Principal) -> ClaimAnswer:
+        """Up to ``req.max`` jobs, each durably claimed for ``req.worker`` with a lease of
+        ``req.lease_s``; waits up to ``req.wait_s`` for the first."""
+        for i, queue in enumerate(req.queues):
+            if not who.serves(queue):
+                raise ForbiddenError(f"{who.name} may not claim from queue {queue!r}")
+            if not self._config.is_remote(queue):
+                raise ValidationError(f"queues[{i}]", f"queue {queue!r} is not a remote queue "
+                                      "(--remote-queue, or --workers 0)")  # fmt: skip
+        key = await self._signing_key()
+        side, clock = self._side, self._clock
+        now = clock.time()
+        self.seen.saw(req.worker, who, now, req.queues)
+        holder = remote_holder(req.worker)
+        self.counts["claims"] += 1
+        jobs = await self._shielded(side.take(req, holder, now))
+        if not jobs and req.wait_s > 0 and not side.stopping:
+            jobs = await self._long_poll(req, holder, now + req.wait_s)
+        if not jobs:
+            return ClaimAnswer(claims=[])
+        self.seen.took(req.worker, len(jobs))
+        self.counts["claimed"] += len(jobs)
+        lease_s = req.lease_s
+        record = self._events.record
+        granted = []
+        for job in jobs:
+            record(Event.REMOTE_CLAIMED, job)
+            granted.append(Granted(token=sign(key, job.id, job.epoch, lease_s),
+                                   lease_until=job.lease_until or now + lease_s,
+                                   job=job_view(job)))  # fmt: skip
+        return ClaimAnswer(claims=granted)
+
+    async def _long_poll(self, req: ClaimRequest, holder: str, deadline: float) -> list[Job]:
+        if self._waiting >= MAX_WAITING_CLAIMS:
+            raise StoreUnavailableError(
+                f"{MAX_WAITING_CLAIMS} claims are waiting already; try again later"
+            )
+        side, clock = self._side, self._clock
+        self._waiting += 1
+        try:
+            while (left := deadline - clock.time()) > POLL_SLACK_S and not side.stopping:
+                await side.wait(req, left)
+                if side.stopping:
+                    break
+                jobs = await self._shielded(side.take(req, holder, clock.time()))
+                if jobs:
+                    return jobs
+        finally:
+            self._waiting -= 1
+        return []
+
+    # -- the turns of a call's items ---------------------------------------------------------
+
+    async def _in_turns(
+        self,
+        ids: Sequence[str],
+        group: Callable[[list[int]], Awaitable[None]],
+    ) -> None:
+        """Run ``group`` over the items (indexes into ``ids``) whose jobs' turns are free, all
+        at once, then over each of the others alone, once its turn comes."""
+        serial = self._side.serial
+        now_free: list[int] = []
+        later: list[int] = []
+        for i, job_id in enumerate(ids):
+            (now_free if serial.try_take(job_id) else later).append(i)
+        try:
+            if now_free:
+                await group(now_free)
+        finally:
+            for i in now_free:
+                serial.give(ids[i])
+        for i in later:
+            await serial.take(ids[i])
+            try:
+                await group([i])
+            finally:
+                serial.give(ids[i])
+
+    # -- heartbeat ----------------------------------------------------------------------------
+
+    async def heartbeat(self, req: HeartbeatRequest, who: Principal) -> HeartbeatAnswer:
+        """Renew every lease ``req`` names (its progress too); one answer per item."""
+        return await self._shielded(self._heartbeat(req.items, who))
+
+    async def _heartbeat(self, items: list[BeatItem], who: Principal) -> HeartbeatAnswer:
+        key = await self._signing_key()
+        now = self._clock.time()
+        counts = self.counts
+        counts["heartbeats"] += 1
+        answers: list[Beat | None] = [None] * len(items)
+        tickets: list[Ticket] = []
+        at: list[int] = []  # the items with a good token, by index
+        for i, item in enumerate(items):
+            try:
+                tickets.append(verify(key, item.token))
+            except BadToken:
+                counts[INVALID] += 1
+                answers[i] = Beat(token=item.token, error=INVALID)
+                continue
+            at.append(i)
+
+        async def group(picked: list[int]) -> None:
+            jobs = await self._side.current([tickets[k].job_id for k in picked])
+            leases: list[tuple[Job, float, Progress | None]] = []
+            whose: list[int] = []
+            for k, job in zip(picked, jobs, strict=True):
+                i, ticket = at[k], tickets[k]
+                item = items[i]
+                if job is not None and not who.serves(job.queue):
+                    counts[FORBIDDEN] += 1
+                    answers[i] = Beat(token=item.token, error=FORBIDDEN)
+                    continue
+                if job is None or fence(job, ticket, now) is not None:
+                    counts[FENCED] += 1
+                    answers[i] = Beat(token=item.token, error=FENCED)
+                    continue
+                progress = None
+                if item.progress is not None:
+                    try:
+                        progress = check_progress(item.progress.percent, item.progress.message, now)
+                    except ValueError:
+                        progress = None  # (the protocol's bounds make this unreachable)
+                until = job.lease_until or now
+                if not self._side.forced(job.id):
+                    until = max(until, now + ticket.lease_s)
+                leases.append((job, until, progress))
+                whose.append(i)
+                self.seen.saw_holder(job.holder, who, now)
+            renewed = await self._side.extend(now, leases) if leases else []
+            for i, done in zip(whose, renewed, strict=True):
+                token = items[i].token
+                if done is None:
+                    counts[FENCED] += 1
+                    answers[i] = Beat(token=token, error=FENCED)
+                else:
+                    counts["renewed"] += 1
+                    answers[i] = Beat(token=token, lease_until=done[0], cancel_requested=done[1])
+
+        await self._in_turns([t.job_id for t in tickets], group)
+        return HeartbeatAnswer(items=[a for a in answers if a is not None])
+
+    # -- outcomes -------------------------------------------------------------------------------
+
+    async def report(self, token: str, what: What, who: Principal) -> Reported:
+        """One outcome (the single forms): ``state`` after it, or ``error`` fenced, invalid
+        (``detail``: ``"<field>: why"``) or forbidden."""
+        [answer] = await self._shielded(self._report([(token, what)], who))
+        return answer
+
+    async def outcomes(self, req: OutcomesRequest, who: Principal) -> OutcomesAnswer:
+        """Every outcome of ``req``, written concurrently; one answer each, in order."""
+        said: list[tuple[str, What | str]] = []
+        for item in req.outcomes:
+            try:
+                said.append((item.token, item.what()))
+            except ValueError as exc:
+                said.append((item.token, str(exc)))
+        return OutcomesAnswer(outcomes=await self._shielded(self._report(said, who)))
+
+    async def _report(self, said: Sequence[tuple[str, What | str]], who: Principal
+                      ) -> list[Reported]:  # fmt: skip
+        key = await self._signing_key()
+        now = self._clock.time()
+        counts = self.counts
+        answers: list[Reported | None] = [None] * len(said)
+        tickets: list[Ticket] = []
+        at: list[int] = []
+        for i, (token, what) in enumerate(said):
+            if isinstance(what, str):
+                counts[INVALID] += 1
+                answers[i] = Reported(token=token, error=INVALID, detail=f"outcome: {what}")
+                continue
+            try:
+                tickets.append(verify(key, token))
+            except BadToken as exc:
+                counts[INVALID] += 1
+                answers[i] = Reported(token=token, error=INVALID, detail=f"token: {exc}")
+                continue
+            at.append(i)
+        failures: list[BaseException] = []
+
+        async def group(picked: list[int]) -> None:
+            jobs = await self._side.current([tickets[k].job_id for k in picked])
+            writes = []
+            for k, job in zip(picked, jobs, strict=True):
+                i, ticket = at[k], tickets[k]
+                token, what = said[i]
+                assert not isinstance(what, str)
+                if job is not None and not who.serves(job.queue):
+                    counts[FORBIDDEN] += 1
+                    answers[i] = Reported(token=token, error=FORBIDDEN,
+                                          detail=f"{who.name} may not report on queue "
+                                          f"{job.queue!r}")  # fmt: skip
+                    continue
+                why = fence(job, ticket, now)
+                if job is None or why is not None:
+                    answers[i] = self._fenced(token, job, why)
+                    continue
+                self.seen.saw_holder(job.holder, who, now)
+                try:
+                    t = self.outcome_of(job, what, now)
+                except ValueError as exc:
+                    counts[INVALID] += 1
+                    answers[i] = Reported(token=token, error=INVALID, detail=str(exc))
+                    continue
+                writes.append((i, self._write(job, t, what, now)))
+            if not writes:
+                return
+            done: list[Reported | BaseException]
+            if len(writes) == 1:  # (no task for the one write of a single form)
+                try:
+                    done = [await writes[0][1]]
+                except Exception as exc:
+                    done = [exc]
+            else:
+                done = await asyncio.gather(*(w for _, w in writes), return_exceptions=True)
+            for (i, _), answer in zip(writes, done, strict=True):
+                if isinstance(answer, BaseException):
+                    failures.append(answer)
+                    answer = Reported(token=said[i][0], error="unavailable", detail=str(answer))
+                else:
+                    answer = msgspec.structs.replace(answer, token=said[i][0])
+                answers[i] = answer
+
+        await self._in_turns([t.job_id for t in tickets], group)
+        if failures:  # the store failed (or a bug): the call fails; what landed is fenced after
+            raise failures[0]
+        return [a for a in answers if a is not None]
+
+    def _fenced(self, token: str, job: Job | None, why: str | None) -> Reported:
+        self.counts[FENCED] += 1
+        if job is not None:
+            self._events.record(Event.FENCED, job)
+        return Reported(token=token, error=FENCED, detail=why or "the job is finished or gone")
+
+    def outcome_of(self, job: Job, what: What, now: float) -> Transition:
+        """The transition ``what`` makes of the running ``job`` at ``now``; ``ValueError``
+        (``"<field>: why"``) for a value the bounds refuse."""
+        if isinstance(what, CompleteIn):
+            try:
+                measure(what.result)
+            except ShapeError as exc:
+                return self._failure(job, f"result is past the bounds of a stored value: {exc}",
+                                     now)  # fmt: skip
+            return job.complete(what.result, now)
+        if isinstance(what, FailIn):
+            error = what.error
+            if job.cancel_requested_at is not None:
+                return job.withdraw(error, now)
+            if not what.retry:
+                return job.bury(error, now)
+            if what.retry_in_s is None:
+                return self._failure(job, error, now)
+            if should_retry(job.attempts, job.max_attempts, self._config.retry):
+                return job.retry(error, now + what.retry_in_s, now)
+            return job.bury(error, now)
+        if isinstance(what, SnoozeIn):
+            return after_snooze(job, what.delay_s, now, self._config.max_snoozes)
+        if isinstance(what, CheckpointIn):
+            try:
+                data = check_checkpoint(what.data)
+            except ValueError as exc:
+                raise ValueError(f"data: {exc}") from None
+            return job.touch(now, checkpoint=data)
+        if isinstance(what, ReleaseIn):
+            return released(job, now)
+        raise ValueError(f"outcome: not an outcome: {type(what).__name__}")
+
+    def _failure(self, job: Job, error: str, now: float) -> Transition:
+        return after_failure(job, error, now, self._config.retry, self._rng)
+
+    async def _write(self, job: Job, t: Transition, what: What, now: float) -> Reported:
+        """Write the outcome ``t`` of ``job`` (its turn is held); what it answers."""
+        side = self._side
+        try:
+            try:
+                after = await side.write(job, t, now)
+            except UnencodableError as exc:
+                self._events.record(Event.UNENCODABLE, job)
+                t = self._failure(job, f"result is not JSON-serialisable: {exc.what}", now)
+                after = await side.write(job, t, now)
+        except TransitionError as exc:
+            return self._fenced("", job, f"refused: {exc}")
+        except StoreError:
+            raise
+        name = _name(what)
+        self.counts[name] += 1
+        note_end(self._parts, job, after, name)
+        return Reported(token="", state=after.state.value)
+
+
+def _name(what: What) -> str:
+    """What ``/stats`` counts ``what`` as (a single form's body is a subclass)."""
+    for kind, name in _NAMES:
+        if isinstance(what, kind):
+            return name
+    raise AssertionError(f"not an outcome: {what!r}")
+
+
+_NAMES: tuple[tuple[type, str], ...] = ((CompleteIn, "complete"), (FailIn, "fail"),
+    (SnoozeIn, "snooze"), (CheckpointIn, "checkpoint"), (ReleaseIn, "release"))  # fmt: skip
+
+
+def note_end(parts: Parts, job: Job, after: Job, what: str) -> None:
+    """Count what ``job``'s remote attempt became (``after``, durable): an outcome's
+    (``what`` its name) or an expiry's (``"expired"``); a checkpoint's is no end."""
+    if after.state is State.RUNNING:
+        return
+    events = parts.live.events
+    started = job.started_at
+    if started is not None:
+        parts.metrics.run.observe(max(0.0, after.updated_at - started))
+    parts.seen.let_go(remote_worker(job.holder))
+    if after.state is State.SCHEDULED:
+        if what in ("fail", "expired"):
+            events.record(Event.RETRIED, job)
+        if what == "expired":
+            events.record(Event.REQUEUED_EXPIRED_LEASE, job)
+        elif what == "snooze":
+            events.record(Event.SNOOZED, job)
+    elif after.state is State.CANCELLED:
+        events.record(Event.CANCELLED_RUNNING, job)
+
+
+def expired_reason(job: Job) -> str:
+    """The error an expired remote lease records."""
+    return f"lease expired: worker {remote_worker(job.holder)} went silent"

@@ -1,0 +1,299 @@
+"""``LocalSide``: remote workers over a queue only this process holds (memory, walq, SQLite).
+
+``LocalClaims`` keeps a remote queue's due jobs in ``RemoteLanes`` instead of the
+scheduler, so in-process workers never see them. A claim picks from those lanes and
+commits each ``start(now, holder=worker:<name>, lease_until=now + lease_s)`` at once
+(concurrently: group commit batches them), under the job's turn (``Serial``); a
+refused one is left out. Every later write of a remotely held job (heartbeat,
+outcome, cancel, expiry) takes the same turn and is built from the live view's job
+at that turn, so the view is the job as stored.
+
+Leases: ``LeaseHeap`` on the injected clock. A lease that runs out takes its turn,
+finds the lease still run out (a heartbeat may have come first) and goes through the
+retry policy (``after_failure``: an attempt counted, dead past ``max_attempts``,
+cancelled if a cancel was asked for), due again in the lanes. A job found running
+at recovery with a remote holder stays running under its lease (pushed on the heap:
+one that ran out meanwhile expires at once); only in-process claims are requeued.
+
+A cancel of a remotely held job is a durable request the next heartbeat answers
+(``cancel_requested``); ``force`` also moves the lease to now + ``cancel_grace_s``
+and holds it there (no heartbeat renews it: ``forced``), so the job expires, and
+ends cancelled, then. The forced set lives in this process: after a restart a
+forced job's lease is as stored (the grace's end), and its heartbeats renew it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from sqlq.common.backoff import after_failure
+from sqlq.common.errors import StoreError, TransitionError
+from sqlq.common.models import Job, State, Transition
+from sqlq.common.protocol import MAX_CLAIM, ClaimRequest, remote_worker
+from sqlq.common.running import Progress
+from sqlq.runtime.events import Event
+from sqlq.runtime.leaseheap import LeaseHeap
+from sqlq.runtime.remote import Renewed, expired_reason, note_end
+from sqlq.runtime.remote_lanes import RemoteLanes
+from sqlq.runtime.serial import Serial
+
+if TYPE_CHECKING:
+    from sqlq.runtime.local import LocalClaims
+
+log = logging.getLogger(__name__)
+
+EXPIRY_RETRY_S = 1.0  # an expiry the store failed to write is tried again after this
+_RUNNING = State.RUNNING.value
+
+
+class LocalSide:
+    def __init__(self, claims: LocalClaims) -> None:
+        self._claims = claims
+        self._parts = claims.parts
+        self._store = claims.parts.store
+        self._clock = claims.parts.clock
+        self._live = claims.parts.live
+        self.serial = Serial()
+        self.lanes = RemoteLanes(self._clock, claims._current)
+        self.leases = LeaseHeap(self._clock, self._lease_due)
+        self._forced: set[str] = set()  # jobs whose lease a forced cancel holds
+        self._starting: Counter[str] = Counter()  # claims being committed, by queue (caps)
+        self._stopping = False
+        self._tasks: set[asyncio.Task[Any]] = set()  # expiries being written
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self) -> None:
+        """Claim no more: every waiting claim answers now; no lease expires from now on
+        (those held stay running, in the store, for the next start to take over)."""
+        self._stopping = True
+        self.lanes.ring_all()
+        self.leases.stop()
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def recovered(self, held: Sequence[Job]) -> None:
+        """Jobs found running with a remote holder: they stay so, under their leases."""
+        now = self._clock.time()
+        seen = self._parts.seen
+        for job in held:
+            self.leases.push(job.id, job.lease_until if job.lease_until is not None else now)
+            worker = remote_worker(job.holder)
+            if worker is not None:
+                seen.took(worker, 1)
+
+    # -- claims --------------------------------------------------------------------------
+
+    def _room(self, queue: str) -> int:
+        claims = self._claims
+        if queue in claims._paused:
+            return 0
+        cap = claims._caps.get(queue)
+        if cap is None:
+            return MAX_CLAIM
+        running = self._live.census.get((_RUNNING, queue), 0)
+        return cap - running - self._starting[queue]
+
+    async def take(self, req: ClaimRequest, holder: str, now: float) -> list[Job]:
+        if self._stopping:
+            return []
+        claims = self._claims
+        kinds = None if req.kinds is None else frozenset(req.kinds)
+        want = None if kinds is None else (lambda job: job.kind in kinds)
+        entries = self.lanes.pick(req.queues, req.max, now, want, self._room)
+        if not entries:
+            return []
+        live, serial = self._live.jobs, self.serial
+        jobs = []
+        for entry in entries:
+            job = live.get(entry.id)
+            if job is None or job.state is not State.SCHEDULED or job.epoch != entry.epoch:
+                continue  # cancelled (or moved on) while it waited
+            if job.id in claims._cancelling:
+                claims._skipped.add(job.id)  # the cancel decides: put back if it fails
+                continue
+            if not serial.try_take(job.id):  # (a write of a scheduled job: not one of ours)
+                self.lanes.add(job)
+                continue
+            jobs.append(job)
+        if not jobs:
+            return []
+        until = now + req.lease_s
+        starting = self._starting
+        for job in jobs:
+            starting[job.queue] += 1
+        if len(jobs) == 1:
+            [job] = jobs
+            one = await self._claim_one(job, job.start(now, holder=holder, lease_until=until))
+            return [] if one is None else [one]
+        done = await asyncio.gather(
+            *(self._claim_one(job, job.start(now, holder=holder, lease_until=until))
+              for job in jobs),
+            return_exceptions=True,
+        )  # fmt: skip
+        out = [j for j in done if isinstance(j, Job)]
+        failed = [e for e in done if isinstance(e, BaseException)]
+        if failed and not out:
+            raise failed[0]
+        return out
+
+    async def _claim_one(self, job: Job, t: Transition) -> Job | None:
+        """Commit one claim (its turn is held); the running job, or None if refused."""
+        try:
+            await self._store.commit([t])
+        except TransitionError:
+            return None
+        except StoreError as exc:
+            log.error("could not claim job %s for a remote worker: %s", job.id, exc)
+            raise
+        finally:
+            self._starting[job.queue] -= 1
+            if self._starting[job.queue] <= 0:
+                del self._starting[job.queue]
+            self.serial.give(job.id)
+        after = self._live.applied(job, t)
+        self._parts.metrics.queue_wait.observe(max(0.0, t.updated_at - job.ready_at))
+        self.leases.push(job.id, t.lease_until if t.lease_until is not None else t.updated_at)
+        return after
+
+    async def wait(self, req: ClaimRequest, within: float) -> None:
+        await self.lanes.wait(req.queues, req.kinds is not None, within, self._room)
+
+    # -- a held job's writes (each under its turn) ------------------------------------------
+
+    async def current(self, ids: Sequence[str]) -> list[Job | None]:
+        live = self._live.jobs
+        return [live.get(job_id) for job_id in ids]
+
+    async def write(self, job: Job, t: Transition, now: float) -> Job:
+        await self._store.commit([t])
+        after = self._live.applied(job, t)
+        self._moved(after)
+        return after
+
+    def _moved(self, after: Job) -> None:
+        """``after`` is durable and shown: if it left running, it is nobody's; if due again,
+        it goes back in the lanes (or the scheduler, if its queue is no longer remote)."""
+        if after.state is State.RUNNING:
+            return
+        job_id = after.id
+        self.leases.forget(job_id)
+        self._forced.discard(job_id)
+        if after.state is State.SCHEDULED:
+            self._claims._due(after)
+        if after.queue in self._claims._caps:
+            self.lanes.ring(after.queue)  # room for one more
+
+    async def extend(
+        self, now: float, leases: Sequence[tuple[Job, float, Progress | None]]
+    ) -> list[Renewed | None]:
+        if len(leases) == 1:
+            [(job, until, progress)] = leases
+            return [await self._renew(job, job.renew(now, until, progress))]
+        return list(await asyncio.gather(
+            *(self._renew(job, job.renew(now, until, progress)) for job, until, progress in leases)
+        ))  # fmt: skip
+
+    async def _renew(self, job: Job, t: Transition) -> Renewed | None:
+        try:
+            await self._store.commit([t])
+        except TransitionError:
+            return None
+        after = self._live.applied(job, t)
+        return (after.lease_until or t.updated_at, after.cancel_requested_at is not None)
+
+    def forced(self, job_id: str) -> bool:
+        return job_id in self._forced
+
+    # -- a cancel of a remote queue's job ---------------------------------------------------
+
+    async def cancel(self, job_id: str, force: bool) -> Job | None:
+        """Cancel a remote queue's scheduled job, or ask for the cancel of a remotely held
+        one (``force``: its lease held to now + ``cancel_grace_s``), in the job's turn; None
+        if neither (not live, or running in process): the caller's to decide."""
+        claims = self._claims
+        await self.serial.take(job_id)
+        try:
+            job = self._live.get(job_id)
+            if job is None:
+                return None
+            if job.state is State.SCHEDULED:
+                return await claims._cancel_scheduled(job)
+            if job.state is not State.RUNNING or remote_worker(job.holder) is None:
+                return None
+            now = self._clock.time()
+            first = job.cancel_requested_at is None
+            if not first and not force:
+                return job  # asked already: the heartbeat says so
+            t = job.request_cancel(now) if first else job.touch(now)
+            until = None
+            if force:
+                until = now + self._parts.config.cancel_grace_s
+                if job.lease_until is not None:
+                    until = min(until, job.lease_until)
+                t = msgspec.structs.replace(t, lease_until=until)
+            await self._store.commit([t])
+            after = self._live.applied(job, t)
+            if first:
+                self._parts.live.events.record(Event.CANCEL_REQUESTED, job)
+            if until is not None:
+                self._forced.add(job_id)
+                self.leases.push(job_id, until)
+            return after
+        finally:
+            self.serial.give(job_id)
+
+    # -- expiry -------------------------------------------------------------------------------
+
+    def _lease_due(self, ids: list[str]) -> None:
+        if self._stopping:
+            return
+        task = asyncio.ensure_future(self._expire(ids))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _expire(self, ids: list[str]) -> None:
+        if len(ids) == 1:
+            await self._expire_one(ids[0])
+            return
+        await asyncio.gather(*(self._expire_one(job_id) for job_id in ids))
+
+    async def _expire_one(self, job_id: str) -> None:
+        await self.serial.take(job_id)
+        try:
+            job = self._live.get(job_id)
+            if job is None or job.state is not State.RUNNING:
+                return
+            if remote_worker(job.holder) is None:
+                return
+            now = self._clock.time()
+            if job.lease_until is not None and job.lease_until > now:
+                self.leases.push(job_id, job.lease_until)  # renewed meanwhile: look again then
+                return
+            parts = self._parts
+            t = after_failure(job, expired_reason(job), now, parts.config.retry, parts.rng)
+            try:
+                await self._store.commit([t])
+            except StoreError as exc:
+                log.error("could not expire the lease of job %s: %s", job_id, exc)
+                self.leases.push(job_id, now + EXPIRY_RETRY_S)
+                return
+            except TransitionError as exc:  # (its turn is held: nothing else wrote it)
+                log.error("the expiry of job %s was refused: %s", job_id, exc)
+                return
+            after = self._live.applied(job, t)
+            parts.remote_counts["expired"] += 1
+            note_end(parts, job, after, "expired")
+            self._moved(after)
+        finally:
+            self.serial.give(job_id)

@@ -1,0 +1,191 @@
+"""``SharedSide``: remote workers when the queue lives in a shared database (PostgreSQL).
+
+Nothing of a remote claim is kept in the process, so any node serves any worker and
+accepts a token another node issued (the signing key is a row every node reads):
+
+- **Claim.** One statement, ``SharedStore.claim(n, now, lease_until, caps, only=queues,
+  kinds=..., holder=worker:<name>)``: durable, a new epoch, the worker's name as the
+  row's holder (never a node's, so no node's renewal or release touches it). The
+  node's own claimer leaves the remote queues out (``besides``), or claims nothing in
+  process when every queue is remote.
+- **Long-poll.** A waiting claim sleeps on a bell rung by whatever wakes the node's
+  claimer (a submit or requeue here, another node's NOTIFY, a resumed queue), and for
+  no longer than ``poll_s`` (the backstop for a lost NOTIFY) or until the earliest
+  delayed job is due (``next_due``, read at most once per ``poll_s`` for all waiters).
+- **Heartbeats** are one ``extend`` statement for all of a call's leases, each fenced
+  in it; **outcomes** read the job (``get``, gathered) and write through
+  ``commit_fenced`` with ``Fence(holder=job.holder, lease_from=now)``, so a job whose
+  lease ran out or that moved on is refused there, whichever node moved it.
+- **Expiry** is the rescue every node already runs (``SharedClaims.rescue``): a remote
+  row's lease runs out like a dead node's, through the retry policy.
+- **A forced cancel**: this node renews the lease no further, and after ``cancel_grace_s``
+  writes the attempt's end itself (cancelled), fenced on the epoch and holder: the
+  database's lease never shortens. The forced set and the timer are this node's: a
+  heartbeat that reaches another node renews the lease there, and a restart of this node
+  before the grace leaves the job to its lease's end (a limitation of shared mode).
+
+Writes of one job from this node take turns (``Serial``); two nodes' writes of one job
+are kept apart by the database's fence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from sqlq.common.backoff import after_failure
+from sqlq.common.clock import wait_event
+from sqlq.common.errors import StoreError, TransitionError
+from sqlq.common.models import Job, State, Transition
+from sqlq.common.protocol import ClaimRequest
+from sqlq.common.running import Progress
+from sqlq.common.store import Fence, Lease
+from sqlq.runtime.leases import write_fenced
+from sqlq.runtime.remote import Renewed, expired_reason, note_end
+from sqlq.runtime.serial import Serial
+
+if TYPE_CHECKING:
+    from sqlq.runtime.shared import SharedClaims
+
+log = logging.getLogger(__name__)
+
+# An outcome the database did not answer is written again for this long at most (and
+# never past the lease): then the worker hears 503, and reports it again itself.
+WRITE_FOR_S = 2.0
+
+
+class SharedSide:
+    def __init__(self, claims: SharedClaims) -> None:
+        self._claims = claims
+        self._store = claims._store
+        self._clock = claims.parts.clock
+        self._parts = claims.parts
+        self.serial = Serial()
+        self._bell = asyncio.Event()  # rung (and replaced) when work may have come
+        self._stopping = False
+        self._forced: set[str] = set()
+        self._next_due: tuple[float, float | None] | None = None  # (read at, next due)
+        self._tasks: set[asyncio.Task[None]] = set()  # forced cancels' cut-offs being written
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.ring()
+
+    def ring(self) -> None:
+        """Work may have come (a submit, a requeue, a NOTIFY, a resume): every waiting claim
+        looks again."""
+        self._bell.set()
+        self._bell = asyncio.Event()
+        self._next_due = None
+
+    async def take(self, req: ClaimRequest, holder: str, now: float) -> list[Job]:
+        if self._stopping:
+            return []
+        claims = self._claims
+        jobs = await self._store.claim(req.max, now, now + req.lease_s, claims._caps,
+                                       only=req.queues, kinds=req.kinds,
+                                       holder=holder)  # fmt: skip
+        wait = self._parts.metrics.queue_wait
+        for job in jobs:
+            wait.observe(max(0.0, now - job.ready_at))
+        return jobs
+
+    async def wait(self, req: ClaimRequest, within: float) -> None:
+        bell, clock = self._bell, self._clock
+        poll_s = self._claims.poll_s
+        now = clock.time()
+        cached = self._next_due
+        if cached is None or now - cached[0] > poll_s:
+            try:
+                due = await self._store.next_due(now)
+            except StoreError:  # out of reach for now: the poll looks again
+                due = None
+            cached = self._next_due = (now, due)
+        timeout = min(within, poll_s)
+        if cached[1] is not None:
+            timeout = min(timeout, max(0.0, cached[1] - now))
+        await wait_event(clock, bell, max(timeout, 0.001))
+
+    async def current(self, ids: Sequence[str]) -> list[Job | None]:
+        get = self._store.get
+        if len(ids) == 1:
+            return [await get(ids[0])]
+        return list(await asyncio.gather(*(get(job_id) for job_id in ids)))
+
+    async def write(self, job: Job, t: Transition, now: float) -> Job:
+        clock = self._clock
+        until = min(job.lease_until if job.lease_until is not None else now, now + WRITE_FOR_S)
+        fence = Fence(holder=job.holder, lease_from=now)
+        await write_fenced(self._store, clock, t, fence, lambda: clock.time() > until)
+        after = self._claims._applied(job, t)  # (finished: its waiters here are told)
+        if after.state is not State.RUNNING:
+            self._forced.discard(job.id)
+        if after.state is State.SCHEDULED:
+            self._claims._due(after)
+        return after
+
+    async def extend(
+        self, now: float, leases: Sequence[tuple[Job, float, Progress | None]]
+    ) -> list[Renewed | None]:
+        asked = [Lease(job.id, job.epoch, job.holder or "", until, progress)
+                 for job, until, progress in leases]  # fmt: skip
+        held = {e.job_id: e for e in await self._store.extend(now, asked)}
+        out: list[Renewed | None] = []
+        for job, _, _ in leases:
+            e = held.get(job.id)
+            out.append(None if e is None else (e.lease_until, e.cancel_asked))
+        return out
+
+    def forced(self, job_id: str) -> bool:
+        return job_id in self._forced
+
+    def force(self, job: Job) -> None:
+        """A forced cancel of the remotely held ``job`` (its cancel asked for, durably): no
+        renewal from this node from now on, and once ``cancel_grace_s`` has passed, if the
+        attempt still holds the job, its end is written (cancelled, by the cancel rule),
+        fenced on the epoch and the holder. (The database's lease never shortens: a timer
+        here cuts the attempt off instead, so a restart of this node before the grace
+        leaves the job to its lease's own end.)"""
+        self._forced.add(job.id)
+        self._clock.call_later(self._parts.config.cancel_grace_s, lambda: self._cut_later(job))
+
+    def _cut_later(self, job: Job) -> None:
+        if self._stopping:
+            return
+        task = asyncio.ensure_future(self._cut(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _cut(self, job: Job) -> None:
+        await self.serial.take(job.id)
+        try:
+            now = self._clock.time()
+            current = await self._store.get(job.id)
+            if (current is None or current.state is not State.RUNNING
+                    or current.epoch != job.epoch or current.holder != job.holder):  # fmt: skip
+                return
+            parts = self._parts
+            t = after_failure(current, expired_reason(current), now, parts.config.retry, parts.rng)
+            try:
+                await self._store.commit_fenced([t], Fence(holder=current.holder))
+            except (TransitionError, StoreError) as exc:
+                log.warning("could not cut off job %s after its forced cancel: %s", job.id, exc)
+                return
+            after = self._claims._applied(current, t)
+            parts.remote_counts["expired"] += 1
+            note_end(parts, current, after, "expired")
+            self._forced.discard(job.id)
+            if after.state is State.SCHEDULED:
+                self._claims._due(after)
+        finally:
+            self.serial.give(job.id)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

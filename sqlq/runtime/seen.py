@@ -1,0 +1,140 @@
+"""``WorkersSeen``: the remote workers this process has heard from, bounded.
+
+A worker is remembered by the name it gives (``ClaimRequest.worker``, stored in its
+claims' holder), with the principal it came as, when it was last heard of (any
+claim, heartbeat or outcome), the jobs it holds as this process knows them (its
+claims here less its outcomes and expiries here), and the queues it claimed from
+lately. At most ``MAX_WORKERS_SEEN`` workers are kept (the one heard of longest ago
+is forgotten first), each with at most ``MAX_CLAIM_QUEUES`` queues, and at most
+``MAX_QUEUES_SEEN`` queues remember when a worker last claimed from them: whatever
+names clients send, the memory is bounded. ``GET /workers`` shows it; ``GET
+/queues`` warns of a remote queue with jobs waiting that no worker claimed from in
+the last ``WORKER_SEEN_S``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlq.common import protocol
+from sqlq.common.protocol import (
+    MAX_CLAIM_QUEUES,
+    MAX_WORKERS_SEEN,
+    WORKER_SEEN_S,
+    WorkerList,
+    WorkerView,
+)
+from sqlq.common.roles import Principal
+
+MAX_QUEUES_SEEN = 10_000  # queues that remember their latest claim
+
+
+@dataclass(slots=True)
+class _Worker:
+    principal: str
+    role: str
+    last_seen: float
+    queues: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+
+class WorkersSeen:
+    def __init__(self, limit: int = MAX_WORKERS_SEEN) -> None:
+        self.limit = limit
+        self._workers: OrderedDict[str, _Worker] = OrderedDict()  # least recently seen first
+        self.held: Counter[str] = Counter()  # worker -> jobs it holds, as this process knows
+        self._claimed_from: OrderedDict[str, float] = OrderedDict()  # queue -> latest claim
+
+    def saw(self, worker: str, who: Principal, now: float, queues: Sequence[str] = ()) -> None:
+        """``worker`` was heard of at ``now`` (a claim names the ``queues`` it asked for)."""
+        w = self._workers.get(worker)
+        if w is None:
+            w = self._workers[worker] = _Worker(who.name, who.role.value, now)
+            if len(self._workers) > self.limit:
+                self._workers.popitem(last=False)
+        else:
+            w.principal, w.role, w.last_seen = who.name, who.role.value, max(w.last_seen, now)
+            self._workers.move_to_end(worker)
+        for queue in queues:
+            w.queues[queue] = None
+            w.queues.move_to_end(queue)
+            if len(w.queues) > MAX_CLAIM_QUEUES:
+                w.queues.popitem(last=False)
+            self._claimed_from[queue] = now
+            self._claimed_from.move_to_end(queue)
+        while len(self._claimed_from) > MAX_QUEUES_SEEN:
+            self._claimed_from.popitem(last=False)
+
+    def saw_holder(self, holder: str | None, who: Principal, now: float) -> None:
+        """The worker behind ``holder`` (a remote claim's) was heard of: a heartbeat or an
+        outcome, which name no worker but their token's job's holder."""
+        worker = protocol.remote_worker(holder)
+        if worker is not None:
+            self.saw(worker, who, now)
+
+    def took(self, worker: str, n: int) -> None:
+        """``worker`` holds ``n`` more jobs."""
+        if n:
+            self.held[worker] += n
+
+    def let_go(self, worker: str | None) -> None:
+        """A job ``worker`` held left it (an outcome, an expiry, or moved on elsewhere)."""
+        if worker is None:
+            return
+        n = self.held.pop(worker, 0)
+        if n > 1:
+            self.held[worker] = n - 1
+
+    def view(self) -> WorkerList:
+        """Every worker remembered, most recently seen first."""
+        return WorkerList(
+            workers=[
+                WorkerView(
+                    name=name,
+                    principal=w.principal,
+                    role=w.role,
+                    last_seen=w.last_seen,
+                    held=self.held.get(name, 0),
+                    queues=sorted(w.queues),
+                )
+                for name, w in reversed(self._workers.items())
+            ]
+        )
+
+    def active(self, now: float) -> int:
+        """Workers heard of within ``WORKER_SEEN_S`` of ``now``."""
+        since = now - WORKER_SEEN_S
+        n = 0
+        for w in reversed(self._workers.values()):  # most recent first: stop at the first old one
+            if w.last_seen < since:
+                break
+            n += 1
+        return n
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def served(self, now: float) -> set[str]:
+        """The queues some worker claimed from, or that a worker heard of within
+        ``WORKER_SEEN_S`` claimed from lately (one busy with long jobs claims seldom)."""
+        since = now - WORKER_SEEN_S
+        out: set[str] = set()
+        for queue, at in reversed(self._claimed_from.items()):
+            if at < since:
+                break
+            out.add(queue)
+        for w in reversed(self._workers.values()):
+            if w.last_seen < since:
+                break
+            out.update(w.queues)
+        return out
+
+
+def warning(waiting: int, served: bool) -> str | None:
+    """What ``GET /queues`` says of a remote queue with ``waiting`` jobs, if anything."""
+    if waiting <= 0 or served:
+        return None
+    return f"{waiting} jobs waiting and no worker seen for this queue in the last " + (
+        f"{WORKER_SEEN_S:.0f} s"
+    )

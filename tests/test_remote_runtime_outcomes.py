@@ -1,0 +1,276 @@
+"""A remote worker's outcomes in local mode: what each becomes, durable before it is
+answered; the fence (a stale epoch, a lease run out, a cancelled or finished job, a
+forged token, a worker outside its queues); the batch form, in order."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sqlq.common.clock import FakeClock
+from sqlq.common.models import State
+from sqlq.common.protocol import (
+    FENCED,
+    CheckpointIn,
+    CompleteBody,
+    CompleteIn,
+    FailIn,
+    Outcome,
+    OutcomesRequest,
+    ReleaseIn,
+    SnoozeIn,
+)
+from sqlq.common.roles import ADMIN
+from sqlq.common.tokens import KEY_BYTES, Ticket, sign
+from sqlq.runtime.remote import fence
+from tests.helpers import ServiceFactory, submit
+from tests.remote_helpers import claim, claim_one, remote_service, report, stored, worker
+
+
+async def test_complete_is_durable_and_a_waiter_hears_of_it(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    waiting = asyncio.create_task(rt.wait(job.id, 30))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    fake_clock.advance(2)
+    r = await report(rt, g.token, CompleteIn(result={"n": 1}))
+    assert (r.state, r.error, r.token) == ("completed", None, g.token)
+    done = await stored(rt, job.id)
+    assert (done.state, done.result, done.attempts, done.holder) == (
+        State.COMPLETED, {"n": 1}, 1, None,
+    )  # fmt: skip
+    heard = await waiting
+    assert heard is not None
+    assert heard.state is State.COMPLETED
+    assert rt.stats()["remote"]["complete"] == 1
+    assert rt.stats()["jobs"]["completed"] == 1
+
+
+async def test_the_single_forms_body_is_an_outcome_too(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    body = CompleteBody(token=g.token, result=7)
+    assert (await report(rt, body.token, body)).state == "completed"
+
+
+async def test_fail_retries_through_the_policy_and_dead_letters_past_max_attempts(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock, max_attempts=2)
+    job = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    r = await report(rt, g.token, FailIn(error="boom"))
+    assert r.state == "scheduled"
+    again = await stored(rt, job.id)
+    assert (again.attempts, again.last_error, again.epoch) == (1, "boom", 1)
+    assert again.ready_at > fake_clock.time()  # the backoff
+    fake_clock.advance(10)
+    g2 = await claim_one(rt)
+    assert (await report(rt, g2.token, FailIn(error="boom again"))).state == "dead"
+    dead = await stored(rt, job.id)
+    assert [e.error for e in dead.errors] == ["boom", "boom again"]
+    assert rt.stats()["retried"] == 1
+
+
+async def test_fail_with_retry_in_s_and_without_retry(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    a = await submit(rt, "k", queue="r")
+    b = await submit(rt, "k", queue="r")
+    ga, gb = await claim(rt, max=2)
+    now = fake_clock.time()
+    assert (await report(rt, ga.token, FailIn(error="later", retry_in_s=90))).state == "scheduled"
+    assert (await stored(rt, a.id)).ready_at == now + 90
+    assert (await report(rt, gb.token, FailIn(error="never", retry=False))).state == "dead"
+    assert (await stored(rt, b.id)).attempts == 1
+
+
+async def test_snooze_gives_the_attempt_back_and_counts_a_snooze(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    now = fake_clock.time()
+    assert (await report(rt, g.token, SnoozeIn(delay_s=45))).state == "scheduled"
+    snoozed = await stored(rt, job.id)
+    assert (snoozed.attempts, snoozed.snoozes, snoozed.ready_at) == (0, 1, now + 45)
+    assert rt.stats()["snoozed"] == 1
+    assert await claim(rt) == []
+    fake_clock.advance(45)
+    assert (await claim_one(rt)).job.snoozes == 1
+
+
+async def test_release_gives_the_job_back_due_now_with_no_attempt(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    assert (await report(rt, g.token, ReleaseIn())).state == "scheduled"
+    back = await stored(rt, job.id)
+    assert (back.state, back.attempts, back.epoch, back.holder) == (State.SCHEDULED, 0, 1, None)
+    g2 = await claim_one(rt, worker_name="w2")
+    assert (g2.job.id, g2.job.attempts, g2.job.holder) == (job.id, 1, "worker:w2")
+    assert (await report(rt, g.token, CompleteIn())).error == FENCED  # the old claim's token
+
+
+async def test_a_checkpoint_keeps_it_running_and_the_next_attempt_reads_it(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    assert (await report(rt, g.token, CheckpointIn(data={"step": 3}))).state == "running"
+    assert (await stored(rt, job.id)).checkpoint == {"step": 3}
+    bad = await report(rt, g.token, CheckpointIn(data=None))
+    assert bad.error == "invalid"
+    assert bad.detail is not None
+    assert bad.detail.startswith("data: ")
+    await report(rt, g.token, FailIn(error="x", retry_in_s=0))
+    again = await claim_one(rt)
+    assert again.job.checkpoint == {"step": 3}
+
+
+async def test_a_result_past_the_stored_value_bounds_fails_the_attempt(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    deep: object = 1
+    for _ in range(70):
+        deep = [deep]
+    assert (await report(rt, g.token, CompleteIn(result=deep))).state == "scheduled"
+    failed = await stored(rt, job.id)
+    assert failed.last_error is not None
+    assert "bounds" in failed.last_error
+
+
+async def test_a_token_is_fenced_once_its_job_moved_on(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Stale epoch (the lease expired and another worker holds it now), finished, cancelled."""
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r")
+    old = await claim_one(rt, lease_s=10)
+    fake_clock.advance(11)  # the heap expires it: retried
+    await asyncio.sleep(0)
+    fake_clock.advance(10)
+    new = await claim_one(rt, worker_name="w2")
+    assert new.job.epoch == old.job.epoch + 1
+    stale = await report(rt, old.token, CompleteIn(result="late"))
+    assert (stale.error, stale.state) == (FENCED, None)
+    assert stale.detail is not None
+    assert "epoch" in stale.detail
+    assert (await report(rt, new.token, CompleteIn(result="fresh"))).state == "completed"
+    assert (await stored(rt, job.id)).result == "fresh"  # the newer attempt stands
+    assert (await report(rt, new.token, CompleteIn(result="twice"))).error == FENCED
+    assert rt.stats()["fenced"] == 1  # (the finished job's is counted in remote's only)
+    assert rt.stats()["remote"]["fenced"] == 2
+    cancelled = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    await rt.cancel(cancelled.id)
+    assert (await report(rt, g.token, FailIn(error="stopped"))).state == "cancelled"
+    assert (await report(rt, g.token, CompleteIn())).error == FENCED
+
+
+def test_the_fence_names_why() -> None:
+    ticket = Ticket("a" * 32, 3, 30.0)
+    assert fence(None, ticket, 0.0) == "the job is finished or gone"
+
+
+async def test_a_lease_run_out_is_fenced_even_before_its_expiry_is_written(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    await submit(rt, "k", queue="r")
+    g = await claim_one(rt, lease_s=10)
+    job = await stored(rt, g.job.id)
+    ticket = Ticket(job.id, job.epoch, 10.0)
+    assert fence(job, ticket, fake_clock.time() + 10) is None  # (the last instant holds)
+    assert fence(job, ticket, fake_clock.time() + 10.5) == "the lease ran out"
+    assert fence(job, Ticket(job.id, job.epoch + 1, 10.0), fake_clock.time()) is not None
+
+
+async def test_a_forged_token_is_invalid_and_writes_nothing(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    forged = sign(b"\x01" * KEY_BYTES, job.id, g.job.epoch, 30)
+    for token in (forged, "not-a-token", g.token[:-2] + "AA"):
+        r = await report(rt, token, CompleteIn(result="forged"))
+        assert r.error == "invalid"
+        assert r.detail is not None
+        assert r.detail.startswith("token: ")
+    assert (await stored(rt, job.id)).state is State.RUNNING
+    assert rt.stats()["remote"]["invalid"] == 3
+
+
+async def test_a_worker_may_report_only_on_its_queues_jobs(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r")
+    g = await claim_one(rt)
+    r = await report(rt, g.token, CompleteIn(), who=worker("other", "r2"))
+    assert r.error == "forbidden"
+    assert (await stored(rt, job.id)).state is State.RUNNING
+    assert (await report(rt, g.token, CompleteIn(), who=worker("mine", "r"))).state == "completed"
+
+
+async def test_the_batch_form_answers_each_in_order(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    for _ in range(4):
+        await submit(rt, "k", queue="r")
+    g = await claim(rt, max=4)
+    both = Outcome(token=g[2].token, complete=CompleteIn(), release=ReleaseIn())
+    req = OutcomesRequest(outcomes=[
+        Outcome(token=g[0].token, complete=CompleteIn(result=0)),
+        Outcome(token=g[1].token, fail=FailIn(error="e", retry=False)),
+        both,
+        Outcome(token="nonsense", complete=CompleteIn()),
+        Outcome(token=g[3].token, snooze=SnoozeIn(delay_s=5)),
+        Outcome(token=g[0].token, complete=CompleteIn(result="again")),
+    ])  # fmt: skip
+    answer = await rt.remote.outcomes(req, ADMIN)
+    assert [(a.token, a.state, a.error) for a in answer.outcomes] == [
+        (g[0].token, "completed", None),
+        (g[1].token, "dead", None),
+        (g[2].token, None, "invalid"),
+        ("nonsense", None, "invalid"),
+        (g[3].token, "scheduled", None),
+        (g[0].token, None, FENCED),  # the same token twice: its turn came after the first
+    ]
+    assert (await stored(rt, g[0].job.id)).result == 0
+    assert (await stored(rt, g[2].job.id)).state is State.RUNNING
+
+
+@pytest.mark.parametrize("n", [1, 50])
+async def test_many_outcomes_at_once_all_land(
+    fake_clock: FakeClock, services: ServiceFactory, n: int
+) -> None:
+    rt = await remote_service(services, fake_clock)
+    for _ in range(n):
+        await submit(rt, "k", queue="r")
+    granted = await claim(rt, max=n)
+    req = OutcomesRequest(outcomes=[Outcome(token=g.token, complete=CompleteIn(result=i))
+                                    for i, g in enumerate(granted)])  # fmt: skip
+    answer = await rt.remote.outcomes(req, ADMIN)
+    assert [a.state for a in answer.outcomes] == ["completed"] * n
+    for i, g in enumerate(granted):
+        assert (await stored(rt, g.job.id)).result == i
+    assert rt.remote.workers().workers[0].held == 0

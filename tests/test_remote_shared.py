@@ -1,0 +1,141 @@
+"""Remote workers in shared mode on a real PostgreSQL: two nodes over one database. A token
+one node issued is good on the other; the nodes' own workers never take a remote queue's
+job; a heartbeat is one ``extend``; a cancel asked on one node reaches the heartbeat on
+the other; a silent worker's lease is rescued through the retry policy and its late
+outcome is fenced; a claim waiting on one node is woken by a submit on the other (NOTIFY).
+The same on a fake store, step by step: ``test_remote_runtime_shared.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sqlq.common.clock import FakeClock
+from sqlq.common.models import State
+from sqlq.common.protocol import FENCED, CompleteIn, FailIn, ProgressIn
+from sqlq.runtime.shared import SharedClaims
+from tests import shared_helpers
+from tests.helpers import NOW, final
+from tests.remote_helpers import REMOTE, beat, claim, claim_one, report, stored
+from tests.shared_helpers import Node, submit
+
+nodes = shared_helpers.nodes  # the fixture, by its name
+
+
+async def test_a_claim_on_one_node_is_renewed_and_reported_on_the_other(nodes: Node) -> None:
+    a = nodes(workers=1, remote_queues=REMOTE)
+    b = nodes(workers=1, remote_queues=REMOTE)
+    await a.start()
+    await b.start()
+    [remote_job] = await submit(a, queue="r", args={"name": "remote"})
+    [local_job] = await submit(a, args={"name": "local"})
+    assert (await final(a, local_job.id, within=10)).state is State.COMPLETED
+    assert (await stored(a, remote_job.id)).state is State.SCHEDULED  # no node took it
+    g = await claim_one(a, lease_s=30)
+    assert (g.job.id, g.job.holder, g.job.state) == (remote_job.id, "worker:w1", State.RUNNING)
+    [hb] = await beat(b, g.token, progress=ProgressIn(percent=40, message="on b"))
+    assert hb.error is None
+    assert hb.lease_until is not None
+    assert hb.lease_until >= g.lease_until
+    held = await stored(a, remote_job.id)
+    assert (held.state, held.holder) == (State.RUNNING, "worker:w1")
+    assert held.progress is not None
+    assert held.progress.percent == 40
+    assert (await report(b, g.token, CompleteIn(result={"on": "b"}))).state == "completed"
+    done = await stored(a, remote_job.id)
+    assert (done.state, done.result, done.attempts) == (State.COMPLETED, {"on": "b"}, 1)
+    assert (await report(a, g.token, CompleteIn())).error == FENCED
+
+
+async def test_a_cancel_asked_on_one_node_reaches_the_heartbeat_on_the_other(
+    nodes: Node,
+) -> None:
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE)
+    b = nodes(workers=0, all_remote=False, remote_queues=REMOTE)
+    await a.start()
+    await b.start()
+    [job] = await submit(a, queue="r")
+    g = await claim_one(a, lease_s=30)
+    asked = await b.cancel(job.id)
+    assert asked.cancel_requested_at is not None
+    [hb] = await beat(a, g.token)
+    assert hb.cancel_requested
+    assert (await report(a, g.token, FailIn(error="stopped"))).state == "cancelled"
+
+
+async def test_a_silent_workers_lease_is_rescued_and_its_late_outcome_fenced(
+    nodes: Node,
+) -> None:
+    clock = FakeClock(NOW)
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE, clock=clock, max_attempts=2)
+    await a.start()
+    assert isinstance(a.claims, SharedClaims)
+    a.claims.by_hand()  # this test rescues, step by step
+    [job] = await submit(a, queue="r")
+    g = await claim_one(a, lease_s=5)
+    clock.advance(6)
+    assert await a.claims.rescue() == 1
+    again = await stored(a, job.id)
+    assert (again.state, again.attempts, again.last_error) == (
+        State.SCHEDULED, 1, "lease expired: worker w1 went silent",
+    )  # fmt: skip
+    assert a.stats()["remote"]["expired"] == 1
+    assert (await report(a, g.token, CompleteIn(result="late"))).error == FENCED
+    clock.advance(1)  # past the retry's backoff
+    g2 = await claim_one(a, worker_name="w2", lease_s=5)
+    assert g2.job.epoch > g.job.epoch
+    clock.advance(6)
+    assert await a.claims.rescue() == 1
+    assert (await stored(a, job.id)).state is State.DEAD
+
+
+async def test_a_waiting_claim_on_one_node_is_woken_by_a_submit_on_the_other(
+    nodes: Node,
+) -> None:
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE, poll_s=30.0)
+    b = nodes(workers=0, all_remote=False, remote_queues=REMOTE, poll_s=30.0)
+    await a.start()
+    await b.start()
+    t0 = time.monotonic()
+    waiting = asyncio.create_task(claim(a, wait_s=20))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    [job] = await submit(b, queue="r")
+    [g] = await asyncio.wait_for(waiting, 10)
+    assert g.job.id == job.id
+    assert time.monotonic() - t0 < 10  # the NOTIFY, not the 30 s poll
+
+
+async def test_a_kinds_filter_and_several_queues(nodes: Node) -> None:
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE)
+    await a.start()
+    [first] = await submit(a, queue="r")
+    [other] = await submit(a, queue="r2", priority=3)
+    got = await claim(a, ("r", "r2"), max=5, kinds=["work"])
+    assert [g.job.id for g in got] == [other.id, first.id]
+    [none] = await submit(a, queue="r")
+    assert await claim(a, kinds=["something-else"]) == []
+    assert (await claim_one(a)).job.id == none.id
+
+
+async def test_a_forced_cancel_cuts_the_remote_attempt_off_after_the_grace(
+    nodes: Node,
+) -> None:
+    clock = FakeClock(NOW)
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE, clock=clock,
+              cancel_grace_s=3.0)  # fmt: skip
+    await a.start()
+    assert isinstance(a.claims, SharedClaims)
+    a.claims.by_hand()
+    [job] = await submit(a, queue="r")
+    g = await claim_one(a, lease_s=600)
+    await a.cancel(job.id, force=True)
+    clock.advance(1)
+    [hb] = await beat(a, g.token)
+    assert (hb.lease_until, hb.cancel_requested) == (g.lease_until, True)
+    clock.advance(2.5)
+    await a.claims.remote_side.drain()  # (the cut-off's write)
+    done = await stored(a, job.id)
+    assert (done.state, done.attempts) == (State.CANCELLED, 1)
+    assert (await report(a, g.token, CompleteIn())).error == FENCED
