@@ -23,7 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from sqlq.bench.experiments.base import DURABLE, NAMES
-from sqlq.bench.experiments.p_runs import WORKERS, CpuRun, LatencyRun, NoopRun, PRun
+from sqlq.bench.experiments.p_runs import (
+    REMOTE_WORKERS,
+    WORKERS,
+    CpuRun,
+    LatencyRun,
+    NoopRun,
+    PRun,
+)
 from sqlq.bench.experiments.rows import Row
 from sqlq.bench.peers import HUEY, installed
 from sqlq.bench.report import Report, cell, group, med
@@ -45,7 +52,8 @@ class PRow(Row, kw_only=True):
     jobs: int
     completed: int = 0
     processes: int = 0  # cpu: the worker's --processes, huey's -w, the server's --workers
-    workers: int = 0  # noop: in-process workers, or the remote worker's --concurrency
+    workers: int = 0  # noop: in-process workers, or the remote workers' slots in all
+    remote_workers: int = 0  # noop: sqlq worker processes
     rounds: int = 0
     drain_s: float = 0.0  # the first job's start to the last one's end
     wall_s: float = 0.0  # the release (resume, or worker spawn) to the last end seen
@@ -132,16 +140,19 @@ def _is(
 
 def _noop(rep: Report, rows: list[PRow]) -> None:
     r0 = rows[0]
+    nproc = max((r.remote_workers for r in rows), default=0) or REMOTE_WORKERS
+    slots = (r0.workers or WORKERS) // nproc
     rep.add(
         "### No-op jobs: remote workers against in-process",
         "",
         f"{r0.jobs:,} no-op jobs enqueued first (`POST /jobs/batch`), then run: by "
-        f"{WORKERS} in-process workers (the queue paused while they go in, then resumed), "
-        f"or by one `sqlq worker --concurrency {WORKERS}` started once they are in, against "
-        "`sqlq serve --workers 0` (every queue remote), claiming and reporting in batches "
-        "over 127.0.0.1. Jobs/s: completed jobs over the first `started_at` to the last "
-        "finish. Server CPU over the drain; the worker's process besides. The ratios are "
-        "taken within each repeat.",
+        f"{r0.workers or WORKERS} in-process workers (the queue paused while they go in, then "
+        f"resumed), or by {nproc} `sqlq worker --concurrency {slots}` processes (as many "
+        "slots in all) started once they are in, against `sqlq serve --workers 0` (every "
+        "queue remote), claiming and reporting in batches over 127.0.0.1. Jobs/s: completed "
+        "jobs over the first `started_at` to the last finish. Server CPU over the drain; the "
+        "workers' processes besides (all of them). The ratios are taken within each repeat. "
+        "On a shared machine CPU per job holds better than a rate.",
         "",
         "| store | runs in | jobs/s | server CPU us/job | worker CPU us/job | "
         "jobs/s remote / in-process | server CPU remote / in-process |",

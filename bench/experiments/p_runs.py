@@ -33,7 +33,8 @@ from sqlq.bench.experiments.base import Run
 from sqlq.bench.spinkind import IMPORT, LOG_ENV, NOOP, SPIN, read_log
 from sqlq.bench.stats import percentile
 
-WORKERS = 64  # in-process workers, and a remote worker's --concurrency, for no-op jobs
+WORKERS = 64  # no-op jobs: in-process workers, and the remote workers' slots in all
+REMOTE_WORKERS = 2  # no-op jobs: sqlq worker processes, WORKERS // REMOTE_WORKERS slots each
 LEASE_S = 30
 DRAIN_CAP_S = 300.0  # no run waits longer for its jobs
 STOP_S = 30.0  # a worker or consumer that has not exited this long after its signal: SIGKILL
@@ -103,11 +104,12 @@ class Child:
 
 def worker_cmd(url: str, *, concurrency: int, processes: int, name: str) -> list[str]:
     """``sqlq worker`` as the issue's CLI has it (no token: the bench server has none), quiet
-    as the bench's servers are."""
+    and with no grace, as the bench's servers are: it is stopped once its jobs are all done,
+    and with a grace its idle long-poll claim held the stop for all of it (10 s a run)."""
     return [sys.executable, "-m", "sqlq", "worker", "--url", url, "--import", IMPORT,
             "--queue", "default", "--concurrency", str(concurrency), "--processes",
             str(processes), "--lease", str(LEASE_S), "--name", name,
-            "--log-level", "warning"]  # fmt: skip
+            "--log-level", "warning", "--grace", "0"]  # fmt: skip
 
 
 async def _stats(pool: HttpPool) -> dict[str, Any]:
@@ -125,17 +127,17 @@ async def _submit(pool: HttpPool, jobs: int, spec: dict[str, Any]) -> None:
             raise RunFailed(f"POST /jobs/batch answered {status}: {reply}")
 
 
-async def _drained(pool: HttpPool, jobs: int, child: Child | None) -> dict[str, Any]:
+async def _drained(pool: HttpPool, jobs: int, children: list[Child]) -> dict[str, Any]:
     """``/stats`` once ``jobs`` jobs are finished (completed or dead), within the cap."""
     deadline = time.perf_counter() + DRAIN_CAP_S
     while True:
         stats = await _stats(pool)
         if stats["jobs"]["completed"] + stats["jobs"]["dead"] >= jobs:
             return stats
-        if child is not None:
-            child.check()
+        for c in children:
+            c.check()
         if time.perf_counter() > deadline:
-            tail = child.tail() if child is not None else ""
+            tail = "".join(c.tail() for c in children)
             raise RunFailed(f"{stats['jobs']} after {DRAIN_CAP_S:g} s\n{tail}")
         await asyncio.sleep(0.01)
 
@@ -184,7 +186,8 @@ class NoopRun(PRun):
             return asyncio.run(self._measure(srv.url, Path(d)))
 
     async def _measure(self, url: str, d: Path) -> dict[str, Any]:
-        child: Child | None = None
+        children: list[Child] = []
+        slots = WORKERS // REMOTE_WORKERS
         async with HttpPool(url, 2) as pool:
             try:
                 local = self.mode == "local"
@@ -196,22 +199,23 @@ class NoopRun(PRun):
                 if local:
                     await pool.request("POST", "/queues/default/resume")
                 else:
-                    cmd = worker_cmd(url, concurrency=WORKERS, processes=0, name="p-noop")
-                    child = Child(cmd, d / "worker.log", dict(os.environ))
-                after = await _drained(pool, self.jobs, child)
+                    for i in range(REMOTE_WORKERS):
+                        cmd = worker_cmd(url, concurrency=slots, processes=0, name=f"p-noop{i}")
+                        children.append(Child(cmd, d / f"worker{i}.log", dict(os.environ)))
+                after = await _drained(pool, self.jobs, children)
                 wall_s = time.perf_counter() - t0
-                worker_cpu = cpu_of_tree(child.proc.pid) if child is not None else 0.0
+                worker_cpu = sum(cpu_of_tree(c.proc.pid) for c in children)
             finally:
-                if child is not None:
-                    child.stop()
+                for c in children:
+                    c.stop()
             first, last = await _job_span(pool)
         return {
             "part": self.part, "mode": self.mode, "jobs": self.jobs,
             "completed": after["jobs"]["completed"] - before["jobs"]["completed"],
             "drain_s": round(last - first, 4), "wall_s": round(wall_s, 4),
             "server_cpu_s": round(after["process_cpu_s"] - before["process_cpu_s"], 4),
-            "worker_cpu_s": round(worker_cpu, 4),
-            "workers": WORKERS, "command": child.cmd[1:] if child is not None else [],
+            "worker_cpu_s": round(worker_cpu, 4), "workers": WORKERS,
+            "remote_workers": len(children), "command": children[0].cmd[1:] if children else [],
         }  # fmt: skip
 
 
@@ -264,7 +268,7 @@ class CpuRun(PRun):
                     p = self.processes
                     cmd = worker_cmd(url, concurrency=2 * p, processes=p, name=f"p-cpu{p}")
                     child = Child(cmd, d / "worker.log", {**os.environ, LOG_ENV: str(log)})
-                after = await _drained(pool, self.jobs, child)
+                after = await _drained(pool, self.jobs, [child] if child is not None else [])
                 wall_s = time.perf_counter() - t0
                 worker_cpu = cpu_of_tree(child.proc.pid) if child is not None else 0.0
             finally:
