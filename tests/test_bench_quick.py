@@ -19,7 +19,7 @@ from sqlq.cli import main
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(600)  # about a minute alone; several on a loaded 2-core machine
+@pytest.mark.timeout(900)  # two minutes alone (P starts sqlq worker processes); more when loaded
 def test_quick_suite_runs_every_experiment(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["bench", "--quick", "--out", str(tmp_path), "--no-progress"])
     assert r.exit_code == 0, r.output
