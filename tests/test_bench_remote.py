@@ -18,7 +18,8 @@ from sqlq.cli import main
 def _row(part: str, mode: str, repeat: int, **fields: object) -> dict[str, object]:
     return {"experiment": "P", "store": fields.pop("store", "sqlite"), "repeat": repeat,
             "label": f"P/{part}/{mode}", "meta": {"git_commit": "abc1234", "cores": 2},
-            "part": part, "mode": mode, **fields}  # fmt: skip
+            "part": part, "mode": mode, "load_before": 1.0, "load_after": 3.0,
+            **fields}  # fmt: skip
 
 
 def _noop(store: str, mode: str, repeat: int, drain_s: float, cpu_s: float) -> dict[str, object]:
@@ -73,6 +74,7 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
     ]
     text = "\n".join(rep.lines)
     assert "## P. Workers anywhere" in text
+    assert "load average around the runs: 2.0 [1.0-3.0] on 2 cores" in text
     # the remote row carries the per-repeat ratios: median [min-max]
     walq = [ln for ln in rep.lines if ln.startswith("| walq | sqlq worker")]
     assert walq

@@ -66,6 +66,8 @@ class PRow(Row, kw_only=True):
     start_p99_ms: float = 0.0
     handler_p50_ms: float = 0.0
     handler_p99_ms: float = 0.0
+    load_before: float | None = None  # the machine's 1-minute load average, before the run
+    load_after: float | None = None
     version: str = ""  # huey's
     command: tuple[str, ...] = ()  # the worker's or the consumer's
 
@@ -291,11 +293,19 @@ def section(rep: Report) -> None:
     rows = rep.rows(NAME, PRow)
     if not rows:
         return
+    loads = [x for r in rows for x in (r.load_before, r.load_after) if x is not None]
     rep.add(
         "## P. Workers anywhere: remote workers against in-process",
         "",
         "Real `sqlq serve` and `sqlq worker` processes (and huey's consumer) on 127.0.0.1, "
-        "a fresh server and data directory each run, every run in one repeat side by side.",
+        "a fresh server and data directory each run, every run in one repeat side by side."
+        + (
+            f" The machine's 1-minute load average around the runs: {cell(loads, '{:.1f}')} "
+            f"on {rep.cores} cores (above the cores, other work took CPU from these runs, and "
+            "a rate, a scaling above all, reads low)."
+            if loads
+            else ""
+        ),
         "",
     )
     for part, write in (("noop", _noop), ("cpu", _cpu), ("latency", _latency)):

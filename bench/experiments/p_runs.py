@@ -129,7 +129,8 @@ async def _submit(pool: HttpPool, jobs: int, spec: dict[str, Any]) -> None:
 
 async def _drained(pool: HttpPool, jobs: int, children: list[Child]) -> dict[str, Any]:
     """``/stats`` once ``jobs`` jobs are finished (completed or dead), within the cap."""
-    deadline = time.perf_counter() + DRAIN_CAP_S
+    started = time.perf_counter()
+    deadline = started + DRAIN_CAP_S
     while True:
         stats = await _stats(pool)
         if stats["jobs"]["completed"] + stats["jobs"]["dead"] >= jobs:
@@ -139,7 +140,21 @@ async def _drained(pool: HttpPool, jobs: int, children: list[Child]) -> dict[str
         if time.perf_counter() > deadline:
             tail = "".join(c.tail() for c in children)
             raise RunFailed(f"{stats['jobs']} after {DRAIN_CAP_S:g} s\n{tail}")
-        await asyncio.sleep(0.01)
+        # at most ~100 polls a drain, 5 to 50 ms apart: the drain is read from the jobs'
+        # clocks, and a poll every 10 ms cost the server ~1 s of CPU in a 10 s drain
+        await asyncio.sleep(min(0.05, max(0.005, (time.perf_counter() - started) / 100)))
+
+
+async def _logged(log: Path, jobs: int, child: Child | None) -> None:
+    """Until the handlers' log has ``jobs`` lines, read every 20 ms, within the cap."""
+    deadline = time.perf_counter() + DRAIN_CAP_S
+    while len(read_log(log)) < jobs:
+        if child is not None:
+            child.check()
+        if time.perf_counter() > deadline:
+            tail = child.tail() if child is not None else ""
+            raise RunFailed(f"{len(read_log(log))} of {jobs} jobs ran in {DRAIN_CAP_S:g} s\n{tail}")
+        await asyncio.sleep(0.02)
 
 
 async def _job_span(pool: HttpPool) -> tuple[float, float]:
@@ -163,6 +178,16 @@ class PRun(Run):
     jobs: int
     processes: int = 0
 
+    def execute(self) -> dict[str, Any]:
+        """The run's row, with the machine's 1-minute load average before and after it: on
+        a shared 2-core machine, what else ran says how far a rate can be read."""
+        before = os.getloadavg()[0]
+        row = self.measure()
+        return {**row, "load_before": round(before, 2), "load_after": round(os.getloadavg()[0], 2)}
+
+    def measure(self) -> dict[str, Any]:
+        raise NotImplementedError
+
     def server(self, log: Path | None = None) -> ServerProcess:
         workers = 0 if self.mode == "remote" else self.workers_local
         env = {LOG_ENV: str(log)} if log is not None else None
@@ -181,7 +206,7 @@ class NoopRun(PRun):
 
     part: str = "noop"
 
-    def execute(self) -> dict[str, Any]:
+    def measure(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-p-") as d, self.server() as srv:
             return asyncio.run(self._measure(srv.url, Path(d)))
 
@@ -231,7 +256,7 @@ class CpuRun(PRun):
     def workers_local(self) -> int:
         return self.processes
 
-    def execute(self) -> dict[str, Any]:
+    def measure(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-p-") as d:
             log = Path(d) / "spin.log"
             if self.mode == "huey":
@@ -268,6 +293,7 @@ class CpuRun(PRun):
                     p = self.processes
                     cmd = worker_cmd(url, concurrency=2 * p, processes=p, name=f"p-cpu{p}")
                     child = Child(cmd, d / "worker.log", {**os.environ, LOG_ENV: str(log)})
+                await _logged(log, self.jobs, child)  # a file read: no load on the server
                 after = await _drained(pool, self.jobs, [child] if child is not None else [])
                 wall_s = time.perf_counter() - t0
                 worker_cpu = cpu_of_tree(child.proc.pid) if child is not None else 0.0
@@ -296,12 +322,7 @@ class CpuRun(PRun):
         t0 = time.perf_counter()
         child = Child(cmd, d / "consumer.log", env)
         try:
-            deadline = t0 + DRAIN_CAP_S
-            while len(read_log(log)) < self.jobs:
-                child.check()
-                if time.perf_counter() > deadline:
-                    raise RunFailed(f"huey: {len(read_log(log))} of {self.jobs}\n{child.tail()}")
-                time.sleep(0.01)
+            asyncio.run(_logged(log, self.jobs, child))
             wall_s = time.perf_counter() - t0
             worker_cpu = cpu_of_tree(child.proc.pid)
         finally:
@@ -321,7 +342,7 @@ class LatencyRun(PRun):
 
     part: str = "latency"
 
-    def execute(self) -> dict[str, Any]:
+    def measure(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-p-") as d:
             log = Path(d) / "noop.log"
             with self.server(log if self.mode == "local" else None) as srv:
