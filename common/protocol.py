@@ -107,7 +107,7 @@ class Beat(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     token: str
     lease_until: float | None = None
-    cancel_requested: bool = False
+    cancel_requested: bool | None = None  # true or false in every renewed item; absent if not
     error: str | None = None
 
 

@@ -113,6 +113,9 @@ class QueueView(msgspec.Struct):
     running: int
     limit: int | None
     paused: bool
+    remote: bool = False  # served by remote workers only (--remote-queue, --workers 0)
+    # Set while a remote queue has jobs waiting and no worker claimed from it lately.
+    warning: str | None = None
 
 
 class QueueList(msgspec.Struct):

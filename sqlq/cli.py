@@ -70,30 +70,13 @@ def serve(**flags: Any) -> None:
     import uvloop
 
     from sqlq.engines.registry import engine, make_store
-    from sqlq.http.guard import MIN_TOKEN_LENGTH, Security, is_loopback
     from sqlq.runtime.config import RuntimeState
     from sqlq.serve import ServeOptions, build_runtime, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
     from sqlq.ui.options import UiOptions
 
     s = ServeSettings(**flags)
-    if s.token is not None and len(s.token.strip()) < MIN_TOKEN_LENGTH:
-        raise click.BadParameter(
-            f"must be at least {MIN_TOKEN_LENGTH} characters, not {len(s.token.strip())} "
-            "(make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))')",
-            param_hint="--token",
-        )
-    loopback = is_loopback(s.host)
-    if not loopback and s.token is None and not s.allow_no_token:
-        raise click.UsageError(
-            f"--host {s.host} is reachable from other machines: set --token (or SQLQ_TOKEN), "
-            "or pass --allow-no-token if something in front of sqlq authenticates"
-        )
-    if not loopback and s.token is None and not s.allowed_hosts:
-        raise click.UsageError(
-            f"--allow-no-token on --host {s.host} needs --allowed-host NAME, the names the "
-            "proxy in front of sqlq uses: without a token the Host check is the one wall left"
-        )
+    security = s.security()  # (a click error naming the flag, before anything opens)
     logging.basicConfig(
         level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -127,7 +110,7 @@ def serve(**flags: Any) -> None:
         grace_s=s.grace,
         access_log=s.access_log,
         log_level=s.log_level,
-        security=Security.for_binding(s.host, s.token, s.allowed_hosts),
+        security=security,
         max_connections=s.max_connections,
         keep_alive_s=s.keep_alive,
         ui=UiOptions(read_only=s.ui_read_only, secure_cookie=s.ui_secure_cookie) if s.ui else None,

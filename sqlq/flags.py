@@ -40,6 +40,16 @@ def _queue_caps(values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
+def _queue_names(values: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    """Check that each of ``values`` is a queue name (a click callback)."""
+    for value in values:
+        if not re.fullmatch(QUEUE_PATTERN, value):
+            raise click.BadParameter(
+                f"{value[:80]!r}: not a queue name (1-64 of A-Z a-z 0-9 _ . : -)", param_hint=flag
+            )
+    return values
+
+
 def queue_caps(values: tuple[str, ...]) -> dict[str, int]:
     return {name: int(n) for name, _, n in (v.partition("=") for v in _queue_caps(values))}
 

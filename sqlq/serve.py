@@ -24,6 +24,7 @@ from types import FrameType
 
 import uvicorn
 
+from sqlq.common.roles import ADMIN, describe
 from sqlq.common.store import JobStore
 from sqlq.http.app import create_app
 from sqlq.http.guard import Security
@@ -127,6 +128,10 @@ async def serve(runtime: Service, opts: ServeOptions) -> None:
         timeout_keep_alive=opts.keep_alive_s,
         proxy_headers=False,  # loopback by default; never trust X-Forwarded-* blindly
     )
+    sec = opts.security
+    if sec.required:  # who may call, by name and role; never a secret
+        everyone = ([ADMIN] if sec.token is not None else []) + [p for _, p in sec.principals]
+        log.info("tokens for %d principals: %s", len(everyone), describe(everyone))
     if opts.ui is not None:
         log.info("dashboard at http://%s:%d/ui/%s", opts.host, opts.port,
                  " (read-only)" if opts.ui.read_only else "")  # fmt: skip

@@ -12,17 +12,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from sqlq.common.backoff import RetryPolicy
+from sqlq.common.roles import MIN_TOKEN_LENGTH, Principal, TokenFileError, read_token_file
 from sqlq.common.store import DEFAULT_RETENTION_S
 from sqlq.engines.registry import CHOICES, COMPACT_FLOOR_MB, DEFAULT_COMPACT_RATIO
-from sqlq.flags import _queue_caps, opt
+from sqlq.flags import _queue_caps, _queue_names, opt
 from sqlq.flags import options as options  # the CLI reads both from here
 from sqlq.flags import queue_caps as queue_caps
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig
+
+if TYPE_CHECKING:
+    from sqlq.http.guard import Security
 
 _RUNTIME = RuntimeConfig()
 
@@ -35,6 +39,18 @@ def _finite(value: float, flag: str) -> float:
 
 
 _RETRY = RetryPolicy()
+
+
+def _token_file(value: str | None) -> str | None:
+    """``--token-file``, read once as the flag is parsed, so a bad file is a CLI error
+    naming it and the line (whether a line clashes with ``--token`` is checked later,
+    in ``ServeSettings.security``: the flags arrive in any order)."""
+    if value is not None:
+        try:
+            read_token_file(value)
+        except TokenFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--token-file") from None
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +97,20 @@ class ServeSettings:
         "os: handed to the OS (survives kill -9, not power loss).",
     )
     workers: int = opt(
-        _RUNTIME.workers, "--workers", type=click.IntRange(1, 4096), help="Worker tasks."
+        _RUNTIME.workers,
+        "--workers",
+        type=click.IntRange(0, 4096),
+        help="Worker tasks in this process. 0: none, and every queue is served by remote "
+        "workers (POST /claims; sqlq worker).",
+    )
+    remote_queues: tuple[str, ...] = opt(
+        (),
+        "--remote-queue",
+        multiple=True,
+        metavar="NAME",
+        callback=lambda ctx, param, value: _queue_names(value, "--remote-queue"),
+        help="Queue NAME is served by remote workers only (POST /claims; sqlq worker); "
+        "this process's workers never take its jobs (repeatable).",
     )
     max_attempts: int = opt(
         _RUNTIME.max_attempts,
@@ -187,15 +216,28 @@ class ServeSettings:
     host: str = opt(
         "127.0.0.1",
         "--host",
-        help="Address to bind. Anything but loopback needs --token (or --allow-no-token).",
+        help="Address to bind. Anything but loopback needs --token or --token-file (or "
+        "--allow-no-token).",
     )
     port: int = opt(8080, "--port", type=click.IntRange(0, 65535))
     token: str | None = opt(
         None,
         "--token",
         show_default=False,
-        help="Require 'Authorization: Bearer TOKEN' on every endpoint but /healthz and "
-        "/readyz; at least 16 characters. Prefer SQLQ_TOKEN: a flag shows in the process list.",
+        help="The admin's token: require 'Authorization: Bearer TOKEN' on every endpoint but "
+        "/healthz and /readyz; at least 16 characters. Prefer SQLQ_TOKEN: a flag shows in the "
+        "process list.",
+    )
+    token_file: str | None = opt(
+        None,
+        "--token-file",
+        type=click.Path(dir_okay=False),
+        metavar="FILE",
+        show_default=False,
+        callback=lambda ctx, param, value: _token_file(value),
+        help="More tokens, each with a role: lines of 'ROLE NAME SECRET [QUEUE ...]' (roles "
+        "admin, submit, worker, read; # comments). The file must be readable by its owner "
+        "only (chmod 600).",
     )
     allow_no_token: bool = opt(
         False,
@@ -299,6 +341,46 @@ class ServeSettings:
         "info", "--log-level", type=click.Choice(["debug", "info", "warning", "error"])
     )
 
+    def principals(self) -> tuple[tuple[str, Principal], ...]:
+        """``--token-file``'s (secret, principal) pairs, checked against ``--token`` too."""
+        if self.token_file is None:
+            return ()
+        try:
+            return tuple(read_token_file(self.token_file, admin_token=self.token))
+        except TokenFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--token-file") from None
+
+    def security(self) -> Security:
+        """What the guard checks, from ``--host``, ``--token``, ``--token-file`` and
+        ``--allowed-host``; a click error naming the flag for a combination that would
+        leave the server open or unusable: a short ``--token``, or a non-loopback
+        ``--host`` with no token at all unless ``--allow-no-token`` (and then
+        ``--allowed-host``) says something in front authenticates."""
+        from sqlq.http.guard import Security, is_loopback
+
+        if self.token is not None and len(self.token.strip()) < MIN_TOKEN_LENGTH:
+            raise click.BadParameter(
+                f"must be at least {MIN_TOKEN_LENGTH} characters, not {len(self.token.strip())} "
+                "(make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))')",
+                param_hint="--token",
+            )
+        principals = self.principals()
+        tokens = self.token is not None or bool(principals)
+        loopback = is_loopback(self.host)
+        if not loopback and not tokens and not self.allow_no_token:
+            raise click.UsageError(
+                f"--host {self.host} is reachable from other machines: set --token (or "
+                "SQLQ_TOKEN) or --token-file, or pass --allow-no-token if something in "
+                "front of sqlq authenticates"
+            )
+        if not loopback and not tokens and not self.allowed_hosts:
+            raise click.UsageError(
+                f"--allow-no-token on --host {self.host} needs --allowed-host NAME, the names "
+                "the proxy in front of sqlq uses: without a token the Host check is the one "
+                "wall left"
+            )
+        return Security.for_binding(self.host, self.token, self.allowed_hosts, principals)
+
     def runtime_config(self) -> RuntimeConfig:
         return RuntimeConfig(
             workers=self.workers,
@@ -324,6 +406,7 @@ class ServeSettings:
             listen=self.listen,
             cancel_grace_s=self.cancel_grace,
             max_snoozes=self.max_snoozes,
+            remote_queues=frozenset(self.remote_queues),  # (--workers 0: every queue)
         )
 
     def store_options(self) -> dict[str, Any]:

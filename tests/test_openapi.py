@@ -117,3 +117,38 @@ def check_every_operation(server: ServerProcess, examples: int) -> None:
     documented = {f"{op.method.upper()} {op.path}" for op in OPS} - {"GET /openapi.json"}
     assert set(checked) == documented, documented - set(checked)
     assert httpx.get(server.url + "/readyz").status_code == 200  # still serving
+
+
+def test_the_protocols_answers_match_the_document_when_jobs_flow() -> None:
+    """The fuzzing above meets /claims' refusals (its queues are never remote); here a
+    real claim, heartbeat, outcome, stale outcome, /workers and /queues of a remote
+    queue each answer as documented, body and status."""
+    srv = spawn_server("--store", "memory", "--remote-queue", "mail")
+    try:
+        srv.wait_ready()
+        schema = schemathesis.openapi.from_url(srv.url + "/openapi.json")
+
+        def call(method: str, path: str, body: Any = None) -> httpx.Response:
+            operation = schema[path][method]
+            case = operation.Case(body=body) if body is not None else operation.Case()
+            response = case.call()
+            case.validate_response(response, checks=CHECKS)
+            return httpx.Response(response.status_code, content=response.content)
+
+        assert call("POST", "/jobs", {"kind": "any.kind", "queue": "mail"}).status_code == 201
+        assert call("GET", "/queues").json()["queues"][0]["remote"] is True
+        [granted] = call("POST", "/claims", {"queues": ["mail"], "worker": "w"}).json()["claims"]
+        token = granted["token"]
+        beat = call("POST", "/claims/heartbeat", {"items": [{"token": token}, {"token": "x"}]})
+        assert [b.get("error") for b in beat.json()["items"]] == [None, "invalid"]
+        assert call("POST", "/claims/checkpoint", {"token": token, "data": [1]}).status_code == 200
+        assert call("GET", "/workers").json()["workers"][0]["held"] == 1
+        assert call("POST", "/claims/complete", {"token": token, "result": 1}).status_code == 200
+        assert call("POST", "/claims/release", {"token": token}).status_code == 409
+        assert call("POST", "/claims/fail", {"token": "x"}).status_code == 422
+        batch = call("POST", "/claims/outcomes", {"outcomes": [{"token": token, "release": {}}]})
+        assert batch.json()["outcomes"][0]["error"] == "fenced"
+        assert call("POST", "/claims", {"queues": ["mail"], "worker": "w", "wait_s": 0.1}
+                    ).json() == {"claims": []}  # fmt: skip
+    finally:
+        srv.stop()

@@ -155,7 +155,7 @@ def test_a_second_signal_cuts_the_grace_period_short(tmp_path: Path) -> None:
 
 def test_bad_flags_name_the_flag() -> None:
     runner = CliRunner()
-    r = runner.invoke(main, ["serve", "--workers", "0"])
+    r = runner.invoke(main, ["serve", "--workers", "-1"])  # (0 is allowed: all remote)
     assert r.exit_code == 2
     assert "--workers" in r.output
     r = runner.invoke(main, ["serve", "--store", "postgres"])
@@ -198,7 +198,7 @@ def test_env_vars_set_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     got = (cfg.workers, cfg.hb_timeout_s, cfg.retry.retries, cfg.max_queued)
     assert got == (7, 0.15, False, 42)
     assert seen["opts"].port == 18123  # type: ignore[attr-defined]
-    r = CliRunner().invoke(main, ["serve"], env={"SQLQ_WORKERS": "0"})
+    r = CliRunner().invoke(main, ["serve"], env={"SQLQ_WORKERS": "-1"})
     assert r.exit_code == 2
     assert "--workers" in r.output
 

@@ -128,8 +128,10 @@ def test_a_session_cookie_is_not_the_token_and_runs_out() -> None:
     assert cookie is not None
     assert TOKEN not in cookie
     assert s.valid(cookie)
-    expires, mac = cookie.split(".")
-    assert not s.valid(f"{int(expires) + 1}.{mac}")  # the expiry is signed
+    expires, mac, name = cookie.split(".")
+    assert name == "admin"  # the --token's principal
+    assert not s.valid(f"{int(expires) + 1}.{mac}.{name}")  # the expiry is signed
+    assert not s.valid(f"{expires}.{mac}.other")  # and the name
     clock.now += SESSION_S + 1
     assert not s.valid(cookie)
     # Another token (a restart with a new --token) ends every session.

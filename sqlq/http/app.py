@@ -4,7 +4,8 @@ Each handler parses and validates, makes one runtime call and answers JSON.
 Domain errors become HTTP statuses in one table (``sqlq.http.errors.ERRORS``,
 which also keeps what reaches a client free of the server's insides); nothing
 here touches a file or a database. Every request first passes
-``sqlq.http.guard`` (host, token, origin, content type).
+``sqlq.http.guard`` (host, token, origin, content type), and every route its role's
+rule (``sqlq.http.access``: the table of who may call what).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from starlette.types import Receive, Scope, Send
 from sqlq import __version__
 from sqlq.common import query as params
 from sqlq.common.errors import JobNotFoundError, ValidationError
-from sqlq.common.models import State
+from sqlq.common.models import Job, State
 from sqlq.common.redact import redact_paths
+from sqlq.common.roles import Principal, Role
 from sqlq.common.specs import (
     MAX_JOB_BYTES,
     CancelSpec,
@@ -36,7 +38,9 @@ from sqlq.common.specs import (
     whole_number,
 )
 from sqlq.common.wire import Cancelled, job_view
-from sqlq.http.errors import ERRORS, BodyTooLarge, JSONResponse, handler_for
+from sqlq.http.access import guarded, principal, require, rule
+from sqlq.http.claims import routes as claim_routes
+from sqlq.http.errors import ERRORS, BodyTooLarge, Forbidden, JSONResponse, handler_for
 from sqlq.http.guard import Guard, Security
 from sqlq.http.openapi import document
 from sqlq.http.schedules import routes as schedule_routes
@@ -76,7 +80,29 @@ def _info(info: QueueInfo) -> dict[str, Any]:
         "running": info.running,
         "limit": info.limit,
         "paused": info.paused,
+        "remote": info.remote,
+        "warning": info.warning,
     }
+
+
+def _may_submit(who: Principal, queues: list[tuple[str, str]]) -> None:
+    """A submitter whose token-file line names queues submits only to those (403 naming
+    the first field that names another); anyone else may submit anywhere."""
+    if who.queues is None:
+        return
+    for field, queue in queues:
+        if not who.serves(queue):
+            raise Forbidden(f"this token ({who.name}) submits only to its queues "
+                            f"({', '.join(sorted(who.queues))})", field)  # fmt: skip
+
+
+def _may_read(who: Principal, job: Job | None) -> Job | None:
+    """The job, if ``who`` may read it: a submitter whose line names queues reads only
+    their jobs; another queue's job is as missing (404) as one that does not exist, so
+    the answer says nothing of it."""
+    if job is None or who.role is not Role.SUBMIT or who.serves(job.queue):
+        return job
+    return None
 
 
 FORCE = {"1": True, "true": True, "0": False, "false": False}  # exactly these (OpenAPI's enum)
@@ -116,15 +142,17 @@ def create_app(
 
     api_document = document(VERSION)
     security = security or Security()
+    people = security.roster()  # one roster for the API's guard and the dashboard's login
     dashboard = None
     if ui is not None:  # imported here: without the dashboard, no Jinja2 at all
         from sqlq.ui.app import Dashboard
 
-        dashboard = Dashboard(runtime, ui, token=security.token, clock=runtime.clock)
+        dashboard = Dashboard(runtime, ui, token=people, clock=runtime.clock)
 
     async def submit(request: Request) -> Response:
         key = params.idempotency_key(request.headers.get("idempotency-key"))
         spec = decode_job(await read_body(request, MAX_BODY))
+        _may_submit(principal(request.scope), [("queue", spec.queue)])
         if key is not None:
             if spec.idempotency_key not in (None, key):
                 raise ValidationError("idempotency_key", "differs from the Idempotency-Key header")
@@ -134,6 +162,8 @@ def create_app(
 
     async def submit_batch(request: Request) -> Response:
         batch = decode_batch(await read_body(request, MAX_BATCH_BODY))
+        fields = [(f"jobs[{i}].queue", j.queue) for i, j in enumerate(batch.jobs)]
+        _may_submit(principal(request.scope), fields)
         jobs, created = await runtime.submit(batch.jobs, batch=True)
         body = {"ids": [j.id for j in jobs], "created": created}
         return JSONResponse(body, status_code=201 if any(created) else 200)
@@ -152,6 +182,7 @@ def create_app(
         job_id = _job_id(request)
         wait = params.wait_seconds(request.query_params)
         job = await (runtime.wait(job_id, wait) if wait else runtime.get(job_id))
+        job = _may_read(principal(request.scope), job)
         if job is None:
             raise JobNotFoundError(job_id)
         return JSONResponse(view(job))
@@ -209,12 +240,15 @@ def create_app(
     async def metrics(_: Request) -> Response:
         return Response(runtime.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
+    submit_checked = require(rule("POST", "/jobs"), "POST", "/jobs", submit)
+
     async def submit_fast(scope: Scope, receive: Receive, send: Send) -> None:
-        """``submit`` without the router and exception middleware (see ``Guard``); errors
-        go through the same table as every other route's."""
+        """``submit`` without the router and exception middleware (see ``Guard``), behind
+        its rule as the routed one is; errors go through the same table as every other
+        route's."""
         request = Request(scope, receive)
         try:
-            response = await submit(request)
+            response = await submit_checked(request)
         except Exception as exc:
             response = await handler_for(exc)(request, exc)
         await response(scope, receive, send)
@@ -232,27 +266,29 @@ def create_app(
                 await dashboard.sampler.stop()
             await runtime.stop(grace_s)
 
+    routes = [  # every route behind its role's rule (sqlq.http.access.guarded)
+        Route("/jobs", submit, methods=["POST"]),
+        Route("/jobs", list_jobs, methods=["GET"]),
+        Route("/jobs/batch", submit_batch, methods=["POST"]),
+        Route("/jobs/retry", retry_matching, methods=["POST"]),
+        Route("/jobs/cancel", cancel_matching, methods=["POST"]),
+        Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
+        Route("/queues", queues, methods=["GET"]),
+        Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
+        Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
+        Route("/jobs/{job_id}", get_job, methods=["GET"]),
+        Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+        *schedule_routes(runtime, read_body),
+        *claim_routes(runtime, read_body),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        *([] if dashboard is None else [Mount(UI_PREFIX, routes=dashboard.routes())]),
+    ]
     app = Starlette(
-        routes=[
-            Route("/jobs", submit, methods=["POST"]),
-            Route("/jobs", list_jobs, methods=["GET"]),
-            Route("/jobs/batch", submit_batch, methods=["POST"]),
-            Route("/jobs/retry", retry_matching, methods=["POST"]),
-            Route("/jobs/cancel", cancel_matching, methods=["POST"]),
-            Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
-            Route("/queues", queues, methods=["GET"]),
-            Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
-            Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
-            Route("/jobs/{job_id}", get_job, methods=["GET"]),
-            Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
-            *schedule_routes(runtime, read_body),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/stats", stats, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/openapi.json", openapi, methods=["GET"]),
-            *([] if dashboard is None else [Mount(UI_PREFIX, routes=dashboard.routes())]),
-        ],
+        routes=guarded(routes),
         exception_handlers=ERRORS,
         lifespan=lifespan,
         middleware=[
@@ -261,6 +297,7 @@ def create_app(
                 security=security,
                 fast={("POST", "/jobs"): submit_fast},
                 delegated=() if dashboard is None else (UI_PREFIX,),
+                roster=people,
             )
         ],
     )

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from sqlq.common.errors import (
     ECHO_LIMIT,
     DuplicateKeyError,
+    ForbiddenError,
     IdempotencyConflictError,
     JobNotFoundError,
     JobRunningError,
@@ -56,6 +57,14 @@ class BodyTooLarge(SqlqError):
         super().__init__(f"request body is larger than {limit} bytes")
 
 
+class Forbidden(ForbiddenError):
+    """A 403 whose body names a field (the header, or the value a role may not use)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class ScheduleNotFoundError(SqlqError):
     """No schedule of that name (404, as a missing job is)."""
 
@@ -70,6 +79,18 @@ def _error(status: int, code: str, message: str, field: str | None = None) -> JS
     if field is not None:
         body["field"] = clip(field, ECHO_LIMIT // 2)
     return JSONResponse(body, status_code=status)
+
+
+error = _error  # for the routes that answer an error without raising one (a fenced outcome)
+
+
+async def _forbidden(request: Request, exc: Exception) -> Response:
+    """A known principal without the right: its role (``sqlq.http.access.RoleError``,
+    naming the roles needed) or a worker's queues (the runtime's). Logged with the
+    principal's name, which the message holds; never a secret."""
+    assert isinstance(exc, ForbiddenError)
+    log.info("refused (403): %s %s: %s", request.method, request.url.path, exc.message)
+    return _error(403, "forbidden", exc.message, getattr(exc, "field", None))
 
 
 async def _validation(_: Request, exc: Exception) -> Response:
@@ -142,6 +163,7 @@ def handler_for(exc: Exception) -> Any:
 
 ERRORS: dict[Any, Any] = {
     ValidationError: _validation,
+    ForbiddenError: _forbidden,
     UnencodableError: _unencodable,
     QueueFullError: _queue_full,
     BadJSON: _bad_json,

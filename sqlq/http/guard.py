@@ -9,11 +9,14 @@ One pure ASGI middleware, in this order:
    binding the ``--allowed-host`` names, when given, are the only ones answered.
    Loopback means an address ``ipaddress`` calls loopback, or a name all of
    whose addresses are (``127.evil.example`` is a name like any other).
-2. **Token** (401): with ``--token`` set, every path except the probes
-   (``/healthz``, ``/readyz``) needs ``Authorization: Bearer <token>``, compared
-   in constant time. A client address that sent ``MAX_FAILURES`` wrong ones in
-   a minute gets 429 with ``Retry-After`` instead, its token not even compared
-   (``sqlq.throttle``): others are not affected.
+2. **Token** (401): with ``--token`` or ``--token-file`` set, every path except the
+   probes (``/healthz``, ``/readyz``) needs ``Authorization: Bearer <token>``, found
+   in the ``Roster`` in constant time; the ``Principal`` it names goes into the
+   request's scope (``sqlq.http.access.PRINCIPAL``), where each route's rule checks
+   its role (403, ``sqlq.http.access``). Without a token every request is ``ADMIN``'s.
+   A client address that sent ``MAX_FAILURES`` wrong ones in a minute gets 429 with
+   ``Retry-After`` instead, its token not even looked up (``sqlq.throttle``): others
+   are not affected.
 3. **Origin** (403): a browser sends ``Origin`` with every cross-site POST; one
    that names another host than ``Host`` is refused, so a page elsewhere cannot
    drive the API even on loopback without a token.
@@ -32,7 +35,6 @@ every request and the latter wraps each one in extra tasks and streams.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import math
 import socket
@@ -43,14 +45,15 @@ from typing import Any
 import msgspec
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sqlq.common.roles import ADMIN, MIN_TOKEN_LENGTH, Principal, Roster, roster
+from sqlq.http.access import PRINCIPAL
 from sqlq.throttle import Throttle
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 PROBES = frozenset({"/healthz", "/readyz"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
-
-MIN_TOKEN_LENGTH = 16  # characters; ``sqlq serve`` refuses a shorter --token
+__all__ = ["MIN_TOKEN_LENGTH", "Guard", "Security", "is_loopback"]  # MIN_...: the CLI's
 
 
 def _addresses(name: str) -> list[str]:
@@ -82,18 +85,34 @@ def is_loopback(host: str, resolve: Callable[[str], list[str]] = _addresses) -> 
 
 @dataclass(frozen=True, kw_only=True)
 class Security:
-    token: str | None = None  # None: no token asked (only allowed on loopback, or by override)
+    # --token, the admin's; None: no token asked (only allowed on loopback, or by override)
+    token: str | None = field(default=None, repr=False)
+    # --token-file's (secret, principal) pairs (``sqlq.common.roles.read_token_file``)
+    principals: tuple[tuple[str, Principal], ...] = field(default=(), repr=False)
     # Host names accepted in the Host header; None: any (not on loopback, no --allowed-host).
     allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS
     extra_hosts: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
     def for_binding(
-        cls, host: str, token: str | None, extra_hosts: tuple[str, ...] = ()
+        cls,
+        host: str,
+        token: str | None,
+        extra_hosts: tuple[str, ...] = (),
+        principals: tuple[tuple[str, Principal], ...] = (),
     ) -> Security:
         extra = frozenset(h.lower() for h in extra_hosts)
         allowed = LOOPBACK_HOSTS | extra if is_loopback(host) else (extra or None)
-        return cls(token=token, allowed_hosts=allowed, extra_hosts=extra)
+        return cls(token=token, principals=principals, allowed_hosts=allowed, extra_hosts=extra)
+
+    @property
+    def required(self) -> bool:
+        """Whether a request needs a token at all."""
+        return self.token is not None or bool(self.principals)
+
+    def roster(self) -> Roster | None:
+        """Everyone the tokens name (a new ``Roster``: build it once per app)."""
+        return roster(self.token, self.principals)
 
 
 def _host_name(value: str) -> str:
@@ -136,11 +155,12 @@ class Guard:
         fast: dict[tuple[str, str], ASGIApp] | None = None,
         delegated: tuple[str, ...] = (),
         throttle: Throttle | None = None,
+        roster: Roster | None = None,
     ) -> None:
         self.app = app
         self.security = security
         self.throttle = throttle or Throttle()
-        self._token = security.token.encode() if security.token else None
+        self._roster = roster if roster is not None else security.roster()
         self._fast = fast or {}
         self._delegated = delegated
 
@@ -178,7 +198,8 @@ class Guard:
             raise RuntimeError(f"unsupported ASGI scope type {scope['type']!r}")
 
     def check(self, scope: Scope) -> Refusal | None:
-        """Why the request is refused (status, code, message, header, extra headers)."""
+        """Why the request is refused (status, code, message, header, extra headers); on
+        the way, the principal its token names goes into ``scope``."""
         headers: dict[bytes, bytes] = {}
         for k, v in scope["headers"]:
             headers.setdefault(k, v)  # the first of a repeated header
@@ -193,7 +214,9 @@ class Guard:
                 [],
             )
         own = bool(self._delegated) and self._own_checks(scope["path"])
-        if self._token is not None and scope["path"] not in PROBES and not own:
+        if self._roster is None:
+            scope[PRINCIPAL] = ADMIN
+        elif scope["path"] not in PROBES and not own:
             client = scope.get("client")
             address = client[0] if client else None
             wait = self.throttle.retry_after(address)
@@ -207,8 +230,8 @@ class Guard:
                 )
             given = headers.get(b"authorization", b"")
             scheme, _, credential = given.partition(b" ")
-            ok = scheme.lower() == b"bearer" and hmac.compare_digest(credential, self._token)
-            if not ok:
+            who = self._roster.find(credential) if scheme.lower() == b"bearer" else None
+            if who is None:
                 if given:  # a guess; a request without the header guesses nothing
                     self.throttle.failed(address)
                 return (
@@ -218,6 +241,7 @@ class Guard:
                     "authorization",
                     [(b"www-authenticate", b'Bearer realm="sqlq"')],
                 )
+            scope[PRINCIPAL] = who
         origin = headers.get(b"origin")
         if origin is not None:
             authority = _origin_authority(origin.decode("latin-1"))

@@ -1,11 +1,15 @@
 """``GET /openapi.json``: the API described by the same msgspec types that validate it.
 
 Requests are the structs the handlers decode (``JobSpec``, ``BatchSpec``,
-``RetrySpec``, ``CancelSpec``, ``ScheduleSpec``); responses are the wire types of
-``common.wire`` (a job is ``JobView``: what is stored of it, less the request hash,
-with every attempt it made, its cancel, progress, errors, schedule and tick).
-msgspec writes their JSON Schema (2020-12, what OpenAPI 3.1 uses); this module
-only lays out the operations. Nothing about a field is written twice.
+``RetrySpec``, ``CancelSpec``, ``ScheduleSpec``, and the pull protocol's
+``ClaimRequest``, ``HeartbeatRequest``, the single outcomes' ``*Body`` and
+``OutcomesRequest`` from ``common.protocol``); responses are the wire types of
+``common.wire`` and ``common.protocol`` (a job is ``JobView``: what is stored of it,
+less the request hash, with every attempt it made, its cancel, progress, errors,
+schedule, tick, holder and lease). msgspec writes their JSON Schema (2020-12, what
+OpenAPI 3.1 uses); this module only lays out the operations. Nothing about a field is
+written twice; each operation's description names the roles that may call it, read
+from ``sqlq.http.access.RULES``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,22 @@ from typing import Any
 
 import msgspec
 
+from sqlq.common.protocol import (
+    CheckpointBody,
+    ClaimAnswer,
+    ClaimRequest,
+    CompleteBody,
+    FailBody,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    OutcomesAnswer,
+    OutcomesRequest,
+    ReleaseBody,
+    Reported,
+    SnoozeBody,
+    WorkerList,
+)
+from sqlq.common.roles import Role
 from sqlq.common.schedule import NAME_PATTERN, ScheduleSpec
 from sqlq.common.specs import (
     KEY_PATTERN,
@@ -40,6 +60,7 @@ from sqlq.common.wire import (
     ScheduleList,
     ScheduleView,
 )
+from sqlq.http.access import OPEN, RULES
 
 ERRORS = (400, 401, 403, 404, 409, 413, 415, 421, 422, 429, 503)
 
@@ -220,6 +241,72 @@ OPS = (
         params=(SCHEDULE,),
     ),
     Op(
+        "post",
+        "/claims",
+        "Claim up to `max` due jobs of remote queues, each with a token and a lease; "
+        "long-polls up to `wait_s` for the first (an empty list if none came)",
+        {200: ClaimAnswer},
+        ClaimRequest,
+    ),
+    Op(
+        "post",
+        "/claims/heartbeat",
+        "Renew every lease a worker holds, with progress; each item answers its new lease "
+        "and whether a cancel was asked for, or `fenced` (the job is no longer yours)",
+        {200: HeartbeatAnswer},
+        HeartbeatRequest,
+    ),
+    Op(
+        "post",
+        "/claims/complete",
+        "A claimed job's result (409 `fenced`: stale token, never a silent success)",
+        {200: Reported},
+        CompleteBody,
+    ),
+    Op(
+        "post",
+        "/claims/fail",
+        "A claimed job's failed attempt: through the retry policy (`retry_in_s` instead of "
+        "the backoff), or dead at once with `retry: false` (409 `fenced`: stale token)",
+        {200: Reported},
+        FailBody,
+    ),
+    Op(
+        "post",
+        "/claims/snooze",
+        "Put a claimed job back for `delay_s` without counting an attempt (409 `fenced`)",
+        {200: Reported},
+        SnoozeBody,
+    ),
+    Op(
+        "post",
+        "/claims/checkpoint",
+        "Save a claimed job's checkpoint durably; it keeps running (409 `fenced`)",
+        {200: Reported},
+        CheckpointBody,
+    ),
+    Op(
+        "post",
+        "/claims/release",
+        "Give a claimed job back unstarted: due now, no attempt counted (409 `fenced`)",
+        {200: Reported},
+        ReleaseBody,
+    ),
+    Op(
+        "post",
+        "/claims/outcomes",
+        "Many outcomes in one group commit: one answer per item, in order, each the "
+        "single form's (`state`, or `error`: fenced, invalid, forbidden)",
+        {200: OutcomesAnswer},
+        OutcomesRequest,
+    ),
+    Op(
+        "get",
+        "/workers",
+        "The remote workers seen lately: name, principal, role, last seen, jobs held, queues",
+        {200: WorkerList},
+    ),
+    Op(
         "get",
         "/healthz",
         "Liveness: 503 once the store has failed",
@@ -244,6 +331,14 @@ def _body(schema: dict[str, Any], text: bool = False) -> dict[str, Any]:
     return {"content": {media: {"schema": schema}}}
 
 
+def _who(op: Op) -> str:
+    """Which roles may call ``op`` (``sqlq.http.access.RULES``)."""
+    roles = RULES[(op.method.upper(), op.path)]
+    if roles is OPEN:
+        return "Needs no token."
+    return "Roles: " + ", ".join(r.value for r in Role if r in roles) + "."
+
+
 def document(version: str) -> dict[str, Any]:
     types = sorted(
         {t for op in OPS for t in (op.body, *op.ok.values()) if t is not None} | {ErrorBody},
@@ -266,7 +361,11 @@ def document(version: str) -> dict[str, Any]:
             responses[str(status)] = {"description": "OK", **_body(schema, op.text)}
         for status in op.errors:
             responses[str(status)] = {"description": "an error, as JSON", **error}
-        spec: dict[str, Any] = {"summary": op.summary, "responses": responses}
+        spec: dict[str, Any] = {
+            "summary": op.summary,
+            "description": _who(op),
+            "responses": responses,
+        }
         if op.params:
             spec["parameters"] = [
                 {
@@ -287,7 +386,11 @@ def document(version: str) -> dict[str, Any]:
             "title": "sqlq",
             "version": version,
             "description": "A durable background-job queue. Bodies are JSON; errors "
-            "are JSON bodies naming the field.",
+            "are JSON bodies naming the field. With tokens set (--token, the admin's, and "
+            "--token-file's, each with a role), every operation but the probes needs "
+            "`Authorization: Bearer <token>`: 401 for an unknown one, 403 for a role that "
+            "may not call it. Remote workers claim, renew and report jobs under /claims, "
+            "each claim carrying a token that fences stale reports (409 fenced).",
         },
         "paths": paths,
         "components": {

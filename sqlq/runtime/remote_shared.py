@@ -19,10 +19,10 @@ accepts a token another node issued (the signing key is a row every node reads):
 - **Expiry** is the rescue every node already runs (``SharedClaims.rescue``): a remote
   row's lease runs out like a dead node's, through the retry policy.
 - **A forced cancel**: this node renews the lease no further, and after ``cancel_grace_s``
-  writes the attempt's end itself (cancelled), fenced on the epoch and holder: the
-  database's lease never shortens. The forced set and the timer are this node's: a
-  heartbeat that reaches another node renews the lease there, and a restart of this node
-  before the grace leaves the job to its lease's end (a limitation of shared mode).
+  writes the attempt's end itself (cancelled), fenced on the epoch and holder (not the
+  lease: the database's lease never shortens, and a heartbeat that reached another node
+  may have renewed it there). The timer is this node's: a restart of this node before the
+  grace leaves the job to its lease's own end (a limitation of shared mode).
 
 Writes of one job from this node take turns (``Serial``); two nodes' writes of one job
 are kept apart by the database's fence.

@@ -7,8 +7,9 @@ ticks only while the tab is visible) from the page's own URL and swaps in place.
 Every change is a plain HTML form POST in two steps (``actions``): a GET
 confirmation page that says what will happen and changes nothing, then the POST,
 which answers with a page saying what happened. Each POST passes, in order: the
-session (``session.Sessions``), ``--ui-read-only``, the content type (forms only),
-a body limit, and the CSRF field (``gate``). The guard in front
+session (``session.Sessions``), ``--ui-read-only`` (or a session of the read role,
+which is read-only whatever the flag), the content type (forms only), a body limit,
+and the CSRF field (``gate``). The guard in front
 (``sqlq.http.guard``) still checks Host and Origin for these paths; it leaves the
 token and the content type to this module because a browser cannot send a bearer
 header with a link or a JSON body with a form.
@@ -29,6 +30,7 @@ from sqlq.common import query as params
 from sqlq.common.clock import Clock
 from sqlq.common.errors import ValidationError
 from sqlq.common.models import State
+from sqlq.common.roles import Role, Roster
 from sqlq.common.schedule import check_name
 from sqlq.common.wire import job_view
 from sqlq.runtime.service import Service
@@ -38,7 +40,7 @@ from sqlq.ui.options import PREFIX, UiOptions
 from sqlq.ui.overview import Sampler, overview
 from sqlq.ui.render import ShownArgs, ago, environment, pretty, static_files
 from sqlq.ui.schedules import page as schedule_page
-from sqlq.ui.session import COOKIE, SESSION_S, Sessions
+from sqlq.ui.session import COOKIE, SESSION_S, NotForTheDashboard, Sessions
 
 PAGE_SIZE = 50
 Handler = Callable[[Request], Awaitable[Response]]
@@ -53,7 +55,7 @@ class Dashboard:
     """The pages, their actions and the sampler behind the overview's chart."""
 
     def __init__(
-        self, runtime: Service, options: UiOptions, *, token: str | None, clock: Clock
+        self, runtime: Service, options: UiOptions, *, token: Roster | str | None, clock: Clock
     ) -> None:
         self.runtime = runtime
         self.options = options
@@ -73,6 +75,7 @@ class Dashboard:
             Route("/dead", page(self.dead_page), methods=["GET"]),
             Route("/queues", page(self.queues_page), methods=["GET"]),
             Route("/schedules", page(self.schedules_page), methods=["GET"]),
+            Route("/workers", page(self.workers_page), methods=["GET"]),
             Route("/confirm/{action}", page(self.confirm_page), methods=["GET"]),
             Route("/do/{action}", act(self.do), methods=["POST"]),
             Route("/login", self._safe(self.login_page), methods=["GET"]),
@@ -116,7 +119,7 @@ class Dashboard:
             if not self.sessions.valid(cookie):
                 raise Refused(401, "Sign in first", "This action needs a signed-in session.")
             if changes:
-                self._writable()
+                self._writable(request)
             form = await read_form(request)
             if not self.sessions.csrf_ok(cookie, form.get("csrf")):
                 raise Refused(
@@ -139,7 +142,7 @@ class Dashboard:
         cookie = request.cookies.get(COOKIE)
         context.update(
             csrf=self.sessions.csrf(cookie),
-            read_only=self.options.read_only,
+            read_only=self._read_only(request),
             signed_in=self.sessions.required and self.sessions.valid(cookie),
             engine=self.runtime.store.name,
             now=self.clock.time(),
@@ -201,6 +204,16 @@ class Dashboard:
     async def queues_page(self, request: Request) -> Response:
         return self.render(request, "queues.html", queues=await self.runtime.queues())
 
+    async def workers_page(self, request: Request) -> Response:
+        """The remote workers seen (``Remote.workers``: the most recently seen first)."""
+        seen = self.runtime.remote.workers().workers
+        workers = sorted(seen, key=lambda w: w.last_seen, reverse=True)
+        config = self.runtime.config
+        remote = sorted(config.remote_queues)
+        if config.every_queue_remote:
+            remote = ["every queue (--workers 0)"]
+        return self.render(request, "workers.html", workers=workers, remote_queues=remote)
+
     async def schedules_page(self, request: Request) -> Response:
         after = request.query_params.get("after") or None
         if after is not None:
@@ -216,7 +229,7 @@ class Dashboard:
                            paged=after is not None)  # fmt: skip
 
     async def confirm_page(self, request: Request) -> Response:
-        action = self._known(request.path_params["action"])
+        action = self._known(request, request.path_params["action"])
         fields = action.fields(dict(request.query_params))
         return self.render(request, "confirm.html", action=action.name, fields=fields,
                            question=action.ask(fields), back=action.back(fields))  # fmt: skip
@@ -237,7 +250,11 @@ class Dashboard:
         client = request.client.host if request.client else None
         if self.sessions.throttled(client):
             raise Refused(429, "Too many attempts", "Too many wrong tokens: wait a minute.")
-        cookie = self.sessions.login(form.get("token", ""), client)
+        try:
+            cookie = self.sessions.login(form.get("token", ""), client)
+        except NotForTheDashboard as exc:
+            raise Refused(403, "Refused", f"That token is of the {exc.who.role.value} role: "
+                          "the dashboard takes the admin and read roles.") from None  # fmt: skip
         if cookie is None:
             return self.render(request, "login.html", status=401, next=target,
                                error="That is not the server's token.")  # fmt: skip
@@ -267,19 +284,29 @@ class Dashboard:
     # -- actions -------------------------------------------------------------------------
 
     async def do(self, request: Request) -> Response:
-        action = self._known(request.path_params["action"])
+        action = self._known(request, request.path_params["action"])
         fields = action.fields(request.state.form)
         text = await action.perform(self.runtime, fields)
         return self.render(request, "message.html", title="Done", text=text,
                            back=action.back(fields))  # fmt: skip
 
-    def _known(self, name: str) -> Action:
-        self._writable()
+    def _known(self, request: Request, name: str) -> Action:
+        self._writable(request)
         action = ACTIONS.get(name)
         if action is None:
             raise Refused(404, "No such action", f"Actions: {', '.join(ACTIONS)}.")
         return action
 
-    def _writable(self) -> None:
+    def _read_only(self, request: Request) -> bool:
+        """``--ui-read-only``, or a session of the read role."""
+        if self.options.read_only:
+            return True
+        who = self.sessions.who(request.cookies.get(COOKIE))
+        return who is not None and who.role is Role.READ
+
+    def _writable(self, request: Request) -> None:
         if self.options.read_only:
             raise Refused(403, "Read-only", "This dashboard is read-only (--ui-read-only).")
+        if self._read_only(request):
+            raise Refused(403, "Read-only", "This session's token is of the read role: it "
+                          "may look, not change anything.")  # fmt: skip

@@ -1,0 +1,150 @@
+"""``/claims`` and ``/workers``: the pull protocol's routes over ``Service.remote``.
+
+Thin as the jobs' routes are: each reads its body within its limit, decodes it into
+the struct ``sqlq.common.protocol`` defines (msgspec; a bad value is a 422 naming the
+field, as every route's is), makes one runtime call and answers JSON. The runtime
+fences, writes and answers; what it refuses goes through the one error table
+(``sqlq.http.errors.ERRORS``: ``ValidationError`` 422, ``ForbiddenError`` 403,
+``StoreError`` 503).
+
+A single outcome (``/claims/complete`` ...) answers 200 with its ``Reported``, or its
+refusal as an error body: 409 ``fenced`` (stale: the job moved on, its lease ran out,
+or it was cancelled), 422 ``invalid`` (a token this server never signed, or a bad
+value), 403 ``forbidden`` (a worker's token on another queue's job). The heartbeat and
+the batch of outcomes answer 200 with one answer per item, in order, whatever each
+item's fate.
+
+Tokens travel only in bodies, never in a URL, so no access log holds one. A claim
+long-polls up to ``MAX_WAIT_CLAIM_S`` (30 s); no timeout of this server cuts a request
+that long (uvicorn's keep-alive timeout counts only idle time between requests, and
+nothing else here has one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sqlq.common.protocol import (
+    FENCED,
+    MAX_ERROR,
+    MAX_ITEMS,
+    MAX_TOKEN,
+    CheckpointBody,
+    CheckpointIn,
+    ClaimRequest,
+    CompleteBody,
+    CompleteIn,
+    FailBody,
+    FailIn,
+    HeartbeatRequest,
+    OutcomesRequest,
+    ReleaseBody,
+    ReleaseIn,
+    Reported,
+    SnoozeBody,
+    SnoozeIn,
+    What,
+)
+from sqlq.common.roles import Principal
+from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE
+from sqlq.common.specs import MAX_JOB_BYTES, decode
+from sqlq.http.access import principal
+from sqlq.http.errors import JSONResponse, error
+from sqlq.runtime.service import Service
+
+# The body limits, each named once (413 past it; ``/openapi.json`` states none of them,
+# as it states none of the jobs' routes'). A JSON string may spell a character in six
+# bytes (``\u00e9``), so a limit that must hold N characters of text allows 6N bytes.
+MAX_CLAIM_BODY = 64 << 10  # up to 100 queues and 100 kinds: ~20 KiB at most
+# MAX_ITEMS beats, each a token and a progress message at its longest, escaped
+MAX_HEARTBEAT_BODY = MAX_ITEMS * (MAX_TOKEN + 6 * MAX_PROGRESS_MESSAGE + 128)
+MAX_OUTCOME_BODY = MAX_JOB_BYTES  # one outcome: a result as large as a job (1 MiB)
+# A checkpoint is held to MAX_CHECKPOINT_BYTES as the server encodes it (the runtime's
+# check); a client's encoder may escape every character (Python's json.dumps does).
+MAX_CHECKPOINT_BODY = 6 * MAX_CHECKPOINT_BYTES + 6 * MAX_TOKEN + 1024
+MAX_OUTCOMES_BODY = 16 << 20  # up to MAX_ITEMS outcomes, as /jobs/batch's limit
+assert MAX_OUTCOME_BODY >= 6 * MAX_ERROR + 1024, "a failure's error must fit a /claims/fail body"
+
+ReadBody = Callable[[Request, int], Awaitable[bytes]]
+
+
+# Each single form: its body's struct, what it says without the token, and its limit.
+SINGLE: dict[str, tuple[type[Any], type[Any], int]] = {
+    "complete": (CompleteBody, CompleteIn, MAX_OUTCOME_BODY),
+    "fail": (FailBody, FailIn, MAX_OUTCOME_BODY),
+    "snooze": (SnoozeBody, SnoozeIn, MAX_OUTCOME_BODY),
+    "checkpoint": (CheckpointBody, CheckpointIn, MAX_CHECKPOINT_BODY),
+    "release": (ReleaseBody, ReleaseIn, MAX_OUTCOME_BODY),
+}
+
+
+def _what(body: Any, said: type[Any]) -> What:
+    """A single form's body less its token: the ``*In`` struct it extends (shallow: the
+    result or data is handed on as decoded, not copied)."""
+    fields = msgspec.structs.asdict(body)
+    del fields["token"]
+    what: What = said(**fields)
+    return what
+
+
+def answer(reported: Reported) -> Response:
+    """A single outcome's answer: 200 ``Reported``, or its refusal as an error body."""
+    if reported.error is None:
+        return JSONResponse(reported)
+    detail = reported.detail or reported.error
+    if reported.error == FENCED:
+        return error(409, FENCED, detail or "fenced", "token")
+    if reported.error == "forbidden":
+        return error(403, "forbidden", detail)
+    field, sep, message = detail.partition(": ")  # the runtime's "<field>: why"
+    if not sep or " " in field:  # a detail that names no field
+        field, message = "body", detail
+    return error(422, "invalid", message, field)
+
+
+def routes(service: Service, read_body: ReadBody) -> list[Route]:
+    """The routes over ``service.remote``; ``read_body`` is the app's bounded reader."""
+
+    def who(request: Request) -> Principal:
+        return principal(request.scope)
+
+    async def claim(request: Request) -> Response:
+        req = decode(await read_body(request, MAX_CLAIM_BODY), ClaimRequest)
+        return JSONResponse(await service.remote.claim(req, who(request)))
+
+    async def heartbeat(request: Request) -> Response:
+        req = decode(await read_body(request, MAX_HEARTBEAT_BODY), HeartbeatRequest)
+        return JSONResponse(await service.remote.heartbeat(req, who(request)))
+
+    def single(name: str) -> Callable[[Request], Awaitable[Response]]:
+        struct, said, limit = SINGLE[name]
+
+        async def report(request: Request) -> Response:
+            body = decode(await read_body(request, limit), struct)
+            what = _what(body, said)
+            reported = await service.remote.report(body.token, what, who(request))
+            return answer(reported)
+
+        report.__name__ = f"report_{name}"
+        return report
+
+    async def outcomes(request: Request) -> Response:
+        req = decode(await read_body(request, MAX_OUTCOMES_BODY), OutcomesRequest)
+        return JSONResponse(await service.remote.outcomes(req, who(request)))
+
+    async def workers(_: Request) -> Response:
+        return JSONResponse(msgspec.to_builtins(service.remote.workers()))
+
+    return [
+        Route("/claims", claim, methods=["POST"]),
+        Route("/claims/heartbeat", heartbeat, methods=["POST"]),
+        *(Route(f"/claims/{name}", single(name), methods=["POST"]) for name in SINGLE),
+        Route("/claims/outcomes", outcomes, methods=["POST"]),
+        Route("/workers", workers, methods=["GET"]),
+    ]

@@ -1,0 +1,84 @@
+"""Races of a remote claim in local mode: with a cancel of the same job (whichever commits
+first decides, and the other follows it), and the turns themselves (``Serial``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sqlq.common.clock import FakeClock
+from sqlq.common.models import State
+from sqlq.common.protocol import FailIn
+from sqlq.runtime.serial import Serial
+from tests.helpers import ServiceFactory, submit
+from tests.remote_helpers import claim, claim_one, report, stored
+from tests.running_helpers import HeldStore
+
+
+async def test_a_claim_passes_over_a_job_whose_cancel_is_in_flight(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    store = HeldStore(lambda t: t.state is State.CANCELLED, clock=fake_clock)
+    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
+                  all_remote=False)  # fmt: skip
+    await rt.start()
+    job = await submit(rt, "k", queue="r")
+    cancelling = asyncio.create_task(rt.cancel(job.id))
+    await store.held.wait()  # the cancel's commit is in flight
+    assert await claim(rt) == []  # passed over: the cancel decides
+    store.gate.set()
+    assert (await cancelling).state is State.CANCELLED
+    assert (await stored(rt, job.id)).state is State.CANCELLED
+    assert await claim(rt) == []
+
+
+async def test_a_cancel_during_a_remote_claims_commit_becomes_a_request(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    store = HeldStore(lambda t: t.state is State.RUNNING and t.holder is not None,
+                      clock=fake_clock)  # fmt: skip
+    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
+                  all_remote=False)  # fmt: skip
+    await rt.start()
+    job = await submit(rt, "k", queue="r")
+    claiming = asyncio.create_task(claim_one(rt))
+    await store.held.wait()  # the claim's commit is in flight
+    cancelling = asyncio.create_task(rt.cancel(job.id))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not cancelling.done()  # it waits for the claim's turn
+    store.pick = None
+    store.gate.set()
+    g = await claiming
+    asked = await cancelling
+    assert (asked.state, asked.cancel_requested_at is not None) == (State.RUNNING, True)
+    assert (await report(rt, g.token, FailIn(error="stopped"))).state == "cancelled"
+
+
+async def test_turns_are_taken_in_order_and_a_cancelled_waiter_passes_its_turn_on() -> None:
+    serial = Serial()
+    order: list[str] = []
+    assert serial.try_take("j")
+    assert not serial.try_take("j")
+
+    async def write(name: str) -> None:
+        await serial.take("j")
+        try:
+            order.append(name)
+        finally:
+            serial.give("j")
+
+    first = asyncio.create_task(write("first"))
+    gone = asyncio.create_task(write("gone"))
+    last = asyncio.create_task(write("last"))
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.sleep(0)
+    serial.give("j")
+    await asyncio.gather(first, last)
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert order == ["first", "last"]
+    assert len(serial) == 0  # nothing held: nothing kept
+    await serial.idle("j")
