@@ -127,6 +127,103 @@ def serve(**flags: Any) -> None:
 
 @main.command()
 @click.option(
+    "--url",
+    default="http://127.0.0.1:8080",
+    show_default=True,
+    envvar="SQLQ_URL",
+    help="The sqlq server (or SQLQ_URL).",
+)
+@click.option(
+    "--import",
+    "imports",
+    multiple=True,
+    metavar="MODULE",
+    help="A module whose @task handlers to run (repeatable).",
+)
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    default=("default",),
+    show_default=True,
+    metavar="NAME",
+    help="A remote queue to claim from (repeatable).",
+)
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    metavar="K",
+    help="Claim only jobs of this kind (repeatable; default: every kind it runs).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 10_000),
+    default=None,
+    help="Jobs held at once, claimed ones waiting for a process included "
+    "[default: 10, or 4 x --processes if more].",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(0, 1024),
+    default=0,
+    show_default=True,
+    help="Run plain (sync) handlers in this many worker processes; 0: in threads.",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(5, 3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds a claim holds unrenewed; a heartbeat renews all every lease/3.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 86_400),
+    default=10.0,
+    show_default=True,
+    help="Seconds running jobs get to finish after SIGTERM.",
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(0, 30),
+    default=5.0,
+    show_default=True,
+    help="Seconds a claim long-polls for work (an idle worker stops within this).",
+)
+@click.option("--name", default=None, help="What this worker calls itself (default host-pid).")
+@click.option(
+    "--token",
+    envvar="SQLQ_TOKEN",
+    default=None,
+    show_default=False,
+    help="The bearer token (or SQLQ_TOKEN); never printed.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+@click.option(
+    "--fault-injection",
+    is_flag=True,
+    help="Let sleep jobs' fail_prob and hang_prob act (tests, benchmarks).",
+)
+def worker(**flags: Any) -> None:
+    """Run @task handlers on jobs claimed from a server's remote queues.
+
+    It claims in batches, renews every lease it holds in one heartbeat, reports outcomes
+    in batches, and keeps each one until the server takes it (or fences it). SIGTERM:
+    claim no more, finish within --grace, give back what has not started, exit 0.
+    """  # fmt: skip
+    from sqlq.worker_main import WorkerFlags, run
+
+    run(WorkerFlags(**flags))
+
+
+@main.command()
+@click.option(
     "--dsn",
     envvar="SQLQ_DSN",
     required=True,
