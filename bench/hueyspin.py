@@ -3,7 +3,7 @@
     python -m sqlq.bench.hueyspin enqueue JOBS ROUNDS      # prints the seconds it took
     python -m huey.bin.huey_consumer sqlq.bench.hueyspin.huey -k process -w 2
 
-Storage: ``SqliteHuey`` on the file ``DB_ENV`` names, with ``fsync=True``. There is no
+Storage: ``SqliteHuey`` on the file ``HUEY_DB_ENV`` names, with ``fsync=True``. There is no
 Redis on this machine (huey's first storage); of the two that need no server, SQLite is
 the one huey documents for production and the one sqlq's own engine uses, and with fsync
 it is durable at each enqueue and dequeue as sqlq is at ``--sync full``. ``FileHuey``
@@ -19,11 +19,11 @@ import time
 
 from huey import SqliteHuey
 
-from sqlq.bench.spinkind import spin, stamp
+from sqlq.bench.spinkind import HUEY_DB_ENV, spin, stamp
 
-DB_ENV = "SQLQ_BENCH_HUEY_DB"
-
-huey = SqliteHuey(name="sqlq-bench-p", filename=os.environ.get(DB_ENV, "huey.db"), fsync=True)
+if not os.environ.get(HUEY_DB_ENV):  # else SqliteHuey would make a file wherever it runs
+    raise RuntimeError(f"{HUEY_DB_ENV} names no file: set it to huey's SQLite file")
+huey = SqliteHuey(name="sqlq-bench-p", filename=os.environ[HUEY_DB_ENV], fsync=True)
 
 
 @huey.task()  # type: ignore[untyped-decorator]  # huey is read as Any (pyproject)

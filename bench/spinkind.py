@@ -24,6 +24,7 @@ from sqlq import task
 IMPORT = "sqlq.bench.spinkind"
 NOOP, SPIN = "bench.noop", "bench.spin"
 LOG_ENV = "SQLQ_BENCH_P_LOG"
+HUEY_DB_ENV = "SQLQ_BENCH_HUEY_DB"  # huey's SQLite file (``sqlq.bench.hueyspin``)
 ROUNDS = 300_000
 
 

@@ -30,7 +30,7 @@ import msgspec
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerProcess
 from sqlq.bench.experiments.base import Run
-from sqlq.bench.spinkind import IMPORT, LOG_ENV, NOOP, SPIN, read_log
+from sqlq.bench.spinkind import HUEY_DB_ENV, IMPORT, LOG_ENV, NOOP, SPIN, read_log
 from sqlq.bench.stats import percentile
 
 WORKERS = 64  # no-op jobs: in-process workers, and the remote workers' slots in all
@@ -310,9 +310,7 @@ class CpuRun(PRun):
         }
 
     def _huey(self, d: Path, log: Path) -> dict[str, Any]:
-        from sqlq.bench.hueyspin import DB_ENV
-
-        env = {**os.environ, DB_ENV: str(d / "huey.db"), LOG_ENV: str(log)}
+        env = {**os.environ, HUEY_DB_ENV: str(d / "huey.db"), LOG_ENV: str(log)}
         enq = subprocess.run(
             [sys.executable, "-m", "sqlq.bench.hueyspin", "enqueue", str(self.jobs),
              str(self.rounds)], env=env, capture_output=True, text=True, timeout=120, check=True,
