@@ -88,6 +88,47 @@ async def test_a_kinds_filter_takes_only_those_kinds_and_leaves_the_rest_in_orde
     assert [g.job.id for g in granted] == [jobs[0].id, jobs[2].id]
 
 
+async def test_cancelled_jobs_at_the_front_cost_no_claim_its_jobs(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Stale (cancelled) entries at a queue's front are dropped as a claim meets them, by
+    a claim over several queues or with kinds as by a plain one."""
+    rt = await remote_service(services, fake_clock)
+    jobs, _ = await rt.submit([JobSpec(kind="k", queue="r") for _ in range(50)], batch=True)
+    for job in jobs[:24]:  # fewer than half: the lanes keep them as stale entries
+        await rt.cancel(job.id)
+    assert (await rt.claims.queue("r")).depth == 26
+    first = await claim(rt, ("r", "r2"), max=5)
+    second = await claim(rt, ("r",), kinds=["k"], max=5)
+    third = await claim(rt, ("r",), max=5)
+    assert [g.job.id for g in first + second + third] == [j.id for j in jobs[24:39]]
+    assert (await rt.claims.queue("r")).depth == 11
+    assert isinstance(rt.claims, LocalClaims)
+    assert rt.claims.remote_side.lanes.sizes()["immediate"] == 11
+
+
+async def test_jobs_of_a_kind_nobody_claims_never_hide_the_kinds_asked_for(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A remote queue takes any kind: many jobs of a kind nobody runs (a typo, a worker
+    that is down) at its front stand in no kinds claim's way (``sqlq worker`` sends its
+    kinds), and a claim without kinds still takes them in order."""
+    rt = await remote_service(services, fake_clock)
+    typos, _ = await rt.submit([JobSpec(kind="typo", queue="r") for _ in range(2000)], batch=True)
+    fake_clock.advance(1)
+    wanted, _ = await rt.submit([JobSpec(kind="k", queue="r") for _ in range(5)], batch=True)
+    granted = await claim(rt, ("r", "r2"), kinds=["k", "other"], max=10)
+    assert [g.job.id for g in granted] == [j.id for j in wanted]
+    assert (await rt.claims.queue("r")).depth == 2000
+    granted = await claim(rt, ("r",), max=3)
+    assert [g.job.id for g in granted] == [j.id for j in typos[:3]]
+    later = asyncio.ensure_future(claim(rt, ("r",), kinds=["k"], max=1, wait_s=10))
+    await asyncio.sleep(0)
+    job = await submit(rt, "k", queue="r")
+    [g] = await later
+    assert g.job.id == job.id
+
+
 async def test_a_paused_queue_is_passed_over_and_its_resume_wakes_a_waiting_claim(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:

@@ -109,8 +109,7 @@ class LocalSide:
             return []
         claims = self._claims
         kinds = None if req.kinds is None else frozenset(req.kinds)
-        want = None if kinds is None else (lambda job: job.kind in kinds)
-        entries = self.lanes.pick(req.queues, req.max, now, want, self._room)
+        entries = self.lanes.pick(req.queues, req.max, now, kinds, self._room)
         if not entries:
             return []
         live, serial = self._live.jobs, self.serial
@@ -167,7 +166,8 @@ class LocalSide:
         return after
 
     async def wait(self, req: ClaimRequest, within: float) -> None:
-        await self.lanes.wait(req.queues, req.kinds is not None, within, self._room)
+        kinds = None if req.kinds is None else frozenset(req.kinds)
+        await self.lanes.wait(req.queues, kinds, within, self._room)
 
     # -- a held job's writes (each under its turn) ------------------------------------------
 
