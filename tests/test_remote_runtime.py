@@ -14,6 +14,7 @@ from sqlq.common.models import State
 from sqlq.common.protocol import ClaimRequest, remote_holder
 from sqlq.common.roles import ADMIN
 from sqlq.common.specs import JobSpec
+from sqlq.runtime import events
 from sqlq.runtime import remote as remote_module
 from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.remote_lanes import RemoteLanes
@@ -316,3 +317,24 @@ async def test_a_claim_before_start_or_of_nothing_is_plain(services: ServiceFact
     assert (await rt.remote.claim(ClaimRequest(queues=["r"], worker="w"), ADMIN)).claims == []
     [_job], _ = await rt.submit([JobSpec(kind="k", queue="r")])
     assert (await rt.remote.claim(ClaimRequest(queues=["r"], worker="w"), ADMIN)).claims
+
+
+async def test_5000_kind_names_on_a_remote_queue_make_a_bounded_number_of_series(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A remote queue accepts any kind name: the first ``MAX_OTHER_KINDS`` outside the
+    registry keep their label, every later one counts as ``other``."""
+    rt = await remote_service(services, fake_clock)
+    before = rt.metrics.exposition().count(b"sqlq_jobs_total{")
+    specs = [JobSpec(kind=f"k{i:05d}", queue="r") for i in range(5000)]
+    for i in range(0, len(specs), 500):
+        await rt.submit(specs[i : i + 500], batch=True)
+    text = rt.metrics.exposition()
+    assert text.count(b"sqlq_jobs_total{") - before == events.MAX_OTHER_KINDS + 1
+    assert b'kind="k00000"' in text
+    assert b'kind="k04999"' not in text
+    other = [line for line in text.splitlines() if b'kind="other"' in line]
+    assert len(other) == 1
+    assert other[0].endswith(b" 4900.0"), other
+    await submit(rt, "sleep", queue="r")  # a kind the server runs keeps its own label
+    assert b'kind="sleep"' in rt.metrics.exposition()
