@@ -250,3 +250,12 @@ async def test_metrics_show_the_remote_calls_and_workers(
     assert 'sqlq_jobs_total{event="remote_claimed",kind="k",queue="r"} 1.0' in text
     remote = rt.stats()["remote"]
     assert (remote["queues"], remote["workers_seen"], remote["claims"]) == (["r", "r2"], 1, 1)
+
+
+def test_a_forgotten_worker_takes_its_held_count_with_it() -> None:
+    seen = WorkersSeen(limit=2)
+    for name in ("w1", "w2", "w3"):
+        seen.saw(name, ADMIN, 0.0)
+        seen.took(name, 2)
+    assert dict(seen.held) == {"w2": 2, "w3": 2}
+    assert [w.name for w in seen.view().workers] == ["w3", "w2"]

@@ -184,3 +184,21 @@ async def test_the_listing_marks_remote_queues_and_warns_as_in_local_mode(
     await claim_one(a)
     await submit(a, "k", queue="r")
     assert (await a.queues())["r"].warning is None
+
+
+async def test_a_node_counts_no_held_jobs_in_shared_mode(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A job claimed through a and ended through b is never heard of by a again: a shows
+    no count it can't keep true (``WorkersSeen.counts_held``), however many workers come."""
+    db = RemoteDatabase()
+    a, b = await two_nodes(services, fake_clock, db)
+    for i in range(5):
+        await submit(a, "anything", queue="r")
+        g = await claim_one(a, worker_name=f"host-{i}", lease_s=10)
+        assert (await report(b, g.token, CompleteIn())).state == "completed"
+    assert {w.name: w.held for w in a.remote.workers().workers} == {
+        f"host-{i}": 0 for i in range(5)
+    }
+    assert not a.remote.seen.held
+    assert not b.remote.seen.held

@@ -108,6 +108,7 @@ class RemoteSide(Protocol):
     """What ``Remote`` asks of where the queue lives (``LocalSide``, ``SharedSide``)."""
 
     serial: Serial  # one job's remote writes in turn (its cancel and expiry take turns too)
+    knows_held: bool  # every end of a job it claims is written here (``WorkersSeen``)
 
     @property
     def stopping(self) -> bool:
@@ -170,6 +171,7 @@ class Remote:
         self._events = parts.live.events
         self._metrics = parts.metrics
         self.seen = parts.seen
+        self.seen.counts_held = side.knows_held
         self.counts = parts.remote_counts
         self._key: bytes | None = None
         self._started = False

@@ -53,6 +53,8 @@ _RUNNING = State.RUNNING.value
 
 
 class LocalSide:
+    knows_held = True  # the one process: every end of a remote job is written here
+
     def __init__(self, claims: LocalClaims) -> None:
         self._claims = claims
         self._parts = claims.parts

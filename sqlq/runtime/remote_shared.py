@@ -57,6 +57,8 @@ WRITE_FOR_S = 2.0
 
 
 class SharedSide:
+    knows_held = False  # a job claimed here may end through another node
+
     def __init__(self, claims: SharedClaims) -> None:
         self._claims = claims
         self._store = claims._store
