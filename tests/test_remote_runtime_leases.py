@@ -98,7 +98,8 @@ async def test_a_forced_cancel_holds_the_lease_to_the_grace_and_the_job_ends_can
     await asyncio.sleep(0)
     done = await stored(rt, job.id)
     assert (done.state, done.attempts) == (State.CANCELLED, 1)
-    assert done.last_error == "lease expired: worker w1 went silent"
+    assert done.last_error == "cancelled: forced after --cancel-grace"
+    assert (rt.stats()["remote"]["cut_off"], rt.stats()["remote"]["expired"]) == (1, 0)
     assert (await report(rt, g.token, CompleteIn())).error == FENCED
 
 

@@ -164,6 +164,8 @@ async def test_a_forced_cancel_cuts_the_attempt_off_after_the_grace(
         await asyncio.sleep(0)
     done = await stored(a, job.id)
     assert (done.state, done.attempts) == (State.CANCELLED, 1)
+    assert done.last_error == "cancelled: forced after --cancel-grace"
+    assert (a.stats()["remote"]["cut_off"], a.stats()["remote"]["expired"]) == (1, 0)
     assert (await report(a, g.token, CompleteIn())).error == FENCED
 
 

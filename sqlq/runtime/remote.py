@@ -103,7 +103,7 @@ UNAVAILABLE = "unavailable"  # a batch item the store did not take (report it ag
 # What ``/stats`` (``remote``) and ``/metrics`` (``sqlq_remote_total{what}``) count: a
 # fixed set, so the label's cardinality is bounded whatever clients send.
 COUNTED = ("claims", "claimed", "heartbeats", "renewed", "complete", "fail", "snooze",
-           "checkpoint", "release", FENCED, INVALID, FORBIDDEN, "expired")  # fmt: skip
+           "checkpoint", "release", FENCED, INVALID, FORBIDDEN, "expired", "cut_off")  # fmt: skip
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -550,7 +550,8 @@ _NAMES: tuple[tuple[type, str], ...] = ((CompleteIn, "complete"), (FailIn, "fail
 
 def note_end(parts: Parts, job: Job, after: Job, what: str) -> None:
     """Count what ``job``'s remote attempt became (``after``, durable): an outcome's
-    (``what`` its name) or an expiry's (``"expired"``); a checkpoint's is no end."""
+    (``what`` its name), an expiry's (``"expired"``) or a forced cancel's cut-off
+    (``"cut_off"``); a checkpoint's is no end."""
     if after.state is State.RUNNING:
         return
     events = parts.live.events
@@ -572,3 +573,8 @@ def note_end(parts: Parts, job: Job, after: Job, what: str) -> None:
 def expired_reason(job: Job) -> str:
     """The error an expired remote lease records."""
     return f"lease expired: worker {remote_worker(job.holder)} went silent"
+
+
+# The error a forced cancel's cut-off records (counted ``cut_off``, not ``expired``): the
+# worker may well be alive and beating; the server ended the attempt.
+CUT_OFF_REASON = "cancelled: forced after --cancel-grace"

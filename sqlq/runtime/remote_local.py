@@ -39,7 +39,7 @@ from sqlq.common.protocol import MAX_CLAIM, ClaimRequest, remote_worker
 from sqlq.common.running import Progress
 from sqlq.runtime.events import Event
 from sqlq.runtime.leaseheap import LeaseHeap
-from sqlq.runtime.remote import Renewed, expired_reason, note_end
+from sqlq.runtime.remote import CUT_OFF_REASON, Renewed, expired_reason, note_end
 from sqlq.runtime.remote_lanes import RemoteLanes
 from sqlq.runtime.serial import Serial
 
@@ -283,7 +283,9 @@ class LocalSide:
                 self.leases.push(job_id, job.lease_until)  # renewed meanwhile: look again then
                 return
             parts = self._parts
-            t = after_failure(job, expired_reason(job), now, parts.config.retry, parts.rng)
+            cut = job_id in self._forced  # a forced cancel's grace ran out, not the worker
+            why = CUT_OFF_REASON if cut else expired_reason(job)
+            t = after_failure(job, why, now, parts.config.retry, parts.rng)
             try:
                 await self._store.commit([t])
             except StoreError as exc:
@@ -294,8 +296,9 @@ class LocalSide:
                 log.error("the expiry of job %s was refused: %s", job_id, exc)
                 return
             after = self._live.applied(job, t)
-            parts.remote_counts["expired"] += 1
-            note_end(parts, job, after, "expired")
+            what = "cut_off" if cut else "expired"
+            parts.remote_counts[what] += 1
+            note_end(parts, job, after, what)
             self._moved(after)
         finally:
             self.serial.give(job_id)

@@ -43,7 +43,7 @@ from sqlq.common.protocol import ClaimRequest
 from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Lease
 from sqlq.runtime.leases import write_fenced
-from sqlq.runtime.remote import Renewed, expired_reason, note_end
+from sqlq.runtime.remote import CUT_OFF_REASON, Renewed, note_end
 from sqlq.runtime.serial import Serial
 
 if TYPE_CHECKING:
@@ -173,15 +173,15 @@ class SharedSide:
                     or current.epoch != job.epoch or current.holder != job.holder):  # fmt: skip
                 return
             parts = self._parts
-            t = after_failure(current, expired_reason(current), now, parts.config.retry, parts.rng)
+            t = after_failure(current, CUT_OFF_REASON, now, parts.config.retry, parts.rng)
             try:
                 await self._store.commit_fenced([t], Fence(holder=current.holder))
             except (TransitionError, StoreError) as exc:
                 log.warning("could not cut off job %s after its forced cancel: %s", job.id, exc)
                 return
             after = self._claims._applied(current, t)
-            parts.remote_counts["expired"] += 1
-            note_end(parts, current, after, "expired")
+            parts.remote_counts["cut_off"] += 1
+            note_end(parts, current, after, "cut_off")
             self._forced.discard(job.id)
             if after.state is State.SCHEDULED:
                 self._claims._due(after)
