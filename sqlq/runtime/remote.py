@@ -53,7 +53,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from sqlq.common.backoff import after_failure, after_snooze, released, should_retry
+from sqlq.common.backoff import after_failure, after_snooze, released
 from sqlq.common.errors import (
     ForbiddenError,
     StoreError,
@@ -490,11 +490,7 @@ class Remote:
                 return job.withdraw(error, now)
             if not what.retry:
                 return job.bury(error, now)
-            if what.retry_in_s is None:
-                return self._failure(job, error, now)
-            if should_retry(job.attempts, job.max_attempts, self._config.retry):
-                return job.retry(error, now + what.retry_in_s, now)
-            return job.bury(error, now)
+            return self._failure(job, error, now, what.retry_in_s)
         if isinstance(what, SnoozeIn):
             return after_snooze(job, what.delay_s, now, self._config.max_snoozes)
         if isinstance(what, CheckpointIn):
@@ -507,8 +503,10 @@ class Remote:
             return released(job, now)
         raise ValueError(f"outcome: not an outcome: {type(what).__name__}")
 
-    def _failure(self, job: Job, error: str, now: float) -> Transition:
-        return after_failure(job, error, now, self._config.retry, self._rng)
+    def _failure(
+        self, job: Job, error: str, now: float, delay_s: float | None = None
+    ) -> Transition:
+        return after_failure(job, error, now, self._config.retry, self._rng, delay_s=delay_s)
 
     async def _write(self, job: Job, t: Transition, what: What, now: float) -> Reported:
         """Write the outcome ``t`` of ``job`` (its turn is held); what it answers."""
