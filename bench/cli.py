@@ -51,6 +51,13 @@ def _need_bench_extra() -> None:
     help="Experiment A: worker counts to run (repeatable).",
 )
 @click.option("--report-only", is_flag=True, help="Rebuild REPORT.md and plots from the jsonl.")
+@click.option(
+    "--with-before",
+    is_flag=True,
+    help="With --report-only: put OUT's *-before.jsonl (an older tree's runs) beside this "
+    "tree's rows, for a comparison kept in a directory of its own; REPORT.md otherwise "
+    "leaves them out, so that every section comes from one tree.",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def bench(
     only: tuple[str, ...],
@@ -60,23 +67,30 @@ def bench(
     out: str,
     a_workers: tuple[int, ...],
     report_only: bool,
+    with_before: bool,
     progress: bool,
 ) -> None:
     """Run the comparative benchmark suite into OUT and rebuild its report.
 
     Each run starts a fresh `sqlq serve` with a fresh data directory on a free
-    port; engines alternate within each repeat. Experiments: A worker scaling,
+    port; engines alternate within each repeat. REPORT.md shows this tree's runs only: a
+    comparison with an older tree is `python -m sqlq.bench.versus` (versus-*.md), or the
+    older tree's `<X>-before.jsonl` beside `<X>.jsonl` in a directory of their own,
+    built with `--report-only --with-before`. Experiments: A worker scaling,
     B retries, C hangs and the health check, D durability cost, E kill -9
     recovery, F CPU jobs, G recovery time and compaction, H latency under load,
     I emulated disk latency, J many nodes on PostgreSQL, K the machine's limits,
     L the dashboard's cost, M dispatch against the queues ever used, N schedules, O the
-    store writes of progress; `ceiling` is the client against a trivial endpoint.
+    store writes of progress, P remote workers (`sqlq worker`) against in-process and huey;
+    `ceiling` is the client against a trivial endpoint.
     """
     from pathlib import Path
 
     _need_bench_extra()
     from sqlq.bench.experiments import build_report
 
+    if with_before and not report_only:
+        raise click.UsageError("--with-before: only with --report-only (a run is one tree)")
     if not report_only:
         from sqlq.bench.runner import run_suite
 
@@ -89,7 +103,7 @@ def bench(
             extra={"A": {"workers": a_workers}} if a_workers else {},
             show_progress=progress,
         )
-    build_report(Path(out))
+    build_report(Path(out), before=with_before)
     click.echo(f"report: {Path(out) / 'REPORT.md'}")
 
 

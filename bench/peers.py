@@ -19,6 +19,8 @@ sqlq's workers per node).
   keyed by task and periodic id), so one worker process defers N jobs a tick, each
   with ``{"s": i, "timestamp": tick}``; ``PERIODIC_SQL`` reads them back.
 - oban-py 0.7 needs Python >= 3.12; this machine runs 3.11, so it is not run.
+- huey 3.5 (experiment P, not PostgreSQL): its process consumer on ``SqliteHuey`` runs the
+  same CPU-bound handler as ``sqlq worker --processes``; its side is ``sqlq.bench.hueyspin``.
 """
 
 from __future__ import annotations
@@ -52,13 +54,14 @@ PEERS = {
              "SELECT count(*) FROM procrastinate_jobs WHERE status = 'doing'"),
     )
 }  # fmt: skip
+HUEY = "huey"  # experiment P's peer: a package, not a PostgreSQL queue
 NOT_INSTALLABLE = {"oban-py": "oban 0.7.0 requires Python >= 3.12; this machine has 3.11"}
 
 
-def installed(peer: Peer) -> str | None:
-    """The peer's installed version, or None."""
+def installed(peer: Peer | str) -> str | None:
+    """The peer's (or the package's) installed version, or None."""
     try:
-        return version(peer.package)
+        return version(peer if isinstance(peer, str) else peer.package)
     except PackageNotFoundError:
         return None
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlq.bench.experiments.rows import CodedRow, Row, load
 
+BEFORE = "-before"  # an older tree's run of an experiment: ``<name>-before.jsonl``
 R = TypeVar("R", bound=Row)
 RB = TypeVar("RB", bound=CodedRow)
 K = TypeVar("K")
@@ -53,8 +54,17 @@ class Experiment(Protocol):
 
 
 class Report:
-    def __init__(self, out: Path) -> None:
+    """One build of a report from ``out``'s JSON lines.
+
+    ``before``: also read ``<name>-before.jsonl``, an older tree's run of an experiment,
+    into the sections that compare with one (D, K, M). ``REPORT.md`` leaves them out, so
+    that every section of it comes from one tree; ``sqlq bench --report-only
+    --with-before`` builds a comparison in a directory of its own (see ``bench/cli.py``).
+    """
+
+    def __init__(self, out: Path, *, before: bool = False) -> None:
         self.out = out
+        self.before = before
         self.plots = out / "plots"
         self.lines: list[str] = []
         self.checks: list[str] = []
@@ -63,8 +73,10 @@ class Report:
         self.metas: dict[str, dict[str, Any]] = {}  # experiment name -> its run's meta
 
     def rows(self, name: str, row: type[R]) -> list[R]:
+        if name.endswith(BEFORE) and not self.before:
+            return []
         rows = load(self.out, name, row)
-        if rows and self.meta is None:
+        if rows and self.meta is None and not name.endswith(BEFORE):  # this tree's run
             self.meta = rows[0].meta
         if rows:
             self.metas.setdefault(name, rows[0].meta)
@@ -122,28 +134,56 @@ class Report:
             lines += [
                 f"- machine: {m['cpu']}, {m['cores']} cores; data disk {m['disk']}; "
                 f"{m['platform']}",
-                f"- Python {m['python']}; {pk}",
+                f"- Python {m['python']}; "
+                + (f"`sqlq serve` imports {pk}" if "engines" in m else pk),
+            ]
+            if "engines" in m:  # read from the code that ran (bench/meta.py)
+                engines = "; ".join(
+                    f"{k}: {', '.join(v) or 'none'}" for k, v in m["engines"].items()
+                )
+                bench = ", ".join(f"{k} {v}" for k, v in m.get("bench_packages", {}).items())
+                lines += [f"- each engine's imports: {engines}", f"- bench and peers: {bench}"]
+            lines += [
                 f"- git commit {m['git_commit']}; repeats: {m.get('repeats', '?')}"
                 f"{' (QUICK smoke run: sizes are tiny)' if m.get('quick') else ''}",
                 f"- command: `{m['command']}`",
                 "- every run: a fresh `sqlq serve` subprocess, a fresh data directory, "
                 "`--sync full` unless stated; engines alternate within each repeat",
             ]
-            for name, other in self.metas.items():  # experiments run on their own since
-                if other.get("git_commit") != m.get("git_commit") and "command" in other:
-                    lines.append(
-                        f"- {name} ran on its own: git commit {other['git_commit']}, "
-                        f"repeats: {other.get('repeats', '?')}, `{other['command']}`"
-                    )
+            apart = {n: o for n, o in self.metas.items() if not _same_run(o, m)}
+            if not apart:
+                lines.append(f"- every section below ran in this one run, on {m['git_commit']}")
+            for name, other in apart.items():  # experiments run on their own since
+                lines.append(
+                    f"- {name} ran on its own: git commit {other.get('git_commit', '?')}, "
+                    f"repeats: {other.get('repeats', '?')}, `{other.get('command', '?')}`"
+                )
+            left = sorted(p.name for p in self.out.glob(f"*{BEFORE}.jsonl"))
+            if left and not self.before:
+                lines.append(
+                    f"- not in this report: {', '.join(left)}, older trees' runs (a "
+                    "comparison with an older tree is built apart: `sqlq bench --report-only "
+                    "--with-before`)"
+                )
             lines.append("")
         return lines
 
 
+def _same_run(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two rows' metadata from one ``sqlq bench`` invocation: the same tree and command."""
+    return a.get("git_commit") == b.get("git_commit") and a.get("command") == b.get("command")
+
+
 def build(
-    out: Path, experiments: Sequence[Experiment], answer: Callable[[Report], list[str]]
+    out: Path,
+    experiments: Sequence[Experiment],
+    answer: Callable[[Report], list[str]],
+    *,
+    before: bool = False,
 ) -> str:
-    """Write ``out/REPORT.md``: header, the bars, the answer, then every section."""
-    rep = Report(out)
+    """Write ``out/REPORT.md``: header, the bars, the answer, then every section
+    (``before``: with older trees' runs beside, see ``Report``)."""
+    rep = Report(out, before=before)
     for experiment in experiments:
         experiment.section(rep)
     body = rep.lines

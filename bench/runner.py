@@ -49,7 +49,9 @@ def run_suite(
     info["quick"] = quick
     info["repeats"] = repeats
     runs = plan(only, stores, repeats, quick, extra or {})
-    files = {name: open(out / f"{name}.jsonl", "w") for name in {n for n, _, _ in runs}}
+    # Every experiment asked for starts its file afresh, even one with no runs here (a peer
+    # not installed): rows an older tree left in it must not pass for this run's.
+    files = {name: open(out / f"{name}.jsonl", "w") for name in only}
     rows: list[dict[str, Any]] = []
     bar = tqdm(runs, desc="sqlq bench", unit="run", disable=not show_progress)
     try:

@@ -42,14 +42,22 @@ def should_retry(attempts: int, max_attempts: int, policy: RetryPolicy) -> bool:
 
 
 def after_failure(
-    job: Job, error: str, now: float, policy: RetryPolicy, rng: random.Random
+    job: Job,
+    error: str,
+    now: float,
+    policy: RetryPolicy,
+    rng: random.Random,
+    *,
+    delay_s: float | None = None,
 ) -> Transition:
-    """What a failed attempt becomes: a retry after backoff, or the dead-letter state; or,
-    once a cancel was asked for, cancelled."""
+    """What a failed attempt becomes: a retry after backoff (``delay_s``, if given, instead:
+    a remote worker's ``retry_in_s``), or the dead-letter state; or, once a cancel was asked
+    for, cancelled."""
     if job.cancel_requested_at is not None:
         return job.withdraw(error, now)
     if should_retry(job.attempts, job.max_attempts, policy):
-        return job.retry(error, now + retry_delay(job.attempts, policy, rng), now)
+        delay = retry_delay(job.attempts, policy, rng) if delay_s is None else delay_s
+        return job.retry(error, now + delay, now)
     return job.bury(error, now)
 
 

@@ -196,7 +196,9 @@ class OutcomesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class Reported(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One outcome's answer: the job's state after it (``checkpoint``: still running), or
     ``error``: ``fenced`` (stale: the epoch moved on, the lease ran out, the job was
-    cancelled or finished), or a bad value (``invalid``, with ``detail`` naming the field).
+    cancelled or finished), a bad value (``invalid``, with ``detail`` naming the field),
+    ``forbidden`` (another queue's job), or ``unavailable`` (in a batch: this item's write
+    did not land while others did; send it again).
     A single outcome answers 200 with this, 409 if fenced, 422 if invalid."""
 
     token: str
@@ -216,7 +218,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     principal: str  # the token's name it came with ("admin", or a --token-file line's NAME)
     role: str
     last_seen: float  # its latest claim, heartbeat or outcome, unix seconds
-    held: int  # jobs it holds now, as this server knows
+    held: int  # jobs it holds now, as this process knows (shared mode: 0, not counted)
     queues: list[str]  # the queues it claimed from lately
 
 

@@ -6,14 +6,16 @@ The public surface::
 
 ``task`` registers a handler (``sqlq serve --import yourmodule``), and with ``cron=`` or
 ``every_s=`` a schedule of it; ``schedule`` defines a schedule of any kind; ``Client`` and
-``AsyncClient`` talk to a server. A handler reaches its running job through its
-``JobContext`` and speaks ``Snooze`` (or returns ``snooze(seconds)``), ``Cancelled``
-(``ctx.raise_if_cancelled()``), ``AttemptFenced`` and ``JobFailed``. The client's errors:
-``ApiError`` and its kinds ``Invalid``, ``Unauthorized``, ``NotFound``, ``Conflict``,
-``RateLimited``, ``Unavailable``. ``Job`` is the stored job (a handler's ``ctx.job``); the
-clients return its API view, ``sqlq.client.Job``. Everything else is internal:
-``sqlq.common`` (the kernel), ``sqlq.walq`` (the WAL engine) and ``sqlq.bench``
-(the benchmarks) are the repository's top-level folders, installed here so that
+``AsyncClient`` talk to a server; ``Worker`` runs the handlers out of the server's
+process, over ``AsyncClient`` (``sqlq worker``). A handler reaches its running job
+through its ``JobContext`` and speaks ``Snooze`` (or returns ``snooze(seconds)``),
+``Cancelled`` (``ctx.raise_if_cancelled()``), ``AttemptFenced`` and ``JobFailed``. The
+client's errors: ``ApiError`` and its kinds ``Invalid``, ``Unauthorized``, ``NotFound``,
+``Conflict`` (``FencedError``: a stale claim token), ``RateLimited``, ``Unavailable``.
+``Job`` is the stored job (a handler's ``ctx.job``); the clients return its API view,
+``sqlq.client.Job``. Everything else is internal: ``sqlq.common`` (the kernel),
+``sqlq.walq`` (the WAL engine) and ``sqlq.bench`` (the benchmarks) are the
+repository's top-level folders, installed here so that
 no package of a user's can shadow them.
 """
 
@@ -33,24 +35,30 @@ if TYPE_CHECKING:
         AsyncClient,
         Client,
         Conflict,
+        FencedError,
         Invalid,
         NotFound,
         RateLimited,
         Unauthorized,
         Unavailable,
     )
+    from sqlq.worker import Worker
 
-_CLIENT = {"ApiError", "AsyncClient", "Client", "Conflict", "Invalid", "NotFound",
-           "RateLimited", "Unauthorized", "Unavailable"}  # fmt: skip
+_CLIENT = {"ApiError", "AsyncClient", "Client", "Conflict", "FencedError", "Invalid",
+           "NotFound", "RateLimited", "Unauthorized", "Unavailable"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
-    """The client's names, imported when first asked for: a server never needs httpx
-    (86 ms of every ``sqlq serve`` start)."""
+    """The client's names (and ``Worker``, which runs over it), imported when first asked
+    for: a server never needs httpx (86 ms of every ``sqlq serve`` start)."""
     if name in _CLIENT:
         from sqlq import client
 
         return getattr(client, name)
+    if name == "Worker":
+        from sqlq.worker import Worker
+
+        return Worker
     raise AttributeError(f"module 'sqlq' has no attribute {name!r}")
 
 
@@ -61,6 +69,7 @@ __all__ = [
     "Cancelled",
     "Client",
     "Conflict",
+    "FencedError",
     "Invalid",
     "Job",
     "JobContext",
@@ -71,6 +80,7 @@ __all__ = [
     "State",
     "Unauthorized",
     "Unavailable",
+    "Worker",
     "__version__",
     "schedule",
     "snooze",

@@ -1,6 +1,8 @@
 """What the clients say to a server, apart from the saying: the errors an answer can be,
 ``Call`` (one request, and the type its answer is read as) and ``Requests``, every
-request method of ``Client`` and ``AsyncClient`` written once, as a plan.
+request method of ``Client`` and ``AsyncClient`` written once, as a plan: the jobs,
+queues and schedules of an operator or a submitter, and the pull protocol a remote
+worker speaks (``claim``, ``heartbeat``, the outcomes; ``sqlq.common.protocol``).
 
 A plan is a generator that yields each ``Call`` it makes and is sent back its answer,
 and returns what the method returns. It does no I/O of its own, so one plan serves
@@ -12,7 +14,7 @@ from __future__ import annotations
 import builtins
 import time
 import uuid
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -22,6 +24,27 @@ import msgspec
 
 from sqlq.common.errors import SqlqError
 from sqlq.common.models import TERMINAL
+from sqlq.common.protocol import (
+    DEFAULT_LEASE_S,
+    FENCED,
+    Beat,
+    BeatItem,
+    CheckpointBody,
+    ClaimAnswer,
+    ClaimRequest,
+    CompleteBody,
+    FailBody,
+    Granted,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    Outcome,
+    OutcomesAnswer,
+    ReleaseBody,
+    Reported,
+    SnoozeBody,
+    WorkerList,
+    WorkerView,
+)
 from sqlq.common.wire import (
     MAX_WAIT_S,
     BatchResult,
@@ -62,6 +85,12 @@ class Conflict(ApiError):
     """The job is not in a state that allows it, or a key was reused (409)."""
 
 
+class FencedError(Conflict):
+    """A heartbeat's or an outcome's token is stale (409 ``fenced``): the job's epoch moved
+    on, its lease ran out, or it was cancelled or finished. The attempt it named is no
+    longer this worker's: whatever it did is not recorded, and it should stop."""
+
+
 class RateLimited(ApiError):
     """The queue is full (429); try again after ``retry_after`` seconds."""
 
@@ -97,21 +126,31 @@ class Call(Generic[T]):
     params: Mapping[str, Any] | None = None
     headers: Mapping[str, str] | None = None
     retry: bool = False  # safe to send again after a lost reply (reads, keyed submits)
+    content: bytes | None = None  # a body encoded already (msgspec: the protocol's structs)
 
     def __iter__(self) -> Generator[Call[T], T, T]:
         """``answer = yield from call`` in a plan: the client sends it and hands back
         the answer, typed."""
         return (yield self)
 
+    def sent(self) -> dict[str, Any]:
+        """What httpx sends: the body as JSON, or as the bytes the plan encoded."""
+        if self.content is None:
+            return {"json": self.json, "params": self.params, "headers": self.headers}
+        return {"content": self.content, "params": self.params,
+                "headers": {**(self.headers or {}), **_JSON}}  # fmt: skip
+
     def answer(self, response: httpx.Response) -> T:
         """The response read as ``into``, or the server's error as an exception."""
         if response.status_code < 400:
-            return msgspec.convert(response.json(), self.into)
+            return msgspec.json.decode(response.content, type=self.into)
         try:
             body = response.json()
         except ValueError:
             body = {"error": "http", "message": response.text[:200]}
         cls = _BY_STATUS.get(response.status_code, Unavailable)
+        if cls is Conflict and body.get("error") == FENCED:
+            cls = FencedError
         err = cls(
             response.status_code, body.get("error", "?"), body.get("message", ""), body.get("field")
         )
@@ -121,6 +160,8 @@ class Call(Generic[T]):
 
 
 Plan = Generator[Call[Any], Any, T]
+_JSON = {"Content-Type": "application/json"}
+_encode = msgspec.json.Encoder().encode
 
 
 def _key() -> str:
@@ -280,6 +321,91 @@ class Requests:
         """Enqueue one job of the schedule now, outside its ticks (not retried: each call
         makes a job)."""
         return (yield from Call("POST", f"{_schedule(name)}/trigger", Job))
+
+    # -- the pull protocol: a remote worker's requests ----------------------------------
+
+    @staticmethod
+    def claim(
+        queues: Sequence[str],
+        *,
+        worker: str,
+        kinds: Sequence[str] | None = None,
+        max: int = 1,
+        wait_s: float = 0.0,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Plan[builtins.list[Granted]]:
+        """Claim up to ``max`` (1 to 100) due jobs of ``queues`` (remote ones), of ``kinds``
+        if named, each held by ``worker`` for ``lease_s`` seconds unless renewed; waits up
+        to ``wait_s`` (at most 30) for the first. Empty if none came. Never sent twice: the
+        claims of a lost reply are held until their lease runs out."""
+        body = ClaimRequest(queues=builtins.list(queues), worker=worker,
+                            kinds=None if kinds is None else builtins.list(kinds), max=max,
+                            wait_s=wait_s, lease_s=lease_s)  # fmt: skip
+        return (yield from Call("POST", "/claims", ClaimAnswer, content=_encode(body))).claims
+
+    @staticmethod
+    def heartbeat(items: Sequence[str | BeatItem]) -> Plan[builtins.list[Beat]]:
+        """Renew the lease of every token (or ``BeatItem``, with progress) in one call; one
+        ``Beat`` each, in order: ``lease_until`` and ``cancel_requested``, or ``error``
+        ``fenced`` (that attempt is no longer the caller's: stop it)."""
+        beats = [BeatItem(token=i) if isinstance(i, str) else i for i in items]
+        body = _encode(HeartbeatRequest(items=beats))
+        done = yield from Call("POST", "/claims/heartbeat", HeartbeatAnswer, content=body,
+                               retry=True)  # fmt: skip
+        return done.items
+
+    @staticmethod
+    def complete(token: str, result: Any = None) -> Plan[Reported]:
+        """The claimed attempt succeeded with ``result``. ``FencedError`` (409) if the token
+        is stale; sent again after a lost reply, when a stale answer may mean it landed."""
+        return (yield from _report("complete", CompleteBody(token=token, result=result)))
+
+    @staticmethod
+    def fail(
+        token: str, error: str = "failed", *, retry: bool = True, retry_in_s: float | None = None
+    ) -> Plan[Reported]:
+        """The claimed attempt failed with ``error``: retried by the server's policy (after
+        ``retry_in_s`` instead of its backoff, if given), or dead at once with
+        ``retry=False``. ``FencedError`` if the token is stale."""
+        body = FailBody(token=token, error=error, retry=retry, retry_in_s=retry_in_s)
+        return (yield from _report("fail", body))
+
+    @staticmethod
+    def snooze(token: str, delay_s: float) -> Plan[Reported]:
+        """Run the claimed job again after ``delay_s``, this attempt not counted."""
+        return (yield from _report("snooze", SnoozeBody(token=token, delay_s=delay_s)))
+
+    @staticmethod
+    def checkpoint(token: str, data: Any) -> Plan[Reported]:
+        """Save ``data`` durably for the claimed job's next attempt; it stays running."""
+        return (yield from _report("checkpoint", CheckpointBody(token=token, data=data)))
+
+    @staticmethod
+    def release(token: str) -> Plan[Reported]:
+        """Give the claimed job back unstarted: due now, no attempt counted."""
+        return (yield from _report("release", ReleaseBody(token=token)))
+
+    @staticmethod
+    def outcomes(items: Sequence[Outcome | msgspec.Raw]) -> Plan[builtins.list[Reported]]:
+        """Report many outcomes in one call (``Outcome``s, or items encoded already as
+        ``msgspec.Raw``): one ``Reported`` each, in order, a stale one with ``error``
+        ``fenced`` (a value, not an exception: the others stand)."""
+        body = _encode({"outcomes": items})
+        done = yield from Call("POST", "/claims/outcomes", OutcomesAnswer, content=body,
+                               retry=True)  # fmt: skip
+        return done.outcomes
+
+    @staticmethod
+    def workers() -> Plan[builtins.list[WorkerView]]:
+        """The remote workers the server has seen lately."""
+        return (yield from Call("GET", "/workers", WorkerList, retry=True)).workers
+
+
+def _report(what: str, body: msgspec.Struct) -> Plan[Reported]:
+    """A single outcome: 200 ``Reported``, or 409 ``FencedError``. Sent again after a lost
+    reply (the fence makes a second landing impossible)."""
+    return (yield from Call("POST", f"/claims/{what}", Reported, content=_encode(body),
+                            retry=True))  # fmt: skip
 
 
 def _schedule(name: str) -> str:

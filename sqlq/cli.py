@@ -70,30 +70,13 @@ def serve(**flags: Any) -> None:
     import uvloop
 
     from sqlq.engines.registry import engine, make_store
-    from sqlq.http.guard import MIN_TOKEN_LENGTH, Security, is_loopback
     from sqlq.runtime.config import RuntimeState
     from sqlq.serve import ServeOptions, build_runtime, import_handlers, install_default_signals
     from sqlq.serve import serve as run_server
     from sqlq.ui.options import UiOptions
 
     s = ServeSettings(**flags)
-    if s.token is not None and len(s.token.strip()) < MIN_TOKEN_LENGTH:
-        raise click.BadParameter(
-            f"must be at least {MIN_TOKEN_LENGTH} characters, not {len(s.token.strip())} "
-            "(make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))')",
-            param_hint="--token",
-        )
-    loopback = is_loopback(s.host)
-    if not loopback and s.token is None and not s.allow_no_token:
-        raise click.UsageError(
-            f"--host {s.host} is reachable from other machines: set --token (or SQLQ_TOKEN), "
-            "or pass --allow-no-token if something in front of sqlq authenticates"
-        )
-    if not loopback and s.token is None and not s.allowed_hosts:
-        raise click.UsageError(
-            f"--allow-no-token on --host {s.host} needs --allowed-host NAME, the names the "
-            "proxy in front of sqlq uses: without a token the Host check is the one wall left"
-        )
+    security = s.security()  # (a click error naming the flag, before anything opens)
     logging.basicConfig(
         level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -127,7 +110,7 @@ def serve(**flags: Any) -> None:
         grace_s=s.grace,
         access_log=s.access_log,
         log_level=s.log_level,
-        security=Security.for_binding(s.host, s.token, s.allowed_hosts),
+        security=security,
         max_connections=s.max_connections,
         keep_alive_s=s.keep_alive,
         ui=UiOptions(read_only=s.ui_read_only, secure_cookie=s.ui_secure_cookie) if s.ui else None,
@@ -140,6 +123,103 @@ def serve(**flags: Any) -> None:
     except KeyboardInterrupt:
         # uvicorn re-raises the signal it handled; after a clean stop that is success.
         sys.exit(0 if runtime.state is RuntimeState.STOPPED else 130)
+
+
+@main.command()
+@click.option(
+    "--url",
+    default="http://127.0.0.1:8080",
+    show_default=True,
+    envvar="SQLQ_URL",
+    help="The sqlq server (or SQLQ_URL).",
+)
+@click.option(
+    "--import",
+    "imports",
+    multiple=True,
+    metavar="MODULE",
+    help="A module whose @task handlers to run (repeatable).",
+)
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    default=("default",),
+    show_default=True,
+    metavar="NAME",
+    help="A remote queue to claim from (repeatable).",
+)
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    metavar="K",
+    help="Claim only jobs of this kind (repeatable; default: every kind it runs).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 10_000),
+    default=None,
+    help="Jobs held at once, claimed ones waiting for a process included "
+    "[default: 10, or 4 x --processes if more].",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(0, 1024),
+    default=0,
+    show_default=True,
+    help="Run plain (sync) handlers in this many worker processes; 0: in threads.",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(5, 3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds a claim holds unrenewed; a heartbeat renews all every lease/3.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 86_400),
+    default=10.0,
+    show_default=True,
+    help="Seconds running jobs get to finish after SIGTERM.",
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(0, 30),
+    default=5.0,
+    show_default=True,
+    help="Seconds a claim long-polls for work (an idle worker stops within this).",
+)
+@click.option("--name", default=None, help="What this worker calls itself (default host-pid).")
+@click.option(
+    "--token",
+    envvar="SQLQ_TOKEN",
+    default=None,
+    show_default=False,
+    help="The bearer token (or SQLQ_TOKEN); never printed.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+@click.option(
+    "--fault-injection",
+    is_flag=True,
+    help="Let sleep jobs' fail_prob and hang_prob act (tests, benchmarks).",
+)
+def worker(**flags: Any) -> None:
+    """Run @task handlers on jobs claimed from a server's remote queues.
+
+    It claims in batches, renews every lease it holds in one heartbeat, reports outcomes
+    in batches, and keeps each one until the server takes it (or fences it). SIGTERM:
+    claim no more, finish within --grace, give back what has not started, exit 0.
+    """  # fmt: skip
+    from sqlq.worker_main import WorkerFlags, run
+
+    run(WorkerFlags(**flags))
 
 
 @main.command()

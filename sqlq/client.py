@@ -14,6 +14,12 @@ making a second one. Errors are the server's, as exceptions: ``Invalid`` (400,
 ``Conflict``, ``RateLimited`` (``.retry_after``) and ``Unavailable`` (503, or the
 server could not be reached).
 
+A remote worker's side of the pull protocol is here too (``claim``, ``heartbeat``,
+``complete``/``fail``/``snooze``/``checkpoint``/``release`` and the batch ``outcomes``,
+answered as ``sqlq.common.protocol``'s structs); ``sqlq.Worker`` runs handlers over it.
+A stale token is ``FencedError`` (409) for a single outcome, and a ``Reported`` with
+``error="fenced"`` per item of a batch, so one stale item never hides the others.
+
 Every request is written once (``Requests``), as a plan that yields the ``Call``s it
 makes and is sent back their answers; ``Client`` runs a plan with blocking sends and
 ``AsyncClient`` with awaited ones, so only the sending differs.
@@ -23,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import inspect
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
@@ -35,6 +43,7 @@ from sqlq.calls import (
     ApiError,
     Call,
     Conflict,
+    FencedError,
     Invalid,
     NotFound,
     Plan,
@@ -61,6 +70,13 @@ from sqlq.common.wire import JobView as Job  # a job as the API shows it
 T = TypeVar("T")
 P = ParamSpec("P")
 DEFAULT_URL = "http://127.0.0.1:8080"
+
+# httpcore asks ``import sniffio`` for every request's locks; without sniffio installed
+# (anyio 4 no longer needs it) each ask is a failed import that searches sys.path again:
+# 270 us a request here, measured, more than the request itself costs the client. Its
+# absence is remembered once (None in sys.modules: the import fails at once, as before).
+if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+    sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 
 class _Base:
@@ -135,9 +151,7 @@ class Client(_Base):
         attempt = 0
         while True:
             try:
-                response = self._http.request(
-                    call.method, call.path, json=call.json, params=call.params, headers=call.headers
-                )
+                response = self._http.request(call.method, call.path, **call.sent())
             except httpx.TransportError as exc:
                 time.sleep(self._backoff(call, attempt, exc))
                 attempt += 1
@@ -170,6 +184,15 @@ class Client(_Base):
     delete_schedule = _blocking(Requests.delete_schedule)
     pause_schedule = _blocking(Requests.pause_schedule)
     trigger = _blocking(Requests.trigger)
+    claim = _blocking(Requests.claim)
+    heartbeat = _blocking(Requests.heartbeat)
+    complete = _blocking(Requests.complete)
+    fail = _blocking(Requests.fail)
+    snooze = _blocking(Requests.snooze)
+    checkpoint = _blocking(Requests.checkpoint)
+    release = _blocking(Requests.release)
+    outcomes = _blocking(Requests.outcomes)
+    workers = _blocking(Requests.workers)
 
     def jobs(self, **filters: Any) -> Iterator[Job]:
         """Every matching job, page after page."""
@@ -213,9 +236,7 @@ class AsyncClient(_Base):
         attempt = 0
         while True:
             try:
-                response = await self._http.request(
-                    call.method, call.path, json=call.json, params=call.params, headers=call.headers
-                )
+                response = await self._http.request(call.method, call.path, **call.sent())
             except httpx.TransportError as exc:
                 await asyncio.sleep(self._backoff(call, attempt, exc))
                 attempt += 1
@@ -248,6 +269,15 @@ class AsyncClient(_Base):
     delete_schedule = _awaited(Requests.delete_schedule)
     pause_schedule = _awaited(Requests.pause_schedule)
     trigger = _awaited(Requests.trigger)
+    claim = _awaited(Requests.claim)
+    heartbeat = _awaited(Requests.heartbeat)
+    complete = _awaited(Requests.complete)
+    fail = _awaited(Requests.fail)
+    snooze = _awaited(Requests.snooze)
+    checkpoint = _awaited(Requests.checkpoint)
+    release = _awaited(Requests.release)
+    outcomes = _awaited(Requests.outcomes)
+    workers = _awaited(Requests.workers)
 
     async def jobs(self, **filters: Any) -> AsyncIterator[Job]:
         """Every matching job, page after page."""
@@ -281,6 +311,7 @@ __all__ = [
     "Cancelled",
     "Client",
     "Conflict",
+    "FencedError",
     "Invalid",
     "Job",
     "JobPage",

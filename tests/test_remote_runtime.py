@@ -14,6 +14,7 @@ from sqlq.common.models import State
 from sqlq.common.protocol import ClaimRequest, remote_holder
 from sqlq.common.roles import ADMIN
 from sqlq.common.specs import JobSpec
+from sqlq.runtime import events
 from sqlq.runtime import remote as remote_module
 from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.remote_lanes import RemoteLanes
@@ -86,6 +87,47 @@ async def test_a_kinds_filter_takes_only_those_kinds_and_leaves_the_rest_in_orde
     assert [g.job.id for g in granted] == [jobs[1].id, jobs[3].id, jobs[4].id]
     granted = await claim(rt, max=10)
     assert [g.job.id for g in granted] == [jobs[0].id, jobs[2].id]
+
+
+async def test_cancelled_jobs_at_the_front_cost_no_claim_its_jobs(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Stale (cancelled) entries at a queue's front are dropped as a claim meets them, by
+    a claim over several queues or with kinds as by a plain one."""
+    rt = await remote_service(services, fake_clock)
+    jobs, _ = await rt.submit([JobSpec(kind="k", queue="r") for _ in range(50)], batch=True)
+    for job in jobs[:24]:  # fewer than half: the lanes keep them as stale entries
+        await rt.cancel(job.id)
+    assert (await rt.claims.queue("r")).depth == 26
+    first = await claim(rt, ("r", "r2"), max=5)
+    second = await claim(rt, ("r",), kinds=["k"], max=5)
+    third = await claim(rt, ("r",), max=5)
+    assert [g.job.id for g in first + second + third] == [j.id for j in jobs[24:39]]
+    assert (await rt.claims.queue("r")).depth == 11
+    assert isinstance(rt.claims, LocalClaims)
+    assert rt.claims.remote_side.lanes.sizes()["immediate"] == 11
+
+
+async def test_jobs_of_a_kind_nobody_claims_never_hide_the_kinds_asked_for(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A remote queue takes any kind: many jobs of a kind nobody runs (a typo, a worker
+    that is down) at its front stand in no kinds claim's way (``sqlq worker`` sends its
+    kinds), and a claim without kinds still takes them in order."""
+    rt = await remote_service(services, fake_clock)
+    typos, _ = await rt.submit([JobSpec(kind="typo", queue="r") for _ in range(2000)], batch=True)
+    fake_clock.advance(1)
+    wanted, _ = await rt.submit([JobSpec(kind="k", queue="r") for _ in range(5)], batch=True)
+    granted = await claim(rt, ("r", "r2"), kinds=["k", "other"], max=10)
+    assert [g.job.id for g in granted] == [j.id for j in wanted]
+    assert (await rt.claims.queue("r")).depth == 2000
+    granted = await claim(rt, ("r",), max=3)
+    assert [g.job.id for g in granted] == [j.id for j in typos[:3]]
+    later = asyncio.ensure_future(claim(rt, ("r",), kinds=["k"], max=1, wait_s=10))
+    await asyncio.sleep(0)
+    job = await submit(rt, "k", queue="r")
+    [g] = await later
+    assert g.job.id == job.id
 
 
 async def test_a_paused_queue_is_passed_over_and_its_resume_wakes_a_waiting_claim(
@@ -275,3 +317,24 @@ async def test_a_claim_before_start_or_of_nothing_is_plain(services: ServiceFact
     assert (await rt.remote.claim(ClaimRequest(queues=["r"], worker="w"), ADMIN)).claims == []
     [_job], _ = await rt.submit([JobSpec(kind="k", queue="r")])
     assert (await rt.remote.claim(ClaimRequest(queues=["r"], worker="w"), ADMIN)).claims
+
+
+async def test_5000_kind_names_on_a_remote_queue_make_a_bounded_number_of_series(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A remote queue accepts any kind name: the first ``MAX_OTHER_KINDS`` outside the
+    registry keep their label, every later one counts as ``other``."""
+    rt = await remote_service(services, fake_clock)
+    before = rt.metrics.exposition().count(b"sqlq_jobs_total{")
+    specs = [JobSpec(kind=f"k{i:05d}", queue="r") for i in range(5000)]
+    for i in range(0, len(specs), 500):
+        await rt.submit(specs[i : i + 500], batch=True)
+    text = rt.metrics.exposition()
+    assert text.count(b"sqlq_jobs_total{") - before == events.MAX_OTHER_KINDS + 1
+    assert b'kind="k00000"' in text
+    assert b'kind="k04999"' not in text
+    other = [line for line in text.splitlines() if b'kind="other"' in line]
+    assert len(other) == 1
+    assert other[0].endswith(b" 4900.0"), other
+    await submit(rt, "sleep", queue="r")  # a kind the server runs keeps its own label
+    assert b'kind="sleep"' in rt.metrics.exposition()

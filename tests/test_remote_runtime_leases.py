@@ -98,7 +98,8 @@ async def test_a_forced_cancel_holds_the_lease_to_the_grace_and_the_job_ends_can
     await asyncio.sleep(0)
     done = await stored(rt, job.id)
     assert (done.state, done.attempts) == (State.CANCELLED, 1)
-    assert done.last_error == "lease expired: worker w1 went silent"
+    assert done.last_error == "cancelled: forced after --cancel-grace"
+    assert (rt.stats()["remote"]["cut_off"], rt.stats()["remote"]["expired"]) == (1, 0)
     assert (await report(rt, g.token, CompleteIn())).error == FENCED
 
 
@@ -250,3 +251,12 @@ async def test_metrics_show_the_remote_calls_and_workers(
     assert 'sqlq_jobs_total{event="remote_claimed",kind="k",queue="r"} 1.0' in text
     remote = rt.stats()["remote"]
     assert (remote["queues"], remote["workers_seen"], remote["claims"]) == (["r", "r2"], 1, 1)
+
+
+def test_a_forgotten_worker_takes_its_held_count_with_it() -> None:
+    seen = WorkersSeen(limit=2)
+    for name in ("w1", "w2", "w3"):
+        seen.saw(name, ADMIN, 0.0)
+        seen.took(name, 2)
+    assert dict(seen.held) == {"w2": 2, "w3": 2}
+    assert [w.name for w in seen.view().workers] == ["w3", "w2"]

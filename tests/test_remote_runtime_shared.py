@@ -10,9 +10,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from sqlq.common.clock import FakeClock
+from sqlq.common.errors import StoreUnavailableError
 from sqlq.common.models import State
-from sqlq.common.protocol import FENCED, CompleteIn, FailIn, ProgressIn, ReleaseIn
+from sqlq.common.protocol import (
+    FENCED,
+    CompleteIn,
+    FailIn,
+    Outcome,
+    OutcomesRequest,
+    ProgressIn,
+    ReleaseIn,
+)
+from sqlq.common.roles import ADMIN
 from sqlq.runtime.service import Service
 from sqlq.runtime.shared import SharedClaims
 from tests.helpers import ServiceFactory, final, submit
@@ -152,6 +164,8 @@ async def test_a_forced_cancel_cuts_the_attempt_off_after_the_grace(
         await asyncio.sleep(0)
     done = await stored(a, job.id)
     assert (done.state, done.attempts) == (State.CANCELLED, 1)
+    assert done.last_error == "cancelled: forced after --cancel-grace"
+    assert (a.stats()["remote"]["cut_off"], a.stats()["remote"]["expired"]) == (1, 0)
     assert (await report(a, g.token, CompleteIn())).error == FENCED
 
 
@@ -184,3 +198,58 @@ async def test_the_listing_marks_remote_queues_and_warns_as_in_local_mode(
     await claim_one(a)
     await submit(a, "k", queue="r")
     assert (await a.queues())["r"].warning is None
+
+
+async def test_a_node_counts_no_held_jobs_in_shared_mode(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A job claimed through a and ended through b is never heard of by a again: a shows
+    no count it can't keep true (``WorkersSeen.counts_held``), however many workers come."""
+    db = RemoteDatabase()
+    a, b = await two_nodes(services, fake_clock, db)
+    for i in range(5):
+        await submit(a, "anything", queue="r")
+        g = await claim_one(a, worker_name=f"host-{i}", lease_s=10)
+        assert (await report(b, g.token, CompleteIn())).state == "completed"
+    assert {w.name: w.held for w in a.remote.workers().workers} == {
+        f"host-{i}": 0 for i in range(5)
+    }
+    assert not a.remote.seen.held
+    assert not b.remote.seen.held
+
+
+async def test_a_batch_whose_store_fails_one_item_answers_the_others(
+    fake_clock: FakeClock, services: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One outcome the database does not take (unavailable past its write deadline) is
+    ``unavailable`` in a 200 answer whose other items landed, so the worker is told of them
+    (asked again, they would be fenced); it reports that one again. Nothing landed: 503."""
+    db = RemoteDatabase()
+    a, _ = await two_nodes(services, fake_clock, db)
+    for _ in range(2):
+        await submit(a, "anything", queue="r")
+    g1, g2 = await claim(a, max=2, lease_s=10)
+    real = RemoteFakeStore.commit_fenced
+    down = {g2.job.id}
+
+    async def flaky(self: RemoteFakeStore, changes: Any, fence: Any) -> None:
+        if any(getattr(c, "job_id", None) in down for c in changes):
+            raise StoreUnavailableError("connection lost")
+        await real(self, changes, fence)
+
+    monkeypatch.setattr(RemoteFakeStore, "commit_fenced", flaky)
+    both = OutcomesRequest(
+        outcomes=[Outcome(token=g.token, complete=CompleteIn()) for g in (g1, g2)]
+    )
+    answer = await a.remote.outcomes(both, ADMIN)
+    assert [(o.token, o.state, o.error) for o in answer.outcomes] == [
+        (g1.token, "completed", None), (g2.token, None, "unavailable"),
+    ]  # fmt: skip
+    assert (await stored(a, g1.job.id)).state is State.COMPLETED
+    assert (await stored(a, g2.job.id)).state is State.RUNNING
+    second = OutcomesRequest(outcomes=both.outcomes[1:])
+    with pytest.raises(StoreUnavailableError):  # nothing of it landed: the call fails whole
+        await a.remote.outcomes(second, ADMIN)
+    down.clear()
+    [again] = (await a.remote.outcomes(second, ADMIN)).outcomes
+    assert (again.state, again.error) == ("completed", None)

@@ -165,9 +165,13 @@ async def test_stale_worker_cannot_complete_a_requeued_job(
 async def test_cpu_jobs_longer_than_the_heartbeat_timeout_are_not_hung(
     services: ServiceFactory,
 ) -> None:
-    rt = services(workers=4, hb_timeout_s=0.05)  # 4 workers, 2 cores: jobs queue for a CPU
+    # 4 workers, 2 cores: jobs queue for a CPU. Each job (~1.5 s alone) outlasts the
+    # timeout, and the second pair waits longer than it for a CPU; the timeout leaves room
+    # for a loaded machine's pauses of the event loop (at 50 ms, and at 300 ms, a load
+    # average of 10-13 declared a beating job hung now and then: a pause, not a hang).
+    rt = services(workers=4, hb_timeout_s=1.0)
     await rt.start()
-    jobs = (await rt.submit([JobSpec(kind="cpu", args={"rounds": 200_000}) for _ in range(4)]))[0]
+    jobs = (await rt.submit([JobSpec(kind="cpu", args={"rounds": 1_500_000}) for _ in range(4)]))[0]
     for job in jobs:
         done = await final(rt, job.id, within=60)
         assert done.state is State.COMPLETED

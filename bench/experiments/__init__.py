@@ -28,6 +28,7 @@ from sqlq.bench.experiments import (
     m_queues,
     n_schedules,
     o_progress,
+    p_remote,
 )
 from sqlq.bench.experiments.answer import answer
 from sqlq.bench.experiments.base import BenchRun
@@ -41,6 +42,7 @@ MODULES = (
     m_queues,
     n_schedules,
     o_progress,
+    p_remote,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so
@@ -48,6 +50,7 @@ ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report show
 __all__ = ["EXPERIMENTS", "ORDER", "BenchRun", "build_report"]
 
 
-def build_report(out: Path) -> str:
-    """Rebuild ``out/REPORT.md`` and its plots from ``out/*.jsonl``."""
-    return report.build(out, MODULES, answer)
+def build_report(out: Path, *, before: bool = False) -> str:
+    """Rebuild ``out/REPORT.md`` and its plots from ``out/*.jsonl`` (``before``: with the
+    older trees' ``*-before.jsonl`` beside this tree's rows, see ``report.Report``)."""
+    return report.build(out, MODULES, answer, before=before)

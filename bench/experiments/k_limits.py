@@ -240,8 +240,13 @@ def section(rep: Report) -> None:
     rep.add(
         "## K. Close to the machine's limits",
         "",
-        "Rows labelled `before` and `after` ran on the same machine, before and after the "
-        "work on these costs; medians over repeats. `ready s`: spawn to `/readyz` 200. "
+        (
+            "Rows labelled `before` and `after` ran on the same machine, before and after the "
+            "work on these costs; medians over repeats. "
+            if "before" in codes
+            else "This tree's run (`code` after); medians over repeats. "
+        )
+        + "`ready s`: spawn to `/readyz` 200. "
         "`RSS/job`: the server's VmRSS less an empty server's, over the jobs. `replay x`: "
         "the plain msgspec decode loop's time over walq's recovery time on the same log "
         "(1 = recovery as fast as decoding). `CPU us/job`: server process CPU, all threads, "

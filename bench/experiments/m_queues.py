@@ -116,8 +116,10 @@ def section(rep: Report) -> None:
         "The scheduler alone, in process: `used` queues each get one job and are emptied "
         "again, then one `add` and one `take` per job are timed in process CPU, into one "
         "busy queue or alternating between two (each with one job waiting, so every take "
-        "chooses). Rows `before` and `after` ran on the same "
-        "machine, before and after the work on the scheduler's queues. `x` is the cost over "
+        "chooses). "
+        + ("Rows `before` and `after` ran on the same machine, before and after the work on "
+           "the scheduler's queues. " if "before" in codes else "This tree's run (`code` after). ")
+        + "`x` is the cost over "
         "the same row's cost with no other queue ever used; medians over repeats.",
         "",
         "| code | busy queues | jobs | " + " | ".join(f"us/job, {u:,} used" for u in USED)

@@ -181,8 +181,13 @@ def create_app(
     async def get_job(request: Request) -> Response:
         job_id = _job_id(request)
         wait = params.wait_seconds(request.query_params)
+        who = principal(request.scope)
+        if wait and who.queues is not None:  # may it read the job at all? (before waiting,
+            # or a submitter held to its queues would learn when another queue's job ends)
+            if _may_read(who, await runtime.get(job_id)) is None:
+                raise JobNotFoundError(job_id)
         job = await (runtime.wait(job_id, wait) if wait else runtime.get(job_id))
-        job = _may_read(principal(request.scope), job)
+        job = _may_read(who, job)
         if job is None:
             raise JobNotFoundError(job_id)
         return JSONResponse(view(job))

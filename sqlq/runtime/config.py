@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -61,4 +62,16 @@ class RuntimeConfig:
 
     def is_remote(self, queue: str) -> bool:
         """Whether remote workers serve ``queue`` (and in-process ones never do)."""
-        return self.every_queue_remote or queue in self.remote_queues
+        return self.remote_test()(queue)
+
+    def remote_test(self) -> Callable[[str], bool]:
+        """``is_remote`` as one callable, the rule's one home: the hot paths that ask it (a
+        submit, a job due again) keep it, and pay a C call (``frozenset.__contains__``), as
+        cheap as the test written inline; with every queue remote no worker runs here."""
+        if self.every_queue_remote:
+            return _every_queue
+        return self.remote_queues.__contains__
+
+
+def _every_queue(_: str) -> bool:
+    return True

@@ -23,6 +23,12 @@ live job are dropped, as Prometheus expects of a series whose subject is gone (a
 name used again starts from zero, which ``rate`` and ``increase`` read as a
 reset). So the number of series is bounded whatever names clients send.
 
+Kinds are bounded too. A kind the server runs (its registry, ``known_kinds``) is its
+own label; a remote queue accepts any kind name, so the first ``MAX_OTHER_KINDS``
+names the registry lacks keep their own label (a remote worker's few kinds stay
+visible) and every later one is counted as ``OTHER_KIND``: a client sending a new
+kind name per job adds no series.
+
 Schedules count here too: ticks enqueued and skipped per schedule
 (``sqlq_schedule_ticks_{enqueued,skipped}_total{schedule}``), and each enqueued
 tick's lateness (tick to durable enqueue) goes to ``on_lateness`` (the metrics'
@@ -82,6 +88,10 @@ LABEL: dict[Event, str] = {
 ENDED = {State.COMPLETED: Event.COMPLETED, State.DEAD: Event.DEAD, State.CANCELLED: Event.CANCELLED}
 
 
+MAX_OTHER_KINDS = 100  # kind names outside the registry that get a label of their own
+OTHER_KIND = "other"  # the label of every kind name past those
+
+
 def _none() -> Collection[str]:
     return ()
 
@@ -98,6 +108,8 @@ class Events:
         self.limit = limit  # queues with series, past which those without live jobs go
         self.ticks: dict[str, list[int]] = {}  # schedule -> [enqueued, skipped]
         self.on_lateness: Callable[[float], None] = _drop  # set by the metrics
+        self.known_kinds: Collection[str] | None = None  # the registry (set by the service)
+        self._other_kinds: set[str] = set()  # labelled kinds outside it (MAX_OTHER_KINDS)
 
     def record(self, event: Event, job: Job | None = None, n: int = 1) -> None:
         """``n`` times ``event`` (of ``job``, for the series; ``None``: /stats only)."""
@@ -112,7 +124,22 @@ class Events:
                 self.prune()
                 self.limit = max(self.limit, 2 * len(self._series))  # all live: amortised
             counts = self._series[queue] = Counter()
-        counts[label, job.kind] += n
+        kind = job.kind
+        known = self.known_kinds
+        if known is not None and kind not in known:
+            kind = self._other(kind)
+        counts[label, kind] += n
+
+    def _other(self, kind: str) -> str:
+        """The label of a kind outside the registry (a remote queue's): its own name while
+        few such names were seen, else ``OTHER_KIND``."""
+        others = self._other_kinds
+        if kind in others:
+            return kind
+        if len(others) < MAX_OTHER_KINDS and kind != OTHER_KIND:
+            others.add(kind)
+            return kind
+        return OTHER_KIND
 
     def schedule_enqueued(self, schedule: str, lateness_s: float) -> None:
         """A tick of ``schedule`` made its job, durably, ``lateness_s`` after the tick."""

@@ -140,53 +140,12 @@ class Lanes(Generic[T]):
                 del self.ready[priority]
         return None
 
-    def wanted(
-        self, n: int, now: float, want: Callable[[T], bool] | None = None, scan: int = 10_000
-    ) -> list[tuple[int, int, T]]:
-        """The first ``n`` due entries ``pop`` would hand out (those ``want`` accepts, if
-        given), as ``(priority, position in its level, entry)``, without taking them
-        (``remove``): how a remote claim picks across queues and kinds. Looks at no more
-        than ``scan`` entries, stale ones included: O(entries passed over)."""
+    def head(self, now: float) -> T | None:
+        """The entry ``pop`` would hand out at ``now``, left in place (stale fronts dropped):
+        how a remote claim compares the fronts of several lanes before it takes one."""
         self._promote(now)
-        out: list[tuple[int, int, T]] = []
-        looked = 0
-        keep = self.current if self.stale_ready else None
-        for priority in sorted(self.ready, reverse=True):
-            for i, item in enumerate(self.ready[priority]):
-                looked += 1
-                if (keep is None or keep(item)) and (want is None or want(item)):
-                    out.append((priority, i, item))
-                    if len(out) >= n:
-                        return out
-                if looked >= scan:
-                    return out
-        return out
-
-    def remove(self, picked: list[tuple[int, int, T]]) -> None:
-        """Take the entries ``wanted`` found (and nothing changed since) out of their levels."""
-        by_level: dict[int, list[int]] = {}
-        for priority, i, _ in picked:
-            by_level.setdefault(priority, []).append(i)
-        emptied = False
-        for priority, positions in by_level.items():
-            lane = self.ready[priority]
-            if len(positions) == len(lane):
-                lane.clear()
-            elif positions == list(range(len(positions))):
-                for _ in positions:  # the front: the common case
-                    lane.popleft()
-            else:
-                for i in sorted(positions, reverse=True):
-                    del lane[i]
-            self.due -= len(positions)
-            if not lane:
-                del self.ready[priority]
-                emptied = True
-        if emptied:
-            self._levels = [-p for p in self.ready]
-            heapq.heapify(self._levels)
-        if (self.stale_ready or self.stale_delayed) and self._mostly_stale():
-            self.purge()
+        priority = self.top()
+        return None if priority is None else self.ready[priority][0]
 
     def promote(self, now: float) -> None:
         """Move what is due by ``now`` from the heap to the deques."""

@@ -73,11 +73,9 @@ class LocalClaims(ClaimsBase):
         config = self._config
         self._all_remote = config.every_queue_remote
         self._remote_names = config.remote_queues
+        self._is_remote = config.remote_test()  # (``RuntimeConfig.is_remote``)
         self.remote_side = LocalSide(self)
         self._remote_lanes = self.remote_side.lanes
-
-    def _is_remote(self, queue: str) -> bool:
-        return self._all_remote or queue in self._remote_names
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -147,7 +145,7 @@ class LocalClaims(ClaimsBase):
         return self._live.applied(job, t)
 
     def _due(self, job: Job) -> None:
-        if self._all_remote or job.queue in self._remote_names:
+        if self._is_remote(job.queue):
             self._remote_lanes.add(job)
         else:
             self.scheduler.add(job)

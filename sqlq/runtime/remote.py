@@ -27,7 +27,11 @@ module is what both modes do alike:
   as in process.
 - **Durable before answered.** Each write is awaited; a request cancelled meanwhile
   (its client gone) does not cancel its writes (``shield``): what was asked is either
-  written and shown, or refused, never half-known.
+  written and shown, or refused, never half-known. A batch of outcomes whose store took
+  some items and failed others (unavailable past its write deadline) answers 200, the
+  failed items ``error: "unavailable"`` (report them again); only a call of which
+  nothing landed fails whole (503), since a landed outcome asked again is ``fenced``. A
+  heartbeat fails whole: a renewal asked again is renewed again.
 - **Long-poll.** A claim that finds nothing waits (the side's ``wait``: the lanes' bell in
   local mode, NOTIFY and a poll in shared mode) until ``wait_s``. At most
   ``MAX_WAITING_CLAIMS`` claims wait at once; one more is refused at once with a
@@ -49,7 +53,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from sqlq.common.backoff import after_failure, after_snooze, released, should_retry
+from sqlq.common.backoff import after_failure, after_snooze, released
 from sqlq.common.errors import (
     ForbiddenError,
     StoreError,
@@ -95,12 +99,14 @@ log = logging.getLogger(__name__)
 MAX_WAITING_CLAIMS = 1000  # claims long-polling at once; one more is a 503
 POLL_SLACK_S = 0.001  # a long-poll this close to its end is over (no sliver of a wait)
 INVALID, FORBIDDEN = "invalid", "forbidden"
+UNAVAILABLE = "unavailable"  # a batch item the store did not take (report it again)
 # What ``/stats`` (``remote``) and ``/metrics`` (``sqlq_remote_total{what}``) count: a
 # fixed set, so the label's cardinality is bounded whatever clients send.
 COUNTED = ("claims", "claimed", "heartbeats", "renewed", "complete", "fail", "snooze",
-           "checkpoint", "release", FENCED, INVALID, FORBIDDEN, "expired")  # fmt: skip
+           "checkpoint", "release", FENCED, INVALID, FORBIDDEN, "expired", "cut_off")  # fmt: skip
 
 T = TypeVar("T")
+A = TypeVar("A")
 Renewed = tuple[float, bool]  # a lease renewed: until when, and whether a cancel was asked for
 
 
@@ -108,6 +114,7 @@ class RemoteSide(Protocol):
     """What ``Remote`` asks of where the queue lives (``LocalSide``, ``SharedSide``)."""
 
     serial: Serial  # one job's remote writes in turn (its cancel and expiry take turns too)
+    knows_held: bool  # every end of a job it claims is written here (``WorkersSeen``)
 
     @property
     def stopping(self) -> bool:
@@ -170,6 +177,7 @@ class Remote:
         self._events = parts.live.events
         self._metrics = parts.metrics
         self.seen = parts.seen
+        self.seen.counts_held = side.knows_held
         self.counts = parts.remote_counts
         self._key: bytes | None = None
         self._started = False
@@ -366,7 +374,7 @@ class Remote:
                     answers[i] = Beat(token=token, lease_until=done[0], cancel_requested=done[1])
 
         await self._in_turns([t.job_id for t in tickets], group)
-        return HeartbeatAnswer(items=[a for a in answers if a is not None])
+        return HeartbeatAnswer(items=_every(answers))
 
     # -- outcomes -------------------------------------------------------------------------------
 
@@ -407,8 +415,10 @@ class Remote:
                 continue
             at.append(i)
         failures: list[BaseException] = []
+        landed = 0  # writes that are durable
 
         async def group(picked: list[int]) -> None:
+            nonlocal landed
             jobs = await self._side.current([tickets[k].job_id for k in picked])
             writes = []
             for k, job in zip(picked, jobs, strict=True):
@@ -446,15 +456,17 @@ class Remote:
             for (i, _), answer in zip(writes, done, strict=True):
                 if isinstance(answer, BaseException):
                     failures.append(answer)
-                    answer = Reported(token=said[i][0], error="unavailable", detail=str(answer))
+                    answer = Reported(token=said[i][0], error=UNAVAILABLE, detail=str(answer))
                 else:
+                    landed += 1
                     answer = msgspec.structs.replace(answer, token=said[i][0])
                 answers[i] = answer
 
         await self._in_turns([t.job_id for t in tickets], group)
-        if failures:  # the store failed (or a bug): the call fails; what landed is fenced after
-            raise failures[0]
-        return [a for a in answers if a is not None]
+        if failures and not landed:  # nothing was written: the call fails (503), all of it
+            raise failures[0]  # is asked again; once one item is durable, the call must say
+        # so (asked again, it would be fenced): the others answer ``unavailable``, per item
+        return _every(answers)
 
     def _fenced(self, token: str, job: Job | None, why: str | None) -> Reported:
         self.counts[FENCED] += 1
@@ -478,11 +490,7 @@ class Remote:
                 return job.withdraw(error, now)
             if not what.retry:
                 return job.bury(error, now)
-            if what.retry_in_s is None:
-                return self._failure(job, error, now)
-            if should_retry(job.attempts, job.max_attempts, self._config.retry):
-                return job.retry(error, now + what.retry_in_s, now)
-            return job.bury(error, now)
+            return self._failure(job, error, now, what.retry_in_s)
         if isinstance(what, SnoozeIn):
             return after_snooze(job, what.delay_s, now, self._config.max_snoozes)
         if isinstance(what, CheckpointIn):
@@ -495,8 +503,10 @@ class Remote:
             return released(job, now)
         raise ValueError(f"outcome: not an outcome: {type(what).__name__}")
 
-    def _failure(self, job: Job, error: str, now: float) -> Transition:
-        return after_failure(job, error, now, self._config.retry, self._rng)
+    def _failure(
+        self, job: Job, error: str, now: float, delay_s: float | None = None
+    ) -> Transition:
+        return after_failure(job, error, now, self._config.retry, self._rng, delay_s=delay_s)
 
     async def _write(self, job: Job, t: Transition, what: What, now: float) -> Reported:
         """Write the outcome ``t`` of ``job`` (its turn is held); what it answers."""
@@ -518,6 +528,12 @@ class Remote:
         return Reported(token="", state=after.state.value)
 
 
+def _every(answers: list[A | None]) -> list[A]:
+    """``answers``, each of which a call's items have set (one per item, in order)."""
+    assert all(a is not None for a in answers), "an item was left unanswered"
+    return answers  # type: ignore[return-value]  # (none is None, asserted)
+
+
 def _name(what: What) -> str:
     """What ``/stats`` counts ``what`` as (a single form's body is a subclass)."""
     for kind, name in _NAMES:
@@ -532,7 +548,8 @@ _NAMES: tuple[tuple[type, str], ...] = ((CompleteIn, "complete"), (FailIn, "fail
 
 def note_end(parts: Parts, job: Job, after: Job, what: str) -> None:
     """Count what ``job``'s remote attempt became (``after``, durable): an outcome's
-    (``what`` its name) or an expiry's (``"expired"``); a checkpoint's is no end."""
+    (``what`` its name), an expiry's (``"expired"``) or a forced cancel's cut-off
+    (``"cut_off"``); a checkpoint's is no end."""
     if after.state is State.RUNNING:
         return
     events = parts.live.events
@@ -554,3 +571,8 @@ def note_end(parts: Parts, job: Job, after: Job, what: str) -> None:
 def expired_reason(job: Job) -> str:
     """The error an expired remote lease records."""
     return f"lease expired: worker {remote_worker(job.holder)} went silent"
+
+
+# The error a forced cancel's cut-off records (counted ``cut_off``, not ``expired``): the
+# worker may well be alive and beating; the server ended the attempt.
+CUT_OFF_REASON = "cancelled: forced after --cancel-grace"

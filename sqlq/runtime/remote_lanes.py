@@ -1,14 +1,17 @@
 """``RemoteLanes``: the due jobs of remote queues in local mode, and the claims waiting on them.
 
 In-process workers never take a remote queue's job, so those jobs never enter the
-scheduler: each remote queue has lanes of its own (``Lanes``: priority, then due
-order; a heap for delayed ones), kept only while they hold a job. A claim picks from
-the queues it names (``pick``): one queue and no kinds pops the front, as a worker's
-``take`` does; several queues are merged on (priority, due time), each in its own
-order. A kinds filter looks past the jobs of other kinds, leaving them where they
-are: it costs O(jobs passed over) per claim, at most ``SCAN`` of them per queue, so
-a queue whose front holds many jobs of kinds nobody asking wants is better split by
-kind.
+scheduler: each remote queue has lanes per kind (``Lanes``: priority, then due order; a
+heap for delayed ones), a kind's lanes kept only while they hold a job. A claim compares
+the fronts of the lanes it may take from (``pick``) and takes the best one, priority
+first, then due time, again and again: a claim naming ``kinds`` looks only at those
+kinds' lanes of its queues, so jobs of kinds nobody asking wants (a typo, a worker that
+is down) never stand in front of it, and no claim scans past jobs it can't take. The
+cost of a claim is O(L + n log L) for L lanes looked at: with ``kinds``, at most
+(queues named) x (kinds named), bounded by the protocol's limits; without, every kind
+that has a job waiting in the queues named (one lane per kind, so as many as there are
+distinct kinds waiting). Stale (cancelled) fronts are dropped as ``Lanes.pop`` does, so
+they cost a claim nothing past their one drop.
 
 A claim that found nothing waits on its queues' bells (``wait``): a job that becomes
 due in one of them rings it, waking the waiters in the order they came up to the
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -29,9 +33,9 @@ from sqlq.common.clock import Clock, wait_event
 from sqlq.common.models import Job
 from sqlq.runtime.lanes import Lanes
 
-SCAN = 10_000  # jobs a kinds filter looks at per queue and claim, at most
 MIN_WAIT_S = 0.001  # a waiter's shortest sleep (a job due now that it may not take)
 
+Entry = tuple[int, Job]  # (arrival, job): the arrival breaks ties between lanes
 Room = Callable[[str], int]  # how many jobs of this queue may start now (0: paused or full)
 
 
@@ -46,42 +50,65 @@ class _Waiter:
 class RemoteLanes:
     def __init__(self, clock: Clock, current: Callable[[Job], bool]) -> None:
         self._clock = clock
-        self._current = current  # is this entry still the job as scheduled?
-        self._queues: dict[str, Lanes[Job]] = {}  # only queues whose lanes hold an entry
+        self._current: Callable[[Entry], bool] = lambda entry: current(entry[1])
+        # queue -> kind -> its lanes; only kinds (and queues) whose lanes hold an entry
+        self._queues: dict[str, dict[str, Lanes[Entry]]] = {}
+        self._arrival = itertools.count()  # ties between lanes go to the job that came first
         self._bells: dict[str, deque[_Waiter]] = {}  # queue -> claims waiting on it
 
     # -- what goes in -------------------------------------------------------------------
 
-    def add(self, job: Job) -> None:
-        lanes = self._queues.get(job.queue)
+    def _lanes(self, queue: str, kind: str) -> Lanes[Entry]:
+        kinds = self._queues.get(queue)
+        if kinds is None:
+            kinds = self._queues[queue] = {}
+        lanes = kinds.get(kind)
         if lanes is None:
-            lanes = self._queues[job.queue] = Lanes(self._current)
-        lanes.push(job, job.ready_at, job.priority, self._clock.time())
+            lanes = kinds[kind] = Lanes(self._current)
+        return lanes
+
+    def add(self, job: Job) -> None:
+        lanes = self._lanes(job.queue, job.kind)
+        lanes.push((next(self._arrival), job), job.ready_at, job.priority, self._clock.time())
         if self._bells:
             self.ring(job.queue)
 
     def load(self, jobs: Sequence[Job]) -> None:
         """Many scheduled jobs at once (recovery)."""
-        by_queue: dict[str, list[Job]] = {}
+        groups: dict[tuple[str, str], list[Job]] = {}
         for job in jobs:
-            by_queue.setdefault(job.queue, []).append(job)
+            groups.setdefault((job.queue, job.kind), []).append(job)
         now = self._clock.time()
-        for name, group in by_queue.items():
-            lanes = self._queues.get(name)
-            if lanes is None:
-                lanes = self._queues[name] = Lanes(self._current)
-            lanes.load(group, [j.ready_at for j in group], [j.priority for j in group], now)
+        for (queue, kind), group in groups.items():
+            lanes = self._lanes(queue, kind)
+            entries = [(next(self._arrival), j) for j in group]
+            lanes.load(entries, [j.ready_at for j in group], [j.priority for j in group], now)
 
     def discard(self, job: Job) -> None:
         """``job``'s entry, still in its lanes, is no longer wanted (cancelled)."""
-        lanes = self._queues.get(job.queue)
+        kinds = self._queues.get(job.queue)
+        lanes = None if kinds is None else kinds.get(job.kind)
         if lanes is not None:
             lanes.discard(job.ready_at)
-            self._drop_if_empty(job.queue, lanes)
+            self._drop_if_empty(job.queue, job.kind, lanes)
 
-    def _drop_if_empty(self, queue: str, lanes: Lanes[Job]) -> None:
+    def _drop_if_empty(self, queue: str, kind: str, lanes: Lanes[Entry]) -> None:
         if not lanes.entries:
-            del self._queues[queue]
+            kinds = self._queues[queue]
+            del kinds[kind]
+            if not kinds:
+                del self._queues[queue]
+
+    def _looked_at(
+        self, queue: str, kinds: frozenset[str] | None
+    ) -> list[tuple[str, Lanes[Entry]]]:
+        """The lanes of ``queue`` a claim for ``kinds`` (None: any) may take from."""
+        by_kind = self._queues.get(queue)
+        if by_kind is None:
+            return []
+        if kinds is None:
+            return list(by_kind.items())
+        return [(kind, by_kind[kind]) for kind in kinds if kind in by_kind]
 
     # -- what a claim takes -------------------------------------------------------------------
 
@@ -90,58 +117,70 @@ class RemoteLanes:
         queues: Sequence[str],
         n: int,
         now: float,
-        want: Callable[[Job], bool] | None,
+        kinds: frozenset[str] | None,
         room: Room,
     ) -> list[Job]:
-        """Up to ``n`` due jobs of ``queues``, out of the lanes: priority first, then due
-        time, each queue at most as many as ``room`` lets start (none of a paused one)."""
-        if len(queues) == 1 and want is None:  # one queue, any kind: pop its front
-            [queue] = queues
-            lanes = self._queues.get(queue)
-            if lanes is None:
-                return []
-            out: list[Job] = []
-            for _ in range(min(n, room(queue))):
-                job = lanes.pop(now)
-                if job is None:
-                    break
-                out.append(job)
-            self._drop_if_empty(queue, lanes)
-            return out
-        found: list[list[tuple[tuple[int, float], str, tuple[int, int, Job]]]] = []
+        """Up to ``n`` due jobs of ``queues`` (of ``kinds``, if given), out of the lanes:
+        priority first, then due time, each queue at most as many as ``room`` lets start
+        (none of a paused one)."""
+        left: dict[str, int] = {}
+        fronts: list[tuple[int, float, int, str, str, Lanes[Entry]]] = []
         for queue in dict.fromkeys(queues):
-            lanes = self._queues.get(queue)
-            k = min(n, room(queue)) if lanes is not None else 0
-            if lanes is None or k <= 0:
+            lanes_of = self._looked_at(queue, kinds)
+            if not lanes_of:
                 continue
-            entries = lanes.wanted(k, now, want, SCAN)
-            if entries:
-                found.append([((-p, job.ready_at), queue, (p, i, job)) for p, i, job in entries])
-        if not found:
+            k = min(n, room(queue))
+            if k <= 0:
+                continue
+            left[queue] = k
+            for kind, lanes in lanes_of:
+                head = lanes.head(now)
+                if head is not None:
+                    n_, job = head
+                    fronts.append((-job.priority, job.ready_at, n_, queue, kind, lanes))
+                else:
+                    self._drop_if_empty(queue, kind, lanes)  # its stale fronts are gone
+        if not fronts:
             return []
-        chosen = found[0][:n] if len(found) == 1 else list(_first(n, found))
-        taken: dict[str, list[tuple[int, int, Job]]] = {}
-        for _, queue, entry in chosen:
-            taken.setdefault(queue, []).append(entry)
-        for queue, entries in taken.items():
-            lanes = self._queues[queue]
-            lanes.remove(entries)
-            self._drop_if_empty(queue, lanes)
-        return [entry[2] for _, _, entry in chosen]
+        if len(fronts) > 1:
+            heapq.heapify(fronts)
+        out: list[Job] = []
+        while fronts and len(out) < n:
+            _, _, _, queue, kind, lanes = fronts[0]
+            if left[queue] <= 0:
+                heapq.heappop(fronts)  # this queue has had its share
+                continue
+            entry = lanes.pop(now)
+            if entry is None:  # (head said there was one: nothing changed since)
+                heapq.heappop(fronts)
+                continue
+            out.append(entry[1])
+            left[queue] -= 1
+            head = lanes.head(now)
+            if head is None:
+                heapq.heappop(fronts)
+                self._drop_if_empty(queue, kind, lanes)
+            else:
+                n_, job = head
+                heapq.heapreplace(fronts, (-job.priority, job.ready_at, n_, queue, kind, lanes))
+        return out
 
     # -- waiting ------------------------------------------------------------------------------
 
-    async def wait(self, queues: Sequence[str], picky: bool, within: float, room: Room) -> None:
+    async def wait(
+        self, queues: Sequence[str], kinds: frozenset[str] | None, within: float, room: Room
+    ) -> None:
         """Until a job may have become due in one of ``queues`` (rung), or ``within``."""
         now = self._clock.time()
         timeout = within
         for queue in queues:
-            lanes = self._queues.get(queue)
-            if lanes is not None and room(queue) > 0:
+            if room(queue) <= 0:
+                continue
+            for _, lanes in self._looked_at(queue, kinds):
                 wake = lanes.next_wakeup()
                 if wake is not None:
                     timeout = min(timeout, wake - now)
-        waiter = _Waiter(picky)
+        waiter = _Waiter(kinds is not None)
         bells = self._bells
         for queue in queues:
             bells.setdefault(queue, deque()).append(waiter)
@@ -179,34 +218,32 @@ class RemoteLanes:
     # -- what the listing shows -------------------------------------------------------------
 
     def depth(self, queue: str) -> int:
-        lanes = self._queues.get(queue)
-        return len(lanes) if lanes is not None else 0
+        """Jobs waiting in ``queue``: O(its kinds with a job waiting)."""
+        kinds = self._queues.get(queue)
+        return sum(len(lanes) for lanes in kinds.values()) if kinds is not None else 0
 
     def waiting(self) -> int:
         """Claims waiting on some bell now (one waiting on several counts once per bell)."""
         return sum(len(bell) for bell in self._bells.values())
 
     def sizes(self) -> dict[str, int]:
-        due = delayed = 0
-        for lanes in self._queues.values():
-            sizes = lanes.sizes()
-            due += sizes["immediate"]
-            delayed += sizes["delayed"]
-        return {"immediate": due, "delayed": delayed, "queues": len(self._queues)}
+        due = delayed = lanes_held = 0
+        for kinds in self._queues.values():
+            for lanes in kinds.values():
+                sizes = lanes.sizes()
+                due += sizes["immediate"]
+                delayed += sizes["delayed"]
+                lanes_held += 1
+        return {
+            "immediate": due,
+            "delayed": delayed,
+            "queues": len(self._queues),
+            "lanes": lanes_held,
+        }
 
     def held(self) -> dict[str, list[Job]]:
         """Every queue's entries still wanted (O(n): for checks such as the model test)."""
-        return {name: lanes.held() for name, lanes in self._queues.items()}
-
-
-def _first(
-    n: int, found: list[list[tuple[tuple[int, float], str, tuple[int, int, Job]]]]
-) -> list[tuple[tuple[int, float], str, tuple[int, int, Job]]]:
-    """The first ``n`` of several queues' candidates, merged on (priority, due), each
-    queue's in its own order."""
-    out = []
-    for item in heapq.merge(*found, key=lambda c: c[0]):
-        out.append(item)
-        if len(out) >= n:
-            break
-    return out
+        return {
+            name: [entry[1] for lanes in kinds.values() for entry in lanes.held()]
+            for name, kinds in self._queues.items()
+        }

@@ -39,7 +39,7 @@ from sqlq.common.protocol import MAX_CLAIM, ClaimRequest, remote_worker
 from sqlq.common.running import Progress
 from sqlq.runtime.events import Event
 from sqlq.runtime.leaseheap import LeaseHeap
-from sqlq.runtime.remote import Renewed, expired_reason, note_end
+from sqlq.runtime.remote import CUT_OFF_REASON, Renewed, expired_reason, note_end
 from sqlq.runtime.remote_lanes import RemoteLanes
 from sqlq.runtime.serial import Serial
 
@@ -53,6 +53,8 @@ _RUNNING = State.RUNNING.value
 
 
 class LocalSide:
+    knows_held = True  # the one process: every end of a remote job is written here
+
     def __init__(self, claims: LocalClaims) -> None:
         self._claims = claims
         self._parts = claims.parts
@@ -109,8 +111,7 @@ class LocalSide:
             return []
         claims = self._claims
         kinds = None if req.kinds is None else frozenset(req.kinds)
-        want = None if kinds is None else (lambda job: job.kind in kinds)
-        entries = self.lanes.pick(req.queues, req.max, now, want, self._room)
+        entries = self.lanes.pick(req.queues, req.max, now, kinds, self._room)
         if not entries:
             return []
         live, serial = self._live.jobs, self.serial
@@ -167,7 +168,8 @@ class LocalSide:
         return after
 
     async def wait(self, req: ClaimRequest, within: float) -> None:
-        await self.lanes.wait(req.queues, req.kinds is not None, within, self._room)
+        kinds = None if req.kinds is None else frozenset(req.kinds)
+        await self.lanes.wait(req.queues, kinds, within, self._room)
 
     # -- a held job's writes (each under its turn) ------------------------------------------
 
@@ -281,7 +283,9 @@ class LocalSide:
                 self.leases.push(job_id, job.lease_until)  # renewed meanwhile: look again then
                 return
             parts = self._parts
-            t = after_failure(job, expired_reason(job), now, parts.config.retry, parts.rng)
+            cut = job_id in self._forced  # a forced cancel's grace ran out, not the worker
+            why = CUT_OFF_REASON if cut else expired_reason(job)
+            t = after_failure(job, why, now, parts.config.retry, parts.rng)
             try:
                 await self._store.commit([t])
             except StoreError as exc:
@@ -292,8 +296,9 @@ class LocalSide:
                 log.error("the expiry of job %s was refused: %s", job_id, exc)
                 return
             after = self._live.applied(job, t)
-            parts.remote_counts["expired"] += 1
-            note_end(parts, job, after, "expired")
+            what = "cut_off" if cut else "expired"
+            parts.remote_counts[what] += 1
+            note_end(parts, job, after, what)
             self._moved(after)
         finally:
             self.serial.give(job_id)

@@ -43,7 +43,7 @@ from sqlq.common.protocol import ClaimRequest
 from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Lease
 from sqlq.runtime.leases import write_fenced
-from sqlq.runtime.remote import Renewed, expired_reason, note_end
+from sqlq.runtime.remote import CUT_OFF_REASON, Renewed, note_end
 from sqlq.runtime.serial import Serial
 
 if TYPE_CHECKING:
@@ -57,6 +57,8 @@ WRITE_FOR_S = 2.0
 
 
 class SharedSide:
+    knows_held = False  # a job claimed here may end through another node
+
     def __init__(self, claims: SharedClaims) -> None:
         self._claims = claims
         self._store = claims._store
@@ -113,6 +115,10 @@ class SharedSide:
         await wait_event(clock, bell, max(timeout, 0.001))
 
     async def current(self, ids: Sequence[str]) -> list[Job | None]:
+        """The jobs as stored now: one ``get`` per id, all at once (so a pool runs them side
+        by side). ``SharedStore`` has no read of many live jobs by id (``finished`` reads
+        only ended ones), so a batch of n items costs n reads; one ``WHERE id = ANY($1)``
+        read is the engines' to add (``sqlq/engines``, not this module's)."""
         get = self._store.get
         if len(ids) == 1:
             return [await get(ids[0])]
@@ -171,15 +177,15 @@ class SharedSide:
                     or current.epoch != job.epoch or current.holder != job.holder):  # fmt: skip
                 return
             parts = self._parts
-            t = after_failure(current, expired_reason(current), now, parts.config.retry, parts.rng)
+            t = after_failure(current, CUT_OFF_REASON, now, parts.config.retry, parts.rng)
             try:
                 await self._store.commit_fenced([t], Fence(holder=current.holder))
             except (TransitionError, StoreError) as exc:
                 log.warning("could not cut off job %s after its forced cancel: %s", job.id, exc)
                 return
             after = self._claims._applied(current, t)
-            parts.remote_counts["expired"] += 1
-            note_end(parts, current, after, "expired")
+            parts.remote_counts["cut_off"] += 1
+            note_end(parts, current, after, "cut_off")
             self._forced.discard(job.id)
             if after.state is State.SCHEDULED:
                 self._claims._due(after)

@@ -2,14 +2,19 @@
 
 A worker is remembered by the name it gives (``ClaimRequest.worker``, stored in its
 claims' holder), with the principal it came as, when it was last heard of (any
-claim, heartbeat or outcome), the jobs it holds as this process knows them (its
-claims here less its outcomes and expiries here), and the queues it claimed from
+claim, heartbeat or outcome), the jobs it holds, and the queues it claimed from
 lately. At most ``MAX_WORKERS_SEEN`` workers are kept (the one heard of longest ago
-is forgotten first), each with at most ``MAX_CLAIM_QUEUES`` queues, and at most
-``MAX_QUEUES_SEEN`` queues remember when a worker last claimed from them: whatever
-names clients send, the memory is bounded. ``GET /workers`` shows it; ``GET
-/queues`` warns of a remote queue with jobs waiting that no worker claimed from in
-the last ``WORKER_SEEN_S``.
+is forgotten first, its count of jobs held with it), each with at most
+``MAX_CLAIM_QUEUES`` queues, and at most ``MAX_QUEUES_SEEN`` queues remember when a
+worker last claimed from them: whatever names clients send, the memory is bounded.
+``GET /workers`` shows it; ``GET /queues`` warns of a remote queue with jobs waiting
+that no worker claimed from in the last ``WORKER_SEEN_S``.
+
+Jobs held are counted only where this process writes every end of a remote job (local
+mode: its claims less its outcomes, expiries and cancels; ``counts_held``). In shared
+mode a job claimed through one node may end through another, which this node never
+hears of, so each worker shows ``held`` 0 rather than a count that only grows (the
+database knows: each running job's record names its holder).
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ class WorkersSeen:
     def __init__(self, limit: int = MAX_WORKERS_SEEN) -> None:
         self.limit = limit
         self._workers: OrderedDict[str, _Worker] = OrderedDict()  # least recently seen first
-        self.held: Counter[str] = Counter()  # worker -> jobs it holds, as this process knows
+        self.held: Counter[str] = Counter()  # worker -> jobs it holds (``counts_held``)
+        self.counts_held = True  # False in shared mode: another node may end a job
         self._claimed_from: OrderedDict[str, float] = OrderedDict()  # queue -> latest claim
 
     def saw(self, worker: str, who: Principal, now: float, queues: Sequence[str] = ()) -> None:
@@ -52,7 +58,8 @@ class WorkersSeen:
         if w is None:
             w = self._workers[worker] = _Worker(who.name, who.role.value, now)
             if len(self._workers) > self.limit:
-                self._workers.popitem(last=False)
+                gone, _ = self._workers.popitem(last=False)
+                self.held.pop(gone, None)
         else:
             w.principal, w.role, w.last_seen = who.name, who.role.value, max(w.last_seen, now)
             self._workers.move_to_end(worker)
@@ -75,7 +82,7 @@ class WorkersSeen:
 
     def took(self, worker: str, n: int) -> None:
         """``worker`` holds ``n`` more jobs."""
-        if n:
+        if n and self.counts_held:
             self.held[worker] += n
 
     def let_go(self, worker: str | None) -> None:

@@ -101,6 +101,7 @@ class Service:
         self.events = parts.live.events  # the one sink of /stats' totals and /metrics' events
         self.claims = (claims or claims_for(store))(parts)
         self.events.live_queues = self.claims.live_queues  # a gone queue's series go
+        self.events.known_kinds = frozenset(all_kinds.names())  # bounds the kind labels
         store.observe_batches(self.metrics.batch_written)
         self.metrics.gauges(lambda: report.gauges(self))
         self.executor = Executor(all_kinds, config, rng=rng, clock=clock)

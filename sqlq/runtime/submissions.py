@@ -53,13 +53,12 @@ class Submissions:
         self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
         self._new_queues: Counter[str] = Counter()  # their new queue names, for --max-queues
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
-        self._all_remote = config.every_queue_remote
-        self._remote_queues = config.remote_queues
+        self._is_remote = config.remote_test()  # (``RuntimeConfig.is_remote``)
 
     def build(self, spec: JobSpec, now: float) -> Job:
         """A new job from a client's spec; raises ``ValidationError`` naming the field."""
         check_args(spec.args)  # HTTP checked the bytes; a spec built in Python is checked here
-        if self._all_remote or spec.queue in self._remote_queues:
+        if self._is_remote(spec.queue):
             args = spec.args  # a remote worker's kind: any name, any JSON object (bounded)
         else:
             args = self._kinds.get(spec.kind).validate(spec.args)

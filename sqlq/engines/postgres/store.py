@@ -62,8 +62,9 @@ PRUNE_LOCK = 0x5371_6C72  # one node at a time prunes
 
 
 def node_name() -> str:
-    """Unique per start: a restarted process must not renew its dead predecessor's leases."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+    """Unique per start (a restart must not renew its dead predecessor's leases); ``node:``
+    first, so no host's name makes a node pass for a remote worker (``worker:<name>``)."""
+    return f"node:{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
 class PostgresStore(Committing):

@@ -1,0 +1,317 @@
+"""P. Workers anywhere: jobs run by ``sqlq worker`` processes over the pull protocol,
+against the same jobs run in the server's process, side by side in one run (issue 23).
+
+- **noop**: ``NOOP_JOBS`` no-op jobs on each durable engine (``--sync full``), run by 64
+  in-process workers, or by one ``sqlq worker --concurrency 64`` against ``sqlq serve
+  --workers 0`` (every queue remote), which claims and reports in batches. Jobs/s over the
+  drain, and server CPU per job (the worker's beside it). Bar: remote >= 0.50x in-process.
+- **cpu**: ``CPU_JOBS`` jobs of ``sqlq.bench.spinkind.spin`` (pure-Python arithmetic,
+  ~20-50 ms here) on SQLite: in the server's thread pool (``--workers 2``: one GIL), by
+  ``sqlq worker --processes 1`` and ``--processes 2``, and by huey's process consumer
+  (``huey_consumer -k process -w 1`` and ``-w 2``, ``SqliteHuey`` with fsync: see
+  ``sqlq.bench.hueyspin`` for why that storage). Bars: ``--processes 2`` >= 1.8x
+  ``--processes 1``, and at least huey ``-w 2``'s rate.
+- **latency**: ``LATENCY_JOBS`` no-op jobs submitted one at a time to an idle server,
+  each waited for: submit to start (the server's ``started_at - created_at``) and submit
+  to the handler's own first line, remote against in-process.
+
+``p_runs`` says how each run enqueues first and reads its drain from the jobs' clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from sqlq.bench.experiments.base import DURABLE, NAMES
+from sqlq.bench.experiments.p_runs import (
+    REMOTE_WORKERS,
+    WORKERS,
+    CpuRun,
+    LatencyRun,
+    NoopRun,
+    PRun,
+)
+from sqlq.bench.experiments.rows import Row
+from sqlq.bench.peers import HUEY, installed
+from sqlq.bench.report import Report, cell, group, med
+from sqlq.bench.spinkind import ROUNDS
+
+NAME = "P"
+NOOP_JOBS, QUICK_NOOP_JOBS = 20_000, 300
+CPU_JOBS, QUICK_CPU_JOBS = 120, 6
+LATENCY_JOBS, QUICK_LATENCY_JOBS = 100, 5
+CPU_STORE = "sqlite"  # storage does not matter for 30 ms of CPU a job (experiment F)
+NOOP_BAR = 0.50  # remote no-op jobs/s over in-process
+SCALE_BAR = 1.8  # --processes 2 over --processes 1
+PEER_BAR = 1.0  # sqlq --processes 2 over huey -w 2
+
+
+class PRow(Row, kw_only=True):
+    part: str  # noop, cpu, latency
+    mode: str  # local (in the server's process), remote (sqlq worker), huey
+    jobs: int
+    completed: int = 0
+    processes: int = 0  # cpu: the worker's --processes, huey's -w, the server's --workers
+    workers: int = 0  # noop: in-process workers, or the remote workers' slots in all
+    remote_workers: int = 0  # noop: sqlq worker processes
+    rounds: int = 0
+    drain_s: float = 0.0  # the first job's start to the last one's end
+    wall_s: float = 0.0  # the release (resume, or worker spawn) to the last end seen
+    enqueue_s: float = 0.0
+    server_cpu_s: float = 0.0
+    worker_cpu_s: float = 0.0
+    handler_pids: int = 0  # processes whose handler ran a job
+    job_ms: float = 0.0  # median handler time of one job
+    start_p50_ms: float = 0.0
+    start_p99_ms: float = 0.0
+    handler_p50_ms: float = 0.0
+    handler_p99_ms: float = 0.0
+    load_before: float | None = None  # the machine's 1-minute load average, before the run
+    load_after: float | None = None
+    version: str = ""  # huey's
+    command: tuple[str, ...] = ()  # the worker's or the consumer's
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.completed / self.drain_s if self.drain_s else float("nan")
+
+    @property
+    def server_us(self) -> float:
+        return 1e6 * self.server_cpu_s / self.completed if self.completed else float("nan")
+
+    @property
+    def worker_us(self) -> float:
+        return 1e6 * self.worker_cpu_s / self.completed if self.completed else float("nan")
+
+
+ROW = PRow
+
+
+def _cpu_runs(quick: bool, store: str) -> Iterator[PRun]:
+    jobs = QUICK_CPU_JOBS if quick else CPU_JOBS
+
+    def one(store: str, label: str, mode: str, processes: int, version: str = "") -> CpuRun:
+        return CpuRun(experiment=NAME, store=store, label=f"P/cpu/{label}", mode=mode,
+                      processes=processes, jobs=jobs, rounds=ROUNDS, peer_version=version,
+                      params={"mode": mode, "processes": processes})  # fmt: skip
+
+    yield one(store, "sqlq-local-w2", "local", 2)
+    yield one(store, "sqlq-worker-p1", "remote", 1)
+    yield one(store, "sqlq-worker-p2", "remote", 2)
+    version = installed(HUEY)
+    if version is None:  # pip install -e '.[peers]'
+        return
+    yield one("huey", "huey-w1", "huey", 1, version)
+    yield one("huey", "huey-w2", "huey", 2, version)
+
+
+def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[PRun]:
+    durable = [s for s in stores if s in DURABLE] or list(DURABLE)
+    jobs = QUICK_NOOP_JOBS if quick else NOOP_JOBS
+    for store in durable:
+        for mode in ("local", "remote"):
+            yield NoopRun(experiment=NAME, store=store, label=f"P/noop/{store}/{mode}",
+                          mode=mode, jobs=jobs, params={"mode": mode})  # fmt: skip
+    yield from _cpu_runs(quick, CPU_STORE if CPU_STORE in durable else durable[0])
+    lat = QUICK_LATENCY_JOBS if quick else LATENCY_JOBS
+    for store in durable:
+        for mode in ("local", "remote"):
+            yield LatencyRun(experiment=NAME, store=store, label=f"P/latency/{store}/{mode}",
+                             mode=mode, jobs=lat, params={"mode": mode})  # fmt: skip
+
+
+def ratios(
+    rows: list[PRow], top: Callable[[PRow], bool], bottom: Callable[[PRow], bool]
+) -> list[float]:
+    """``top``'s jobs/s over ``bottom``'s, within each repeat that has both."""
+    out = []
+    for rs in group(rows, lambda r: r.repeat).values():
+        t = [r.jobs_per_s for r in rs if top(r)]
+        b = [r.jobs_per_s for r in rs if bottom(r)]
+        if t and b and b[0]:
+            out.append(t[0] / b[0])
+    return out
+
+
+def _is(
+    mode: str, processes: int | None = None, store: str | None = None
+) -> Callable[[PRow], bool]:
+    return lambda r: (r.mode == mode and (processes is None or r.processes == processes)
+                      and (store is None or r.store == store))  # fmt: skip
+
+
+def _noop(rep: Report, rows: list[PRow]) -> None:
+    r0 = rows[0]
+    nproc = max((r.remote_workers for r in rows), default=0) or REMOTE_WORKERS
+    slots = (r0.workers or WORKERS) // nproc
+    rep.add(
+        "### No-op jobs: remote workers against in-process",
+        "",
+        f"{r0.jobs:,} no-op jobs enqueued first (`POST /jobs/batch`), then run: by "
+        f"{r0.workers or WORKERS} in-process workers (the queue paused while they go in, then "
+        f"resumed), or by {nproc} `sqlq worker --concurrency {slots}` processes (as many "
+        "slots in all) started once they are in, against `sqlq serve --workers 0` (every "
+        "queue remote), claiming and reporting in batches over 127.0.0.1. Jobs/s: completed "
+        "jobs over the first `started_at` to the last finish. Server CPU over the drain; the "
+        "workers' processes besides (all of them). The ratios are taken within each repeat. "
+        "On a shared machine CPU per job holds better than a rate.",
+        "",
+        "| store | runs in | jobs/s | server CPU us/job | worker CPU us/job | "
+        "jobs/s remote / in-process | server CPU remote / in-process |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    )
+    by_store = group(rows, lambda r: r.store)
+    for store in sorted(by_store, key=NAMES.index):
+        rs = by_store[store]
+        for mode, words in (("local", "server (in-process)"), ("remote", "sqlq worker")):
+            mine = [r for r in rs if r.mode == mode]
+            if not mine:
+                continue
+            rate, cpu = "-", "-"
+            if mode == "remote":
+                rate = cell(ratios(rs, _is("remote"), _is("local")), "{:.2f}")
+                cpu = cell(_cpu_ratios(rs), "{:.2f}")
+            worker = cell([r.worker_us for r in mine]) if mode == "remote" else "-"
+            rep.add(
+                f"| {store} | {words} | {cell([r.jobs_per_s for r in mine])} | "
+                f"{cell([r.server_us for r in mine])} | {worker} | {rate} | {cpu} |"
+            )
+    rep.add("")
+    for store in sorted(by_store, key=NAMES.index):
+        x = ratios(by_store[store], _is("remote"), _is("local"))
+        if x:
+            rep.check(
+                f"P: {store}, no-op jobs/s through a remote worker over in-process",
+                f"{med(x):.2f}x",
+                med(x) >= NOOP_BAR,
+                f"bar >= {NOOP_BAR:.2f}x",
+            )
+
+
+def _cpu_ratios(rows: list[PRow]) -> list[float]:
+    out = []
+    for rs in group(rows, lambda r: r.repeat).values():
+        loc = [r.server_us for r in rs if r.mode == "local"]
+        rem = [r.server_us for r in rs if r.mode == "remote"]
+        if loc and rem and loc[0]:
+            out.append(rem[0] / loc[0])
+    return out
+
+
+_CPU_ROWS = (
+    ("local", 2, "sqlq serve, in-process threads (`--workers 2`)"),
+    ("remote", 1, "`sqlq worker --processes 1`"),
+    ("remote", 2, "`sqlq worker --processes 2`"),
+    ("huey", 1, "huey `-k process -w 1`"),
+    ("huey", 2, "huey `-k process -w 2`"),
+)
+
+
+def _cpu(rep: Report, rows: list[PRow]) -> None:
+    r0 = rows[0]
+    huey = next((r.version for r in rows if r.mode == "huey"), "")
+    rep.add(
+        "### A CPU-bound handler: processes against threads, and against huey",
+        "",
+        f"{r0.jobs} jobs of `sqlq.bench.spinkind.spin` ({r0.rounds:,} rounds of pure-Python "
+        f"integer arithmetic: no I/O, the GIL held throughout) on {rep.cores} cores, enqueued "
+        f"first, then drained. sqlq on {rows[0].store if r0.mode != 'huey' else CPU_STORE} "
+        "(`--sync full`); `sqlq worker` with two slots a process (the next job is claimed while "
+        "one runs). "
+        + (
+            f"huey {huey}: `SqliteHuey` with fsync (no Redis here; see `sqlq.bench.hueyspin`), "
+            "its process consumer started once its enqueue is done, its defaults otherwise. "
+            if huey
+            else "huey is not installed (`pip install -e '.[peers]'`): no peer rows. "
+        )
+        + "Jobs/s: jobs over the handlers' own first start to last end (every system alike, "
+        "so no interpreter start is in it); `x p1`: over `sqlq worker --processes 1` in the "
+        "same repeat.",
+        "",
+        "| runs in | jobs/s | x p1 | one job, ms | processes that ran jobs | drain s |",
+        "|---|---:|---:|---:|---:|---:|",
+    )
+    p1 = _is("remote", 1)
+    for mode, processes, words in _CPU_ROWS:
+        mine = [r for r in rows if r.mode == mode and r.processes == processes]
+        if not mine:
+            continue
+        rep.add(
+            f"| {words} | {cell([r.jobs_per_s for r in mine], '{:.1f}')} | "
+            f"{cell(ratios(rows, _is(mode, processes), p1), '{:.2f}')} | "
+            f"{cell([r.job_ms for r in mine], '{:.1f}')} | "
+            f"{cell([r.handler_pids for r in mine])} | "
+            f"{cell([r.drain_s for r in mine], '{:.2f}')} |"
+        )
+    rep.add("")
+    scale = ratios(rows, _is("remote", 2), p1)
+    if scale:
+        rep.check(
+            "P: CPU-bound handler, `sqlq worker --processes 2` over `--processes 1`",
+            f"{med(scale):.2f}x",
+            med(scale) >= SCALE_BAR,
+            f"bar >= {SCALE_BAR:.1f}x",
+        )
+    peer = ratios(rows, _is("remote", 2), _is("huey", 2))
+    if peer:
+        two = med(r.jobs_per_s for r in rows if _is("remote", 2)(r))
+        hw2 = med(r.jobs_per_s for r in rows if _is("huey", 2)(r))
+        rep.check(
+            "P: CPU-bound handler, `sqlq worker --processes 2` over huey `-k process -w 2`",
+            f"{med(peer):.2f}x ({two:.1f} vs {hw2:.1f} jobs/s)",
+            med(peer) >= PEER_BAR,
+            "bar: at least as fast",
+        )
+
+
+def _latency(rep: Report, rows: list[PRow]) -> None:
+    rep.add(
+        "### Submit to start: remote against in-process",
+        "",
+        f"{rows[0].jobs} no-op jobs, each submitted alone (`POST /jobs`) to an otherwise idle "
+        "server and waited for before the next. `server`: the job's `started_at - "
+        "created_at` (the claim, durable); `handler`: the handler's own first line less "
+        "`created_at` (for a remote worker, the claim's answer on its way to it too). "
+        "Medians over the repeats of each run's percentiles.",
+        "",
+        "| store | runs in | server p50 ms | server p99 ms | handler p50 ms | handler p99 ms |",
+        "|---|---|---:|---:|---:|---:|",
+    )
+    g = group(rows, lambda r: (r.store, r.mode))
+    for (store, mode), rs in sorted(g.items(), key=lambda kv: (NAMES.index(kv[0][0]), kv[0][1])):
+        words = "server (in-process)" if mode == "local" else "sqlq worker"
+        rep.add(
+            f"| {store} | {words} | {cell([r.start_p50_ms for r in rs], '{:.2f}')} | "
+            f"{cell([r.start_p99_ms for r in rs], '{:.2f}')} | "
+            f"{cell([r.handler_p50_ms for r in rs], '{:.2f}')} | "
+            f"{cell([r.handler_p99_ms for r in rs], '{:.2f}')} |"
+        )
+    rep.add("")
+
+
+def section(rep: Report) -> None:
+    rows = rep.rows(NAME, PRow)
+    if not rows:
+        return
+    loads = [x for r in rows for x in (r.load_before, r.load_after) if x is not None]
+    rep.add(
+        "## P. Workers anywhere: remote workers against in-process",
+        "",
+        "Real `sqlq serve` and `sqlq worker` processes (and huey's consumer) on 127.0.0.1, "
+        "a fresh server and data directory each run, every run in one repeat side by side."
+        + (
+            f" The machine's 1-minute load average around the runs: {cell(loads, '{:.1f}')} "
+            f"on {rep.cores} cores (above the cores, other work took CPU from these runs, and "
+            "a rate, a scaling above all, reads low)."
+            if loads
+            else ""
+        ),
+        "",
+    )
+    for part, write in (("noop", _noop), ("cpu", _cpu), ("latency", _latency)):
+        mine = [r for r in rows if r.part == part]
+        if mine:
+            write(rep, mine)
+
+
+__all__ = ["NAME", "ROW", "PRow", "ratios", "runs", "section"]

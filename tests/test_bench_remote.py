@@ -1,0 +1,134 @@
+"""Experiment P, workers anywhere: its section and bar lines on canned rows (no server),
+and a ``--quick`` run of it end to end with real servers and workers (slow)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sqlq.bench.experiments import EXPERIMENTS, ORDER, p_remote
+from sqlq.bench.report import Report
+from sqlq.bench.spinkind import read_log, spin, stamp
+from sqlq.cli import main
+
+
+def _row(part: str, mode: str, repeat: int, **fields: object) -> dict[str, object]:
+    return {"experiment": "P", "store": fields.pop("store", "sqlite"), "repeat": repeat,
+            "label": f"P/{part}/{mode}", "meta": {"git_commit": "abc1234", "cores": 2},
+            "part": part, "mode": mode, "load_before": 1.0, "load_after": 3.0,
+            **fields}  # fmt: skip
+
+
+def _noop(store: str, mode: str, repeat: int, drain_s: float, cpu_s: float) -> dict[str, object]:
+    return _row("noop", mode, repeat, store=store, jobs=1000, completed=1000, drain_s=drain_s,
+                server_cpu_s=cpu_s, worker_cpu_s=0.1 if mode == "remote" else 0.0)  # fmt: skip
+
+
+def _cpu(mode: str, processes: int, repeat: int, drain_s: float) -> dict[str, object]:
+    store = "huey" if mode == "huey" else "sqlite"
+    return _row("cpu", mode, repeat, store=store, processes=processes, jobs=100, completed=100,
+                rounds=300_000, drain_s=drain_s, handler_pids=processes, job_ms=30.0,
+                version="3.5.4" if mode == "huey" else "")  # fmt: skip
+
+
+def _section(tmp_path: Path, rows: list[dict[str, object]]) -> Report:
+    (tmp_path / "P.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = Report(tmp_path)
+    p_remote.section(rep)
+    return rep
+
+
+def test_p_is_registered_after_o() -> None:
+    assert EXPERIMENTS["P"] is p_remote
+    assert ORDER.index("P") == ORDER.index("O") + 1
+
+
+def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
+    rows = [
+        # walq: remote at 0.70x and 0.40x of in-process (median 0.55: met)
+        _noop("walq", "local", 0, 0.07, 0.10), _noop("walq", "remote", 0, 0.10, 0.08),
+        _noop("walq", "local", 1, 0.20, 0.10), _noop("walq", "remote", 1, 0.50, 0.12),
+        # sqlite: remote at 0.25x (not met)
+        _noop("sqlite", "local", 0, 0.10, 0.10), _noop("sqlite", "remote", 0, 0.40, 0.10),
+        # cpu: p2 over p1 1.95x and 1.75x (median 1.85: met); p2 over huey w2 0.95x (not met)
+        _cpu("remote", 1, 0, 3.9), _cpu("remote", 2, 0, 2.0), _cpu("huey", 2, 0, 1.9),
+        _cpu("remote", 1, 1, 3.5), _cpu("remote", 2, 1, 2.0), _cpu("huey", 2, 1, 1.9),
+        _cpu("local", 2, 0, 4.0), _cpu("huey", 1, 0, 3.6),
+        _row("latency", "local", 0, jobs=100, start_p50_ms=2.0, start_p99_ms=4.0,
+             handler_p50_ms=2.1, handler_p99_ms=4.2),
+        _row("latency", "remote", 0, jobs=100, start_p50_ms=3.0, start_p99_ms=6.0,
+             handler_p50_ms=3.5, handler_p99_ms=7.0),
+    ]  # fmt: skip
+    rep = _section(tmp_path, rows)
+    assert rep.checks == [
+        "P: walq, no-op jobs/s through a remote worker over in-process: 0.55x (bar >= 0.50x: met)",
+        "P: sqlite, no-op jobs/s through a remote worker over in-process: 0.25x "
+        "(bar >= 0.50x: NOT met)",
+        "P: CPU-bound handler, `sqlq worker --processes 2` over `--processes 1`: 1.85x "
+        "(bar >= 1.8x: met)",
+        "P: CPU-bound handler, `sqlq worker --processes 2` over huey `-k process -w 2`: "
+        "0.95x (50.0 vs 52.6 jobs/s) (bar: at least as fast: NOT met)",
+    ]
+    text = "\n".join(rep.lines)
+    assert "## P. Workers anywhere" in text
+    assert "load average around the runs: 2.0 [1.0-3.0] on 2 cores" in text
+    # the remote row carries the per-repeat ratios: median [min-max]
+    walq = [ln for ln in rep.lines if ln.startswith("| walq | sqlq worker")]
+    assert walq
+    assert "| 0.55 [0.40-0.70] |" in walq[0]
+    # server CPU per job, remote over in-process: 0.8x and 1.2x
+    assert walq[0].endswith("| 1.00 [0.80-1.20] |")
+    p2 = next(ln for ln in rep.lines if ln.startswith("| `sqlq worker --processes 2`"))
+    assert "| 1.85 [1.75-1.95] |" in p2
+    assert "huey 3.5.4: `SqliteHuey` with fsync" in text
+    lat = next(ln for ln in rep.lines if ln.startswith("| sqlite | sqlq worker | 3.00"))
+    assert lat.endswith("| 3.50 | 7.00 |")
+
+
+def test_a_run_without_its_pair_has_no_ratio_and_no_bar(tmp_path: Path) -> None:
+    rows = [_noop("walq", "remote", 0, 0.5, 0.1), _cpu("remote", 2, 0, 2.0)]
+    rep = _section(tmp_path, rows)
+    assert rep.checks == []
+    remote = next(ln for ln in rep.lines if ln.startswith("| walq | sqlq worker"))
+    assert remote.endswith("| - | - |")
+
+
+def test_the_handler_log_is_one_line_a_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "spin.log"
+    assert read_log(log) == []
+    monkeypatch.setenv("SQLQ_BENCH_P_LOG", str(log))
+    stamp(1.5)
+    stamp(2.5)
+    [(pid, start, end), second] = read_log(log)
+    assert start == 1.5
+    assert end > start
+    assert second[1] == 2.5
+    assert pid > 0
+    assert spin(10) == spin(10) != spin(11)
+
+
+@pytest.mark.slow  # real servers, sqlq worker processes, huey's consumer
+@pytest.mark.timeout(600)
+def test_quick_p_runs_every_part_side_by_side(tmp_path: Path) -> None:
+    args = ["bench", "--quick", "--only", "P", "--stores", "walq", "--stores", "sqlite",
+            "--out", str(tmp_path), "--no-progress"]  # fmt: skip
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (tmp_path / "P.jsonl").read_text().splitlines()]
+    seen = {(row["part"], row["store"], row["mode"], row.get("processes", 0)) for row in rows}
+    for store in ("walq", "sqlite"):
+        assert {("noop", store, "local", 0), ("noop", store, "remote", 0)} <= seen
+        assert {("latency", store, "local", 0), ("latency", store, "remote", 0)} <= seen
+    assert {("cpu", "sqlite", "remote", 1), ("cpu", "sqlite", "remote", 2)} <= seen
+    for row in rows:
+        if row["part"] in ("noop", "cpu"):
+            assert row["completed"] == row["jobs"], row
+            assert row["drain_s"] > 0
+        if row["part"] == "cpu" and row["mode"] != "local":  # never more than it was given
+            assert 1 <= row["handler_pids"] <= row["processes"], row
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "## P. Workers anywhere" in report
+    assert "P: walq, no-op jobs/s through a remote worker over in-process" in report

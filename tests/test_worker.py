@@ -1,0 +1,486 @@
+"""``sqlq.Worker`` against a fake of the protocol's server, on the autojumping fake clock:
+batched claims and outcomes, the heartbeat's cadence, the backoff while the server is
+unreachable and the delivery after, an outcome kept until accepted or fenced, a fenced
+heartbeat that stops its attempt, a cancel, a stop that releases unstarted claims, and
+the handler's semantics (timeout, snooze, checkpoint, progress, unstorable results)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from sqlq import Cancelled, JobContext, Snooze, task
+from sqlq.calls import Unauthorized
+from sqlq.common.clock import FakeClock
+from sqlq.common.models import State
+from sqlq.common.protocol import CompleteIn, FailIn
+from sqlq.runtime.kinds import Registry
+from sqlq.worker import CANCELLED_WHILE, INTERRUPTED, Worker, WorkerError
+from sqlq.worker_outbox import Backoff
+from tests.helpers import wait_for
+from tests.worker_helpers import FakeServer
+
+
+def make(server: FakeServer, registry: Registry, clock: FakeClock, **options: Any) -> Worker:
+    options.setdefault("concurrency", 10)
+    return Worker(server, ["default"], registry=registry, clock=clock, rng=random.Random(7),
+                  name="w1", **options)  # fmt: skip
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
+    """The worker runs inside the block; stopped (and its end awaited) after it."""
+    run = asyncio.create_task(worker.run())
+    try:
+        yield run
+    finally:
+        worker.stop()
+        await run
+
+
+async def test_claims_up_to_its_free_slots_and_reports_what_finished_together(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def double(args: Any) -> Any:
+        return args["n"] * 2
+
+    server = FakeServer(fake_clock)
+    ids = [server.submit("double", {"n": i}) for i in range(30)]
+    worker = make(server, reg, fake_clock, concurrency=50)
+    async with running(worker):
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+    assert [server.jobs[i].result for i in ids] == [2 * i for i in range(30)]
+    first = server.named("claim")[0]
+    assert first.body["max"] == 50
+    assert first.body["kinds"] == ["cpu", "double", "sleep"]  # what it runs, no more
+    batches = server.named("outcomes")
+    assert sum(len(b.body) for b in batches) == 30
+    assert len(batches) == 1  # all 30 finished in one turn of the loop: one report
+    assert worker.stats["completed"] == 30
+
+
+async def test_a_full_worker_claims_no_more_than_the_slots_that_free(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+    gates = {i: asyncio.Event() for i in range(6)}
+
+    @task(registry=reg)
+    async def gated(args: Any) -> Any:
+        await gates[args["i"]].wait()
+        return args["i"]
+
+    server = FakeServer(fake_clock)
+    ids = [server.submit("gated", {"i": i}) for i in range(6)]
+    worker = make(server, reg, fake_clock, concurrency=3, wait_s=0.0)
+    async with running(worker):
+        await server.until(lambda: worker.held == 3)
+        claims_before = len(server.named("claim"))
+        await fake_clock.sleep(5)
+        assert len(server.named("claim")) == claims_before  # full: it does not ask
+        gates[0].set()
+        gates[1].set()
+        await server.until(lambda: worker.held == 3 and server.state(ids[4]) is State.RUNNING)
+        assert server.named("claim")[-1].body["max"] in (1, 2)
+        for g in gates.values():
+            g.set()
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+
+
+async def test_one_heartbeat_renews_every_lease_each_third_of_it(fake_clock: FakeClock) -> None:
+    reg = Registry()
+    gate = asyncio.Event()
+
+    @task(registry=reg)
+    async def hold(args: Any) -> None:
+        await gate.wait()
+
+    server = FakeServer(fake_clock)
+    ids = [server.submit("hold") for _ in range(3)]
+    worker = make(server, reg, fake_clock, lease_s=30.0)
+    async with running(worker):
+        await server.until(lambda: len(server.named("heartbeat")) >= 4)
+        beats = server.named("heartbeat")
+        assert [round(b.at - a.at, 6) for a, b in itertools.pairwise(beats)] == [10.0] * 3
+        assert all(sorted(i.token for i in b.body) == sorted(f"{i}.1" for i in ids)
+                   for b in beats)  # fmt: skip
+        # 40 s of a 30 s lease: held all along, never fenced.
+        assert all(server.state(i) is State.RUNNING for i in ids)
+        gate.set()
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+
+
+async def test_unreachable_it_backs_off_keeps_the_outcome_and_delivers_it_after(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+    gate = asyncio.Event()
+
+    @task(registry=reg)
+    async def work(args: Any) -> str:
+        await gate.wait()
+        return "done"
+
+    server = FakeServer(fake_clock)
+    job = server.submit("work")
+    worker = make(server, reg, fake_clock, backoff=Backoff(base_s=0.1, cap_s=2.0))
+    async with running(worker):
+        await server.until(lambda: server.state(job) is State.RUNNING)
+        server.down = True
+        gate.set()
+        await server.until(lambda: len(server.named("outcomes", ok=False)) >= 8)
+        tries = [c.at for c in server.named("outcomes", ok=False)]
+        gaps = [b - a for a, b in itertools.pairwise(tries)]
+        assert all(0.05 <= g <= 2.0 for g in gaps), gaps  # jittered, capped
+        assert gaps[-1] > gaps[0] * 4  # exponential
+        assert server.state(job) is State.RUNNING  # nothing landed
+        assert len(worker._outbox) == 1  # kept
+        server.down = False
+        await server.until(lambda: server.state(job) is State.COMPLETED)
+    assert server.jobs[job].result == "done"
+    assert [len(c.body) for c in server.named("outcomes")] == [1]  # delivered once
+    assert worker.stats["completed"] == 1
+
+
+async def test_an_outcome_kept_while_unreachable_is_dropped_once_fenced(
+    fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def quick(args: Any) -> int:
+        return 1
+
+    server = FakeServer(fake_clock)
+    server.down = True
+    job = server.submit("quick")
+    worker = make(server, reg, fake_clock)
+    caplog.set_level(logging.INFO, "sqlq.worker")
+    async with running(worker):
+        await server.until(lambda: len(server.named("claim", ok=False)) >= 2)
+        server.down = False  # it claims, runs; and the server is gone again at once
+        await server.until(lambda: worker.stats["claimed"] == 1)
+        server.down = True
+        await server.until(lambda: len(server.named("outcomes", ok=False)) >= 3)
+        server.fence(job)  # its lease ran out on the server meanwhile
+        server.down = False
+        await server.until(lambda: worker.stats["fenced"] == 1)
+        assert len(worker._outbox) == 0
+    assert server.jobs[job].ends == []  # never recorded
+    assert any(r.levelno == logging.WARNING and "fenced" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+
+
+async def test_a_fenced_heartbeat_stops_the_attempt_and_reports_nothing(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+    seen: list[str] = []
+
+    @task(registry=reg)
+    async def forever(args: Any) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    server = FakeServer(fake_clock)
+    job = server.submit("forever")
+    worker = make(server, reg, fake_clock)
+    async with running(worker):
+        await server.until(lambda: server.state(job) is State.RUNNING)
+        server.fence(job)
+        await server.until(lambda: seen == ["cancelled"])
+        assert worker.held == 0
+        assert worker.stats["fenced"] == 1
+    assert server.named("outcomes") == []
+    assert server.jobs[job].ends == []
+
+
+async def test_a_cancel_in_the_heartbeat_cancels_an_async_handler(fake_clock: FakeClock) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def forever(args: Any) -> None:
+        await asyncio.Event().wait()
+
+    server = FakeServer(fake_clock)
+    job = server.submit("forever")
+    worker = make(server, reg, fake_clock)
+    async with running(worker):
+        await server.until(lambda: server.state(job) is State.RUNNING)
+        server.ask_cancel(job)
+        await server.until(lambda: server.state(job) is State.CANCELLED)
+    assert server.jobs[job].last_error == CANCELLED_WHILE
+
+
+async def test_a_cancel_sets_ctx_cancelled_for_a_plain_handler(fake_clock: FakeClock) -> None:
+    reg = Registry()
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    @task(registry=reg)
+    def spin(args: Any, ctx: JobContext) -> None:
+        loop.call_soon_threadsafe(started.set)
+        while True:
+            ctx.raise_if_cancelled()
+            ctx.beat()
+
+    server = FakeServer(fake_clock)
+    job = server.submit("spin")
+    worker = make(server, reg, fake_clock, lease_s=30.0)
+    async with running(worker):
+        await started.wait()
+        server.ask_cancel(job)
+        # A thread runs: the clock stands still (the autojump waits for the executor),
+        # so the test moves it to the next heartbeat.
+        fake_clock.advance(10.0)
+        await wait_for(lambda: server.state(job) is State.CANCELLED)
+    assert server.jobs[job].last_error == "Cancelled: a cancel of this job was asked for"
+
+
+async def test_a_stop_releases_what_a_long_poll_brought_after_it(fake_clock: FakeClock) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def never(args: Any) -> None:
+        raise AssertionError("a released job never starts")
+
+    server = FakeServer(fake_clock)
+    worker = make(server, reg, fake_clock, wait_s=10.0)
+    run = asyncio.create_task(worker.run())
+    await server.until(lambda: len(server.named("claim")) == 1)  # long-polling now
+    worker.stop()
+    ids = [server.submit("never") for _ in range(2)]  # the poll answers with them
+    await run
+    assert [server.jobs[i].ends for i in ids] == [["release"], ["release"]]
+    assert all(server.jobs[i].attempts == 0 and server.state(i) is State.SCHEDULED for i in ids)
+    assert worker.stats["released"] == 2
+    assert len(server.named("claim")) == 1  # none after the stop
+
+
+async def test_a_stop_lets_running_jobs_finish_within_the_grace_then_interrupts(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def nap(args: Any, ctx: JobContext) -> float:
+        await ctx.clock.sleep(args["s"])
+        return float(args["s"])
+
+    server = FakeServer(fake_clock)
+    short, long = server.submit("nap", {"s": 2}), server.submit("nap", {"s": 100})
+    worker = make(server, reg, fake_clock, grace_s=5.0)
+    run = asyncio.create_task(worker.run())
+    await server.until(lambda: worker.held == 2)
+    stopped_at = fake_clock.monotonic()
+    worker.stop()
+    await run
+    assert server.state(short) is State.COMPLETED
+    assert server.jobs[long].last_error == INTERRUPTED  # an attempt counted: retried
+    assert server.state(long) is State.SCHEDULED
+    assert fake_clock.monotonic() - stopped_at == pytest.approx(5.0, abs=0.5)
+
+
+async def test_snooze_checkpoint_and_progress_reach_the_server(fake_clock: FakeClock) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def steps(args: Any, ctx: JobContext) -> Any:
+        start = ctx.checkpoint_data or 0
+        ctx.progress(50, f"from {start}")
+        await ctx.checkpoint(start + 1)
+        if start == 0:
+            raise Snooze(60)
+        return {"from": start}
+
+    server = FakeServer(fake_clock)
+    job = server.submit("steps")
+    worker = make(server, reg, fake_clock)
+    async with running(worker):
+        await server.until(lambda: server.state(job) is State.COMPLETED)
+    j = server.jobs[job]
+    assert j.ends == ["snooze", "complete"]
+    assert j.result == {"from": 1}
+    assert [(p.percent, p.message) for p in j.progress_seen] == [(50, "from 0"), (50, "from 1")]
+    assert [c.body["data"] for c in server.named("checkpoint")] == [1, 2]
+    assert j.attempts == 1  # the snooze gave its attempt back
+
+
+async def test_progress_goes_in_a_heartbeat_within_a_second_not_a_lease_third(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+    gate = asyncio.Event()
+
+    @task(registry=reg)
+    async def report(args: Any, ctx: JobContext) -> None:
+        await ctx.clock.sleep(0.5)
+        ctx.progress(10, "a tenth")
+        await gate.wait()
+
+    server = FakeServer(fake_clock)
+    job = server.submit("report")
+    worker = make(server, reg, fake_clock, lease_s=60.0)
+    async with running(worker):
+        await server.until(lambda: server.jobs[job].progress is not None)
+        beat = server.named("heartbeat")[-1]
+        claimed = server.named("claim")[0].at
+        assert beat.at - claimed <= 1.5  # not the 20 s of a lease's third
+        assert [i.progress is not None for i in beat.body] == [True]
+        gate.set()
+        await server.until(lambda: server.state(job) is State.COMPLETED)
+
+
+async def test_a_timeout_cuts_the_attempt_off_and_fails_it(fake_clock: FakeClock) -> None:
+    reg = Registry()
+
+    @task(registry=reg, timeout=5)
+    async def slow(args: Any, ctx: JobContext) -> None:
+        await ctx.clock.sleep(100)
+
+    server = FakeServer(fake_clock)
+    job = server.submit("slow", max_attempts=2)
+    worker = make(server, reg, fake_clock)
+    async with running(worker):
+        await server.until(lambda: server.state(job) is State.DEAD)
+    assert server.jobs[job].ends == ["fail", "fail"]
+    assert (server.jobs[job].last_error or "").startswith("timed out")
+    assert worker.stats["cut_off"] == 2
+
+
+async def test_results_json_cannot_hold_and_bad_args_fail_the_attempt(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def odd(args: Any) -> Any:
+        return object()
+
+    @task(registry=reg)
+    async def boom(args: Any) -> Any:
+        raise ValueError("no")
+
+    server = FakeServer(fake_clock)
+    a = server.submit("odd", max_attempts=1)
+    b = server.submit("boom", max_attempts=1)
+    c = server.submit("sleep", {"work_ms": -1})  # the built-in kind's args, checked here
+    worker = make(server, reg, fake_clock)
+    async with running(worker):
+        await server.until(lambda: all(server.state(i) is State.DEAD for i in (a, b, c)))
+    assert (server.jobs[a].last_error or "").startswith("result is not JSON-serialisable")
+    assert server.jobs[b].last_error == "ValueError: no"
+    assert (server.jobs[c].last_error or "").startswith("invalid job: ")
+    sent = [o for call in server.named("outcomes") for o in call.body]
+    assert [type(o.what()) for o in sent] == [FailIn, FailIn, FailIn]
+    assert not any(isinstance(o.what(), CompleteIn) for o in sent)
+
+
+async def test_a_cancel_asked_before_the_claim_ends_the_job_unstarted(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def never(args: Any) -> None:
+        raise AssertionError("not started")
+
+    server = FakeServer(fake_clock)
+    job = server.submit("never", cancel=True)
+    async with running(make(server, reg, fake_clock)):
+        await server.until(lambda: server.state(job) is State.CANCELLED)
+
+
+async def test_a_claim_the_server_refuses_stops_the_worker(fake_clock: FakeClock) -> None:
+    class Refusing(FakeServer):
+        async def claim(self, *args: Any, **kwargs: Any) -> Any:
+            raise Unauthorized(403, "forbidden", "this token may not claim from default")
+
+    reg = Registry()
+    worker = make(Refusing(fake_clock), reg, fake_clock)
+    with pytest.raises(WorkerError, match="may not claim"):
+        await worker.run()
+
+
+def test_its_options_are_checked() -> None:
+    server: Any = None
+    with pytest.raises(ValueError, match="processes"):
+        Worker(server, concurrency=2, processes=3)
+    with pytest.raises(ValueError, match="kinds: no handler for nope"):
+        Worker(server, kinds=["nope"], registry=Registry())
+    with pytest.raises(ValueError, match="queues"):
+        Worker(server, [])
+
+
+async def test_a_plain_handler_that_raises_cancelled_by_itself_just_fails(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def quits(args: Any) -> None:
+        raise Cancelled("changed my mind")
+
+    server = FakeServer(fake_clock)
+    job = server.submit("quits", max_attempts=1)
+    async with running(make(server, reg, fake_clock)):
+        await server.until(lambda: server.state(job) is State.DEAD)
+    assert server.jobs[job].last_error == "Cancelled: changed my mind"
+
+
+async def test_a_hurry_cuts_the_grace_short_and_still_reports_once(fake_clock: FakeClock) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def nap(args: Any, ctx: JobContext) -> None:
+        await ctx.clock.sleep(100)
+
+    server = FakeServer(fake_clock)
+    job = server.submit("nap")
+    worker = make(server, reg, fake_clock, grace_s=30.0)
+    run = asyncio.create_task(worker.run())
+    await server.until(lambda: worker.held == 1)
+    at = fake_clock.monotonic()
+    worker.stop()
+    worker.hurry()
+    await run
+    assert fake_clock.monotonic() - at < 1.0  # not the 30 s grace
+    assert server.jobs[job].last_error == INTERRUPTED  # and the server heard of it
+    assert worker.stats["undelivered"] == 0
+
+
+async def test_a_stop_with_the_server_gone_waits_only_as_long_as_the_leases(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def quick(args: Any) -> int:
+        return 1
+
+    server = FakeServer(fake_clock)
+    job = server.submit("quick")
+    worker = make(server, reg, fake_clock, lease_s=30.0)
+    run = asyncio.create_task(worker.run())
+    await server.until(lambda: server.state(job) is State.RUNNING)
+    server.down = True
+    await server.until(lambda: len(server.named("outcomes", ok=False)) >= 1)
+    at = fake_clock.monotonic()
+    worker.stop()
+    await run
+    assert fake_clock.monotonic() - at <= 30.0  # the lease's end: no longer worth trying
+    assert worker.stats["undelivered"] == 1
+    assert server.jobs[job].ends == []

@@ -1,0 +1,133 @@
+"""``Worker(processes=P)``: plain handlers in worker processes, against the fake server on
+the real clock (processes are real): every process used (asserted on the PIDs the jobs
+saw, not on timing), progress, checkpoints and a cancel reaching a child, and a child
+that ignores its stop killed and replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sqlq import JobContext, task
+from sqlq.common.clock import SYSTEM_CLOCK
+from sqlq.common.models import State
+from sqlq.runtime.kinds import Registry
+from sqlq.worker import CANCELLED_WHILE, Worker
+from tests.worker_helpers import FakeServer
+
+# The children import this module (``imports``); the parent reads the same kinds from a
+# registry of its own (``parent_kinds``), so the test process's @task registry is untouched.
+HANDLERS = """
+import os, time
+from sqlq import task
+
+@task()
+def crunch(args, ctx):
+    total = 0
+    for i in range(args["n"]):
+        total += i * i
+    return {"pid": os.getpid(), "sum": total}
+
+@task()
+def until_cancelled(args, ctx):
+    ctx.checkpoint({"pid": os.getpid()})
+    i = 0
+    while not ctx.cancelled:
+        i += 1
+        ctx.progress(i % 100, f"spin {i}")
+        ctx.beat()
+        time.sleep(0.005)
+    ctx.raise_if_cancelled()
+
+@task(timeout=1)
+def stuck(args, ctx):
+    time.sleep(3600)
+"""
+
+pytestmark = pytest.mark.slow  # (processes spawned: seconds, not milliseconds)
+
+
+def parent_kinds() -> Registry:
+    reg = Registry()
+    for name, timeout in (("crunch", 300.0), ("until_cancelled", 300.0), ("stuck", 1.0)):
+
+        def fn(args: Any, ctx: JobContext) -> Any:
+            raise AssertionError("runs in a child, never here")
+
+        fn.__name__ = name
+        task(registry=reg, timeout=timeout)(fn)
+    return reg
+
+
+@pytest.fixture
+def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "proc_handlers.py").write_text(HANDLERS)
+    monkeypatch.syspath_prepend(str(tmp_path))  # (spawned children get this sys.path)
+    return "proc_handlers"
+
+
+@pytest.fixture
+def server() -> FakeServer:
+    return FakeServer(SYSTEM_CLOCK)
+
+
+def make(server: FakeServer, module: str, **options: Any) -> Worker:
+    return Worker(server, ["default"], registry=parent_kinds(), imports=[module],
+                  rng=random.Random(3), name="wp", lease_s=5.0, wait_s=0.2, **options)  # fmt: skip
+
+
+async def test_two_processes_run_cpu_bound_jobs_both(server: FakeServer, handlers: str) -> None:
+    ids = [server.submit("crunch", {"n": 300_000}) for _ in range(8)]
+    worker = make(server, handlers, concurrency=4, processes=2)
+    run = asyncio.create_task(worker.run())
+    try:
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+        pids = {server.jobs[i].result["pid"] for i in ids}
+        assert len(pids) == 2
+        assert os.getpid() not in pids
+        assert pids == set(worker.pids())
+    finally:
+        worker.stop()
+        await run
+    assert {server.jobs[i].result["sum"] for i in ids} == {sum(i * i for i in range(300_000))}
+
+
+async def test_a_child_reports_progress_saves_checkpoints_and_sees_a_cancel(
+    server: FakeServer, handlers: str
+) -> None:
+    job = server.submit("until_cancelled")
+    worker = make(server, handlers, concurrency=1, processes=1)
+    run = asyncio.create_task(worker.run())
+    try:
+        await server.until(lambda: server.jobs[job].progress is not None)
+        assert server.jobs[job].checkpoint == {"pid": worker.pids()[0]}
+        server.ask_cancel(job)
+        await server.until(lambda: server.state(job) is State.CANCELLED)
+    finally:
+        worker.stop()
+        await run
+    assert server.jobs[job].last_error == "Cancelled: a cancel of this job was asked for"
+    assert CANCELLED_WHILE != server.jobs[job].last_error  # (a plain handler's own words)
+
+
+async def test_a_child_that_ignores_its_stop_is_killed_and_replaced(
+    server: FakeServer, handlers: str
+) -> None:
+    stuck = server.submit("stuck", max_attempts=1)
+    worker = make(server, handlers, concurrency=1, processes=1)
+    run = asyncio.create_task(worker.run())
+    try:
+        await server.until(lambda: server.state(stuck) is State.DEAD)
+        first = worker.pids()
+        after = server.submit("crunch", {"n": 10})
+        await server.until(lambda: server.state(after) is State.COMPLETED)
+        assert server.jobs[after].result["pid"] not in first  # a new process ran it
+    finally:
+        worker.stop()
+        await run
+    assert (server.jobs[stuck].last_error or "").startswith("timed out")
