@@ -314,8 +314,5 @@ def run_pg_trials(
                 row = asyncio.run(run_pg_trial(cluster, trial, Path(d), rng))
             keep(rows, row, n, commit, path)
     finally:
-        try:
-            cluster.stop()
-        finally:
-            cluster.remove()
+        cluster.end()
     return rows

@@ -164,8 +164,5 @@ def run_remote_pg_trials(*, trials: int, jobs: int, seed: int, out: Path | None,
                                           rng.randrange(1 << 30), Path(d))  # fmt: skip
                 keep(rows, asyncio.run(run), n, commit, path)
     finally:
-        try:
-            cluster.stop()
-        finally:
-            cluster.remove()
+        cluster.end()
     return rows

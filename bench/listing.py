@@ -190,8 +190,7 @@ def main() -> None:
             asyncio.run(write(args, dsn, postmaster))
     finally:
         if cluster is not None:
-            cluster.stop()
-            cluster.remove()
+            cluster.end()
 
 
 if __name__ == "__main__":

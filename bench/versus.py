@@ -82,8 +82,7 @@ def measure(other: str, stores: list[str], jobs: int, repeats: int) -> list[dict
                     print(f"repeat {repeat} {store:8} {tree:5} {cpu:7.1f} us/job", flush=True)
     finally:
         if cluster is not None:
-            cluster.stop()
-            cluster.remove()
+            cluster.end()
     return rows
 
 

@@ -22,9 +22,9 @@ from sqlq.common.models import Job, State
 from sqlq.common.protocol import remote_holder
 from sqlq.common.store import Extended, Fence, Lease, Renewal
 from sqlq.common.tokens import KEY_BYTES
-from sqlq.engines.postgres.migrate import LATEST, migrate, migrations, version
-from sqlq.engines.postgres.migrate import Q as MQ
+from sqlq.engines.postgres.migrate import LATEST, migrate, version
 from sqlq.engines.postgres.store import PostgresStore
+from tests.migrate_helpers import at_version
 
 MADE: dict[str, Any] = json.loads(
     (Path(__file__).parent / "data" / "postgres_v3" / "jobs.json").read_text()
@@ -44,16 +44,7 @@ async def _migrated(dsn: str) -> None:
     migrated: in place (the jobs table's file is the same one), with the secrets table."""
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(MQ["create_version"])
-        await conn.execute(MQ["first_version"])
-        for mg in migrations()[:3]:
-            await conn.execute(mg.sql)
-            await conn.execute(MQ["set_version"], mg.version)
-        for table, rows in MADE["tables"].items():
-            await conn.execute(
-                f"INSERT INTO {table} SELECT * FROM json_populate_recordset(NULL::{table}, $1)",
-                json.dumps(rows),
-            )
+        await at_version(conn, 3, MADE["tables"])
         before = await conn.fetchval("SELECT pg_relation_filenode('jobs')")
         assert await migrate(dsn) == (3, LATEST) == (3, 4)
         assert await version(conn) == LATEST

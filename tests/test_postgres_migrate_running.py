@@ -23,10 +23,10 @@ from sqlq.common.models import Job, State
 from sqlq.common.running import check_progress
 from sqlq.common.schedule import AdvanceSchedule, Schedule, tick_key
 from sqlq.common.store import Fence, JobQuery, Renewal
-from sqlq.engines.postgres.migrate import LATEST, migrate, migrations, version
-from sqlq.engines.postgres.migrate import Q as MQ
+from sqlq.engines.postgres.migrate import LATEST, migrate, version
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.rows import RUNNING_COLUMNS
+from tests.migrate_helpers import at_version
 
 MADE: dict[str, Any] = json.loads(
     (Path(__file__).parent / "data" / "postgres_v2" / "jobs.json").read_text()
@@ -49,16 +49,7 @@ async def _as_version_2_left_it(dsn: str) -> int:
     returns the jobs table's file node, to tell whether the migration rewrote it."""
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(MQ["create_version"])
-        await conn.execute(MQ["first_version"])
-        for mg in migrations()[:2]:
-            await conn.execute(mg.sql)
-            await conn.execute(MQ["set_version"], mg.version)
-        for table, rows in MADE["tables"].items():
-            await conn.execute(
-                f"INSERT INTO {table} SELECT * FROM json_populate_recordset(NULL::{table}, $1)",
-                json.dumps(rows),
-            )
+        await at_version(conn, 2, MADE["tables"])
         node: int = await conn.fetchval("SELECT pg_relation_filenode('jobs')")
         return node
     finally:

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -24,6 +22,7 @@ from sqlq.common.store import JobQuery
 from sqlq.engines.rows import LEASE_COLUMNS, RUNNING_COLUMNS
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
+from tests.migrate_helpers import columns, copy_sqlite, raw, version
 
 DATA = Path(__file__).parent / "data"
 FACTS = json.loads((DATA / "sqlite_v3.json").read_text())
@@ -34,35 +33,17 @@ NEW_COLUMNS = (*RUNNING_COLUMNS, *LEASE_COLUMNS)  # version 4's, then version 5'
 
 def _v3(tmp_path: Path) -> Path:
     """A copy of the version-3 file in a data directory of its own."""
-    db = tmp_path / "sqlq.db"
-    shutil.copyfile(DATA / "sqlite_v3.db", db)
-    db.chmod(0o600)
-    return db
-
-
-def _raw(db: Path, sql: str) -> list[Any]:
-    with sqlite3.connect(db) as c:
-        rows = c.execute(sql).fetchall()
-    c.close()
-    return rows
-
-
-def _columns(db: Path) -> list[str]:
-    return [r[0] for r in _raw(db, "SELECT name FROM pragma_table_info('jobs')")]
-
-
-def _version(db: Path) -> str:
-    return str(_raw(db, "SELECT value FROM meta WHERE key = 'schema_version'")[0][0])
+    return copy_sqlite("sqlite_v3.db", tmp_path)
 
 
 def test_the_file_is_what_version_3_wrote() -> None:
     """The premise: the committed file is at version 3, without the running columns, and
     holds a job in every state."""
     db = DATA / "sqlite_v3.db"
-    assert FACTS["schema_version"] == "3" == _version(db)
-    assert not set(RUNNING_COLUMNS) & set(_columns(db))
+    assert FACTS["schema_version"] == "3" == version(db)
+    assert not set(RUNNING_COLUMNS) & set(columns(db))
     assert {j.state for j in WRITTEN.values()} == set(State)
-    assert len(_raw(db, "SELECT id FROM jobs")) == len(WRITTEN)
+    assert len(raw(db, "SELECT id FROM jobs")) == len(WRITTEN)
 
 
 async def test_a_version_3_database_opens_with_every_job_schedule_and_pause(
@@ -96,8 +77,8 @@ async def test_a_version_3_database_opens_with_every_job_schedule_and_pause(
         assert await store.find_key("k1") == WRITTEN["018bcfe5680000000000000000000001"]
     finally:
         await store.close()
-    assert _version(db) == "5"  # through version 4 to the latest
-    assert _columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
+    assert version(db) == "5"  # through version 4 to the latest
+    assert columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
 
 
 async def test_the_new_fields_round_trip_on_a_migrated_file_and_a_reopen_changes_nothing(
@@ -132,16 +113,16 @@ async def test_the_new_fields_round_trip_on_a_migrated_file_and_a_reopen_changes
         assert {i: await store.get(i) for i in expected} == expected
     finally:
         await store.close()
-    schema = _raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
+    schema = raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
     again = SQLiteStore(tmp_path)
     await again.open()  # a second open: already at version 5, nothing to migrate
     try:
         assert {i: await again.get(i) for i in expected} == expected
     finally:
         await again.close()
-    assert _raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name") == schema
-    assert _version(db) == "5"
-    assert set(_raw(db, "SELECT from_state, to_state FROM legal_transitions")) == {
+    assert raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name") == schema
+    assert version(db) == "5"
+    assert set(raw(db, "SELECT from_state, to_state FROM legal_transitions")) == {
         (a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt
     }
 
@@ -153,19 +134,19 @@ async def test_a_migration_that_fails_midway_leaves_version_3(tmp_path: Path) ->
     with sqlite3.connect(db) as c:
         c.execute("ALTER TABLE jobs ADD COLUMN errors TEXT")
     c.close()
-    before = _columns(db)
+    before = columns(db)
     with pytest.raises(StoreError, match="duplicate column"):
         await SQLiteStore(tmp_path).open()
-    assert _columns(db) == before
-    assert _version(db) == "3"
+    assert columns(db) == before
+    assert version(db) == "3"
     with sqlite3.connect(db) as c:
         c.execute("ALTER TABLE jobs DROP COLUMN errors")
     c.close()
     store = SQLiteStore(tmp_path)
     await store.open()  # the next open finishes it
     await store.close()
-    assert _version(db) == "5"  # through version 4 to the latest
-    assert _columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
+    assert version(db) == "5"  # through version 4 to the latest
+    assert columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
 
 
 PAGE = 1024  # the committed file's page size (tests/data/make_sqlite_v3.py)
@@ -181,7 +162,7 @@ async def test_the_migration_rewrites_no_row(tmp_path: Path) -> None:
     thousands of pages of jobs, the open that migrates it changes a handful of pages (the
     schema, the transition table, meta), so it is as quick on a million jobs as on one."""
     db = _v3(tmp_path)
-    (row,) = _raw(db, "SELECT * FROM jobs WHERE state = 'completed'")
+    (row,) = raw(db, "SELECT * FROM jobs WHERE state = 'completed'")
     with sqlite3.connect(db) as c:
         c.executemany(
             f"INSERT INTO jobs VALUES ({', '.join('?' * len(row))})",
@@ -197,7 +178,7 @@ async def test_the_migration_rewrites_no_row(tmp_path: Path) -> None:
     await store.open()
     await store.close()  # the last connection's close checkpoints the WAL into the file
     after = _pages(db)
-    assert _version(db) == "5"
+    assert version(db) == "5"
     assert len(before) <= len(after) <= len(before) + 4  # a page the open's tables grew by
     changed = [n for n, (a, b) in enumerate(zip(before, after, strict=False)) if a != b]
     assert len(changed) < 16, changed

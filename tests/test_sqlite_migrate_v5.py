@@ -7,10 +7,8 @@ the migration is all or nothing and rewrites no row."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -24,6 +22,7 @@ from sqlq.common.tokens import KEY_BYTES
 from sqlq.engines.rows import LEASE_COLUMNS, RUNNING_COLUMNS
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
+from tests.migrate_helpers import columns, copy_sqlite, raw, version
 
 DATA = Path(__file__).parent / "data"
 FACTS = json.loads((DATA / "sqlite_v4.json").read_text())
@@ -33,38 +32,20 @@ PAGE = 1024  # the committed file's page size (tests/data/make_sqlite_v4.py)
 
 
 def _v4(tmp_path: Path) -> Path:
-    db = tmp_path / "sqlq.db"
-    shutil.copyfile(DATA / "sqlite_v4.db", db)
-    db.chmod(0o600)
-    return db
-
-
-def _raw(db: Path, sql: str) -> list[Any]:
-    with sqlite3.connect(db) as c:
-        rows = c.execute(sql).fetchall()
-    c.close()
-    return rows
-
-
-def _columns(db: Path) -> list[str]:
-    return [r[0] for r in _raw(db, "SELECT name FROM pragma_table_info('jobs')")]
-
-
-def _version(db: Path) -> str:
-    return str(_raw(db, "SELECT value FROM meta WHERE key = 'schema_version'")[0][0])
+    return copy_sqlite("sqlite_v4.db", tmp_path)
 
 
 def _tables(db: Path) -> set[str]:
-    return {r[0] for r in _raw(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return {r[0] for r in raw(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 def test_the_file_is_what_version_4_wrote() -> None:
     """The premise: version 4, the running columns but no lease ones, no secrets table, a
     job in every state and the running fields in use."""
     db = DATA / "sqlite_v4.db"
-    assert FACTS["schema_version"] == "4" == _version(db)
-    assert set(RUNNING_COLUMNS) <= set(_columns(db))
-    assert not set(LEASE_COLUMNS) & set(_columns(db))
+    assert FACTS["schema_version"] == "4" == version(db)
+    assert set(RUNNING_COLUMNS) <= set(columns(db))
+    assert not set(LEASE_COLUMNS) & set(columns(db))
     assert "secrets" not in _tables(db)
     assert {j.state for j in WRITTEN.values()} == set(State)
     assert any(j.progress and j.checkpoint and j.cancel_requested_at for j in WRITTEN.values())
@@ -97,8 +78,8 @@ async def test_a_version_4_database_opens_with_every_job_schedule_and_pause(
         assert await store.list_schedules() == schedules
     finally:
         await store.close()
-    assert _version(db) == "5"
-    assert _columns(db)[-len(LEASE_COLUMNS) :] == list(LEASE_COLUMNS)
+    assert version(db) == "5"
+    assert columns(db)[-len(LEASE_COLUMNS) :] == list(LEASE_COLUMNS)
     assert "secrets" in _tables(db)
 
 
@@ -123,7 +104,7 @@ async def test_a_remote_claim_and_the_signing_key_round_trip_on_a_migrated_file(
         assert len(key) == KEY_BYTES
     finally:
         await store.close()
-    schema = _raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
+    schema = raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
     again = SQLiteStore(tmp_path)
     recovery = await again.open()  # a second open: at version 5 already, nothing to migrate
     try:
@@ -138,8 +119,8 @@ async def test_a_remote_claim_and_the_signing_key_round_trip_on_a_migrated_file(
         assert (ended.holder, ended.lease_until) == (None, None)
     finally:
         await again.close()
-    assert _raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name") == schema
-    assert _raw(db, "SELECT name, length(value) FROM secrets") == [("signing_key", KEY_BYTES)]
+    assert raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name") == schema
+    assert raw(db, "SELECT name, length(value) FROM secrets") == [("signing_key", KEY_BYTES)]
 
 
 async def test_a_migration_that_fails_midway_leaves_version_4(tmp_path: Path) -> None:
@@ -149,19 +130,19 @@ async def test_a_migration_that_fails_midway_leaves_version_4(tmp_path: Path) ->
     with sqlite3.connect(db) as c:
         c.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
     c.close()
-    before = _columns(db)
+    before = columns(db)
     with pytest.raises(StoreError, match="duplicate column"):
         await SQLiteStore(tmp_path).open()
-    assert _columns(db) == before
-    assert _version(db) == "4"
+    assert columns(db) == before
+    assert version(db) == "4"
     with sqlite3.connect(db) as c:
         c.execute("ALTER TABLE jobs DROP COLUMN lease_until")
     c.close()
     store = SQLiteStore(tmp_path)
     await store.open()  # the next open finishes it
     await store.close()
-    assert _version(db) == "5"
-    assert _columns(db)[-len(LEASE_COLUMNS) :] == list(LEASE_COLUMNS)
+    assert version(db) == "5"
+    assert columns(db)[-len(LEASE_COLUMNS) :] == list(LEASE_COLUMNS)
 
 
 def _pages(db: Path) -> list[bytes]:
@@ -174,7 +155,7 @@ async def test_the_migration_rewrites_no_row(tmp_path: Path) -> None:
     rows: on thousands of pages of jobs the migrating open changes a handful (the schema,
     the new secrets table, the transition table, meta)."""
     db = _v4(tmp_path)
-    (row,) = _raw(db, "SELECT * FROM jobs WHERE state = 'completed'")
+    (row,) = raw(db, "SELECT * FROM jobs WHERE state = 'completed'")
     with sqlite3.connect(db) as c:
         c.executemany(
             f"INSERT INTO jobs VALUES ({', '.join('?' * len(row))})",
@@ -190,7 +171,7 @@ async def test_the_migration_rewrites_no_row(tmp_path: Path) -> None:
     await store.open()
     await store.close()  # the last connection's close checkpoints the WAL into the file
     after = _pages(db)
-    assert _version(db) == "5"
+    assert version(db) == "5"
     assert len(before) <= len(after) <= len(before) + 4
     changed = [n for n, (a, b) in enumerate(zip(before, after, strict=False)) if a != b]
     assert len(changed) < 16, changed

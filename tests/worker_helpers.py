@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from sqlq.bench.client.server import end_process
 from sqlq.calls import FencedError, Unavailable
 from sqlq.common.clock import Clock, wait_event
 from sqlq.common.models import State
@@ -277,13 +278,6 @@ class WorkerProcess:
 
     def stop(self, sig: int | None = signal.SIGTERM, within: float = 60.0) -> int:
         """Send ``sig`` (None: none, it is stopping already) and wait for the exit."""
-        if self.proc.poll() is None:
-            if sig is not None:
-                self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=within)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = end_process(self.proc, sig, within)
         self._log.close()
-        return self.proc.returncode
+        return code

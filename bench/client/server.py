@@ -34,6 +34,21 @@ class ServerError(RuntimeError):
     """The server exited, or did not get ready in time; the message ends with its output."""
 
 
+def end_process(proc: subprocess.Popen[bytes], sig: int | None, within: float) -> int:
+    """Send ``sig`` to ``proc`` if it still runs (None: send nothing, it is stopping
+    already), wait ``within`` seconds for it, kill it if it is still there; its exit status.
+    (The bench's servers and the tests' worker processes stop alike.)"""
+    if proc.poll() is None:
+        if sig is not None:
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class ServerProcess:
     """``with ServerProcess(...) as srv:`` starts it, waits for /readyz, stops it."""
 
@@ -143,14 +158,7 @@ class ServerProcess:
             return 0
         if self.returncode is not None:
             return self.returncode
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=within)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.returncode = self.proc.returncode
+        self.returncode = end_process(self.proc, sig, within)
         self._final_output = self.output
         self.log.close()
         return self.returncode
