@@ -361,9 +361,9 @@ class Worker:
             await asyncio.wait({call, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not call.done() and not self._hurry.is_set():
                 await wait_event(self._clock, answered, max(0.0, self._grace_left() or 0.0))
-                if not call.done():
-                    log.warning("a claim in flight at the stop did not answer within the grace")
-                    return []
+            if not call.done():  # past the grace, or a hurry: abandoned
+                log.warning("a claim in flight at the stop was not waited for")
+                return []
             return call.result()
         finally:
             self._claims_out.discard(answered)

@@ -462,6 +462,25 @@ async def test_a_hurry_cuts_the_grace_short_and_still_reports_once(fake_clock: F
     assert worker.stats["undelivered"] == 0
 
 
+async def test_a_hurry_during_a_long_poll_abandons_the_claim_quietly(
+    fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim out at a hurry is not waited for, and its end is no error (it was read
+    as an unanswered call's result once, and logged as a failed claim)."""
+    server = FakeServer(fake_clock)
+    worker = make(server, Registry(), fake_clock, grace_s=30.0, wait_s=20.0)
+    run = asyncio.create_task(worker.run())
+    await server.until(lambda: len(server.named("claim")) == 1)
+    at = fake_clock.monotonic()
+    with caplog.at_level(logging.WARNING, logger="sqlq.worker"):
+        worker.stop()
+        worker.hurry()
+        await run
+    assert fake_clock.monotonic() - at < 1.0  # neither the grace nor the long poll
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "was not waited for" in caplog.records[0].getMessage()
+
+
 async def test_a_stop_with_the_server_gone_waits_only_as_long_as_the_leases(
     fake_clock: FakeClock,
 ) -> None:
