@@ -38,7 +38,7 @@ from sqlq.bench.spinkind import ROUNDS
 
 NAME = "P"
 NOOP_JOBS, QUICK_NOOP_JOBS = 20_000, 300
-CPU_JOBS, QUICK_CPU_JOBS = 120, 6
+CPU_JOBS, QUICK_CPU_JOBS = 360, 6  # ~4 s a drain on 2 processes: steadier on a shared machine
 LATENCY_JOBS, QUICK_LATENCY_JOBS = 100, 5
 CPU_STORE = "sqlite"  # storage does not matter for 30 ms of CPU a job (experiment F)
 NOOP_BAR = 0.50  # remote no-op jobs/s over in-process
@@ -216,8 +216,8 @@ def _cpu(rep: Report, rows: list[PRow]) -> None:
         f"{r0.jobs} jobs of `sqlq.bench.spinkind.spin` ({r0.rounds:,} rounds of pure-Python "
         f"integer arithmetic: no I/O, the GIL held throughout) on {rep.cores} cores, enqueued "
         f"first, then drained. sqlq on {rows[0].store if r0.mode != 'huey' else CPU_STORE} "
-        "(`--sync full`); `sqlq worker` with two slots a process (the next job is claimed while "
-        "one runs). "
+        "(`--sync full`); `sqlq worker` with its default slots (no `--concurrency`: "
+        "max(10, 4 x processes), so jobs are claimed a few at a time while the processes run). "
         + (
             f"huey {huey}: `SqliteHuey` with fsync (no Redis here; see `sqlq.bench.hueyspin`), "
             "its process consumer started once its enqueue is done, its defaults otherwise. "

@@ -102,14 +102,15 @@ class Child:
         self._log.close()
 
 
-def worker_cmd(url: str, *, concurrency: int, processes: int, name: str) -> list[str]:
+def worker_cmd(url: str, *, concurrency: int | None, processes: int, name: str) -> list[str]:
     """``sqlq worker`` as the issue's CLI has it (no token: the bench server has none), quiet
     and with no grace, as the bench's servers are: it is stopped once its jobs are all done,
-    and with a grace its idle long-poll claim held the stop for all of it (10 s a run)."""
+    and with a grace its idle long-poll claim held the stop for all of it (10 s a run).
+    ``concurrency`` None: the worker's default (``sqlq.worker_main.concurrency``)."""
+    slots = [] if concurrency is None else ["--concurrency", str(concurrency)]
     return [sys.executable, "-m", "sqlq", "worker", "--url", url, "--import", IMPORT,
-            "--queue", "default", "--concurrency", str(concurrency), "--processes",
-            str(processes), "--lease", str(LEASE_S), "--name", name,
-            "--log-level", "warning", "--grace", "0"]  # fmt: skip
+            "--queue", "default", *slots, "--processes", str(processes), "--lease",
+            str(LEASE_S), "--name", name, "--log-level", "warning", "--grace", "0"]  # fmt: skip
 
 
 async def _stats(pool: HttpPool) -> dict[str, Any]:
@@ -289,9 +290,11 @@ class CpuRun(PRun):
                 if local:
                     await pool.request("POST", "/queues/default/resume")
                 else:
-                    # two slots a process: the next job is claimed while one runs
+                    # the default slots (10 here): jobs are claimed a few at a time while
+                    # the processes run; with two a process, each job cost a claim of its
+                    # own, ~1 ms of the worker's CPU taken from a handler's core (measured)
                     p = self.processes
-                    cmd = worker_cmd(url, concurrency=2 * p, processes=p, name=f"p-cpu{p}")
+                    cmd = worker_cmd(url, concurrency=None, processes=p, name=f"p-cpu{p}")
                     child = Child(cmd, d / "worker.log", {**os.environ, LOG_ENV: str(log)})
                 await _logged(log, self.jobs, child)  # a file read: no load on the server
                 after = await _drained(pool, self.jobs, [child] if child is not None else [])
