@@ -44,7 +44,7 @@ from sqlq.http.claims import (
 )
 from sqlq.http.openapi import document
 from sqlq.settings import ServeSettings
-from tests.helpers import spawn_server, wait_for
+from tests.helpers import spawn_server, start_ready, wait_for
 from tests.remote_http_helpers import Make, auth, security, served
 
 __all__ = ["served"]  # the fixture, by its name
@@ -514,6 +514,41 @@ def test_a_long_poll_outlives_every_server_timeout_and_no_log_holds_a_token() ->
         assert token.rsplit(".", 1)[1] not in server.output  # not even its mac
     finally:
         server.stop()
+
+
+@pytest.mark.slow  # a real sqlq serve, and a client that really goes away
+async def test_a_long_poll_whose_client_went_away_gives_its_jobs_back() -> None:
+    """Claimed for nobody, a job would wait out its lease and then spend an attempt: the
+    server sees the client gone and releases it (no attempt counted) at once."""
+    server = await start_ready("--store", "memory", "--remote-queue", "mail")
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+
+            async def remote() -> dict[str, Any]:
+                return dict((await c.get("/stats")).json()["remote"])
+
+            body = msgspec.json.encode({"queues": ["mail"], "worker": "gone", "wait_s": 20})
+            host, port = server.url.removeprefix("http://").split(":")
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /claims HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))  # fmt: skip
+            await writer.drain()
+            await wait_for(lambda: _is(remote(), "claims_waiting", 1))
+            writer.close()  # gone while its claim long-polls
+            await writer.wait_closed()
+            job_id = (await c.post("/jobs", json={"kind": "k", "queue": "mail"})).json()["id"]
+            await wait_for(lambda: _is(remote(), "release", 1))
+            job = (await c.get(f"/jobs/{job_id}")).json()
+            assert (job["state"], job["attempts"]) == ("scheduled", 0)
+            [granted] = await _claim(c, wait_s=0)  # the next worker has it at once
+            assert (granted["job"]["id"], granted["job"]["attempts"]) == (job_id, 1)
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def _is(stats: Any, key: str, value: int) -> bool:
+    return bool((await stats)[key] == value)
 
 
 # -- the flags --------------------------------------------------------------------------------

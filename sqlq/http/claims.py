@@ -17,7 +17,10 @@ item's fate.
 Tokens travel only in bodies, never in a URL, so no access log holds one. A claim
 long-polls up to ``MAX_WAIT_CLAIM_S`` (30 s); no timeout of this server cuts a request
 that long (uvicorn's keep-alive timeout counts only idle time between requests, and
-nothing else here has one).
+nothing else here has one). A claim whose client is gone by the time its jobs are
+claimed (a worker stopped during its long poll) gives them back (``release``: no
+attempt counted) instead of holding them until the lease runs out; a client that goes
+in the instant between that look and the answer still leaves them to the lease.
 """
 
 from __future__ import annotations
@@ -116,7 +119,10 @@ def routes(service: Service, read_body: ReadBody) -> list[Route]:
 
     async def claim(request: Request) -> Response:
         req = decode(await read_body(request, MAX_CLAIM_BODY), ClaimRequest)
-        return JSONResponse(await service.remote.claim(req, who(request)))
+        answer = await service.remote.claim(req, who(request))
+        if answer.claims and await request.is_disconnected():  # (a long poll's, mostly)
+            await service.remote.give_back(answer, who(request))
+        return JSONResponse(answer)
 
     async def heartbeat(request: Request) -> Response:
         req = decode(await read_body(request, MAX_HEARTBEAT_BODY), HeartbeatRequest)

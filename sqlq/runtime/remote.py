@@ -384,6 +384,15 @@ class Remote:
         [answer] = await self._shielded(self._report([(token, what)], who))
         return answer
 
+    async def give_back(self, answer: ClaimAnswer, who: Principal) -> None:
+        """Release what a claim granted but could not hand over (its client went away before
+        the answer): back to scheduled at once, no attempt counted, rather than held until
+        the lease runs out and then retried with an attempt spent."""
+        said: list[tuple[str, What | str]] = [(g.token, ReleaseIn()) for g in answer.claims]
+        done = await self._shielded(self._report(said, who))
+        log.info("a claim's client went away before its answer: %d of its %d jobs released",
+                 sum(1 for r in done if r.error is None), len(done))  # fmt: skip
+
     async def outcomes(self, req: OutcomesRequest, who: Principal) -> OutcomesAnswer:
         """Every outcome of ``req``, written concurrently; one answer each, in order."""
         said: list[tuple[str, What | str]] = []
