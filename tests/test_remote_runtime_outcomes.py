@@ -5,11 +5,14 @@ forged token, a worker outside its queues); the batch form, in order."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
 from sqlq.common.clock import FakeClock
-from sqlq.common.models import State
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.errors import UnencodableError
+from sqlq.common.models import State, Transition
 from sqlq.common.protocol import (
     FENCED,
     CheckpointIn,
@@ -22,6 +25,7 @@ from sqlq.common.protocol import (
     SnoozeIn,
 )
 from sqlq.common.roles import ADMIN
+from sqlq.common.store import Change
 from sqlq.common.tokens import KEY_BYTES, Ticket, sign
 from sqlq.runtime.remote import fence
 from tests.helpers import ServiceFactory, submit
@@ -274,3 +278,34 @@ async def test_many_outcomes_at_once_all_land(
     for i, g in enumerate(granted):
         assert (await stored(rt, g.job.id)).result == i
     assert rt.remote.workers().workers[0].held == 0
+
+
+class Unencoding(MemoryStore):
+    """Cannot encode a completion whose result is ``"bad"`` (as a store whose encoder
+    refuses a value), failing the whole commit it is in."""
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        if any(isinstance(c, Transition) and c.result == "bad" for c in changes):
+            raise UnencodableError("result: bad")
+        await super().commit(changes)
+
+
+async def test_one_outcome_the_store_cannot_encode_fails_only_its_own_attempt(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A call's outcomes go in one commit; refused as a value, each goes alone: the others
+    land, and the one that cannot be stored fails its attempt (as in process)."""
+    rt = services(Unencoding(clock=fake_clock), clock=fake_clock, remote_queues=frozenset({"r"}),
+                  workers=0, all_remote=False)  # fmt: skip
+    await rt.start()
+    for _ in range(3):
+        await submit(rt, "k", queue="r")
+    g = await claim(rt, max=3)
+    results = [1, "bad", 3]
+    req = OutcomesRequest(outcomes=[Outcome(token=x.token, complete=CompleteIn(result=r))
+                                    for x, r in zip(g, results, strict=True)])  # fmt: skip
+    answer = await rt.remote.outcomes(req, ADMIN)
+    assert [a.state for a in answer.outcomes] == ["completed", "scheduled", "completed"]
+    bad = await stored(rt, g[1].job.id)
+    assert (bad.last_error or "").startswith("result is not JSON-serialisable")
+    assert [(await stored(rt, x.job.id)).result for x in (g[0], g[2])] == [1, 3]

@@ -1,15 +1,20 @@
 """Races of a remote claim in local mode: with a cancel of the same job (whichever commits
-first decides, and the other follows it), and the turns themselves (``Serial``)."""
+first decides, and the other follows it), a claim the store refuses in part, and the turns
+themselves (``Serial``)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
 from sqlq.common.clock import FakeClock
-from sqlq.common.models import State
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.errors import StaleEpochError
+from sqlq.common.models import State, Transition
 from sqlq.common.protocol import FailIn
+from sqlq.common.store import Change
 from sqlq.runtime.serial import Serial
 from tests.helpers import ServiceFactory, submit
 from tests.remote_helpers import claim, claim_one, report, stored
@@ -54,6 +59,38 @@ async def test_a_cancel_during_a_remote_claims_commit_becomes_a_request(
     asked = await cancelling
     assert (asked.state, asked.cancel_requested_at is not None) == (State.RUNNING, True)
     assert (await report(rt, g.token, FailIn(error="stopped"))).state == "cancelled"
+
+
+class Refusing(MemoryStore):
+    """Refuses every commit that starts the job ``refused`` (as a store whose job moved on)."""
+
+    refused = ""
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        if any(isinstance(c, Transition) and c.job_id == self.refused and
+               c.state is State.RUNNING for c in changes):  # fmt: skip
+            raise StaleEpochError(self.refused, "refused")
+        await super().commit(changes)
+
+
+async def test_a_claim_the_store_refuses_in_part_hands_out_the_rest(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """A call's claims go in one commit; refused, each goes alone and only the refused one is
+    left out (its turn given back, its job untouched)."""
+    store = Refusing(clock=fake_clock)
+    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
+                  all_remote=False)  # fmt: skip
+    await rt.start()
+    jobs = [await submit(rt, "k", queue="r") for _ in range(3)]
+    store.refused = jobs[1].id
+    granted = await claim(rt, max=3)
+    assert sorted(g.job.id for g in granted) == sorted([jobs[0].id, jobs[2].id])
+    left = await stored(rt, jobs[1].id)
+    assert (left.state, left.attempts) == (State.SCHEDULED, 0)
+    assert not rt.claims.remote_side.serial.busy(jobs[1].id)
+    store.refused = ""
+    assert await claim(rt, max=3) == []  # (a refused claim's job is not put back: as before)
 
 
 async def test_turns_are_taken_in_order_and_a_cancelled_waiter_passes_its_turn_on() -> None:

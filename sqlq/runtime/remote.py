@@ -17,8 +17,10 @@ module is what both modes do alike:
 - **One job's writes in turn.** Every heartbeat, outcome, cancel and expiry of a job
   takes its turn (``Serial``) and builds its transition from the job as it stands then,
   so none undoes another. A call's items take their turns at once and are written
-  concurrently, so group commit batches them; an item whose job is busy waits for its
-  own turn after (never while holding another's, so no two calls wait on each other).
+  together: its outcomes in one commit where the side can (``write_all``: local mode;
+  refused as a value, each goes alone), else concurrently, so group commit batches them;
+  an item whose job is busy waits for its own turn after (never while holding another's,
+  so no two calls wait on each other).
 - **What an outcome becomes** (``outcome_of``): ``complete``; ``fail`` through the retry
   policy (``retry_in_s`` instead of the backoff; ``retry: false`` buries it, or
   withdraws it if a cancel was asked for); ``snooze`` as a handler's; ``checkpoint`` a
@@ -138,6 +140,14 @@ class RemoteSide(Protocol):
         """Write ``t`` (built from ``job`` at its turn) durably; the job after it, shown to
         the view and its waiters, due again in its lanes if scheduled. ``TransitionError``
         if refused (shared: fenced on the holder and the lease at ``now``)."""
+        ...
+
+    async def write_all(self, writes: Sequence[tuple[Job, Transition]], now: float
+                        ) -> list[Job] | None:  # fmt: skip
+        """``write`` of each ``(job, t)`` in one commit, all or none: the jobs after them;
+        None if none was written because the side writes one at a time, or the store
+        refused the batch as a value (each goes alone then, and only that one fails).
+        ``StoreError`` as ``write``."""
         ...
 
     async def extend(
@@ -394,7 +404,7 @@ class Remote:
                  sum(1 for r in done if r.error is None), len(done))  # fmt: skip
 
     async def outcomes(self, req: OutcomesRequest, who: Principal) -> OutcomesAnswer:
-        """Every outcome of ``req``, written concurrently; one answer each, in order."""
+        """Every outcome of ``req``, written together; one answer each, in order."""
         said: list[tuple[str, What | str]] = []
         for item in req.outcomes:
             try:
@@ -451,18 +461,11 @@ class Remote:
                     counts[INVALID] += 1
                     answers[i] = Reported(token=token, error=INVALID, detail=str(exc))
                     continue
-                writes.append((i, self._write(job, t, what, now)))
+                writes.append((i, job, t, what))
             if not writes:
                 return
-            done: list[Reported | BaseException]
-            if len(writes) == 1:  # (no task for the one write of a single form)
-                try:
-                    done = [await writes[0][1]]
-                except Exception as exc:
-                    done = [exc]
-            else:
-                done = await asyncio.gather(*(w for _, w in writes), return_exceptions=True)
-            for (i, _), answer in zip(writes, done, strict=True):
+            done = await self._write_all(writes, now)
+            for (i, *_), answer in zip(writes, done, strict=True):
                 if isinstance(answer, BaseException):
                     failures.append(answer)
                     answer = Reported(token=said[i][0], error=UNAVAILABLE, detail=str(answer))
@@ -517,6 +520,37 @@ class Remote:
     ) -> Transition:
         return after_failure(job, error, now, self._config.retry, self._rng, delay_s=delay_s)
 
+    async def _write_all(
+        self, writes: list[tuple[int, Job, Transition, What]], now: float
+    ) -> list[Reported | BaseException]:
+        """Write a call's outcomes (their turns held): at once if the side can (one commit,
+        all or none), else, or if that commit was refused as a value, each on its own."""
+        if len(writes) > 1:
+            try:
+                afters = await self._side.write_all([(job, t) for _, job, t, _ in writes], now)
+            except StoreError as exc:
+                return [exc] * len(writes)
+            if afters is not None:
+                pairs = zip(writes, afters, strict=True)
+                return [self._written(job, after, what) for (_, job, _, what), after in pairs]
+        if len(writes) == 1:  # (no task for the one write of a single form)
+            [(_, job, t, what)] = writes
+            try:
+                return [await self._write(job, t, what, now)]
+            except Exception as exc:
+                return [exc]
+        return await asyncio.gather(
+            *(self._write(job, t, what, now) for _, job, t, what in writes),
+            return_exceptions=True,
+        )
+
+    def _written(self, job: Job, after: Job, what: What) -> Reported:
+        """``job``'s outcome ``what`` is durable (``after``): counted and answered."""
+        name = _name(what)
+        self.counts[name] += 1
+        note_end(self._parts, job, after, name)
+        return Reported(token="", state=after.state.value)
+
     async def _write(self, job: Job, t: Transition, what: What, now: float) -> Reported:
         """Write the outcome ``t`` of ``job`` (its turn is held); what it answers."""
         side = self._side
@@ -531,10 +565,7 @@ class Remote:
             return self._fenced("", job, f"refused: {exc}")
         except StoreError:
             raise
-        name = _name(what)
-        self.counts[name] += 1
-        note_end(self._parts, job, after, name)
-        return Reported(token="", state=after.state.value)
+        return self._written(job, after, what)
 
 
 def _every(answers: list[A | None]) -> list[A]:

@@ -2,11 +2,12 @@
 
 ``LocalClaims`` keeps a remote queue's due jobs in ``RemoteLanes`` instead of the
 scheduler, so in-process workers never see them. A claim picks from those lanes and
-commits each ``start(now, holder=worker:<name>, lease_until=now + lease_s)`` at once
-(concurrently: group commit batches them), under the job's turn (``Serial``); a
-refused one is left out. Every later write of a remotely held job (heartbeat,
-outcome, cancel, expiry) takes the same turn and is built from the live view's job
-at that turn, so the view is the job as stored.
+commits every ``start(now, holder=worker:<name>, lease_until=now + lease_s)`` of the
+call in one commit (group commit batches it with others), under each job's turn
+(``Serial``); if that is refused, each goes alone and the refused one is left out.
+Every later write of a remotely held job (heartbeat, outcome, cancel, expiry) takes the
+same turn and is built from the live view's job at that turn, so the view is the job as
+stored.
 
 Leases: ``LeaseHeap`` on the injected clock. A lease that runs out takes its turn,
 finds the lease still run out (a heartbeat may have come first) and goes through the
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sqlq.common.backoff import after_failure
-from sqlq.common.errors import StoreError, TransitionError
+from sqlq.common.errors import StoreError, TransitionError, UnencodableError
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import MAX_CLAIM, ClaimRequest, remote_worker
 from sqlq.common.running import Progress
@@ -133,15 +134,26 @@ class LocalSide:
         starting = self._starting
         for job in jobs:
             starting[job.queue] += 1
-        if len(jobs) == 1:
-            [job] = jobs
-            one = await self._claim_one(job, job.start(now, holder=holder, lease_until=until))
-            return [] if one is None else [one]
+        moves = [job.start(now, holder=holder, lease_until=until) for job in jobs]
+        try:
+            # One commit for the call's claims: one entry in the group commit, where one a
+            # claim cost a task and a future each. Atomic, so one refused (never expected:
+            # each job's turn is held and its state was just read) would refuse them all:
+            # then each goes alone, and only the refused one is left out.
+            await self._store.commit(moves)
+        except TransitionError:
+            pass
+        except StoreError as exc:
+            self._let_go(jobs)
+            log.error("could not claim %d jobs for a remote worker: %s", len(jobs), exc)
+            raise
+        else:
+            self._let_go(jobs)
+            return [self._claimed(job, t) for job, t in zip(jobs, moves, strict=True)]
         done = await asyncio.gather(
-            *(self._claim_one(job, job.start(now, holder=holder, lease_until=until))
-              for job in jobs),
+            *(self._claim_one(job, t) for job, t in zip(jobs, moves, strict=True)),
             return_exceptions=True,
-        )  # fmt: skip
+        )
         out = [j for j in done if isinstance(j, Job)]
         failed = [e for e in done if isinstance(e, BaseException)]
         if failed and not out:
@@ -158,10 +170,20 @@ class LocalSide:
             log.error("could not claim job %s for a remote worker: %s", job.id, exc)
             raise
         finally:
-            self._starting[job.queue] -= 1
-            if self._starting[job.queue] <= 0:
-                del self._starting[job.queue]
+            self._let_go([job])
+        return self._claimed(job, t)
+
+    def _let_go(self, jobs: Sequence[Job]) -> None:
+        """The claims of ``jobs`` are written or refused: their turns and caps' counts go."""
+        starting = self._starting
+        for job in jobs:
+            starting[job.queue] -= 1
+            if starting[job.queue] <= 0:
+                del starting[job.queue]
             self.serial.give(job.id)
+
+    def _claimed(self, job: Job, t: Transition) -> Job:
+        """``job``'s claim ``t`` is durable: shown, timed and leased."""
         after = self._live.applied(job, t)
         self._parts.metrics.queue_wait.observe(max(0.0, t.updated_at - job.ready_at))
         self.leases.push(job.id, t.lease_until if t.lease_until is not None else t.updated_at)
@@ -182,6 +204,17 @@ class LocalSide:
         after = self._live.applied(job, t)
         self._moved(after)
         return after
+
+    async def write_all(self, writes: Sequence[tuple[Job, Transition]], now: float
+                        ) -> list[Job] | None:  # fmt: skip
+        try:
+            await self._store.commit([t for _, t in writes])
+        except (TransitionError, UnencodableError):
+            return None  # one of them is refused: each alone, so only that one fails
+        afters = [self._live.applied(job, t) for job, t in writes]
+        for after in afters:
+            self._moved(after)
+        return afters
 
     def _moved(self, after: Job) -> None:
         """``after`` is durable and shown: if it left running, it is nobody's; if due again,

@@ -136,6 +136,10 @@ class SharedSide:
             self._claims._due(after)
         return after
 
+    async def write_all(self, writes: Sequence[tuple[Job, Transition]], now: float
+                        ) -> list[Job] | None:  # fmt: skip
+        return None  # each write is fenced on its own job's holder and lease: one at a time
+
     async def extend(
         self, now: float, leases: Sequence[tuple[Job, float, Progress | None]]
     ) -> list[Renewed | None]:
