@@ -13,6 +13,14 @@ figure; the ratio is taken within a repeat, and the table shows medians.
 ``--other`` is the interpreter of the other tree's environment (an editable
 install of it); this tree's is the one running this script. Writes
 ``versus.jsonl`` and ``versus.md``.
+
+``--instructions`` counts instructions instead of seconds: each server runs under
+valgrind's callgrind, whose counters are zeroed after ``WARM_JOBS`` jobs and read
+after the measured ones (all threads), so the figure is the server's instructions
+per job. A count does not drift with what else the machine runs, as CPU seconds on a
+shared machine do by 5-10 % between runs; it is no measure of time either (a cache
+miss counts as one instruction), so it says whether a change added work, and the
+seconds say what it costs. Writes ``versus-instructions.jsonl`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +42,8 @@ from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.engines.registry import ALL, engine
 
 THIS, OTHER = "this", "other"
+FIGURE = {False: "cpu_us_per_job", True: "instructions_per_job"}  # a row's figure, by mode
+UNIT = {False: "us/job", True: "instructions/job"}
 
 
 def tree_commit(python: str) -> str:
@@ -47,8 +58,23 @@ def tree_commit(python: str) -> str:
     return out.stdout.strip() or "unknown"
 
 
-def one(python: str, store: str, jobs: int, cluster: Cluster | None) -> float:
-    """Server CPU (us) per no-op job on a fresh ``store`` server run by ``python``."""
+WARM_JOBS = 200  # --instructions: run before the counters are zeroed (imports, caches)
+CALLGRIND_READY_S = 300.0  # a server under callgrind starts ~50x slower
+
+
+def callgrind_total(path: Path) -> int:
+    """The instructions a callgrind dump counted (its ``summary:`` or ``totals:`` line)."""
+    for line in path.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise ValueError(f"{path}: no totals in this callgrind dump")
+
+
+def one(
+    python: str, store: str, jobs: int, cluster: Cluster | None, instructions: bool = False
+) -> float:
+    """Server CPU (us) per no-op job on a fresh ``store`` server run by ``python``; with
+    ``instructions``, its instructions per job under callgrind instead."""
     flags: tuple[str, ...] = ()
     if engine(store).shared:
         assert cluster is not None
@@ -59,15 +85,32 @@ def one(python: str, store: str, jobs: int, cluster: Cluster | None) -> float:
         subprocess.run([python, "-m", "sqlq", "migrate", "--dsn", dsn], check=True,
                        capture_output=True, env={**os.environ, "PYTHONSAFEPATH": "1"})  # fmt: skip
         flags = ("--dsn", dsn)
-    srv = ServerProcess.engine(store=store, workers=64, flags=flags)
+    ready = CALLGRIND_READY_S if instructions else 120.0
+    srv = ServerProcess.engine(store=store, workers=64, flags=flags, ready_within=ready)
     srv.cmd = [python, *srv.cmd[1:]]
     srv.env["PYTHONSAFEPATH"] = "1"  # the tree its environment installs, not the one in cwd
-    with srv:
-        result = run(srv.url, jobs=jobs, work_ms=0, concurrency=32, batch=1, label=store)
-    return 1e6 * float(result["server_cpu_s"]) / jobs
+    if not instructions:
+        with srv:
+            result = run(srv.url, jobs=jobs, work_ms=0, concurrency=32, batch=1, label=store)
+        return 1e6 * float(result["server_cpu_s"]) / jobs
+    with tempfile.TemporaryDirectory(prefix="sqlq-callgrind-") as d:
+        out = Path(d) / "callgrind.out"
+        srv.cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *srv.cmd]
+        with srv:
+            assert srv.proc is not None
+            pid = str(srv.proc.pid)
+            load: dict[str, Any] = {"concurrency": 32, "batch": 1, "label": store,
+                                    "fetch_jobs": False}  # fmt: skip
+            run(srv.url, jobs=WARM_JOBS, work_ms=0, **load)
+            subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
+            run(srv.url, jobs=jobs, work_ms=0, **load)
+            subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+        return callgrind_total(Path(f"{out}.1")) / jobs
 
 
-def measure(other: str, stores: list[str], jobs: int, repeats: int) -> list[dict[str, Any]]:
+def measure(
+    other: str, stores: list[str], jobs: int, repeats: int, instructions: bool = False
+) -> list[dict[str, Any]]:
     cluster = make_cluster() if any(engine(s).shared for s in stores) else None
     pythons = {THIS: sys.executable, OTHER: other}
     rows: list[dict[str, Any]] = []
@@ -76,10 +119,12 @@ def measure(other: str, stores: list[str], jobs: int, repeats: int) -> list[dict
             for store in stores:
                 order = (THIS, OTHER) if repeat % 2 == 0 else (OTHER, THIS)
                 for tree in order:
-                    cpu = one(pythons[tree], store, jobs, cluster)
-                    rows.append({"store": store, "tree": tree, "repeat": repeat, "jobs": jobs,
-                                 "cpu_us_per_job": round(cpu, 2)})  # fmt: skip
-                    print(f"repeat {repeat} {store:8} {tree:5} {cpu:7.1f} us/job", flush=True)
+                    got = one(pythons[tree], store, jobs, cluster, instructions)
+                    row = {"store": store, "tree": tree, "repeat": repeat, "jobs": jobs}
+                    row[FIGURE[instructions]] = round(got, 2)
+                    rows.append(row)
+                    print(f"repeat {repeat} {store:8} {tree:5} {got:10.1f} {UNIT[instructions]}",
+                          flush=True)  # fmt: skip
     finally:
         if cluster is not None:
             cluster.end()
@@ -88,13 +133,24 @@ def measure(other: str, stores: list[str], jobs: int, repeats: int) -> list[dict
 
 def report(rows: list[dict[str, Any]]) -> str:
     runs = {json.dumps(r["meta"], sort_keys=True): r["meta"] for r in rows}
+    counted = FIGURE[True] in rows[0]
+    figure, unit = FIGURE[counted], UNIT[counted]
     lines = [
-        "# Server CPU per no-op job: this tree against another, side by side",
+        "# Server " + ("instructions" if counted else "CPU") + " per no-op job: this tree "
+        "against another, side by side",
         "",
-        "Produced by `python -m sqlq.bench.versus`; do not edit by hand. Each repeat runs "
+        "Produced by `python -m sqlq.bench.versus"
+        + (" --instructions" if counted else "")
+        + "`; do not edit by hand. Each repeat runs "
         f"both trees on every engine, in alternating order: {rows[0]['jobs']:,} no-op jobs "
         "by single POST from 32 clients, 64 workers, `--sync full`, a fresh server each. "
-        "`this / other` is the median of the per-repeat ratios.",
+        + (
+            f"Counted by callgrind over every thread of the server, after {WARM_JOBS} jobs "
+            "that are not counted; a count, not a time. "
+            if counted
+            else ""
+        )
+        + "`this / other` is the median of the per-repeat ratios.",
         "",
     ]
     for info in runs.values():
@@ -106,13 +162,13 @@ def report(rows: list[dict[str, Any]]) -> str:
         ]
     lines += [
         "",
-        "| engine | this us/job | other us/job | this / other |",
+        f"| engine | this {unit} | other {unit} | this / other |",
         "|---|---:|---:|---:|",
     ]
     for store in dict.fromkeys(r["store"] for r in rows):
-        mine = {r["repeat"]: r["cpu_us_per_job"] for r in rows if r["store"] == store
+        mine = {r["repeat"]: r[figure] for r in rows if r["store"] == store
                 and r["tree"] == THIS}  # fmt: skip
-        theirs = {r["repeat"]: r["cpu_us_per_job"] for r in rows if r["store"] == store
+        theirs = {r["repeat"]: r[figure] for r in rows if r["store"] == store
                   and r["tree"] == OTHER}  # fmt: skip
         ratio = statistics.median(mine[k] / theirs[k] for k in mine if k in theirs)
         lines.append(
@@ -131,25 +187,31 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="write versus.jsonl and versus.md here")
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per job under callgrind (versus-instructions.*)",
+    )
     args = p.parse_args()
     if args.jobs < 1 or args.repeats < 1:
         p.error("--jobs and --repeats take a whole number of at least 1")
     info = meta.collect()
     info.update(this=tree_commit(sys.executable), other=tree_commit(args.other),
                 repeats=args.repeats)  # fmt: skip
-    rows = [{**r, "meta": info} for r in measure(args.other, args.engines, args.jobs,
-                                                 args.repeats)]  # fmt: skip
+    measured = measure(args.other, args.engines, args.jobs, args.repeats, args.instructions)
+    rows = [{**r, "meta": info} for r in measured]
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / "versus.jsonl"
+        name = "versus-instructions" if args.instructions else "versus"
+        path = out / f"{name}.jsonl"
         if path.exists():  # the engines this run left out keep their last rows
             kept = [json.loads(line) for line in path.read_text().splitlines() if line]
             rows = [r for r in kept if r["store"] not in args.engines] + rows
         with open(path, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-        (out / "versus.md").write_text(report(rows))
+        (out / f"{name}.md").write_text(report(rows))
     print(report(rows))
 
 

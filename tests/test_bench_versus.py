@@ -1,0 +1,45 @@
+"""``sqlq.bench.versus``: its report in both modes, the callgrind dump it reads, and a real
+server counted under callgrind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from sqlq.bench import versus
+
+
+def _rows(figure: str) -> list[dict[str, object]]:
+    meta = {"this": "abc", "other": "def", "repeats": 2, "python": "3.11", "platform": "p",
+            "cpu": "c", "cores": 2, "disk": "d"}  # fmt: skip
+    return [{"store": "walq", "tree": tree, "repeat": rep, "jobs": 100, figure: value,
+             "meta": meta}
+            for rep, (mine, theirs) in enumerate([(110.0, 100.0), (99.0, 90.0)])
+            for tree, value in ((versus.THIS, mine), (versus.OTHER, theirs))]  # fmt: skip
+
+
+def test_the_report_names_its_figure_and_takes_the_median_ratio() -> None:
+    seconds = versus.report(_rows("cpu_us_per_job"))
+    assert "| engine | this us/job | other us/job | this / other |" in seconds
+    assert "| walq | 104.5 [99.0-110.0] | 95.0 [90.0-100.0] | 1.100 |" in seconds
+    counted = versus.report(_rows("instructions_per_job"))
+    assert counted.startswith("# Server instructions per no-op job")
+    assert "`python -m sqlq.bench.versus --instructions`" in counted
+    assert "| engine | this instructions/job | other instructions/job |" in counted
+
+
+def test_a_callgrind_dump_gives_its_total(tmp_path: Path) -> None:
+    dump = tmp_path / "callgrind.out.1"
+    dump.write_text("version: 1\ncreator: callgrind\nevents: Ir\nsummary: 123456\n")
+    assert versus.callgrind_total(dump) == 123456
+    dump.write_text("events: Ir\n")
+    with pytest.raises(ValueError, match="no totals"):
+        versus.callgrind_total(dump)
+
+
+@pytest.mark.slow  # a real sqlq serve under valgrind: ~50x slower than without
+def test_a_server_under_callgrind_counts_its_instructions_per_job() -> None:
+    per_job = versus.one(sys.executable, "memory", 50, None, instructions=True)
+    assert 50_000 < per_job < 50_000_000  # a no-op job through HTTP: ~600k here
