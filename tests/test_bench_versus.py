@@ -41,5 +41,5 @@ def test_a_callgrind_dump_gives_its_total(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # a real sqlq serve under valgrind: ~50x slower than without
 def test_a_server_under_callgrind_counts_its_instructions_per_job() -> None:
-    per_job = versus.one(sys.executable, "memory", 50, None, instructions=True)
+    per_job = versus.one(sys.executable, "memory", 50, None, instructions=True, warm=50)
     assert 50_000 < per_job < 50_000_000  # a no-op job through HTTP: ~600k here
