@@ -22,9 +22,11 @@ def _row(part: str, mode: str, repeat: int, **fields: object) -> dict[str, objec
             **fields}  # fmt: skip
 
 
-def _noop(store: str, mode: str, repeat: int, drain_s: float, cpu_s: float) -> dict[str, object]:
+def _noop(store: str, mode: str, repeat: int, drain_s: float, cpu_s: float,
+          workers: int = 64) -> dict[str, object]:  # fmt: skip
     return _row("noop", mode, repeat, store=store, jobs=1000, completed=1000, drain_s=drain_s,
-                server_cpu_s=cpu_s, worker_cpu_s=0.1 if mode == "remote" else 0.0)  # fmt: skip
+                server_cpu_s=cpu_s, worker_cpu_s=0.1 if mode == "remote" else 0.0,
+                workers=workers, remote_workers=2 if mode == "remote" else 0)  # fmt: skip
 
 
 def _cpu(mode: str, processes: int, repeat: int, drain_s: float) -> dict[str, object]:
@@ -51,8 +53,9 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
         # walq: remote at 0.70x and 0.40x of in-process (median 0.55: met)
         _noop("walq", "local", 0, 0.07, 0.10), _noop("walq", "remote", 0, 0.10, 0.08),
         _noop("walq", "local", 1, 0.20, 0.10), _noop("walq", "remote", 1, 0.50, 0.12),
-        # sqlite: remote at 0.25x (not met)
+        # sqlite: remote at 0.25x (not met); with 200 slots at 0.50x (its own row, no bar)
         _noop("sqlite", "local", 0, 0.10, 0.10), _noop("sqlite", "remote", 0, 0.40, 0.10),
+        _noop("sqlite", "remote", 0, 0.20, 0.09, workers=200),
         # cpu: p2 over p1 1.95x and 1.75x (median 1.85: met); p2 over huey w2 0.95x (not met)
         _cpu("remote", 1, 0, 3.9), _cpu("remote", 2, 0, 2.0), _cpu("huey", 2, 0, 1.9),
         _cpu("remote", 1, 1, 3.5), _cpu("remote", 2, 1, 2.0), _cpu("huey", 2, 1, 1.9),
@@ -76,8 +79,10 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
     assert "## P. Workers anywhere" in text
     assert "load average around the runs: 2.0 [1.0-3.0] on 2 cores" in text
     # the remote row carries the per-repeat ratios: median [min-max]
-    walq = [ln for ln in rep.lines if ln.startswith("| walq | sqlq worker")]
+    walq = [ln for ln in rep.lines if ln.startswith("| walq | sqlq worker, 2 x 32 slots")]
     assert walq
+    wide = next(ln for ln in rep.lines if ln.startswith("| sqlite | sqlq worker, 2 x 100 slots"))
+    assert wide.endswith("| 0.50 | 0.90 |")
     assert "| 0.55 [0.40-0.70] |" in walq[0]
     # server CPU per job, remote over in-process: 0.8x and 1.2x
     assert walq[0].endswith("| 1.00 [0.80-1.20] |")

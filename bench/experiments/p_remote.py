@@ -2,9 +2,11 @@
 against the same jobs run in the server's process, side by side in one run (issue 23).
 
 - **noop**: ``NOOP_JOBS`` no-op jobs on each durable engine (``--sync full``), run by 64
-  in-process workers, or by one ``sqlq worker --concurrency 64`` against ``sqlq serve
-  --workers 0`` (every queue remote), which claims and reports in batches. Jobs/s over the
-  drain, and server CPU per job (the worker's beside it). Bar: remote >= 0.50x in-process.
+  in-process workers, or by two ``sqlq worker --concurrency 32`` (as many slots) against
+  ``sqlq serve --workers 0`` (every queue remote), which claim and report in batches, and
+  by the same two with ``WIDE_SLOTS`` each (a claim's largest batch). Jobs/s over the
+  drain, and server CPU per job (the workers' beside it). Bar: remote (as many slots)
+  >= 0.50x in-process.
 - **cpu**: ``CPU_JOBS`` jobs of ``sqlq.bench.spinkind.spin`` (pure-Python arithmetic,
   ~20-50 ms here) on SQLite: in the server's thread pool (``--workers 2``: one GIL), by
   ``sqlq worker --processes 1`` and ``--processes 2``, and by huey's process consumer
@@ -35,13 +37,15 @@ from sqlq.bench.experiments.rows import Row
 from sqlq.bench.peers import HUEY, installed
 from sqlq.bench.report import Report, cell, group, med
 from sqlq.bench.spinkind import ROUNDS
+from sqlq.common.protocol import MAX_CLAIM
 
 NAME = "P"
 NOOP_JOBS, QUICK_NOOP_JOBS = 20_000, 300
 CPU_JOBS, QUICK_CPU_JOBS = 360, 6  # ~4 s a drain on 2 processes: steadier on a shared machine
 LATENCY_JOBS, QUICK_LATENCY_JOBS = 100, 5
 CPU_STORE = "sqlite"  # storage does not matter for 30 ms of CPU a job (experiment F)
-NOOP_BAR = 0.50  # remote no-op jobs/s over in-process
+NOOP_BAR = 0.50  # remote no-op jobs/s over in-process (as many slots as workers)
+WIDE_SLOTS = MAX_CLAIM  # the wide remote row: a claim's largest batch, each worker
 SCALE_BAR = 1.8  # --processes 2 over --processes 1
 PEER_BAR = 1.0  # sqlq --processes 2 over huey -w 2
 
@@ -112,6 +116,10 @@ def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[PRun]:
         for mode in ("local", "remote"):
             yield NoopRun(experiment=NAME, store=store, label=f"P/noop/{store}/{mode}",
                           mode=mode, jobs=jobs, params={"mode": mode})  # fmt: skip
+        # the same workers with a full claim's slots each: fewer, larger calls per job
+        yield NoopRun(experiment=NAME, store=store, label=f"P/noop/{store}/remote-wide",
+                      mode="remote", jobs=jobs, slots=WIDE_SLOTS,
+                      params={"mode": "remote", "slots": WIDE_SLOTS})  # fmt: skip
     yield from _cpu_runs(quick, CPU_STORE if CPU_STORE in durable else durable[0])
     lat = QUICK_LATENCY_JOBS if quick else LATENCY_JOBS
     for store in durable:
@@ -143,15 +151,17 @@ def _is(
 def _noop(rep: Report, rows: list[PRow]) -> None:
     r0 = rows[0]
     nproc = max((r.remote_workers for r in rows), default=0) or REMOTE_WORKERS
-    slots = (r0.workers or WORKERS) // nproc
+    slots = WORKERS // nproc
     rep.add(
         "### No-op jobs: remote workers against in-process",
         "",
         f"{r0.jobs:,} no-op jobs enqueued first (`POST /jobs/batch`), then run: by "
         f"{r0.workers or WORKERS} in-process workers (the queue paused while they go in, then "
         f"resumed), or by {nproc} `sqlq worker --concurrency {slots}` processes (as many "
-        "slots in all) started once they are in, against `sqlq serve --workers 0` (every "
-        "queue remote), claiming and reporting in batches over 127.0.0.1. Jobs/s: completed "
+        "slots in all; the bar's row), and by the same with a full claim's slots each (up "
+        f"to {MAX_CLAIM} jobs a call), started once they are in, against `sqlq serve "
+        "--workers 0` (every queue remote), claiming and reporting in batches over "
+        "127.0.0.1. Jobs/s: completed "
         "jobs over the first `started_at` to the last finish. Server CPU over the drain; the "
         "workers' processes besides (all of them). The ratios are taken within each repeat. "
         "On a shared machine CPU per job holds better than a rate.",
@@ -163,22 +173,27 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
     by_store = group(rows, lambda r: r.store)
     for store in sorted(by_store, key=NAMES.index):
         rs = by_store[store]
-        for mode, words in (("local", "server (in-process)"), ("remote", "sqlq worker")):
-            mine = [r for r in rs if r.mode == mode]
+        local = _is("local")
+        widths = sorted({r.workers for r in rs if r.mode == "remote"})
+        for mode, width in (("local", 0), *(("remote", w) for w in widths)):
+            mine = [r for r in rs if r.mode == mode and (mode == "local" or r.workers == width)]
             if not mine:
                 continue
-            rate, cpu = "-", "-"
+            words, rate, cpu, worker = "server (in-process)", "-", "-", "-"
             if mode == "remote":
-                rate = cell(ratios(rs, _is("remote"), _is("local")), "{:.2f}")
-                cpu = cell(_cpu_ratios(rs), "{:.2f}")
-            worker = cell([r.worker_us for r in mine]) if mode == "remote" else "-"
+                n = max(r.remote_workers for r in mine) or REMOTE_WORKERS
+                words = f"sqlq worker, {n} x {width // n} slots"
+                these = _slots(width)
+                rate = cell(ratios(rs, these, local), "{:.2f}")
+                cpu = cell(_cpu_ratios(rs, these), "{:.2f}")
+                worker = cell([r.worker_us for r in mine])
             rep.add(
                 f"| {store} | {words} | {cell([r.jobs_per_s for r in mine])} | "
                 f"{cell([r.server_us for r in mine])} | {worker} | {rate} | {cpu} |"
             )
     rep.add("")
     for store in sorted(by_store, key=NAMES.index):
-        x = ratios(by_store[store], _is("remote"), _is("local"))
+        x = ratios(by_store[store], _slots(WORKERS), _is("local"))
         if x:
             rep.check(
                 f"P: {store}, no-op jobs/s through a remote worker over in-process",
@@ -188,11 +203,16 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
             )
 
 
-def _cpu_ratios(rows: list[PRow]) -> list[float]:
+def _slots(width: int) -> Callable[[PRow], bool]:
+    """The remote no-op rows whose workers had ``width`` slots in all."""
+    return lambda r: r.mode == "remote" and r.workers == width
+
+
+def _cpu_ratios(rows: list[PRow], remote: Callable[[PRow], bool]) -> list[float]:
     out = []
     for rs in group(rows, lambda r: r.repeat).values():
         loc = [r.server_us for r in rs if r.mode == "local"]
-        rem = [r.server_us for r in rs if r.mode == "remote"]
+        rem = [r.server_us for r in rs if remote(r)]
         if loc and rem and loc[0]:
             out.append(rem[0] / loc[0])
     return out

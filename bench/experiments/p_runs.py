@@ -203,9 +203,11 @@ class PRun(Run):
 
 @dataclass(frozen=True, kw_only=True)
 class NoopRun(PRun):
-    """No-op jobs through in-process workers, or one ``sqlq worker`` of ``WORKERS`` slots."""
+    """No-op jobs through ``WORKERS`` in-process workers, or ``REMOTE_WORKERS`` ``sqlq
+    worker`` processes of ``slots`` slots each (default: as many slots in all)."""
 
     part: str = "noop"
+    slots: int = WORKERS // REMOTE_WORKERS
 
     def measure(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-p-") as d, self.server() as srv:
@@ -213,7 +215,7 @@ class NoopRun(PRun):
 
     async def _measure(self, url: str, d: Path) -> dict[str, Any]:
         children: list[Child] = []
-        slots = WORKERS // REMOTE_WORKERS
+        slots = self.slots
         async with HttpPool(url, 2) as pool:
             try:
                 local = self.mode == "local"
@@ -240,7 +242,8 @@ class NoopRun(PRun):
             "completed": after["jobs"]["completed"] - before["jobs"]["completed"],
             "drain_s": round(last - first, 4), "wall_s": round(wall_s, 4),
             "server_cpu_s": round(after["process_cpu_s"] - before["process_cpu_s"], 4),
-            "worker_cpu_s": round(worker_cpu, 4), "workers": WORKERS,
+            "worker_cpu_s": round(worker_cpu, 4),
+            "workers": WORKERS if local else slots * len(children),
             "remote_workers": len(children), "command": children[0].cmd[1:] if children else [],
         }  # fmt: skip
 
