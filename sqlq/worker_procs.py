@@ -308,6 +308,10 @@ class ProcessHandlers:
         ``AttemptFenced``, ``ChildFailed``). Cancelled: the child is told to stop, and
         killed if it has not within ``KILL_AFTER_S``."""
         loop = asyncio.get_running_loop()
+        if child.reply is not None:  # one job at a time: a second's end would be the first's
+            log.error("worker process %d was handed job %s while it ran another (a bug): "
+                      "the job fails instead", child.pid, job.id)  # fmt: skip
+            raise ChildFailed("the worker process was busy with another job")
         self._flags[child.index] = 0
         self._stamps[child.index] = time.monotonic()
         child.reply, child.ctx = loop.create_future(), ctx
@@ -369,7 +373,9 @@ class ProcessHandlers:
             child.kill.cancel()
             child.kill = None
         reply, child.reply, child.ctx = child.reply, None, None
-        if reply is not None and not reply.done():
+        if reply is None:
+            log.error("worker process %d ended a job no attempt waited for (a bug)", child.pid)
+        elif not reply.done():
             reply.set_result(message)
         self._free.put_nowait(child)
 

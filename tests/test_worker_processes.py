@@ -15,9 +15,11 @@ import pytest
 
 from sqlq import JobContext, task
 from sqlq.common.clock import SYSTEM_CLOCK
-from sqlq.common.models import State
+from sqlq.common.models import Job, State
 from sqlq.runtime.kinds import Registry
 from sqlq.worker import CANCELLED_WHILE, Worker
+from sqlq.worker_procs import ChildFailed, ProcessHandlers
+from tests.helpers import wait_for
 from tests.worker_helpers import FakeServer
 
 # The children import this module (``imports``); the parent reads the same kinds from a
@@ -131,3 +133,24 @@ async def test_a_child_that_ignores_its_stop_is_killed_and_replaced(
         worker.stop()
         await run
     assert (server.jobs[stuck].last_error or "").startswith("timed out")
+
+
+async def test_a_busy_process_handed_a_second_job_fails_that_job_loudly(
+    handlers: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One job at a time a process: a second one handed to it (a bug) would take the first's
+    end as its own and leave the first waiting for ever; it fails at once instead."""
+    procs = ProcessHandlers(1, [handlers])
+    await procs.start()
+    try:
+        child = await procs.acquire()
+        first = Job.new(kind="crunch", args={"n": 3_000_000}, now=0.0)
+        running = asyncio.create_task(procs.run(child, first, JobContext(first, random.Random())))
+        await wait_for(lambda: child.reply is not None)
+        second = Job.new(kind="crunch", args={"n": 1}, now=0.0)
+        with pytest.raises(ChildFailed, match="busy"):
+            await procs.run(child, second, JobContext(second, random.Random()))
+        assert "was handed job" in caplog.text
+        assert (await running) is not None  # the first ends as its own
+    finally:
+        await procs.close()
