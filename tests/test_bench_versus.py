@@ -3,12 +3,14 @@ server counted under callgrind."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from sqlq.bench import versus
+from tests.helpers import unavailable
 
 
 def _rows(figure: str) -> list[dict[str, object]]:
@@ -41,5 +43,15 @@ def test_a_callgrind_dump_gives_its_total(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # a real sqlq serve under valgrind: ~50x slower than without
 def test_a_server_under_callgrind_counts_its_instructions_per_job() -> None:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        unavailable("valgrind (Debian's valgrind: .ci/run installs it)")
     per_job = versus.one(sys.executable, "memory", 50, None, instructions=True, warm=50)
     assert 50_000 < per_job < 50_000_000  # a no-op job through HTTP: ~600k here
+
+
+def test_a_count_over_jobs_that_did_not_all_finish_is_refused() -> None:
+    ok = {"completed": 9, "dead": 1, "acknowledged": 10, "submit_errors": 0}
+    versus._all_done(ok, 10)
+    for bad in ({**ok, "completed": 8}, {**ok, "acknowledged": 9}, {**ok, "submit_errors": 1}):
+        with pytest.raises(RuntimeError, match="10 jobs asked"):
+            versus._all_done(bad, 10)

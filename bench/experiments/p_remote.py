@@ -151,15 +151,21 @@ def _is(
 def _noop(rep: Report, rows: list[PRow]) -> None:
     r0 = rows[0]
     nproc = max((r.remote_workers for r in rows), default=0) or REMOTE_WORKERS
-    slots = WORKERS // nproc
+    in_process = next((r.workers for r in rows if r.mode == "local" and r.workers), WORKERS)
+    slots = in_process // nproc
+    wide = sorted({r.workers // nproc for r in rows if r.mode == "remote"} - {slots})
     rep.add(
         "### No-op jobs: remote workers against in-process",
         "",
         f"{r0.jobs:,} no-op jobs enqueued first (`POST /jobs/batch`), then run: by "
-        f"{r0.workers or WORKERS} in-process workers (the queue paused while they go in, then "
+        f"{in_process} in-process workers (the queue paused while they go in, then "
         f"resumed), or by {nproc} `sqlq worker --concurrency {slots}` processes (as many "
-        "slots in all; the bar's row), and by the same with a full claim's slots each (up "
-        f"to {MAX_CLAIM} jobs a call), started once they are in, against `sqlq serve "
+        "slots in all; the bar's row)"
+        + "".join(
+            f", and by the same with {w} slots each (up to {min(w, MAX_CLAIM)} jobs a call)"
+            for w in wide
+        )
+        + ", started once they are in, against `sqlq serve "
         "--workers 0` (every queue remote), claiming and reporting in batches over "
         "127.0.0.1. Jobs/s: completed "
         "jobs over the first `started_at` to the last finish. Server CPU over the drain; the "
@@ -227,6 +233,19 @@ _CPU_ROWS = (
 )
 
 
+def _slots_said(rows: list[PRow]) -> str:
+    """How the CPU runs' workers were given their slots, as their commands say."""
+    given = {r.command[r.command.index("--concurrency") + 1]: r.processes for r in rows
+             if r.mode == "remote" and "--concurrency" in r.command}  # fmt: skip
+    if not given:
+        return (
+            "`sqlq worker` with its default slots (no `--concurrency`: max(10, 4 x "
+            "processes), so jobs are claimed a few at a time while the processes run). "
+        )
+    said = ", ".join(f"{n} at `--processes {p}`" for n, p in sorted(given.items()))
+    return f"`sqlq worker --concurrency`: {said}. "
+
+
 def _cpu(rep: Report, rows: list[PRow]) -> None:
     r0 = rows[0]
     huey = next((r.version for r in rows if r.mode == "huey"), "")
@@ -236,8 +255,8 @@ def _cpu(rep: Report, rows: list[PRow]) -> None:
         f"{r0.jobs} jobs of `sqlq.bench.spinkind.spin` ({r0.rounds:,} rounds of pure-Python "
         f"integer arithmetic: no I/O, the GIL held throughout) on {rep.cores} cores, enqueued "
         f"first, then drained. sqlq on {rows[0].store if r0.mode != 'huey' else CPU_STORE} "
-        "(`--sync full`); `sqlq worker` with its default slots (no `--concurrency`: "
-        "max(10, 4 x processes), so jobs are claimed a few at a time while the processes run). "
+        "(`--sync full`); "
+        + _slots_said(rows)
         + (
             f"huey {huey}: `SqliteHuey` with fsync (no Redis here; see `sqlq.bench.hueyspin`), "
             "its process consumer started once its enqueue is done, its defaults otherwise. "
