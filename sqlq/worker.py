@@ -348,7 +348,8 @@ class Worker:
 
     async def _claim(self, n: int) -> list[Granted]:
         """One claim; after a stop, it is waited for (to release what it got) until the
-        grace runs out, then abandoned (its claims, if any, run out with their lease)."""
+        grace runs out, then abandoned (the server gives back what it claimed once it sees
+        the connection gone, or the lease runs out)."""
         self.stats["claims"] += 1
         call = asyncio.ensure_future(self.client.claim(
             self.queues, worker=self.name, kinds=self.kinds, max=n, wait_s=self.wait_s,

@@ -373,9 +373,10 @@ class ProcessHandlers:
             child.kill.cancel()
             child.kill = None
         reply, child.reply, child.ctx = child.reply, None, None
-        if reply is None:
+        if reply is None:  # (not queued as free again: it may be free, or handed out, already)
             log.error("worker process %d ended a job no attempt waited for (a bug)", child.pid)
-        elif not reply.done():
+            return
+        if not reply.done():
             reply.set_result(message)
         self._free.put_nowait(child)
 

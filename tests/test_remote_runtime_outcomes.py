@@ -309,3 +309,47 @@ async def test_one_outcome_the_store_cannot_encode_fails_only_its_own_attempt(
     bad = await stored(rt, g[1].job.id)
     assert (bad.last_error or "").startswith("result is not JSON-serialisable")
     assert [(await stored(rt, x.job.id)).result for x in (g[0], g[2])] == [1, 3]
+
+
+async def test_a_calls_outcomes_are_one_commit(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    store = MemoryStore(clock=fake_clock)
+    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
+                  all_remote=False)  # fmt: skip
+    await rt.start()
+    for _ in range(3):
+        await submit(rt, "k", queue="r")
+    g = await claim(rt, max=3)
+    before = store.stats().to_dict()["commits"]
+    req = OutcomesRequest(outcomes=[Outcome(token=x.token, complete=CompleteIn()) for x in g])
+    answer = await rt.remote.outcomes(req, ADMIN)
+    assert [a.state for a in answer.outcomes] == ["completed"] * 3
+    assert store.stats().to_dict()["commits"] == before + 1
+
+
+class Breaking(MemoryStore):
+    """Fails every commit of more than one change with a bug's exception."""
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        if len(changes) > 1:
+            raise RuntimeError("a bug")
+        await super().commit(changes)
+
+
+async def test_an_outcome_batch_that_fails_unexpectedly_answers_each_item(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Not a value the store refused, not the store gone: the items answer ``unavailable``
+    (report them again) and the call fails whole as nothing landed, never a stray error."""
+    rt = services(Breaking(clock=fake_clock), clock=fake_clock, remote_queues=frozenset({"r"}),
+                  workers=0, all_remote=False)  # fmt: skip
+    await rt.start()
+    for _ in range(2):
+        await submit(rt, "k", queue="r")
+    g = [await claim_one(rt), await claim_one(rt)]  # one by one: a claim of two would fail
+    req = OutcomesRequest(outcomes=[Outcome(token=x.token, complete=CompleteIn()) for x in g])
+    with pytest.raises(RuntimeError, match="a bug"):
+        await rt.remote.outcomes(req, ADMIN)
+    assert len(rt.claims.remote_side.serial) == 0
+    assert [(await stored(rt, x.job.id)).state for x in g] == [State.RUNNING] * 2

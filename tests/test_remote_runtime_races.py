@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.engine.memory import MemoryStore
-from sqlq.common.errors import StaleEpochError
+from sqlq.common.errors import JobNotFoundError, StaleEpochError, StoreUnavailableError
 from sqlq.common.models import State, Transition
 from sqlq.common.protocol import FailIn
 from sqlq.common.store import Change
+from sqlq.runtime.remote_local import LocalSide
 from sqlq.runtime.serial import Serial
 from tests.helpers import ServiceFactory, submit
 from tests.remote_helpers import claim, claim_one, report, stored
@@ -88,9 +90,78 @@ async def test_a_claim_the_store_refuses_in_part_hands_out_the_rest(
     assert sorted(g.job.id for g in granted) == sorted([jobs[0].id, jobs[2].id])
     left = await stored(rt, jobs[1].id)
     assert (left.state, left.attempts) == (State.SCHEDULED, 0)
-    assert not rt.claims.remote_side.serial.busy(jobs[1].id)
+    assert _all_given_back(rt)
     store.refused = ""
     assert await claim(rt, max=3) == []  # (a refused claim's job is not put back: as before)
+
+
+async def test_a_calls_claims_are_one_commit(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    store = MemoryStore(clock=fake_clock)
+    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
+                  all_remote=False)  # fmt: skip
+    await rt.start()
+    for _ in range(3):
+        await submit(rt, "k", queue="r")
+    before = store.stats().to_dict()["commits"]
+    assert len(await claim(rt, max=3)) == 3
+    assert store.stats().to_dict()["commits"] == before + 1
+
+
+class Failing(MemoryStore):
+    """Fails every commit of more than one change with ``error`` (set by the test)."""
+
+    error: Exception | None = None
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        if self.error is not None and len(changes) > 1:
+            raise self.error
+        await super().commit(changes)
+
+
+async def _failing_claim(rt_store: tuple[Any, Failing], error: Exception) -> list[Any]:
+    rt, store = rt_store
+    for _ in range(3):
+        await submit(rt, "k", queue="r")
+    store.error = error
+    return await claim(rt, max=3)
+
+
+@pytest.fixture
+async def failing(fake_clock: FakeClock, services: ServiceFactory) -> tuple[Any, Failing]:
+    store = Failing(clock=fake_clock)
+    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
+                  all_remote=False)  # fmt: skip
+    await rt.start()
+    return rt, store
+
+
+@pytest.mark.parametrize("error", [StoreUnavailableError("the disk is away"),
+                                   RuntimeError("a bug")])  # fmt: skip
+async def test_a_claim_commit_that_fails_gives_back_every_turn_and_count(
+    failing: tuple[Any, Failing], error: Exception
+) -> None:
+    """Whatever the batch commit raises, no turn or cap count outlives it (a turn kept would
+    hold the job's cancel and expiry for ever, a count the queue's room)."""
+    with pytest.raises(type(error)):
+        await _failing_claim(failing, error)
+    assert _all_given_back(failing[0])
+
+
+async def test_a_claim_commit_refused_as_missing_goes_one_by_one(
+    failing: tuple[Any, Failing],
+) -> None:
+    """Refused as a value (the contract: nothing of the call applied), each goes alone."""
+    assert len(await _failing_claim(failing, JobNotFoundError("0" * 32))) == 3
+    assert _all_given_back(failing[0])
+
+
+def _all_given_back(rt: Any) -> bool:
+    """No job's turn held, no claim counted as being committed."""
+    side = rt.claims.remote_side
+    assert isinstance(side, LocalSide)
+    return len(side.serial) == 0 and not side._starting
 
 
 async def test_turns_are_taken_in_order_and_a_cancelled_waiter_passes_its_turn_on() -> None:

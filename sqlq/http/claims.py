@@ -40,6 +40,7 @@ from sqlq.common.protocol import (
     MAX_TOKEN,
     CheckpointBody,
     CheckpointIn,
+    ClaimAnswer,
     ClaimRequest,
     CompleteBody,
     CompleteIn,
@@ -122,6 +123,7 @@ def routes(service: Service, read_body: ReadBody) -> list[Route]:
         answer = await service.remote.claim(req, who(request))
         if answer.claims and await request.is_disconnected():  # (a long poll's, mostly)
             await service.remote.give_back(answer, who(request))
+            answer = ClaimAnswer(claims=[])  # (nobody reads it)
         return JSONResponse(answer)
 
     async def heartbeat(request: Request) -> Response:

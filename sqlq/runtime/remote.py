@@ -147,7 +147,7 @@ class RemoteSide(Protocol):
         """``write`` of each ``(job, t)`` in one commit, all or none: the jobs after them;
         None if none was written because the side writes one at a time, or the store
         refused the batch as a value (each goes alone then, and only that one fails).
-        ``StoreError`` as ``write``."""
+        Anything else it raises (``StoreError`` as ``write``) fails every item."""
         ...
 
     async def extend(
@@ -528,7 +528,7 @@ class Remote:
         if len(writes) > 1:
             try:
                 afters = await self._side.write_all([(job, t) for _, job, t, _ in writes], now)
-            except StoreError as exc:
+            except Exception as exc:  # the store failed (or a bug): each item says so
                 return [exc] * len(writes)
             if afters is not None:
                 pairs = zip(writes, afters, strict=True)

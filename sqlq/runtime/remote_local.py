@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sqlq.common.backoff import after_failure
-from sqlq.common.errors import StoreError, TransitionError, UnencodableError
+from sqlq.common.errors import JobNotFoundError, StoreError, TransitionError, UnencodableError
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import MAX_CLAIM, ClaimRequest, remote_worker
 from sqlq.common.running import Progress
@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXPIRY_RETRY_S = 1.0  # an expiry the store failed to write is tried again after this
+# What a commit refuses as a value, applying none of its changes (the store contract): a
+# call's claims or outcomes refused so go one by one, and only the refused one fails.
+REFUSED = (TransitionError, JobNotFoundError, UnencodableError)
 _RUNNING = State.RUNNING.value
 
 
@@ -135,17 +138,21 @@ class LocalSide:
         for job in jobs:
             starting[job.queue] += 1
         moves = [job.start(now, holder=holder, lease_until=until) for job in jobs]
+        if len(jobs) == 1:
+            one = await self._claim_one(jobs[0], moves[0])
+            return [] if one is None else [one]
         try:
-            # One commit for the call's claims: one entry in the group commit, where one a
-            # claim cost a task and a future each. Atomic, so one refused (never expected:
-            # each job's turn is held and its state was just read) would refuse them all:
-            # then each goes alone, and only the refused one is left out.
+            # One commit for the call's claims: one entry in the group commit, where each
+            # claim used to cost a task and a future of its own. Atomic, so one refused
+            # (never expected: each job's turn is held and its state was just read) refuses
+            # them all: then each goes alone, and only the refused one is left out.
             await self._store.commit(moves)
-        except TransitionError:
-            pass
-        except StoreError as exc:
+        except REFUSED:
+            pass  # (the turns stay held: each one-by-one claim gives its own back)
+        except BaseException as exc:  # the store failed, or a bug: no turn outlives it
             self._let_go(jobs)
-            log.error("could not claim %d jobs for a remote worker: %s", len(jobs), exc)
+            if isinstance(exc, StoreError):
+                log.error("could not claim %d jobs for a remote worker: %s", len(jobs), exc)
             raise
         else:
             self._let_go(jobs)
@@ -164,7 +171,7 @@ class LocalSide:
         """Commit one claim (its turn is held); the running job, or None if refused."""
         try:
             await self._store.commit([t])
-        except TransitionError:
+        except REFUSED:
             return None
         except StoreError as exc:
             log.error("could not claim job %s for a remote worker: %s", job.id, exc)
@@ -209,7 +216,7 @@ class LocalSide:
                         ) -> list[Job] | None:  # fmt: skip
         try:
             await self._store.commit([t for _, t in writes])
-        except (TransitionError, UnencodableError):
+        except REFUSED:
             return None  # one of them is refused: each alone, so only that one fails
         afters = [self._live.applied(job, t) for job, t in writes]
         for after in afters:
