@@ -18,9 +18,10 @@ from sqlq.common.protocol import (
     What,
 )
 from sqlq.common.roles import ADMIN, Principal, Role
+from sqlq.common.store import JobStore
 from sqlq.runtime.kinds import Registry
 from sqlq.runtime.service import Service
-from tests.helpers import ServiceFactory
+from tests.helpers import ServiceFactory, submit
 
 REMOTE = frozenset({"r", "r2"})
 
@@ -37,6 +38,18 @@ async def remote_service(services: ServiceFactory, clock: FakeClock, **config: A
     config.setdefault("workers", 2)
     rt = services(clock=clock, kinds=config.pop("kinds", Registry()), **config)
     await rt.start()
+    return rt
+
+
+async def remote_on(services: ServiceFactory, store: JobStore, clock: FakeClock,
+                    jobs: int = 0) -> Service:  # fmt: skip
+    """A started service on ``store`` whose queue ``r`` alone is remote (no in-process
+    worker), with ``jobs`` jobs of kind ``k`` submitted to it."""
+    rt = services(store, clock=clock, remote_queues=frozenset({"r"}), workers=0,
+                  all_remote=False)  # fmt: skip
+    await rt.start()
+    for _ in range(jobs):
+        await submit(rt, "k", queue="r")
     return rt
 
 

@@ -12,7 +12,7 @@ from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.specs import JobSpec
-from sqlq.common.store import Change
+from sqlq.common.store import Change, SyncLevel
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import Registry
 from sqlq.runtime.service import Service
@@ -31,7 +31,8 @@ class HeldStore:
         self.gate = asyncio.Event()
         self.held = asyncio.Event()
         self.transitions: list[Transition] = []
-        self.name, self.durable, self.shared, self.sync = "memory", False, False, "full"
+        self.name, self.durable, self.shared = "memory", False, False
+        self.sync: SyncLevel = "full"
 
     async def commit(self, changes: Sequence[Change]) -> None:
         ts = [c for c in changes if isinstance(c, Transition)]

@@ -29,7 +29,7 @@ from sqlq.common.store import Change
 from sqlq.common.tokens import KEY_BYTES, Ticket, sign
 from sqlq.runtime.remote import fence
 from tests.helpers import ServiceFactory, submit
-from tests.remote_helpers import claim, claim_one, remote_service, report, stored, worker
+from tests.remote_helpers import claim, claim_one, remote_on, remote_service, report, stored, worker
 
 
 async def test_complete_is_durable_and_a_waiter_hears_of_it(
@@ -295,11 +295,7 @@ async def test_one_outcome_the_store_cannot_encode_fails_only_its_own_attempt(
 ) -> None:
     """A call's outcomes go in one commit; refused as a value, each goes alone: the others
     land, and the one that cannot be stored fails its attempt (as in process)."""
-    rt = services(Unencoding(clock=fake_clock), clock=fake_clock, remote_queues=frozenset({"r"}),
-                  workers=0, all_remote=False)  # fmt: skip
-    await rt.start()
-    for _ in range(3):
-        await submit(rt, "k", queue="r")
+    rt = await remote_on(services, Unencoding(clock=fake_clock), fake_clock, 3)
     g = await claim(rt, max=3)
     results = [1, "bad", 3]
     req = OutcomesRequest(outcomes=[Outcome(token=x.token, complete=CompleteIn(result=r))
@@ -315,11 +311,7 @@ async def test_a_calls_outcomes_are_one_commit(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
     store = MemoryStore(clock=fake_clock)
-    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
-                  all_remote=False)  # fmt: skip
-    await rt.start()
-    for _ in range(3):
-        await submit(rt, "k", queue="r")
+    rt = await remote_on(services, store, fake_clock, 3)
     g = await claim(rt, max=3)
     before = store.stats().to_dict()["commits"]
     req = OutcomesRequest(outcomes=[Outcome(token=x.token, complete=CompleteIn()) for x in g])
@@ -342,11 +334,7 @@ async def test_an_outcome_batch_that_fails_unexpectedly_answers_each_item(
 ) -> None:
     """Not a value the store refused, not the store gone: the items answer ``unavailable``
     (report them again) and the call fails whole as nothing landed, never a stray error."""
-    rt = services(Breaking(clock=fake_clock), clock=fake_clock, remote_queues=frozenset({"r"}),
-                  workers=0, all_remote=False)  # fmt: skip
-    await rt.start()
-    for _ in range(2):
-        await submit(rt, "k", queue="r")
+    rt = await remote_on(services, Breaking(clock=fake_clock), fake_clock, 2)
     g = [await claim_one(rt), await claim_one(rt)]  # one by one: a claim of two would fail
     req = OutcomesRequest(outcomes=[Outcome(token=x.token, complete=CompleteIn()) for x in g])
     with pytest.raises(RuntimeError, match="a bug"):

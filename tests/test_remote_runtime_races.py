@@ -19,7 +19,7 @@ from sqlq.common.store import Change
 from sqlq.runtime.remote_local import LocalSide
 from sqlq.runtime.serial import Serial
 from tests.helpers import ServiceFactory, submit
-from tests.remote_helpers import claim, claim_one, report, stored
+from tests.remote_helpers import claim, claim_one, remote_on, report, stored
 from tests.running_helpers import HeldStore
 
 
@@ -27,9 +27,7 @@ async def test_a_claim_passes_over_a_job_whose_cancel_is_in_flight(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
     store = HeldStore(lambda t: t.state is State.CANCELLED, clock=fake_clock)
-    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
-                  all_remote=False)  # fmt: skip
-    await rt.start()
+    rt = await remote_on(services, store, fake_clock)
     job = await submit(rt, "k", queue="r")
     cancelling = asyncio.create_task(rt.cancel(job.id))
     await store.held.wait()  # the cancel's commit is in flight
@@ -45,9 +43,7 @@ async def test_a_cancel_during_a_remote_claims_commit_becomes_a_request(
 ) -> None:
     store = HeldStore(lambda t: t.state is State.RUNNING and t.holder is not None,
                       clock=fake_clock)  # fmt: skip
-    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
-                  all_remote=False)  # fmt: skip
-    await rt.start()
+    rt = await remote_on(services, store, fake_clock)
     job = await submit(rt, "k", queue="r")
     claiming = asyncio.create_task(claim_one(rt))
     await store.held.wait()  # the claim's commit is in flight
@@ -81,9 +77,7 @@ async def test_a_claim_the_store_refuses_in_part_hands_out_the_rest(
     """A call's claims go in one commit; refused, each goes alone and only the refused one is
     left out (its turn given back, its job untouched)."""
     store = Refusing(clock=fake_clock)
-    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
-                  all_remote=False)  # fmt: skip
-    await rt.start()
+    rt = await remote_on(services, store, fake_clock)
     jobs = [await submit(rt, "k", queue="r") for _ in range(3)]
     store.refused = jobs[1].id
     granted = await claim(rt, max=3)
@@ -99,11 +93,7 @@ async def test_a_calls_claims_are_one_commit(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
     store = MemoryStore(clock=fake_clock)
-    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
-                  all_remote=False)  # fmt: skip
-    await rt.start()
-    for _ in range(3):
-        await submit(rt, "k", queue="r")
+    rt = await remote_on(services, store, fake_clock, 3)
     before = store.stats().to_dict()["commits"]
     assert len(await claim(rt, max=3)) == 3
     assert store.stats().to_dict()["commits"] == before + 1
@@ -131,9 +121,7 @@ async def _failing_claim(rt_store: tuple[Any, Failing], error: Exception) -> lis
 @pytest.fixture
 async def failing(fake_clock: FakeClock, services: ServiceFactory) -> tuple[Any, Failing]:
     store = Failing(clock=fake_clock)
-    rt = services(store, clock=fake_clock, remote_queues=frozenset({"r"}), workers=0,
-                  all_remote=False)  # fmt: skip
-    await rt.start()
+    rt = await remote_on(services, store, fake_clock)
     return rt, store
 
 
