@@ -69,7 +69,7 @@ CALLGRIND_DRAIN_S = 1200.0  # and drains ~50x slower
 
 def _all_done(result: dict[str, Any], jobs: int) -> None:
     """A count is divided by ``jobs``: every one must have been taken and finished."""
-    done = int(result["completed"]) + int(result["dead"])
+    done = int(result["done"]) + int(result["dead"])
     if result["submit_errors"] or result["acknowledged"] != jobs or done != jobs:
         raise RuntimeError(f"{jobs} jobs asked: {result['acknowledged']} acknowledged, "
                            f"{done} finished, {result['submit_errors']} submit errors")  # fmt: skip

@@ -50,8 +50,8 @@ def test_a_server_under_callgrind_counts_its_instructions_per_job() -> None:
 
 
 def test_a_count_over_jobs_that_did_not_all_finish_is_refused() -> None:
-    ok = {"completed": 9, "dead": 1, "acknowledged": 10, "submit_errors": 0}
+    ok = {"done": 9, "dead": 1, "acknowledged": 10, "submit_errors": 0}
     versus._all_done(ok, 10)
-    for bad in ({**ok, "completed": 8}, {**ok, "acknowledged": 9}, {**ok, "submit_errors": 1}):
+    for bad in ({**ok, "done": 8}, {**ok, "acknowledged": 9}, {**ok, "submit_errors": 1}):
         with pytest.raises(RuntimeError, match="10 jobs asked"):
             versus._all_done(bad, 10)
