@@ -22,10 +22,11 @@ def _row(part: str, mode: str, repeat: int, **fields: object) -> dict[str, objec
             **fields}  # fmt: skip
 
 
-def _noop(store: str, mode: str, repeat: int, drain_s: float, cpu_s: float,
-          workers: int = 64) -> dict[str, object]:  # fmt: skip
-    return _row("noop", mode, repeat, store=store, jobs=1000, completed=1000, drain_s=drain_s,
-                server_cpu_s=cpu_s, worker_cpu_s=0.1 if mode == "remote" else 0.0,
+def _noop(store: str, mode: str, repeat: int, done_s: float, cpu_s: float,
+          workers: int = 64, drain_s: float | None = None) -> dict[str, object]:  # fmt: skip
+    return _row("noop", mode, repeat, store=store, jobs=1000, completed=1000, done_s=done_s,
+                drain_s=done_s if drain_s is None else drain_s, server_cpu_s=cpu_s,
+                worker_cpu_s=0.1 if mode == "remote" else 0.0,
                 workers=workers, remote_workers=2 if mode == "remote" else 0)  # fmt: skip
 
 
@@ -93,6 +94,18 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
     assert lat.endswith("| 3.50 | 7.00 |")
 
 
+def test_a_noop_rate_runs_to_the_last_durable_completion(tmp_path: Path) -> None:
+    # in-process: every outcome decided in 0.1 s, the last durable at 0.4 s; remote: 0.5 s
+    rows = [_noop("walq", "local", 0, 0.4, 0.1, drain_s=0.1),
+            _noop("walq", "remote", 0, 0.5, 0.1, drain_s=0.45)]  # fmt: skip
+    rep = _section(tmp_path, rows)
+    assert rep.checks == [
+        "P: walq, no-op jobs/s through a remote worker over in-process: 0.80x (bar >= 0.50x: met)"
+    ]
+    local = next(ln for ln in rep.lines if ln.startswith("| walq | server (in-process)"))
+    assert local.startswith("| walq | server (in-process) | 2,500 | 10,000 |")
+
+
 def test_a_run_without_its_pair_has_no_ratio_and_no_bar(tmp_path: Path) -> None:
     rows = [_noop("walq", "remote", 0, 0.5, 0.1), _cpu("remote", 2, 0, 2.0)]
     rep = _section(tmp_path, rows)
@@ -132,6 +145,8 @@ def test_quick_p_runs_every_part_side_by_side(tmp_path: Path) -> None:
         if row["part"] in ("noop", "cpu"):
             assert row["completed"] == row["jobs"], row
             assert row["drain_s"] > 0
+        if row["part"] == "noop":  # durable after the last decision, or with it
+            assert row["done_s"] >= row["drain_s"] > 0, row
         if row["part"] == "cpu" and row["mode"] != "local":  # never more than it was given
             assert 1 <= row["handler_pids"] <= row["processes"], row
     report = (tmp_path / "REPORT.md").read_text()

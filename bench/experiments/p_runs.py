@@ -8,8 +8,12 @@ worker until the jobs are in, then ``sqlq worker`` starts; huey's consumer start
 enqueue. The drain is read from the jobs' own clocks (the first start to the last end:
 ``started_at`` and ``updated_at`` of the completed jobs, or the handlers' ``pid start end``
 log, ``sqlq.bench.spinkind``), so a worker's interpreter start is not in it, for any
-system. Server CPU is ``/stats`` ``process_cpu_s`` over the drain; a worker's is its
-process tree's, from ``/proc``.
+system. A no-op run also ends where ``/stats`` first counts every job completed, which is
+once its completion is durable (``done_s``, from the same first start): an in-process
+server decides no-op outcomes faster than its store writes them, so its last
+``updated_at`` comes well before its last durable completion, and only the latter is a
+job done (a crash before it runs the job again). Server CPU is ``/stats``
+``process_cpu_s`` over the drain; a worker's is its process tree's, from ``/proc``.
 """
 
 from __future__ import annotations
@@ -128,14 +132,18 @@ async def _submit(pool: HttpPool, jobs: int, spec: dict[str, Any]) -> None:
             raise RunFailed(f"POST /jobs/batch answered {status}: {reply}")
 
 
-async def _drained(pool: HttpPool, jobs: int, children: list[Child]) -> dict[str, Any]:
-    """``/stats`` once ``jobs`` jobs are finished (completed or dead), within the cap."""
+async def _drained(
+    pool: HttpPool, jobs: int, children: list[Child]
+) -> tuple[dict[str, Any], float]:
+    """``/stats`` once ``jobs`` jobs are finished (completed or dead: counted once their end
+    is durable), within the cap; and when that was seen (``time.time()``, the clock the
+    jobs' stamps use). A poll comes at most 1 % of the drain so far after the last one."""
     started = time.perf_counter()
     deadline = started + DRAIN_CAP_S
     while True:
         stats = await _stats(pool)
         if stats["jobs"]["completed"] + stats["jobs"]["dead"] >= jobs:
-            return stats
+            return stats, time.time()
         for c in children:
             c.check()
         if time.perf_counter() > deadline:
@@ -230,7 +238,7 @@ class NoopRun(PRun):
                     for i in range(REMOTE_WORKERS):
                         cmd = worker_cmd(url, concurrency=slots, processes=0, name=f"p-noop{i}")
                         children.append(Child(cmd, d / f"worker{i}.log", dict(os.environ)))
-                after = await _drained(pool, self.jobs, children)
+                after, done_at = await _drained(pool, self.jobs, children)
                 wall_s = time.perf_counter() - t0
                 worker_cpu = sum(cpu_of_tree(c.proc.pid) for c in children)
             finally:
@@ -240,7 +248,8 @@ class NoopRun(PRun):
         return {
             "part": self.part, "mode": self.mode, "jobs": self.jobs,
             "completed": after["jobs"]["completed"] - before["jobs"]["completed"],
-            "drain_s": round(last - first, 4), "wall_s": round(wall_s, 4),
+            "drain_s": round(last - first, 4), "done_s": round(done_at - first, 4),
+            "wall_s": round(wall_s, 4),
             "server_cpu_s": round(after["process_cpu_s"] - before["process_cpu_s"], 4),
             "worker_cpu_s": round(worker_cpu, 4),
             "workers": WORKERS if local else slots * len(children),
@@ -300,7 +309,7 @@ class CpuRun(PRun):
                     cmd = worker_cmd(url, concurrency=None, processes=p, name=f"p-cpu{p}")
                     child = Child(cmd, d / "worker.log", {**os.environ, LOG_ENV: str(log)})
                 await _logged(log, self.jobs, child)  # a file read: no load on the server
-                after = await _drained(pool, self.jobs, [child] if child is not None else [])
+                after, _ = await _drained(pool, self.jobs, [child] if child is not None else [])
                 wall_s = time.perf_counter() - t0
                 worker_cpu = cpu_of_tree(child.proc.pid) if child is not None else 0.0
             finally:
