@@ -57,9 +57,15 @@ def remote_worker(holder: str | None) -> str | None:
     return holder[len(REMOTE_PREFIX) :]
 
 
-class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
     """``POST /claims``: up to ``max`` due jobs of ``queues`` (of ``kinds``, if named),
-    waiting up to ``wait_s`` for the first, each held for ``lease_s`` unless renewed."""
+    waiting up to ``wait_s`` for the first, each held for ``lease_s`` unless renewed.
+
+    ``outcomes``: what a worker has to report, as ``/claims/outcomes`` takes them, carried
+    on the claim that takes the next jobs so a busy worker makes one call a round instead
+    of two. They are written first, and answered in ``ClaimAnswer.outcomes`` as that
+    route answers them; a claim that carries any does not wait (its outcomes' answers
+    would wait with it)."""
 
     queues: Annotated[list[Queue], msgspec.Meta(min_length=1, max_length=MAX_CLAIM_QUEUES)]
     worker: WorkerName
@@ -69,6 +75,7 @@ class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max: Annotated[int, msgspec.Meta(ge=1, le=MAX_CLAIM)] = 1
     wait_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_WAIT_CLAIM_S)] = 0.0
     lease_s: Annotated[float, msgspec.Meta(ge=MIN_LEASE_S, le=MAX_LEASE_S)] = DEFAULT_LEASE_S
+    outcomes: Annotated[list[Outcome], msgspec.Meta(max_length=MAX_ITEMS)] | None = None
 
 
 class Granted(msgspec.Struct, kw_only=True):
@@ -79,8 +86,9 @@ class Granted(msgspec.Struct, kw_only=True):
     job: JobView
 
 
-class ClaimAnswer(msgspec.Struct, kw_only=True):
+class ClaimAnswer(msgspec.Struct, kw_only=True, omit_defaults=True):
     claims: list[Granted]
+    outcomes: list[Reported] | None = None  # the claim's ``outcomes``' answers, in order
 
 
 class ProgressIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -227,4 +235,5 @@ class WorkerList(msgspec.Struct, kw_only=True):
 
 
 FENCED = "fenced"
+UNAVAILABLE = "unavailable"  # a batch item the store did not take while others landed: again
 CHECKPOINT_LIMIT = MAX_CHECKPOINT_BYTES  # (re-exported for the worker's own check)

@@ -344,6 +344,26 @@ class Requests:
         return (yield from Call("POST", "/claims", ClaimAnswer, content=_encode(body))).claims
 
     @staticmethod
+    def report_and_claim(
+        outcomes: Sequence[Outcome | msgspec.Raw],
+        queues: Sequence[str],
+        *,
+        worker: str,
+        kinds: Sequence[str] | None = None,
+        max: int = 1,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Plan[ClaimAnswer]:
+        """``outcomes`` (as ``outcomes`` takes them) and a claim of up to ``max`` more jobs,
+        in one call: the outcomes are written first and answered in ``.outcomes``, in
+        order; the claim does not wait (``.claims`` may be empty). Never sent twice, as a
+        claim: after a lost reply, send the outcomes again (a landed one is fenced)."""
+        body = ClaimRequest(queues=builtins.list(queues), worker=worker,
+                            kinds=None if kinds is None else builtins.list(kinds), max=max,
+                            lease_s=lease_s)  # fmt: skip
+        fields = {**msgspec.structs.asdict(body), "outcomes": builtins.list(outcomes)}
+        return (yield from Call("POST", "/claims", ClaimAnswer, content=_encode(fields)))
+
+    @staticmethod
     def heartbeat(items: Sequence[str | BeatItem]) -> Plan[builtins.list[Beat]]:
         """Renew the lease of every token (or ``BeatItem``, with progress) in one call; one
         ``Beat`` each, in order: ``lease_until`` and ``cancel_requested``, or ``error``

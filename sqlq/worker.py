@@ -68,6 +68,7 @@ from sqlq.common.protocol import (
     MAX_ITEMS,
     Beat,
     BeatItem,
+    ClaimAnswer,
     CompleteIn,
     Granted,
     Outcome,
@@ -117,6 +118,17 @@ class Remote(Protocol):
         wait_s: float = 0.0,
         lease_s: float = DEFAULT_LEASE_S,
     ) -> list[Granted]: ...
+
+    async def report_and_claim(
+        self,
+        outcomes: Sequence[Outcome | msgspec.Raw],
+        queues: Sequence[str],
+        *,
+        worker: str,
+        kinds: Sequence[str] | None = None,
+        max: int = 1,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> ClaimAnswer: ...
 
     async def heartbeat(self, items: Sequence[str | BeatItem]) -> list[Beat]: ...
 
@@ -302,7 +314,9 @@ class Worker:
             if wanted and len(out) < (MAX_CLAIMS_OUT if self._draining else 1):
                 n = min(spare, MAX_CLAIM)
                 self._asked += n
-                task = asyncio.create_task(self._claim_some(n))
+                # a busy queue's claim carries the outcomes waiting (one call, not two)
+                carried = self._outbox.carry() if self._draining else []
+                task = asyncio.create_task(self._claim_some(n, carried))
                 out.add(task)
                 task.add_done_callback(functools.partial(self._claimed, out))
                 continue
@@ -315,15 +329,28 @@ class Worker:
         out.discard(task)
         self._room.set()  # (after the discard: the loop may send the next one)
 
-    async def _claim_some(self, n: int) -> None:
+    async def _claim_some(self, n: int, carried: list[Attempt]) -> None:
         asked = self._clock.monotonic()
+        answers: Sequence[Reported] | None = None  # the carried outcomes': None, sent again
         try:
-            granted = await self._claim(n)
+            granted, answers = await self._claim(n, carried)
         except (Unavailable, RateLimited) as exc:
             self._claim_failures += 1
             delay = self._backoff.delay(self._claim_failures, self._rng)
             log.warning("could not claim (%s); again in %.1f s", exc, delay)
             self._claim_after = self._clock.monotonic() + delay
+            return
+        except Invalid as exc:
+            if not carried:
+                log.error("the server refused this worker's claim: %s", exc)
+                self._fatal = exc
+                self.stop()
+                return
+            # what it carried, most likely (a claim alone went through before): those go
+            # by the outbox's own calls, which take a refused batch one by one
+            log.warning("a claim carrying %d outcomes was refused (%s); they go alone",
+                        len(carried), exc)  # fmt: skip
+            self._draining = False
             return
         except ApiError as exc:
             log.error("the server refused this worker's claim: %s", exc)
@@ -339,21 +366,33 @@ class Worker:
             return
         finally:
             self._asked -= n
+            if carried:
+                self._outbox.settle(carried, answers)
         self._claim_failures = 0
         self._draining = len(granted) == n  # a full answer: there may be more
         for g in granted:
             self._start(g)
-        if not granted:  # a long poll that came back at once (wait_s 0): not a spin
+        if not granted and not carried:  # a long poll that came back at once: not a spin
             self._claim_after = max(self._claim_after, asked + IDLE_POLL_S)
 
-    async def _claim(self, n: int) -> list[Granted]:
-        """One claim; after a stop, it is waited for (to release what it got) until the
-        grace runs out, then abandoned (the server gives back what it claimed once it sees
-        the connection gone, or the lease runs out)."""
+    async def _claim(
+        self, n: int, carried: list[Attempt]
+    ) -> tuple[list[Granted], Sequence[Reported] | None]:
+        """One claim (with the outcomes it carries: then it does not wait), and the
+        carried outcomes' answers; after a stop, it is waited for (to release what it
+        got) until the grace runs out, then abandoned (the server gives back what it
+        claimed once it sees the connection gone, or the lease runs out; the outcomes go
+        again)."""
         self.stats["claims"] += 1
-        call = asyncio.ensure_future(self.client.claim(
-            self.queues, worker=self.name, kinds=self.kinds, max=n, wait_s=self.wait_s,
-            lease_s=self.lease_s))  # fmt: skip
+        call: asyncio.Future[ClaimAnswer | list[Granted]]
+        if carried:
+            call = asyncio.ensure_future(self.client.report_and_claim(
+                [msgspec.Raw(a.body) for a in carried], self.queues, worker=self.name,
+                kinds=self.kinds, max=n, lease_s=self.lease_s))  # fmt: skip
+        else:
+            call = asyncio.ensure_future(self.client.claim(
+                self.queues, worker=self.name, kinds=self.kinds, max=n, wait_s=self.wait_s,
+                lease_s=self.lease_s))  # fmt: skip
         answered = asyncio.Event()
         call.add_done_callback(lambda _: answered.set())
         self._claims_out.add(answered)
@@ -364,8 +403,11 @@ class Worker:
                 await wait_event(self._clock, answered, max(0.0, self._grace_left() or 0.0))
             if not call.done():  # past the grace, or a hurry: abandoned
                 log.warning("a claim in flight at the stop was not waited for")
-                return []
-            return call.result()
+                return [], None
+            got = call.result()
+            if isinstance(got, ClaimAnswer):
+                return got.claims, got.outcomes or []
+            return got, None
         finally:
             self._claims_out.discard(answered)
             stopped.cancel()

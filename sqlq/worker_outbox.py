@@ -12,6 +12,9 @@ long as the lease it holds does (the worker keeps renewing it meanwhile).
 Progress reported since the last heartbeat goes first, in a heartbeat of those items,
 so an outcome never lands before the attempt's latest progress (the server writes it
 with the outcome in process); a checkpoint being written goes first too.
+
+A claim going out while outcomes wait may carry them instead (``carry``, then
+``settle``): a busy worker then reports each round on the call that takes the next.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import msgspec
 
 from sqlq.calls import Invalid, RateLimited, Unauthorized, Unavailable
 from sqlq.common.clock import Clock, wait_event
-from sqlq.common.protocol import MAX_ITEMS, CompleteIn, Outcome, Reported
+from sqlq.common.protocol import FENCED, MAX_ITEMS, UNAVAILABLE, CompleteIn, Outcome, Reported
 from sqlq.common.specs import MAX_JOB_BYTES
 from sqlq.worker_attempt import Attempt, failure
 
@@ -136,9 +139,7 @@ class Outbox:
             else:
                 log.exception("reporting %d outcomes failed; again in %.1f s", len(batch),
                               delay)  # fmt: skip
-        else:
-            self.failures = 0
-        finally:
+        finally:  # (an answered call sets ``failures``: ``_apply``)
             self.rounds += 1
             self._out.difference_update(a.token for a in batch)
             self._more.set()
@@ -168,15 +169,54 @@ class Outbox:
                 for a in batch:
                     await self._send([a])
                 return
+            self.failures = 0  # (answered, if with a refusal)
             self._refused(batch[0], f"{exc.status} {exc.code}: {exc.message}")
             return
+        self._apply(batch, answers)
+
+    def _apply(self, batch: list[Attempt], answers: Sequence[Reported]) -> None:
+        """A call's answers: each item answered is done with; one ``unavailable`` (the
+        store took others but not it) stays owed, and goes again after a backoff."""
         self.batches += 1
+        again = 0
         for a, answer in zip(batch, answers, strict=False):
-            if answer.error is not None and answer.error not in ("fenced", "forbidden"):
+            if answer.error == UNAVAILABLE:
+                again += 1
+                continue
+            if answer.error is not None and answer.error not in (FENCED, "forbidden"):
                 self._refused(a, answer.detail or answer.error)
                 continue
             self._owed.pop(a.token, None)
             self._answered(a, answer)
+        if not again:
+            self.failures = 0
+        else:
+            self.failures += 1
+            delay = self._backoff.delay(self.failures, self._rng)
+            self._resume_at = self._clock.monotonic() + delay
+            log.warning("the server could not write %d outcomes; again in %.1f s", again,
+                        delay)  # fmt: skip
+        self._changed.set()
+
+    def carry(self) -> list[Attempt]:
+        """Outcomes a claim going out now may carry (``Requests.report_and_claim``): those
+        owed and in no call, as one batch, less any whose attempt has progress or a
+        checkpoint to land first (those wait for this outbox's own call). None while a
+        failed call's backoff runs. They are this caller's until it ``settle``s them."""
+        if self._clock.monotonic() < self._resume_at:
+            return []
+        batch = [a for a in self._batch() if a.new_progress() is None
+                 and (a.saving is None or a.saving.done())]  # fmt: skip
+        self._out.update(a.token for a in batch)
+        return batch
+
+    def settle(self, batch: list[Attempt], answers: Sequence[Reported] | None) -> None:
+        """The answers to what a claim carried (``carry``), or None if the call failed or
+        was given up on: then they go again, in this outbox's next call."""
+        self._out.difference_update(a.token for a in batch)
+        if answers is not None:
+            self._apply(batch, answers)
+        self._more.set()
         self._changed.set()
 
     def _refused(self, a: Attempt, why: str) -> None:

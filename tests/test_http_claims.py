@@ -449,6 +449,46 @@ async def test_the_batch_reports_many_at_once_each_with_its_fate(served: Make) -
     assert answers[2]["detail"].startswith("outcome: ")
 
 
+async def test_a_claim_carries_outcomes_and_answers_both(served: Make) -> None:
+    """The outcomes ride the claim that takes the next jobs: written, answered in order in
+    ``outcomes``, and the claim does not wait (none left: empty at once)."""
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    for _ in range(3):
+        await _job(c)
+    first = await _claim(c, max=2)
+    carried = [{"token": first[0]["token"], "complete": {"result": 1}},
+               {"token": first[1]["token"], "fail": {"error": "e", "retry": False}},
+               {"token": "garbage", "complete": {}}]  # fmt: skip
+    body = {"queues": ["mail"], "worker": "box-1", "max": 5, "wait_s": 30, "outcomes": carried}
+    r = await c.post("/claims", json=body, headers=auth("w-mail"))
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert [a.get("state") or a["error"] for a in answer["outcomes"]] == [
+        "completed", "dead", "invalid"]  # fmt: skip
+    [third] = answer["claims"]
+    assert third["job"]["id"] not in {g["job"]["id"] for g in first}
+    body = {**body, "outcomes": [{"token": third["token"], "complete": {}}]}
+    r = await c.post("/claims", json=body, headers=auth("w-mail"))  # none left: no wait
+    assert r.json() == {"claims": [], "outcomes": [{"token": third["token"],
+                                                   "state": "completed"}]}  # fmt: skip
+    r = await c.post("/claims", json={**body, "outcomes": [], "wait_s": 0}, headers=auth("w-mail"))
+    assert r.json() == {"claims": []}  # (an empty list carries nothing: a plain claim)
+
+
+async def test_a_refused_claim_writes_none_of_the_outcomes_it_carries(served: Make) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    job_id = await _job(c)
+    [g] = await _claim(c)
+    body = {"queues": ["video"], "worker": "box-1",
+            "outcomes": [{"token": g["token"], "complete": {}}]}  # fmt: skip
+    r = await c.post("/claims", json=body, headers=auth("w-mail"))
+    assert r.status_code == 403, r.text
+    r = await c.get(f"/jobs/{job_id}", headers=auth("ops"))
+    assert r.json()["state"] == "running"
+
+
 async def test_get_workers_and_queues_show_the_remote_side(served: Make) -> None:
     s = await served(security(), fake=False, **REMOTE)
     c = s.client

@@ -20,7 +20,7 @@ from sqlq import Cancelled, JobContext, Snooze, task
 from sqlq.calls import Unauthorized
 from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
-from sqlq.common.protocol import CompleteIn, FailIn
+from sqlq.common.protocol import UNAVAILABLE, CompleteIn, FailIn, Reported
 from sqlq.runtime.kinds import Registry
 from sqlq.worker import CANCELLED_WHILE, INTERRUPTED, Worker, WorkerError
 from sqlq.worker_outbox import Backoff
@@ -67,6 +67,63 @@ async def test_claims_up_to_its_free_slots_and_reports_what_finished_together(
     assert sum(len(b.body) for b in batches) == 30
     assert len(batches) == 1  # all 30 finished in one turn of the loop: one report
     assert worker.stats["completed"] == 30
+
+
+async def test_a_busy_queues_next_claim_carries_the_outcomes_of_the_last_round(
+    fake_clock: FakeClock,
+) -> None:
+    reg = Registry()
+
+    @task(registry=reg)
+    async def double(args: Any) -> Any:
+        return args["n"] * 2
+
+    server = FakeServer(fake_clock)
+    ids = [server.submit("double", {"n": i}) for i in range(35)]
+    worker = make(server, reg, fake_clock, concurrency=10)
+    async with running(worker):
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+    assert [server.jobs[i].result for i in ids] == [2 * i for i in range(35)]
+    assert all(server.jobs[i].ends == ["complete"] for i in ids)  # each reported once
+    carried, alone = server.named("carried"), server.named("outcomes")
+    assert sum(len(c.body) for c in carried + alone) == 35
+    # each full claim's round rode the next claim; the last one came back short (5 of
+    # 10: the queue looks empty), so the round after it went alone
+    assert [len(c.body) for c in carried] == [10, 10, 10]
+    assert [len(c.body) for c in alone] == [5]
+    assert worker.stats["completed"] == 35
+
+
+async def test_an_outcome_the_server_could_not_write_goes_again_as_it_was(
+    fake_clock: FakeClock,
+) -> None:
+    """``unavailable`` (the store took others of the batch, not this one) is no refusal:
+    the completion is kept and sent again after a backoff, never turned into a failure."""
+
+    class Flaky(FakeServer):
+        missed = 0
+
+        async def outcomes(self, items: Any) -> list[Reported]:
+            if not self.missed:
+                self.missed += 1
+                self._record("outcomes", items)
+                return [Reported(token="", error=UNAVAILABLE) for _ in items]
+            return await super().outcomes(items)
+
+    reg = Registry()
+
+    @task(registry=reg)
+    async def one(args: Any) -> Any:
+        return "done"
+
+    server = Flaky(fake_clock)
+    job = server.submit("one")
+    async with running(make(server, reg, fake_clock)):
+        await server.until(lambda: server.state(job) is State.COMPLETED)
+    assert server.jobs[job].ends == ["complete"]  # no failure reported, no second run
+    assert server.jobs[job].result == "done"
+    first, second = server.named("outcomes")
+    assert second.at > first.at  # after a backoff
 
 
 async def test_a_full_worker_claims_no_more_than_the_slots_that_free(

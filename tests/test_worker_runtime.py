@@ -24,6 +24,7 @@ from sqlq.common.protocol import (
     Beat,
     BeatItem,
     CheckpointIn,
+    ClaimAnswer,
     ClaimRequest,
     Granted,
     HeartbeatRequest,
@@ -68,6 +69,24 @@ class Direct:
                            wait_s=wait_s, lease_s=lease_s)  # fmt: skip
         answer = await self.rt.remote.claim(_wire(req, ClaimRequest), ADMIN)
         return list(_wire(answer, type(answer)).claims)
+
+    async def report_and_claim(
+        self,
+        outcomes: Sequence[Outcome | msgspec.Raw],
+        queues: Sequence[str],
+        *,
+        worker: str,
+        kinds: Sequence[str] | None = None,
+        max: int = 1,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> ClaimAnswer:
+        said = [i if isinstance(i, Outcome) else _decode_outcome(bytes(i)) for i in outcomes]
+        named = None if kinds is None else list(kinds)
+        req = ClaimRequest(queues=list(queues), worker=worker, kinds=named, max=max,
+                           lease_s=lease_s, outcomes=said)  # fmt: skip
+        answer = await self.rt.remote.claim(_wire(req, ClaimRequest), ADMIN)
+        got: ClaimAnswer = _wire(answer, ClaimAnswer)
+        return got
 
     async def heartbeat(self, items: Sequence[str | BeatItem]) -> list[Beat]:
         if self.deaf:

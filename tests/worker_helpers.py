@@ -31,6 +31,7 @@ from sqlq.common.protocol import (
     Beat,
     BeatItem,
     CheckpointIn,
+    ClaimAnswer,
     CompleteIn,
     FailIn,
     Granted,
@@ -168,6 +169,23 @@ class FakeServer:
             )
         self._changed.set()
         return granted
+
+    async def report_and_claim(
+        self,
+        outcomes: Sequence[Outcome | msgspec.Raw],
+        queues: Sequence[str],
+        *,
+        worker: str,
+        kinds: Sequence[str] | None = None,
+        max: int = 1,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> ClaimAnswer:
+        decoded = [i if isinstance(i, Outcome) else msgspec.json.decode(bytes(i), type=Outcome)
+                   for i in outcomes]  # fmt: skip
+        self._record("carried", decoded)
+        reported = [self._apply(o) for o in decoded]
+        granted = await self.claim(queues, worker=worker, kinds=kinds, max=max, lease_s=lease_s)
+        return ClaimAnswer(claims=granted, outcomes=reported)
 
     def _view(self, j: FakeJob) -> JobView:
         return JobView(id=j.id, kind=j.kind, args=j.args, ready_at=0.0, created_at=0.0,

@@ -20,11 +20,13 @@ that long (uvicorn's keep-alive timeout counts only idle time between requests, 
 nothing else here has one). A claim whose client is gone by the time its jobs are
 claimed (a worker stopped during its long poll) gives them back (``release``: no
 attempt counted) instead of holding them until the lease runs out; a client that goes
-in the instant between that look and the answer still leaves them to the lease.
+in the instant between that look and the answer still leaves them to the lease, and so
+does one gone from a claim answered within ``LOOK_AFTER_S`` (it is not looked for).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -65,7 +67,6 @@ from sqlq.runtime.service import Service
 # The body limits, each named once (413 past it; ``/openapi.json`` states none of them,
 # as it states none of the jobs' routes'). A JSON string may spell a character in six
 # bytes (``\u00e9``), so a limit that must hold N characters of text allows 6N bytes.
-MAX_CLAIM_BODY = 64 << 10  # up to 100 queues and 100 kinds: ~20 KiB at most
 # MAX_ITEMS beats, each a token and a progress message at its longest, escaped
 MAX_HEARTBEAT_BODY = MAX_ITEMS * (MAX_TOKEN + 6 * MAX_PROGRESS_MESSAGE + 128)
 MAX_OUTCOME_BODY = MAX_JOB_BYTES  # one outcome: a result as large as a job (1 MiB)
@@ -73,6 +74,11 @@ MAX_OUTCOME_BODY = MAX_JOB_BYTES  # one outcome: a result as large as a job (1 M
 # check); a client's encoder may escape every character (Python's json.dumps does).
 MAX_CHECKPOINT_BODY = 6 * MAX_CHECKPOINT_BYTES + 6 * MAX_TOKEN + 1024
 MAX_OUTCOMES_BODY = 16 << 20  # up to MAX_ITEMS outcomes, as /jobs/batch's limit
+MAX_CLAIM_BODY = MAX_OUTCOMES_BODY  # a claim may carry a batch of outcomes
+# A claim answered sooner than this after it came had its client a moment ago: only one
+# that waited longer looks whether its client is still there (a look costs a claim's
+# answer ~5 % of the server's CPU, measured on small claims).
+LOOK_AFTER_S = 0.1
 assert MAX_OUTCOME_BODY >= 6 * MAX_ERROR + 1024, "a failure's error must fit a /claims/fail body"
 
 ReadBody = Callable[[Request, int], Awaitable[bytes]]
@@ -120,10 +126,15 @@ def routes(service: Service, read_body: ReadBody) -> list[Route]:
 
     async def claim(request: Request) -> Response:
         req = decode(await read_body(request, MAX_CLAIM_BODY), ClaimRequest)
+        came = time.monotonic()
         answer = await service.remote.claim(req, who(request))
-        if answer.claims and await request.is_disconnected():  # (a long poll's, mostly)
+        if (
+            answer.claims
+            and time.monotonic() - came > LOOK_AFTER_S
+            and await request.is_disconnected()
+        ):  # (a long poll's) fmt: skip
             await service.remote.give_back(answer, who(request))
-            answer = ClaimAnswer(claims=[])  # (nobody reads it)
+            answer = ClaimAnswer(claims=[], outcomes=answer.outcomes)  # (nobody reads it)
         return JSONResponse(answer)
 
     async def heartbeat(request: Request) -> Response:

@@ -34,6 +34,12 @@ module is what both modes do alike:
   failed items ``error: "unavailable"`` (report them again); only a call of which
   nothing landed fails whole (503), since a landed outcome asked again is ``fenced``. A
   heartbeat fails whole: a renewal asked again is renewed again.
+- **Outcomes on a claim.** A claim may carry outcomes (``ClaimRequest.outcomes``), so a
+  busy worker reports the round it finished with the call that takes the next. They are
+  written beside the claim (group commit takes both in one flush), as a batch is, and
+  answered in the claim's answer; such a claim does not wait. Whatever of the two
+  landed is answered: a claim that failed beside them answers no jobs, outcomes that
+  failed beside a claim answer ``unavailable`` each; only both failing fails the call.
 - **Long-poll.** A claim that finds nothing waits (the side's ``wait``: the lanes' bell in
   local mode, NOTIFY and a poll in shared mode) until ``wait_s``. At most
   ``MAX_WAITING_CLAIMS`` claims wait at once; one more is refused at once with a
@@ -67,6 +73,7 @@ from sqlq.common.errors import (
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import (
     FENCED,
+    UNAVAILABLE,
     Beat,
     BeatItem,
     CheckpointIn,
@@ -77,6 +84,7 @@ from sqlq.common.protocol import (
     Granted,
     HeartbeatAnswer,
     HeartbeatRequest,
+    Outcome,
     OutcomesAnswer,
     OutcomesRequest,
     ReleaseIn,
@@ -101,7 +109,6 @@ log = logging.getLogger(__name__)
 MAX_WAITING_CLAIMS = 1000  # claims long-polling at once; one more is a 503
 POLL_SLACK_S = 0.001  # a long-poll this close to its end is over (no sliver of a wait)
 INVALID, FORBIDDEN = "invalid", "forbidden"
-UNAVAILABLE = "unavailable"  # a batch item the store did not take (report it again)
 # What ``/stats`` (``remote``) and ``/metrics`` (``sqlq_remote_total{what}``) count: a
 # fixed set, so the label's cardinality is bounded whatever clients send.
 COUNTED = ("claims", "claimed", "heartbeats", "renewed", "complete", "fail", "snooze",
@@ -247,13 +254,34 @@ class Remote:
 
     async def claim(self, req: ClaimRequest, who: Principal) -> ClaimAnswer:
         """Up to ``req.max`` jobs, each durably claimed for ``req.worker`` with a lease of
-        ``req.lease_s``; waits up to ``req.wait_s`` for the first."""
+        ``req.lease_s``; waits up to ``req.wait_s`` for the first. The outcomes it carries
+        are written beside the claim (once the claim is known to be allowed), which then
+        does not wait; what landed is answered (module docstring)."""
         for i, queue in enumerate(req.queues):
             if not who.serves(queue):
                 raise ForbiddenError(f"{who.name} may not claim from queue {queue!r}")
             if not self._config.is_remote(queue):
                 raise ValidationError(f"queues[{i}]", f"queue {queue!r} is not a remote queue "
                                       "(--remote-queue, or --workers 0)")  # fmt: skip
+        if not req.outcomes:
+            return ClaimAnswer(claims=await self._claim(req, who, req.wait_s))
+        # both at once, so group commit writes them together (one flush, not two)
+        reported, granted = await asyncio.gather(
+            self._outcomes(req.outcomes, who), self._claim(req, who, 0.0),
+            return_exceptions=True)  # fmt: skip
+        if isinstance(granted, BaseException):
+            if isinstance(reported, BaseException) or not isinstance(granted, StoreError):
+                raise granted  # nothing of it landed (or a bug): the call fails whole
+            log.warning("a claim failed beside the outcomes it carried: %s", granted)
+            granted = []
+        if isinstance(reported, BaseException):  # none landed, the claim did: each again
+            if not isinstance(reported, StoreError):
+                raise reported
+            reported = [Reported(token=o.token, error=UNAVAILABLE, detail=str(reported))
+                        for o in req.outcomes]  # fmt: skip
+        return ClaimAnswer(claims=granted, outcomes=reported)
+
+    async def _claim(self, req: ClaimRequest, who: Principal, wait_s: float) -> list[Granted]:
         key = await self._signing_key()
         side, clock = self._side, self._clock
         now = clock.time()
@@ -261,10 +289,10 @@ class Remote:
         holder = remote_holder(req.worker)
         self.counts["claims"] += 1
         jobs = await self._shielded(side.take(req, holder, now))
-        if not jobs and req.wait_s > 0 and not side.stopping:
-            jobs = await self._long_poll(req, holder, now + req.wait_s)
+        if not jobs and wait_s > 0 and not side.stopping:
+            jobs = await self._long_poll(req, holder, now + wait_s)
         if not jobs:
-            return ClaimAnswer(claims=[])
+            return []
         self.seen.took(req.worker, len(jobs))
         self.counts["claimed"] += len(jobs)
         lease_s = req.lease_s
@@ -275,7 +303,7 @@ class Remote:
             granted.append(Granted(token=sign(key, job.id, job.epoch, lease_s),
                                    lease_until=job.lease_until or now + lease_s,
                                    job=job_view(job)))  # fmt: skip
-        return ClaimAnswer(claims=granted)
+        return granted
 
     async def _long_poll(self, req: ClaimRequest, holder: str, deadline: float) -> list[Job]:
         if self._waiting >= MAX_WAITING_CLAIMS:
@@ -405,13 +433,16 @@ class Remote:
 
     async def outcomes(self, req: OutcomesRequest, who: Principal) -> OutcomesAnswer:
         """Every outcome of ``req``, written together; one answer each, in order."""
+        return OutcomesAnswer(outcomes=await self._outcomes(req.outcomes, who))
+
+    async def _outcomes(self, items: Sequence[Outcome], who: Principal) -> list[Reported]:
         said: list[tuple[str, What | str]] = []
-        for item in req.outcomes:
+        for item in items:
             try:
                 said.append((item.token, item.what()))
             except ValueError as exc:
                 said.append((item.token, str(exc)))
-        return OutcomesAnswer(outcomes=await self._shielded(self._report(said, who)))
+        return await self._shielded(self._report(said, who))
 
     async def _report(self, said: Sequence[tuple[str, What | str]], who: Principal
                       ) -> list[Reported]:  # fmt: skip
