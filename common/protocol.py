@@ -63,9 +63,9 @@ class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omi
 
     ``outcomes``: what a worker has to report, as ``/claims/outcomes`` takes them, carried
     on the claim that takes the next jobs so a busy worker makes one call a round instead
-    of two. They are written first, and answered in ``ClaimAnswer.outcomes`` as that
-    route answers them; a claim that carries any does not wait (its outcomes' answers
-    would wait with it)."""
+    of two. They are written beside the claim (before it on a capped queue, whose room
+    they free), and answered in ``ClaimAnswer.outcomes`` as that route answers them; a
+    claim that carries any does not wait (its outcomes' answers would wait with it)."""
 
     queues: Annotated[list[Queue], msgspec.Meta(min_length=1, max_length=MAX_CLAIM_QUEUES)]
     worker: WorkerName

@@ -73,9 +73,15 @@ function send() {
 async function flush() {
   for (let delay = 100; pending.length; delay = Math.min(2 * delay, 5000)) {
     const batch = pending.splice(0, 1000);
+    let done = batch;
     try {
-      for (const o of (await post("/claims/outcomes", { outcomes: batch })).outcomes)
+      const answers = (await post("/claims/outcomes", { outcomes: batch })).outcomes;
+      // "unavailable": the store took the others of the batch, not this one: again
+      const again = batch.filter((_, i) => answers[i]?.error === "unavailable");
+      done = batch.filter((_, i) => answers[i]?.error !== "unavailable");
+      for (const o of answers.filter((o) => o.error !== "unavailable"))
         log(`${held.get(o.token)?.job.id}: ${o.state ?? o.error}`, o.detail ?? "");
+      if (again.length) { pending.unshift(...again); await sleep(delay); }
     } catch (err) {
       if (!(err.status >= 400 && err.status < 500 && err.status !== 429)) {
         log(`outcomes not reported (${err.message}); retrying`);
@@ -85,7 +91,7 @@ async function flush() {
       }
       log(`outcomes refused: ${err.message}`);
     }
-    for (const { token } of batch) held.delete(token);
+    for (const { token } of done) held.delete(token);
   }
 }
 

@@ -354,8 +354,9 @@ class Requests:
         lease_s: float = DEFAULT_LEASE_S,
     ) -> Plan[ClaimAnswer]:
         """``outcomes`` (as ``outcomes`` takes them) and a claim of up to ``max`` more jobs,
-        in one call: the outcomes are written first and answered in ``.outcomes``, in
-        order; the claim does not wait (``.claims`` may be empty). Never sent twice, as a
+        in one call: the outcomes are written beside the claim and answered in
+        ``.outcomes``, in order (``unavailable``: report it again); the claim does not
+        wait (``.claims`` may be empty). Never sent twice, as a
         claim: after a lost reply, send the outcomes again (a landed one is fenced)."""
         body = ClaimRequest(queues=builtins.list(queues), worker=worker,
                             kinds=None if kinds is None else builtins.list(kinds), max=max,

@@ -95,6 +95,7 @@ DEFAULT_WAIT_S = 5.0  # a claim's long poll (an idle worker stops within it)
 PROCESS_LINGER_S = 0.05  # with processes: how long a finished outcome waits for company
 MAX_CLAIMS_OUT = 4  # claims in flight at once, while they come back full
 IDLE_POLL_S = 1.0  # an empty claim is not repeated sooner than this
+CARRIED_WITHIN_S = 2.0  # at a stop, a claim that carries outcomes (no wait) is awaited this long
 HEALTH_EVERY_S = 1.0  # how often timeouts are looked for (sooner for an ``hb_timeout``)
 CANCELLED_BEFORE = "cancelled: a cancel was asked for before it started"
 CANCELLED_WHILE = "cancelled: a cancel was asked for while it ran"
@@ -229,6 +230,7 @@ class Worker:
         self._stop_at: float | None = None
         self._asked = 0  # slots the claims out now ask for
         self._draining = False  # the latest claim came back full
+        self._carry = True  # claims may carry outcomes (until the server refuses one)
         self._claim_after = 0.0  # monotonic: no new claim before (a backoff)
         self._claim_failures = 0
         self._saves: set[asyncio.Task[None]] = set()  # checkpoints being written
@@ -315,7 +317,7 @@ class Worker:
                 n = min(spare, MAX_CLAIM)
                 self._asked += n
                 # a busy queue's claim carries the outcomes waiting (one call, not two)
-                carried = self._outbox.carry() if self._draining else []
+                carried = self._outbox.carry() if self._draining and self._carry else []
                 task = asyncio.create_task(self._claim_some(n, carried))
                 out.add(task)
                 task.add_done_callback(functools.partial(self._claimed, out))
@@ -348,9 +350,9 @@ class Worker:
                 return
             # what it carried, most likely (a claim alone went through before): those go
             # by the outbox's own calls, which take a refused batch one by one
-            log.warning("a claim carrying %d outcomes was refused (%s); they go alone",
-                        len(carried), exc)  # fmt: skip
-            self._draining = False
+            log.warning("a claim carrying %d outcomes was refused (%s); outcomes go alone "
+                        "from now on", len(carried), exc)  # fmt: skip
+            self._carry = False  # (an older server, say: it would refuse every one)
             return
         except ApiError as exc:
             log.error("the server refused this worker's claim: %s", exc)
@@ -380,9 +382,9 @@ class Worker:
     ) -> tuple[list[Granted], Sequence[Reported] | None]:
         """One claim (with the outcomes it carries: then it does not wait), and the
         carried outcomes' answers; after a stop, it is waited for (to release what it
-        got) until the grace runs out, then abandoned (the server gives back what it
-        claimed once it sees the connection gone, or the lease runs out; the outcomes go
-        again)."""
+        got) until the grace runs out (one that carries outcomes ``CARRIED_WITHIN_S`` more,
+        even in a hurry), then abandoned (the server gives back what a long poll claimed
+        once it sees the connection gone, or the lease runs out; the outcomes go again)."""
         self.stats["claims"] += 1
         call: asyncio.Future[ClaimAnswer | list[Granted]]
         if carried:
@@ -401,6 +403,10 @@ class Worker:
             await asyncio.wait({call, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not call.done() and not self._hurry.is_set():
                 await wait_event(self._clock, answered, max(0.0, self._grace_left() or 0.0))
+            if not call.done() and carried:  # it does not wait on the server: its answer
+                came = asyncio.Event()  # is moments away, and its jobs are then given back
+                call.add_done_callback(lambda _: came.set())  # instead of held to a lease
+                await wait_event(self._clock, came, CARRIED_WITHIN_S)
             if not call.done():  # past the grace, or a hurry: abandoned
                 log.warning("a claim in flight at the stop was not waited for")
                 return [], None

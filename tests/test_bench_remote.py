@@ -106,6 +106,15 @@ def test_a_noop_rate_runs_to_the_last_durable_completion(tmp_path: Path) -> None
     assert local.startswith("| walq | server (in-process) | 2,500 | 10,000 |")
 
 
+def test_a_noop_row_from_before_done_s_was_measured_has_no_rate(tmp_path: Path) -> None:
+    rows = [_noop("walq", "local", 0, 0.0, 0.1, drain_s=0.1),
+            _noop("walq", "remote", 0, 0.0, 0.1, drain_s=0.4)]  # fmt: skip
+    rep = _section(tmp_path, rows)
+    assert rep.checks == []  # no bar read from a window it was not measured on
+    local = next(ln for ln in rep.lines if ln.startswith("| walq | server (in-process)"))
+    assert local.startswith("| walq | server (in-process) | - | 10,000 |")
+
+
 def test_a_run_without_its_pair_has_no_ratio_and_no_bar(tmp_path: Path) -> None:
     rows = [_noop("walq", "remote", 0, 0.5, 0.1), _cpu("remote", 2, 0, 2.0)]
     rep = _section(tmp_path, rows)

@@ -7,14 +7,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from sqlq.common.clock import FakeClock
+from sqlq.common.clock import SYSTEM_CLOCK, FakeClock
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import ForbiddenError, StoreUnavailableError
 from sqlq.common.models import State, Transition
 from sqlq.common.protocol import UNAVAILABLE, ClaimRequest, CompleteIn, Outcome
 from sqlq.common.roles import ADMIN
 from sqlq.common.store import Change
-from tests.helpers import ServiceFactory
+from tests.helpers import ServiceFactory, StoreFactory, submit
 from tests.remote_helpers import claim, remote_on, stored, worker
 
 
@@ -24,11 +24,12 @@ def _carrying(granted: Sequence[str], **req: object) -> ClaimRequest:
 
 
 class Failing(MemoryStore):
-    """Fails, as a database gone, every commit holding a claim (``fail_claims``) or a
-    completion (``fail_ends``)."""
+    """Fails, as a database gone (or, ``bug``, with a bug's exception), every commit holding
+    a claim (``fail_claims``) or a completion (``fail_ends``)."""
 
     fail_claims = False
     fail_ends = False
+    bug = False
 
     async def commit(self, changes: Sequence[Change]) -> None:
         for c in changes:
@@ -36,6 +37,8 @@ class Failing(MemoryStore):
                 (self.fail_claims and c.state is State.RUNNING)
                 or (self.fail_ends and c.state is State.COMPLETED)
             ):
+                if self.bug:
+                    raise RuntimeError("a bug (test)")
                 raise StoreUnavailableError("the database is gone (test)")
         await super().commit(changes)
 
@@ -78,10 +81,12 @@ async def test_a_claim_refused_writes_none_of_its_outcomes(
     assert (await stored(rt, g.job.id)).state is State.RUNNING
 
 
+@pytest.mark.parametrize("bug", [False, True])
 async def test_a_claim_that_fails_beside_its_outcomes_still_answers_them(
-    fake_clock: FakeClock, services: ServiceFactory
+    fake_clock: FakeClock, services: ServiceFactory, bug: bool
 ) -> None:
     store = Failing(clock=fake_clock)
+    store.bug = bug
     rt = await remote_on(services, store, fake_clock, 3)
     first = await claim(rt, max=2)
     store.fail_claims = True
@@ -91,10 +96,14 @@ async def test_a_claim_that_fails_beside_its_outcomes_still_answers_them(
     assert [(await stored(rt, g.job.id)).state for g in first] == [State.COMPLETED] * 2
 
 
+@pytest.mark.parametrize("bug", [False, True])
 async def test_outcomes_that_fail_beside_a_claim_answer_unavailable_each(
-    fake_clock: FakeClock, services: ServiceFactory
+    fake_clock: FakeClock, services: ServiceFactory, bug: bool
 ) -> None:
+    """The claim landed, so its jobs are answered (never held unanswered until their lease
+    runs out), and each outcome says to report it again."""
     store = Failing(clock=fake_clock)
+    store.bug = bug
     rt = await remote_on(services, store, fake_clock, 3)
     first = await claim(rt, max=2)
     store.fail_ends = True
@@ -114,3 +123,20 @@ async def test_both_failing_fails_the_call(fake_clock: FakeClock, services: Serv
     store.fail_claims = store.fail_ends = True
     with pytest.raises(StoreUnavailableError):
         await rt.remote.claim(_carrying([g.token for g in first], max=1), ADMIN)
+
+
+async def test_on_a_capped_queue_the_carried_outcomes_free_its_room_first(
+    durable_factory: StoreFactory, services: ServiceFactory
+) -> None:
+    """The claim takes the room the outcomes free: written alongside them, it would find
+    the queue's cap still full (a durable engine's commit yields; the memory one's not)."""
+    rt = services(durable_factory(clock=SYSTEM_CLOCK), remote_queues=frozenset({"r"}),
+                  workers=0, all_remote=False, queue_caps={"r": 2})  # fmt: skip
+    await rt.start()
+    for _ in range(4):
+        await submit(rt, "k", queue="r")
+    first = await claim(rt, max=2)
+    assert await claim(rt, max=2) == []  # the cap: two running at once
+    answer = await rt.remote.claim(_carrying([g.token for g in first], max=2), ADMIN)
+    assert [a.state for a in answer.outcomes or []] == ["completed", "completed"]
+    assert len(answer.claims) == 2

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sqlq import Cancelled, JobContext, Snooze, task
-from sqlq.calls import Unauthorized
+from sqlq.calls import Invalid, Unauthorized
 from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
 from sqlq.common.protocol import UNAVAILABLE, CompleteIn, FailIn, Reported
@@ -92,6 +92,32 @@ async def test_a_busy_queues_next_claim_carries_the_outcomes_of_the_last_round(
     assert [len(c.body) for c in carried] == [10, 10, 10]
     assert [len(c.body) for c in alone] == [5]
     assert worker.stats["completed"] == 35
+
+
+async def test_a_claim_carrying_outcomes_refused_makes_the_worker_send_them_alone(
+    fake_clock: FakeClock,
+) -> None:
+    """An older server refuses the field (422): the worker goes on, and its outcomes go
+    by ``/claims/outcomes`` from then on, each once."""
+
+    class Older(FakeServer):
+        async def report_and_claim(self, *args: Any, **kwargs: Any) -> Any:
+            self._record("carried", args[0])
+            raise Invalid(422, "invalid", "outcomes: unknown field", "outcomes")
+
+    reg = Registry()
+
+    @task(registry=reg)
+    async def double(args: Any) -> Any:
+        return args["n"] * 2
+
+    server = Older(fake_clock)
+    ids = [server.submit("double", {"n": i}) for i in range(25)]
+    async with running(make(server, reg, fake_clock, concurrency=5)):
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+    assert all(server.jobs[i].ends == ["complete"] for i in ids)
+    assert len(server.named("carried")) == 1  # tried once, then never again
+    assert sum(len(c.body) for c in server.named("outcomes")) == 25
 
 
 async def test_an_outcome_the_server_could_not_write_goes_again_as_it_was(

@@ -78,18 +78,19 @@ class PRow(Row, kw_only=True):
     command: tuple[str, ...] = ()  # the worker's or the consumer's
 
     @property
-    def jobs_per_s(self) -> float:
+    def jobs_per_s(self) -> float | None:
         """Jobs done a second: a no-op run's over ``done_s`` (to the last durable
         completion), a CPU run's over the handlers' span (a few ms of writes behind 20 ms
-        jobs, and huey's completions can't be seen from outside)."""
+        jobs, and huey's completions can't be seen from outside). None without its span
+        (a row from before ``done_s`` was measured: no rate, rather than a wrong one)."""
         span = self.done_s if self.part == "noop" else self.drain_s
-        return self.completed / span if span else float("nan")
+        return self.completed / span if span else None
 
     @property
-    def handled_per_s(self) -> float:
+    def handled_per_s(self) -> float | None:
         """Jobs a second over the handlers' span (the first start to the last decided end),
         whether or not those ends were durable yet."""
-        return self.completed / self.drain_s if self.drain_s else float("nan")
+        return self.completed / self.drain_s if self.drain_s else None
 
     @property
     def server_us(self) -> float:
@@ -148,7 +149,7 @@ def ratios(
     for rs in group(rows, lambda r: r.repeat).values():
         t = [r.jobs_per_s for r in rs if top(r)]
         b = [r.jobs_per_s for r in rs if bottom(r)]
-        if t and b and b[0]:
+        if t and b and t[0] is not None and b[0]:
             out.append(t[0] / b[0])
     return out
 
@@ -181,7 +182,8 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
         "--workers 0` (every queue remote), claiming and reporting in batches over "
         "127.0.0.1. Jobs/s: completed jobs over the first `started_at` to the moment "
         "`/stats` first counts them all completed, which it does once each completion is "
-        "durable (polled at most 1 % of the drain apart); the bar's ratio is of these. "
+        "durable (`/stats` polled 5 to 50 ms apart, the moment its answer came counted); the "
+        "bar's ratio is of these. "
         "`decided/s` is over the first `started_at` to the last `updated_at` instead, the "
         "moment the last outcome was decided: an in-process server decides no-op outcomes "
         "faster than its store writes them, so by then many are still in memory, and a "

@@ -137,7 +137,8 @@ async def _drained(
 ) -> tuple[dict[str, Any], float]:
     """``/stats`` once ``jobs`` jobs are finished (completed or dead: counted once their end
     is durable), within the cap; and when that was seen (``time.time()``, the clock the
-    jobs' stamps use). A poll comes at most 1 % of the drain so far after the last one."""
+    jobs' stamps use), taken once that answer came (never before the last completion). Polls
+    come 5 to 50 ms apart (1 % of the time since the first poll, within those bounds)."""
     started = time.perf_counter()
     deadline = started + DRAIN_CAP_S
     while True:

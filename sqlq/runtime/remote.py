@@ -36,10 +36,11 @@ module is what both modes do alike:
   heartbeat fails whole: a renewal asked again is renewed again.
 - **Outcomes on a claim.** A claim may carry outcomes (``ClaimRequest.outcomes``), so a
   busy worker reports the round it finished with the call that takes the next. They are
-  written beside the claim (group commit takes both in one flush), as a batch is, and
-  answered in the claim's answer; such a claim does not wait. Whatever of the two
-  landed is answered: a claim that failed beside them answers no jobs, outcomes that
-  failed beside a claim answer ``unavailable`` each; only both failing fails the call.
+  written beside the claim (group commit takes both in one flush; before it, if a
+  queue it names has a cap, whose room they free), as a batch is, and answered in the
+  claim's answer; such a claim does not wait. Whatever of the two landed is answered:
+  a claim that failed beside them answers no jobs, outcomes that failed beside a claim
+  answer ``unavailable`` each; only both failing fails the call.
 - **Long-poll.** A claim that finds nothing waits (the side's ``wait``: the lanes' bell in
   local mode, NOTIFY and a poll in shared mode) until ``wait_s``. At most
   ``MAX_WAITING_CLAIMS`` claims wait at once; one more is refused at once with a
@@ -95,6 +96,7 @@ from sqlq.common.protocol import (
     remote_holder,
     remote_worker,
 )
+from sqlq.common.redact import redact_paths
 from sqlq.common.roles import Principal
 from sqlq.common.running import Progress, check_checkpoint, check_progress
 from sqlq.common.shape import ShapeError, measure
@@ -265,21 +267,33 @@ class Remote:
                                       "(--remote-queue, or --workers 0)")  # fmt: skip
         if not req.outcomes:
             return ClaimAnswer(claims=await self._claim(req, who, req.wait_s))
-        # both at once, so group commit writes them together (one flush, not two)
-        reported, granted = await asyncio.gather(
-            self._outcomes(req.outcomes, who), self._claim(req, who, 0.0),
-            return_exceptions=True)  # fmt: skip
-        if isinstance(granted, BaseException):
-            if isinstance(reported, BaseException) or not isinstance(granted, StoreError):
-                raise granted  # nothing of it landed (or a bug): the call fails whole
-            log.warning("a claim failed beside the outcomes it carried: %s", granted)
-            granted = []
-        if isinstance(reported, BaseException):  # none landed, the claim did: each again
-            if not isinstance(reported, StoreError):
-                raise reported
-            reported = [Reported(token=o.token, error=UNAVAILABLE, detail=str(reported))
+        reported: list[Reported] | BaseException
+        got: list[Granted] | BaseException
+        if any(q in self._config.queue_caps for q in req.queues):
+            # a capped queue's room counts its running jobs: these outcomes end some of
+            # them, so they go first (alongside, the claim would find the room still full)
+            reported = await self._outcomes(req.outcomes, who)  # (none landed: 503, whole)
+            try:
+                got = await self._claim(req, who, 0.0)
+            except Exception as exc:
+                got = exc
+        else:  # both at once, so group commit writes them together (one flush, not two)
+            reported, got = await asyncio.gather(
+                self._outcomes(req.outcomes, who), self._claim(req, who, 0.0),
+                return_exceptions=True)  # fmt: skip
+        if isinstance(got, BaseException) and isinstance(reported, BaseException):
+            raise got  # nothing of it landed: the call fails whole
+        # whatever landed is answered: asked again, a landed outcome would be fenced, and a
+        # claimed job never answered would be held until its lease ran out
+        if isinstance(got, BaseException):
+            _failed_beside(got, "a claim failed beside the outcomes it carried")
+            got = []
+        if isinstance(reported, BaseException):
+            _failed_beside(reported, "outcomes failed beside the claim that carried them")
+            why = redact_paths(str(reported))
+            reported = [Reported(token=o.token, error=UNAVAILABLE, detail=why)
                         for o in req.outcomes]  # fmt: skip
-        return ClaimAnswer(claims=granted, outcomes=reported)
+        return ClaimAnswer(claims=got, outcomes=reported)
 
     async def _claim(self, req: ClaimRequest, who: Principal, wait_s: float) -> list[Granted]:
         key = await self._signing_key()
@@ -499,7 +513,9 @@ class Remote:
             for (i, *_), answer in zip(writes, done, strict=True):
                 if isinstance(answer, BaseException):
                     failures.append(answer)
-                    answer = Reported(token=said[i][0], error=UNAVAILABLE, detail=str(answer))
+                    answer = Reported(
+                        token=said[i][0], error=UNAVAILABLE, detail=redact_paths(str(answer))
+                    )
                 else:
                     landed += 1
                     answer = msgspec.structs.replace(answer, token=said[i][0])
@@ -597,6 +613,15 @@ class Remote:
         except StoreError:
             raise
         return self._written(job, after, what)
+
+
+def _failed_beside(exc: BaseException, what: str) -> None:
+    if not isinstance(exc, Exception):
+        raise exc  # (a cancel, an exit: not a failure to answer)
+    if isinstance(exc, StoreError):
+        log.warning("%s: %s", what, exc)
+    else:  # a bug: logged whole, and the half that landed is still answered
+        log.error("%s", what, exc_info=exc)
 
 
 def _every(answers: list[A | None]) -> list[A]:
