@@ -94,11 +94,14 @@ def run(flags: WorkerFlags) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     import_handlers(flags.imports)
     from sqlq.client import AsyncClient
+    from sqlq.transport import for_url
     from sqlq.worker import Worker, WorkerError
 
     async def main() -> int:
         timeout = max(30.0, flags.wait + 30.0)  # a long poll and a slow commit
-        async with AsyncClient(flags.url, token=flags.token, retries=0, timeout=timeout) as client:
+        # plain http://: the lean transport (a third of httpx's CPU a call, measured)
+        async with AsyncClient(flags.url, token=flags.token, retries=0, timeout=timeout,
+                               transport=for_url(flags.url)) as client:  # fmt: skip
             try:
                 worker = Worker(
                     client, flags.queues, name=flags.name, kinds=flags.kinds or None,

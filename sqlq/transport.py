@@ -1,0 +1,173 @@
+"""``KeepAlive``: an httpx transport for plain HTTP/1.1 to one server, lean on CPU.
+
+A remote worker's calls are small JSON bodies to one server over a few kept-alive
+connections, many a second. httpx's own transport (httpcore, on anyio, with h11 in pure
+Python) spent about 750 us of the worker's CPU a call here, measured, which was the
+largest part of a remote no-op job's cost and of what a worker's parent process takes
+from the cores its handler processes run on. This one keeps httpx's client (its API,
+its request building, its errors) and replaces only the connection: asyncio's own
+transport, and httptools (the C parser uvicorn serves the API with) to read the answer.
+
+Only what sqlq's client needs: ``http://`` URLs, no proxy (``Session`` uses httpx's
+transport for anything else), requests with their whole body known (httpx gives it),
+answers framed by ``Content-Length`` or chunked. A connection is used by one request at
+a time and kept for the next while the server keeps it alive, ``MAX_IDLE`` of them; a
+timeout, an error or a surprise closes it. Errors are httpx's (``ConnectError``,
+``ReadTimeout``, ``RemoteProtocolError`` ...), so the client's retries and the worker's
+backoff read them as they read httpx's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+from typing import Any, cast
+
+import httptools
+import httpx
+
+MAX_IDLE = 8  # connections kept open between requests (a worker uses 2 to 6 at once)
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection and the answer being read on it (httptools' callbacks)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._answer: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self.keep = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # (uvloop's: not a subclass)
+
+    def data_received(self, data: bytes) -> None:
+        if self._answer is None or self._answer.done():  # nothing asked: not HTTP we know
+            self._fail(httpx.RemoteProtocolError("the server sent bytes nobody asked for"))
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"a malformed answer: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_exception(
+                httpx.RemoteProtocolError("the server closed the connection before it answered")
+            )
+
+    # -- httptools' callbacks --------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.keep = self._parser.should_keep_alive()
+        if self._answer is not None and not self._answer.done():
+            status = self._parser.get_status_code()
+            self._answer.set_result((status, self._headers, b"".join(self._body)))
+
+    # -- a request ---------------------------------------------------------------------------
+
+    def ask(self, data: bytes) -> asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]]:
+        assert self.transport is not None
+        self._answer = asyncio.get_running_loop().create_future()
+        self._headers, self._body, self.keep = [], [], False
+        self.transport.write(data)
+        return self._answer
+
+    def _fail(self, exc: Exception) -> None:
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_exception(exc)
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class KeepAlive(httpx.AsyncBaseTransport):
+    """Plain HTTP/1.1 to ``http://`` URLs over kept-alive asyncio connections."""
+
+    def __init__(self) -> None:
+        self._idle: list[tuple[str, int, _Connection]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme != "http":
+            raise httpx.UnsupportedProtocol(f"KeepAlive speaks http:// only, not {url.scheme}")
+        host, port = url.host, url.port or 80
+        timeout: dict[str, float | None] = request.extensions.get("timeout", {})
+        conn = self._reuse(host, port) or await self._connect(host, port, timeout.get("connect"))
+        target = url.raw_path  # the path and query, as sent
+        head = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+        for name, value in request.headers.raw:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"\r\n")
+        body = await request.aread()
+        try:
+            async with asyncio.timeout(timeout.get("read")):
+                status, headers, content = await conn.ask(b"".join(head) + body)
+        except TimeoutError:
+            conn.close()
+            raise httpx.ReadTimeout("no answer within the read timeout", request=request) from None
+        except BaseException:
+            conn.close()
+            raise
+        if conn.keep and not conn.closed and len(self._idle) < MAX_IDLE:
+            self._idle.append((host, port, conn))
+        else:
+            conn.close()
+        return httpx.Response(status, headers=headers, content=content, request=request)
+
+    def _reuse(self, host: str, port: int) -> _Connection | None:
+        while self._idle:
+            h, p, conn = self._idle.pop()
+            if conn.closed or conn.transport is None or conn.transport.is_closing():
+                continue
+            if (h, p) == (host, port):
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, host: str, port: int, within: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(within):
+                _, conn = await loop.create_connection(_Connection, host, port)
+        except TimeoutError:
+            raise httpx.ConnectTimeout(f"could not connect to {host}:{port} in time") from None
+        except OSError as exc:
+            raise httpx.ConnectError(f"could not connect to {host}:{port}: {exc}") from exc
+        assert conn.transport is not None
+        sock = conn.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    async def aclose(self) -> None:
+        for _, _, conn in self._idle:
+            conn.close()
+        self._idle.clear()
+
+
+def for_url(url: str) -> httpx.AsyncBaseTransport | None:
+    """``KeepAlive`` for a plain ``http://`` URL that no proxy setting applies to; None
+    (httpx's own transport) for anything else: TLS, a proxy, another scheme."""
+    if httpx.URL(url).scheme != "http":
+        return None
+    proxies: dict[str, Any] = urllib.request.getproxies()
+    if any(k in proxies for k in ("http", "all")):
+        return None
+    return KeepAlive()
