@@ -34,6 +34,17 @@ def make(server: FakeServer, registry: Registry, clock: FakeClock, **options: An
                   name="w1", **options)  # fmt: skip
 
 
+def _doubling() -> Registry:
+    """A registry of one async kind, ``double``: ``{"n": n}`` -> ``2n``."""
+    reg = Registry()
+
+    @task(registry=reg)
+    async def double(args: Any) -> Any:
+        return args["n"] * 2
+
+    return reg
+
+
 @asynccontextmanager
 async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
     """The worker runs inside the block; stopped (and its end awaited) after it."""
@@ -48,12 +59,7 @@ async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
 async def test_claims_up_to_its_free_slots_and_reports_what_finished_together(
     fake_clock: FakeClock,
 ) -> None:
-    reg = Registry()
-
-    @task(registry=reg)
-    async def double(args: Any) -> Any:
-        return args["n"] * 2
-
+    reg = _doubling()
     server = FakeServer(fake_clock)
     ids = [server.submit("double", {"n": i}) for i in range(30)]
     worker = make(server, reg, fake_clock, concurrency=50)
@@ -72,12 +78,7 @@ async def test_claims_up_to_its_free_slots_and_reports_what_finished_together(
 async def test_a_busy_queues_next_claim_carries_the_outcomes_of_the_last_round(
     fake_clock: FakeClock,
 ) -> None:
-    reg = Registry()
-
-    @task(registry=reg)
-    async def double(args: Any) -> Any:
-        return args["n"] * 2
-
+    reg = _doubling()
     server = FakeServer(fake_clock)
     ids = [server.submit("double", {"n": i}) for i in range(35)]
     worker = make(server, reg, fake_clock, concurrency=10)
@@ -105,12 +106,7 @@ async def test_a_claim_carrying_outcomes_refused_makes_the_worker_send_them_alon
             self._record("carried", args[0])
             raise Invalid(422, "invalid", "outcomes: unknown field", "outcomes")
 
-    reg = Registry()
-
-    @task(registry=reg)
-    async def double(args: Any) -> Any:
-        return args["n"] * 2
-
+    reg = _doubling()
     server = Older(fake_clock)
     ids = [server.submit("double", {"n": i}) for i in range(25)]
     async with running(make(server, reg, fake_clock, concurrency=5)):
