@@ -2,19 +2,21 @@
 
 A remote worker's calls are small JSON bodies to one server over a few kept-alive
 connections, many a second. httpx's own transport (httpcore, on anyio, with h11 in pure
-Python) spent about 750 us of the worker's CPU a call here, measured, which was the
+Python) spent about 900 us of the worker's CPU a call here, measured, which was the
 largest part of a remote no-op job's cost and of what a worker's parent process takes
 from the cores its handler processes run on. This one keeps httpx's client (its API,
 its request building, its errors) and replaces only the connection: asyncio's own
 transport, and httptools (the C parser uvicorn serves the API with) to read the answer.
 
-Only what sqlq's client needs: ``http://`` URLs, no proxy (``Session`` uses httpx's
-transport for anything else), requests with their whole body known (httpx gives it),
-answers framed by ``Content-Length`` or chunked. A connection is used by one request at
-a time and kept for the next while the server keeps it alive, ``MAX_IDLE`` of them; a
-timeout, an error or a surprise closes it. Errors are httpx's (``ConnectError``,
-``ReadTimeout``, ``RemoteProtocolError`` ...), so the client's retries and the worker's
-backoff read them as they read httpx's own.
+Only what sqlq's client needs: ``http://`` URLs, no proxy (``for_url`` picks httpx's
+transport for anything else), a request's body read whole and sent with its length, and
+answers framed by ``Content-Length`` or chunked (an answer that ends at EOF, HTTP/1.0
+style, is refused), after any interim 1xx answers, which are skipped. A connection is
+used by one request at a time and kept for the next while the server keeps it alive,
+``MAX_IDLE`` of them; a timeout, an error, an upgrade or any byte that no request asked
+for closes it, so a stray answer can never be read as the next request's. Errors are
+httpx's (``ConnectError``, ``ReadTimeout``, ``RemoteProtocolError`` ...), so the client's
+retries and the worker's backoff read them as they read httpx's own.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ from typing import Any, cast
 import httptools
 import httpx
 
+_FRAMING = (b"content-length", b"transfer-encoding")  # set here, from the body read whole
 MAX_IDLE = 8  # connections kept open between requests (a worker uses 2 to 6 at once)
+
+
+class _Unasked(Exception):
+    """An answer began while no request waited for one."""
 
 
 class _Connection(asyncio.Protocol):
@@ -48,13 +55,18 @@ class _Connection(asyncio.Protocol):
         self.transport = cast("asyncio.Transport", transport)  # (uvloop's: not a subclass)
 
     def data_received(self, data: bytes) -> None:
-        if self._answer is None or self._answer.done():  # nothing asked: not HTTP we know
+        if not self._waiting():
             self._fail(httpx.RemoteProtocolError("the server sent bytes nobody asked for"))
             return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"a malformed answer: {exc}"))
+            if isinstance(exc.__context__, _Unasked):  # a second answer behind the first
+                self._fail(httpx.RemoteProtocolError("the server sent an answer nobody asked for"))
+            else:
+                self._fail(httpx.RemoteProtocolError(f"a malformed answer: {exc}"))
+        except httptools.HttpParserUpgrade:
+            self._fail(httpx.RemoteProtocolError("the server switched protocols (101)"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -65,6 +77,11 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools' callbacks --------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if not self._waiting():
+            raise _Unasked  # (httptools wraps it; data_received closes the connection)
+        self._headers, self._body = [], []
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
 
@@ -72,9 +89,11 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # interim (100 Continue, 103 Early Hints): the answer follows
+            return
         self.keep = self._parser.should_keep_alive()
         if self._answer is not None and not self._answer.done():
-            status = self._parser.get_status_code()
             self._answer.set_result((status, self._headers, b"".join(self._body)))
 
     # -- a request ---------------------------------------------------------------------------
@@ -85,6 +104,9 @@ class _Connection(asyncio.Protocol):
         self._headers, self._body, self.keep = [], [], False
         self.transport.write(data)
         return self._answer
+
+    def _waiting(self) -> bool:
+        return self._answer is not None and not self._answer.done()
 
     def _fail(self, exc: Exception) -> None:
         if self._answer is not None and not self._answer.done():
@@ -109,13 +131,18 @@ class KeepAlive(httpx.AsyncBaseTransport):
             raise httpx.UnsupportedProtocol(f"KeepAlive speaks http:// only, not {url.scheme}")
         host, port = url.host, url.port or 80
         timeout: dict[str, float | None] = request.extensions.get("timeout", {})
-        conn = self._reuse(host, port) or await self._connect(host, port, timeout.get("connect"))
-        target = url.raw_path  # the path and query, as sent
-        head = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+        body = await request.aread()  # whole, so it goes with its length (never chunked)
+        head = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
         for name, value in request.headers.raw:
+            if name.lower() in _FRAMING:
+                continue  # framed below, from the body itself
+            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+                raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
             head += [name, b": ", value, b"\r\n"]
+        if body or request.method not in ("GET", "HEAD"):
+            head += [b"Content-Length: ", str(len(body)).encode(), b"\r\n"]
         head.append(b"\r\n")
-        body = await request.aread()
+        conn = self._reuse(host, port) or await self._connect(host, port, timeout.get("connect"))
         try:
             async with asyncio.timeout(timeout.get("read")):
                 status, headers, content = await conn.ask(b"".join(head) + body)

@@ -5,12 +5,14 @@ failure as the httpx error the client's retries read."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
 
-from sqlq.transport import KeepAlive, for_url
+from sqlq.transport import MAX_IDLE, KeepAlive, for_url
+from tests.helpers import wait_for
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -150,12 +152,195 @@ async def test_no_answer_within_the_read_timeout_is_a_read_timeout(
 
 
 async def test_a_refused_connection_is_a_connect_error() -> None:
-    server, served = await _serve(lambda r, w: asyncio.sleep(0))
-    server.close()
-    await server.wait_closed()
+    with socket.socket() as held:  # bound, never listening: refused, and no one else's port
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}"
+        async with httpx.AsyncClient(base_url=url, transport=KeepAlive()) as http:
+            with pytest.raises(httpx.ConnectError):
+                await http.get("/")
+
+
+async def test_an_answer_nobody_asked_for_is_never_read_as_the_next_one(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    """A server that sends two answers to one request: the first is the answer, the
+    connection is closed for the second, and the next request gets its own answer."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            served.requests.append(await _request(reader))
+            n = len(served.requests)
+            one = f'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{{"n": {n}}}'.encode()
+            stray = b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\nX-Stray: 1\r\n\r\n{"n": 0}'
+            writer.write(one + stray)  # both in one write
+            await writer.drain()
+
+    served = await serve(answer)
     async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
-        with pytest.raises(httpx.ConnectError):
-            await http.get("/")
+        first = await http.get("/")
+        second = await http.get("/")
+    assert (first.json(), second.json()) == ({"n": 1}, {"n": 2})  # not the stray {"n": 0}
+    assert "x-stray" not in first.headers
+    assert "x-stray" not in second.headers
+    assert served.connections == 2
+
+
+async def test_bytes_on_an_idle_connection_close_it(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    sent = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        if served.connections == 1:
+            writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{"n": 0}')
+            await writer.drain()
+            sent.set()
+        await reader.read()
+
+    served = await serve(answer)
+    transport = KeepAlive()
+    async with httpx.AsyncClient(base_url=served.url, transport=transport) as http:
+        assert (await http.get("/")).json() == {}
+        await sent.wait()
+        await _until_idle_closed(transport)
+        assert (await http.get("/")).json() == {}  # not the stray {"n": 0}
+    assert served.connections == 2
+
+
+async def test_an_idle_connection_the_server_closes_is_replaced(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)  # kept alive by its headers, then closed, as a server's
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")  # keep-alive
+        await writer.drain()  # timeout would
+
+    served = await serve(answer)
+    transport = KeepAlive()
+    async with httpx.AsyncClient(base_url=served.url, transport=transport) as http:
+        assert (await http.get("/")).json() == {}
+        await _until_idle_closed(transport)
+        assert (await http.get("/")).json() == {}
+    assert served.connections == 2
+
+
+async def test_interim_answers_are_skipped_and_an_upgrade_is_refused(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            path = (await _request(reader)).split(b" ")[1]
+            if path == b"/hints":
+                writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+                             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")  # fmt: skip
+            else:
+                writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n"
+                             b"Connection: upgrade\r\n\r\nzz")  # fmt: skip
+            await writer.drain()
+
+    served = await serve(answer)
+    async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
+        hinted = await http.get("/hints")
+        assert (hinted.status_code, hinted.json()) == (200, {})
+        assert "link" not in hinted.headers  # the interim answer's headers are not the answer's
+        with pytest.raises(httpx.RemoteProtocolError, match="switched protocols"):
+            await http.get("/upgrade")
+
+
+async def test_an_answer_in_one_byte_packets_is_read_whole(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        whole = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"3\r\n{\"n\r\n5\r\n\": 7}\r\n0\r\n\r\n")  # fmt: skip
+        for i in range(len(whole)):
+            writer.write(whole[i : i + 1])
+            await writer.drain()
+        await reader.read()
+
+    served = await serve(answer)
+    async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
+        assert (await http.get("/")).json() == {"n": 7}
+
+
+async def test_a_streamed_body_goes_with_its_length_and_line_breaks_are_refused(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            served.requests.append(await _request(reader))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield b"ab"
+        yield b"cd"
+
+    served = await serve(answer)
+    async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
+        assert (await http.post("/", content=parts())).json() == {}
+        with pytest.raises(httpx.LocalProtocolError, match="line break"):
+            await http.get("/", headers={"x-a": "1\r\nx-b: 2"})
+    sent = served.requests[0].lower()
+    assert b"transfer-encoding" not in sent
+    assert b"\r\ncontent-length: 4\r\n" in sent
+    assert sent.endswith(b"abcd")
+
+
+async def test_a_cancelled_request_closes_its_connection(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    asked, gone = asyncio.Event(), asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        if served.connections == 1:
+            asked.set()
+            await reader.read()  # never answers; returns once the client closed
+            gone.set()
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        await reader.read()
+
+    served = await serve(answer)
+    async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
+        pending = asyncio.ensure_future(http.get("/"))
+        await asyncio.wait_for(asked.wait(), 10.0)
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        await asyncio.wait_for(gone.wait(), 10.0)  # closed, not left with an answer owed
+        assert (await http.get("/")).json() == {}
+    assert served.connections == 2
+
+
+async def test_at_most_max_idle_connections_are_kept(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    wide = MAX_IDLE + 4
+    arrived = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            served.requests.append(await _request(reader))
+            if len(served.requests) >= wide:
+                arrived.set()
+            await arrived.wait()  # hold the first round's answers until all are in flight
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    served = await serve(answer)
+    async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive(),
+                                 limits=httpx.Limits(max_connections=None)) as http:  # fmt: skip
+        await asyncio.gather(*(http.get("/") for _ in range(wide)))
+        assert served.connections == wide
+        await asyncio.gather(*(http.get("/") for _ in range(MAX_IDLE)))
+    assert served.connections == wide  # the second round used only kept connections
 
 
 async def test_only_plain_http_without_a_proxy_gets_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,3 +352,9 @@ async def test_only_plain_http_without_a_proxy_gets_it(monkeypatch: pytest.Monke
     assert for_url("http://sqlq:8080") is None  # a proxy applies: httpx's own
     with pytest.raises(httpx.UnsupportedProtocol):
         await KeepAlive().handle_async_request(httpx.Request("GET", "https://sqlq:8080/"))
+
+
+async def _until_idle_closed(transport: KeepAlive) -> None:
+    """Until the idle connection has seen the server's bytes or its close (loopback
+    delivers them within a few turns of the loop)."""
+    await wait_for(lambda: all(conn.closed for _, _, conn in transport._idle))
