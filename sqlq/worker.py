@@ -350,9 +350,13 @@ class Worker:
                 return
             # what it carried, most likely (a claim alone went through before): those go
             # by the outbox's own calls, which take a refused batch one by one
-            log.warning("a claim carrying %d outcomes was refused (%s); outcomes go alone "
-                        "from now on", len(carried), exc)  # fmt: skip
-            self._carry = False  # (an older server, say: it would refuse every one)
+            if exc.field in (None, "body", "outcomes"):  # the field itself: every one would be
+                log.warning("a claim carrying %d outcomes was refused (%s); outcomes go "
+                            "alone from now on", len(carried), exc)  # fmt: skip
+                self._carry = False  # (an older server, say, that knows no such field)
+            else:  # one of them (``outcomes[3].token``, say): only these go alone
+                log.warning("a claim carrying %d outcomes was refused (%s); these go alone",
+                            len(carried), exc)  # fmt: skip
             return
         except ApiError as exc:
             log.error("the server refused this worker's claim: %s", exc)

@@ -22,7 +22,7 @@ from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
 from sqlq.common.protocol import UNAVAILABLE, CompleteIn, FailIn, Reported
 from sqlq.runtime.kinds import Registry
-from sqlq.worker import CANCELLED_WHILE, INTERRUPTED, Worker, WorkerError
+from sqlq.worker import CANCELLED_WHILE, CARRIED_WITHIN_S, INTERRUPTED, Worker, WorkerError
 from sqlq.worker_outbox import Backoff
 from tests.helpers import wait_for
 from tests.worker_helpers import FakeServer
@@ -114,6 +114,70 @@ async def test_a_claim_carrying_outcomes_refused_makes_the_worker_send_them_alon
     assert all(server.jobs[i].ends == ["complete"] for i in ids)
     assert len(server.named("carried")) == 1  # tried once, then never again
     assert sum(len(c.body) for c in server.named("outcomes")) == 25
+
+
+async def test_a_carried_outcome_refused_alone_keeps_the_worker_carrying(
+    fake_clock: FakeClock,
+) -> None:
+    """A 422 naming one carried item (not the ``outcomes`` field itself) is that item's
+    refusal: those outcomes go alone, and later claims still carry."""
+
+    class Picky(FakeServer):
+        async def report_and_claim(self, *args: Any, **kwargs: Any) -> Any:
+            if not self.named("carried"):
+                self._record("carried", args[0])
+                raise Invalid(422, "invalid", "not a token", "outcomes[0].token")
+            return await super().report_and_claim(*args, **kwargs)
+
+    reg = _doubling()
+    server = Picky(fake_clock)
+    ids = [server.submit("double", {"n": i}) for i in range(25)]
+    async with running(make(server, reg, fake_clock, concurrency=5)):
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+    assert all(server.jobs[i].ends == ["complete"] for i in ids)
+    assert len(server.named("carried")) > 2  # the refused one, and more after it
+
+
+@pytest.mark.parametrize(("answer_in", "abandoned"), [(1.5, False), (5.0, True)])
+async def test_a_claim_carrying_outcomes_at_a_hurry_is_awaited_two_seconds(
+    fake_clock: FakeClock, answer_in: float, abandoned: bool
+) -> None:
+    """A carried claim in flight at a stop and a hurry: answered within
+    ``CARRIED_WITHIN_S``, its outcomes stand and the jobs it claimed are released; later,
+    it is abandoned (cancelled unanswered), and its outcomes go again, alone."""
+
+    class Slow(FakeServer):
+        def __init__(self, clock: FakeClock) -> None:
+            super().__init__(clock)
+            self.asked = asyncio.Event()
+
+        async def report_and_claim(self, *args: Any, **kwargs: Any) -> Any:
+            self.asked.set()
+            await self.clock.sleep(answer_in)
+            return await super().report_and_claim(*args, **kwargs)
+
+    reg = _doubling()
+    server = Slow(fake_clock)
+    first = [server.submit("double", {"n": i}) for i in range(5)]
+    rest = [server.submit("double", {"n": i}) for i in range(5, 10)]
+    worker = make(server, reg, fake_clock, concurrency=5, grace_s=30.0)
+    run = asyncio.create_task(worker.run())
+    await server.asked.wait()  # the first five done, their outcomes riding the next claim
+    at = fake_clock.monotonic()
+    worker.stop()
+    worker.hurry()
+    await run
+    waited = fake_clock.monotonic() - at
+    assert all(server.jobs[i].ends == ["complete"] for i in first)  # once, either way
+    if abandoned:
+        assert CARRIED_WITHIN_S <= waited < answer_in
+        assert len(server.named("carried")) == 0  # cancelled before the server applied it
+        assert sum(len(c.body) for c in server.named("outcomes")) == 5  # sent again, alone
+        assert all(server.jobs[i].ends == [] for i in rest)  # never claimed
+    else:
+        assert answer_in <= waited < CARRIED_WITHIN_S + 1.0
+        assert all(server.jobs[i].ends == ["release"] for i in rest)  # given back at once
+        assert worker.stats["released"] == 5
 
 
 async def test_an_outcome_the_server_could_not_write_goes_again_as_it_was(
