@@ -14,6 +14,7 @@ from sqlq.common.models import State, Transition
 from sqlq.common.protocol import UNAVAILABLE, ClaimRequest, CompleteIn, Outcome
 from sqlq.common.roles import ADMIN
 from sqlq.common.store import Change
+from sqlq.runtime import remote as remote_module
 from tests.helpers import ServiceFactory, StoreFactory, submit
 from tests.remote_helpers import claim, remote_on, stored, worker
 
@@ -140,3 +141,24 @@ async def test_on_a_capped_queue_the_carried_outcomes_free_its_room_first(
     answer = await rt.remote.claim(_carrying([g.token for g in first], max=2), ADMIN)
     assert [a.state for a in answer.outcomes or []] == ["completed", "completed"]
     assert len(answer.claims) == 2
+
+
+async def test_a_claim_whose_answer_cannot_be_built_gives_its_jobs_back(
+    fake_clock: FakeClock, services: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug after the take (here, in building a job's view) fails the claim, and the
+    jobs it took are scheduled again at once, their attempt not counted, not held by
+    nobody until the lease ran out."""
+    rt = await remote_on(services, MemoryStore(clock=fake_clock), fake_clock, 2)
+
+    def broken(job: object) -> object:
+        raise RuntimeError("a bug (test)")
+
+    monkeypatch.setattr(remote_module, "job_view", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        await claim(rt, max=2)
+    monkeypatch.undo()
+    again = await claim(rt, max=2)
+    assert len(again) == 2  # due again now, not after a lease
+    assert all(g.job.attempts == 1 for g in again)  # the lost claim's attempt given back
+    assert rt.remote.seen.view().workers[0].held == 2  # counted once, not for the lost claim

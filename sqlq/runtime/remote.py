@@ -40,7 +40,8 @@ module is what both modes do alike:
   queue it names has a cap, whose room they free), as a batch is, and answered in the
   claim's answer; such a claim does not wait. Whatever of the two landed is answered:
   a claim that failed beside them answers no jobs, outcomes that failed beside a claim
-  answer ``unavailable`` each; only both failing fails the call.
+  answer ``unavailable`` each; only both failing fails the call (on a capped queue,
+  where the outcomes go first, so does their failing: the claim is then not made).
 - **Long-poll.** A claim that finds nothing waits (the side's ``wait``: the lanes' bell in
   local mode, NOTIFY and a poll in shared mode) until ``wait_s``. At most
   ``MAX_WAITING_CLAIMS`` claims wait at once; one more is refused at once with a
@@ -307,17 +308,34 @@ class Remote:
             jobs = await self._long_poll(req, holder, now + wait_s)
         if not jobs:
             return []
+        lease_s = req.lease_s
+        try:
+            granted = [Granted(token=sign(key, job.id, job.epoch, lease_s),
+                               lease_until=job.lease_until or now + lease_s,
+                               job=job_view(job)) for job in jobs]  # fmt: skip
+        except Exception:  # a bug: the jobs are durably claimed, and nobody will hear of it
+            log.exception("a claim's answer could not be built: its %d jobs go back", len(jobs))
+            await self._shielded(self._give_back_taken(jobs))
+            raise
         self.seen.took(req.worker, len(jobs))
         self.counts["claimed"] += len(jobs)
-        lease_s = req.lease_s
-        record = self._events.record
-        granted = []
         for job in jobs:
-            record(Event.REMOTE_CLAIMED, job)
-            granted.append(Granted(token=sign(key, job.id, job.epoch, lease_s),
-                                   lease_until=job.lease_until or now + lease_s,
-                                   job=job_view(job)))  # fmt: skip
+            self._events.record(Event.REMOTE_CLAIMED, job)
         return granted
+
+    async def _give_back_taken(self, jobs: list[Job]) -> None:
+        """Release jobs just taken whose claim cannot be answered, each in its turn, rather
+        than leave them held, by no one, until their leases run out."""
+        now = self._clock.time()
+
+        async def group(indexes: list[int]) -> None:
+            for i in indexes:
+                try:
+                    await self._side.write(jobs[i], released(jobs[i], now), now)
+                except (TransitionError, StoreError) as exc:  # (its lease will end it)
+                    log.warning("job %s could not be given back: %s", jobs[i].id, exc)
+
+        await self._in_turns([j.id for j in jobs], group)
 
     async def _long_poll(self, req: ClaimRequest, holder: str, deadline: float) -> list[Job]:
         if self._waiting >= MAX_WAITING_CLAIMS:
