@@ -71,27 +71,32 @@ function send() {
   flushing ??= flush().finally(() => { flushing = null; if (pending.length) send(); });
 }
 async function flush() {
-  for (let delay = 100; pending.length; delay = Math.min(2 * delay, 5000)) {
+  let delay = 100;
+  while (pending.length) {
     const batch = pending.splice(0, 1000);
-    let done = batch;
+    let again = [];
     try {
       const answers = (await post("/claims/outcomes", { outcomes: batch })).outcomes;
-      // "unavailable": the store took the others of the batch, not this one: again
-      const again = batch.filter((_, i) => answers[i]?.error === "unavailable");
-      done = batch.filter((_, i) => answers[i]?.error !== "unavailable");
-      for (const o of answers.filter((o) => o.error !== "unavailable"))
-        log(`${held.get(o.token)?.job.id}: ${o.state ?? o.error}`, o.detail ?? "");
-      if (again.length) { pending.unshift(...again); await sleep(delay); }
+      // "unavailable" (the store took the others, not this one) or no answer: again
+      batch.forEach((o, i) => {
+        const a = answers[i];
+        if (!a || a.error === "unavailable") return again.push(o);
+        log(`${held.get(o.token)?.job.id}: ${a.state ?? a.error}`, a.detail ?? "");
+        held.delete(o.token);
+      });
     } catch (err) {
-      if (!(err.status >= 400 && err.status < 500 && err.status !== 429)) {
+      if (err.status >= 400 && err.status < 500 && err.status !== 429) {
+        log(`outcomes refused: ${err.message}`);
+        for (const { token } of batch) held.delete(token);
+      } else {
         log(`outcomes not reported (${err.message}); retrying`);
-        pending.unshift(...batch);
-        await sleep(delay);
-        continue;
+        again = batch;
       }
-      log(`outcomes refused: ${err.message}`);
     }
-    for (const { token } of done) held.delete(token);
+    if (again.length === 0) { delay = 100; continue; }
+    pending.unshift(...again);
+    await sleep(delay);
+    delay = Math.min(2 * delay, 5000);
   }
 }
 

@@ -12,6 +12,7 @@ sleep. Under CI a missing ``node`` (or ``curl``) fails these tests: ``.ci/run`` 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -330,3 +331,53 @@ async def test_the_readme_curl_recipe_runs_as_written(
         assert "S3 said 503" in failed["last_error"]
     finally:
         await asyncio.to_thread(srv.stop)
+
+
+async def test_node_worker_sends_an_outcome_again_until_it_is_answered(
+    node: str, tmp_path: Path
+) -> None:
+    """Against a scripted server (no store can be made to fail one item on cue): the
+    outcome answered not at all (a short list), then ``unavailable``, goes again each
+    time, the same, until an answer lands; then the worker stops, idle, at once."""
+    answers: list[list[dict[str, Any]]] = [[], [{"token": "t1", "error": "unavailable"}]]
+    sent: list[Any] = []
+    claims = 0
+
+    async def on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal claims
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ")[1].decode()
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+                body = json.loads(await reader.readexactly(length))
+                answer: dict[str, Any]
+                if path == "/claims":
+                    claims += 1
+                    job = {"id": "j1", "kind": "add", "args": {"a": 2, "b": 3}, "attempts": 1}
+                    answer = {"claims": [{"token": "t1", "job": job}] if claims == 1 else []}
+                elif path == "/claims/outcomes":
+                    sent.append(body["outcomes"])
+                    given = answers.pop(0) if answers else [{"token": "t1", "state": "completed"}]
+                    answer = {"outcomes": given}
+                else:
+                    answer = {"items": []}
+                out = json.dumps(answer).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(out), out))  # fmt: skip
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    worker = NodeWorker(node, url, tmp_path / "node.log", SQLQ_EXIT_WHEN_IDLE="1")
+    try:
+        await worker.start()
+        assert await worker.wait(within=60) == 0, worker.output
+    finally:
+        await worker.kill()
+        server.close()
+    assert sent == [[{"token": "t1", "complete": {"result": 5}}]] * 3, worker.output
