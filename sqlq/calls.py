@@ -14,7 +14,7 @@ from __future__ import annotations
 import builtins
 import time
 import uuid
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -142,20 +142,25 @@ class Call(Generic[T]):
 
     def answer(self, response: httpx.Response) -> T:
         """The response read as ``into``, or the server's error as an exception."""
-        if response.status_code < 400:
-            return msgspec.json.decode(response.content, type=self.into)
+        return self.read(response.status_code, response.content, response.headers.get)
+
+    def read(self, status: int, content: bytes, header: Callable[[str], str | None]) -> T:
+        """An answer (its status, its body, its headers by lowercase name) read as
+        ``into``, or the server's error as an exception."""
+        if status < 400:
+            return msgspec.json.decode(content, type=self.into)
         try:
-            body = response.json()
-        except ValueError:
-            body = {"error": "http", "message": response.text[:200]}
-        cls = _BY_STATUS.get(response.status_code, Unavailable)
+            body = msgspec.json.decode(content)
+        except msgspec.DecodeError:
+            body = None
+        if not isinstance(body, dict):
+            body = {"error": "http", "message": content.decode(errors="replace")[:200]}
+        cls = _BY_STATUS.get(status, Unavailable)
         if cls is Conflict and body.get("error") == FENCED:
             cls = FencedError
-        err = cls(
-            response.status_code, body.get("error", "?"), body.get("message", ""), body.get("field")
-        )
+        err = cls(status, body.get("error", "?"), body.get("message", ""), body.get("field"))
         if isinstance(err, RateLimited):
-            err.retry_after = float(response.headers.get("retry-after", "1"))
+            err.retry_after = float(header("retry-after") or "1")
         raise err
 
 

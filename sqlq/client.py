@@ -66,6 +66,7 @@ from sqlq.common.wire import (
     ScheduleView,
 )
 from sqlq.common.wire import JobView as Job  # a job as the API shows it
+from sqlq.transport import Direct, KeepAlive, header
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -232,17 +233,29 @@ class AsyncClient(_Base):
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=self.headers, timeout=timeout, transport=transport
         )
+        # over KeepAlive, the protocol's calls (a JSON body encoded already) skip httpx's
+        # request and response objects, which cost more than the call (sqlq.transport)
+        self._direct = (Direct(transport, self.url, self.headers, timeout)
+                        if isinstance(transport, KeepAlive) else None)  # fmt: skip
 
     async def _send(self, call: Call[T]) -> T:
+        plain = call.content is not None and not call.params and not call.headers
+        direct = self._direct if plain else None
         attempt = 0
         while True:
             try:
-                response = await self._http.request(call.method, call.path, **call.sent())
+                answer = None
+                if direct is not None:
+                    answer = await direct.call(call.method, call.path, call.content or b"")
+                if answer is None:
+                    response = await self._http.request(call.method, call.path, **call.sent())
             except httpx.TransportError as exc:
                 await asyncio.sleep(self._backoff(call, attempt, exc))
                 attempt += 1
                 continue
-            return call.answer(response)
+            if answer is None:
+                return call.answer(response)
+            return call.read(answer[0], answer[2], functools.partial(header, answer[1]))
 
     async def _run(self, plan: Plan[T]) -> T:
         try:

@@ -22,8 +22,10 @@ retries and the worker's backoff read them as they read httpx's own.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import urllib.request
+from collections.abc import Mapping
 from typing import Any, cast
 
 import httptools
@@ -31,6 +33,10 @@ import httpx
 
 _FRAMING = (b"content-length", b"transfer-encoding")  # set here, from the body read whole
 MAX_IDLE = 8  # connections kept open between requests (a worker uses 2 to 6 at once)
+
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # the status, raw headers, and body
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/._~-]*")  # a path sent as it is: nothing to quote
 
 
 class _Unasked(Exception):
@@ -44,7 +50,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
-        self._answer: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] | None = None
+        self._answer: asyncio.Future[Answer] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self.keep = False
@@ -98,7 +104,7 @@ class _Connection(asyncio.Protocol):
 
     # -- a request ---------------------------------------------------------------------------
 
-    def ask(self, data: bytes) -> asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]]:
+    def ask(self, data: bytes) -> asyncio.Future[Answer]:
         assert self.transport is not None
         self._answer = asyncio.get_running_loop().create_future()
         self._headers, self._body, self.keep = [], [], False
@@ -119,36 +125,69 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+class Direct:
+    """JSON calls to one server's ``http://`` base URL over ``keep``, with the head they all
+    carry built once and no httpx request or response around them. httpx's own objects
+    (parsing the URL, merging headers and cookies, decoding the answer) cost a worker
+    ~280 us a call here, measured, against ~80 us for the call itself."""
+
+    def __init__(
+        self, keep: KeepAlive, base_url: str, headers: Mapping[str, str], timeout: float
+    ) -> None:
+        url = httpx.URL(base_url)
+        if url.scheme != "http":
+            raise httpx.UnsupportedProtocol(f"KeepAlive speaks http:// only, not {url.scheme}")
+        self._keep, self._timeout = keep, timeout
+        self._host, self._port = url.host, url.port or 80
+        self._base = url.raw_path.rstrip(b"/")
+        fixed = [(b"Host", url.netloc), (b"Accept", b"*/*"), (b"Content-Type", b"application/json"),
+                 *((k.encode(), v.encode()) for k, v in headers.items())]  # fmt: skip
+        for name, value in fixed:
+            _no_line_break(name, value)
+        self._fixed = b"".join(name + b": " + value + b"\r\n" for name, value in fixed)
+
+    async def call(self, method: str, path: str, body: bytes) -> Answer | None:
+        """The answer to ``body`` sent to ``path`` (below the base URL); None, unsent, if
+        the path is not plain enough to send as it is (httpx's path quotes it)."""
+        if _PLAIN_PATH.fullmatch(path) is None:
+            return None
+        data = b"%s %s%s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s" % (
+            method.encode(), self._base, path.encode(), self._fixed, len(body), body)  # fmt: skip
+        return await self._keep.exchange(self._host, self._port, data, self._timeout, self._timeout)
+
+
+def header(headers: list[tuple[bytes, bytes]], name: str) -> str | None:
+    """The value of header ``name`` (lowercase) in an answer's raw ``headers``, if any."""
+    wanted = name.encode()
+    for key, value in headers:
+        if key.lower() == wanted:
+            return value.decode("latin-1")
+    return None
+
+
+def _no_line_break(name: bytes, value: bytes) -> None:
+    if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+        raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
+
+
 class KeepAlive(httpx.AsyncBaseTransport):
     """Plain HTTP/1.1 to ``http://`` URLs over kept-alive asyncio connections."""
 
     def __init__(self) -> None:
         self._idle: list[tuple[str, int, _Connection]] = []
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        if url.scheme != "http":
-            raise httpx.UnsupportedProtocol(f"KeepAlive speaks http:// only, not {url.scheme}")
-        host, port = url.host, url.port or 80
-        timeout: dict[str, float | None] = request.extensions.get("timeout", {})
-        body = await request.aread()  # whole, so it goes with its length (never chunked)
-        head = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
-        for name, value in request.headers.raw:
-            if name.lower() in _FRAMING:
-                continue  # framed below, from the body itself
-            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
-                raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
-            head += [name, b": ", value, b"\r\n"]
-        if body or request.method not in ("GET", "HEAD"):
-            head += [b"Content-Length: ", str(len(body)).encode(), b"\r\n"]
-        head.append(b"\r\n")
-        conn = self._reuse(host, port) or await self._connect(host, port, timeout.get("connect"))
+    async def exchange(
+        self, host: str, port: int, data: bytes, connect_s: float | None, read_s: float | None
+    ) -> Answer:
+        """Send ``data`` (one whole request) to ``host:port`` on a kept connection (or a new
+        one) and read its answer: the status, the raw headers, the body."""
+        conn = self._reuse(host, port) or await self._connect(host, port, connect_s)
         try:
-            async with asyncio.timeout(timeout.get("read")):
-                status, headers, content = await conn.ask(b"".join(head) + body)
+            async with asyncio.timeout(read_s):
+                answer = await conn.ask(data)
         except TimeoutError:
             conn.close()
-            raise httpx.ReadTimeout("no answer within the read timeout", request=request) from None
+            raise httpx.ReadTimeout("no answer within the read timeout") from None
         except BaseException:
             conn.close()
             raise
@@ -156,6 +195,30 @@ class KeepAlive(httpx.AsyncBaseTransport):
             self._idle.append((host, port, conn))
         else:
             conn.close()
+        return answer
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme != "http":
+            raise httpx.UnsupportedProtocol(f"KeepAlive speaks http:// only, not {url.scheme}")
+        timeout: dict[str, float | None] = request.extensions.get("timeout", {})
+        body = await request.aread()  # whole, so it goes with its length (never chunked)
+        head = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
+        for name, value in request.headers.raw:
+            if name.lower() in _FRAMING:
+                continue  # framed below, from the body itself
+            _no_line_break(name, value)
+            head += [name, b": ", value, b"\r\n"]
+        if body or request.method not in ("GET", "HEAD"):
+            head += [b"Content-Length: ", str(len(body)).encode(), b"\r\n"]
+        head.append(b"\r\n")
+        try:
+            status, headers, content = await self.exchange(
+                url.host, url.port or 80, b"".join(head) + body,
+                timeout.get("connect"), timeout.get("read"))  # fmt: skip
+        except httpx.RequestError as exc:
+            exc.request = request
+            raise
         return httpx.Response(status, headers=headers, content=content, request=request)
 
     def _reuse(self, host: str, port: int) -> _Connection | None:

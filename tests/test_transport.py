@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from sqlq.transport import MAX_IDLE, KeepAlive, for_url
+from sqlq import AsyncClient
+from sqlq.calls import FencedError, RateLimited
+from sqlq.transport import MAX_IDLE, Direct, KeepAlive, for_url
 from tests.helpers import wait_for
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -358,3 +360,59 @@ async def _until_idle_closed(transport: KeepAlive) -> None:
     """Until the idle connection has seen the server's bytes or its close (loopback
     delivers them within a few turns of the loop)."""
     await wait_for(lambda: all(conn.closed for _, _, conn in transport._idle))
+
+
+async def test_the_clients_protocol_calls_go_direct_with_its_head_and_base_path(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    """Over ``KeepAlive``, ``AsyncClient``'s protocol calls skip httpx's objects: the
+    request carries the base URL's path, the token and the JSON type, and the answers
+    read as httpx's would, errors included (a 429's Retry-After, a 409 fenced)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            served.requests.append(await _request(reader))
+            n = len(served.requests)
+            if n == 1:
+                body = b'{"claims": []}'
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            elif n == 2:
+                body = b'{"error": "queue_full", "message": "full"}'
+                writer.write(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            else:
+                body = b'{"error": "fenced", "message": "moved on", "field": "token"}'
+                writer.write(b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))  # fmt: skip
+            await writer.drain()
+
+    served = await serve(answer)
+    async with AsyncClient(served.url + "/base/", token="s3cret", transport=KeepAlive()) as c:
+        assert await c.claim(["q"], worker="w", max=3) == []
+        with pytest.raises(RateLimited) as limited:
+            await c.claim(["q"], worker="w")
+        assert limited.value.retry_after == 7.0
+        with pytest.raises(FencedError, match="moved on"):
+            await c.complete("t", None)
+    first = served.requests[0]
+    assert first.startswith(b"POST /base/claims HTTP/1.1\r\n")
+    assert b"\r\nAuthorization: Bearer s3cret\r\n" in first
+    assert b"\r\nContent-Type: application/json\r\n" in first
+    assert served.connections == 1
+
+
+async def test_a_path_with_characters_to_quote_goes_through_httpx(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.requests.append(await _request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        await reader.read()
+
+    served = await serve(answer)
+    direct = Direct(KeepAlive(), served.url, {}, 5.0)
+    assert await direct.call("POST", "/jobs/a b", b"{}") is None  # not sent: httpx quotes it
+    assert served.requests == []
+    with pytest.raises(httpx.LocalProtocolError, match="line break"):
+        Direct(KeepAlive(), served.url, {"X-A": "1\r\nX-B: 2"}, 5.0)
