@@ -1,4 +1,5 @@
-"""``KeepAlive``: an httpx transport for plain HTTP/1.1 to one server, lean on CPU.
+"""``KeepAlive``: an httpx transport for plain HTTP/1.1 to one server, lean on CPU; and
+``Direct``, the client's protocol calls over it with no httpx objects at all.
 
 A remote worker's calls are small JSON bodies to one server over a few kept-alive
 connections, many a second. httpx's own transport (httpcore, on anyio, with h11 in pure
@@ -7,6 +8,9 @@ largest part of a remote no-op job's cost and of what a worker's parent process 
 from the cores its handler processes run on. This one keeps httpx's client (its API,
 its request building, its errors) and replaces only the connection: asyncio's own
 transport, and httptools (the C parser uvicorn serves the API with) to read the answer.
+httpx's client itself then cost more than the call (``Direct``'s docstring): so
+``AsyncClient`` sends the protocol's calls, whose JSON bodies it has encoded already,
+through ``Direct`` to ``KeepAlive.exchange``, and everything else through httpx.
 
 Only what sqlq's client needs: ``http://`` URLs, no proxy (``for_url`` picks httpx's
 transport for anything else), a request's body read whole and sent with its length, and
