@@ -95,6 +95,7 @@ DEFAULT_WAIT_S = 5.0  # a claim's long poll (an idle worker stops within it)
 PROCESS_LINGER_S = 0.05  # with processes: how long a finished outcome waits for company
 MAX_CLAIMS_OUT = 4  # claims in flight at once, while they come back full
 IDLE_POLL_S = 1.0  # an empty claim is not repeated sooner than this
+MAX_REFUSED_CARRIES = 2  # carried claims refused in a row (each for an item) end carrying
 CARRIED_WITHIN_S = 2.0  # at a stop, a claim that carries outcomes (no wait) is awaited this long
 HEALTH_EVERY_S = 1.0  # how often timeouts are looked for (sooner for an ``hb_timeout``)
 CANCELLED_BEFORE = "cancelled: a cancel was asked for before it started"
@@ -230,7 +231,8 @@ class Worker:
         self._stop_at: float | None = None
         self._asked = 0  # slots the claims out now ask for
         self._draining = False  # the latest claim came back full
-        self._carry = True  # claims may carry outcomes (until the server refuses one)
+        self._carry = True  # claims may carry outcomes (until the server refuses that)
+        self._refused_carries = 0  # carried claims refused for an item, in a row
         self._claim_after = 0.0  # monotonic: no new claim before (a backoff)
         self._claim_failures = 0
         self._saves: set[asyncio.Task[None]] = set()  # checkpoints being written
@@ -350,13 +352,17 @@ class Worker:
                 return
             # what it carried, most likely (a claim alone went through before): those go
             # by the outbox's own calls, which take a refused batch one by one
-            if exc.field in (None, "body", "outcomes"):  # the field itself: every one would be
-                log.warning("a claim carrying %d outcomes was refused (%s); outcomes go "
-                            "alone from now on", len(carried), exc)  # fmt: skip
-                self._carry = False  # (an older server, say, that knows no such field)
-            else:  # one of them (``outcomes[3].token``, say): only these go alone
+            for a in carried:
+                a.alone = True  # (never carried again: no claim refused twice for them)
+            self._refused_carries += 1
+            one_item = (exc.field or "").startswith("outcomes[")
+            if one_item and self._refused_carries < MAX_REFUSED_CARRIES:
                 log.warning("a claim carrying %d outcomes was refused (%s); these go alone",
                             len(carried), exc)  # fmt: skip
+            else:  # the field itself, or every carried claim: an older server, say
+                log.warning("a claim carrying %d outcomes was refused (%s); outcomes go "
+                            "alone from now on", len(carried), exc)  # fmt: skip
+                self._carry = False
             return
         except ApiError as exc:
             log.error("the server refused this worker's claim: %s", exc)
@@ -375,6 +381,8 @@ class Worker:
             if carried:
                 self._outbox.settle(carried, answers)
         self._claim_failures = 0
+        if carried:
+            self._refused_carries = 0
         self._draining = len(granted) == n  # a full answer: there may be more
         for g in granted:
             self._start(g)

@@ -75,6 +75,7 @@ class Attempt:
     body: bytes = b""  # the outcome as one item of ``/claims/outcomes``
     sent: Progress | None = None  # the latest progress a heartbeat carried
     saving: asyncio.Future[None] | None = None  # its latest checkpoint write
+    alone: bool = False  # a claim carrying it was refused: only the outbox's own call sends it
 
     def decide(self, what: What) -> None:
         """Its outcome is ``what``: encoded now (a result JSON cannot hold, or one past the

@@ -201,11 +201,12 @@ class Outbox:
     def carry(self) -> list[Attempt]:
         """Outcomes a claim going out now may carry (``Requests.report_and_claim``): those
         owed and in no call, as one batch, less any whose attempt has progress or a
-        checkpoint to land first (those wait for this outbox's own call). None while a
-        failed call's backoff runs. They are this caller's until it ``settle``s them."""
+        checkpoint to land first, or that a refused claim carried (those wait for this
+        outbox's own call). None while a failed call's backoff runs. They are this
+        caller's until it ``settle``s them."""
         if self._clock.monotonic() < self._resume_at:
             return []
-        batch = [a for a in self._batch() if a.new_progress() is None
+        batch = [a for a in self._batch() if a.new_progress() is None and not a.alone
                  and (a.saving is None or a.saving.done())]  # fmt: skip
         self._out.update(a.token for a in batch)
         return batch

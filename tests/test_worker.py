@@ -22,7 +22,14 @@ from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
 from sqlq.common.protocol import UNAVAILABLE, CompleteIn, FailIn, Reported
 from sqlq.runtime.kinds import Registry
-from sqlq.worker import CANCELLED_WHILE, CARRIED_WITHIN_S, INTERRUPTED, Worker, WorkerError
+from sqlq.worker import (
+    CANCELLED_WHILE,
+    CARRIED_WITHIN_S,
+    INTERRUPTED,
+    MAX_REFUSED_CARRIES,
+    Worker,
+    WorkerError,
+)
 from sqlq.worker_outbox import Backoff
 from tests.helpers import wait_for
 from tests.worker_helpers import FakeServer
@@ -136,6 +143,30 @@ async def test_a_carried_outcome_refused_alone_keeps_the_worker_carrying(
         await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
     assert all(server.jobs[i].ends == ["complete"] for i in ids)
     assert len(server.named("carried")) > 2  # the refused one, and more after it
+
+
+async def test_carried_claims_refused_for_an_item_each_time_end_carrying(
+    fake_clock: FakeClock,
+) -> None:
+    """A server that refuses every carried claim for an item (an older one that knows
+    the field but not what is in it, say): the refused outcomes are never carried again,
+    and after ``MAX_REFUSED_CARRIES`` refusals in a row no claim carries any."""
+
+    class Nested(FakeServer):
+        async def report_and_claim(self, *args: Any, **kwargs: Any) -> Any:
+            self._record("carried", args[0])
+            raise Invalid(422, "invalid", "unknown field", "outcomes[0].complete")
+
+    reg = _doubling()
+    server = Nested(fake_clock)
+    ids = [server.submit("double", {"n": i}) for i in range(40)]
+    async with running(make(server, reg, fake_clock, concurrency=5)):
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+    assert all(server.jobs[i].ends == ["complete"] for i in ids)
+    carried = server.named("carried")
+    assert len(carried) == MAX_REFUSED_CARRIES
+    tokens = [bytes(o) for c in carried for o in c.body]
+    assert len(tokens) == len(set(tokens))  # none carried twice
 
 
 @pytest.mark.parametrize(("answer_in", "abandoned"), [(1.5, False), (5.0, True)])
