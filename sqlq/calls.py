@@ -154,7 +154,7 @@ class Call(Generic[T]):
         except msgspec.DecodeError:
             body = None
         if not isinstance(body, dict):
-            body = {"error": "http", "message": content.decode(errors="replace")[:200]}
+            body = {"error": "http", "message": content[:800].decode(errors="replace")[:200]}
         cls = _BY_STATUS.get(status, Unavailable)
         if cls is Conflict and body.get("error") == FENCED:
             cls = FencedError

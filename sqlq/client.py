@@ -66,7 +66,7 @@ from sqlq.common.wire import (
     ScheduleView,
 )
 from sqlq.common.wire import JobView as Job  # a job as the API shows it
-from sqlq.transport import Direct, KeepAlive, header
+from sqlq.transport import Direct, header
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -235,12 +235,11 @@ class AsyncClient(_Base):
         )
         # over KeepAlive, the protocol's calls (a JSON body encoded already) skip httpx's
         # request and response objects, which cost more than the call (sqlq.transport)
-        self._direct = (Direct(transport, self.url, self.headers, timeout)
-                        if isinstance(transport, KeepAlive) else None)  # fmt: skip
+        self._direct = Direct.for_client(transport, self.url, self.headers, timeout)
 
     async def _send(self, call: Call[T]) -> T:
         plain = call.content is not None and not call.params and not call.headers
-        direct = self._direct if plain else None
+        direct = self._direct if plain and not self._http.is_closed else None
         attempt = 0
         while True:
             try:

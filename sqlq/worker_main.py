@@ -99,7 +99,7 @@ def run(flags: WorkerFlags) -> None:
 
     async def main() -> int:
         timeout = max(30.0, flags.wait + 30.0)  # a long poll and a slow commit
-        # plain http://: the lean transport (a third of httpx's CPU a call, measured)
+        # plain http://: the lean transport, and the protocol's calls with no httpx objects
         async with AsyncClient(flags.url, token=flags.token, retries=0, timeout=timeout,
                                transport=for_url(flags.url)) as client:  # fmt: skip
             try:

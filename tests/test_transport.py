@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from sqlq import AsyncClient
-from sqlq.calls import FencedError, RateLimited
+from sqlq.calls import Call, FencedError, RateLimited
 from sqlq.transport import MAX_IDLE, Direct, KeepAlive, for_url
 from tests.helpers import wait_for
 
@@ -337,10 +337,11 @@ async def test_at_most_max_idle_connections_are_kept(
             await writer.drain()
 
     served = await serve(answer)
-    async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive(),
-                                 limits=httpx.Limits(max_connections=None)) as http:  # fmt: skip
+    transport = KeepAlive()
+    async with httpx.AsyncClient(base_url=served.url, transport=transport) as http:
         await asyncio.gather(*(http.get("/") for _ in range(wide)))
         assert served.connections == wide
+        assert len(transport._idle) == MAX_IDLE  # the other 4 closed as they finished
         await asyncio.gather(*(http.get("/") for _ in range(MAX_IDLE)))
     assert served.connections == wide  # the second round used only kept connections
 
@@ -401,18 +402,62 @@ async def test_the_clients_protocol_calls_go_direct_with_its_head_and_base_path(
     assert served.connections == 1
 
 
-async def test_a_path_with_characters_to_quote_goes_through_httpx(
+async def test_what_direct_cannot_send_goes_through_httpx(
     serve: Callable[[Answer], Awaitable[Served]],
 ) -> None:
+    """A path to quote goes through httpx's client (quoted); a token with a line break,
+    credentials in the URL, or TLS get no ``Direct`` at all; and a closed client's calls
+    fail as httpx's do, with no connection left open."""
+
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        served.requests.append(await _request(reader))
+        while True:
+            served.requests.append(await _request(reader))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    served = await serve(answer)
+    client = AsyncClient(served.url, transport=KeepAlive())
+    call = Call("POST", "/jobs/a b", dict, content=b"{}")
+    assert await client._send(call) == {}
+    assert served.requests[0].startswith(b"POST /jobs/a%20b HTTP/1.1\r\n")
+    assert b"user-agent" in served.requests[0].lower()  # httpx's client sent this one
+    await client.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await client._send(Call("POST", "/claims", dict, content=b"{}"))
+    assert len(served.requests) == 1
+    keep = KeepAlive()
+    assert Direct.for_client(keep, served.url, {"X-A": "1\r\nX-B: 2"}, 5.0) is None
+    assert Direct.for_client(keep, "http://u:p@127.0.0.1:1", {}, 5.0) is None
+    assert Direct.for_client(keep, "https://127.0.0.1:1", {}, 5.0) is None
+    assert Direct.for_client(None, served.url, {}, 5.0) is None
+    assert Direct.for_client(keep, served.url, {}, httpx.Timeout(5.0)) is None
+    assert isinstance(Direct.for_client(keep, served.url, {}, 5.0), Direct)
+
+
+async def test_a_call_that_ends_after_the_transport_closed_keeps_no_connection(
+    serve: Callable[[Answer], Awaitable[Served]],
+) -> None:
+    asked, go = asyncio.Event(), asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        asked.set()
+        await go.wait()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
         await writer.drain()
         await reader.read()
 
     served = await serve(answer)
-    direct = Direct(KeepAlive(), served.url, {}, 5.0)
-    assert await direct.call("POST", "/jobs/a b", b"{}") is None  # not sent: httpx quotes it
-    assert served.requests == []
-    with pytest.raises(httpx.LocalProtocolError, match="line break"):
-        Direct(KeepAlive(), served.url, {"X-A": "1\r\nX-B: 2"}, 5.0)
+    keep = KeepAlive()
+    direct = Direct.for_client(keep, served.url, {}, 5.0)
+    assert direct is not None
+    pending = asyncio.ensure_future(direct.call("POST", "/claims", b"{}"))
+    await asyncio.wait_for(asked.wait(), 10.0)
+    await keep.aclose()
+    go.set()
+    got = await pending
+    assert got is not None
+    assert got[0] == 200
+    assert keep._idle == []  # closed, not kept
+    with pytest.raises(httpx.TransportError, match="closed"):
+        await direct.call("POST", "/claims", b"{}")
