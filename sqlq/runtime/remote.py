@@ -324,16 +324,26 @@ class Remote:
         return granted
 
     async def _give_back_taken(self, jobs: list[Job]) -> None:
-        """Release jobs just taken whose claim cannot be answered, each in its turn, rather
-        than leave them held, by no one, until their leases run out."""
+        """Release jobs just taken whose claim cannot be answered, each in its turn as it
+        stands then (a cancel asked meanwhile ends it cancelled), rather than leave them
+        held, by no one, until their leases run out. Whatever fails here is logged: the
+        bug that brought it here is what the caller raises."""
         now = self._clock.time()
 
         async def group(indexes: list[int]) -> None:
-            for i in indexes:
+            taken = [jobs[i] for i in indexes]
+            try:
+                current = await self._side.current([j.id for j in taken])
+            except Exception:  # (each is ended by its lease)
+                log.exception("jobs of a claim that failed could not be given back")
+                return
+            for was, job in zip(taken, current, strict=True):
+                if job is None or job.epoch != was.epoch or job.state is not State.RUNNING:
+                    continue  # it moved on already
                 try:
-                    await self._side.write(jobs[i], released(jobs[i], now), now)
-                except (TransitionError, StoreError) as exc:  # (its lease will end it)
-                    log.warning("job %s could not be given back: %s", jobs[i].id, exc)
+                    await self._side.write(job, released(job, now), now)
+                except Exception:  # (its lease ends it)
+                    log.exception("job %s of a claim that failed could not be given back", job.id)
 
         await self._in_turns([j.id for j in jobs], group)
 
