@@ -102,23 +102,35 @@ async def test_a_busy_queues_next_claim_carries_the_outcomes_of_the_last_round(
     assert worker.stats["completed"] == 35
 
 
+class Refusing(FakeServer):
+    """Refuses carried claims (422, naming ``field``): the first ``times``, or all."""
+
+    def __init__(self, clock: FakeClock, field: str, times: int | None = None) -> None:
+        super().__init__(clock)
+        self.field, self.times = field, times
+
+    async def report_and_claim(self, *args: Any, **kwargs: Any) -> Any:
+        if self.times is None or len(self.named("carried")) < self.times:
+            self._record("carried", args[0])
+            raise Invalid(422, "invalid", "refused (test)", self.field)
+        return await super().report_and_claim(*args, **kwargs)
+
+
+async def _each_completed_once(server: FakeServer, clock: FakeClock, jobs: int) -> None:
+    """``jobs`` doubling jobs through a worker of 5 slots, each completed exactly once."""
+    ids = [server.submit("double", {"n": i}) for i in range(jobs)]
+    async with running(make(server, _doubling(), clock, concurrency=5)):
+        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
+    assert all(server.jobs[i].ends == ["complete"] for i in ids)
+
+
 async def test_a_claim_carrying_outcomes_refused_makes_the_worker_send_them_alone(
     fake_clock: FakeClock,
 ) -> None:
     """An older server refuses the field (422): the worker goes on, and its outcomes go
     by ``/claims/outcomes`` from then on, each once."""
-
-    class Older(FakeServer):
-        async def report_and_claim(self, *args: Any, **kwargs: Any) -> Any:
-            self._record("carried", args[0])
-            raise Invalid(422, "invalid", "outcomes: unknown field", "outcomes")
-
-    reg = _doubling()
-    server = Older(fake_clock)
-    ids = [server.submit("double", {"n": i}) for i in range(25)]
-    async with running(make(server, reg, fake_clock, concurrency=5)):
-        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
-    assert all(server.jobs[i].ends == ["complete"] for i in ids)
+    server = Refusing(fake_clock, "outcomes")
+    await _each_completed_once(server, fake_clock, 25)
     assert len(server.named("carried")) == 1  # tried once, then never again
     assert sum(len(c.body) for c in server.named("outcomes")) == 25
 
@@ -128,20 +140,8 @@ async def test_a_carried_outcome_refused_alone_keeps_the_worker_carrying(
 ) -> None:
     """A 422 naming one carried item (not the ``outcomes`` field itself) is that item's
     refusal: those outcomes go alone, and later claims still carry."""
-
-    class Picky(FakeServer):
-        async def report_and_claim(self, *args: Any, **kwargs: Any) -> Any:
-            if not self.named("carried"):
-                self._record("carried", args[0])
-                raise Invalid(422, "invalid", "not a token", "outcomes[0].token")
-            return await super().report_and_claim(*args, **kwargs)
-
-    reg = _doubling()
-    server = Picky(fake_clock)
-    ids = [server.submit("double", {"n": i}) for i in range(25)]
-    async with running(make(server, reg, fake_clock, concurrency=5)):
-        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
-    assert all(server.jobs[i].ends == ["complete"] for i in ids)
+    server = Refusing(fake_clock, "outcomes[0].token", times=1)
+    await _each_completed_once(server, fake_clock, 25)
     assert len(server.named("carried")) > 2  # the refused one, and more after it
 
 
@@ -151,18 +151,8 @@ async def test_carried_claims_refused_for_an_item_each_time_end_carrying(
     """A server that refuses every carried claim for an item (an older one that knows
     the field but not what is in it, say): the refused outcomes are never carried again,
     and after ``MAX_REFUSED_CARRIES`` refusals in a row no claim carries any."""
-
-    class Nested(FakeServer):
-        async def report_and_claim(self, *args: Any, **kwargs: Any) -> Any:
-            self._record("carried", args[0])
-            raise Invalid(422, "invalid", "unknown field", "outcomes[0].complete")
-
-    reg = _doubling()
-    server = Nested(fake_clock)
-    ids = [server.submit("double", {"n": i}) for i in range(40)]
-    async with running(make(server, reg, fake_clock, concurrency=5)):
-        await server.until(lambda: all(server.state(i) is State.COMPLETED for i in ids))
-    assert all(server.jobs[i].ends == ["complete"] for i in ids)
+    server = Refusing(fake_clock, "outcomes[0].complete")
+    await _each_completed_once(server, fake_clock, 40)
     carried = server.named("carried")
     assert len(carried) == MAX_REFUSED_CARRIES
     tokens = [bytes(o) for c in carried for o in c.body]
