@@ -13,7 +13,8 @@ import time
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
-from sqlq.common.protocol import FENCED, CompleteIn, FailIn, ProgressIn
+from sqlq.common.protocol import FENCED, ClaimRequest, CompleteIn, FailIn, Outcome, ProgressIn
+from sqlq.common.roles import ADMIN
 from sqlq.runtime.shared import SharedClaims
 from tests import shared_helpers
 from tests.helpers import NOW, final
@@ -139,3 +140,28 @@ async def test_a_forced_cancel_cuts_the_remote_attempt_off_after_the_grace(
     done = await stored(a, job.id)
     assert (done.state, done.attempts) == (State.CANCELLED, 1)
     assert (await report(a, g.token, CompleteIn())).error == FENCED
+
+
+async def test_a_claim_carrying_outcomes_lands_them_and_claims_more_across_nodes(
+    nodes: Node,
+) -> None:
+    """Outcomes of jobs claimed on node a ride a claim made on node b: each lands once
+    (asked again, fenced), and the claim takes the next jobs, none of the finished."""
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE)
+    b = nodes(workers=0, all_remote=False, remote_queues=REMOTE)
+    await a.start()
+    await b.start()
+    jobs = await submit(a, 4, queue="r")
+    first = await claim(a, max=2, lease_s=30)
+    outcomes = [Outcome(token=g.token, complete=CompleteIn(result=i)) for i, g in enumerate(first)]
+    answer = await b.remote.claim(
+        ClaimRequest(queues=["r"], worker="w1", max=5, outcomes=outcomes), ADMIN
+    )
+    assert [r.state for r in answer.outcomes or []] == ["completed", "completed"]
+    assert [(await stored(a, g.job.id)).result for g in first] == [0, 1]
+    assert {g.job.id for g in answer.claims} == {j.id for j in jobs} - {g.job.id for g in first}
+    again = await b.remote.claim(
+        ClaimRequest(queues=["r"], worker="w1", max=5, outcomes=outcomes), ADMIN
+    )
+    assert [r.error for r in again.outcomes or []] == [FENCED, FENCED]
+    assert again.claims == []
