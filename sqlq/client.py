@@ -85,6 +85,8 @@ class _Base:
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff_s = backoff_s
+        if token is not None and ("\r" in token or "\n" in token):
+            raise ValueError("token: holds a line break (it goes in a header)")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _backoff(self, call: Call[Any], attempt: int, exc: httpx.TransportError) -> float:
@@ -239,9 +241,9 @@ class AsyncClient(_Base):
 
     async def _send(self, call: Call[T]) -> T:
         plain = call.content is not None and not call.params and not call.headers
-        direct = self._direct if plain and not self._http.is_closed else None
         attempt = 0
         while True:
+            direct = self._direct if plain and not self._http.is_closed else None
             try:
                 answer = None
                 if direct is not None:

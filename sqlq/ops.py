@@ -34,7 +34,11 @@ def connection(fn: F) -> F:
     @wraps(fn)
     def run(url: str, token: str | None, as_json: bool, **kwargs: Any) -> Any:
         try:
-            with Client(url, token=token, retries=1) as client:
+            built = Client(url, token=token, retries=1)
+        except ValueError as exc:  # (the only value it checks: the token)
+            raise click.BadParameter(str(exc), param_hint="--token") from None
+        try:
+            with built as client:
                 return fn(client, as_json, **kwargs)
         except ApiError as exc:
             where = f" ({exc.field})" if exc.field else ""

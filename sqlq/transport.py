@@ -168,7 +168,7 @@ class Direct:
             return None
         raw = [(k.encode(), v.encode()) for k, v in headers.items()]
         if any(b"\r" in k + v or b"\n" in k + v for k, v in raw):
-            return None  # (httpx refuses it at the call, as before)
+            return None  # (KeepAlive refuses it at the call: LocalProtocolError)
         return cls(transport, url, raw, float(timeout))
 
     async def call(self, method: str, path: str, body: bytes) -> Answer | None:

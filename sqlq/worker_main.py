@@ -75,6 +75,8 @@ def check(flags: WorkerFlags) -> None:
         )  # fmt: skip
     if flags.token is not None and not flags.token.strip():
         raise click.BadParameter("is empty", param_hint="--token")
+    if flags.token is not None and any(c.isspace() or not c.isprintable() for c in flags.token):
+        raise click.BadParameter("holds whitespace or a control character", param_hint="--token")
 
 
 def import_handlers(modules: tuple[str, ...]) -> None:

@@ -202,6 +202,16 @@ def test_mistakes_are_one_line_messages(
     assert "Traceback" not in out
 
 
+def test_a_token_with_a_line_break_is_a_message_that_never_shows_it() -> None:
+    r = CliRunner().invoke(main, ["jobs", "list", "--url", "http://127.0.0.1:9",
+                                  "--token", "s3cret-token\nX-Evil: 1"])  # fmt: skip
+    assert r.exit_code == 2
+    assert "--token" in r.output
+    assert "line break" in r.output
+    assert "s3cret" not in r.output
+    assert "Traceback" not in r.output
+
+
 def test_an_unreachable_server_is_a_message(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["jobs", "list", "--url", "http://127.0.0.1:9"])
     assert r.exit_code == 1

@@ -425,10 +425,13 @@ async def test_what_direct_cannot_send_goes_through_httpx(
     with pytest.raises(RuntimeError, match="closed"):
         await client._send(Call("POST", "/claims", dict, content=b"{}"))
     assert len(served.requests) == 1
+    with pytest.raises(ValueError, match="token: holds a line break"):
+        AsyncClient(served.url, token="s3cret\n", transport=KeepAlive())
     keep = KeepAlive()
     assert Direct.for_client(keep, served.url, {"X-A": "1\r\nX-B: 2"}, 5.0) is None
     assert Direct.for_client(keep, "http://u:p@127.0.0.1:1", {}, 5.0) is None
     assert Direct.for_client(keep, "https://127.0.0.1:1", {}, 5.0) is None
+    assert Direct.for_client(keep, served.url + "/?x=1", {}, 5.0) is None
     assert Direct.for_client(None, served.url, {}, 5.0) is None
     assert Direct.for_client(keep, served.url, {}, httpx.Timeout(5.0)) is None
     assert isinstance(Direct.for_client(keep, served.url, {}, 5.0), Direct)

@@ -31,6 +31,7 @@ from tests.helpers import ROOT
         (["--import", "sqlq_no_such_module_here"], "--import"),
         (["--kind", "nope"], "--kind"),
         (["--token", " "], "--token"),
+        (["--token", "s3cret-with-a-newline\n"], "--token"),
     ],
 )
 def test_a_bad_flag_is_named_without_a_traceback(args: list[str], flag: str) -> None:
@@ -39,6 +40,7 @@ def test_a_bad_flag_is_named_without_a_traceback(args: list[str], flag: str) -> 
     assert flag in result.output
     assert "Traceback" not in result.output
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+    assert "s3cret" not in result.output  # a token is never printed, even a bad one
 
 
 def test_an_import_that_raises_is_its_message(tmp_path: Path) -> None:
