@@ -328,10 +328,10 @@ class Remote:
         stands then (a cancel asked meanwhile ends it cancelled), rather than leave them
         held, by no one, until their leases run out. Whatever fails here is logged: the
         bug that brought it here is what the caller raises."""
-        now = self._clock.time()
 
         async def group(indexes: list[int]) -> None:
             taken = [jobs[i] for i in indexes]
+            now = self._clock.time()
             try:
                 current = await self._side.current([j.id for j in taken])
             except Exception:  # (each is ended by its lease)
