@@ -57,6 +57,35 @@ async def serve() -> AsyncIterator[Callable[[Answer], Awaitable[Served]]]:
         s.close()
 
 
+Pick = Callable[[bytes, int], bytes]  # a request and its number (from 1): the bytes answered
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+
+
+@pytest.fixture
+def reply(serve: Callable[[Answer], Awaitable[Served]]) -> Callable[[Pick], Awaitable[Served]]:
+    """A server that answers each request on a connection, in turn, with what ``pick``
+    makes of it (every request kept in ``Served.requests``)."""
+
+    async def start(pick: Pick) -> Served:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                request = await _request(reader)
+                served.requests.append(request)
+                writer.write(pick(request, len(served.requests)))
+                await writer.drain()
+
+        served = await serve(answer)
+        return served
+
+    return start
+
+
+def _json(status: bytes, body: bytes, *headers: bytes) -> bytes:
+    """An answer of ``body`` framed by its length (``status``: ``b"200 OK"``)."""
+    head = b"".join(h + b"\r\n" for h in headers)
+    return b"HTTP/1.1 %s\r\n%sContent-Length: %d\r\n\r\n%s" % (status, head, len(body), body)
+
+
 async def _request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
     length = 0
@@ -67,20 +96,15 @@ async def _request(reader: asyncio.StreamReader) -> bytes:
 
 
 async def test_answers_by_length_and_chunked_on_one_kept_connection(
-    serve: Callable[[Answer], Awaitable[Served]],
+    reply: Callable[[Pick], Awaitable[Served]],
 ) -> None:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            served.requests.append(await _request(reader))
-            if len(served.requests) % 2:
-                writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 8\r\n"
-                             b"Content-Type: application/json\r\n\r\n{\"n\": 1}")  # fmt: skip
-            else:
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                             b"3\r\n{\"n\r\n5\r\n\": 2}\r\n0\r\n\r\n")  # fmt: skip
-            await writer.drain()
+    def pick(request: bytes, n: int) -> bytes:
+        if n % 2:
+            return _json(b"201 Created", b'{"n": 1}', b"Content-Type: application/json")
+        return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b'3\r\n{"n\r\n5\r\n": 2}\r\n0\r\n\r\n')  # fmt: skip
 
-    served = await serve(answer)
+    served = await reply(pick)
     async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
         first = await http.post("/claims?x=1", json={"queues": ["q"]})
         second = await http.get("/stats")
@@ -121,15 +145,9 @@ async def test_a_server_that_closes_before_answering_is_a_protocol_error(
 
 
 async def test_garbage_for_an_answer_is_a_protocol_error(
-    serve: Callable[[Answer], Awaitable[Served]],
+    reply: Callable[[Pick], Awaitable[Served]],
 ) -> None:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _request(reader)
-        writer.write(b"SMTP ready\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-
-    served = await serve(answer)
+    served = await reply(lambda _, n: b"SMTP ready\r\n\r\n")
     async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
         with pytest.raises(httpx.RemoteProtocolError, match="malformed"):
             await http.get("/")
@@ -163,21 +181,12 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
 
 
 async def test_an_answer_nobody_asked_for_is_never_read_as_the_next_one(
-    serve: Callable[[Answer], Awaitable[Served]],
+    reply: Callable[[Pick], Awaitable[Served]],
 ) -> None:
     """A server that sends two answers to one request: the first is the answer, the
     connection is closed for the second, and the next request gets its own answer."""
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            served.requests.append(await _request(reader))
-            n = len(served.requests)
-            one = f'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{{"n": {n}}}'.encode()
-            stray = b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\nX-Stray: 1\r\n\r\n{"n": 0}'
-            writer.write(one + stray)  # both in one write
-            await writer.drain()
-
-    served = await serve(answer)
+    stray = _json(b"200 OK", b'{"n": 0}', b"X-Stray: 1")
+    served = await reply(lambda _, n: _json(b"200 OK", b'{"n": %d}' % n) + stray)  # one write
     async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
         first = await http.get("/")
         second = await http.get("/")
@@ -194,7 +203,7 @@ async def test_bytes_on_an_idle_connection_close_it(
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        writer.write(OK)
         await writer.drain()
         if served.connections == 1:
             writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{"n": 0}')
@@ -217,7 +226,7 @@ async def test_an_idle_connection_the_server_closes_is_replaced(
 ) -> None:
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _request(reader)  # kept alive by its headers, then closed, as a server's
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")  # keep-alive
+        writer.write(OK)  # keep-alive
         await writer.drain()  # timeout would
 
     served = await serve(answer)
@@ -230,20 +239,14 @@ async def test_an_idle_connection_the_server_closes_is_replaced(
 
 
 async def test_interim_answers_are_skipped_and_an_upgrade_is_refused(
-    serve: Callable[[Answer], Awaitable[Served]],
+    reply: Callable[[Pick], Awaitable[Served]],
 ) -> None:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            path = (await _request(reader)).split(b" ")[1]
-            if path == b"/hints":
-                writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
-                             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")  # fmt: skip
-            else:
-                writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n"
-                             b"Connection: upgrade\r\n\r\nzz")  # fmt: skip
-            await writer.drain()
+    def pick(request: bytes, n: int) -> bytes:
+        if request.split(b" ")[1] == b"/hints":
+            return b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + OK
+        return b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\nzz"
 
-    served = await serve(answer)
+    served = await reply(pick)
     async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
         hinted = await http.get("/hints")
         assert (hinted.status_code, hinted.json()) == (200, {})
@@ -270,19 +273,13 @@ async def test_an_answer_in_one_byte_packets_is_read_whole(
 
 
 async def test_a_streamed_body_goes_with_its_length_and_line_breaks_are_refused(
-    serve: Callable[[Answer], Awaitable[Served]],
+    reply: Callable[[Pick], Awaitable[Served]],
 ) -> None:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            served.requests.append(await _request(reader))
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-            await writer.drain()
-
     async def parts() -> AsyncIterator[bytes]:
         yield b"ab"
         yield b"cd"
 
-    served = await serve(answer)
+    served = await reply(lambda _, n: OK)
     async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
         assert (await http.post("/", content=parts())).json() == {}
         with pytest.raises(httpx.LocalProtocolError, match="line break"):
@@ -305,7 +302,7 @@ async def test_a_cancelled_request_closes_its_connection(
             await reader.read()  # never answers; returns once the client closed
             gone.set()
             return
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        writer.write(OK)
         await writer.drain()
         await reader.read()
 
@@ -333,7 +330,7 @@ async def test_at_most_max_idle_connections_are_kept(
             if len(served.requests) >= wide:
                 arrived.set()
             await arrived.wait()  # hold the first round's answers until all are in flight
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            writer.write(OK)
             await writer.drain()
 
     served = await serve(answer)
@@ -364,30 +361,19 @@ async def _until_idle_closed(transport: KeepAlive) -> None:
 
 
 async def test_the_clients_protocol_calls_go_direct_with_its_head_and_base_path(
-    serve: Callable[[Answer], Awaitable[Served]],
+    reply: Callable[[Pick], Awaitable[Served]],
 ) -> None:
     """Over ``KeepAlive``, ``AsyncClient``'s protocol calls skip httpx's objects: the
     request carries the base URL's path, the token and the JSON type, and the answers
     read as httpx's would, errors included (a 429's Retry-After, a 409 fenced)."""
 
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            served.requests.append(await _request(reader))
-            n = len(served.requests)
-            if n == 1:
-                body = b'{"claims": []}'
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            elif n == 2:
-                body = b'{"error": "queue_full", "message": "full"}'
-                writer.write(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
-            else:
-                body = b'{"error": "fenced", "message": "moved on", "field": "token"}'
-                writer.write(b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s"
-                             % (len(body), body))  # fmt: skip
-            await writer.drain()
-
-    served = await serve(answer)
+    answers = [
+        _json(b"200 OK", b'{"claims": []}'),
+        _json(b"429 Too Many Requests", b'{"error": "queue_full", "message": "full"}',
+              b"Retry-After: 7"),
+        _json(b"409 Conflict", b'{"error": "fenced", "message": "moved on", "field": "token"}'),
+    ]  # fmt: skip
+    served = await reply(lambda _, n: answers[n - 1])
     async with AsyncClient(served.url + "/base/", token="s3cret", transport=KeepAlive()) as c:
         assert await c.claim(["q"], worker="w", max=3) == []
         with pytest.raises(RateLimited) as limited:
@@ -403,19 +389,13 @@ async def test_the_clients_protocol_calls_go_direct_with_its_head_and_base_path(
 
 
 async def test_what_direct_cannot_send_goes_through_httpx(
-    serve: Callable[[Answer], Awaitable[Served]],
+    reply: Callable[[Pick], Awaitable[Served]],
 ) -> None:
     """A path to quote goes through httpx's client (quoted); a token with a line break,
     credentials in the URL, or TLS get no ``Direct`` at all; and a closed client's calls
     fail as httpx's do, with no connection left open."""
 
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            served.requests.append(await _request(reader))
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-            await writer.drain()
-
-    served = await serve(answer)
+    served = await reply(lambda _, n: OK)
     client = AsyncClient(served.url, transport=KeepAlive())
     call = Call("POST", "/jobs/a b", dict, content=b"{}")
     assert await client._send(call) == {}
@@ -446,7 +426,7 @@ async def test_a_call_that_ends_after_the_transport_closed_keeps_no_connection(
         await _request(reader)
         asked.set()
         await go.wait()
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        writer.write(OK)
         await writer.drain()
         await reader.read()
 
