@@ -32,10 +32,17 @@ LEASE_S = 0.5  # shared mode: how soon the restarted node may rescue the killed 
 
 HANDLERS = """
 import asyncio
+import os
 import time
 from pathlib import Path
 
 from sqlq import task
+
+
+def mark(path, text):
+    # Written whole, then renamed: the test waits for the name, so never sees it empty.
+    Path(path + ".tmp").write_text(text)
+    os.replace(path + ".tmp", path)
 
 
 @task(name="resumable", timeout=120)
@@ -44,7 +51,7 @@ async def resumable(args, ctx):
     if start is None:
         ctx.progress(percent=50.0, message="step 1 saved")
         await ctx.checkpoint({"step": 1, "attempt": ctx.job.attempts, "blob": "x" * 60000})
-        Path(args["marker"]).write_text(str(ctx.job.attempts))  # only once it is durable
+        mark(args["marker"], str(ctx.job.attempts))  # only once it is durable
         await asyncio.sleep(120)  # the server is killed here
     return {"resumed_from": {k: v for k, v in start.items() if k != "blob"},
             "attempt": ctx.job.attempts}
@@ -52,7 +59,7 @@ async def resumable(args, ctx):
 
 @task(name="stubborn", timeout=120)
 def stubborn(args, ctx):
-    Path(args["marker"]).write_text(str(ctx.job.attempts))
+    mark(args["marker"], str(ctx.job.attempts))
     time.sleep(120)  # ignores ctx.cancelled: the server is killed here
     return "finished"
 """
