@@ -45,6 +45,19 @@ NAME_PATTERN = WORKER_PATTERN  # a principal's name: printable, no spaces, 1-64 
 _SECRET = re.compile(r"[\x21-\x7e]+")  # printable ASCII without spaces: fits the header
 
 
+def token_problem(token: str) -> str | None:
+    """Why a client cannot send ``token`` as a bearer token, or None; never the token.
+
+    The client side of ``_SECRET``: h11 and httpx quote a header value they refuse in
+    their own errors, which a command line prints, so a token with a space, a tab, a
+    control or a non-ASCII character is refused before either sees it."""
+    if not token.strip():
+        return "is empty"
+    if not _SECRET.fullmatch(token):
+        return "holds a line break, whitespace, a control or a non-ASCII character"
+    return None
+
+
 class Role(StrEnum):
     ADMIN = "admin"  # everything
     SUBMIT = "submit"  # submit jobs, and read jobs by id (of its queues, if it names any)

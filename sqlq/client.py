@@ -55,6 +55,7 @@ from sqlq.calls import (
 )
 from sqlq.common.errors import SqlqError
 from sqlq.common.models import TERMINAL
+from sqlq.common.roles import token_problem
 from sqlq.common.wire import (
     BatchResult,
     Cancelled,
@@ -85,8 +86,9 @@ class _Base:
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff_s = backoff_s
-        if token is not None and ("\r" in token or "\n" in token):
-            raise ValueError("token: holds a line break (it goes in a header)")
+        problem = token_problem(token) if token else None  # (no token: no header)
+        if problem is not None:
+            raise ValueError(f"token: {problem} (it goes in a header)")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _backoff(self, call: Call[Any], attempt: int, exc: httpx.TransportError) -> float:

@@ -24,6 +24,7 @@ import click
 
 from sqlq.common.errors import SqlqError
 from sqlq.common.protocol import WORKER_PATTERN
+from sqlq.common.roles import token_problem
 from sqlq.common.specs import QUEUE_PATTERN
 from sqlq.runtime.workers import describe
 
@@ -73,10 +74,9 @@ def check(flags: WorkerFlags) -> None:
             f"{flags.concurrency} is fewer than --processes {flags.processes}: every process "
             "needs a job to run", param_hint="--concurrency",
         )  # fmt: skip
-    if flags.token is not None and not flags.token.strip():
-        raise click.BadParameter("is empty", param_hint="--token")
-    if flags.token is not None and any(c.isspace() or not c.isprintable() for c in flags.token):
-        raise click.BadParameter("holds whitespace or a control character", param_hint="--token")
+    problem = None if flags.token is None else token_problem(flags.token)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint="--token")
 
 
 def import_handlers(modules: tuple[str, ...]) -> None:

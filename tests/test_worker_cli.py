@@ -32,6 +32,8 @@ from tests.helpers import ROOT
         (["--kind", "nope"], "--kind"),
         (["--token", " "], "--token"),
         (["--token", "s3cret-with-a-newline\n"], "--token"),
+        (["--token", "s3cret-t\u00f6ken-not-ascii"], "--token"),  # httpx would quote it
+        (["--token", "s3cret-with-a\ttab"], "--token"),
     ],
 )
 def test_a_bad_flag_is_named_without_a_traceback(args: list[str], flag: str) -> None:
