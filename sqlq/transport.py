@@ -15,7 +15,8 @@ through httpx's client and ``handle_async_request``.
 Only what sqlq's client needs: ``http://`` URLs, no proxy (``for_url`` picks httpx's
 transport for anything else), a request's body read whole and sent with its length, and
 answers framed by ``Content-Length`` or chunked (an answer that ends at EOF, HTTP/1.0
-style, is refused), after any interim 1xx answers, which are skipped. A connection is
+style, is refused), after any interim 1xx answers, which are skipped; an answer is read
+whole, ``MAX_HEADERS`` headers and ``MAX_ANSWER_BYTES`` of body at most. A connection is
 used by one request at a time and kept for the next while the server keeps it alive,
 ``MAX_IDLE`` of them; a timeout, an error, an upgrade or any byte that no request asked
 for closes it, so a stray answer that comes before the next request is never read as
@@ -38,8 +39,16 @@ from typing import Any, cast
 import httptools
 import httpx
 
+from sqlq.common.protocol import MAX_CLAIM
+from sqlq.common.specs import MAX_JOB_BYTES
+
 _FRAMING = (b"content-length", b"transfer-encoding")  # set here, from the body read whole
 MAX_IDLE = 8  # connections kept open between requests (a worker uses 2 to 6 at once)
+# An answer past these is refused (a wrong --url that serves a large file, say), not read
+# into memory whole: a claim's answer is at most MAX_CLAIM jobs of MAX_JOB_BYTES of args
+# and a checkpoint each, encoded once more, so 4x that leaves room to spare.
+MAX_ANSWER_BYTES = 4 * MAX_CLAIM * MAX_JOB_BYTES
+MAX_HEADERS = 256  # header lines of one answer (uvicorn sends 3 to 5)
 
 
 log = logging.getLogger("sqlq.transport")
@@ -49,6 +58,10 @@ _PLAIN_PATH = re.compile(r"[A-Za-z0-9/._~-]*")  # a path sent as it is: nothing 
 
 class _Unasked(Exception):
     """An answer began while no request waited for one."""
+
+
+class _TooLarge(Exception):
+    """An answer with more than ``MAX_HEADERS`` headers or ``MAX_ANSWER_BYTES`` of body."""
 
 
 class _Connection(asyncio.Protocol):
@@ -61,6 +74,7 @@ class _Connection(asyncio.Protocol):
         self._answer: asyncio.Future[Answer] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
+        self._size = 0  # bytes of the body so far
         self.keep = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------
@@ -77,6 +91,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _Unasked):  # a second answer behind the first
                 self._fail(httpx.RemoteProtocolError("the server sent an answer nobody asked for"))
+            elif isinstance(exc.__context__, _TooLarge):
+                self._fail(httpx.RemoteProtocolError(str(exc.__context__)))
             else:
                 self._fail(httpx.RemoteProtocolError(f"a malformed answer: {exc}"))
         except httptools.HttpParserUpgrade:
@@ -94,12 +110,17 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         if not self._waiting():
             raise _Unasked  # (httptools wraps it; data_received closes the connection)
-        self._headers, self._body = [], []
+        self._headers, self._body, self._size = [], [], 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self._headers) >= MAX_HEADERS:
+            raise _TooLarge(f"an answer with more than {MAX_HEADERS} headers")
         self._headers.append((name, value))
 
     def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > MAX_ANSWER_BYTES:
+            raise _TooLarge(f"an answer of more than {MAX_ANSWER_BYTES} bytes")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -115,7 +136,7 @@ class _Connection(asyncio.Protocol):
     def ask(self, data: bytes) -> asyncio.Future[Answer]:
         assert self.transport is not None
         self._answer = asyncio.get_running_loop().create_future()
-        self._headers, self._body, self.keep = [], [], False
+        self._headers, self._body, self._size, self.keep = [], [], 0, False
         self.transport.write(data)
         return self._answer
 

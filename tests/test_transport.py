@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from sqlq import AsyncClient
+from sqlq import AsyncClient, transport
 from sqlq.calls import Call, FencedError, RateLimited
 from sqlq.transport import MAX_IDLE, Direct, KeepAlive, for_url
 from tests.helpers import wait_for
@@ -151,6 +151,24 @@ async def test_garbage_for_an_answer_is_a_protocol_error(
     async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
         with pytest.raises(httpx.RemoteProtocolError, match="malformed"):
             await http.get("/")
+
+
+@pytest.mark.parametrize("past", ["headers", "bytes"])
+async def test_an_answer_past_its_bounds_is_refused_and_its_connection_closed(
+    reply: Callable[[Pick], Awaitable[Served]], monkeypatch: pytest.MonkeyPatch, past: str
+) -> None:
+    """A wrong ``--url`` may serve anything: an answer of more headers than
+    ``MAX_HEADERS``, or more body than ``MAX_ANSWER_BYTES``, is an error, never read
+    into memory whole, and the next call opens a connection of its own."""
+    monkeypatch.setattr(transport, "MAX_ANSWER_BYTES", 1000)
+    big = (_json(b"200 OK", b"{}", *[b"X-%d: 1" % i for i in range(transport.MAX_HEADERS + 1)])
+           if past == "headers" else _json(b"200 OK", b" " * 1001))  # fmt: skip
+    served = await reply(lambda _, n: big if n == 1 else OK)
+    async with httpx.AsyncClient(base_url=served.url, transport=KeepAlive()) as http:
+        with pytest.raises(httpx.RemoteProtocolError, match=f"more than [0-9]+ {past}"):
+            await http.get("/")
+        assert (await http.get("/")).json() == {}
+    assert served.connections == 2
 
 
 async def test_no_answer_within_the_read_timeout_is_a_read_timeout(
@@ -385,6 +403,7 @@ async def test_the_clients_protocol_calls_go_direct_with_its_head_and_base_path(
     assert first.startswith(b"POST /base/claims HTTP/1.1\r\n")
     assert b"\r\nAuthorization: Bearer s3cret\r\n" in first
     assert b"\r\nContent-Type: application/json\r\n" in first
+    assert b"user-agent" not in first.lower()  # httpx's client would have sent one
     assert served.connections == 1
 
 
