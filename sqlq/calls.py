@@ -12,6 +12,7 @@ both clients: ``sqlq.client`` runs it with blocking sends or with awaited ones.
 from __future__ import annotations
 
 import builtins
+import email.utils
 import time
 import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -160,11 +161,29 @@ class Call(Generic[T]):
             cls = FencedError
         err = cls(status, body.get("error", "?"), body.get("message", ""), body.get("field"))
         if isinstance(err, RateLimited):
-            err.retry_after = float(header("retry-after") or "1")
+            err.retry_after = retry_after_s(header("retry-after"))
         raise err
 
 
+def retry_after_s(value: str | None) -> float:
+    """A Retry-After header in seconds: sqlq sends a number, but a proxy in between may
+    send an HTTP date (RFC 9110), or nothing; either is read, never raised on."""
+    if value is None:
+        return 1.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return 1.0
+    if seconds != seconds:  # NaN
+        return 1.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
 Plan = Generator[Call[Any], Any, T]
+MAX_RETRY_AFTER_S = 3600.0  # the longest wait a Retry-After is taken at
 _JSON = {"Content-Type": "application/json"}
 _encode = msgspec.json.Encoder().encode
 

@@ -22,6 +22,7 @@ from sqlq import (
     Unavailable,
     task,
 )
+from sqlq.calls import MAX_RETRY_AFTER_S, Call
 from sqlq.client import ApiError
 from sqlq.http.app import create_app
 from sqlq.http.guard import Security
@@ -215,3 +216,30 @@ def test_the_sync_client_retries_what_may_be_retried_and_pages_on() -> None:
         with pytest.raises(Unavailable):
             c.cancel("c" * 32)  # a cancel is not sent twice
         assert len(sent) == 5
+
+
+@pytest.mark.parametrize(
+    ("status", "content", "retry_after", "cls", "says"),
+    [
+        (502, b"<html>Bad Gateway</html>", None, Unavailable, "<html>Bad Gateway"),  # a proxy's
+        (400, b"[1, 2]", None, Invalid, "[1, 2]"),  # JSON, but no error object
+        (429, b'{"error": "queue_full"}', "Wed, 21 Oct 2015 07:28:00 GMT", RateLimited, ""),
+        (429, b'{"error": "queue_full"}', "soon", RateLimited, ""),
+        (429, b'{"error": "queue_full"}', "7", RateLimited, ""),
+        (429, b'{"error": "queue_full"}', "1e9", RateLimited, ""),
+    ],
+)
+def test_an_error_answer_of_any_shape_is_its_exception(
+    status: int, content: bytes, retry_after: str | None, cls: type[ApiError], says: str
+) -> None:
+    """An answer that is not sqlq's error object (a proxy's page, a JSON list) is still
+    its status's exception, with the body's start for a message; a Retry-After that is
+    an HTTP date (past here), not a number, or absurd is read as a wait, never raised."""
+    headers = {"retry-after": retry_after}
+    with pytest.raises(cls) as err:
+        Call("GET", "/stats", dict).read(status, content, headers.get)
+    assert says in err.value.message
+    if isinstance(err.value, RateLimited):
+        assert err.value.retry_after == {
+            "Wed, 21 Oct 2015 07:28:00 GMT": 0.0, "soon": 1.0, "7": 7.0, "1e9": MAX_RETRY_AFTER_S
+        }[retry_after or ""]  # fmt: skip
