@@ -176,9 +176,10 @@ class Outbox:
 
     def _apply(self, batch: list[Attempt], answers: Sequence[Reported]) -> None:
         """A call's answers: each item answered is done with; one ``unavailable`` (the
-        store took others but not it) stays owed, and goes again after a backoff."""
+        store took others but not it) or with no answer at all (a short list, from a
+        server with a bug) stays owed, and goes again after a backoff."""
         self.batches += 1
-        again = 0
+        again = max(0, len(batch) - len(answers))
         for a, answer in zip(batch, answers, strict=False):
             if answer.error == UNAVAILABLE:
                 again += 1
