@@ -158,6 +158,7 @@ async def test_a_claim_whose_answer_cannot_be_built_gives_its_jobs_back(
     with pytest.raises(RuntimeError, match="a bug"):
         await claim(rt, max=2)
     monkeypatch.undo()
+    assert rt.remote.counts["release"] == 2  # counted as a worker's /claims/release is
     again = await claim(rt, max=2)
     assert len(again) == 2  # due again now, not after a lease
     assert all(g.job.attempts == 1 for g in again)  # the lost claim's attempt given back

@@ -326,8 +326,9 @@ class Remote:
     async def _give_back_taken(self, jobs: list[Job]) -> None:
         """Release jobs just taken whose claim cannot be answered, each in its turn as it
         stands then (a cancel asked meanwhile ends it cancelled), rather than leave them
-        held, by no one, until their leases run out. Whatever fails here is logged: the
-        bug that brought it here is what the caller raises."""
+        held, by no one, until their leases run out: written and counted as a worker's
+        ``/claims/release`` is (``_write_all``). Whatever fails here is logged: the bug
+        that brought it here is what the caller raises."""
 
         async def group(indexes: list[int]) -> None:
             taken = [jobs[i] for i in indexes]
@@ -337,13 +338,15 @@ class Remote:
             except Exception:  # (each is ended by its lease)
                 log.exception("jobs of a claim that failed could not be given back")
                 return
-            for was, job in zip(taken, current, strict=True):
-                if job is None or job.epoch != was.epoch or job.state is not State.RUNNING:
-                    continue  # it moved on already
-                try:
-                    await self._side.write(job, released(job, now), now)
-                except Exception:  # (its lease ends it)
-                    log.exception("job %s of a claim that failed could not be given back", job.id)
+            release = ReleaseIn()
+            writes = [(k, job, released(job, now), release)  # as a worker's /claims/release
+                      for k, (was, job) in enumerate(zip(taken, current, strict=True))
+                      if job is not None and job.epoch == was.epoch
+                      and job.state is State.RUNNING]  # (else it moved on already)  # fmt: skip
+            for (_, job, *_), done in zip(writes, await self._write_all(writes, now), strict=True):
+                if isinstance(done, BaseException):  # (its lease ends it)
+                    log.error("job %s of a claim that failed could not be given back", job.id,
+                              exc_info=done)  # fmt: skip
 
         await self._in_turns([j.id for j in jobs], group)
 
