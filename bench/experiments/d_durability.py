@@ -1,6 +1,6 @@
 """D. The cost of durability: engine x sync level x group commit, against memory.
 
-``results/D-before.jsonl``, where present, is the same experiment run on the tree before
+``results/versus-before/D-before.jsonl`` is the same experiment run on the tree before
 a change to an engine (memory and that engine only), its repeats interleaved with the
 current tree's; the section sets the two side by side, each against its own run's memory.
 Today's: SQLite on aiosqlite's connection, against the plain thread that owned a sqlite3

@@ -1,9 +1,9 @@
 """K. Close to the machine's limits: restart time and memory per queued job, walq's replay
 speed against a plain decode loop, server CPU per job, and huey beside the engines.
 
-``results/K.jsonl`` is the current tree's run; ``results/K-before.jsonl`` is the
-same experiment run on the tree before the work on these costs (the same
-machine), kept so the report shows both side by side.
+``results/K.jsonl`` is the current tree's run; ``results/versus-before/K-before.jsonl``
+is the same experiment run on the tree before the work on these costs (the same
+machine), which ``--report-only --with-before`` sets beside its own copy of K.
 
 - **restart**: N jobs delayed by a day are written through the engine
   (``sqlq.bench.fill --live``); ``sqlq serve`` starts on them; seconds from spawn to

@@ -13,8 +13,8 @@ cost per job. Within each repeat the variants run
 one after another, so drift on the shared machine hits them alike; cells are
 medians over the repeats.
 
-``results/M-before.jsonl`` is this experiment on the tree before the work on
-the scheduler's queues (the same machine), kept so the report shows both.
+``results/versus-before/M-before.jsonl`` is this experiment on the tree before the work
+on the scheduler's queues (the same machine), which ``--with-before`` shows beside M.
 """
 
 from __future__ import annotations
