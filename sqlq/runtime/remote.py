@@ -338,7 +338,7 @@ class Remote:
             except Exception:  # (each is ended by its lease)
                 log.exception("jobs of a claim that failed could not be given back")
                 return
-            release = ReleaseIn()
+            release: What = ReleaseIn()
             writes = [(k, job, released(job, now), release)  # as a worker's /claims/release
                       for k, (was, job) in enumerate(zip(taken, current, strict=True))
                       if job is not None and job.epoch == was.epoch
