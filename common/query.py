@@ -7,6 +7,10 @@ passes it back.
 Every check is a ``fullmatch`` of an ASCII pattern: ``str.isdigit`` also takes
 ``²`` and Arabic-Indic digits (which ``int`` then refuses, or accepts), and
 ``re.match`` with ``$`` takes a trailing newline.
+
+The parameters come as a plain ``Mapping[str, str]`` (one value a name; a web
+framework's query multi-dict is one, and so is a dict): the kernel imports no web
+framework, and a caller with repeated names decides which one it passes.
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-
-from starlette.datastructures import QueryParams
+from collections.abc import Mapping
 
 from sqlq.common.errors import ValidationError, clip
 from sqlq.common.models import State
@@ -50,7 +53,7 @@ def _uncursor(value: str) -> str:
     return job_id
 
 
-def _int(params: QueryParams, name: str, low: int, high: int, default: int) -> int:
+def _int(params: Mapping[str, str], name: str, low: int, high: int, default: int) -> int:
     raw = params.get(name)
     if raw is None:
         return default
@@ -60,7 +63,7 @@ def _int(params: QueryParams, name: str, low: int, high: int, default: int) -> i
     return value
 
 
-def job_query(params: QueryParams) -> JobQuery:
+def job_query(params: Mapping[str, str]) -> JobQuery:
     unknown = sorted(set(params) - LIST_PARAMS)
     if unknown:
         raise ValidationError(clip(unknown[0], 60), f"unknown parameter; use {sorted(LIST_PARAMS)}")
@@ -89,7 +92,7 @@ def job_query(params: QueryParams) -> JobQuery:
     )
 
 
-def wait_seconds(params: QueryParams) -> float:
+def wait_seconds(params: Mapping[str, str]) -> float:
     raw = params.get("wait")
     if raw is None:
         return 0.0

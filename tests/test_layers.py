@@ -1,10 +1,10 @@
 """The layering, read from the code: every import statement, anywhere in a module.
 
 The kernel (``common``) is what the engines and the server share, so it can't
-know about either; only the engine registry (and the CLI's repair and migrate
-commands) names an engine; the dashboard sits on the runtime, never under it;
-and the product never needs the benchmarks. A module that breaks one of these
-fails here with the edge that did it.
+know about either, nor about a web framework; only the engine registry (and the
+CLI's repair and migrate commands) names an engine; the dashboard sits on the
+runtime, never under it; and the product never needs the benchmarks. A module
+that breaks one of these fails here with the edge that did it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ ENGINES = ("sqlq.walq", "sqlq.engines.sqlite", "sqlq.engines.postgres", "sqlq.co
 # the registry, the CLI's repair and migrate commands, and the benchmarks (which measure
 # engines directly); an engine may import itself, never another
 MAY_NAME_AN_ENGINE = ("sqlq.engines.registry", "sqlq.bench", "sqlq.cli")
+# what serves or speaks HTTP: the kernel takes plain values (a query is a Mapping), so a
+# worker, an engine or another front end can use it without any of these
+WEB = ("starlette", "uvicorn", "httpx", "h11", "httptools", "jinja2")
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -71,6 +74,7 @@ RULES = {
     "common imports nothing of walq, sqlq or bench": lambda m, t: (
         within(m, "sqlq.common") and within(t, "sqlq") and not within(t, "sqlq.common")
     ),
+    "common imports no web framework": lambda m, t: within(m, "sqlq.common") and within(t, *WEB),
     "only sqlq.engines (and the CLI wiring) imports an engine": lambda m, t: (
         within(t, *ENGINES)
         and not within(m, *MAY_NAME_AN_ENGINE)
@@ -107,6 +111,7 @@ def test_each_rule_can_fail() -> None:
     bad = {
         "only the installed names are imported": ("sqlq.runtime.service", "common.models"),
         "common imports nothing of walq, sqlq or bench": ("sqlq.common.store", "sqlq.runtime"),
+        "common imports no web framework": ("sqlq.common.query", "starlette.datastructures"),
         "only sqlq.engines (and the CLI wiring) imports an engine": (
             "sqlq.engines.postgres.store",  # one engine reaching into another (issue 20)
             "sqlq.engines.sqlite.sql",

@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
-from starlette.datastructures import QueryParams
 
 from sqlq.common import query as params
 from sqlq.common.errors import JobNotFoundError, StoreError, TransitionError, ValidationError
@@ -86,7 +85,7 @@ def _queue(given: Fields) -> Fields:
 def _dead_filter(given: Fields) -> Fields:
     picked = {k: given[k] for k in ("kind", "queue") if given.get(k)}
     try:
-        params.job_query(QueryParams(picked))
+        params.job_query(picked)
     except ValidationError as exc:
         raise Refused(422, "Bad request", f"{exc.field}: {exc.message}") from exc
     return picked

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -173,7 +172,7 @@ class Dashboard:
         if state is not None:
             given["state"] = state
         try:
-            query = params.job_query(QueryParams({**given, "limit": str(PAGE_SIZE)}))
+            query = params.job_query({**given, "limit": str(PAGE_SIZE)})
         except ValidationError as exc:
             raise Refused(422, "Bad filter", f"{exc.field}: {exc.message}") from exc
         jobs = await self.runtime.list_jobs(query)
