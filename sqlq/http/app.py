@@ -20,7 +20,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sqlq import __version__
 from sqlq.common import query as params
@@ -41,7 +41,7 @@ from sqlq.common.wire import Cancelled, job_view
 from sqlq.http.access import guarded, principal, require, rule
 from sqlq.http.claims import routes as claim_routes
 from sqlq.http.errors import ERRORS, BodyTooLarge, Forbidden, JSONResponse, handler_for
-from sqlq.http.guard import Guard, Security
+from sqlq.http.guard import Guard, Security, Stamped
 from sqlq.http.openapi import document
 from sqlq.http.schedules import routes as schedule_routes
 from sqlq.runtime.claims import QueueInfo
@@ -125,6 +125,14 @@ def _job_id(request: Request) -> str:
     if not params.is_job_id(job_id):
         raise JobNotFoundError(job_id)  # no store lookup for an id that cannot exist
     return job_id
+
+
+class _App(Starlette):
+    """Starlette with ``Stamped`` around its whole stack: outside its server-error layer
+    too, which answers a 500 outside every middleware it is given."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return Stamped(super().build_middleware_stack())
 
 
 def create_app(
@@ -292,7 +300,7 @@ def create_app(
         Route("/openapi.json", openapi, methods=["GET"]),
         *([] if dashboard is None else [Mount(UI_PREFIX, routes=dashboard.routes())]),
     ]
-    app = Starlette(
+    app = _App(
         routes=guarded(routes),
         exception_handlers=ERRORS,
         lifespan=lifespan,

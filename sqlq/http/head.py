@@ -19,6 +19,8 @@ from __future__ import annotations
 import msgspec
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from sqlq.http.guard import NOSNIFF
+
 MAX_HEAD = 32 << 10
 
 _BODY = msgspec.json.encode(
@@ -32,7 +34,8 @@ REFUSAL = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
     b"content-type: application/json\r\n"
     b"content-length: %d\r\n"
-    b"connection: close\r\n\r\n%s" % (len(_BODY), _BODY)
+    b"connection: close\r\n"
+    b"%s: %s\r\n\r\n%s" % (len(_BODY), *NOSNIFF, _BODY)
 )
 
 

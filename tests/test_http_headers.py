@@ -1,0 +1,106 @@
+"""Every answer carries ``X-Content-Type-Options: nosniff`` (``sqlq.http.guard.Stamped``),
+whatever made it: a handler, the error table, the guard's refusal, a 500 from outside
+every middleware, the dashboard, ``/openapi.json`` and the 431 of an oversized head."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.http.app import create_app
+from sqlq.http.guard import Security
+from sqlq.http.head import REFUSAL
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.service import Service
+
+Make = Callable[..., Any]
+TOKEN = "a-token-for-the-header-tests"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Make]:
+    """``await client(security=...)``: a client on an app over a fresh memory service."""
+    made: list[tuple[Service, httpx.AsyncClient]] = []
+
+    async def make(security: Security | None = None) -> httpx.AsyncClient:
+        rt = Service(MemoryStore(), RuntimeConfig(workers=1, seed=1))
+        await rt.start()
+        app = create_app(rt, start_runtime=False, security=security)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        c = httpx.AsyncClient(transport=transport, base_url="http://localhost")
+        c.runtime = rt  # type: ignore[attr-defined]
+        made.append((rt, c))
+        return c
+
+    yield make
+    for rt, c in made:
+        await c.aclose()
+        await rt.stop(0)
+
+
+def _nosniff(r: httpx.Response) -> None:
+    assert r.headers.get_list("x-content-type-options") == ["nosniff"], (r.status_code, r.url)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("GET", "/healthz", None, 200),
+        ("POST", "/jobs", {"kind": "sleep", "args": {}}, 201),  # the fast path
+        ("POST", "/jobs", {"kind": ""}, 422),  # the fast path's error
+        ("GET", "/jobs?colour=red", None, 422),
+        ("GET", "/jobs/01a240f0aeed63f910739af795ca4302", None, 404),
+        ("POST", "/jobs/batch", b"{", 400),
+        ("GET", "/nowhere", None, 404),
+        ("GET", "/openapi.json", None, 200),
+        ("GET", "/metrics", None, 200),
+        ("GET", "/ui/", None, 200),  # names its own: still once
+        ("GET", "/ui/jobs?state=asleep", None, 422),
+    ],
+)
+async def test_every_kind_of_answer_carries_nosniff_once(
+    client: Make, method: str, path: str, body: Any, status: int
+) -> None:
+    c = await client()
+    content = body if isinstance(body, bytes) else None
+    json = None if isinstance(body, bytes) else body
+    headers = {"content-type": "application/json"} if content is not None else None
+    r = await c.request(method, path, json=json, content=content, headers=headers)
+    assert r.status_code == status, r.text
+    _nosniff(r)
+
+
+async def test_the_guards_refusals_carry_it(client: Make) -> None:
+    c = await client(Security(token=TOKEN))
+    _nosniff(await c.get("/stats"))  # 401
+    r = await c.get("/stats", headers={"host": "evil.example"})
+    assert r.status_code == 421
+    _nosniff(r)
+    r = await c.post("/jobs", content=b"x", headers={"authorization": f"Bearer {TOKEN}",
+                                                      "content-type": "text/plain"})  # fmt: skip
+    assert r.status_code == 415
+    _nosniff(r)
+
+
+async def test_a_500_answered_outside_every_middleware_carries_it(
+    client: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = await client()
+
+    def broken() -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(c.runtime, "stats", broken)
+    r = await c.get("/stats")
+    assert (r.status_code, r.json()["error"]) == (500, "internal")
+    _nosniff(r)
+
+
+def test_the_431_a_head_past_its_limit_gets_carries_it() -> None:
+    head = REFUSAL.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+    assert head[0].startswith(b"HTTP/1.1 431 ")
+    assert b"x-content-type-options: nosniff" in head[1:]
