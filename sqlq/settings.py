@@ -19,7 +19,7 @@ import click
 from sqlq.common.backoff import RetryPolicy
 from sqlq.common.roles import MIN_TOKEN_LENGTH, Principal, TokenFileError, read_token_file
 from sqlq.common.store import DEFAULT_RETENTION_S
-from sqlq.engines.registry import CHOICES, COMPACT_FLOOR_MB, DEFAULT_COMPACT_RATIO
+from sqlq.engines.registry import CHOICES, COMPACT_FLOOR_MB, DB_DEADLINE_S, DEFAULT_COMPACT_RATIO
 from sqlq.flags import _queue_caps, _queue_names, opt
 from sqlq.flags import options as options  # the CLI reads both from here
 from sqlq.flags import queue_caps as queue_caps
@@ -75,6 +75,14 @@ class ServeSettings:
         metavar="S",
         help="--store postgres: a claim lasts S seconds unless its node renews it (every S/4); "
         "a killed node's jobs run again about S seconds after it died.",
+    )
+    db_timeout: float = opt(
+        DB_DEADLINE_S,
+        "--db-timeout",
+        type=click.FloatRange(0.1, 600),
+        metavar="S",
+        help="--store postgres: every call to the database (connect, statement) fails after "
+        "S seconds (503, retry later) instead of hanging while the database is out of reach.",
     )
     poll: float = opt(
         _RUNTIME.poll_s,

@@ -16,6 +16,7 @@ from typing import Any
 from sqlq.common.engine.datadir import prepare_dir
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.store import JobStore, SyncLevel
+from sqlq.engines.postgres.connections import DEADLINE_S
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.sqlite import SQLiteStore
 from sqlq.walq.store import COMPACT_FLOOR_BYTES, COMPACT_RATIO, WalStore
@@ -25,6 +26,7 @@ DURABLE_OPTIONS = ("group_commit", "sync_delay_s")
 # walq's compaction thresholds as ``sqlq serve`` shows them (the defaults live in walq)
 COMPACT_FLOOR_MB = COMPACT_FLOOR_BYTES / MiB
 DEFAULT_COMPACT_RATIO = COMPACT_RATIO
+DB_DEADLINE_S = DEADLINE_S  # the postgres engine's deadline of each database call
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ ENGINES: dict[str, Engine] = {
             PostgresStore,
             durable=True,
             aliases=("pg",),
-            options=("dsn", "group_commit", "pool_size", "node"),
+            options=("dsn", "group_commit", "pool_size", "node", "deadline_s"),
+            from_settings=lambda s: {"deadline_s": s["db_timeout"]},
         ),
     )
 }

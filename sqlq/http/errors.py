@@ -132,9 +132,15 @@ async def _conflict(_: Request, exc: Exception) -> Response:
     return _error(409, code, str(exc))
 
 
+UNAVAILABLE_RETRY_AFTER_S = 1  # a 503's Retry-After: the store may be back at once
+
+
 async def _unavailable(_: Request, exc: Exception) -> Response:
-    # The store failed or the server is not ready: nothing was acknowledged.
-    return _error(503, "unavailable", redact_paths(str(exc)))
+    # The store failed, is out of reach, or the server is not ready: nothing was
+    # acknowledged, and the same request may be sent again.
+    response = _error(503, "unavailable", redact_paths(str(exc)))
+    response.headers["retry-after"] = str(UNAVAILABLE_RETRY_AFTER_S)
+    return response
 
 
 async def _http(_: Request, exc: Exception) -> Response:

@@ -47,6 +47,14 @@ CLAIM_SETTINGS = {"enable_sort": "off", "enable_bitmapscan": "off"}
 # filter reads jobs_state_id either way: 1-3 ms), every second per dashboard viewer.
 LIST_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 
+# Every call to the database has a deadline: connecting, taking a pooled connection, and
+# each statement. Past it the call is ``StoreUnavailableError`` (a 503 with Retry-After),
+# so a node cut off from its database answers within a stated bound instead of hanging
+# until TCP gives up (about 15 minutes). A submission waits at most two of them: one for
+# the batch ahead of it in the writer, one for its own. Listings scan, so they get more.
+DEADLINE_S = 2.0
+LISTING_DEADLINES = 5  # a listing's deadline, in deadlines
+
 # The database is out of reach (or going away): the call failed, the engine did not.
 UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
@@ -65,12 +73,24 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 class Connections:
     """Every connection of one node; ``name`` is the engine's, for messages."""
 
-    def __init__(self, dsn: str, *, name: str, settings: dict[str, str], pool_size: int) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        name: str,
+        settings: dict[str, str],
+        pool_size: int,
+        deadline_s: float = DEADLINE_S,
+    ) -> None:
         self.dsn = dsn
         self.where = where(dsn)
         self._name = name
         self._settings = settings
         self._pool_size = pool_size
+        self.deadline_s = deadline_s
+        # What every connection is opened with: asyncpg's ``timeout`` bounds the connect,
+        # ``command_timeout`` each statement a call does not time itself.
+        self._bounds = {"timeout": deadline_s, "command_timeout": deadline_s}
         self._writer: asyncpg.Connection | None = None
         self._pool: asyncpg.Pool | None = None
         self._claimer: asyncpg.Pool | None = None  # one connection, only for claims
@@ -87,7 +107,7 @@ class Connections:
     async def open(self) -> list[str]:
         """Connect, refuse a schema of another version, and open the pools. Returns the
         paused queues, read on the first connection (the writer's) before the pools."""
-        conn = await connect(self.dsn, server_settings=self._settings)
+        conn = await connect(self.dsn, server_settings=self._settings, **self._bounds)
         try:
             await check(conn, self.dsn)
             paused = [r[0] for r in await conn.fetch(Q["paused"])]
@@ -97,15 +117,17 @@ class Connections:
         self._writer = conn
         try:
             self._pool = await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=self._pool_size, server_settings=self._settings
-            )
+                self.dsn, min_size=1, max_size=self._pool_size, server_settings=self._settings,
+                **self._bounds,
+            )  # fmt: skip
             self._claimer = await asyncpg.create_pool(
                 self.dsn, min_size=1, max_size=1,
-                server_settings={**self._settings, **CLAIM_SETTINGS},
+                server_settings={**self._settings, **CLAIM_SETTINGS}, **self._bounds,
             )  # fmt: skip
             self._lister = await asyncpg.create_pool(
                 self.dsn, min_size=1, max_size=self._pool_size,
-                server_settings={**self._settings, **LIST_SETTINGS},
+                server_settings={**self._settings, **LIST_SETTINGS}, timeout=self.deadline_s,
+                command_timeout=self.deadline_s * LISTING_DEADLINES,
             )  # fmt: skip
         except UNAVAILABLE as exc:
             await conn.close()
@@ -134,7 +156,9 @@ class Connections:
         """The writer's connection, connecting again if it was lost."""
         if self._writer is None or self._writer.is_closed():
             try:
-                self._writer = await asyncpg.connect(self.dsn, server_settings=self._settings)
+                self._writer = await asyncpg.connect(
+                    self.dsn, server_settings=self._settings, **self._bounds
+                )
             except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
                 raise StoreUnavailableError(self.unreachable(exc)) from None
             self.reconnects += 1
@@ -167,13 +191,20 @@ class Connections:
     async def acquire(
         self, claims: bool = False, listing: bool = False
     ) -> AsyncIterator[asyncpg.Connection]:
-        """A connection of the claims', the listings' or the general pool."""
+        """A connection of the claims', the listings' or the general pool, within the
+        deadline. A call that found the database out of reach drops its connection, so
+        handing it back to the pool does not wait on the lost link as well."""
         pool = self._claimer if claims else self._lister if listing else self._pool
         if pool is None:
             raise StoreClosedError(f"{self._name} store is not open")
         try:
-            async with pool.acquire() as conn:
-                yield conn
+            async with pool.acquire(timeout=self.deadline_s) as conn:
+                try:
+                    yield conn
+                except UNAVAILABLE:
+                    with contextlib.suppress(asyncpg.InterfaceError):  # (released already)
+                        conn.terminate()
+                    raise
         except UNAVAILABLE as exc:
             raise StoreUnavailableError(self.unreachable(exc)) from None
 
@@ -196,7 +227,7 @@ class Connections:
         delay = 0.1
         while True:
             try:
-                conn = await asyncpg.connect(self.dsn)
+                conn = await asyncpg.connect(self.dsn, timeout=self.deadline_s)
             except (*UNAVAILABLE, asyncpg.PostgresError):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

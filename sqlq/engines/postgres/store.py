@@ -8,7 +8,8 @@ and reads go through a small pool (``connections.py``). Nothing is kept in
 memory: ``open`` recovers no jobs (nor schedules), because the queue is the
 database's, not this process's.
 
-Failures. A lost connection or a database that is restarting is
+Failures. A lost connection, a database that is restarting, or one out of reach
+past the deadline every call has (``connections.DEADLINE_S``, ``--db-timeout``) is
 ``StoreUnavailableError`` for the calls it touched, and the engine reconnects
 on the next call; it does not fail for good the way a local engine does after
 an fsync error, because PostgreSQL keeps its own WAL honest and comes back. A
@@ -51,7 +52,7 @@ from sqlq.common.store import (
 from sqlq.engines.listing import postgres_args, postgres_shape
 from sqlq.engines.postgres import leases, signing
 from sqlq.engines.postgres.batch import Encoded, fast_path_safe, write_batch, write_one_by_one
-from sqlq.engines.postgres.connections import UNAVAILABLE, Connections
+from sqlq.engines.postgres.connections import DEADLINE_S, UNAVAILABLE, Connections
 from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
 from sqlq.engines.postgres.schedule_rows import row_schedule
 from sqlq.engines.postgres.schedules import flush
@@ -82,6 +83,7 @@ class PostgresStore(Committing):
         group_commit: bool = True,
         pool_size: int = 4,
         node: str | None = None,
+        deadline_s: float = DEADLINE_S,
     ) -> None:
         self.dsn = dsn
         self.sync: SyncLevel = sync
@@ -90,7 +92,8 @@ class PostgresStore(Committing):
         self.node = node or node_name()
         self._group = group_commit
         settings = {"synchronous_commit": "on" if sync == "full" else "off"}
-        self._db = Connections(dsn, name=self.name, settings=settings, pool_size=pool_size)
+        self._db = Connections(dsn, name=self.name, settings=settings, pool_size=pool_size,
+                               deadline_s=deadline_s)  # fmt: skip
         self.where = self._db.where
         self._committer: GroupCommitter | None = None
         self._observer: BatchObserver | None = None
