@@ -4,7 +4,8 @@ snoozed, or (once a cancel was asked for) cancelled.
 The cancel rule is River's: an attempt that fails, is cut off or snoozes after a cancel
 was asked for ends its job ``cancelled``, never retried; one that succeeds still ends it
 ``completed`` (``Job.complete``). Every author of an attempt's end (the workers' outcome,
-the health loop, recovery, shared mode's rescue) comes through here, so none can forget it.
+a remote worker's, the health loop, recovery, shared mode's rescue, a claim given back)
+comes through here, so none can forget it.
 
 Pure: the delay is a function of the attempt number and an injected RNG, so
 tests pin it down with a seeded ``random.Random`` and literal numbers.
@@ -49,13 +50,15 @@ def after_failure(
     rng: random.Random,
     *,
     delay_s: float | None = None,
+    retry: bool = True,
 ) -> Transition:
     """What a failed attempt becomes: a retry after backoff (``delay_s``, if given, instead:
-    a remote worker's ``retry_in_s``), or the dead-letter state; or, once a cancel was asked
-    for, cancelled."""
+    a remote worker's ``retry_in_s``), or the dead-letter state (at once if ``retry`` is
+    False: the handler said the failure is final); or, once a cancel was asked for,
+    cancelled."""
     if job.cancel_requested_at is not None:
         return job.withdraw(error, now)
-    if should_retry(job.attempts, job.max_attempts, policy):
+    if retry and should_retry(job.attempts, job.max_attempts, policy):
         delay = retry_delay(job.attempts, policy, rng) if delay_s is None else delay_s
         return job.retry(error, now + delay, now)
     return job.bury(error, now)
@@ -72,17 +75,9 @@ def after_snooze(job: Job, delay_s: float, now: float, max_snoozes: int) -> Tran
     return job.snooze(now + delay_s, now)
 
 
-def given_back(job: Job, reason: str, now: float) -> Transition:
-    """What a claim that never started becomes when its node gives it back: due again as it
-    was (no backoff: it did not fail), or cancelled if a cancel was asked for."""
-    if job.cancel_requested_at is not None:
-        return job.withdraw(reason, now)
-    return job.retry(reason, job.ready_at, now)
-
-
 def released(job: Job, now: float) -> Transition:
-    """What a remote worker's ``/claims/release`` becomes: due now again with its attempt
-    given back (it never started), or cancelled if a cancel was asked for."""
-    if job.cancel_requested_at is not None:
-        return job.withdraw("cancelled: given back after a cancel was asked for", now)
-    return job.release(now)
+    """What a claim that never started becomes when its holder gives it back (a remote
+    worker's ``/claims/release``, a node that stops with claims no worker took): due again
+    in its place in line, or cancelled if a cancel was asked for. Either way it was no
+    attempt: ``attempts`` and ``errors`` stay as they were before the claim."""
+    return job.release(now, cancelled=job.cancel_requested_at is not None)

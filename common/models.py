@@ -253,15 +253,15 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
             progress=self.progress if progress is None else progress,
         )
 
-    def release(self, now: float) -> Transition:
-        """running -> scheduled, due now, a new epoch: its holder gives the job back before
-        starting it, so the attempt is not counted (``sqlq.common.backoff.released``)."""
+    def release(self, now: float, *, cancelled: bool = False) -> Transition:
+        """running -> scheduled (``cancelled``: -> cancelled), a new epoch: its holder gives
+        the job back before starting it, so the attempt is not counted and no error is
+        added; it keeps its ``ready_at``, its place in line (``backoff.released``)."""
         return self._to(
-            State.SCHEDULED,
+            State.CANCELLED if cancelled else State.SCHEDULED,
             now,
             epoch=self.epoch + 1,
             attempts=max(0, self.attempts - 1),
-            ready_at=now,
         )
 
     def complete(self, result: JSON, now: float) -> Transition:

@@ -83,8 +83,8 @@ def nodes(services: ServiceFactory, pg_db: str) -> Node:
         config.setdefault("lease_s", 2.0)
         config.setdefault("poll_s", 0.2)
         clock = config.pop("clock", SYSTEM_CLOCK)
-        return services(PostgresStore(pg_db, clock=clock), kinds=kinds_ or kinds(), clock=clock,
-                        **config)  # fmt: skip
+        store = PostgresStore(config.pop("dsn", pg_db), clock=clock)
+        return services(store, kinds=kinds_ or kinds(), clock=clock, **config)
 
     return make
 

@@ -196,4 +196,8 @@ async def test_a_claim_no_worker_took_is_given_back_and_uncounted_at_stop(stores
     await claims.drain()
     back = await store.get(job.id)
     assert back is not None
-    assert (back.state, back.last_error) == (State.SCHEDULED, "not started: the node stopped")
+    # It never started: no attempt counted and no error added (as before the claim).
+    assert (back.state, back.attempts, back.last_error, back.errors) == (
+        State.SCHEDULED, 0, None, job.errors,
+    )  # fmt: skip
+    assert back.ready_at == job.ready_at  # its place in line

@@ -35,6 +35,7 @@ class Claim:
     over: bool = False  # the outcome is built: nothing more is written for this attempt
     last: asyncio.Task[Any] | None = None  # the latest write of this claim (``Reach._chain``)
     asked: asyncio.Task[Any] | None = None  # the write of its cancel request (``Reach._ask``)
+    granted_at: float | None = None  # monotonic: when the claim that leased it was sent (shared)
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,6 +119,20 @@ class Claims(Protocol):
         """The handler snoozed: due again after ``delay_s``, its attempt not counted."""
         ...
 
+    def expires(self, claim: Claim) -> float | None:
+        """When (monotonic) this holder stops holding ``claim``'s job unless it renews its
+        lease first (``sqlq.common.lease``); None: never, the queue is this process's."""
+        ...
+
+    def lost(self, claim: Claim) -> None:
+        """The holder's lease on ``claim`` ran out unrenewed: the attempt is over here and
+        reports nothing (the job is whoever rescues it's)."""
+        ...
+
+    def trouble(self) -> str | None:
+        """Why this node cannot serve now (its store out of reach past its lease), or None."""
+        ...
+
     async def pause(self, queue: str, paused: bool) -> None:
         """Stop (or resume) starting jobs of ``queue``; durable. Running ones finish."""
         ...
@@ -284,6 +298,18 @@ class ClaimsBase(Reach):
         job, now = self._carry(claim), self._clock.time()
         self._record(claim, after_snooze(job, delay_s, now, self._config.max_snoozes),
                      again=Event.SNOOZED)  # fmt: skip
+
+    def expires(self, claim: Claim) -> float | None:
+        return None
+
+    def trouble(self) -> str | None:
+        return None
+
+    def lost(self, claim: Claim) -> None:
+        self._over(claim)
+        claim.over = True
+        self._let_go(claim)
+        self._events.record(Event.LEASE_LOST, claim.job)
 
     def _over(self, claim: Claim) -> None:
         """The attempt ended: its queue has room for one more."""

@@ -58,6 +58,7 @@ class Event(StrEnum):
         "requeued_expired_lease"  # a lease ran out: a node's, a remote worker's
     )
     FENCED = "fenced"  # an outcome refused: the attempt no longer held the job
+    LEASE_LOST = "lease_lost"  # its holder could not renew in time: cut off, nothing reported
     CLAIM_FAILED = "claim_failed"  # the store failed to write a claim: nothing recorded
     UNENCODABLE = "unencodable"  # a result JSON cannot hold: the attempt failed
     REFUSED_FULL = "refused_full"  # a submission past --max-queued
@@ -78,6 +79,7 @@ LABEL: dict[Event, str] = {
     Event.DEAD: "dead",
     Event.RETRIED: "retried",
     Event.FENCED: "fenced",
+    Event.LEASE_LOST: "lease_lost",
     Event.REQUEUED_HUNG: "requeued",
     Event.REQUEUED_AT_RECOVERY: "requeued",
     Event.REQUEUED_EXPIRED_LEASE: "requeued",

@@ -575,12 +575,7 @@ class Remote:
                                      now)  # fmt: skip
             return job.complete(what.result, now)
         if isinstance(what, FailIn):
-            error = what.error
-            if job.cancel_requested_at is not None:
-                return job.withdraw(error, now)
-            if not what.retry:
-                return job.bury(error, now)
-            return self._failure(job, error, now, what.retry_in_s)
+            return self._failure(job, what.error, now, what.retry_in_s, retry=what.retry)
         if isinstance(what, SnoozeIn):
             return after_snooze(job, what.delay_s, now, self._config.max_snoozes)
         if isinstance(what, CheckpointIn):
@@ -594,9 +589,10 @@ class Remote:
         raise ValueError(f"outcome: not an outcome: {type(what).__name__}")
 
     def _failure(
-        self, job: Job, error: str, now: float, delay_s: float | None = None
+        self, job: Job, error: str, now: float, delay_s: float | None = None, *, retry: bool = True
     ) -> Transition:
-        return after_failure(job, error, now, self._config.retry, self._rng, delay_s=delay_s)
+        return after_failure(job, error, now, self._config.retry, self._rng, delay_s=delay_s,
+                             retry=retry)  # fmt: skip
 
     async def _write_all(
         self, writes: list[tuple[int, Job, Transition, What]], now: float

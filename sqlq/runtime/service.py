@@ -318,6 +318,9 @@ class Service:
         alive, reason = self.liveness()
         if not alive:
             return False, reason
+        trouble = self.claims.trouble()
+        if trouble is not None:
+            return False, trouble
         if not self.pool.live and self.pool.size > 0:  # (none configured: all remote)
             return False, "no healthy worker"
         abandoned, cap = self.abandoned(), self.config.max_abandoned

@@ -41,8 +41,9 @@ from typing import Any
 
 import msgspec
 
-from sqlq.common.backoff import given_back
+from sqlq.common.backoff import released
 from sqlq.common.errors import StoreError
+from sqlq.common.lease import cut_at
 from sqlq.common.models import JSON, Job, State, Transition
 from sqlq.common.protocol import remote_worker
 from sqlq.common.running import Progress
@@ -79,6 +80,9 @@ class SharedClaims(CensusViews, ClaimsBase):
         self._held: dict[str, Claim] = {}  # claimed here, outcome not yet written: the leases
         self._progress: dict[str, Progress] = {}  # progress due, for the next renewal
         self._census = Census(self._store, self._clock)
+        # When the last renewal the store granted was sent (monotonic): every lease this
+        # node holds runs from there (or from its own claim, if later), ``common.lease``.
+        self._renewed_at = self._clock.monotonic()
         self._next_due: float | None = None
         self._stopping = False
         self.claims = 0  # claim statements run
@@ -97,8 +101,9 @@ class SharedClaims(CensusViews, ClaimsBase):
     async def start(self, recovery: Recovery) -> None:
         self._loop = asyncio.get_running_loop()
         self._paused = set(recovery.paused_queues)
-        now = self._clock.time()
+        now, sent = self._clock.time(), self._clock.monotonic()
         await self._store.renew(now, now + self.lease_s, [])  # this node is seen from the start
+        self._renewed_at = sent
         await self._refresh()
         if self._config.listen:
             self._store.listen(self._woken, self._heard)
@@ -145,8 +150,7 @@ class SharedClaims(CensusViews, ClaimsBase):
         while self._ready:
             claim = self._ready.popleft()
             self._release(claim.job.queue)  # it never started, but it was counted as running
-            self._record(claim, given_back(claim.job, "not started: the node stopped",
-                                           self._clock.time()))  # fmt: skip
+            self._record(claim, released(claim.job, self._clock.time()))
 
     async def drain(self) -> None:
         """Record every outcome, then end this node's leases so others rescue what is left."""
@@ -171,8 +175,11 @@ class SharedClaims(CensusViews, ClaimsBase):
         self.remote_side.ring()
 
     async def next(self) -> Claim:
-        if self._ready:
-            return self._ready.popleft()
+        while self._ready:
+            claim = self._ready.popleft()
+            if self._clock.monotonic() <= self.expires(claim):
+                return claim
+            self.lost(claim)  # it waited here past its lease: another node's to rescue
         waiter: asyncio.Future[Claim] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         self._kick.set()
@@ -212,7 +219,7 @@ class SharedClaims(CensusViews, ClaimsBase):
             return  # every queue is remote workers': nothing is claimed in process
         besides = self._besides
         while (n := self._hungry()) > 0:
-            now = self._clock.time()
+            now, sent = self._clock.time(), self._clock.monotonic()
             t0 = time.perf_counter()
             if besides:
                 jobs = await self._store.claim(n, now, now + self.lease_s, self._caps,
@@ -223,19 +230,20 @@ class SharedClaims(CensusViews, ClaimsBase):
             self.claims += 1
             self.claimed += len(jobs)
             for job in jobs:
-                self._hand(job, now)
+                self._hand(job, now, sent)
             if len(jobs) < n:
                 self._next_due = await self._store.next_due(now)
                 return
         self._next_due = None
 
-    def _hand(self, job: Job, now: float) -> None:
-        """A claimed job to the first waiting worker (or the ready list if none is left)."""
+    def _hand(self, job: Job, now: float, sent: float) -> None:
+        """A claimed job to the first waiting worker (or the ready list if none is left);
+        ``sent``: when its claim was sent (monotonic), where its lease runs from."""
         self._running[job.queue] += 1
         self._metrics.queue_wait.observe(max(0.0, now - job.ready_at))
         done: asyncio.Future[ClaimResult] = asyncio.get_running_loop().create_future()
         done.set_result(ClaimResult.CLAIMED)
-        claim = self._held[job.id] = Claim(job, done)
+        claim = self._held[job.id] = Claim(job, done, granted_at=sent)
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
@@ -253,11 +261,12 @@ class SharedClaims(CensusViews, ClaimsBase):
     async def renew(self) -> None:
         """Extend every lease this node holds, in one statement (every ``lease_s / 4``), with
         the progress due; hear of the cancels asked for that a NOTIFY may have lost."""
-        now = self._clock.time()
+        now, sent = self._clock.time(), self._clock.monotonic()
         held = self._held
         progress, self._progress = self._progress, {}
         due = {job_id: p for job_id, p in progress.items() if job_id in held} or None
         renewal = await self._store.renew(now, now + self.lease_s, list(held), due)
+        self._renewed_at = sent
         self.renewals += 1
         for job_id in renewal.cancel_asked:
             self._heard(job_id)
@@ -290,6 +299,23 @@ class SharedClaims(CensusViews, ClaimsBase):
         if moves:
             self._kick.set()
         return len(moves)
+
+    @property
+    def renewed_at(self) -> float:
+        """When (monotonic) the last renewal the store granted was sent."""
+        return self._renewed_at
+
+    def expires(self, claim: Claim) -> float:
+        granted = self._renewed_at
+        if claim.granted_at is not None and claim.granted_at > granted:
+            granted = claim.granted_at
+        return cut_at(granted, self.lease_s)
+
+    def trouble(self) -> str | None:
+        silent = self._clock.monotonic() - self._renewed_at
+        if silent <= self.lease_s:
+            return None
+        return f"no lease renewed for {silent:.1f} s: the database is out of reach"
 
     # -- the hooks: outcomes and waking ------------------------------------------------------
 

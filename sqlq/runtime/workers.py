@@ -59,10 +59,20 @@ class Limit(enum.Enum):
 
     TIMEOUT = "timeout"
     HEARTBEAT = "heartbeat"
+    LEASE = "lease"  # its holder could not renew: cut off, and nothing is reported
 
 
-def overdue(ctx: JobContext, now: float) -> tuple[Limit, str] | None:
-    """Which limit the attempt behind ``ctx`` ran past at ``now``, and why, or None."""
+def overdue(
+    ctx: JobContext, now: float, lease_end: float | None = None, *, judged: bool = True
+) -> tuple[Limit, str] | None:
+    """Which limit the attempt behind ``ctx`` ran past at ``now``, and why, or None.
+    ``lease_end``: when its holder's lease runs out unrenewed (None: never); that limit
+    holds even where ``judged`` is False (``--no-healthcheck``): it is not the handler's
+    health but whether the job is still this holder's to run."""
+    if lease_end is not None and now > lease_end:
+        return Limit.LEASE, f"lease lost: not renewed for {now - lease_end:.3f} s past its end"
+    if not judged:
+        return None
     if ctx.deadline is not None and now > ctx.deadline:
         late = now - ctx.deadline
         if ctx.forced:
@@ -122,8 +132,8 @@ class WorkerPool:
     def start(self) -> None:
         for _ in range(self.size):
             self._spawn()
-        if self.healthcheck:
-            self._health_task = asyncio.create_task(self._health(), name="sqlq-health")
+        # Always: without --healthcheck it still cuts off attempts whose lease ran out.
+        self._health_task = asyncio.create_task(self._health(), name="sqlq-health")
 
     def _spawn(self) -> None:
         w = Worker(next(self._ids))
@@ -173,20 +183,21 @@ class WorkerPool:
     async def _health(self) -> None:
         while True:
             await self._clock.sleep(self.hb_timeout / 4)
-            self.check(self._clock.monotonic())
+            self.check(self._clock.monotonic(), judged=self.healthcheck)
 
-    def check(self, now: float) -> list[Worker]:
-        """Declare every worker past its attempt's heartbeat or time limit hung."""
+    def check(self, now: float, *, judged: bool = True) -> list[Worker]:
+        """Declare every worker past its attempt's lease limit hung, and (``judged``) every
+        one past its heartbeat or time limit."""
         hung: list[Worker] = []
+        claims = self._claims
         for w in list(self.live):
-            ctx = w.ctx
-            if ctx is None:
+            ctx, claim = w.ctx, w.claim
+            if ctx is None or claim is None:
                 continue
-            past = overdue(ctx, now)
+            past = overdue(ctx, now, claims.expires(claim), judged=judged)
             if past is None:
                 continue
             limit, reason = past
-            assert w.claim is not None
             hung.append(w)
             w.hung = True
             self.live.remove(w)
@@ -195,7 +206,11 @@ class WorkerPool:
             if limit is Limit.TIMEOUT:
                 self.timed_out += 1
             log.warning("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
-            self._claims.hung(w.claim, reason)
+            if limit is Limit.LEASE:
+                ctx.cancelled = True  # a thread's handler that looks stops too
+                claims.lost(claim)
+            else:
+                claims.hung(claim, reason)
             if w.task is not None:
                 w.task.cancel()  # an async handler stops; a thread is abandoned
             if not self._stopping:
