@@ -24,7 +24,12 @@ def cut_at(granted_at: float, lease_s: float) -> float:
     """The instant (the holder's monotonic clock) after which a holder whose lease was last
     granted by a call sent at ``granted_at`` no longer holds the job: it stops the attempt
     and reports nothing."""
-    return granted_at + lease_s * (1.0 - SKEW_MARGIN)
+    return stop_before(granted_at + lease_s, lease_s)
+
+
+def stop_before(lease_end: float, lease_s: float) -> float:
+    """``cut_at`` for a holder that keeps the lease's end (``granted_at + lease_s``)."""
+    return lease_end - lease_s * SKEW_MARGIN
 
 
 def holds(granted_at: float, lease_s: float, now: float) -> bool:

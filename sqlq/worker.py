@@ -60,6 +60,7 @@ import msgspec
 from sqlq.calls import ApiError, FencedError, Invalid, RateLimited, Unavailable
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.common.errors import ValidationError
+from sqlq.common.lease import SKEW_MARGIN, stop_before
 from sqlq.common.protocol import (
     DEFAULT_LEASE_S,
     FENCED,
@@ -84,7 +85,7 @@ from sqlq.runtime.context import AttemptFenced, Snooze
 from sqlq.runtime.cpu import CpuPool
 from sqlq.runtime.executor import Executor, build_registry
 from sqlq.runtime.kinds import REGISTRY, Registry
-from sqlq.runtime.workers import describe, overdue
+from sqlq.runtime.workers import Limit, describe, overdue
 from sqlq.worker_attempt import Attempt, describe_what, failure, job_of
 from sqlq.worker_outbox import RETRYABLE, Backoff, Outbox
 from sqlq.worker_procs import ChildFailed, ProcessHandlers
@@ -240,7 +241,7 @@ class Worker:
         self._fatal: ApiError | None = None
         self.stats: dict[str, int] = dict.fromkeys(
             ("claimed", "completed", "failed", "snoozed", "released", "fenced", "cut_off",
-             "claims", "heartbeats", "undelivered"), 0)  # fmt: skip
+             "lease_lost", "claims", "heartbeats", "undelivered"), 0)  # fmt: skip
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -385,7 +386,7 @@ class Worker:
             self._refused_carries = 0
         self._draining = len(granted) == n  # a full answer: there may be more
         for g in granted:
-            self._start(g)
+            self._start(g, asked)
         if not granted and not carried:  # a long poll that came back at once: not a spin
             self._claim_after = max(self._claim_after, asked + IDLE_POLL_S)
 
@@ -437,12 +438,13 @@ class Worker:
             return None
         return self._stop_at + self.grace_s - self._clock.monotonic()
 
-    def _start(self, g: Granted) -> None:
+    def _start(self, g: Granted, asked: float) -> None:
+        """A job granted by a claim sent at ``asked`` (monotonic): its lease runs from then."""
         loop = asyncio.get_running_loop()
         job = job_of(g.job)
         claimed: asyncio.Future[ClaimResult] = loop.create_future()
         claimed.set_result(ClaimResult.CLAIMED)
-        a = Attempt(g.token, job, Claim(job, claimed), self._clock.monotonic() + self.lease_s)
+        a = Attempt(g.token, job, Claim(job, claimed), asked + self.lease_s)
         self.stats["claimed"] += 1
         self._held[a.token] = a
         self._leased[a.token] = a
@@ -521,14 +523,17 @@ class Worker:
         self._done(a)
         self._outbox.put(a)
 
-    def _fence(self, a: Attempt) -> None:
-        """``a`` is no longer this worker's: nothing of it is reported."""
+    def _fence(self, a: Attempt, *, counted: bool = True) -> None:
+        """``a`` is no longer this worker's: nothing of it is reported (``counted``: as
+        fenced, the server said so; else its lease ran out here, counted by the caller)."""
         if a.over:
             return
         a.fenced()
         self._done(a)
         self._leased.pop(a.token, None)
         self._by_claim.pop(id(a.claim), None)
+        if not counted:
+            return
         self.stats["fenced"] += 1
         log.warning("job %s (%s) fenced: its claim is no longer this worker's; dropped",
                     a.job.id, a.job.kind)  # fmt: skip
@@ -541,10 +546,11 @@ class Worker:
         if not self._held:
             self._idle.set()
 
-    def _cut(self, a: Attempt, what: What | None) -> None:
-        """End ``a`` here (a timeout, a fence, the stop): decided now, its handler told."""
+    def _cut(self, a: Attempt, what: What | None, *, counted: bool = True) -> None:
+        """End ``a`` here (a timeout, a fence, a lease lost, the stop): decided now, its
+        handler told."""
         if what is None:
-            self._fence(a)
+            self._fence(a, counted=counted)
         else:
             self._decide(a, what)
         ctx = a.ctx
@@ -749,7 +755,8 @@ class Worker:
                 self._busy.clear()
                 await self._busy.wait()
             hbs = [a.ctx.hb_timeout for a in self._running if a.ctx and a.ctx.hb_timeout]
-            await self._clock.sleep(min([HEALTH_EVERY_S, *(hb / 4 for hb in hbs)]))
+            every = min([HEALTH_EVERY_S, self.lease_s * SKEW_MARGIN / 2, *(hb / 4 for hb in hbs)])
+            await self._clock.sleep(every)
             now = self._clock.monotonic()
             for a in list(self._running):
                 ctx = a.ctx
@@ -757,11 +764,17 @@ class Worker:
                     continue
                 if a.child is not None and self._procs is not None:
                     ctx.last_beat = max(ctx.last_beat, self._procs.last_beat(a.child))
-                past = overdue(ctx, now)
-                if past is not None:
+                past = overdue(ctx, now, stop_before(a.lease_end, self.lease_s))
+                if past is None:
+                    continue
+                limit, reason = past
+                log.warning("job %s (%s): %s; cut off", a.job.id, a.job.kind, reason)
+                if limit is Limit.LEASE:  # the server may have given it to another worker
+                    self.stats["lease_lost"] += 1
+                    self._cut(a, None, counted=False)  # nothing reported
+                else:
                     self.stats["cut_off"] += 1
-                    log.warning("job %s (%s): %s; cut off", a.job.id, a.job.kind, past[1])
-                    self._cut(a, failure(past[1]))
+                    self._cut(a, failure(reason))
 
     # -- the stop ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import pytest
 from sqlq import Cancelled, JobContext, Snooze, task
 from sqlq.calls import Invalid, Unauthorized
 from sqlq.common.clock import FakeClock
+from sqlq.common.lease import SKEW_MARGIN
 from sqlq.common.models import State
 from sqlq.common.protocol import UNAVAILABLE, CompleteIn, FailIn, Reported
 from sqlq.runtime.kinds import Registry
@@ -375,6 +376,40 @@ async def test_a_fenced_heartbeat_stops_the_attempt_and_reports_nothing(
         await server.until(lambda: seen == ["cancelled"])
         assert worker.held == 0
         assert worker.stats["fenced"] == 1
+    assert server.named("outcomes") == []
+    assert server.jobs[job].ends == []
+
+
+async def test_a_server_out_of_reach_past_the_lease_stops_the_attempt_unreported(
+    fake_clock: FakeClock,
+) -> None:
+    """A worker that cannot renew stops its attempt before its lease can run out on the
+    server (``common.lease``), so the job never runs twice at once past a lease; it reports
+    nothing of that attempt, even once the server is back."""
+    reg = Registry()
+    cancelled_at: list[float] = []
+
+    @task(registry=reg)
+    async def forever(args: Any) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled_at.append(fake_clock.monotonic())
+            raise
+
+    server = FakeServer(fake_clock)
+    job = server.submit("forever")
+    worker = make(server, reg, fake_clock, lease_s=3.0)
+    async with running(worker):
+        await server.until(lambda: server.state(job) is State.RUNNING)
+        server.down = True
+        await server.until(lambda: bool(cancelled_at))
+        # before the server's lease can run out (and another worker claim it)
+        assert cancelled_at[0] < server.jobs[job].lease_end
+        assert cancelled_at[0] >= server.jobs[job].lease_end - 3.0 * SKEW_MARGIN  # not sooner
+        assert worker.stats["lease_lost"] == 1
+        assert worker.held == 0
+        server.down = False
     assert server.named("outcomes") == []
     assert server.jobs[job].ends == []
 
