@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import msgspec
 
 from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE, MAX_SNOOZE_S
-from sqlq.common.specs import MAX_KIND, Queue
+from sqlq.common.specs import CLEANED, MAX_KIND, Queue
 from sqlq.common.wire import JobView
 
 MAX_CLAIM = 100  # jobs one claim may take
@@ -43,6 +43,10 @@ Token = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOKEN)]
 WorkerName = Annotated[str, msgspec.Meta(pattern=WORKER_PATTERN)]
 Kind = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KIND)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+# What a worker says of an attempt in its own words (a handler's exception text, a progress
+# message): cleaned where it is stored (``clean_error``), never refused for a NUL.
+ErrorText = Annotated[str, msgspec.Meta(max_length=MAX_ERROR, extra={CLEANED: True})]
+ProgressText = Annotated[str, msgspec.Meta(max_length=MAX_PROGRESS_MESSAGE, extra={CLEANED: True})]
 
 
 def remote_holder(worker: str) -> str:
@@ -95,7 +99,7 @@ class ProgressIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Progress as a worker reports it; the server stamps the time."""
 
     percent: Percent | None = None
-    message: Annotated[str, msgspec.Meta(max_length=MAX_PROGRESS_MESSAGE)] | None = None
+    message: ProgressText | None = None
 
 
 class BeatItem(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -131,7 +135,7 @@ class FailIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A failed attempt: through the retry policy (``retry_in_s`` instead of the backoff),
     or dead-lettered at once with ``retry: false``."""
 
-    error: Annotated[str, msgspec.Meta(max_length=MAX_ERROR)] = "failed"
+    error: ErrorText = "failed"
     retry: bool = True
     retry_in_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_RETRY_IN_S)] | None = None
 

@@ -10,7 +10,9 @@ Every check is a ``fullmatch`` of an ASCII pattern: ``str.isdigit`` also takes
 
 The parameters come as a plain ``Mapping[str, str]`` (one value a name; a web
 framework's query multi-dict is one, and so is a dict): the kernel imports no web
-framework, and a caller with repeated names decides which one it passes.
+framework, and a caller with repeated names decides which one it passes. Each is read
+through ``_param``, which holds it to the bodies' rule for names: no NUL
+(``sqlq.common.specs.no_nul``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sqlq.common.specs import (
     MAX_KIND,
     QUEUE_PATTERN,
     RESERVED_KEY_PREFIX,
+    no_nul,
     whole_number,
 )
 from sqlq.common.store import MAX_PAGE, JobQuery
@@ -53,8 +56,14 @@ def _uncursor(value: str) -> str:
     return job_id
 
 
-def _int(params: Mapping[str, str], name: str, low: int, high: int, default: int) -> int:
+def _param(params: Mapping[str, str], name: str) -> str | None:
+    """The parameter ``name``, None if absent; a 422 naming it if it holds a NUL."""
     raw = params.get(name)
+    return None if raw is None else no_nul(name, raw)
+
+
+def _int(params: Mapping[str, str], name: str, low: int, high: int, default: int) -> int:
+    raw = _param(params, name)
     if raw is None:
         return default
     value = whole_number(raw)
@@ -67,21 +76,19 @@ def job_query(params: Mapping[str, str]) -> JobQuery:
     unknown = sorted(set(params) - LIST_PARAMS)
     if unknown:
         raise ValidationError(clip(unknown[0], 60), f"unknown parameter; use {sorted(LIST_PARAMS)}")
-    state = params.get("state")
+    state = _param(params, "state")
     if state is not None and state not in State.__members__.values():
         raise ValidationError("state", f"one of {', '.join(s.value for s in State)}")
-    kind = params.get("kind")
+    kind = _param(params, "kind")
     if kind is not None and not 1 <= len(kind) <= MAX_KIND:
         raise ValidationError("kind", f"1 to {MAX_KIND} characters")
-    if kind is not None and "\x00" in kind:  # no kind holds one; PostgreSQL text cannot
-        raise ValidationError("kind", "must not contain NUL")
-    queue = params.get("queue")
+    queue = _param(params, "queue")
     if queue is not None and not _QUEUE.fullmatch(queue):
         raise ValidationError("queue", f"must match {QUEUE_PATTERN}")
-    schedule = params.get("schedule")
+    schedule = _param(params, "schedule")
     if schedule is not None:
         check_name(schedule, "schedule")
-    after = params.get("after")
+    after = _param(params, "after")
     return JobQuery(
         state=None if state is None else State(state),
         kind=kind,
@@ -93,7 +100,7 @@ def job_query(params: Mapping[str, str]) -> JobQuery:
 
 
 def wait_seconds(params: Mapping[str, str]) -> float:
-    raw = params.get("wait")
+    raw = _param(params, "wait")
     if raw is None:
         return 0.0
     try:

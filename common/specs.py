@@ -10,6 +10,18 @@ A batch is decoded in two steps: its jobs with their args left as raw JSON
 against ``MAX_BATCH_ITEMS`` as they come. A batch of small containers is then
 refused after at most that many items are made, not after the whole body is
 (a 15 MiB batch of them was 337 MB of objects and 2 s of the event loop).
+
+**No NUL in a name.** Every string field of every body (a kind, a queue, a worker's
+name, a token, a key, a schedule's cron or zone ...) and every query parameter
+(``sqlq.common.query``) is refused with a 422 naming it if it holds a NUL: PostgreSQL's
+text cannot hold one, and a name that one engine takes and another cannot is no name.
+``decode`` holds every body to it, so no route can forget it. Two kinds of string are
+not names and keep theirs: JSON values (a job's args, a result, a checkpoint: every
+engine stores them as JSON text, where a NUL is the escape ``\u0000``), and free text a
+worker reports (a failure's error, a progress message), marked ``CLEANED`` and cleaned
+instead (``sqlq.common.running.clean_error``: a handler's exception text is never a
+reason to refuse the report of its failure). A body with no ``\u0000`` in its bytes (a
+raw NUL is no JSON) holds no NUL, so the rule costs the others one scan of the bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import re
 from typing import Annotated, Any, Literal
 
 import msgspec
+import msgspec.inspect as mi
 
 from sqlq.common.errors import ValidationError
 from sqlq.common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
@@ -46,6 +59,12 @@ QUEUE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$(?!\n)"
 RESERVED_KEY_PREFIX = "sched:"
 # Printable ASCII, no spaces (fits a header), and not a schedule's key.
 KEY_PATTERN = rf"^(?!{RESERVED_KEY_PREFIX})[\x21-\x7e]{{1,255}}$(?!\n)"
+
+# A string field's ``Meta(extra=...)`` key: free text cleaned, not refused, for a NUL
+# (the module's docstring).
+CLEANED = "cleaned"
+NUL = "\x00"
+_NUL_ESCAPE = b"\\u0000"  # how a JSON body spells a NUL
 
 Queue = Annotated[str, msgspec.Meta(pattern=QUEUE_PATTERN)]
 IdempotencyKey = Annotated[str, msgspec.Meta(pattern=KEY_PATTERN)]
@@ -219,9 +238,59 @@ assert _FIELDS == ("kind", "delay_ms", "run_at", "max_attempts", "priority", "qu
                    "idempotency_key"), "a JobSpec field _spec does not copy"  # fmt: skip
 
 
+def no_nul(field: str, value: str) -> str:
+    """``value``, if it holds no NUL; a ``ValidationError`` naming ``field`` if it does."""
+    if NUL in value:
+        raise ValidationError(field, "must not contain NUL (\\u0000)")
+    return value
+
+
+_SHAPES: dict[Any, mi.Type] = {}  # each body type as msgspec describes it, made once
+
+
+def _shape(spec: type[Any]) -> mi.Type:
+    shape = _SHAPES.get(spec)
+    if shape is None:
+        shape = _SHAPES[spec] = mi.type_info(spec)
+    return shape
+
+
+def _names(value: Any, t: mi.Type, path: str) -> None:
+    """Hold every string field of ``value`` (decoded as ``t``, found at ``path``) to
+    ``no_nul``; JSON values (``Any``, a dict, raw) and ``CLEANED`` text are passed over.
+
+    Recursive over the type, not the value: a body nests only as deep as its structs."""
+    if isinstance(t, mi.Metadata):
+        if t.extra and t.extra.get(CLEANED):
+            return
+        t = t.type
+    if isinstance(t, mi.UnionType):
+        for member in t.types:
+            inner = member.type if isinstance(member, mi.Metadata) else member
+            if (
+                (isinstance(inner, mi.StrType) and isinstance(value, str))
+                or (isinstance(inner, mi.ListType) and isinstance(value, list))
+                or (isinstance(inner, mi.StructType) and type(value) is inner.cls)
+            ):
+                _names(value, member, path)
+                return
+    elif isinstance(t, mi.StrType):
+        no_nul(path or "body", value)
+    elif isinstance(t, mi.ListType):
+        for i, item in enumerate(value):
+            _names(item, t.item_type, f"{path}[{i}]")
+    elif isinstance(t, mi.StructType):
+        for f in t.fields:
+            _names(
+                getattr(value, f.name), f.type, f"{path}.{f.encode_name}" if path else f.encode_name
+            )
+
+
 def decode(body: bytes, spec: type[Any]) -> Any:
+    """``body`` as ``spec``: a ``ValidationError`` naming the field (a value of the wrong
+    type or out of bounds, a name holding NUL), or ``BadJSON``."""
     try:
-        return msgspec.json.decode(body, type=spec)
+        value = msgspec.json.decode(body, type=spec)
     except msgspec.ValidationError as exc:
         field, message = error_field(str(exc))
         raise ValidationError(field, message) from None
@@ -231,3 +300,6 @@ def decode(body: bytes, spec: type[Any]) -> Any:
         # msgspec decodes nested arrays and objects recursively; a body nested a
         # thousand levels deep is an attack or a bug, never a job.
         raise BadJSON("body is nested too deeply") from None
+    if _NUL_ESCAPE in body:  # else no string in it holds one (the module's docstring)
+        _names(value, _shape(spec), "")
+    return value
