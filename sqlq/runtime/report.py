@@ -11,17 +11,49 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from sqlq.common.clock import Clock
 from sqlq.common.models import TERMINAL
-from sqlq.runtime.events import Event
+from sqlq.common.store import JobStore, Recovery
+from sqlq.runtime.claims import Claims
+from sqlq.runtime.config import RuntimeConfig, RuntimeState
+from sqlq.runtime.events import Event, Events
+from sqlq.runtime.executor import Executor
 from sqlq.runtime.metrics import gauge
-from sqlq.runtime.remote import COUNTED
+from sqlq.runtime.remote import COUNTED, Remote
+from sqlq.runtime.workers import WorkerPool
 
-if TYPE_CHECKING:
-    from sqlq.runtime.service import Service
+
+class Reported(Protocol):
+    """What a report reads of a service (``Service`` is one): its parts, read-only, so
+    this module needs nothing of the service but these."""
+
+    @property
+    def state(self) -> RuntimeState: ...
+    @property
+    def store(self) -> JobStore: ...
+    @property
+    def config(self) -> RuntimeConfig: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def events(self) -> Events: ...
+    @property
+    def claims(self) -> Claims: ...
+    @property
+    def executor(self) -> Executor: ...
+    @property
+    def pool(self) -> WorkerPool: ...
+    @property
+    def remote(self) -> Remote: ...
+    @property
+    def recovery(self) -> Recovery | None: ...
+
+    def abandoned(self) -> int: ...
+
 
 # /stats key -> the event total it reports
 TOTALS = {
@@ -40,7 +72,7 @@ TOTALS = {
 }
 
 
-def stats(rt: Service) -> dict[str, Any]:
+def stats(rt: Reported) -> dict[str, Any]:
     totals = rt.events.totals
     jobs: dict[str, int] = rt.claims.live_counts()  # (shared mode: on every node)
     jobs.update({s.value: totals[Event(s.value)] for s in TERMINAL})
@@ -69,7 +101,7 @@ def stats(rt: Service) -> dict[str, Any]:
     }
 
 
-def gauges(rt: Service) -> Iterator[Metric]:
+def gauges(rt: Reported) -> Iterator[Metric]:
     """What /metrics reads at scrape time: live jobs, workers (remote ones too: their calls
     by what they were, a fixed set of labels), recovery."""
     yield gauge(
