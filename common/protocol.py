@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from sqlq.common.errors import ValidationError
 from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE, MAX_SNOOZE_S
 from sqlq.common.specs import CLEANED, MAX_KIND, Queue
 from sqlq.common.wire import JobView
@@ -108,9 +109,24 @@ class BeatItem(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class HeartbeatRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``POST /claims/heartbeat``: renew every lease a worker holds, in one call."""
+    """``POST /claims/heartbeat``: renew every lease a worker holds, in one call; each
+    token named once (``check_heartbeat``)."""
 
     items: Annotated[list[BeatItem], msgspec.Meta(max_length=MAX_ITEMS)]
+
+
+def check_heartbeat(req: HeartbeatRequest) -> HeartbeatRequest:
+    """``req``, if it names each token at most once; else a ``ValidationError`` naming the
+    second (a 422). A lease is renewed once a call: one token named 1,000 times was 1,000
+    writes, each in its turn, seconds of one request. The route holds every decoded
+    heartbeat to it; the runtime's own callers (tests, a model) may still repeat one."""
+    first: dict[str, int] = {}
+    for i, item in enumerate(req.items):
+        at = first.setdefault(item.token, i)
+        if at != i:
+            raise ValidationError(f"items[{i}].token", f"the same token as items[{at}]; "
+                                  "name each lease once a heartbeat")  # fmt: skip
+    return req
 
 
 class Beat(msgspec.Struct, kw_only=True, omit_defaults=True):

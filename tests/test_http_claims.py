@@ -238,7 +238,9 @@ async def test_get_workers_lists_what_the_runtime_saw(served: Make) -> None:
 async def test_the_largest_heartbeat_and_batch_fit_their_limits(served: Make) -> None:
     s = await served()
     message = "é" * MAX_PROGRESS_MESSAGE  # escaped on the wire: six bytes a character
-    items = [{"token": "t" * 256, "progress": {"percent": 1, "message": message}}] * MAX_ITEMS
+    progress = {"percent": 1, "message": message}
+    tokens = [f"{i:04}".ljust(256, "t") for i in range(MAX_ITEMS)]  # (each once a heartbeat)
+    items = [{"token": token, "progress": progress} for token in tokens]
     raw = msgspec.json.encode({"items": items}).replace("é".encode(), b"\\u00e9")
     assert len(raw) <= MAX_HEARTBEAT_BODY
     r = await s.client.post("/claims/heartbeat", content=raw,

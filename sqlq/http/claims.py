@@ -12,7 +12,8 @@ refusal as an error body: 409 ``fenced`` (stale: the job moved on, its lease ran
 or it was cancelled), 422 ``invalid`` (a token this server never signed, or a bad
 value), 403 ``forbidden`` (a worker's token on another queue's job). The heartbeat and
 the batch of outcomes answer 200 with one answer per item, in order, whatever each
-item's fate.
+item's fate (a heartbeat that names a token twice is refused whole, a 422 naming the
+second: ``sqlq.common.protocol.check_heartbeat``).
 
 Tokens travel only in bodies, never in a URL, so no access log holds one. A claim
 long-polls up to ``MAX_WAIT_CLAIM_S`` (30 s); no timeout of this server cuts a request
@@ -56,6 +57,7 @@ from sqlq.common.protocol import (
     SnoozeBody,
     SnoozeIn,
     What,
+    check_heartbeat,
 )
 from sqlq.common.roles import Principal
 from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE
@@ -138,7 +140,9 @@ def routes(service: Service, read_body: ReadBody) -> list[Route]:
         return JSONResponse(answer)
 
     async def heartbeat(request: Request) -> Response:
-        req = decode(await read_body(request, MAX_HEARTBEAT_BODY), HeartbeatRequest)
+        req = check_heartbeat(
+            decode(await read_body(request, MAX_HEARTBEAT_BODY), HeartbeatRequest)
+        )
         return JSONResponse(await service.remote.heartbeat(req, who(request)))
 
     def single(name: str) -> Callable[[Request], Awaitable[Response]]:
