@@ -290,7 +290,7 @@ class SharedStore(JobStore, Protocol):
         n: int,
         now: float,
         lease_until: float,
-        caps: dict[str, int],
+        caps: Mapping[str, int],
         *,
         only: Sequence[str] | None = None,
         besides: Sequence[str] = (),

@@ -72,7 +72,7 @@ class FakeSharedStore:
         return job.withdraw(c.last_error or "cancelled", c.updated_at)
 
     async def claim(
-        self, n: int, now: float, lease_until: float, caps: dict[str, int]
+        self, n: int, now: float, lease_until: float, caps: Mapping[str, int]
     ) -> list[Job]:
         due = [j for j in await self.db.inner.list_jobs(JobQuery(state=State.SCHEDULED, limit=1000))
                if j.ready_at <= now][:n]  # fmt: skip

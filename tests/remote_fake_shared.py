@@ -6,7 +6,7 @@ and a NOTIFY of new work to the other nodes. As ``SharedStore`` states it, so
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -58,7 +58,7 @@ class RemoteFakeStore(FakeSharedStore):
         n: int,
         now: float,
         lease_until: float,
-        caps: dict[str, int],
+        caps: Mapping[str, int],
         *,
         only: Sequence[str] | None = None,
         besides: Sequence[str] = (),

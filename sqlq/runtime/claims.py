@@ -12,8 +12,8 @@ What the two do alike is written once, in ``ClaimsBase``: how an attempt ends
 (the outcome's transition, through the retry policy; a result JSON cannot hold;
 the fenced count; the log line; the events), and the flows of an operator's retry
 and pause. They differ only in the hooks: whether a claim held (``_held``), how an
-outcome is written (``_write``), what the view does with it (``_applied``), and how
-a job or a queue that became claimable wakes the claimers (``_due``, ``_opened``).
+outcome is written (``_write``), what the view does with it (``applied``), and how
+a job or a queue that became claimable wakes the claimers (``due``, ``_opened``).
 """
 
 from __future__ import annotations
@@ -208,6 +208,11 @@ class ClaimsBase(Reach):
     def _setup(self) -> None:
         """A subclass's own state, made at the end of ``__init__``."""
 
+    @property
+    def caps(self) -> Mapping[str, int]:
+        """``--queue NAME=N``: at most N jobs of queue NAME run at once."""
+        return self._caps
+
     # -- the hooks -----------------------------------------------------------------------
 
     async def _stood(self, claim: Claim) -> bool:
@@ -222,11 +227,11 @@ class ClaimsBase(Reach):
     def _let_go(self, claim: Claim) -> None:
         """The outcome of ``claim`` is written, or never will be."""
 
-    def _applied(self, job: Job, t: Transition) -> Job:
+    def applied(self, job: Job, t: Transition) -> Job:
         """``job`` after the durable ``t``, told to the view (and to waiters if it ended)."""
         raise NotImplementedError
 
-    def _due(self, job: Job) -> None:
+    def due(self, job: Job) -> None:
         """``job`` is scheduled again: wake whoever claims it."""
         raise NotImplementedError
 
@@ -240,9 +245,9 @@ class ClaimsBase(Reach):
         now = self._clock.time()
         revivals = [job.revive(now) for job in jobs]
         await self._store.commit(revivals)
-        revived = [self._applied(job, t) for job, t in zip(jobs, revivals, strict=True)]
+        revived = [self.applied(job, t) for job, t in zip(jobs, revivals, strict=True)]
         for job in revived:
-            self._due(job)
+            self.due(job)
         self._events.record(Event.OPERATOR_RETRIED, n=len(revived))
         return revived
 
@@ -362,12 +367,12 @@ class ClaimsBase(Reach):
                 return
         finally:
             self._let_go(claim)
-        after = self._applied(job, t)
+        after = self.applied(job, t)
         if after.state is State.SCHEDULED:
             if again is not Event.SNOOZED:
                 events.record(Event.RETRIED, job)
             if again is not None:
                 events.record(again, job)
-            self._due(after)
+            self.due(after)
         elif after.state is State.CANCELLED:
             events.record(Event.CANCELLED_RUNNING, job)

@@ -22,7 +22,7 @@ A running job no worker holds has its outcome in flight: the cancel waits for it
 and looks again (finished: refused; due again: cancelled).
 
 Remote queues (``RuntimeConfig.is_remote``) keep their due jobs out of the scheduler,
-in lanes of their own (``remote_side``, ``sqlq.runtime.remote_local``): ``_due`` routes
+in lanes of their own (``remote_side``, ``sqlq.runtime.remote_local``): ``due`` routes
 a job by its queue (one set lookup on the hot path), and so do recovery and a cancel.
 """
 
@@ -65,7 +65,7 @@ class LocalClaims(ClaimsBase):
 
     def _setup(self) -> None:
         self.scheduler = Scheduler(
-            self._clock, gate=self._open, taken=self._taken, current=self._current
+            self._clock, gate=self._open, taken=self._taken, current=self.current
         )
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
@@ -74,14 +74,14 @@ class LocalClaims(ClaimsBase):
         self._all_remote = config.every_queue_remote
         self._remote_names = config.remote_queues
         self._is_remote = config.remote_test()  # (``RuntimeConfig.is_remote``)
-        self.remote_side = LocalSide(self)
+        self.remote_side = LocalSide(self, self.parts)
         self._remote_lanes = self.remote_side.lanes
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, recovery: Recovery) -> None:
         self._loop = asyncio.get_running_loop()
-        self._paused = set(recovery.paused_queues)
+        self._paused.update(recovery.paused_queues)
         live = self._live
         live.load(recovery.jobs)
         now = self._clock.time()
@@ -141,10 +141,10 @@ class LocalClaims(ClaimsBase):
         if job is not None and job.state is State.RUNNING and job.epoch == t.expect_epoch:
             self._live.applied(job, t)
 
-    def _applied(self, job: Job, t: Transition) -> Job:
+    def applied(self, job: Job, t: Transition) -> Job:
         return self._live.applied(job, t)
 
-    def _due(self, job: Job) -> None:
+    def due(self, job: Job) -> None:
         if self._is_remote(job.queue):
             self._remote_lanes.add(job)
         else:
@@ -168,9 +168,9 @@ class LocalClaims(ClaimsBase):
     def submitted(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self._live.add(job)
-            self._due(job)
+            self.due(job)
 
-    def _current(self, entry: Job) -> bool:
+    def current(self, entry: Job) -> bool:
         """Is the scheduler's ``entry`` still this job as scheduled? (Not once cancelled,
         nor once a retry scheduled it again with a new epoch.)"""
         job = self._live.jobs.get(entry.id)
@@ -235,6 +235,17 @@ class LocalClaims(ClaimsBase):
         """Whether a worker passed ``job_id`` over because its cancel is in flight."""
         return job_id in self._skipped
 
+    def passes_over(self, job_id: str) -> bool:
+        """Whether a taker must pass ``job_id`` over: its cancel is in flight, and decides
+        (the job is put back in its lanes if the cancel fails)."""
+        if job_id in self._cancelling:
+            self._skipped.add(job_id)
+            return True
+        return False
+
+    def paused(self, queue: str) -> bool:
+        return queue in self._paused
+
     async def cancel(self, job_id: str, *, force: bool = False) -> Job:
         for _ in range(3):  # a cancel that finds the job moving on looks at it again
             job = self._live.get(job_id)
@@ -257,7 +268,7 @@ class LocalClaims(ClaimsBase):
                     job_id, f"only a live job can be cancelled; it is {stored.state.value}"
                 )
             if job.state is State.SCHEDULED:
-                return await self._cancel_scheduled(job)
+                return await self.cancel_scheduled(job)
             # Running, and no worker holds it: its outcome is being written. Once it is, the
             # job is finished, due again (cancel that), or (its write failed) still running.
             await asyncio.gather(*list(self._background), return_exceptions=True)
@@ -275,7 +286,7 @@ class LocalClaims(ClaimsBase):
         self._events.record(Event.CANCEL_REQUESTED, job)
         return self._live.applied(job, t)
 
-    async def _cancel_scheduled(self, job: Job) -> Job:
+    async def cancel_scheduled(self, job: Job) -> Job:
         job_id = job.id
         if job_id in self._claiming:
             raise JobRunningError(job_id, "a worker has claimed it and it may be running")
@@ -288,11 +299,11 @@ class LocalClaims(ClaimsBase):
                 await self._store.commit([t])
             except BaseException:
                 if job_id in self._skipped:  # a worker passed it over meanwhile: put it back
-                    self._due(job)
+                    self.due(job)
                 raise
             cancelled = self._live.applied(job, t)
             if job_id not in self._skipped:  # its entry is still in the lanes: out of the depth
-                self._discard(job)  # (after ``applied``: the lanes ask ``_current``)
+                self._discard(job)  # (after ``applied``: the lanes ask ``current``)
         finally:
             self._cancelling.discard(job_id)
             self._skipped.discard(job_id)
@@ -321,8 +332,7 @@ class LocalClaims(ClaimsBase):
             return None  # cancelled (or otherwise moved on) while it waited
         if job_id in self._claiming:
             return None
-        if job_id in self._cancelling:
-            self._skipped.add(job_id)  # the cancel decides: re-added if it fails
+        if self.passes_over(job_id):
             return None
         t = job.start(self._clock.time())
         self._claiming.add(job_id)

@@ -28,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
@@ -40,12 +40,25 @@ from sqlq.common.protocol import MAX_CLAIM, ClaimRequest, remote_worker
 from sqlq.common.running import Progress
 from sqlq.runtime.events import Event
 from sqlq.runtime.leaseheap import LeaseHeap
+from sqlq.runtime.parts import Parts
 from sqlq.runtime.remote import CUT_OFF_REASON, Renewed, expired_reason, note_end
 from sqlq.runtime.remote_lanes import RemoteLanes
 from sqlq.runtime.serial import Serial
 
-if TYPE_CHECKING:
-    from sqlq.runtime.local import LocalClaims
+
+class LocalHost(Protocol):
+    """What ``LocalSide`` asks of the claims whose process holds the queue (``LocalClaims``):
+    whether a lanes entry is still the job as scheduled, the queues' caps and pauses, the
+    cancels in flight, and where a job due again goes."""
+
+    @property
+    def caps(self) -> Mapping[str, int]: ...
+    def paused(self, queue: str) -> bool: ...
+    def current(self, entry: Job) -> bool: ...
+    def passes_over(self, job_id: str) -> bool: ...
+    def due(self, job: Job) -> None: ...
+    async def cancel_scheduled(self, job: Job) -> Job: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +72,14 @@ _RUNNING = State.RUNNING.value
 class LocalSide:
     knows_held = True  # the one process: every end of a remote job is written here
 
-    def __init__(self, claims: LocalClaims) -> None:
+    def __init__(self, claims: LocalHost, parts: Parts) -> None:
         self._claims = claims
-        self._parts = claims.parts
-        self._store = claims.parts.store
-        self._clock = claims.parts.clock
-        self._live = claims.parts.live
+        self._parts = parts
+        self._store = parts.store
+        self._clock = parts.clock
+        self._live = parts.live
         self.serial = Serial()
-        self.lanes = RemoteLanes(self._clock, claims._current)
+        self.lanes = RemoteLanes(self._clock, claims.current)
         self.leases = LeaseHeap(self._clock, self._lease_due)
         self._forced: set[str] = set()  # jobs whose lease a forced cancel holds
         self._starting: Counter[str] = Counter()  # claims being committed, by queue (caps)
@@ -102,9 +115,9 @@ class LocalSide:
 
     def _room(self, queue: str) -> int:
         claims = self._claims
-        if queue in claims._paused:
+        if claims.paused(queue):
             return 0
-        cap = claims._caps.get(queue)
+        cap = claims.caps.get(queue)
         if cap is None:
             return MAX_CLAIM
         running = self._live.census.get((_RUNNING, queue), 0)
@@ -124,8 +137,7 @@ class LocalSide:
             job = live.get(entry.id)
             if job is None or job.state is not State.SCHEDULED or job.epoch != entry.epoch:
                 continue  # cancelled (or moved on) while it waited
-            if job.id in claims._cancelling:
-                claims._skipped.add(job.id)  # the cancel decides: put back if it fails
+            if claims.passes_over(job.id):  # its cancel decides: put back if that fails
                 continue
             if not serial.try_take(job.id):  # (a write of a scheduled job: not one of ours)
                 self.lanes.add(job)
@@ -232,8 +244,8 @@ class LocalSide:
         self.leases.forget(job_id)
         self._forced.discard(job_id)
         if after.state is State.SCHEDULED:
-            self._claims._due(after)
-        if after.queue in self._claims._caps:
+            self._claims.due(after)
+        if after.queue in self._claims.caps:
             self.lanes.ring(after.queue)  # room for one more
 
     async def extend(
@@ -270,7 +282,7 @@ class LocalSide:
             if job is None:
                 return None
             if job.state is State.SCHEDULED:
-                return await claims._cancel_scheduled(job)
+                return await claims.cancel_scheduled(job)
             if job.state is not State.RUNNING or remote_worker(job.holder) is None:
                 return None
             now = self._clock.time()

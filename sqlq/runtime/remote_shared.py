@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from sqlq.common.backoff import after_failure
 from sqlq.common.clock import wait_event
@@ -41,13 +41,24 @@ from sqlq.common.errors import StoreError, TransitionError
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import ClaimRequest
 from sqlq.common.running import Progress
-from sqlq.common.store import Fence, Lease
+from sqlq.common.store import Fence, Lease, SharedStore
 from sqlq.runtime.leases import write_fenced
+from sqlq.runtime.parts import Parts
 from sqlq.runtime.remote import CUT_OFF_REASON, Renewed, note_end
 from sqlq.runtime.serial import Serial
 
-if TYPE_CHECKING:
-    from sqlq.runtime.shared import SharedClaims
+
+class SharedHost(Protocol):
+    """What ``SharedSide`` asks of the claims it serves remote queues beside
+    (``SharedClaims``): the caps, the poll, and the view's and the claimers' hooks."""
+
+    @property
+    def caps(self) -> Mapping[str, int]: ...
+    @property
+    def poll_s(self) -> float: ...
+    def applied(self, job: Job, t: Transition) -> Job: ...
+    def due(self, job: Job) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +70,11 @@ WRITE_FOR_S = 2.0
 class SharedSide:
     knows_held = False  # a job claimed here may end through another node
 
-    def __init__(self, claims: SharedClaims) -> None:
+    def __init__(self, claims: SharedHost, store: SharedStore, parts: Parts) -> None:
         self._claims = claims
-        self._store = claims._store
-        self._clock = claims.parts.clock
-        self._parts = claims.parts
+        self._store = store
+        self._clock = parts.clock
+        self._parts = parts
         self.serial = Serial()
         self._bell = asyncio.Event()  # rung (and replaced) when work may have come
         self._stopping = False
@@ -90,7 +101,7 @@ class SharedSide:
         if self._stopping:
             return []
         claims = self._claims
-        jobs = await self._store.claim(req.max, now, now + req.lease_s, claims._caps,
+        jobs = await self._store.claim(req.max, now, now + req.lease_s, claims.caps,
                                        only=req.queues, kinds=req.kinds,
                                        holder=holder)  # fmt: skip
         wait = self._parts.metrics.queue_wait
@@ -129,11 +140,11 @@ class SharedSide:
         until = min(job.lease_until if job.lease_until is not None else now, now + WRITE_FOR_S)
         fence = Fence(holder=job.holder, lease_from=now)
         await write_fenced(self._store, clock, t, fence, lambda: clock.time() > until)
-        after = self._claims._applied(job, t)  # (finished: its waiters here are told)
+        after = self._claims.applied(job, t)  # (finished: its waiters here are told)
         if after.state is not State.RUNNING:
             self._forced.discard(job.id)
         if after.state is State.SCHEDULED:
-            self._claims._due(after)
+            self._claims.due(after)
         return after
 
     async def write_all(self, writes: Sequence[tuple[Job, Transition]], now: float
@@ -187,12 +198,12 @@ class SharedSide:
             except (TransitionError, StoreError) as exc:
                 log.warning("could not cut off job %s after its forced cancel: %s", job.id, exc)
                 return
-            after = self._claims._applied(current, t)
+            after = self._claims.applied(current, t)
             parts.remote_counts["cut_off"] += 1
             note_end(parts, current, after, "cut_off")
             self._forced.discard(job.id)
             if after.state is State.SCHEDULED:
-                self._claims._due(after)
+                self._claims.due(after)
         finally:
             self.serial.give(job.id)
 

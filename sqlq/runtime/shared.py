@@ -70,7 +70,7 @@ class SharedClaims(CensusViews, ClaimsBase):
 
     def _setup(self) -> None:
         self.lease_s = self._config.lease_s
-        self.poll_s = self._config.poll_s
+        self.poll_s: float = self._config.poll_s
         self._waiting: deque[asyncio.Future[Claim]] = deque()  # workers waiting for a claim
         self._ready: deque[Claim] = deque()  # claimed, its worker went away: the next taker's
         self._kick = asyncio.Event()
@@ -94,7 +94,7 @@ class SharedClaims(CensusViews, ClaimsBase):
         # Remote workers' side (``remote_shared``): this node claims none of their queues.
         self._all_remote = self._config.every_queue_remote
         self._besides = sorted(self._config.remote_queues)
-        self.remote_side = SharedSide(self)
+        self.remote_side = SharedSide(self, self._store, self.parts)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -287,14 +287,14 @@ class SharedClaims(CensusViews, ClaimsBase):
             job, _expired(job), now))  # fmt: skip
         for job, t in moves:
             if remote_worker(job.holder) is not None:  # a remote worker's: counted as one
-                after = self._applied(job, t)
+                after = self.applied(job, t)
                 self.parts.remote_counts["expired"] += 1
                 note_end(self.parts, job, after, "expired")
                 continue
             if t.state is State.SCHEDULED:
                 self._events.record(Event.REQUEUED_EXPIRED_LEASE, job)
             else:
-                self._applied(job, t)  # dead: counted so, and its waiters told
+                self.applied(job, t)  # dead: counted so, and its waiters told
         self.rescued += len(moves)
         if moves:
             self._kick.set()
@@ -348,13 +348,13 @@ class SharedClaims(CensusViews, ClaimsBase):
         if asked is None or asked.state is not State.RUNNING or asked.epoch != t.epoch:
             raise AttemptFenced(f"this attempt no longer holds job {t.job_id}")
 
-    def _applied(self, job: Job, t: Transition) -> Job:
+    def applied(self, job: Job, t: Transition) -> Job:
         new = job.apply(t)
         if new.terminal:
             self._live.ended(new)
         return new
 
-    def _due(self, job: Job) -> None:
+    def due(self, job: Job) -> None:
         self._kick.set()
         self.remote_side.ring()
 
@@ -377,7 +377,7 @@ class SharedClaims(CensusViews, ClaimsBase):
                 pass  # rescued meanwhile: as the job is now
         job, t = await cancel_in_store(self._store, job_id, self._clock)
         if t is not None:  # it was scheduled: cancelled
-            return self._applied(job, t)
+            return self.applied(job, t)
         self._events.record(Event.CANCEL_REQUESTED, job)  # its node hears (NOTIFY, renewal)
         self._heard(job_id)  # (if a worker here took it meanwhile)
         if force and remote_worker(job.holder) is not None:  # its heartbeat hears; it is cut

@@ -31,7 +31,7 @@ async def claim(
     n: int,
     now: float,
     lease_until: float,
-    caps: dict[str, int],
+    caps: Mapping[str, int],
     holder: str,
     only: Sequence[str] | None,
     besides: Sequence[str],

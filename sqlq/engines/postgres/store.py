@@ -233,7 +233,7 @@ class PostgresStore(Committing):
         n: int,
         now: float,
         lease_until: float,
-        caps: dict[str, int],
+        caps: Mapping[str, int],
         *,
         only: Sequence[str] | None = None,
         besides: Sequence[str] = (),
