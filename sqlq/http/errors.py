@@ -35,6 +35,7 @@ from sqlq.common.errors import (
     ValidationError,
     clip,
 )
+from sqlq.common.protocol import WorkerNameTaken
 from sqlq.common.redact import redact_paths
 from sqlq.common.specs import BadJSON
 
@@ -122,6 +123,8 @@ async def _not_found(_: Request, exc: Exception) -> Response:
 
 
 async def _conflict(_: Request, exc: Exception) -> Response:
+    if isinstance(exc, WorkerNameTaken):
+        return _error(409, "worker_name_taken", str(exc), "worker")
     code = "conflict"
     if isinstance(exc, JobRunningError):
         code = "running"
@@ -180,6 +183,7 @@ ERRORS: dict[Any, Any] = {
     TransitionError: _conflict,
     IdempotencyConflictError: _conflict,
     DuplicateKeyError: _conflict,
+    WorkerNameTaken: _conflict,
     StoreError: _unavailable,
     HTTPException: _http,
     Exception: _unexpected,

@@ -10,6 +10,15 @@ worker last claimed from them: whatever names clients send, the memory is bounde
 ``GET /workers`` shows it; ``GET /queues`` warns of a remote queue with jobs waiting
 that no worker claimed from in the last ``WORKER_SEEN_S``.
 
+A name belongs to the principal first seen with it: a claim under it by another
+principal's token is refused (``WorkerNameTaken``, a 409 naming ``worker``), so one
+token's worker cannot take over another's entry, its jobs held and its queues (a
+name is also the stored holder of its claims, ``worker:<name>``). A heartbeat or an
+outcome under another principal (a token is a job's capability, whoever bears it)
+leaves the entry as it is. The name is held while it is remembered: forgotten (after
+``MAX_WORKERS_SEEN`` others were heard of since, or a restart), it is free again, and in
+shared mode each node remembers the names it heard.
+
 Jobs held are counted only where this process writes every end of a remote job (local
 mode: its claims less its outcomes, expiries and cancels; ``counts_held``). In shared
 mode a job claimed through one node may end through another, which this node never
@@ -29,6 +38,7 @@ from sqlq.common.protocol import (
     MAX_WORKERS_SEEN,
     WORKER_SEEN_S,
     WorkerList,
+    WorkerNameTaken,
     WorkerView,
 )
 from sqlq.common.roles import Principal
@@ -53,7 +63,9 @@ class WorkersSeen:
         self._claimed_from: OrderedDict[str, float] = OrderedDict()  # queue -> latest claim
 
     def saw(self, worker: str, who: Principal, now: float, queues: Sequence[str] = ()) -> None:
-        """``worker`` was heard of at ``now`` (a claim names the ``queues`` it asked for)."""
+        """``worker`` was heard of at ``now`` (a claim names the ``queues`` it asked for);
+        ``WorkerNameTaken`` if the name is another principal's (the module's docstring)."""
+        self.check(worker, who)
         w = self._workers.get(worker)
         if w is None:
             w = self._workers[worker] = _Worker(who.name, who.role.value, now)
@@ -61,7 +73,7 @@ class WorkersSeen:
                 gone, _ = self._workers.popitem(last=False)
                 self.held.pop(gone, None)
         else:
-            w.principal, w.role, w.last_seen = who.name, who.role.value, max(w.last_seen, now)
+            w.role, w.last_seen = who.role.value, max(w.last_seen, now)
             self._workers.move_to_end(worker)
         for queue in queues:
             w.queues[queue] = None
@@ -73,11 +85,20 @@ class WorkersSeen:
         while len(self._claimed_from) > MAX_QUEUES_SEEN:
             self._claimed_from.popitem(last=False)
 
+    def check(self, worker: str, who: Principal) -> None:
+        """``WorkerNameTaken`` if ``worker`` is a name another principal's worker goes by."""
+        w = self._workers.get(worker)
+        if w is not None and w.principal != who.name:
+            raise WorkerNameTaken(worker)
+
     def saw_holder(self, holder: str | None, who: Principal, now: float) -> None:
         """The worker behind ``holder`` (a remote claim's) was heard of: a heartbeat or an
         outcome, which name no worker but their token's job's holder."""
         worker = protocol.remote_worker(holder)
-        if worker is not None:
+        if worker is None:
+            return
+        w = self._workers.get(worker)
+        if w is None or w.principal == who.name:  # (another's report leaves the entry be)
             self.saw(worker, who, now)
 
     def took(self, worker: str, n: int) -> None:
