@@ -128,6 +128,30 @@ async def test_release_gives_the_job_back_due_now_with_no_attempt(
     assert (await report(rt, g.token, CompleteIn())).error == FENCED  # the old claim's token
 
 
+async def test_a_release_is_no_attempt_even_after_a_failure_or_under_a_cancel(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """An unstarted claim given back leaves ``attempts`` and ``errors`` as they were before
+    the claim, whatever its history, and ends it cancelled (with no error) if a cancel was
+    asked for meanwhile."""
+    rt = await remote_service(services, fake_clock)
+    job = await submit(rt, "k", queue="r", max_attempts=5)
+    g = await claim_one(rt)
+    await report(rt, g.token, FailIn(error="first", retry_in_s=0))
+    before = await stored(rt, job.id)
+    g = await claim_one(rt)
+    assert (await report(rt, g.token, ReleaseIn())).state == "scheduled"
+    back = await stored(rt, job.id)
+    assert (back.attempts, back.errors, back.last_error, back.ready_at) == (
+        before.attempts, before.errors, before.last_error, before.ready_at,
+    )  # fmt: skip
+    g = await claim_one(rt)
+    await rt.cancel(job.id)  # asked for while it is held: the worker hears it next
+    assert (await report(rt, g.token, ReleaseIn())).state == "cancelled"
+    gone = await stored(rt, job.id)
+    assert (gone.state, gone.attempts, gone.errors) == (State.CANCELLED, 1, before.errors)
+
+
 async def test_a_checkpoint_keeps_it_running_and_the_next_attempt_reads_it(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
