@@ -244,7 +244,8 @@ OPS = (
         "post",
         "/claims",
         "Claim up to `max` due jobs of remote queues, each with a token and a lease; "
-        "long-polls up to `wait_s` for the first (an empty list if none came)",
+        "long-polls up to `wait_s` for the first (an empty list if none came); 409 "
+        "`worker_name_taken`: another token's worker goes by `worker`",
         {200: ClaimAnswer},
         ClaimRequest,
     ),
@@ -252,7 +253,8 @@ OPS = (
         "post",
         "/claims/heartbeat",
         "Renew every lease a worker holds, with progress; each item answers its new lease "
-        "and whether a cancel was asked for, or `fenced` (the job is no longer yours)",
+        "and whether a cancel was asked for, or `fenced` (the job is no longer yours); "
+        "each token at most once a call (422 naming the second)",
         {200: HeartbeatAnswer},
         HeartbeatRequest,
     ),
@@ -386,11 +388,14 @@ def document(version: str) -> dict[str, Any]:
             "title": "sqlq",
             "version": version,
             "description": "A durable background-job queue. Bodies are JSON; errors "
-            "are JSON bodies naming the field. With tokens set (--token, the admin's, and "
-            "--token-file's, each with a role), every operation but the probes needs "
-            "`Authorization: Bearer <token>`: 401 for an unknown one, 403 for a role that "
-            "may not call it. Remote workers claim, renew and report jobs under /claims, "
-            "each claim carrying a token that fences stale reports (409 fenced).",
+            "are JSON bodies naming the field. No string of a body and no query parameter "
+            "may hold NUL (`\\u0000`, 422), but for JSON values (args, a result, a "
+            "checkpoint) and a worker's own words (an error, a progress message). With "
+            "tokens set (--token, the admin's, and --token-file's, each with a role), "
+            "every operation but the probes needs `Authorization: Bearer <token>`: 401 "
+            "for an unknown one, 403 for a role that may not call it. Remote workers "
+            "claim, renew and report jobs under /claims, each claim carrying a token that "
+            "fences stale reports (409 fenced).",
         },
         "paths": paths,
         "components": {
