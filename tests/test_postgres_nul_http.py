@@ -72,8 +72,9 @@ async def test_a_result_and_an_error_with_a_nul_are_stored(client: httpx.AsyncCl
         assert r.status_code == 201, r.text
     r = await client.post("/claims", json={"queues": ["mail"], "worker": "box-1", "max": 2})
     done, failed = r.json()["claims"]
+    boom = {"error": f"boom{NUL}", "retry": False}
     said = [{"token": done["token"], "complete": {"result": {NUL: NUL}}},
-            {"token": failed["token"], "fail": {"error": f"boom{NUL}", "retry": False}}]  # fmt: skip
+            {"token": failed["token"], "fail": boom}]  # fmt: skip
     r = await client.post("/claims/outcomes", json={"outcomes": said})
     assert [o.get("state") for o in r.json()["outcomes"]] == ["completed", "dead"], r.text
     assert (await client.get(f"/jobs/{done['job']['id']}")).json()["result"] == {NUL: NUL}
