@@ -99,7 +99,6 @@ IDLE_POLL_S = 1.0  # an empty claim is not repeated sooner than this
 MAX_REFUSED_CARRIES = 2  # carried claims refused in a row (each for an item) end carrying
 CARRIED_WITHIN_S = 2.0  # at a stop, a claim that carries outcomes (no wait) is awaited this long
 HEALTH_EVERY_S = 1.0  # how often timeouts are looked for (sooner for an ``hb_timeout``)
-CANCELLED_BEFORE = "cancelled: a cancel was asked for before it started"
 CANCELLED_WHILE = "cancelled: a cancel was asked for while it ran"
 INTERRUPTED = "interrupted: the worker stopped before it finished (--grace)"
 
@@ -452,8 +451,8 @@ class Worker:
         self._idle.clear()
         if self._stop.is_set():
             self._decide(a, ReleaseIn())
-        elif job.cancel_requested_at is not None:
-            self._decide(a, failure(CANCELLED_BEFORE))
+        elif job.cancel_requested_at is not None:  # given back: cancelled, and no attempt
+            self._decide(a, ReleaseIn())
         else:
             a.task = loop.create_task(self._attempt(a), name=f"sqlq-job-{job.id}")
 
@@ -708,8 +707,8 @@ class Worker:
     def _interrupt(self, a: Attempt) -> None:
         """A cancel was asked for: as the server's ``WorkerPool.interrupt`` does it."""
         ctx = a.ctx
-        if ctx is None:  # claimed, not started (waiting for a process): ends now
-            self._decide(a, failure(CANCELLED_BEFORE))
+        if ctx is None:  # claimed, not started (waiting for a process): given back now
+            self._decide(a, ReleaseIn())
             if a.task is not None:
                 a.task.cancel()
             return

@@ -220,3 +220,37 @@ async def test_a_stop_while_a_handler_ignores_its_cancel_records_no_outcome(
     assert left is not None
     assert (left.state, left.cancel_requested_at is not None) == (State.RUNNING, True)
     assert rt.stats()["cancelled_running"] == 0
+
+
+async def test_a_claim_given_back_unstarted_is_no_attempt(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """``Claims.given_back``, the path a worker takes for a claim whose cancel was asked for
+    before it started (and a node's stop, for claims no worker took): ``attempts`` and
+    ``errors`` stay as they were before the claim; cancelled if a cancel was asked for."""
+    rt = services(clock=fake_clock, workers=0, all_remote=False)  # the test takes the claims
+    await rt.start()
+    job = await submit(rt, max_attempts=5)
+    claim = await rt.claims.next()
+    rt.claims.failed(claim, "RuntimeError: first")
+    await rt.claims.settle()
+    before = await rt.get(job.id)
+    assert before is not None
+    fake_clock.advance(60)  # its backoff
+    claim = await rt.claims.next()
+    rt.claims.given_back(claim)
+    await rt.claims.settle()
+    back = await rt.get(job.id)
+    assert back is not None
+    assert (back.state, back.attempts, back.errors, back.last_error) == (
+        State.SCHEDULED, before.attempts, before.errors, before.last_error,
+    )  # fmt: skip
+    claim = await rt.claims.next()
+    claim.job = claim.job.apply(claim.job.request_cancel(fake_clock.time()))  # asked, unseen
+    rt.claims.given_back(claim)
+    await rt.claims.settle()
+    gone = await rt.get(job.id)
+    assert gone is not None
+    assert (gone.state, gone.attempts, gone.errors) == (
+        State.CANCELLED, before.attempts, before.errors,
+    )  # fmt: skip

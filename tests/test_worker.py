@@ -609,6 +609,8 @@ async def test_a_cancel_asked_before_the_claim_ends_the_job_unstarted(
     job = server.submit("never", cancel=True)
     async with running(make(server, reg, fake_clock)):
         await server.until(lambda: server.state(job) is State.CANCELLED)
+    assert server.jobs[job].ends == ["release"]  # given back: it was no attempt
+    assert server.jobs[job].attempts == 0
 
 
 async def test_a_claim_the_server_refuses_stops_the_worker(fake_clock: FakeClock) -> None:

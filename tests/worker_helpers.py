@@ -248,8 +248,9 @@ class FakeServer:
             job.state, job.ready = State.SCHEDULED, self.clock.monotonic() + what.delay_s
             job.attempts -= 1
             job.ends.append("snooze")
-        elif isinstance(what, ReleaseIn):
-            job.state, job.ready = State.SCHEDULED, self.clock.monotonic()
+        elif isinstance(what, ReleaseIn):  # no attempt; cancelled if a cancel was asked for
+            job.state = State.CANCELLED if job.cancel else State.SCHEDULED
+            job.ready = self.clock.monotonic()
             job.attempts -= 1
             job.ends.append("release")
         elif isinstance(what, CheckpointIn):

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from sqlq.common.backoff import after_failure, after_snooze
+from sqlq.common.backoff import after_failure, after_snooze, released
 from sqlq.common.errors import StoreError, TransitionError, UnencodableError
 from sqlq.common.models import JSON, Job, State, Transition
 from sqlq.common.store import Recovery
@@ -117,6 +117,12 @@ class Claims(Protocol):
 
     def snoozed(self, claim: Claim, delay_s: float) -> None:
         """The handler snoozed: due again after ``delay_s``, its attempt not counted."""
+        ...
+
+    def given_back(self, claim: Claim) -> None:
+        """The claim never started (a cancel was asked for first, or its holder stops): due
+        again in its place in line, or cancelled if a cancel was asked for; no attempt is
+        counted and no error added (``backoff.released``)."""
         ...
 
     def expires(self, claim: Claim) -> float | None:
@@ -302,7 +308,11 @@ class ClaimsBase(Reach):
         self._over(claim)
         job, now = self._carry(claim), self._clock.time()
         self._record(claim, after_snooze(job, delay_s, now, self._config.max_snoozes),
-                     again=Event.SNOOZED)  # fmt: skip
+                     again=Event.SNOOZED, retried=False)  # fmt: skip
+
+    def given_back(self, claim: Claim) -> None:
+        self._release(claim.job.queue)
+        self._record(claim, released(self._carry(claim), self._clock.time()), retried=False)
 
     def expires(self, claim: Claim) -> float | None:
         return None
@@ -332,14 +342,19 @@ class ClaimsBase(Reach):
     def _after_failure(self, job: Job, error: str, now: float) -> Transition:
         return after_failure(job, error, now, self._config.retry, self._rng)
 
-    def _record(self, claim: Claim, t: Transition, *, again: Event | None = None) -> None:
+    def _record(
+        self, claim: Claim, t: Transition, *, again: Event | None = None, retried: bool = True
+    ) -> None:
         """Write the outcome ``t`` in the background, while the worker takes its next job.
-        ``again``: what to count besides ``retried`` if it is due again (a snooze: instead)."""
-        task = asyncio.create_task(self._outcome(claim, t, again))
+        ``again``: what to count if it is due again, besides ``retried`` (unless ``retried``
+        is False: a snooze, a claim given back)."""
+        task = asyncio.create_task(self._outcome(claim, t, again, retried))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _outcome(self, claim: Claim, t: Transition, again: Event | None) -> None:
+    async def _outcome(
+        self, claim: Claim, t: Transition, again: Event | None, retried: bool
+    ) -> None:
         events, job = self._events, claim.job
         try:
             if not await self._stood(claim):
@@ -369,7 +384,7 @@ class ClaimsBase(Reach):
             self._let_go(claim)
         after = self.applied(job, t)
         if after.state is State.SCHEDULED:
-            if again is not Event.SNOOZED:
+            if retried:
                 events.record(Event.RETRIED, job)
             if again is not None:
                 events.record(again, job)

@@ -41,7 +41,6 @@ from typing import Any
 
 import msgspec
 
-from sqlq.common.backoff import released
 from sqlq.common.errors import StoreError
 from sqlq.common.lease import cut_at
 from sqlq.common.models import JSON, Job, State, Transition
@@ -148,9 +147,7 @@ class SharedClaims(CensusViews, ClaimsBase):
         for waiter in self._waiting:
             waiter.cancel()
         while self._ready:
-            claim = self._ready.popleft()
-            self._release(claim.job.queue)  # it never started, but it was counted as running
-            self._record(claim, released(claim.job, self._clock.time()))
+            self.given_back(self._ready.popleft())
 
     async def drain(self) -> None:
         """Record every outcome, then end this node's leases so others rescue what is left."""

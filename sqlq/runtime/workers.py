@@ -151,7 +151,7 @@ class WorkerPool:
         while not self._stopping and not w.hung:
             claim = await claims.next()
             if claim.job.cancel_requested_at is not None:  # asked for before it started here
-                claims.failed(claim, "cancelled: a cancel was asked for before it started")
+                claims.given_back(claim)  # cancelled, and it was no attempt
                 continue
             ctx = executor.context(claim.job, claim, claims)
             w.ctx, w.claim = ctx, claim
