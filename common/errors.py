@@ -9,6 +9,7 @@
     ├── DuplicateJobError        a submission reused an existing id
     ├── DuplicateKeyError        a submission reused an idempotency key another job holds
     ├── IdempotencyConflictError the same key came with a different request
+    ├── WorkerNameTaken          a worker name another principal's worker goes by
     ├── ScheduleError            a schedule change that may not happen
     │   ├── StaleScheduleError       the schedule changed (or went) since it was read
     │   └── OverlapError             its previous tick's job is still live (overlap: skip)
@@ -106,6 +107,17 @@ class IdempotencyConflictError(SqlqError):
         )
         self.key = key
         self.job_id = job_id
+
+
+class WorkerNameTaken(SqlqError):
+    """A claim under a worker name that another principal's worker goes by (409
+    ``worker_name_taken``, naming ``worker``): a name belongs to the principal first seen
+    with it (``sqlq.runtime.seen``). The message does not say whose it is."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__(f"worker name {worker!r} is another token's worker's; give this "
+                         "worker another name (sqlq worker --name)")  # fmt: skip
+        self.worker = worker
 
 
 class ScheduleError(SqlqError):

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from sqlq.common.errors import SqlqError, ValidationError
+from sqlq.common.errors import ValidationError
 from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE, MAX_SNOOZE_S
 from sqlq.common.specs import CLEANED, MAX_KIND, Queue
 from sqlq.common.wire import JobView
@@ -237,17 +237,6 @@ class Reported(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class OutcomesAnswer(msgspec.Struct, kw_only=True):
     outcomes: list[Reported]
-
-
-class WorkerNameTaken(SqlqError):
-    """A claim under a worker name that another principal's worker goes by (409
-    ``worker_name_taken``, naming ``worker``): a name belongs to the principal first seen
-    with it (``sqlq.runtime.seen``). The message does not say whose it is."""
-
-    def __init__(self, worker: str) -> None:
-        super().__init__(f"worker name {worker!r} is another token's worker's; give this "
-                         "worker another name (sqlq worker --name)")  # fmt: skip
-        self.worker = worker
 
 
 class WorkerView(msgspec.Struct, kw_only=True):

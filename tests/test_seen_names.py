@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sqlq.common.protocol import WorkerNameTaken, remote_holder
+from sqlq.common.errors import WorkerNameTaken
+from sqlq.common.protocol import remote_holder
 from sqlq.common.roles import Principal, Role
 from sqlq.runtime.seen import WorkersSeen
 

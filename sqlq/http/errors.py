@@ -33,9 +33,9 @@ from sqlq.common.errors import (
     TransitionError,
     UnencodableError,
     ValidationError,
+    WorkerNameTaken,
     clip,
 )
-from sqlq.common.protocol import WorkerNameTaken
 from sqlq.common.redact import redact_paths
 from sqlq.common.specs import BadJSON
 

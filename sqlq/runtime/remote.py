@@ -266,6 +266,7 @@ class Remote:
             if not self._config.is_remote(queue):
                 raise ValidationError(f"queues[{i}]", f"queue {queue!r} is not a remote queue "
                                       "(--remote-queue, or --workers 0)")  # fmt: skip
+        self.seen.check(req.worker, who)  # (before the outcomes it carries land)
         if not req.outcomes:
             return ClaimAnswer(claims=await self._claim(req, who, req.wait_s))
         reported: list[Reported] | BaseException

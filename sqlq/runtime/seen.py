@@ -33,12 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sqlq.common import protocol
+from sqlq.common.errors import WorkerNameTaken
 from sqlq.common.protocol import (
     MAX_CLAIM_QUEUES,
     MAX_WORKERS_SEEN,
     WORKER_SEEN_S,
     WorkerList,
-    WorkerNameTaken,
     WorkerView,
 )
 from sqlq.common.roles import Principal
