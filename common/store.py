@@ -358,6 +358,11 @@ class SharedStore(JobStore, Protocol):
         statement: how a node's waiters (``GET /jobs/{id}?wait=``) hear of other nodes'."""
         ...
 
+    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
+        """The committed jobs of ``ids``, in their order (None where there is none), in one
+        statement: what a remote worker's heartbeat or outcomes are fenced against."""
+        ...
+
     async def nodes(self, now: float) -> list[dict[str, Any]]:
         """The nodes seen lately, and how many jobs each holds."""
         ...

@@ -140,6 +140,9 @@ class FakeSharedStore:
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         return [j for i in ids if (j := self.db.inner._index.get(i)) is not None and j.terminal]
 
+    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
+        return [self.db.inner._index.get(i) for i in ids]
+
     async def nodes(self, now: float) -> list[dict[str, Any]]:
         return []
 

@@ -119,3 +119,19 @@ async def test_a_nul_in_a_text_column_fails_only_its_caller(stores: Any) -> None
     assert [o for i, o in enumerate(outcomes) if i != 2] == [None] * 5
     assert s.stats().failed is None
     assert await s.get(bad.id) is None
+
+
+async def test_get_many_reads_the_jobs_named_in_their_order_in_one_statement(
+    stores: Any,
+) -> None:
+    """What a remote worker's heartbeat is fenced against: one read for every item."""
+    s = await stores()
+    jobs = [new_job(i) for i in range(3)]
+    await s.commit(jobs)
+    ids = [jobs[2].id, "0" * 32, jobs[0].id, jobs[2].id]
+    got = await s.get_many(ids)
+    assert [j.id if j is not None else None for j in got] == [
+        jobs[2].id, None, jobs[0].id, jobs[2].id,
+    ]  # fmt: skip
+    assert got[0] == await s.get(jobs[2].id)
+    assert await s.get_many([]) == []

@@ -126,14 +126,10 @@ class SharedSide:
         await wait_event(clock, bell, max(timeout, 0.001))
 
     async def current(self, ids: Sequence[str]) -> list[Job | None]:
-        """The jobs as stored now: one ``get`` per id, all at once (so a pool runs them side
-        by side). ``SharedStore`` has no read of many live jobs by id (``finished`` reads
-        only ended ones), so a batch of n items costs n reads; one ``WHERE id = ANY($1)``
-        read is the engines' to add (``sqlq/engines``, not this module's)."""
-        get = self._store.get
+        """The jobs as stored now, in one read however many a call names."""
         if len(ids) == 1:
-            return [await get(ids[0])]
-        return list(await asyncio.gather(*(get(job_id) for job_id in ids)))
+            return [await self._store.get(ids[0])]
+        return await self._store.get_many(ids)
 
     async def write(self, job: Job, t: Transition, now: float) -> Job:
         clock = self._clock

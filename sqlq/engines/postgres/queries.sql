@@ -249,6 +249,10 @@ SELECT n.name, n.started_at, n.seen_at,
 -- name: get
 SELECT {job_columns} FROM jobs WHERE id = $1;
 
+-- name: get_many
+-- The jobs a remote worker's call names ($1): one statement, each by its primary key.
+SELECT {job_columns} FROM jobs WHERE id = ANY($1::text[]);
+
 -- name: finished
 -- Which of the jobs this node's GET ?wait= requests wait on ($1) are finished: one
 -- statement for all of them, each found by its primary key.

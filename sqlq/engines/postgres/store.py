@@ -228,6 +228,11 @@ class PostgresStore(Committing):
         rows = await self._read(lambda c: c.fetch(Q["finished"], list(ids)))
         return [row_job(r) for r in rows]
 
+    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
+        rows = await self._read(lambda c: c.fetch(Q["get_many"], list(ids)), "job_id")
+        found = {job.id: job for job in map(row_job, rows)}
+        return [found.get(i) for i in ids]
+
     async def claim(
         self,
         n: int,
