@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,14 @@ import pytest
 
 from sqlq.common.backoff import RetryPolicy
 from sqlq.common.clock import FakeClock
-from sqlq.common.models import State
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.models import Job, State
 from sqlq.common.specs import JobSpec
+from sqlq.common.store import Change
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.events import Event
 from sqlq.runtime.kinds import SLEEP, JobContext, Kind, Registry, task
+from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.service import Service
 from tests.helpers import NOW, ServiceFactory, StoreFactory, final, submit, wait_for
 
@@ -246,3 +250,50 @@ def test_registry_refuses_a_duplicate_kind() -> None:
     registry.register(SLEEP)
     with pytest.raises(ValueError, match="already registered"):
         registry.register(SLEEP)
+
+
+class Stalling(MemoryStore):
+    """A memory store whose writes, but for submissions, wait while ``stalled``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        if not all(isinstance(c, Job) for c in changes):
+            await self.flowing.wait()
+        await super().commit(changes)
+
+
+@pytest.mark.parametrize("bound", [16, 10_000])
+async def test_a_store_slower_than_the_handlers_holds_the_workers_back(
+    services: ServiceFactory, bound: int
+) -> None:
+    """Outcomes decided but not yet written are bounded (``ClaimsBase.max_outcomes``): past
+    the bound no worker takes a claim, so a stalled store stalls the pool rather than
+    growing a backlog of outcome tasks in memory; every job still ends once it is back.
+    (The second case is the bound out of the way: the backlog is every job.)"""
+    store = Stalling()
+    rt = services(store, workers=8)
+    claims = rt.claims
+    assert isinstance(claims, LocalClaims)
+    claims.max_outcomes = bound
+    await rt.start()
+    store.flowing.clear()
+    jobs = (await rt.submit([JobSpec(kind="sleep") for _ in range(200)]))[0]
+    peak = 0
+
+    def stalled() -> bool:
+        nonlocal peak
+        pending = claims.outcomes_in_flight()
+        peak = max(peak, pending)
+        return pending >= min(bound, 200) and rt.pool.busy() == 0
+
+    await wait_for(stalled, 10, "the workers to stop taking claims")
+    assert peak <= min(bound + 8, 200)  # the bound, and what workers past a claim decided
+    if bound > 200:
+        assert peak == 200  # unbounded, every job's outcome waits in memory
+    store.flowing.set()
+    for job in jobs:
+        assert (await final(rt, job.id)).state is State.COMPLETED

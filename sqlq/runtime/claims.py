@@ -194,6 +194,10 @@ class ClaimsBase(Reach):
 
     key_attempts: ClassVar[int] = 1
     finish_poll_s: ClassVar[float | None] = None
+    # Outcomes decided and not yet written, at most: past it no worker takes a new claim
+    # until half of them are, so a store slower than the handlers holds the workers back
+    # instead of a backlog of outcome tasks growing without bound in memory.
+    max_outcomes: int = 4096
 
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
@@ -209,6 +213,8 @@ class ClaimsBase(Reach):
         self._paused: set[str] = set()  # paused queues
         self._running: Counter[str] = Counter()  # attempts started here and not yet over, by queue
         self._background: set[asyncio.Task[Any]] = set()  # outcomes (and touches) being written
+        self._outcome_room = asyncio.Event()  # set while fewer than ``max_outcomes`` are
+        self._outcome_room.set()
         self._setup()
 
     def _setup(self) -> None:
@@ -349,8 +355,26 @@ class ClaimsBase(Reach):
         ``again``: what to count if it is due again, besides ``retried`` (unless ``retried``
         is False: a snooze, a claim given back)."""
         task = asyncio.create_task(self._outcome(claim, t, again, retried))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        background = self._background
+        background.add(task)
+        task.add_done_callback(self._written)
+        if len(background) >= self.max_outcomes:
+            self._outcome_room.clear()
+
+    def _written(self, task: asyncio.Task[Any]) -> None:
+        background = self._background
+        background.discard(task)
+        if len(background) <= self.max_outcomes // 2:
+            self._outcome_room.set()
+
+    def outcomes_in_flight(self) -> int:
+        """Outcomes (and touches) being written now: at most about ``max_outcomes``."""
+        return len(self._background)
+
+    async def _room_for_outcomes(self) -> None:
+        """Before a new claim: wait while ``max_outcomes`` are still being written."""
+        if not self._outcome_room.is_set():
+            await self._outcome_room.wait()
 
     async def _outcome(
         self, claim: Claim, t: Transition, again: Event | None, retried: bool

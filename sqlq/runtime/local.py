@@ -318,6 +318,7 @@ class LocalClaims(ClaimsBase):
     # -- the workers' side ------------------------------------------------------------------
 
     async def next(self) -> Claim:
+        await self._room_for_outcomes()
         while True:
             entry = await self.scheduler.take()
             claim = self._claim(entry)

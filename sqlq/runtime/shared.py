@@ -172,6 +172,7 @@ class SharedClaims(CensusViews, ClaimsBase):
         self.remote_side.ring()
 
     async def next(self) -> Claim:
+        await self._room_for_outcomes()
         while self._ready:
             claim = self._ready.popleft()
             if self._clock.monotonic() <= self.expires(claim):
