@@ -371,10 +371,6 @@ class ClaimsBase(Reach):
         """Outcomes (and touches) being written now: at most about ``max_outcomes``."""
         return len(self._background)
 
-    async def _room_for_outcomes(self) -> None:
-        """Before a new claim: wait while ``max_outcomes`` are still being written."""
-        if not self._outcome_room.is_set():
-            await self._outcome_room.wait()
 
     async def _outcome(
         self, claim: Claim, t: Transition, again: Event | None, retried: bool

@@ -318,7 +318,8 @@ class LocalClaims(ClaimsBase):
     # -- the workers' side ------------------------------------------------------------------
 
     async def next(self) -> Claim:
-        await self._room_for_outcomes()
+        if not self._outcome_room.is_set():  # (inline: a coroutine per claim costs)
+            await self._outcome_room.wait()  # too many outcomes are being written yet
         while True:
             entry = await self.scheduler.take()
             claim = self._claim(entry)

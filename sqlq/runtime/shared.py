@@ -172,7 +172,8 @@ class SharedClaims(CensusViews, ClaimsBase):
         self.remote_side.ring()
 
     async def next(self) -> Claim:
-        await self._room_for_outcomes()
+        if not self._outcome_room.is_set():  # (inline: a coroutine per claim costs)
+            await self._outcome_room.wait()  # too many outcomes are being written yet
         while self._ready:
             claim = self._ready.popleft()
             if self._clock.monotonic() <= self.expires(claim):
