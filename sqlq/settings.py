@@ -332,6 +332,13 @@ class ServeSettings:
         show_default=False,
         help="Threads for plain (sync) @task handlers. Default: one per worker.",
     )
+    processes: int = opt(
+        _RUNTIME.processes,
+        "--processes",
+        type=click.IntRange(0, 1024),
+        help="Run plain (sync) @task handlers in this many worker processes, each of which "
+        "imports the --import modules; 0: in threads (one core for CPU-bound Python).",
+    )
     imports: tuple[str, ...] = opt(
         (),
         "--import",
@@ -408,6 +415,8 @@ class ServeSettings:
             max_queues=self.max_queues,
             max_abandoned=self.max_abandoned,
             handler_threads=self.handler_threads,
+            processes=self.processes,
+            imports=self.imports,
             queue_caps=queue_caps(self.queues),
             lease_s=self.lease,
             poll_s=self.poll,

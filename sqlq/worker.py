@@ -19,7 +19,7 @@ batches (``/claims/outcomes``: ``sqlq.worker_outbox``).
 
 A handler runs as it does in the server, through the runtime's own ``Executor`` and
 ``JobContext``: async handlers on this loop, plain ones in threads (or, with
-``processes``, in worker processes: ``sqlq.worker_procs``); the kind's ``timeout`` and
+``processes``, in worker processes: ``sqlq.runtime.processes``); the kind's ``timeout`` and
 ``hb_timeout`` cut an attempt off (it fails, through the server's retry policy); its
 result is held to the stored-value bounds; ``Snooze`` and ``snooze()`` snooze;
 ``ctx.progress`` goes in the next heartbeat; ``ctx.checkpoint`` is a
@@ -81,14 +81,14 @@ from sqlq.common.protocol import (
 )
 from sqlq.runtime.claim import Claim, ClaimResult
 from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.context import AttemptFenced, Snooze
+from sqlq.runtime.context import AttemptFenced, Snooze, describe
 from sqlq.runtime.cpu import CpuPool
 from sqlq.runtime.executor import Executor, build_registry
 from sqlq.runtime.kinds import REGISTRY, Registry
-from sqlq.runtime.workers import Limit, describe, overdue
+from sqlq.runtime.processes import ChildFailed, ProcessHandlers
+from sqlq.runtime.workers import Limit, overdue
 from sqlq.worker_attempt import Attempt, describe_what, failure, job_of
 from sqlq.worker_outbox import RETRYABLE, Backoff, Outbox
-from sqlq.worker_procs import ChildFailed, ProcessHandlers
 
 log = logging.getLogger("sqlq.worker")
 

@@ -26,7 +26,7 @@ from sqlq.common.errors import SqlqError
 from sqlq.common.protocol import WORKER_PATTERN
 from sqlq.common.roles import token_problem
 from sqlq.common.specs import QUEUE_PATTERN
-from sqlq.runtime.workers import describe
+from sqlq.runtime.context import describe
 
 if TYPE_CHECKING:
     from sqlq.worker import Worker

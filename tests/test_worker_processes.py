@@ -18,7 +18,7 @@ from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.models import Job, State
 from sqlq.runtime.kinds import Registry
 from sqlq.worker import CANCELLED_WHILE, Worker
-from sqlq.worker_procs import ChildFailed, ProcessHandlers
+from sqlq.runtime.processes import ChildFailed, ProcessHandlers
 from tests.helpers import wait_for
 from tests.worker_helpers import FakeServer
 

@@ -113,6 +113,7 @@ def _cpu_runs(quick: bool, store: str) -> Iterator[PRun]:
                       params={"mode": mode, "processes": processes})  # fmt: skip
 
     yield one(store, "sqlq-local-w2", "local", 2)
+    yield one(store, "sqlq-serve-p2", "serve", 2)
     yield one(store, "sqlq-worker-p1", "remote", 1)
     yield one(store, "sqlq-worker-p2", "remote", 2)
     version = installed(HUEY)
@@ -246,6 +247,7 @@ def _cpu_ratios(rows: list[PRow], remote: Callable[[PRow], bool]) -> list[float]
 
 _CPU_ROWS = (
     ("local", 2, "sqlq serve, in-process threads (`--workers 2`)"),
+    ("serve", 2, "`sqlq serve --processes 2` (`--workers 4`)"),
     ("remote", 1, "`sqlq worker --processes 1`"),
     ("remote", 2, "`sqlq worker --processes 2`"),
     ("huey", 1, "huey `-k process -w 1`"),
@@ -309,6 +311,14 @@ def _cpu(rep: Report, rows: list[PRow]) -> None:
             "P: CPU-bound handler, `sqlq worker --processes 2` over `--processes 1`",
             f"{med(scale):.2f}x",
             med(scale) >= SCALE_BAR,
+            f"bar >= {SCALE_BAR:.1f}x",
+        )
+    served = ratios(rows, _is("serve", 2), _is("local", 2))
+    if served:
+        rep.check(
+            "P: CPU-bound handler, `sqlq serve --processes 2` over `--processes 0` (threads)",
+            f"{med(served):.2f}x",
+            med(served) >= SCALE_BAR,
             f"bar >= {SCALE_BAR:.1f}x",
         )
     peer = ratios(rows, _is("remote", 2), _is("huey", 2))

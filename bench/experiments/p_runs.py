@@ -184,7 +184,7 @@ async def _job_span(pool: HttpPool) -> tuple[float, float]:
 @dataclass(frozen=True, kw_only=True)
 class PRun(Run):
     part: str
-    mode: str  # local (in-process), remote (sqlq worker), huey
+    mode: str  # local (in-process), serve (in-process, --processes), remote (sqlq worker), huey
     jobs: int
     processes: int = 0
 
@@ -201,9 +201,10 @@ class PRun(Run):
     def server(self, log: Path | None = None) -> ServerProcess:
         workers = 0 if self.mode == "remote" else self.workers_local
         env = {LOG_ENV: str(log)} if log is not None else None
-        return ServerProcess.engine(
-            store=self.store, workers=workers, flags=("--import", IMPORT), env=env
-        )
+        flags: tuple[str, ...] = ("--import", IMPORT)
+        if self.mode == "serve":  # the server's own workers, plain handlers in processes
+            flags = (*flags, "--processes", str(self.processes))
+        return ServerProcess.engine(store=self.store, workers=workers, flags=flags, env=env)
 
     @property
     def workers_local(self) -> int:
@@ -227,7 +228,7 @@ class NoopRun(PRun):
         slots = self.slots
         async with HttpPool(url, 2) as pool:
             try:
-                local = self.mode == "local"
+                local = self.mode in ("local", "serve")
                 if local:
                     await pool.request("POST", "/queues/default/pause")
                 await _submit(pool, self.jobs, {"kind": NOOP, "args": {}})
@@ -268,7 +269,9 @@ class CpuRun(PRun):
 
     @property
     def workers_local(self) -> int:
-        return self.processes
+        # threads: one a core asked for; processes: two workers a process, so one waits
+        # with its claim while the other's job runs and no process idles between jobs
+        return 2 * self.processes if self.mode == "serve" else self.processes
 
     def measure(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="sqlq-p-") as d:
@@ -294,7 +297,7 @@ class CpuRun(PRun):
         child: Child | None = None
         async with HttpPool(url, 2) as pool:
             try:
-                local = self.mode == "local"
+                local = self.mode in ("local", "serve")
                 if local:
                     await pool.request("POST", "/queues/default/pause")
                 await _submit(pool, self.jobs, {"kind": SPIN, "args": {"rounds": self.rounds}})

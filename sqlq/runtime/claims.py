@@ -371,7 +371,6 @@ class ClaimsBase(Reach):
         """Outcomes (and touches) being written now: at most about ``max_outcomes``."""
         return len(self._background)
 
-
     async def _outcome(
         self, claim: Claim, t: Transition, again: Event | None, retried: bool
     ) -> None:

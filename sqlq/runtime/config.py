@@ -37,6 +37,10 @@ class RuntimeConfig:
     max_queues: int = 1_000  # queues with live jobs, or paused; a new one past it is a 422
     max_abandoned: int = 100  # cut-off handlers still running; past it, /readyz is 503
     handler_threads: int | None = None  # the sync handlers' pool; None: one per worker
+    # Plain (sync) handlers in this many worker processes instead of threads (0: threads),
+    # each of which imports ``imports`` (``sqlq serve --processes N --import M``).
+    processes: int = 0
+    imports: tuple[str, ...] = ()
     queue_caps: dict[str, int] = field(default_factory=dict)  # queue -> jobs running at once
     # A running job: a forced cancel cuts its attempt off this long after the request
     # (--cancel-grace); snoozes past --max-snoozes dead-letter it; its progress is written

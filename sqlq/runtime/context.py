@@ -58,6 +58,23 @@ def snooze(seconds: float) -> Snooze:
     return Snooze(seconds)
 
 
+class UnstorableResult(Exception):
+    """A handler's result is past a bound of ``sqlq.common.shape``; its attempt fails."""
+
+
+class Described(Exception):
+    """A failure whose text is already the attempt's error (a handler's exception described
+    where it ran: a worker process), so ``describe`` passes it on unwrapped."""
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as ``last_error`` text (``clean_error`` bounds and cleans it)."""
+    text = str(exc)
+    if isinstance(exc, Described):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class Channel(Protocol):
     """What the claims holding an attempt offer its context (``ClaimsBase``)."""
 

@@ -6,6 +6,14 @@ its kind up, gives the handler a ``JobContext`` carrying that kind's limits
 the pool plain handlers run in, and runs it. Where the job came from and where
 its outcome goes is the business of ``Claims``, not of this module.
 
+A plain (sync) handler runs in a thread of ``HandlerThreads``, or, given worker
+processes (``sqlq serve --processes P``: ``ProcessHandlers``), in one of them, so
+CPU-bound Python uses every core instead of one GIL. The attempt is the same either
+way: the context's progress and checkpoints reach the claims from the process, a
+cancel asked for raises the process's flag (``interrupt``), its heartbeats reach the
+health loop (``observed``), and a cut-off attempt's process is told to stop, then
+killed and replaced.
+
 A result is held to the bounds every stored value keeps (``sqlq.common.shape``:
 depth and items) before it goes anywhere: one nested past ``MAX_DEPTH`` could
 be stored but not read back on a deeper stack, so it fails its attempt like a
@@ -17,21 +25,20 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from sqlq.common.clock import Clock
 from sqlq.common.models import JSON, Job
 from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.context import Channel
+from sqlq.runtime.context import Channel, UnstorableResult
 from sqlq.runtime.cpu import CpuPool, cpu_kind
 from sqlq.runtime.kinds import JobContext, Kind, Registry, sleep_kind
+from sqlq.runtime.processes import Child, ProcessHandlers
 from sqlq.runtime.threads import HandlerThreads
 
 if TYPE_CHECKING:
     from sqlq.runtime.claim import Claim
-
-
-class UnstorableResult(Exception):
-    """A handler's result is past a bound of ``sqlq.common.shape``; its attempt fails."""
 
 
 def build_registry(user: Registry, *, fault_injection: bool, cpu: CpuPool) -> Registry:
@@ -56,8 +63,11 @@ class Executor:
         *,
         rng: random.Random,
         clock: Clock,
+        processes: ProcessHandlers | None = None,
     ) -> None:
         self.kinds = kinds
+        self.processes = processes
+        self._in_child: dict[JobContext, Child] = {}  # attempts running in a process
         self.threads = HandlerThreads(
             (config.handler_threads or config.workers) + config.max_abandoned
         )
@@ -85,12 +95,51 @@ class Executor:
     async def execute(self, job: Job, ctx: JobContext) -> JSON:
         """Run the job's handler; an unknown kind (its module not imported) or a result
         past the bounds of a stored value fails the attempt."""
-        result = await self.kinds.get(job.kind).run(job.args, ctx)
+        kind = self.kinds.get(job.kind)
+        procs = self.processes
+        if procs is not None and not kind.interruptible:  # a plain handler: in a process
+            return await self._in_process(procs, job, ctx)
+        result = await kind.run(job.args, ctx)
         try:
             measure(result)
         except ShapeError as exc:
             raise UnstorableResult(f"the result {exc}") from None
         return result
+
+    async def _in_process(self, procs: ProcessHandlers, job: Job, ctx: JobContext) -> JSON:
+        """Run ``job`` in a free worker process (waiting for one is not running: the
+        attempt's clock starts when a process takes it); the child checks the bounds."""
+        child = await procs.acquire()
+        ctx.last_beat = self._clock.monotonic()
+        self._in_child[ctx] = child
+        try:
+            raw = await procs.run(child, job, ctx)
+        finally:
+            del self._in_child[ctx]
+        result: JSON = msgspec.json.decode(raw)
+        return result
+
+    def interrupt(self, ctx: JobContext) -> None:
+        """A cancel was asked for the attempt behind ``ctx``: its process hears of it too."""
+        child = self._in_child.get(ctx)
+        if child is not None and self.processes is not None:
+            self.processes.interrupt(child)
+
+    def observed(self, ctx: JobContext) -> None:
+        """``ctx`` brought up to date with what its process reported (its last beat)."""
+        child = self._in_child.get(ctx)
+        if child is not None and self.processes is not None:
+            ctx.last_beat = max(ctx.last_beat, self.processes.last_beat(child))
+
+    async def start(self) -> None:
+        """Start the worker processes (their imports done), if there are any."""
+        if self.processes is not None:
+            await self.processes.start()
+
+    async def close(self) -> None:
+        if self.processes is not None:
+            await self.processes.close()
+        self.threads.shutdown()
 
     def shutdown(self) -> None:
         self.threads.shutdown()

@@ -47,6 +47,7 @@ from sqlq.runtime.executor import Executor, build_registry
 from sqlq.runtime.kinds import REGISTRY, Registry
 from sqlq.runtime.modes import ClaimsFactory, claims_for
 from sqlq.runtime.parts import Parts
+from sqlq.runtime.processes import ProcessHandlers
 from sqlq.runtime.remote import Remote
 from sqlq.runtime.schedules import Schedules
 from sqlq.runtime.submissions import Submissions
@@ -104,7 +105,8 @@ class Service:
         self.events.known_kinds = frozenset(all_kinds.names())  # bounds the kind labels
         store.observe_batches(self.metrics.batch_written)
         self.metrics.gauges(lambda: report.gauges(self))
-        self.executor = Executor(all_kinds, config, rng=rng, clock=clock)
+        procs = ProcessHandlers(config.processes, config.imports) if config.processes else None
+        self.executor = Executor(all_kinds, config, rng=rng, clock=clock, processes=procs)
         self.pool = WorkerPool(
             self.claims,
             self.executor,
@@ -142,6 +144,7 @@ class Service:
             self.recovery = recovery
             await self.claims.start(recovery)
         await self.remote.start()
+        await self.executor.start()  # (worker processes: their imports done)
         self.pool.start()
         await self.schedules.define(self._defined)
         self.ticker.start()
@@ -169,7 +172,7 @@ class Service:
         await self.remote.drain()  # remote calls' writes: durable, or refused, before the close
         await self.claims.drain()  # (remotely held jobs stay running, under their leases)
         self.cpu.shutdown()
-        self.executor.shutdown()
+        await self.executor.close()
         await self.store.close()
         self.state = RuntimeState.STOPPED
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.runtime.claims import Claim, Claims
-from sqlq.runtime.context import JobContext, Snooze
+from sqlq.runtime.context import JobContext, Snooze, describe
 from sqlq.runtime.executor import Executor
 
 log = logging.getLogger(__name__)
@@ -46,12 +46,6 @@ class Worker:
     claim: Claim | None = None
     hung: bool = False
     jobs_done: int = 0
-
-
-def describe(exc: BaseException) -> str:
-    """An exception as ``last_error`` text (``clean_error`` bounds and cleans it)."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class Limit(enum.Enum):
@@ -194,6 +188,7 @@ class WorkerPool:
             ctx, claim = w.ctx, w.claim
             if ctx is None or claim is None:
                 continue
+            self._executor.observed(ctx)  # (a process's beats)
             past = overdue(ctx, now, claims.expires(claim), judged=judged)
             if past is None:
                 continue
@@ -235,6 +230,7 @@ class WorkerPool:
             if claim is None or ctx is None or claim.job.id != job_id:
                 continue
             ctx.cancelled = True
+            self._executor.interrupt(ctx)  # (a process's flag)
             if grace_s is not None:
                 until = self._clock.monotonic() + grace_s
                 ctx.deadline = until if ctx.deadline is None else min(ctx.deadline, until)

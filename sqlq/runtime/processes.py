@@ -1,4 +1,5 @@
-"""Plain (sync) handlers in worker processes: ``sqlq worker --processes P``.
+"""Plain (sync) handlers in worker processes: ``sqlq serve --processes P`` and ``sqlq worker
+--processes P`` alike (the executor runs a plain kind's job here when there are processes).
 
 A CPU-bound Python handler in a thread holds the GIL, so however many threads run, it
 uses one core. Here each of P long-lived child processes (started with ``spawn``: the
@@ -49,11 +50,16 @@ from sqlq.common.errors import SqlqError
 from sqlq.common.models import JSON, Job
 from sqlq.common.running import check_checkpoint, check_progress
 from sqlq.common.shape import ShapeError, measure
-from sqlq.runtime.context import AttemptFenced, JobContext, Snooze
-from sqlq.runtime.executor import UnstorableResult
+from sqlq.runtime.context import (
+    AttemptFenced,
+    Described,
+    JobContext,
+    Snooze,
+    UnstorableResult,
+    describe,
+)
 from sqlq.runtime.kinds import REGISTRY
 from sqlq.runtime.threads import HandlerThreads
-from sqlq.runtime.workers import describe
 
 log = logging.getLogger("sqlq.worker")
 
@@ -71,7 +77,7 @@ class ProcessStartError(SqlqError):
     """A worker process could not start: its ``--import`` failed, or it died first."""
 
 
-class ChildFailed(Exception):
+class ChildFailed(Described):
     """The handler in a child failed; ``str()`` is its error as the server would say it."""
 
 

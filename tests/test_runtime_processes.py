@@ -1,0 +1,118 @@
+"""``sqlq serve --processes P``: the server's own workers run plain handlers in worker
+processes, through the one executor ``sqlq worker --processes`` uses (``ProcessHandlers``).
+
+On the memory engine and the real clock (the processes are real): every process used
+(asserted on the PIDs the jobs saw, not on timing), a failure's text as the handler
+raised it, progress and a checkpoint from the child stored, and a cancel reaching a
+child that looks at ``ctx.cancelled``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sqlq import JobContext, task
+from sqlq.common.models import State
+from sqlq.runtime.kinds import Registry
+from sqlq.runtime.service import Service
+from tests.helpers import ServiceFactory, final, submit, wait_for
+
+HANDLERS = """
+import os, time
+from sqlq import task
+
+@task()
+def crunch(args, ctx):
+    total = 0
+    for i in range(args["n"]):
+        total += i * i
+    return {"pid": os.getpid(), "sum": total}
+
+@task()
+def broken(args, ctx):
+    return args["missing"]
+
+@task()
+def until_cancelled(args, ctx):
+    ctx.checkpoint({"pid": os.getpid()})
+    ctx.progress(50, "half")
+    while not ctx.cancelled:
+        ctx.beat()
+        time.sleep(0.005)
+    ctx.raise_if_cancelled()
+"""
+
+pytestmark = pytest.mark.slow  # (processes spawned: seconds, not milliseconds)
+
+
+def parent_kinds() -> Registry:
+    """The server's view of the kinds: plain functions, so they go to the processes."""
+    reg = Registry()
+    for name in ("crunch", "broken", "until_cancelled"):
+
+        def fn(args: Any, ctx: JobContext) -> Any:
+            raise AssertionError("runs in a worker process, never here")
+
+        fn.__name__ = name
+        task(registry=reg)(fn)
+    return reg
+
+
+@pytest.fixture
+def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "serve_proc_handlers.py").write_text(HANDLERS)
+    monkeypatch.syspath_prepend(str(tmp_path))  # (spawned children get this sys.path)
+    return "serve_proc_handlers"
+
+
+async def started(services: ServiceFactory, module: str) -> Service:
+    rt = services(kinds=parent_kinds(), workers=4, processes=2, imports=(module,))
+    await rt.start()
+    return rt
+
+
+async def test_plain_handlers_run_in_every_process_not_the_server(
+    services: ServiceFactory, handlers: str
+) -> None:
+    rt = await started(services, handlers)
+    jobs = [await submit(rt, "crunch", args={"n": 300_000}) for _ in range(8)]
+    done = [await final(rt, job.id, within=60) for job in jobs]
+    assert {d.state for d in done} == {State.COMPLETED}
+    pids = {d.result["pid"] for d in done}
+    assert len(pids) == 2
+    assert os.getpid() not in pids
+    assert {d.result["sum"] for d in done} == {sum(i * i for i in range(300_000))}
+
+
+async def test_a_failure_in_a_process_reads_as_it_would_in_a_thread(
+    services: ServiceFactory, handlers: str
+) -> None:
+    rt = await started(services, handlers)
+    job = await submit(rt, "broken", args={}, max_attempts=1)
+    dead = await final(rt, job.id, within=60)
+    assert (dead.state, dead.last_error) == (State.DEAD, "KeyError: 'missing'")
+
+
+async def test_progress_a_checkpoint_and_a_cancel_cross_to_the_process(
+    services: ServiceFactory, handlers: str
+) -> None:
+    rt = await started(services, handlers)
+    job = await submit(rt, "until_cancelled", args={})
+
+    async def checkpointed() -> bool:
+        now = await rt.get(job.id)
+        return now is not None and now.checkpoint is not None and now.progress is not None
+
+    await wait_for(checkpointed, 60, "the child's checkpoint and progress")
+    running = await rt.get(job.id)
+    assert running is not None
+    assert running.progress is not None
+    assert running.progress.percent == 50
+    assert running.checkpoint["pid"] != os.getpid()
+    await rt.cancel(job.id)
+    ended = await final(rt, job.id, within=60)
+    assert (ended.state, ended.attempts) == (State.CANCELLED, 1)
