@@ -263,3 +263,26 @@ def test_the_scheduler_against_a_brute_force_model(seed: int) -> None:
     assert not live
     assert sched.queues_held() == 0
     assert popped > 300
+
+
+async def test_a_cancel_of_a_job_handed_to_a_waiting_worker_leaves_the_depth_exact(
+    clock: FakeClock,
+) -> None:
+    """The cancel/hand-out race: the entry went to a worker that has not resumed yet when
+    the cancel discards it. It is no longer in the lanes, so nothing is counted stale there
+    (before, the depth read one low until a purge)."""
+    gone: set[str] = set()
+    sched = Scheduler(clock, current=lambda job: job.id not in gone)
+    others = [Job.new(kind="sleep", args={}, now=NOW, queue="q") for _ in range(5)]
+    worker = asyncio.create_task(sched.take())
+    await asyncio.sleep(0)  # it waits
+    handed = Job.new(kind="sleep", args={}, now=NOW, queue="q")
+    sched.add(handed)  # handed to the waiting worker at once; the worker has not resumed
+    for job in others:
+        sched.add(job)
+    gone.add(handed.id)
+    sched.discard(handed)  # the cancel, before the worker runs
+    assert sched.depth("q") == 5
+    assert await worker is handed  # its worker finds it cancelled and lets it go
+    assert sched.depth("q") == 5
+    assert [await sched.take() for _ in range(5)] == others

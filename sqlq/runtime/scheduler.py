@@ -77,6 +77,10 @@ class Scheduler:
         self._turns = itertools.count()
         # workers, longest-waiting first; each gets the job's entry
         self._waiting: deque[asyncio.Future[Job]] = deque()
+        # Entries handed to a waiting worker that has not resumed yet: out of the lanes, so
+        # a cancel meanwhile has no entry to discard (counting one would read the depth one
+        # low until a purge). Only the hand-out path fills it; at most one a worker.
+        self._handed: set[str] = set()
         self._wake = asyncio.Event()
         self._armed = math.inf  # the ready_at the dispatcher's timer is set for
         self._timer: Timer | None = None  # on the injected clock: a fake one jumps to it
@@ -139,7 +143,10 @@ class Scheduler:
             self._wake.set()
 
     def discard(self, job: Job) -> None:
-        """``job``'s entry, still in its lanes, is no longer wanted (cancelled)."""
+        """``job``'s entry, still in its lanes, is no longer wanted (cancelled). One handed to
+        a worker meanwhile is not in them: its worker finds the job moved on instead."""
+        if job.id in self._handed:
+            return
         q = self._queues.get(job.queue)
         if q is None:
             return
@@ -158,7 +165,12 @@ class Scheduler:
         waiter: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         self._wake.set()  # the dispatcher arms the timer for the next delayed job
-        return await waiter
+        try:
+            job = await waiter
+        finally:
+            if waiter.done() and not waiter.cancelled():  # (handed out, then cancelled)
+                self._handed.discard(waiter.result().id)
+        return job
 
     def _hand_out(self) -> None:
         """Give due jobs to waiting workers, longest-waiting first, while both last."""
@@ -168,6 +180,7 @@ class Scheduler:
             if taken is None:
                 return
             self._waiting.popleft()
+            self._handed.add(taken.id)
             worker.set_result(taken)
             self.dispatched += 1
 
