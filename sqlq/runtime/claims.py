@@ -125,6 +125,11 @@ class Claims(Protocol):
         counted and no error added (``backoff.released``)."""
         ...
 
+    @property
+    def leased(self) -> bool:
+        """Whether this holder's attempts run under leases it may lose (``expires``)."""
+        ...
+
     def expires(self, claim: Claim) -> float | None:
         """When (monotonic) this holder stops holding ``claim``'s job unless it renews its
         lease first (``sqlq.common.lease``); None: never, the queue is this process's."""
@@ -194,6 +199,7 @@ class ClaimsBase(Reach):
 
     key_attempts: ClassVar[int] = 1
     finish_poll_s: ClassVar[float | None] = None
+    leased: ClassVar[bool] = False  # the queue is this process's: no lease to lose
     # Outcomes decided and not yet written, at most: past it no worker takes a new claim
     # until half of them are, so a store slower than the handlers holds the workers back
     # instead of a backlog of outcome tasks growing without bound in memory.

@@ -66,6 +66,7 @@ class SharedClaims(CensusViews, ClaimsBase):
     _store: SharedStore  # the parts' store; the composition root passes only a shared one
     key_attempts = 2  # other nodes reserve no key here: a key taken meanwhile, look again
     finish_poll_s = WAIT_POLL_S  # a job waited on here may finish on another node
+    leased = True  # this node's claims last while it renews them (``expires``)
 
     def _setup(self) -> None:
         self.lease_s = self._config.lease_s

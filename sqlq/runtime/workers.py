@@ -184,12 +184,15 @@ class WorkerPool:
         one past its heartbeat or time limit."""
         hung: list[Worker] = []
         claims = self._claims
+        leased = claims.leased  # (else no attempt here has a lease of its own to lose)
+        observed = self._executor.observed if self._executor.processes is not None else None
         for w in list(self.live):
             ctx, claim = w.ctx, w.claim
             if ctx is None or claim is None:
                 continue
-            self._executor.observed(ctx)  # (a process's beats)
-            past = overdue(ctx, now, claims.expires(claim), judged=judged)
+            if observed is not None:
+                observed(ctx)  # (a process's beats)
+            past = overdue(ctx, now, claims.expires(claim) if leased else None, judged=judged)
             if past is None:
                 continue
             limit, reason = past
