@@ -4,13 +4,15 @@ plain models: what a page returns, and that a page does not look at the jobs it 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from sqlq.common.engine import index as index_module
-from sqlq.common.engine import sortedids
 from sqlq.common.engine.index import JobIndex
 from sqlq.common.engine.sortedids import SortedIds
 from sqlq.common.models import Job, State
@@ -22,6 +24,18 @@ QUEUES = ["default", "mail", "q2"]
 KINDS = ["sleep", "cpu"]
 
 
+@contextmanager
+def small_blocks() -> Iterator[None]:
+    """SortedList's blocks of a few ids, so that a few hundred operations split and merge
+    them and a page walks across many (its default is a thousand)."""
+    old = SortedList.DEFAULT_LOAD_FACTOR
+    SortedList.DEFAULT_LOAD_FACTOR = 4
+    try:
+        yield
+    finally:
+        SortedList.DEFAULT_LOAD_FACTOR = old
+
+
 ops = st.lists(
     st.tuples(st.sampled_from(["add", "discard", "page"]), st.integers(0, 300)), max_size=400
 )
@@ -30,9 +44,7 @@ ops = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(ops=ops, bulk=st.lists(st.integers(0, 300), unique=True, max_size=60))
 def test_sorted_ids_is_a_sorted_set(ops: list[tuple[str, int]], bulk: list[int]) -> None:
-    old = sortedids.LOAD
-    sortedids.LOAD = 4  # blocks of a few ids, so that a few hundred operations split them
-    try:
+    with small_blocks():
         ids = SortedIds(sorted(f"{n:04d}" for n in bulk))
         model = {f"{n:04d}" for n in bulk}
         for op, n in ops:
@@ -46,13 +58,10 @@ def test_sorted_ids_is_a_sorted_set(ops: list[tuple[str, int]], bulk: list[int])
             elif op == "page":
                 assert list(ids.after(x)) == sorted(y for y in model if y > x)
             assert len(ids) == len(model)
+            assert bool(ids) == bool(model)
             assert (x in ids) == (x in model)
         assert list(ids) == sorted(model)
         assert list(ids.after(None)) == sorted(model)
-        assert all(1 <= len(block) <= 2 * sortedids.LOAD for block in ids._lists)
-        assert ids._maxes == [block[-1] for block in ids._lists]
-    finally:
-        sortedids.LOAD = old
 
 
 def _job(n: int, queue: str, kind: str) -> Job:
@@ -103,9 +112,7 @@ def _change(index: JobIndex, step: Any, n: int, ids: list[str]) -> bool:
 def test_a_page_is_the_filtered_jobs_after_the_cursor_in_id_order(steps: list[Any]) -> None:
     """Whatever was built, changed, forgotten or dropped in between, a page is what a scan of
     every job would find: the jobs matching the filter, after the cursor, in id order."""
-    old = sortedids.LOAD
-    sortedids.LOAD = 4
-    try:
+    with small_blocks():
         index, n = JobIndex(), 0
         for step in steps:
             n += 1
@@ -124,8 +131,6 @@ def test_a_page_is_the_filtered_jobs_after_the_cursor_in_id_order(steps: list[An
                 assert index.page(q) == expect
             elif step[0] == "drop":
                 index._drop()
-    finally:
-        sortedids.LOAD = old
 
 
 class CountingJobs(dict[str, Job]):
@@ -201,9 +206,7 @@ def test_a_family_built_off_the_loop_takes_in_what_changed_meanwhile(
 ) -> None:
     """``page_async`` builds from a snapshot on another thread; jobs submitted, moved and
     forgotten meanwhile (and pages of families already built) are in the pages after."""
-    old = sortedids.LOAD
-    sortedids.LOAD = 4
-    try:
+    with small_blocks():
         index = JobIndex()
         index.publish({j.id: j for j in (_job(n, q, k) for n, (q, k) in enumerate(first))})
         if built is not None:
@@ -227,5 +230,3 @@ def test_a_family_built_off_the_loop_takes_in_what_changed_meanwhile(
                 assert await index.page_async(query, asyncio.to_thread) == _expect(index, query)
 
         asyncio.run(run())
-    finally:
-        sortedids.LOAD = old
