@@ -11,8 +11,9 @@ tick only one moves the cursor: the other's call fails whole (``StaleScheduleErr
 and inserts nothing. The job's idempotency key, ``sched:<name>:<tick>``, is the second
 guard, and it is also what tells a job's schedule and tick (``schedule_of``).
 
-The tick arithmetic (cron, zones, catch-up) is ``sqlq.common.ticks``: pure functions
-of a spec, a cursor and a time.
+The tick arithmetic (next and previous ticks, catch-up) is ``sqlq.common.ticks``: pure
+functions of a spec, a cursor and a time. Both build on ``sqlq.common.cron``, which reads
+cron expressions and zones and knows nothing of schedules.
 """
 
 from __future__ import annotations
@@ -72,13 +73,15 @@ class ScheduleSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
 
 def check_spec(spec: ScheduleSpec) -> ScheduleSpec:
     """``spec`` if its timing and args are valid; a ``ValidationError`` naming the field."""
-    from sqlq.common import ticks  # the cron parser is loaded only where schedules are
+    # Imported here so that cronsim and zoneinfo load only in a process that checks a
+    # schedule (every process imports this module); cron imports nothing of schedules.
+    from sqlq.common import cron
 
     if (spec.cron is None) == (spec.every_s is None):
         raise ValidationError("cron", "give exactly one of cron and every_s")
     if spec.cron is not None:
-        ticks.parse_cron(spec.cron)  # ValidationError("cron", ...)
-    ticks.check_zone(spec.tz)  # ValidationError("tz", ...)
+        cron.parse_cron(spec.cron)  # ValidationError("cron", ...)
+    cron.check_zone(spec.tz)  # ValidationError("tz", ...)
     check_args(spec.args)
     return spec
 

@@ -5,35 +5,17 @@ on plain numbers, DST zones included. Ticks are whole unix seconds.
 
 ``every_s`` ticks are the whole multiples of ``every_s`` since the epoch: arithmetic, no
 zone, and every node and restart agrees on them. ``cron`` ticks are read in ``spec.tz``
-by cronsim (research of issue 21: it handles the DST cases croniter gets wrong), with
-these rules:
-
-- The hour field names hours (``30 2 * * *``, ``0 9-17 * * *``): wall-time rules. A wall
-  time in a DST gap fires once, at the first instant after the gap (02:30 on the spring
-  day fires at 03:00), and a wall time that happens twice fires once, in its first copy.
-  A ``*`` minute under a named hour (``*/15 2 * * *``) follows the same rules: cronsim
-  would walk real time for it (so the gap day had no tick at all), so we hand it the
-  equivalent ``0-59/15`` (``_for_cronsim``).
-- The hour field starts with ``*`` (``0 * * * *``, ``*/15 * * * *``, ``30 */2 * * *``):
-  real time. Such an expression fires in both copies of a repeated hour (02:00 CEST and
-  02:00 CET are two hours) and none is lost in a gap: "every 15 minutes" stays so. A
-  ``*/n`` hour field is walked minute by minute and filtered here (``_for_cronsim``):
-  cronsim's hour-sized steps lose ticks where clocks move by half an hour.
+by ``sqlq.common.cron`` (cronsim, and the DST rules in that module's docstring).
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from functools import lru_cache
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
-from cronsim import CronSim, CronSimError
-
-from sqlq.common.errors import ValidationError, clip
+from sqlq.common.cron import moments, parse_cron
+from sqlq.common.errors import ValidationError
 from sqlq.common.schedule import CatchUp, ScheduleSpec
 
 # A tick overdue by at most this is on time, not missed: it is enqueued under every
@@ -52,59 +34,6 @@ ON_TIME_S = 5
 # ``Plan.skipped`` is a lower bound. ``every_s`` counts are always exact (arithmetic).
 WALK_LIMIT = 200
 
-MAX_ZONE = 64  # as ScheduleSpec.tz
-# IANA keys: letters, digits, ``_ + -``, segments joined by ``/``; no dots, so no path
-# tricks (``..``, ``zone.tab``) reach zoneinfo's file lookup.
-_ZONE = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*")
-_FIELDS = "minute hour day-of-month month day-of-week"
-_PROBE = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-def parse_cron(expr: str) -> str:
-    """``expr`` normalised if it is a 5-field cron expression (no seconds field, no
-    ``@`` aliases); ``ValidationError("cron", why)`` otherwise.
-
-    Normalised: fields upper-cased and joined by one space, so two spellings of one
-    expression compare equal. cronsim takes a sixth field as seconds and the
-    dashboard's describer takes anything, so the field count is checked here."""
-    if not isinstance(expr, str):
-        raise ValidationError("cron", "a string of 5 fields")
-    fields = expr.split()
-    if expr.lstrip().startswith("@"):
-        raise ValidationError("cron", "no @ aliases: write the 5 fields (@daily is 0 0 * * *)")
-    if len(fields) != 5:
-        raise ValidationError(
-            "cron", f"exactly 5 fields ({_FIELDS}), not {len(fields)}: {clip(expr, 80)!r}"
-        )
-    if not expr.isascii() or not all(f.isprintable() for f in fields):
-        raise ValidationError("cron", f"ASCII fields only: {clip(expr, 80)!r}")
-    normal = " ".join(fields).upper()
-    try:
-        CronSim(normal, _PROBE)  # the fields as written; then whether it ever fires
-        next(_moments(normal, ZoneInfo("UTC"), int(_PROBE.timestamp()), reverse=False))
-    except CronSimError as exc:
-        raise ValidationError("cron", f"{exc}: {clip(expr, 80)!r}") from None
-    except StopIteration:
-        raise ValidationError("cron", f"no tick in 50 years: {clip(expr, 80)!r}") from None
-    except (ValueError, OverflowError, IndexError, KeyError) as exc:  # cronsim's own slips
-        raise ValidationError("cron", f"cannot read {clip(expr, 80)!r} ({exc})") from None
-    return normal
-
-
-def check_zone(tz: str) -> str:
-    """``tz`` if ``zoneinfo`` knows it; ``ValidationError("tz", why)`` otherwise."""
-    if not isinstance(tz, str) or not tz:
-        raise ValidationError("tz", "an IANA zone name such as Europe/Berlin")
-    if len(tz) > MAX_ZONE or _ZONE.fullmatch(tz) is None:
-        raise ValidationError("tz", f"not an IANA zone name: {clip(tz, 80)!r}")
-    try:
-        ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError, OSError, UnicodeError):
-        # not found (a KeyError), a file that is no zone (ValueError), a directory
-        # (IsADirectoryError) or a name the filesystem refuses (OSError)
-        raise ValidationError("tz", f"no such zone: {clip(tz, 80)!r}") from None
-    return tz
-
 
 def next_tick(spec: ScheduleSpec, after: int) -> int:
     """The first tick of ``spec`` strictly after ``after``.
@@ -116,7 +45,7 @@ def next_tick(spec: ScheduleSpec, after: int) -> int:
     with no tick in the 50 years after 2000, so only a far-off ``after`` can meet it)."""
     if spec.every_s is not None:
         return (after // spec.every_s + 1) * spec.every_s
-    for tick in _moments(*_cron(spec), after, reverse=False):
+    for tick in moments(*_cron(spec), after, reverse=False):
         if tick > after:
             return tick
     raise LookupError(f"no tick of {spec.cron!r} in the 50 years after {after}")
@@ -131,7 +60,7 @@ def prev_tick(spec: ScheduleSpec, at: int) -> int:
     none in the 50 years before ``at``."""
     if spec.every_s is not None:
         return at // spec.every_s * spec.every_s
-    back = _moments(*_cron(spec), at + 1, reverse=True)
+    back = moments(*_cron(spec), at + 1, reverse=True)
     try:
         tick = next(back)
         while tick > at:  # defensive: a gap moves a tick forward
@@ -198,7 +127,7 @@ def _walk_back(spec: ScheduleSpec, cursor: int, newest: int, limit: int) -> list
     repeat's first copy); a result not below the last one (the gap's wall times
     fold into one instant) is passed over, so the list strictly descends."""
     out = [newest]
-    back = _moments(*_cron(spec), newest, reverse=True)
+    back = moments(*_cron(spec), newest, reverse=True)
     while len(out) < limit:
         tick = next(back, None)
         if tick is None:  # no tick in the 50 years before
@@ -245,42 +174,3 @@ def _cron(spec: ScheduleSpec) -> tuple[str, ZoneInfo]:
     if spec.cron is None:
         raise ValidationError("cron", "give exactly one of cron and every_s")
     return spec.cron, ZoneInfo(spec.tz)  # ZoneInfo caches its keys
-
-
-def _moments(expr: str, zone: ZoneInfo, start: int, reverse: bool) -> Iterator[int]:
-    """cronsim's ticks of ``expr`` from ``start`` (strictly after it, or strictly before
-    it with ``reverse``) as unix seconds, with ``_for_cronsim``'s corrections."""
-    spelt, hours = _for_cronsim(expr)
-    for moment in CronSim(spelt, datetime.fromtimestamp(start, zone), reverse=reverse):
-        if hours is None or moment.hour in hours:
-            yield int(moment.timestamp())
-
-
-@lru_cache(maxsize=4096)
-def _for_cronsim(expr: str) -> tuple[str, frozenset[int] | None]:
-    """``expr`` as cronsim is to walk it, and the hours to keep of what it yields.
-
-    A ``*/n`` hour field is walked as ``*`` and its hours are kept here: cronsim steps
-    real time an hour at a time to reach a matching hour, which in a zone whose clocks
-    move by half an hour (Australia/Lord_Howe) lands on :30 and skips a tick near the
-    change, forward and backward differently (``0 */2 * * *`` lost 02:00 +10:30 on
-    2026-04-05 going forward, ``30 */3`` lost 00:30 +10:30 on 10-04 going back).
-    Walked minute by minute, both directions see every real minute.
-
-    A ``*`` minute is spelt ``0-59`` when the hour field names hours.
-
-    cronsim applies wall-time rules (a gap's wall times fire once after it, a repeated
-    one once) only when neither the minute nor the hour field starts with ``*``; else
-    it walks real time, which is right for ``*/15 * * * *`` but gives ``*/15 2 * * *``
-    no tick on the day 02:00-03:00 does not exist. ``*`` and ``0-59`` match the same
-    minutes, so only the DST rule changes."""
-    fields = expr.split()
-    hours = None
-    if fields[1].startswith("*") and fields[1] != "*":
-        hours = frozenset(CronSim(expr, _PROBE).hours)
-        fields[1] = "*"
-    elif fields[0].startswith("*") and not fields[1].startswith("*"):
-        fields[0] = ",".join(
-            "0-59" + item[1:] if item.startswith("*") else item for item in fields[0].split(",")
-        )
-    return " ".join(fields), hours

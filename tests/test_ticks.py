@@ -1,5 +1,5 @@
 """The tick arithmetic on plain numbers: DST gaps and repeats, strictness, the catch-up
-policies after a downtime, the bounds of a plan, and what the parsers refuse.
+policies after a downtime, the bounds of a plan (what the parsers refuse: test_cron).
 
 No clock and no sleeping: every time is a unix second the test names.
 """
@@ -7,7 +7,7 @@ No clock and no sleeping: every time is a unix second the test names.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
@@ -197,7 +197,7 @@ def test_a_year_down_every_second() -> None:
 def test_a_year_down_with_cron(monkeypatch: pytest.MonkeyPatch, expr: str) -> None:
     """The walk back stops WALK_LIMIT ticks past the ones enqueued: skipped is then a
     lower bound, and the cronsim steps are bounded whatever the downtime."""
-    monkeypatch.setattr(ticks, "CronSim", CountingCronSim)
+    monkeypatch.setattr("sqlq.common.cron.CronSim", CountingCronSim)
     cursor = t(1, 1, year=2025)
     now = cursor + YEAR + 30  # no tick is on time
     for spec, enqueued in (
@@ -215,74 +215,6 @@ def test_a_year_down_with_cron(monkeypatch: pytest.MonkeyPatch, expr: str) -> No
         if result.enqueue:  # consecutive ticks, up to the newest
             assert result.enqueue[-1] == result.cursor
             assert all(next_tick(spec, a) == b for a, b in pairwise(result.enqueue))
-
-
-REFUSED_CRON = [
-    "0 0 * * * *", "0 0 * * * * *",  # cronsim would read a sixth field as seconds
-    "@daily", "@reboot", " @hourly", "61 * * * *", "0 24 * * *", "*/0 * * * *",
-    "0 0 30 2 *",  # a day that never comes
-    "* * *", "", "   ", "garbage", "a b c d e", "H * * * *", "1-99999999999999999999 * * * *",
-    "٣ * * * *",  # an Arabic-Indic three: int() reads it, cron does not
-    "0 0 * * MON\u2003", "0\x000 * * * *",
-]  # fmt: skip
-REFUSED_TZ = [
-    "", "../x", "../../etc/passwd", "/etc/localtime", "Europe/../Europe/Berlin", "a" * 65,
-    "Nowhere/City", "America", "zone.tab", "Europe/Berlin ", "Europe/Berlin\x00", "Ünïcode/Zone",
-    "Europe//Berlin", "leapseconds",
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("check", "field", "text"),
-    [(ticks.parse_cron, "cron", e) for e in REFUSED_CRON]
-    + [(ticks.check_zone, "tz", z) for z in REFUSED_TZ],
-)
-def test_refused(check: Callable[[str], str], field: str, text: str) -> None:
-    with pytest.raises(ValidationError) as caught:
-        check(text)
-    assert caught.value.field == field
-
-
-@pytest.mark.parametrize(
-    ("expr", "normal"),
-    [("  */15  *\t* * mon ", "*/15 * * * MON"), ("0 0 L * *", "0 0 L * *"),
-     ("0 9 * jan-mar MON#2", "0 9 * JAN-MAR MON#2"), ("0 0 * * 5L", "0 0 * * 5L")],
-)  # fmt: skip
-def test_parse_cron_normalises(expr: str, normal: str) -> None:
-    assert ticks.parse_cron(expr) == normal
-    assert ticks.parse_cron(normal) == normal
-
-
-@pytest.mark.parametrize("tz", ["UTC", BERLIN, NEW_YORK, "Etc/GMT+5", "America/Argentina/Salta"])
-def test_check_zone_accepts(tz: str) -> None:
-    assert ticks.check_zone(tz) == tz
-
-
-def refused_field(check: Callable[[str], str], text: str) -> str:
-    """What ``check`` returns, or the field its ValidationError names (nothing else)."""
-    try:
-        return check(text)
-    except ValidationError as exc:
-        return exc.field
-
-
-CRON_ALPHABET = "0123456789*/,-LW#?HJANMONSUFRI @ \t\u00a0٣"
-FIVE_FIELDS = st.lists(st.text("0123456789*/,-LW#", min_size=1, max_size=8), min_size=5, max_size=5)
-
-
-@settings(max_examples=500, deadline=None)
-@given(st.text(max_size=60) | st.text(CRON_ALPHABET, max_size=40) | FIVE_FIELDS.map(" ".join))
-def test_parse_cron_never_raises_anything_else(expr: str) -> None:
-    normal = refused_field(ticks.parse_cron, expr)
-    if normal != "cron":
-        assert normal == " ".join(expr.split()).upper()
-        assert ticks.parse_cron(normal) == normal
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(max_size=80))
-def test_check_zone_never_raises_anything_else(tz: str) -> None:
-    assert refused_field(ticks.check_zone, tz) in ("tz", tz)
 
 
 @settings(max_examples=300, deadline=None)
