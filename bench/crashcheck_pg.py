@@ -34,13 +34,11 @@ import asyncpg
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
 from sqlq.bench.crashcheck import READY_WITHIN_S, running_counts
-from sqlq.bench.crashload import QUEUES, SERVER_FLAGS, Ledger, server_env
-from sqlq.bench.crashload_pg import CLIENTS, Targets, submit
+from sqlq.bench.crashload import QUEUES, Ledger
+from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, submit
 from sqlq.bench.offline import JOB_FACT_COLUMNS, JobFacts, row_facts
 from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.bench.verdict import judge
-
-NODES = 3
 
 
 @dataclass(frozen=True)
@@ -51,21 +49,6 @@ class PgTrial:
     db_kill_delay_s: float
     lease_s: float = 5.0
     workload: str = "mixed"
-
-
-def node(
-    dsn: str, lease_s: float, workdir: Path, n: int, ready_within: float = 60
-) -> ServerProcess:
-    args = (
-        "--store", "postgres", "--dsn", dsn, "--workers", "16", "--lease", str(lease_s),
-        "--log-level", "warning", "--grace", "0",
-        "--fault-injection",  # the mixed workload's jobs fail and hang on purpose
-        *SERVER_FLAGS,
-    )  # fmt: skip
-    return ServerProcess(
-        *args, env=server_env(workdir), log_path=workdir / f"node{n}.log",
-        ready_within=ready_within,
-    )  # fmt: skip
 
 
 async def _sql(dsn: str, query: str, *args: Any, within: float = 60.0) -> list[asyncpg.Record]:

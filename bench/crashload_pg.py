@@ -1,17 +1,45 @@
-"""The PostgreSQL crash trials' clients: they submit to whichever nodes answer (a node
-that stops answering leaves, its restart joins), and an operator acts on one live node."""
+"""The PostgreSQL crash trials' nodes and clients: ``NODES`` ``sqlq serve`` processes on
+one database (``node``: one of them, as the job trials and the schedule trials start
+it), and clients that submit to whichever nodes answer (a node that stops answering
+leaves, its restart joins) while an operator acts on one live node."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import msgspec
 
 from sqlq.bench.client.http import HTTPError, HttpPool
-from sqlq.bench.crashload import PLAIN, Ledger, Spec, mixed_spec, operate
+from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.crashload import (
+    PLAIN,
+    SERVER_FLAGS,
+    Ledger,
+    Spec,
+    mixed_spec,
+    operate,
+    server_env,
+)
 
+NODES = 3
 CLIENTS = 8
+
+
+def node(
+    dsn: str, lease_s: float, workdir: Path, n: int, ready_within: float = 60
+) -> ServerProcess:
+    args = (
+        "--store", "postgres", "--dsn", dsn, "--workers", "16", "--lease", str(lease_s),
+        "--log-level", "warning", "--grace", "0",
+        "--fault-injection",  # the mixed workload's jobs fail and hang on purpose
+        *SERVER_FLAGS,
+    )  # fmt: skip
+    return ServerProcess(
+        *args, env=server_env(workdir), log_path=workdir / f"node{n}.log",
+        ready_within=ready_within,
+    )  # fmt: skip
 
 
 class Targets:

@@ -27,7 +27,6 @@ import asyncio
 import random
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,9 @@ import uvloop
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.crashload_pg import NODES, node
+from sqlq.bench.offline import VerifyError
+from sqlq.bench.offline_schedules import Durable, read_pg_schedules, read_schedules
 
 SCHEDULES = 6  # per trial; the last one is ``latest``, the others ``all``
 TICKS_AFTER_RESTART = 3  # ticks the restarted server must enqueue before the stop
@@ -52,15 +54,6 @@ def spec(n: int) -> dict[str, Any]:
         "catch_up": "latest" if latest else "all",
         "max_catch_up": 10_000,
     }
-
-
-@dataclass(frozen=True)
-class Durable:
-    """What the files say of one schedule."""
-
-    created_at: float
-    cursor: int
-    catch_up: str
 
 
 def judge_ticks(
@@ -138,9 +131,6 @@ async def _run_on_and_stop(url: str, ready_at: float) -> dict[str, Any]:
 
 
 def run_trial(store: str, sync: str, kill_after_s: float, workdir: Path) -> dict[str, Any]:
-    from sqlq.bench.offline import VerifyError
-    from sqlq.bench.offline_schedules import read_schedules
-
     data = workdir / "data"
     data.mkdir(parents=True, exist_ok=True)
     flags = ("--workers", "16")
@@ -189,9 +179,6 @@ def kill_after(rng: random.Random) -> float:
 async def run_pg_trial(dsn: str, kill_after_s: float, victim: int, workdir: Path) -> dict[str, Any]:
     """Three nodes share the schedules on one database; one is killed and started again.
     Some node runs all along, so under ``latest`` no tick may be passed over at all."""
-    from sqlq.bench.crashcheck_pg import NODES, node
-    from sqlq.bench.offline_schedules import read_pg_schedules
-
     nodes = [node(dsn, 2.0, workdir, i) for i in range(NODES)]
     started = list(nodes)
     try:

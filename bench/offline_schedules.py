@@ -12,11 +12,21 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlq.bench.crashsched import Durable
 from sqlq.bench.offline import VerifyError
+
+
+@dataclass(frozen=True)
+class Durable:
+    """What the files say of one schedule."""
+
+    created_at: float
+    cursor: int
+    catch_up: str
+
 
 Found = tuple[dict[str, Durable], dict[str, list[int | None]]]
 

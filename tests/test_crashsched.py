@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sqlq.bench.crashsched import Durable, judge_ticks
-from sqlq.bench.offline_schedules import read_schedules, tick_of
+from sqlq.bench.crashsched import judge_ticks
+from sqlq.bench.offline_schedules import Durable, read_schedules, tick_of
 from sqlq.common.models import Job
 from sqlq.common.schedule import (
     AdvanceSchedule,
