@@ -3,9 +3,10 @@
 What shared mode asks of the store for a running job (``request_cancel`` telling
 the holder, a renewal that carries progress and answers the cancels asked for,
 fenced writes) is faked here as the protocol states it, so ``SharedClaims`` can be
-tested without PostgreSQL; the PostgreSQL store itself is held to the protocol by
-the store contract. Leases never run out here (nothing expires), and ``notify``
-False drops every NOTIFY, so only the renewal's answer tells the holder.
+tested without PostgreSQL; it runs the part of the ``SharedStore`` contract it fakes
+(``tests/test_store_contract_shared.py``), beside PostgreSQL. Leases never run out here
+(nothing expires), and ``notify`` False drops every NOTIFY, so only the renewal's answer
+tells the holder.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class FakeSharedStore:
                if j.ready_at <= now][:n]  # fmt: skip
         out = []
         for job in due:
-            t = job.start(now)
+            t = job.start(now, holder=self.node, lease_until=lease_until)  # (never runs out)
             t = Transition.from_dict({**t.to_dict(), "epoch": job.epoch + 1})
             await self.db.inner.commit([t])
             self.db.holders[job.id] = self.node

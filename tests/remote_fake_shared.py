@@ -72,7 +72,7 @@ class RemoteFakeStore(FakeSharedStore):
                      key=lambda j: (-j.priority, j.ready_at))[:n]  # fmt: skip
         out = []
         for job in due:
-            t = job.start(now, holder=holder, lease_until=lease_until if holder else None)
+            t = job.start(now, holder=holder or self.node, lease_until=lease_until)
             t = msgspec.structs.replace(t, epoch=job.epoch + 1)
             await self.db.inner.commit([t])
             self.db.holders[job.id] = holder or self.node
