@@ -1,6 +1,8 @@
-"""The crash trials' client side: what a trial is, the mixed workload, the client's
-fsynced ledger of what it was told, and the operator who cancels, retries and pauses
-(``sqlq.bench.crashcheck`` runs the trials; ``crashcheck_pg`` uses these too).
+"""The crash trials' client side: what a trial is, the mixed workload (``mixed_spec`` for
+the server's own workers, ``remote_spec`` for remote ones), the client's fsynced ledger
+of what it was told, and the operator who cancels, retries and pauses
+(``sqlq.bench.crashcheck`` runs the trials; ``crashcheck_pg`` and ``crashremote`` use
+these too).
 
 The mixed workload uses what a running job carries (issue 22) too: long jobs the
 operator cancels while they run (a 202 is noted with the attempt it was asked of),
@@ -21,7 +23,14 @@ import msgspec
 
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.crashtasks import IMPORT, SAVED_ENV
-from sqlq.bench.verdict import CANCEL_TAG, CHECKPOINT_TAG, FORCE, SNOOZE_TAG, ClientRecord
+from sqlq.bench.verdict import (
+    BURY_TAG,
+    CANCEL_TAG,
+    CHECKPOINT_TAG,
+    FORCE,
+    SNOOZE_TAG,
+    ClientRecord,
+)
 
 QUEUES = ("default", "mail")  # mixed: "mail" is the one the operator pauses
 PLAIN: dict[str, Any] = {"kind": "sleep", "args": {"work_ms": 2}}
@@ -82,6 +91,50 @@ def mixed_spec(rng: random.Random) -> tuple[dict[str, Any], bool, str]:
     # delayed: what the operator cancels
     spec = {**PLAIN, "queue": queue, "delay_ms": rng.randint(100, 800), "max_attempts": attempts}
     return spec, False, ""
+
+
+def remote_spec(rng: random.Random, stall: float = 0.0) -> tuple[dict[str, Any], bool, str]:
+    """One submission of the remote mixed workload, whether it may fail, and its tag (the
+    in-process ``mixed_spec``'s shape, with the remote worker's kinds,
+    ``sqlq.bench.crashworker``): ``stall`` of them stall on their first attempt."""
+    roll = rng.random()
+    queue = "mail" if rng.random() < 0.3 else "default"
+    spec: dict[str, Any]
+    args: dict[str, Any]
+    can_fail, tag = False, ""
+    if roll < 0.35:  # plain
+        spec = {"kind": "r.sleep", "args": {"work_ms": 2}}
+    elif roll < 0.41:  # long: the operator cancels it while it runs (a stubborn one ignores it)
+        kind = "r.sleep" if rng.random() < 0.5 else "r.stubborn"
+        spec = {"kind": kind, "args": {"work_ms": rng.randint(300, 2000)}, "max_attempts": 3}
+        tag = CANCEL_TAG
+    elif roll < 0.47:  # checkpoints, then fails its first attempts
+        fail_first = rng.randint(1, 2)
+        args = {"work_ms": rng.randint(5, 300), "fail_first": fail_first}
+        spec = {"kind": "r.checkpoint", "args": args, "max_attempts": fail_first + 3}
+        can_fail, tag = True, CHECKPOINT_TAG
+    elif roll < 0.51:  # snoozes a few times, then completes
+        args = {"snoozes": rng.randint(1, 3), "delay_ms": rng.randint(5, 100)}
+        spec, tag = {"kind": "r.snooze", "args": args}, SNOOZE_TAG
+    elif roll < 0.55:  # fails with retry: false
+        spec, can_fail, tag = {"kind": "r.bury", "args": {}, "max_attempts": 3}, True, BURY_TAG
+    elif roll < 0.72:  # fails at random
+        args = {"work_ms": rng.randint(1, 5), "fail_prob": 0.5}
+        spec, can_fail = {"kind": "r.sleep", "args": args, "max_attempts": rng.randint(1, 3)}, True
+    elif roll < 0.80:  # long, on its last attempt: a kill often lands on it
+        args = {"work_ms": rng.randint(200, 1500)}
+        if rng.random() < 0.3:
+            args["fail_prob"] = 0.3
+        spec, can_fail = {"kind": "r.sleep", "args": args, "max_attempts": 1}, True
+    elif roll < 0.85:  # long, attempts to spare: a kill means it runs again
+        spec = {"kind": "r.sleep", "args": {"work_ms": rng.randint(200, 1200)}}
+    else:  # delayed: what the operator cancels
+        delay = rng.randint(100, 800)
+        spec = {"kind": "r.sleep", "args": {"work_ms": 2}, "delay_ms": delay,
+                "max_attempts": rng.randint(1, 3)}  # fmt: skip
+    if tag not in (BURY_TAG, SNOOZE_TAG) and rng.random() < stall:
+        spec["args"]["stall"] = True
+    return {**spec, "queue": queue}, can_fail, tag
 
 
 class Ledger:

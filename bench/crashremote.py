@@ -1,11 +1,12 @@
 """``sqlq crashcheck --remote-workers``: kill -9 trials with the jobs run by remote workers.
 
 Each trial: a fresh data directory; ``sqlq serve --workers 0`` (every queue remote) as a
-subprocess; ``WORKERS`` worker processes (``sqlq.bench.crashworker``) claiming, heartbeating
-and reporting over HTTP, each noting every call and its answer in a side file; clients
-submitting the remote mixed workload (``remote_spec``) and fsyncing every acknowledged id
-to a ledger; the operator of the in-process trials cancelling (running jobs too, some
-with ``?force=1``), retrying and pausing. Then one of the modes:
+subprocess; ``WORKERS`` worker processes (``sqlq.bench.crashworker``, run by
+``sqlq.bench.crashfleet``) claiming, heartbeating and reporting over HTTP, each noting
+every call and its answer in a side file; clients submitting the remote mixed workload
+(``crashload.remote_spec``) and fsyncing every acknowledged id to a ledger; the operator
+of the in-process trials cancelling (running jobs too, some with ``?force=1``), retrying
+and pausing. Then one of the modes:
 
 - ``worker``: a worker holding jobs is killed -9 (and a new one started); its jobs run
   again once their leases run out;
@@ -32,8 +33,6 @@ import os
 import random
 import signal
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -44,66 +43,19 @@ import uvloop
 
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
+from sqlq.bench.crashcheck import READY_WITHIN_S, keep
+from sqlq.bench.crashfleet import CANCEL_GRACE_S, LEASE_S, WORKERS, Fleet, holders, same_port
 from sqlq.bench.crashjudge import Death, Verdict
-from sqlq.bench.crashload import QUEUES, SAVED_NAME, Ledger, Trial, load
+from sqlq.bench.crashload import QUEUES, Ledger, Trial, load, remote_spec
 from sqlq.bench.crashrecords import read_records
 from sqlq.bench.offline import JobFacts, VerifyError, read_data
-from sqlq.bench.verdict import BURY_TAG, CANCEL_TAG, CHECKPOINT_TAG, SNOOZE_TAG
 
 MODES = ("worker", "server", "fence")
-WORKERS = 3  # worker processes at a time
 CLIENTS = 4  # submitting clients
-LEASE_S = 5.0  # the protocol's shortest lease: a killed worker's jobs wait this long
 # The server mode's: longer than a restart on a busy 2-core machine (up to ~3 s seen), so
 # the leases outlive the downtime and the outcomes kept through it land; no kill there
 # waits for a lease to run out.
 SERVER_LEASE_S = 10.0
-CANCEL_GRACE_S = 1.0  # a forced cancel's lease, from the request
-READY_WITHIN_S = 30.0
-
-
-def remote_spec(rng: random.Random, stall: float = 0.0) -> tuple[dict[str, Any], bool, str]:
-    """One submission of the remote mixed workload, whether it may fail, and its tag (the
-    in-process ``mixed_spec``'s shape, with the remote worker's kinds,
-    ``sqlq.bench.crashworker``): ``stall`` of them stall on their first attempt."""
-    roll = rng.random()
-    queue = "mail" if rng.random() < 0.3 else "default"
-    spec: dict[str, Any]
-    args: dict[str, Any]
-    can_fail, tag = False, ""
-    if roll < 0.35:  # plain
-        spec = {"kind": "r.sleep", "args": {"work_ms": 2}}
-    elif roll < 0.41:  # long: the operator cancels it while it runs (a stubborn one ignores it)
-        kind = "r.sleep" if rng.random() < 0.5 else "r.stubborn"
-        spec = {"kind": kind, "args": {"work_ms": rng.randint(300, 2000)}, "max_attempts": 3}
-        tag = CANCEL_TAG
-    elif roll < 0.47:  # checkpoints, then fails its first attempts
-        fail_first = rng.randint(1, 2)
-        args = {"work_ms": rng.randint(5, 300), "fail_first": fail_first}
-        spec = {"kind": "r.checkpoint", "args": args, "max_attempts": fail_first + 3}
-        can_fail, tag = True, CHECKPOINT_TAG
-    elif roll < 0.51:  # snoozes a few times, then completes
-        args = {"snoozes": rng.randint(1, 3), "delay_ms": rng.randint(5, 100)}
-        spec, tag = {"kind": "r.snooze", "args": args}, SNOOZE_TAG
-    elif roll < 0.55:  # fails with retry: false
-        spec, can_fail, tag = {"kind": "r.bury", "args": {}, "max_attempts": 3}, True, BURY_TAG
-    elif roll < 0.72:  # fails at random
-        args = {"work_ms": rng.randint(1, 5), "fail_prob": 0.5}
-        spec, can_fail = {"kind": "r.sleep", "args": args, "max_attempts": rng.randint(1, 3)}, True
-    elif roll < 0.80:  # long, on its last attempt: a kill often lands on it
-        args = {"work_ms": rng.randint(200, 1500)}
-        if rng.random() < 0.3:
-            args["fail_prob"] = 0.3
-        spec, can_fail = {"kind": "r.sleep", "args": args, "max_attempts": 1}, True
-    elif roll < 0.85:  # long, attempts to spare: a kill means it runs again
-        spec = {"kind": "r.sleep", "args": {"work_ms": rng.randint(200, 1200)}}
-    else:  # delayed: what the operator cancels
-        delay = rng.randint(100, 800)
-        spec = {"kind": "r.sleep", "args": {"work_ms": 2}, "delay_ms": delay,
-                "max_attempts": rng.randint(1, 3)}  # fmt: skip
-    if tag not in (BURY_TAG, SNOOZE_TAG) and rng.random() < stall:
-        spec["args"]["stall"] = True
-    return {**spec, "queue": queue}, can_fail, tag
 
 
 @dataclass(frozen=True)
@@ -115,85 +67,6 @@ class RemoteTrial:
     seed: int
     sync: str = "full"
     lease_s: float = LEASE_S
-
-
-class Fleet:
-    """The worker processes of a trial: started, killed, stopped; what was killed, when."""
-
-    def __init__(self, urls: list[str], workdir: Path, lease_s: float, seed: int) -> None:
-        self.urls, self.workdir, self.lease_s, self.seed = urls, workdir, lease_s, seed
-        self.records = workdir / "records"
-        self.records.mkdir(exist_ok=True)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.deaths: list[Death] = []
-        self.problems: list[str] = []
-        self.n = 0
-        self.downtime_s = 0.0  # a killed server's, from the kill until ready again
-
-    def spawn(self) -> str:
-        name = f"w{self.n}"
-        self.n += 1
-        argv = [sys.executable, "-m", "sqlq.bench.crashworker", "--name", name,
-                "--lease", str(self.lease_s), "--seed", str(self.seed + self.n),
-                "--records", str(self.records), "--saved", str(self.workdir / SAVED_NAME),
-                *(a for q in QUEUES for a in ("--queue", q)),
-                *(a for u in self.urls for a in ("--url", u))]  # fmt: skip
-        log = open(self.workdir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        return name
-
-    def wait_ready(self, within: float = 30.0) -> None:
-        """Until every worker has said ``hello`` (so a kill lands on one that works)."""
-        deadline = time.monotonic() + within
-        for name, proc in self.procs.items():
-            path = self.records / f"{name}.rec"
-            while not (path.exists() and b'"hello"' in path.read_bytes()[:200]):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise ServerError(f"worker {name} did not start")
-                time.sleep(0.01)
-
-    def kill(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        proc.kill()
-        self.deaths.append(Death("worker", name, time.time()))
-        proc.wait()
-
-    def stop(self, within: float = 30.0) -> None:
-        """SIGTERM each (they report what they hold, then exit); a worker that does not exit
-        in time, or exits with an error, fails the trial (and a late one is killed)."""
-        for proc in self.procs.values():
-            proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + within
-        for name, proc in self.procs.items():
-            try:
-                code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                self.deaths.append(Death("worker", name, time.time()))
-                self.problems.append(f"worker {name} did not stop within {within:.0f} s")
-                continue
-            if code != 0:
-                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-400:]
-                self.problems.append(f"worker {name} exited with {code}: {tail}")
-        self.procs.clear()
-
-
-async def holders(pool: HttpPool) -> list[str]:
-    """The workers holding running jobs now, by name (``holder`` ``worker:<name>``)."""
-    status, page = await pool.json("GET", "/jobs?state=running&limit=100")
-    if status != 200:
-        return []
-    return [str(j["holder"]).removeprefix("worker:") for j in page.get("jobs", [])
-            if str(j.get("holder") or "").startswith("worker:")]  # fmt: skip
-
-
-def same_port(srv: ServerProcess, old: ServerProcess) -> ServerProcess:
-    """``srv`` on ``old``'s port: the workers and the clients know that one address."""
-    srv.port, srv.url = old.port, old.url
-    srv.cmd[srv.cmd.index("--port") + 1] = str(old.port)
-    return srv
 
 
 def serve(trial: RemoteTrial, data: Path, ready_within: float = 120.0) -> ServerProcess:
@@ -334,7 +207,6 @@ def run_remote_trials(
     from tqdm import tqdm
 
     from sqlq.bench import meta
-    from sqlq.bench.crashcheck import keep
 
     if store == "postgres":
         from sqlq.bench.crashremote_pg import run_remote_pg_trials

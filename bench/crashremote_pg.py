@@ -3,7 +3,7 @@ workers that talk to either, a node and a worker killed -9.
 
 Each trial: a fresh database in a throwaway PostgreSQL 15 cluster (fsync on); two ``sqlq
 serve --store postgres --workers 0`` nodes; the remote workers of
-``sqlq.bench.crashremote`` given both nodes (each call goes to one at random, so a token
+``sqlq.bench.crashfleet`` given both nodes (each call goes to one at random, so a token
 one node issued is renewed and reported at the other; a node that fails a call is
 avoided a while); clients submitting the remote mixed workload to both, some jobs
 stalling on their first attempt. At a random moment one node is killed -9 and started
@@ -24,21 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlq.bench.client.server import ServerError, ServerProcess
+from sqlq.bench.crashcheck import READY_WITHIN_S
 from sqlq.bench.crashcheck_pg import _sql, read_pg
+from sqlq.bench.crashfleet import CANCEL_GRACE_S, LEASE_S, WORKERS, Fleet, holders, same_port
 from sqlq.bench.crashjudge import Death, Verdict
-from sqlq.bench.crashload import QUEUES, Ledger
+from sqlq.bench.crashload import QUEUES, Ledger, remote_spec
 from sqlq.bench.crashload_pg import CLIENTS, Targets, submit
 from sqlq.bench.crashrecords import read_records
-from sqlq.bench.crashremote import (
-    CANCEL_GRACE_S,
-    LEASE_S,
-    READY_WITHIN_S,
-    WORKERS,
-    Fleet,
-    holders,
-    remote_spec,
-    same_port,
-)  # fmt: skip
 from sqlq.bench.pgcluster import Cluster, make_cluster
 
 NODES = 2

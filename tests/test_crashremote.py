@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from sqlq.bench.crashjudge import Death, Verdict
-from sqlq.bench.crashload import Ledger
+from sqlq.bench.crashload import Ledger, remote_spec
 from sqlq.bench.crashrecords import TIMEOUT, RecordFile, read_records
-from sqlq.bench.crashremote import MODES, remote_spec
+from sqlq.bench.crashremote import MODES
 from sqlq.bench.offline import JobFacts
 from sqlq.bench.verdict import BURY_TAG, FORCE
 
