@@ -8,69 +8,23 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sqlq import JobContext, task
+from sqlq import JobContext
 from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.models import Job, State
-from sqlq.runtime.kinds import Registry
-from sqlq.worker import CANCELLED_WHILE, Worker
 from sqlq.runtime.processes import ChildFailed, ProcessHandlers
+from sqlq.worker import CANCELLED_WHILE, Worker
+from tests import process_helpers
 from tests.helpers import wait_for
+from tests.process_helpers import parent_kinds
 from tests.worker_helpers import FakeServer
 
-# The children import this module (``imports``); the parent reads the same kinds from a
-# registry of its own (``parent_kinds``), so the test process's @task registry is untouched.
-HANDLERS = """
-import os, time
-from sqlq import task
-
-@task()
-def crunch(args, ctx):
-    total = 0
-    for i in range(args["n"]):
-        total += i * i
-    return {"pid": os.getpid(), "sum": total}
-
-@task()
-def until_cancelled(args, ctx):
-    ctx.checkpoint({"pid": os.getpid()})
-    i = 0
-    while not ctx.cancelled:
-        i += 1
-        ctx.progress(i % 100, f"spin {i}")
-        ctx.beat()
-        time.sleep(0.005)
-    ctx.raise_if_cancelled()
-
-@task(timeout=1)
-def stuck(args, ctx):
-    time.sleep(3600)
-"""
+handlers = process_helpers.handlers  # the fixture, by its name
 
 pytestmark = pytest.mark.slow  # (processes spawned: seconds, not milliseconds)
-
-
-def parent_kinds() -> Registry:
-    reg = Registry()
-    for name, timeout in (("crunch", 300.0), ("until_cancelled", 300.0), ("stuck", 1.0)):
-
-        def fn(args: Any, ctx: JobContext) -> Any:
-            raise AssertionError("runs in a child, never here")
-
-        fn.__name__ = name
-        task(registry=reg, timeout=timeout)(fn)
-    return reg
-
-
-@pytest.fixture
-def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    (tmp_path / "proc_handlers.py").write_text(HANDLERS)
-    monkeypatch.syspath_prepend(str(tmp_path))  # (spawned children get this sys.path)
-    return "proc_handlers"
 
 
 @pytest.fixture
