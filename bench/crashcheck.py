@@ -46,6 +46,7 @@ from typing import Any
 
 import uvloop
 
+from sqlq.bench import crashsched
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerError, ServerProcess
@@ -240,8 +241,6 @@ def run_trials(
         path.write_text("")
     for n in tqdm(range(trials), desc=f"crashcheck {store}", disable=not progress):
         if workload == "schedules":
-            from sqlq.bench import crashsched
-
             with tempfile.TemporaryDirectory(prefix="sqlq-crashsched-") as d:
                 row = crashsched.run_trial(store, sync, crashsched.kill_after(rng), Path(d))
             keep(rows, row, n, commit, path)

@@ -31,9 +31,10 @@ from typing import Any
 
 import asyncpg
 
+from sqlq.bench import crashsched
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
-from sqlq.bench.crashcheck import READY_WITHIN_S, running_counts
+from sqlq.bench.crashcheck import READY_WITHIN_S, keep, running_counts
 from sqlq.bench.crashload import QUEUES, Ledger
 from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, submit
 from sqlq.bench.offline import JOB_FACT_COLUMNS, JobFacts, row_facts
@@ -263,7 +264,6 @@ def run_pg_trials(
     from tqdm import tqdm
 
     from sqlq.bench import meta
-    from sqlq.bench.crashcheck import keep
 
     rng = random.Random(seed)
     commit = meta.git_commit()
@@ -277,8 +277,6 @@ def run_pg_trials(
     try:
         for n in tqdm(range(trials), desc="crashcheck postgres", disable=not progress):
             if workload == "schedules":
-                from sqlq.bench import crashsched
-
                 with tempfile.TemporaryDirectory(prefix="sqlq-crashsched-pg-") as d:
                     dsn = cluster.create_database()
                     run = crashsched.run_pg_trial(

@@ -48,6 +48,7 @@ from sqlq.bench.crashfleet import CANCEL_GRACE_S, LEASE_S, WORKERS, Fleet, holde
 from sqlq.bench.crashjudge import Death, Verdict
 from sqlq.bench.crashload import QUEUES, Ledger, Trial, load, remote_spec
 from sqlq.bench.crashrecords import read_records
+from sqlq.bench.crashremote_pg import run_remote_pg_trials
 from sqlq.bench.offline import JobFacts, VerifyError, read_data
 
 MODES = ("worker", "server", "fence")
@@ -209,8 +210,6 @@ def run_remote_trials(
     from sqlq.bench import meta
 
     if store == "postgres":
-        from sqlq.bench.crashremote_pg import run_remote_pg_trials
-
         return run_remote_pg_trials(trials=trials, jobs=jobs, seed=seed, out=out,
                                     progress=progress)  # fmt: skip
     rng = random.Random(seed)

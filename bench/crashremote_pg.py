@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlq.bench.client.server import ServerError, ServerProcess
-from sqlq.bench.crashcheck import READY_WITHIN_S
+from sqlq.bench.crashcheck import READY_WITHIN_S, keep
 from sqlq.bench.crashcheck_pg import _sql, read_pg
 from sqlq.bench.crashfleet import CANCEL_GRACE_S, LEASE_S, WORKERS, Fleet, holders, same_port
 from sqlq.bench.crashjudge import Death, Verdict
@@ -138,7 +138,6 @@ def run_remote_pg_trials(*, trials: int, jobs: int, seed: int, out: Path | None,
     from tqdm import tqdm
 
     from sqlq.bench import meta
-    from sqlq.bench.crashcheck import keep
 
     rng = random.Random(seed)
     commit = meta.git_commit()
