@@ -202,7 +202,7 @@ class ClaimsBase(Reach):
     leased: ClassVar[bool] = False  # the queue is this process's: no lease to lose
     # Outcomes decided and not yet written, at most: past it no worker takes a new claim
     # until half of them are, so a store slower than the handlers holds the workers back
-    # instead of a backlog of outcome tasks growing without bound in memory.
+    # instead of a backlog of outcome tasks growing without bound in memory (``_make_room``).
     max_outcomes: int = 4096
 
     def __init__(self, parts: Parts) -> None:
@@ -219,8 +219,6 @@ class ClaimsBase(Reach):
         self._paused: set[str] = set()  # paused queues
         self._running: Counter[str] = Counter()  # attempts started here and not yet over, by queue
         self._background: set[asyncio.Task[Any]] = set()  # outcomes (and touches) being written
-        self._outcome_room = asyncio.Event()  # set while fewer than ``max_outcomes`` are
-        self._outcome_room.set()
         self._setup()
 
     def _setup(self) -> None:
@@ -361,17 +359,15 @@ class ClaimsBase(Reach):
         ``again``: what to count if it is due again, besides ``retried`` (unless ``retried``
         is False: a snooze, a claim given back)."""
         task = asyncio.create_task(self._outcome(claim, t, again, retried))
-        background = self._background
-        background.add(task)
-        task.add_done_callback(self._written)
-        if len(background) >= self.max_outcomes:
-            self._outcome_room.clear()
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-    def _written(self, task: asyncio.Task[Any]) -> None:
+    async def _make_room(self) -> None:
+        """Before a claim, with ``max_outcomes`` outcomes being written: wait until half of
+        them are. Only then: on the hot path the check is one ``len`` (in ``next``)."""
         background = self._background
-        background.discard(task)
-        if len(background) <= self.max_outcomes // 2:
-            self._outcome_room.set()
+        while len(background) > self.max_outcomes // 2:
+            await asyncio.wait(list(background), return_when=asyncio.FIRST_COMPLETED)
 
     def outcomes_in_flight(self) -> int:
         """Outcomes (and touches) being written now: at most about ``max_outcomes``."""

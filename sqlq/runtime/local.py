@@ -318,8 +318,8 @@ class LocalClaims(ClaimsBase):
     # -- the workers' side ------------------------------------------------------------------
 
     async def next(self) -> Claim:
-        if not self._outcome_room.is_set():  # (inline: a coroutine per claim costs)
-            await self._outcome_room.wait()  # too many outcomes are being written yet
+        if len(self._background) >= self.max_outcomes:  # (inline: a call per claim costs)
+            await self._make_room()
         while True:
             entry = await self.scheduler.take()
             claim = self._claim(entry)
@@ -334,7 +334,8 @@ class LocalClaims(ClaimsBase):
             return None  # cancelled (or otherwise moved on) while it waited
         if job_id in self._claiming:
             return None
-        if self.passes_over(job_id):
+        if job_id in self._cancelling:  # (``passes_over``, inline: the hot path)
+            self._skipped.add(job_id)  # the cancel decides: re-added if it fails
             return None
         t = job.start(self._clock.time())
         self._claiming.add(job_id)

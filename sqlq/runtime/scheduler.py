@@ -165,11 +165,8 @@ class Scheduler:
         waiter: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         self._wake.set()  # the dispatcher arms the timer for the next delayed job
-        try:
-            job = await waiter
-        finally:
-            if waiter.done() and not waiter.cancelled():  # (handed out, then cancelled)
-                self._handed.discard(waiter.result().id)
+        job = await waiter  # (cancelled once handed out: only at a stop, when it matters not)
+        self._handed.discard(job.id)
         return job
 
     def _hand_out(self) -> None:

@@ -173,8 +173,8 @@ class SharedClaims(CensusViews, ClaimsBase):
         self.remote_side.ring()
 
     async def next(self) -> Claim:
-        if not self._outcome_room.is_set():  # (inline: a coroutine per claim costs)
-            await self._outcome_room.wait()  # too many outcomes are being written yet
+        if len(self._background) >= self.max_outcomes:  # (inline: a call per claim costs)
+            await self._make_room()
         while self._ready:
             claim = self._ready.popleft()
             if self._clock.monotonic() <= self.expires(claim):

@@ -182,20 +182,29 @@ class WorkerPool:
     def check(self, now: float, *, judged: bool = True) -> list[Worker]:
         """Declare every worker past its attempt's lease limit hung, and (``judged``) every
         one past its heartbeat or time limit."""
-        hung: list[Worker] = []
         claims = self._claims
-        leased = claims.leased  # (else no attempt here has a lease of its own to lose)
-        observed = self._executor.observed if self._executor.processes is not None else None
-        for w in list(self.live):
+        # The walk runs every hb_timeout / 4 over every worker: only what applies is asked.
+        plain = judged and not claims.leased and self._executor.processes is None
+        past_limits: list[tuple[Worker, tuple[Limit, str]]] = []
+        for w in self.live:
+            ctx = w.ctx
+            if ctx is None:
+                continue
+            if plain:
+                past = overdue(ctx, now)
+            else:
+                claim = w.claim
+                if claim is None:
+                    continue
+                self._executor.observed(ctx)  # (a process's beats)
+                past = overdue(ctx, now, claims.expires(claim), judged=judged)
+            if past is not None:
+                past_limits.append((w, past))
+        hung: list[Worker] = []
+        for w, (limit, reason) in past_limits:
             ctx, claim = w.ctx, w.claim
-            if ctx is None or claim is None:
-                continue
-            if observed is not None:
-                observed(ctx)  # (a process's beats)
-            past = overdue(ctx, now, claims.expires(claim) if leased else None, judged=judged)
-            if past is None:
-                continue
-            limit, reason = past
+            assert ctx is not None  # (set together, and both still: nothing ran since)
+            assert claim is not None
             hung.append(w)
             w.hung = True
             self.live.remove(w)
