@@ -104,3 +104,34 @@ def test_the_431_a_head_past_its_limit_gets_carries_it() -> None:
     head = REFUSAL.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
     assert head[0].startswith(b"HTTP/1.1 431 ")
     assert b"x-content-type-options: nosniff" in head[1:]
+
+
+@pytest.mark.slow
+async def test_a_real_server_sends_it_once_on_every_answer_its_own_400s_included() -> None:
+    """Under ``sqlq serve`` uvicorn sends it (``SERVED_HEADERS``) and the app does not
+    stamp it again: once on an API answer, a dashboard page, an error, and on the 400
+    uvicorn answers a request it cannot parse without the app ever seeing it."""
+    import asyncio
+
+    from tests.helpers import start_ready
+
+    server = await start_ready("--store", "memory")
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            for r in (
+                await http.post("/jobs", json={"kind": "sleep"}),
+                await http.get("/jobs/" + "0" * 32),
+                await http.get("/ui/"),
+                await http.get("/openapi.json"),
+            ):
+                assert r.headers.get_list("x-content-type-options") == ["nosniff"], r
+                assert "server" not in r.headers  # (what runs here is no one's business)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\nBad Header\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read(65536)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:40]
+        assert b"x-content-type-options: nosniff" in answer.split(b"\r\n\r\n", 1)[0]
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -128,11 +128,15 @@ def _job_id(request: Request) -> str:
 
 
 class _App(Starlette):
-    """Starlette with ``Stamped`` around its whole stack: outside its server-error layer
-    too, which answers a 500 outside every middleware it is given."""
+    """Starlette with ``Stamped`` around its whole stack (unless its server sends
+    ``NOSNIFF`` itself): outside its server-error layer too, which answers a 500 outside
+    every middleware it is given."""
+
+    stamped = True
 
     def build_middleware_stack(self) -> ASGIApp:
-        return Stamped(super().build_middleware_stack())
+        app = super().build_middleware_stack()
+        return Stamped(app) if self.stamped else app
 
 
 def create_app(
@@ -142,11 +146,13 @@ def create_app(
     grace_s: float = DEFAULT_GRACE_S,
     security: Security | None = None,
     ui: UiOptions | None = UiOptions(),  # noqa: B008 (frozen)
+    stamped: bool = True,
 ) -> Starlette:
     """The ASGI app. Its lifespan stops the runtime (and starts it, unless the
     caller already did, as ``sqlq serve`` does so recovery finishes before the
     port opens). ``security`` defaults to a loopback server without a token;
-    ``ui=None`` leaves the dashboard out (``--no-ui``)."""
+    ``ui=None`` leaves the dashboard out (``--no-ui``). ``stamped=False``: the server
+    sends ``NOSNIFF`` with every answer itself (``sqlq serve``: ``SERVED_HEADERS``)."""
 
     api_document = document(VERSION)
     security = security or Security()
@@ -314,4 +320,5 @@ def create_app(
             )
         ],
     )
+    app.stamped = stamped  # (before the first request, which builds the stack)
     return app

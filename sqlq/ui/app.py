@@ -274,8 +274,7 @@ class Dashboard:
         if found is None:
             return Response("not found", status_code=404, media_type="text/plain")
         body, media, etag = found
-        headers = {"etag": f'"{etag}"', "cache-control": "no-cache",
-                   "x-content-type-options": "nosniff"}  # fmt: skip
+        headers = {"etag": f'"{etag}"', "cache-control": "no-cache"}  # (nosniff: the server's)
         if request.headers.get("if-none-match") == f'"{etag}"':
             return Response(status_code=304, headers=headers)
         return Response(body, media_type=media, headers=headers)

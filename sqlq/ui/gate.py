@@ -24,7 +24,6 @@ HEADERS = {
     "x-frame-options": "DENY",
     # not no-referrer: with it, Chrome sends "Origin: null" on the pages' own form posts
     "referrer-policy": "same-origin",
-    "x-content-type-options": "nosniff",
     "cache-control": "no-store",
 }
 
