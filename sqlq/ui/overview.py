@@ -13,8 +13,6 @@ import asyncio
 import contextlib
 from typing import Any
 
-from prometheus_client import Histogram
-
 from sqlq.common.clock import Clock
 from sqlq.common.store import CompactionReport
 from sqlq.runtime.events import Event
@@ -30,13 +28,6 @@ MIN_SPAN_S = 60.0
 BOUNDS = (*LATENCY_BUCKETS, float("inf"))
 
 
-def _buckets(histogram: Histogram) -> tuple[float, ...]:
-    """A histogram's cumulative bucket counts, in the order of ``BOUNDS``."""
-    return tuple(
-        s.value for m in histogram.collect() for s in m.samples if s.name.endswith("_bucket")
-    )
-
-
 def sample(runtime: Service, at: float) -> Sample:
     totals = runtime.events.totals
     dead = totals[Event.DEAD]
@@ -49,9 +40,9 @@ def sample(runtime: Service, at: float) -> Sample:
             totals[Event.RETRIED] + dead,
             dead,
         ),
-        wait=_buckets(metrics.queue_wait),
-        run=_buckets(metrics.run),
-        commit=_buckets(metrics.commit),
+        wait=metrics.queue_wait.cumulative(),
+        run=metrics.run.cumulative(),
+        commit=metrics.commit.cumulative(),
     )
 
 
