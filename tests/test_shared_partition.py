@@ -100,6 +100,7 @@ async def test_a_partitioned_node_stops_its_handlers_within_its_lease(
             assert renewed <= cut
             assert cancelled_at[0] - renewed <= LEASE_S + 1.0
             assert a.events.totals[Event.LEASE_LOST] == 1
+            assert a.stats()["lease_lost"] == 1  # (what /stats shows of it)
 
             # B rescues it once A's lease runs out, and runs it to completion.
             done = await final(b, job.id, within=CUT_S)

@@ -63,6 +63,7 @@ TOTALS = {
     "requeued_at_recovery": Event.REQUEUED_AT_RECOVERY,
     "dead_at_recovery": Event.DEAD_AT_RECOVERY,  # interrupted on their last attempt
     "fenced": Event.FENCED,
+    "lease_lost": Event.LEASE_LOST,  # attempts this node cut off: its lease ran out unrenewed
     "claim_failed": Event.CLAIM_FAILED,
     "unencodable_results": Event.UNENCODABLE,
     "refused_queue_full": Event.REFUSED_FULL,
