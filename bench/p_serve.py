@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlq.bench import meta
-from sqlq.bench.experiments.p_remote import CPU_STORE, SCALE_BAR, _cpu_runs
+from sqlq.bench.experiments.p_remote import CPU_STORE, SCALE_BAR, cpu_runs
 
 THREADS, PROCESSES = "P/cpu/sqlq-local-w2", "P/cpu/sqlq-serve-p2"
 
@@ -38,7 +38,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = meta.collect(str(out))
-    runs = {r.label: r for r in _cpu_runs(False, CPU_STORE)}
+    runs = {r.label: r for r in cpu_runs(False, CPU_STORE)}
     rows: list[dict[str, Any]] = []
     with open(out / "P-serve.jsonl", "w") as f:
         for repeat in range(args.repeats):

@@ -25,7 +25,7 @@ def opt(default: Any, *decls: str, **click_options: Any) -> Any:
     return dataclasses.field(default=default, metadata={"decls": decls, "click": click_options})
 
 
-def _queue_caps(values: tuple[str, ...]) -> tuple[str, ...]:
+def check_queue_caps(values: tuple[str, ...]) -> tuple[str, ...]:
     """Check ``NAME=N`` values (a click callback, and used again to build the dict)."""
     caps: dict[str, int] = {}
     for value in values:
@@ -40,7 +40,7 @@ def _queue_caps(values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
-def _queue_names(values: tuple[str, ...], flag: str) -> tuple[str, ...]:
+def check_queue_names(values: tuple[str, ...], flag: str) -> tuple[str, ...]:
     """Check that each of ``values`` is a queue name (a click callback)."""
     for value in values:
         if not re.fullmatch(QUEUE_PATTERN, value):
@@ -51,7 +51,7 @@ def _queue_names(values: tuple[str, ...], flag: str) -> tuple[str, ...]:
 
 
 def queue_caps(values: tuple[str, ...]) -> dict[str, int]:
-    return {name: int(n) for name, _, n in (v.partition("=") for v in _queue_caps(values))}
+    return {name: int(n) for name, _, n in (v.partition("=") for v in check_queue_caps(values))}
 
 
 def options(cls: type[Any]) -> Callable[[F], F]:

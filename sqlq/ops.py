@@ -53,11 +53,11 @@ def _row(job: Job) -> list[str]:
     return [job.id, job.kind, job.queue, job.state.value, str(job.attempts), when, error[:50]]
 
 
-def _stamp(ts: float | None) -> str:
+def stamp(ts: float | None) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _table(rows: Iterable[list[str]], columns: tuple[str, ...] = COLUMNS) -> str:
+def table(rows: Iterable[list[str]], columns: tuple[str, ...] = COLUMNS) -> str:
     rows = [list(columns), *rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     return "\n".join(
@@ -69,12 +69,12 @@ def _show(jobs: list[Job], as_json: bool) -> None:
     if as_json:
         click.echo(msgspec.json.encode([msgspec.to_builtins(j) for j in jobs]).decode())
     elif jobs:
-        click.echo(_table(_row(j) for j in jobs))
+        click.echo(table(_row(j) for j in jobs))
     else:
         click.echo("no jobs")
 
 
-def _detail(job: Job, as_json: bool) -> None:
+def show_job(job: Job, as_json: bool) -> None:
     if as_json:
         click.echo(msgspec.json.encode(job).decode())
         return
@@ -87,14 +87,14 @@ def _detail(job: Job, as_json: bool) -> None:
             value = f"{len(msgspec.json.encode(value))} bytes of JSON"
         click.echo(f"{name:>19}  {json.dumps(value) if not isinstance(value, str) else value}")
     for e in job.errors:
-        click.echo(f"{'':>19}  attempt {e.attempt} at {_stamp(e.at)}: {_line(e.error)}")
+        click.echo(f"{'':>19}  attempt {e.attempt} at {stamp(e.at)}: {_line(e.error)}")
 
 
 def _progress(job: Job) -> str:
     p = job.progress
     assert p is not None
     said = [f"{p.percent:.0f}%" if p.percent is not None else "", p.message or ""]
-    return f"{' '.join(x for x in said if x) or '-'} (at {_stamp(p.at)})"
+    return f"{' '.join(x for x in said if x) or '-'} (at {stamp(p.at)})"
 
 
 def _line(text: str, limit: int = 200) -> str:
@@ -139,7 +139,7 @@ def list_jobs(
 @click.argument("job_id")
 def get_job(client: Client, as_json: bool, job_id: str) -> None:
     """One job: its state, args, result, last error and every timestamp."""
-    _detail(client.get(job_id), as_json)
+    show_job(client.get(job_id), as_json)
 
 
 @jobs.command("retry")
@@ -160,7 +160,7 @@ def retry_jobs(
     if (job_id is None) == (not all_dead):
         raise click.UsageError("give a JOB_ID or --all-dead, not both and not neither")
     if job_id is not None:
-        _detail(client.retry(job_id), as_json)
+        show_job(client.retry(job_id), as_json)
         return
     n = client.retry_all(state="dead", kind=kind, queue=queue)
     click.echo(json.dumps({"retried": n}) if as_json else f"retried {n} dead jobs")
@@ -195,7 +195,7 @@ def cancel_jobs(
     if job_id is not None:
         job = client.cancel(job_id, force=force)
         if as_json:
-            _detail(job, as_json)
+            show_job(job, as_json)
         elif job.state.value == "running":
             how = "; cut off after the grace if it has not stopped" if force else ""
             click.echo(f"cancel requested for job {job.id}: it is running, and ends cancelled "
@@ -245,4 +245,4 @@ def submit(client: Client, as_json: bool, kind: str, args_json: str, **options: 
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--args") from exc
     if not isinstance(args, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--args")
-    _detail(client.submit(kind, args, **options), as_json)
+    show_job(client.submit(kind, args, **options), as_json)

@@ -12,7 +12,7 @@ from sqlq.client import Client
 from sqlq.common.errors import ValidationError
 from sqlq.common.schedule import check_name
 from sqlq.common.wire import ScheduleView
-from sqlq.ops import _detail, _stamp, _table, connection
+from sqlq.ops import connection, show_job, stamp, table
 
 SCHEDULE_COLUMNS = ("name", "when", "tz", "kind", "next", "last_tick", "last_job", "paused")
 
@@ -26,8 +26,8 @@ def _schedule_row(view: ScheduleView) -> list[str]:
     last = view.last_job
     job = "-" if last is None else f"{last.id} ({last.state.value if last.state else 'pruned'})"
     spec = view.spec
-    return [view.name, _when(view), spec.tz, spec.kind, _stamp(view.next_at),
-            _stamp(view.last_tick), job, "yes" if spec.paused else "no"]  # fmt: skip
+    return [view.name, _when(view), spec.tz, spec.kind, stamp(view.next_at),
+            stamp(view.last_tick), job, "yes" if spec.paused else "no"]  # fmt: skip
 
 
 def _show_schedule(view: ScheduleView, as_json: bool) -> None:
@@ -65,7 +65,7 @@ def list_schedules(client: Client, as_json: bool) -> None:
     if as_json:
         click.echo(msgspec.json.encode(found).decode())
     elif found:
-        click.echo(_table((_schedule_row(v) for v in found), SCHEDULE_COLUMNS))
+        click.echo(table((_schedule_row(v) for v in found), SCHEDULE_COLUMNS))
     else:
         click.echo("no schedules")
 
@@ -99,7 +99,7 @@ def resume_schedule(client: Client, as_json: bool, name: str) -> None:
 @NAME
 def trigger_schedule(client: Client, as_json: bool, name: str) -> None:
     """Enqueue one job of it now, outside its ticks, and print the job."""
-    _detail(client.trigger(name), as_json)
+    show_job(client.trigger(name), as_json)
 
 
 @schedules.command("rm")

@@ -20,7 +20,7 @@ from sqlq.common.backoff import RetryPolicy
 from sqlq.common.roles import MIN_TOKEN_LENGTH, Principal, TokenFileError, read_token_file
 from sqlq.common.store import DEFAULT_RETENTION_S
 from sqlq.engines.registry import CHOICES, COMPACT_FLOOR_MB, DB_DEADLINE_S, DEFAULT_COMPACT_RATIO
-from sqlq.flags import _queue_caps, _queue_names, opt
+from sqlq.flags import check_queue_caps, check_queue_names, opt
 from sqlq.flags import options as options  # the CLI reads both from here
 from sqlq.flags import queue_caps as queue_caps
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig
@@ -116,7 +116,7 @@ class ServeSettings:
         "--remote-queue",
         multiple=True,
         metavar="NAME",
-        callback=lambda ctx, param, value: _queue_names(value, "--remote-queue"),
+        callback=lambda ctx, param, value: check_queue_names(value, "--remote-queue"),
         help="Queue NAME is served by remote workers only (POST /claims; sqlq worker); "
         "this process's workers never take its jobs (repeatable).",
     )
@@ -322,7 +322,7 @@ class ServeSettings:
         "--queue",
         multiple=True,
         metavar="NAME=N",
-        callback=lambda ctx, param, value: _queue_caps(value),
+        callback=lambda ctx, param, value: check_queue_caps(value),
         help="At most N jobs of queue NAME run at once (repeatable).",
     )
     handler_threads: int | None = opt(

@@ -104,7 +104,7 @@ class PRow(Row, kw_only=True):
 ROW = PRow
 
 
-def _cpu_runs(quick: bool, store: str) -> Iterator[PRun]:
+def cpu_runs(quick: bool, store: str) -> Iterator[PRun]:
     jobs = QUICK_CPU_JOBS if quick else CPU_JOBS
 
     def one(store: str, label: str, mode: str, processes: int, version: str = "") -> CpuRun:
@@ -134,7 +134,7 @@ def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[PRun]:
         yield NoopRun(experiment=NAME, store=store, label=f"P/noop/{store}/remote-wide",
                       mode="remote", jobs=jobs, slots=WIDE_SLOTS,
                       params={"mode": "remote", "slots": WIDE_SLOTS})  # fmt: skip
-    yield from _cpu_runs(quick, CPU_STORE if CPU_STORE in durable else durable[0])
+    yield from cpu_runs(quick, CPU_STORE if CPU_STORE in durable else durable[0])
     lat = QUICK_LATENCY_JOBS if quick else LATENCY_JOBS
     for store in durable:
         for mode in ("local", "remote"):
