@@ -109,8 +109,12 @@ class Executor:
     async def _in_process(self, procs: ProcessHandlers, job: Job, ctx: JobContext) -> JSON:
         """Run ``job`` in a free worker process (waiting for one is not running: the
         attempt's clock starts when a process takes it); the child checks the bounds."""
+        asked = self._clock.monotonic()
         child = await procs.acquire()
-        ctx.last_beat = self._clock.monotonic()
+        now = self._clock.monotonic()
+        if ctx.deadline is not None and not ctx.forced:  # its timeout runs from here
+            ctx.deadline += now - asked
+        ctx.last_beat = now
         self._in_child[ctx] = child
         try:
             raw = await procs.run(child, job, ctx)
