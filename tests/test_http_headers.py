@@ -10,12 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from sqlq.common.engine.memory import MemoryStore
-from sqlq.http.app import create_app
 from sqlq.http.guard import Security
 from sqlq.http.head import REFUSAL
-from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.service import Service
+from tests.app_helpers import app_clients
 
 Make = Callable[..., Any]
 TOKEN = "a-token-for-the-header-tests"
@@ -24,22 +21,8 @@ TOKEN = "a-token-for-the-header-tests"
 @pytest.fixture
 async def client() -> AsyncIterator[Make]:
     """``await client(security=...)``: a client on an app over a fresh memory service."""
-    made: list[tuple[Service, httpx.AsyncClient]] = []
-
-    async def make(security: Security | None = None) -> httpx.AsyncClient:
-        rt = Service(MemoryStore(), RuntimeConfig(workers=1, seed=1))
-        await rt.start()
-        app = create_app(rt, start_runtime=False, security=security)
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        c = httpx.AsyncClient(transport=transport, base_url="http://localhost")
-        c.runtime = rt  # type: ignore[attr-defined]
-        made.append((rt, c))
-        return c
-
-    yield make
-    for rt, c in made:
-        await c.aclose()
-        await rt.stop(0)
+    async for make in app_clients(raise_app_exceptions=False):
+        yield make
 
 
 def _nosniff(r: httpx.Response) -> None:
@@ -75,7 +58,7 @@ async def test_every_kind_of_answer_carries_nosniff_once(
 
 
 async def test_the_guards_refusals_carry_it(client: Make) -> None:
-    c = await client(Security(token=TOKEN))
+    c = await client(security=Security(token=TOKEN))
     _nosniff(await c.get("/stats"))  # 401
     r = await c.get("/stats", headers={"host": "evil.example"})
     assert r.status_code == 421

@@ -7,19 +7,16 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from sqlq.common.clock import FakeClock
-from sqlq.common.engine.memory import MemoryStore
-from sqlq.http.app import create_app
 from sqlq.http.guard import Security
-from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import Registry, task
 from sqlq.runtime.service import Service
 from sqlq.ui.options import UiOptions
 from sqlq.ui.overview import Sampler
 from sqlq.ui.session import MAX_FAILURES
+from tests.app_helpers import app_clients
 from tests.helpers import submit, wait_for
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
@@ -34,22 +31,8 @@ Client = Callable[..., Any]
 @pytest.fixture
 async def ui() -> AsyncIterator[Client]:
     """``await ui(**create_app options)``: a client on a fresh memory service."""
-    made: list[tuple[Service, httpx.AsyncClient]] = []
-
-    async def make(kinds: Registry | None = None, **options: Any) -> httpx.AsyncClient:
-        config = RuntimeConfig(workers=2, seed=1, fault_injection=True)
-        rt = Service(MemoryStore(), config, kinds=kinds)
-        await rt.start()
-        app = create_app(rt, start_runtime=False, **options)
-        c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
-        c.runtime = rt  # type: ignore[attr-defined]
-        made.append((rt, c))
-        return c
-
-    yield make
-    for rt, c in made:
-        await c.aclose()
-        await rt.stop(0)
+    async for make in app_clients(2, fault_injection=True):
+        yield make
 
 
 def _csrf(html: str) -> str:

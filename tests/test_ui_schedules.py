@@ -7,41 +7,26 @@ import html
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pytest
 
-from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.models import Job
 from sqlq.common.schedule import AdvanceSchedule, ScheduleSpec, tick_key
-from sqlq.http.app import create_app
 from sqlq.http.guard import Security
-from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import Registry, task
 from sqlq.runtime.service import Service
 from sqlq.ui import schedules as page
 from sqlq.ui.render import when
+from tests.app_helpers import app_clients
 
 TICK = 1_800_000_000
+
 Make = Callable[..., Any]
 
 
 @pytest.fixture
 async def ui() -> AsyncIterator[Make]:
-    made: list[tuple[Service, httpx.AsyncClient]] = []
-
-    async def make(kinds: Registry | None = None, **options: Any) -> httpx.AsyncClient:
-        rt = Service(MemoryStore(), RuntimeConfig(workers=1, seed=1), kinds=kinds)
-        await rt.start()
-        app = create_app(rt, start_runtime=False, **options)
-        c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
-        c.runtime = rt  # type: ignore[attr-defined]
-        made.append((rt, c))
-        return c
-
-    yield make
-    for rt, c in made:
-        await c.aclose()
-        await rt.stop(0)
+    async for make in app_clients():
+        yield make
 
 
 async def _put(rt: Service, name: str, **spec: Any) -> None:
