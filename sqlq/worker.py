@@ -188,7 +188,9 @@ class Worker:
         self.concurrency = concurrency
         self.lease_s = lease_s
         self.grace_s = grace_s
-        self.wait_s = wait_s
+        # A lease counts from when its claim was sent (``common.lease``): a long poll that
+        # answers late leaves less of it, so it waits at most half a lease.
+        self.wait_s = min(wait_s, lease_s / 2)
         self.progress_every_s = progress_every_s
         self._clock = clock
         self._rng = rng or random.Random()
@@ -444,6 +446,9 @@ class Worker:
         claimed: asyncio.Future[ClaimResult] = loop.create_future()
         claimed.set_result(ClaimResult.CLAIMED)
         a = Attempt(g.token, job, Claim(job, claimed), asked + self.lease_s)
+        if self._clock.monotonic() - asked > self.lease_s * SKEW_MARGIN:  # a late answer:
+            self._progressed.add(a)  # renewed with the next progress beat, not a lease third
+            self._beat_now.set()  # later (its lease ran from the claim's sending)
         self.stats["claimed"] += 1
         self._held[a.token] = a
         self._leased[a.token] = a

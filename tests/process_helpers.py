@@ -43,8 +43,14 @@ def until_cancelled(args, ctx):
 @task(timeout=1)
 def stuck(args, ctx):
     time.sleep(3600)
+
+@task(timeout=1.5)
+def nap(args, ctx):
+    time.sleep(args["s"])
+    return os.getpid()
 """
-TIMEOUTS = {"crunch": 300.0, "broken": 300.0, "until_cancelled": 300.0, "stuck": 1.0}
+TIMEOUTS = {"crunch": 300.0, "broken": 300.0, "until_cancelled": 300.0, "stuck": 1.0,
+            "nap": 1.5}  # fmt: skip
 
 
 def parent_kinds() -> Registry:

@@ -313,3 +313,4 @@ async def test_an_end_written_twice_is_refused_the_second_time(holder: Holder) -
         await holder.rt.claims.settle()
     done = await stored(holder, job.id)
     assert (done.state, done.result, done.errors) == (State.COMPLETED, 1, ())
+    assert holder.rt.claims.running_here() == {}  # the attempt was counted out once

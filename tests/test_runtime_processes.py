@@ -70,3 +70,15 @@ async def test_progress_a_checkpoint_and_a_cancel_cross_to_the_process(
     await rt.cancel(job.id)
     ended = await final(rt, job.id, within=60)
     assert (ended.state, ended.attempts) == (State.CANCELLED, 1)
+
+
+async def test_waiting_for_a_process_is_not_running_against_the_timeout(
+    services: ServiceFactory, handlers: str
+) -> None:
+    """Four workers, one process, jobs of 0.8 s under a 1.5 s timeout: the ones that wait
+    for the process are not timed out for the wait (each runs well within its own)."""
+    rt = services(kinds=parent_kinds(), workers=4, processes=1, imports=(handlers,))
+    await rt.start()
+    jobs = [await submit(rt, "nap", args={"s": 0.8}, max_attempts=1) for _ in range(4)]
+    done = [await final(rt, job.id, within=60) for job in jobs]
+    assert [d.state for d in done] == [State.COMPLETED] * 4, [d.last_error for d in done]

@@ -51,11 +51,14 @@ async def test_a_partitioned_node_stops_its_handlers_within_its_lease(
 ) -> None:
     runs: list[int] = []  # the attempt number of every run that started
     cancelled_at: list[float] = []  # monotonic, when A's handler saw its cancel
+    started: dict[int, float] = {}  # monotonic, when the held job's attempt N started
     reg = Registry()
 
     @task(registry=reg, name="work", hb_timeout=None)
     async def work(args: Any, ctx: JobContext) -> Any:
         runs.append(ctx.job.attempts)
+        if args.get("hold"):
+            started[ctx.job.attempts] = time.monotonic()
         if not args.get("hold") or ctx.job.attempts > 1:
             return "done on the rescuer"
         try:
@@ -118,5 +121,6 @@ async def test_a_partitioned_node_stops_its_handlers_within_its_lease(
             settled = await final(a, again.id, within=15)
             assert settled.state is State.COMPLETED
 
-    assert runs[:2] == [1, 2]  # A's one attempt, B's rerun: the job never ran twice at once
+    assert runs[:2] == [1, 2]  # A's one attempt, B's rerun
+    assert started[2] >= cancelled_at[0]  # B started it only after A had stopped it
     assert (await b.store.get(job.id)) == done  # A's late attempt wrote nothing

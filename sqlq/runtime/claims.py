@@ -130,6 +130,11 @@ class Claims(Protocol):
         """Whether this holder's attempts run under leases it may lose (``expires``)."""
         ...
 
+    @property
+    def lease_s(self) -> float | None:
+        """How long this holder's leases last (None: it has none to lose)."""
+        ...
+
     def expires(self, claim: Claim) -> float | None:
         """When (monotonic) this holder stops holding ``claim``'s job unless it renews its
         lease first (``sqlq.common.lease``); None: never, the queue is this process's."""
@@ -200,6 +205,7 @@ class ClaimsBase(Reach):
     key_attempts: ClassVar[int] = 1
     finish_poll_s: ClassVar[float | None] = None
     leased: ClassVar[bool] = False  # the queue is this process's: no lease to lose
+    lease_s: float | None = None
     # Outcomes decided and not yet written, at most: past it no worker takes a new claim
     # until half of them are, so a store slower than the handlers holds the workers back
     # instead of a backlog of outcome tasks growing without bound in memory (``_make_room``).
@@ -302,25 +308,31 @@ class ClaimsBase(Reach):
     # -- the workers' side: how an attempt ends ---------------------------------------------
 
     def completed(self, claim: Claim, result: JSON) -> None:
-        self._over(claim)
+        if self._over(claim):
+            return
         self._record(claim, self._carry(claim).complete(result, self._clock.time()))
 
     def failed(self, claim: Claim, error: str) -> None:
-        self._over(claim)
+        if self._over(claim):
+            return
         self._record(claim, self._after_failure(self._carry(claim), error, self._clock.time()))
 
     def hung(self, claim: Claim, reason: str) -> None:
-        self._over(claim)
+        if self._over(claim):
+            return
         t = self._after_failure(self._carry(claim), reason, self._clock.time())
         self._record(claim, t, again=Event.REQUEUED_HUNG)
 
     def snoozed(self, claim: Claim, delay_s: float) -> None:
-        self._over(claim)
+        if self._over(claim):
+            return
         job, now = self._carry(claim), self._clock.time()
         self._record(claim, after_snooze(job, delay_s, now, self._config.max_snoozes),
                      again=Event.SNOOZED, retried=False)  # fmt: skip
 
     def given_back(self, claim: Claim) -> None:
+        if claim.over:
+            return
         self._release(claim.job.queue)
         self._record(claim, released(self._carry(claim), self._clock.time()), retried=False)
 
@@ -331,17 +343,22 @@ class ClaimsBase(Reach):
         return None
 
     def lost(self, claim: Claim) -> None:
-        self._over(claim)
+        if self._over(claim):
+            return
         claim.over = True
         self._let_go(claim)
         self._events.record(Event.LEASE_LOST, claim.job)
 
-    def _over(self, claim: Claim) -> None:
-        """The attempt ended: its queue has room for one more."""
+    def _over(self, claim: Claim) -> bool:
+        """The attempt ended: its queue has room for one more. True (and nothing done) if it
+        had ended already: an end is written once, and counted once."""
+        if claim.over:
+            return True
         started = claim.job.started_at
         if started is not None:
             self._metrics.run.observe(max(0.0, self._clock.time() - started))
         self._release(claim.job.queue)
+        return False
 
     def _release(self, queue: str) -> None:
         running = self._running

@@ -109,12 +109,19 @@ class Executor:
     async def _in_process(self, procs: ProcessHandlers, job: Job, ctx: JobContext) -> JSON:
         """Run ``job`` in a free worker process (waiting for one is not running: the
         attempt's clock starts when a process takes it); the child checks the bounds."""
+        # Waiting for a process is not running: neither its timeout nor its heartbeat is
+        # judged meanwhile (a forced cancel's grace is: it sets ``deadline`` and ``forced``).
         asked = self._clock.monotonic()
-        child = await procs.acquire()
-        now = self._clock.monotonic()
-        if ctx.deadline is not None and not ctx.forced:  # its timeout runs from here
-            ctx.deadline += now - asked
-        ctx.last_beat = now
+        deadline, hb_timeout = ctx.deadline, ctx.hb_timeout
+        ctx.deadline = ctx.hb_timeout = None
+        try:
+            child = await procs.acquire()
+        finally:
+            now = self._clock.monotonic()
+            ctx.hb_timeout = hb_timeout
+            if not ctx.forced:  # its timeout runs from here
+                ctx.deadline = None if deadline is None else deadline + (now - asked)
+            ctx.last_beat = now
         self._in_child[ctx] = child
         try:
             raw = await procs.run(child, job, ctx)

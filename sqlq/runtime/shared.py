@@ -69,7 +69,7 @@ class SharedClaims(CensusViews, ClaimsBase):
     leased = True  # this node's claims last while it renews them (``expires``)
 
     def _setup(self) -> None:
-        self.lease_s = self._config.lease_s
+        self.lease_s: float = self._config.lease_s
         self.poll_s: float = self._config.poll_s
         self._waiting: deque[asyncio.Future[Claim]] = deque()  # workers waiting for a claim
         self._ready: deque[Claim] = deque()  # claimed, its worker went away: the next taker's
@@ -134,6 +134,8 @@ class SharedClaims(CensusViews, ClaimsBase):
                     await do()
                 except StoreError as exc:
                     log.warning("%s: %s", what, exc)
+                except Exception:  # a bug (or a database error no one foresaw) must not
+                    log.exception("%s", what)  # end the renewals for good: they go on
 
         return asyncio.create_task(loop(), name=f"sqlq-shared-{name}")
 

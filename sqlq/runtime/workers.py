@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
+from sqlq.common.lease import SKEW_MARGIN
 from sqlq.runtime.claims import Claim, Claims
 from sqlq.runtime.context import JobContext, Snooze, describe
 from sqlq.runtime.executor import Executor
@@ -175,8 +176,12 @@ class WorkerPool:
             # the loop ends here.
 
     async def _health(self) -> None:
+        every = self.hb_timeout / 4
+        lease_s = self._claims.lease_s
+        if lease_s is not None:  # a lease is cut within a twentieth of it (``common.lease``)
+            every = min(every, lease_s * SKEW_MARGIN / 2)
         while True:
-            await self._clock.sleep(self.hb_timeout / 4)
+            await self._clock.sleep(every)
             self.check(self._clock.monotonic(), judged=self.healthcheck)
 
     def check(self, now: float, *, judged: bool = True) -> list[Worker]:
