@@ -139,12 +139,14 @@ class Service:
     async def start(self) -> Recovery:
         """Recover, requeue what was running, and start dispatching."""
         self.state = RuntimeState.RECOVERING
+        # The worker processes first (their imports done): if they cannot start, nothing
+        # else has (no store open, no task running) and the start fails whole.
+        await self.executor.start()
         with collector_off():  # see there: recovery allocates, and frees nothing
             recovery = await self.store.open()
             self.recovery = recovery
             await self.claims.start(recovery)
         await self.remote.start()
-        await self.executor.start()  # (worker processes: their imports done)
         self.pool.start()
         await self.schedules.define(self._defined)
         self.ticker.start()
