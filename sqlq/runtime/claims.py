@@ -350,9 +350,11 @@ class ClaimsBase(Reach):
         self._events.record(Event.LEASE_LOST, claim.job)
 
     def _over(self, claim: Claim) -> bool:
-        """The attempt ended: its queue has room for one more. True (and nothing done) if it
-        had ended already: an end is written once, and counted once."""
+        """The attempt ended: its queue has room for one more. True if it had ended already
+        (cut off as hung, say, and its handler returned late): nothing is written and the
+        running count is not taken down again; the late end is counted as fenced."""
         if claim.over:
+            self._events.record(Event.FENCED, claim.job)
             return True
         started = claim.job.started_at
         if started is not None:
