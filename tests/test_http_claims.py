@@ -36,6 +36,7 @@ from sqlq.common.protocol import (
 )
 from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE
 from sqlq.http.claims import (
+    LOOK_AFTER_S,
     MAX_CHECKPOINT_BODY,
     MAX_CLAIM_BODY,
     MAX_HEARTBEAT_BODY,
@@ -579,6 +580,10 @@ async def test_a_long_poll_whose_client_went_away_gives_its_jobs_back() -> None:
             await wait_for(lambda: _is(remote(), "claims_waiting", 1))
             writer.close()  # gone while its claim long-polls
             await writer.wait_closed()
+            # The server looks for a gone client only once a claim has waited LOOK_AFTER_S
+            # (the rule is of time): until then, a job claimed is answered, not looked at.
+            gone = time.monotonic()
+            await wait_for(lambda: time.monotonic() - gone > 2 * LOOK_AFTER_S)
             job_id = (await c.post("/jobs", json={"kind": "k", "queue": "mail"})).json()["id"]
             await wait_for(lambda: _is(remote(), "release", 1))
             job = (await c.get(f"/jobs/{job_id}")).json()
