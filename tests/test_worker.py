@@ -53,6 +53,22 @@ def _doubling() -> Registry:
     return reg
 
 
+def _forever(clock: FakeClock, cancelled_at: list[float]) -> Registry:
+    """A registry of one async kind, ``forever``: it runs until its task is cancelled, and
+    notes when (on ``clock``) in ``cancelled_at``."""
+    reg = Registry()
+
+    @task(registry=reg)
+    async def forever(args: Any) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled_at.append(clock.monotonic())
+            raise
+
+    return reg
+
+
 @asynccontextmanager
 async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
     """The worker runs inside the block; stopped (and its end awaited) after it."""
@@ -356,24 +372,15 @@ async def test_an_outcome_kept_while_unreachable_is_dropped_once_fenced(
 async def test_a_fenced_heartbeat_stops_the_attempt_and_reports_nothing(
     fake_clock: FakeClock,
 ) -> None:
-    reg = Registry()
-    seen: list[str] = []
-
-    @task(registry=reg)
-    async def forever(args: Any) -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-
+    cancelled_at: list[float] = []
+    reg = _forever(fake_clock, cancelled_at)
     server = FakeServer(fake_clock)
     job = server.submit("forever")
     worker = make(server, reg, fake_clock)
     async with running(worker):
         await server.until(lambda: server.state(job) is State.RUNNING)
         server.fence(job)
-        await server.until(lambda: seen == ["cancelled"])
+        await server.until(lambda: len(cancelled_at) == 1)
         assert worker.held == 0
         assert worker.stats["fenced"] == 1
     assert server.named("outcomes") == []
@@ -386,17 +393,8 @@ async def test_a_server_out_of_reach_past_the_lease_stops_the_attempt_unreported
     """A worker that cannot renew stops its attempt before its lease can run out on the
     server (``common.lease``), so the job never runs twice at once past a lease; it reports
     nothing of that attempt, even once the server is back."""
-    reg = Registry()
     cancelled_at: list[float] = []
-
-    @task(registry=reg)
-    async def forever(args: Any) -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled_at.append(fake_clock.monotonic())
-            raise
-
+    reg = _forever(fake_clock, cancelled_at)
     server = FakeServer(fake_clock)
     job = server.submit("forever")
     worker = make(server, reg, fake_clock, lease_s=3.0)
