@@ -13,15 +13,20 @@ The verdict comes from plain SQL, not the engine's code: every acknowledged id
 must be a completed row. A job that ran more than once (``attempts > 1``) must
 be explained: it was held by the killed node at the kill (read in SQL right
 after the SIGKILL, when the dead node can change nothing), or it was running
-when PostgreSQL crashed (read in SQL right after the database came back). Any
-other rerun is a failure. The time from the node's kill until none of its jobs
-is still held by it is the rescue time.
+when PostgreSQL crashed (read in SQL right after the database came back), or a
+node's log names that very job in an event that makes a live node's job run
+again (``node_events``): an outcome it could not record, or an attempt it cut off
+because its lease ran out unrenewed. With leases that bound execution such an
+expiry is an event, not a mystery; each rerun is counted under the first cause
+that explains it. Any other rerun is a failure. The time from the node's kill
+until none of its jobs is still held by it is the rescue time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -40,6 +45,62 @@ from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, submit
 from sqlq.bench.offline import JOB_FACT_COLUMNS, JobFacts, row_facts
 from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.bench.verdict import judge
+
+# The two log lines (``--log-level warning``) by which a live node makes its job run again:
+# an outcome it could not write (``ClaimsBase._outcome``, sqlq/runtime/claims.py: the job
+# stays running until its lease runs out and a node rescues it), and an attempt the health
+# loop cut off because its lease was not renewed in time (sqlq/runtime/workers.py).
+DROPPED_OUTCOME = re.compile(r"could not record the outcome of job ([0-9a-f]{32})\b")
+LEASE_LOST = re.compile(r"worker \d+ holding job ([0-9a-f]{32}): lease lost\b")
+
+
+# A row's count of the reruns each cause explains, in the order ``explain`` tries them.
+RERUN_CAUSES = (
+    "reruns_held_by_killed_node",
+    "reruns_running_at_db_crash",
+    "reruns_dropped_outcome",
+    "reruns_lease_lost",
+)
+
+
+@dataclass(frozen=True)
+class NodeEvents:
+    """The jobs the nodes' logs name in an event that makes a live node's job run again."""
+
+    dropped_outcome: frozenset[str] = frozenset()
+    lease_lost: frozenset[str] = frozenset()
+
+
+def node_events(text: str) -> NodeEvents:
+    """The events of one or more nodes' log text: each job named by a dropped outcome or a
+    lease lost. Only these lines explain a live node's rerun, and only of the job they
+    name: a line about the database, or about another job, explains nothing."""
+    return NodeEvents(
+        dropped_outcome=frozenset(DROPPED_OUTCOME.findall(text)),
+        lease_lost=frozenset(LEASE_LOST.findall(text)),
+    )
+
+
+def read_node_events(workdir: Path) -> NodeEvents:
+    """``node_events`` over every node's log in ``workdir``: the first three, the killed
+    node's restart, and its replacement if that restart failed (``node{n}.log``)."""
+    text = "\n".join(f.read_text(errors="replace") for f in sorted(workdir.glob("node*.log")))
+    return node_events(text)
+
+
+def explain(
+    reruns: set[str], held: set[str], at_crash: set[str], events: NodeEvents
+) -> tuple[dict[str, int], set[str]]:
+    """Each rerun under the first cause that names it (the killed node held it, it ran
+    when the database crashed, its outcome was dropped, its lease was lost), counted per
+    cause; and the reruns no cause names."""
+    causes = [held, at_crash, events.dropped_outcome, events.lease_lost]
+    counts: dict[str, int] = {}
+    left = set(reruns)
+    for name, jobs in zip(RERUN_CAUSES, causes, strict=True):
+        counts[name] = len(left & jobs)
+        left -= jobs
+    return counts, left
 
 
 @dataclass(frozen=True)
@@ -167,8 +228,9 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
     for n in nodes:
         await asyncio.to_thread(n.stop, signal.SIGTERM)
     return await verify(
-        dsn, trial, ledger, held_by_victim, running_at_db_crash, events, restart_problems
-    )
+        dsn, trial, ledger, held_by_victim, running_at_db_crash, events, restart_problems,
+        read_node_events(workdir),
+    )  # fmt: skip
 
 
 async def read_pg(dsn: str) -> dict[str, JobFacts]:
@@ -188,10 +250,12 @@ async def read_pg(dsn: str) -> dict[str, JobFacts]:
 async def verify(
     dsn: str, trial: PgTrial, ledger: Ledger | list[str], held: set[str], at_crash: set[str],
     events: dict[str, float], problems: list[str] | None = None,
+    logged: NodeEvents = NodeEvents(),
 ) -> dict[str, Any]:  # fmt: skip
     """The verdict in plain SQL: every acknowledged job ended as the client's story allows
     (``sqlq.bench.verdict.judge``; a plain job: completed), and every rerun of a job that
-    cannot fail is explained by a death."""
+    cannot fail is explained by a death or by an event of the nodes' logs naming it
+    (``logged``, from ``read_node_events``)."""
     if isinstance(ledger, list):  # ids alone: acknowledged plain jobs
         ids, ledger = ledger, Ledger(Path("unused"))
         for i in ids:
@@ -214,7 +278,7 @@ async def verify(
     ack_set = set(acked)
     unknown = [i for i in jobs if i not in ack_set]
     reruns = {i for i in plain if i in jobs and jobs[i].attempts > 1}
-    unexplained = reruns - held - at_crash
+    causes, unexplained = explain(reruns, held, at_crash, logged)
     if lost:
         problems.append(f"{len(lost)} acknowledged jobs missing")
     if unfinished:
@@ -226,7 +290,10 @@ async def verify(
     if len(unknown) > CLIENTS * failures:
         problems.append(f"{len(unknown)} jobs never acknowledged")
     if unexplained:
-        problems.append(f"{len(unexplained)} jobs ran twice with no node or database death")
+        problems.append(
+            f"{len(unexplained)} jobs ran twice with no node or database death and no event "
+            f"naming them in a node's log, e.g. {min(unexplained)}"
+        )
     if "rescue_s" not in events:
         problems.append("the killed node's jobs were never rescued")
     return {
@@ -240,8 +307,9 @@ async def verify(
         "lost": len(lost) + len(unfinished),
         "unknown": len(unknown),
         "reruns": len(reruns),
-        "reruns_held_by_killed_node": len(reruns & held),
-        "reruns_running_at_db_crash": len(reruns & at_crash - held),
+        **causes,
+        "dropped_outcomes": len(logged.dropped_outcome),
+        "leases_lost": len(logged.lease_lost),
         "held_by_killed_node": len(held),
         "rescue_s": round(events.get("rescue_s", -1.0), 3),
         "db_down_s": round(events.get("db_down_s", 0.0), 3),

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlq.bench.crashcheck import READY_WITHIN_S
+from sqlq.bench.crashcheck_pg import RERUN_CAUSES
 
 
 def write_report(out: Path) -> str:
@@ -144,27 +145,27 @@ def _shared_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "0.2-1.5 s) and started again; in every other trial PostgreSQL itself is then killed "
         "(`pg_ctl stop -m immediate`) and started again. Verified in plain SQL: every "
         "acknowledged job ended as the client's story allows (plain: completed), and every job "
-        "that cannot fail and ran more than once was held by the killed node at the kill or "
-        "was running when the database crashed.",
+        "that cannot fail and ran more than once was held by the killed node at the kill, "
+        "was running when the database crashed, or is named by a node's log in an outcome it "
+        "could not record or an attempt it cut off when its lease ran out unrenewed.",
         "",
         "| workload | trials | database killed in | acknowledged (total) | lost | "
         "unexplained reruns | reruns: killed node's | reruns: database crash | "
+        "reruns: outcome dropped | reruns: lease lost | "
         "rescue after kill p50 / max s | failed trials | git commit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for rows in runs:
         acked = sum(r["acknowledged"] for r in rows)
         rescue = sorted(r["rescue_s"] for r in rows if r["rescue_s"] >= 0) or [-1.0]
         db = [r for r in rows if r["db_killed"]]
-        explained = sum(
-            r["reruns_held_by_killed_node"] + r["reruns_running_at_db_crash"] for r in rows
-        )
-        unexplained = sum(r["reruns"] for r in rows) - explained
+        # Rows from before the logs were read have no counts of their causes: none.
+        causes = {c: sum(r.get(c, 0) for r in rows) for c in RERUN_CAUSES}
+        unexplained = sum(r["reruns"] for r in rows) - sum(causes.values())
         lines.append(
             f"| {rows[0].get('workload', 'plain')} | {len(rows)} | {len(db)} | {acked:,} | "
             f"{sum(r['lost'] for r in rows)} | {unexplained} | "
-            f"{sum(r['reruns_held_by_killed_node'] for r in rows)} | "
-            f"{sum(r['reruns_running_at_db_crash'] for r in rows)} | "
+            f"{' | '.join(str(n) for n in causes.values())} | "
             f"{rescue[len(rescue) // 2]:.2f} / {rescue[-1]:.2f} | "
             f"{sum(1 for r in rows if not r['ok'])} | "
             f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
