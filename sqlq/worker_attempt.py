@@ -32,7 +32,6 @@ from sqlq.common.protocol import (
 from sqlq.common.running import Progress
 from sqlq.common.wire import JobView
 from sqlq.runtime.claim import Claim
-from sqlq.runtime.context import JobContext
 
 _encode = msgspec.json.Encoder().encode
 NAMES: dict[type[Any], str] = {CompleteIn: "complete", FailIn: "fail", SnoozeIn: "snooze",
@@ -66,16 +65,13 @@ class Attempt:
     job: Job
     claim: Claim  # what the runtime's context reports through (``Channel``)
     lease_end: float  # monotonic: when the lease runs out by this worker's reckoning
-    task: asyncio.Task[None] | None = None
-    ctx: JobContext | None = None
-    child: Any = None  # the worker process it runs in (``--processes``), once it has one
-    waiting: bool = False  # claimed, waiting for a worker process: not started
     over: bool = False  # its outcome is decided (``what``), or it was fenced (None)
     what: What | None = None
     body: bytes = b""  # the outcome as one item of ``/claims/outcomes``
     sent: Progress | None = None  # the latest progress a heartbeat carried
     saving: asyncio.Future[None] | None = None  # its latest checkpoint write
     alone: bool = False  # a claim carrying it was refused: only the outbox's own call sends it
+    fenced_by_server: bool = False  # a heartbeat answered ``fenced`` (not a lease run out)
 
     def decide(self, what: What) -> None:
         """Its outcome is ``what``: encoded now (a result JSON cannot hold, or one past the

@@ -274,6 +274,9 @@ class _Held:
     def interrupt(self, job_id: str, grace_s: float | None) -> bool:
         return job_id in self.held  # (nothing runs: the machine reports the outcome)
 
+    def lose(self, job_id: str, reason: str) -> bool:
+        return job_id in self.held  # (the same: nothing runs to cut)
+
 
 def _nothing() -> None:
     """A call on walq's I/O thread that does nothing: what was queued before it is done."""

@@ -73,6 +73,9 @@ class Pool:
         self.interrupted.append(job_id)
         return True
 
+    def lose(self, job_id: str, reason: str) -> bool:
+        return self.held.pop(job_id, None) is not None
+
 
 class Holder:
     """The verbs every test speaks, for one kind of holder on one engine."""

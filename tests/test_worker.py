@@ -332,7 +332,7 @@ async def test_unreachable_it_backs_off_keeps_the_outcome_and_delivers_it_after(
         assert all(0.05 <= g <= 2.0 for g in gaps), gaps  # jittered, capped
         assert gaps[-1] > gaps[0] * 4  # exponential
         assert server.state(job) is State.RUNNING  # nothing landed
-        assert len(worker._outbox) == 1  # kept
+        assert worker.owed == 1  # kept
         server.down = False
         await server.until(lambda: server.state(job) is State.COMPLETED)
     assert server.jobs[job].result == "done"
@@ -363,7 +363,7 @@ async def test_an_outcome_kept_while_unreachable_is_dropped_once_fenced(
         server.fence(job)  # its lease ran out on the server meanwhile
         server.down = False
         await server.until(lambda: worker.stats["fenced"] == 1)
-        assert len(worker._outbox) == 0
+        assert worker.owed == 0
     assert server.jobs[job].ends == []  # never recorded
     assert any(r.levelno == logging.WARNING and "fenced" in r.getMessage()
                for r in caplog.records)  # fmt: skip

@@ -43,6 +43,11 @@ class AttemptFenced(Exception):
     claim never held): what it writes now is refused, so it should stop."""
 
 
+class NotStarted(Exception):
+    """The attempt never started: a cancel, or its holder's stop, came while it waited for
+    a worker process. Its claim is given back (``Holding.given_back``), no attempt counted."""
+
+
 class Snooze(Exception):
     """``raise Snooze(seconds)`` (or ``return snooze(seconds)``): run this job again after
     ``seconds``, without counting this attempt. A snooze counts instead: past

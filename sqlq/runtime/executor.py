@@ -22,8 +22,9 @@ result JSON cannot encode, and the store never sees it.
 
 from __future__ import annotations
 
+import asyncio
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -31,7 +32,7 @@ from sqlq.common.clock import Clock
 from sqlq.common.models import JSON, Job
 from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.context import Channel, UnstorableResult
+from sqlq.runtime.context import Channel, NotStarted, UnstorableResult
 from sqlq.runtime.cpu import CpuPool, cpu_kind
 from sqlq.runtime.kinds import JobContext, Kind, Registry, sleep_kind
 from sqlq.runtime.processes import Child, ProcessHandlers
@@ -68,6 +69,8 @@ class Executor:
         self.kinds = kinds
         self.processes = processes
         self._in_child: dict[JobContext, Child] = {}  # attempts running in a process
+        self._waiting: dict[JobContext, asyncio.Future[None]] = {}  # ... waiting for one
+        self._holding = False  # the pool stops: nothing more starts in a process
         self.threads = HandlerThreads(
             (config.handler_threads or config.workers) + config.max_abandoned
         )
@@ -115,7 +118,7 @@ class Executor:
         deadline, hb_timeout = ctx.deadline, ctx.hb_timeout
         ctx.deadline = ctx.hb_timeout = None
         try:
-            child = await procs.acquire()
+            child = await self._a_process(procs, ctx)
         finally:
             now = self._clock.monotonic()
             ctx.hb_timeout = hb_timeout
@@ -130,8 +133,45 @@ class Executor:
         result: JSON = msgspec.json.decode(raw)
         return result
 
+    async def _a_process(self, procs: ProcessHandlers, ctx: JobContext) -> Child:
+        """A free process for ``ctx``'s job; ``NotStarted`` if a cancel (``interrupt``) or
+        the stop (``hold``) comes first: the job has not started, so it is given back."""
+        if ctx.cancelled or self._holding:
+            raise NotStarted("given back before it started")
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[ctx] = wake
+        acquiring = asyncio.ensure_future(procs.acquire())
+        child: Child | None = None
+        try:
+            either: set[asyncio.Future[Any]] = {acquiring, wake}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if acquiring.done():
+                child = acquiring.result()
+        finally:
+            del self._waiting[ctx]
+            if not acquiring.done():
+                acquiring.cancel()
+            elif child is None and not acquiring.cancelled() and acquiring.exception() is None:
+                procs.release(acquiring.result())  # (this task was cancelled as it came)
+        if child is None or ctx.cancelled or self._holding:
+            if child is not None:
+                procs.release(child)  # spare: the job is given back
+            raise NotStarted("given back before it started")
+        return child
+
+    def hold(self) -> None:
+        """Start nothing more in a process: what waits for one is given back (a stop)."""
+        self._holding = True
+        for wake in self._waiting.values():
+            if not wake.done():
+                wake.set_result(None)
+
     def interrupt(self, ctx: JobContext) -> None:
-        """A cancel was asked for the attempt behind ``ctx``: its process hears of it too."""
+        """A cancel was asked for the attempt behind ``ctx``: its process hears of it too,
+        or, if it waits for one, it is given back."""
+        wake = self._waiting.get(ctx)
+        if wake is not None and not wake.done():
+            wake.set_result(None)
         child = self._in_child.get(ctx)
         if child is not None and self.processes is not None:
             self.processes.interrupt(child)

@@ -54,12 +54,22 @@ class Attempts(Protocol):
         off that long from now, as a timeout does. False if no worker holds it."""
         ...
 
+    def lose(self, job_id: str, reason: str) -> bool:
+        """The holder no longer holds ``job_id`` (its lease was fenced): cut its attempt now,
+        reporting nothing. False if no worker holds it."""
+        ...
 
-class _Nobody:
+
+class Nobody:
+    """No attempts (before a pool attaches): nothing holds any job."""
+
     def holding(self, job_id: str) -> Claim | None:
         return None
 
     def interrupt(self, job_id: str, grace_s: float | None) -> bool:
+        return False
+
+    def lose(self, job_id: str, reason: str) -> bool:
         return False
 
 
@@ -71,7 +81,7 @@ class Reach:
     _clock: Clock
     _config: RuntimeConfig
     _events: Events
-    _attempts: Attempts = _Nobody()
+    _attempts: Attempts = Nobody()
     _loop: asyncio.AbstractEventLoop | None = None
 
     def attach(self, attempts: Attempts) -> None:

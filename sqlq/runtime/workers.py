@@ -32,9 +32,11 @@ from typing import Any
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.common.lease import SKEW_MARGIN
-from sqlq.runtime.claims import Claim, Claims
-from sqlq.runtime.context import JobContext, Snooze, describe
+from sqlq.runtime.claims import Claim, Holding
+from sqlq.runtime.context import JobContext, NotStarted, Snooze, describe
 from sqlq.runtime.executor import Executor
+
+CANCELLED_WHILE = "cancelled: a cancel was asked for while it ran"
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,7 @@ def _settle_cancel(ctx: JobContext) -> None:
 class WorkerPool:
     def __init__(
         self,
-        claims: Claims,
+        claims: Holding,
         executor: Executor,
         *,
         workers: int,
@@ -118,6 +120,7 @@ class WorkerPool:
         self._ids = itertools.count(1)
         self._health_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._stopped = False
         self._idle = asyncio.Event()  # set when stopping and no live worker holds a job
         self.declared_hung = 0
         self.timed_out = 0
@@ -152,10 +155,12 @@ class WorkerPool:
             w.ctx, w.claim = ctx, claim
             try:
                 result = await executor.execute(claim.job, ctx)
+            except NotStarted:  # a cancel, or the stop, came while it waited for a process
+                claims.given_back(claim)
             except asyncio.CancelledError:
                 if not (ctx.cancel_sent and _withdrawn(w)):
                     raise  # a stop, or a hang: not this worker's to record
-                claims.failed(claim, "cancelled: a cancel was asked for while it ran")
+                claims.failed(claim, CANCELLED_WHILE)
             except Snooze as s:
                 claims.snoozed(claim, s.seconds)
             except Exception as exc:
@@ -205,30 +210,37 @@ class WorkerPool:
                 past = overdue(ctx, now, claims.expires(claim), judged=judged)
             if past is not None:
                 past_limits.append((w, past))
-        hung: list[Worker] = []
         for w, (limit, reason) in past_limits:
-            ctx, claim = w.ctx, w.claim
-            assert ctx is not None  # (set together, and both still: nothing ran since)
-            assert claim is not None
-            hung.append(w)
-            w.hung = True
-            self.live.remove(w)
-            self.abandoned.append(w)
-            self.declared_hung += 1
-            if limit is Limit.TIMEOUT:
-                self.timed_out += 1
-            log.warning("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
-            if limit is Limit.LEASE:
-                ctx.cancelled = True  # a thread's handler that looks stops too
-                claims.lost(claim)
-            else:
-                claims.hung(claim, reason)
-            if w.task is not None:
-                w.task.cancel()  # an async handler stops; a thread is abandoned
-            if not self._stopping:
-                self._spawn()
-                self.replaced += 1
-        return hung
+            self._cut(w, limit, reason)
+        return [w for w, _ in past_limits]
+
+    def _cut(self, w: Worker, limit: Limit, reason: str) -> None:
+        """Declare ``w`` hung: its attempt ends by ``limit`` (a lease lost: reported by
+        nobody), its handler is told (``ctx.cancelled``; an async one's task cancelled, a
+        process's flag raised; a thread is abandoned), and a replacement starts."""
+        ctx, claim = w.ctx, w.claim
+        assert ctx is not None  # (set together, and both still: nothing ran since)
+        assert claim is not None
+        w.hung = True
+        self.live.remove(w)
+        self.abandoned.append(w)
+        self.declared_hung += 1
+        if limit is Limit.TIMEOUT:
+            self.timed_out += 1
+        log.warning("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
+        ctx.cancelled = True  # a thread's handler that looks stops too
+        self._executor.interrupt(ctx)
+        if limit is Limit.LEASE:
+            self._claims.lost(claim)
+        else:
+            self._claims.hung(claim, reason)
+        if w.task is not None:
+            w.task.cancel()  # an async handler stops; a thread is abandoned
+        if not self._stopping:
+            self._spawn()
+            self.replaced += 1
+        elif not self.busy():
+            self._idle.set()
 
     # -- a cancel asked for (``sqlq.runtime.reach.Attempts``) --------------------------------
 
@@ -258,6 +270,16 @@ class WorkerPool:
             return True
         return False
 
+    def lose(self, job_id: str, reason: str) -> bool:
+        """The holder no longer holds ``job_id`` (its lease was fenced): cut its attempt
+        now, as a lease that ran out is, reporting nothing. False if no worker holds it."""
+        for w in self.live:
+            claim = w.claim
+            if claim is not None and w.ctx is not None and claim.job.id == job_id:
+                self._cut(w, Limit.LEASE, reason)
+                return True
+        return False
+
     def hurry(self) -> None:
         """Cut the grace period short (a second signal). Safe from a signal handler."""
         self._idle.set()
@@ -266,12 +288,20 @@ class WorkerPool:
         return sum(1 for w in self.live if w.ctx is not None)
 
     async def stop(self, grace_s: float) -> None:
-        """Take no new jobs; give running ones ``grace_s`` to finish; cancel the rest."""
-        self._stopping = True
+        """Take no new jobs; give running ones ``grace_s`` to finish; cancel the rest (each
+        told: ``ctx.cancelled``). What waits for a process is given back at once."""
+        if self._stopped:
+            return
+        self._stopped = self._stopping = True
+        self._executor.hold()
         if self._health_task is not None:
             self._health_task.cancel()
         if self.busy() and not await wait_event(self._clock, self._idle, grace_s):
             log.warning("grace period over: cancelling %d running jobs", self.busy())
+        for w in self.live:
+            if w.ctx is not None:
+                w.ctx.cancelled = True  # a thread's handler that looks stops too
+                self._executor.interrupt(w.ctx)
         tasks = [w.task for w in (*self.live, *self.abandoned) if w.task is not None]
         if self._health_task is not None:
             tasks.append(self._health_task)
