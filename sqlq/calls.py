@@ -128,6 +128,9 @@ class Call(Generic[T]):
     headers: Mapping[str, str] | None = None
     retry: bool = False  # safe to send again after a lost reply (reads, keyed submits)
     content: bytes | None = None  # a body encoded already (msgspec: the protocol's structs)
+    # how long the server may hold the answer on purpose (a long poll): the clients add it
+    # to their read timeout, so a timeout shorter than the wait asked for never cuts it
+    wait_s: float = 0.0
 
     def __iter__(self) -> Generator[Call[T], T, T]:
         """``answer = yield from call`` in a plan: the client sends it and hands back
@@ -194,7 +197,7 @@ def _key() -> str:
 
 def _get(job_id: str, wait: float = 0.0) -> Call[Job]:
     params = {"wait": f"{wait:.3f}"} if wait > 0 else None
-    return Call("GET", f"/jobs/{job_id}", Job, params=params, retry=True)
+    return Call("GET", f"/jobs/{job_id}", Job, params=params, retry=True, wait_s=wait)
 
 
 class Requests:
@@ -365,7 +368,9 @@ class Requests:
         body = ClaimRequest(queues=builtins.list(queues), worker=worker,
                             kinds=None if kinds is None else builtins.list(kinds), max=max,
                             wait_s=wait_s, lease_s=lease_s)  # fmt: skip
-        return (yield from Call("POST", "/claims", ClaimAnswer, content=_encode(body))).claims
+        claimed = yield from Call("POST", "/claims", ClaimAnswer, content=_encode(body),
+                                  wait_s=wait_s)  # fmt: skip
+        return claimed.claims
 
     @staticmethod
     def report_and_claim(

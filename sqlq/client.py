@@ -22,7 +22,11 @@ A stale token is ``FencedError`` (409) for a single outcome, and a ``Reported`` 
 
 Every request is written once (``Requests``), as a plan that yields the ``Call``s it
 makes and is sent back their answers; ``Client`` runs a plan with blocking sends and
-``AsyncClient`` with awaited ones, so only the sending differs.
+``AsyncClient`` with awaited ones, so only the sending differs. Both send through httpx,
+for every URL: ``https://``, a proxy from the environment, HTTP/1.1 kept alive, all as
+httpx does them. ``timeout`` bounds each step of a call (connect, write, read, a pooled
+connection); a long poll (``claim``'s ``wait_s``, ``wait``) has its wait added to the read
+part, so a short timeout never cuts off an answer the server holds on purpose.
 """
 
 from __future__ import annotations
@@ -67,7 +71,6 @@ from sqlq.common.wire import (
     ScheduleView,
 )
 from sqlq.common.wire import JobView as Job  # a job as the API shows it
-from sqlq.transport import Direct, header
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -82,14 +85,25 @@ if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
 
 
 class _Base:
-    def __init__(self, url: str, token: str | None, retries: int, backoff_s: float) -> None:
+    def __init__(
+        self, url: str, token: str | None, timeout: float, retries: int, backoff_s: float
+    ) -> None:
         self.url = url.rstrip("/")
+        self.timeout = httpx.Timeout(timeout)
         self.retries = retries
         self.backoff_s = backoff_s
         problem = token_problem(token) if token else None  # (no token: no header)
         if problem is not None:
             raise ValueError(f"token: {problem} (it goes in a header)")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _timeout_of(self, call: Call[Any]) -> httpx.Timeout:
+        """``call``'s timeout: the client's, its read part lengthened by the wait ``call``
+        asks the server to hold its answer (a long poll), which is no sign of trouble."""
+        t = self.timeout
+        if not call.wait_s or t.read is None:
+            return t
+        return httpx.Timeout(t.connect, read=t.read + call.wait_s, write=t.write, pool=t.pool)
 
     def _backoff(self, call: Call[Any], attempt: int, exc: httpx.TransportError) -> float:
         """How long to wait before sending ``call`` again after its ``attempt`` (from 0)
@@ -142,21 +156,23 @@ class Client(_Base):
         url: str = DEFAULT_URL,
         *,
         token: str | None = None,
-        timeout: float = 75.0,  # longer than the longest wait the server allows (60 s)
+        timeout: float = 75.0,
         retries: int = 3,
         backoff_s: float = 0.2,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(url, token, retries, backoff_s)
+        super().__init__(url, token, timeout, retries, backoff_s)
         self._http = httpx.Client(
-            base_url=self.url, headers=self.headers, timeout=timeout, transport=transport
+            base_url=self.url, headers=self.headers, timeout=self.timeout, transport=transport
         )
 
     def _send(self, call: Call[T]) -> T:
         attempt = 0
         while True:
             try:
-                response = self._http.request(call.method, call.path, **call.sent())
+                response = self._http.request(
+                    call.method, call.path, timeout=self._timeout_of(call), **call.sent()
+                )
             except httpx.TransportError as exc:
                 time.sleep(self._backoff(call, attempt, exc))
                 attempt += 1
@@ -233,32 +249,23 @@ class AsyncClient(_Base):
         backoff_s: float = 0.2,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(url, token, retries, backoff_s)
+        super().__init__(url, token, timeout, retries, backoff_s)
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=self.headers, timeout=timeout, transport=transport
+            base_url=self.url, headers=self.headers, timeout=self.timeout, transport=transport
         )
-        # over KeepAlive, the protocol's calls (a JSON body encoded already) skip httpx's
-        # request and response objects, which cost more than the call (sqlq.transport)
-        self._direct = Direct.for_client(transport, self.url, self.headers, timeout)
 
     async def _send(self, call: Call[T]) -> T:
-        plain = call.content is not None and not call.params and not call.headers
         attempt = 0
         while True:
-            direct = self._direct if plain and not self._http.is_closed else None
             try:
-                answer = None
-                if direct is not None:
-                    answer = await direct.call(call.method, call.path, call.content or b"")
-                if answer is None:
-                    response = await self._http.request(call.method, call.path, **call.sent())
+                response = await self._http.request(
+                    call.method, call.path, timeout=self._timeout_of(call), **call.sent()
+                )
             except httpx.TransportError as exc:
                 await asyncio.sleep(self._backoff(call, attempt, exc))
                 attempt += 1
                 continue
-            if answer is None:
-                return call.answer(response)
-            return call.read(answer[0], answer[2], functools.partial(header, answer[1]))
+            return call.answer(response)
 
     async def _run(self, plan: Plan[T]) -> T:
         try:

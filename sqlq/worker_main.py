@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from sqlq.worker import Worker
 
 log = logging.getLogger("sqlq.worker")
+# Each step of a call to the server (connect, send, read the answer): a slow commit under
+# load fits. A claim's long poll (--wait) is added to its read (``AsyncClient``).
+CALL_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,14 +99,11 @@ def run(flags: WorkerFlags) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     import_handlers(flags.imports)
     from sqlq.client import AsyncClient
-    from sqlq.transport import for_url
     from sqlq.worker import Worker, WorkerError
 
     async def main() -> int:
-        timeout = max(30.0, flags.wait + 30.0)  # a long poll and a slow commit
-        # plain http://: the lean transport, and the protocol's calls with no httpx objects
-        async with AsyncClient(flags.url, token=flags.token, retries=0, timeout=timeout,
-                               transport=for_url(flags.url)) as client:  # fmt: skip
+        async with AsyncClient(flags.url, token=flags.token, retries=0,
+                               timeout=CALL_TIMEOUT_S) as client:  # fmt: skip
             try:
                 worker = Worker(
                     client, flags.queues, name=flags.name, kinds=flags.kinds or None,
