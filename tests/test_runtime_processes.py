@@ -82,3 +82,29 @@ async def test_waiting_for_a_process_is_not_running_against_the_timeout(
     jobs = [await submit(rt, "nap", args={"s": 0.8}, max_attempts=1) for _ in range(4)]
     done = [await final(rt, job.id, within=60) for job in jobs]
     assert [d.state for d in done] == [State.COMPLETED] * 4, [d.last_error for d in done]
+
+
+async def test_a_cancel_while_it_waits_for_a_process_gives_it_back_unstarted(
+    services: ServiceFactory, handlers: str
+) -> None:
+    """One process, held by a job that runs until cancelled; a second job waits for it. A
+    cancel of the waiting one ends it cancelled at once, no attempt counted (it never
+    started: ``NotStarted``), while the first still holds the process."""
+    rt = services(kinds=parent_kinds(), workers=2, processes=1, imports=(handlers,))
+    await rt.start()
+    holder = await submit(rt, "until_cancelled", args={})
+
+    async def holds() -> bool:
+        now = await rt.get(holder.id)
+        return now is not None and now.checkpoint is not None  # (it runs in the process)
+
+    await wait_for(holds, 60, "the first job in the process")
+    waiting = await submit(rt, "crunch", args={"n": 10})
+    await wait_for(lambda: rt.pool.busy() == 2, 60, "the second job taken, waiting")
+    await rt.cancel(waiting.id)
+    ended = await final(rt, waiting.id, within=60)
+    assert (ended.state, ended.attempts) == (State.CANCELLED, 0)
+    still = await rt.get(holder.id)
+    assert still is not None and still.state is State.RUNNING  # (the process is still its)
+    await rt.cancel(holder.id)
+    assert (await final(rt, holder.id, within=60)).state is State.CANCELLED
