@@ -147,3 +147,28 @@ async def test_a_handler_running_in_a_thread_holds_the_fake_clock_still(
     release.set()
     done = await final(rt, job.id)
     assert (done.state, done.result, done.attempts) == (State.COMPLETED, "worked", 1)
+
+
+async def test_a_thread_cut_off_at_its_timeout_sees_ctx_cancelled(
+    services: ServiceFactory,
+) -> None:
+    """A thread cannot be stopped, so the health loop's cut-off tells it through
+    ``ctx.cancelled`` (as a cancel or a lost lease does): a handler that looks, stops.
+    (The real clock: the fake one holds still while a thread runs.)"""
+    registry = Registry()
+    saw = threading.Event()
+
+    @task(registry=registry, timeout=0.2)
+    def looks(args: Any, ctx: JobContext) -> Any:
+        while not ctx.cancelled:
+            if saw.wait(0.01):  # (never set by anyone else: a bounded poll)
+                break
+        saw.set()
+        return "stopped"
+
+    rt = services(kinds=registry, max_attempts=1, hb_timeout_s=1.0)
+    await rt.start()
+    done = await final(rt, (await submit(rt, "looks")).id, within=30)
+    assert done.state is State.DEAD
+    assert done.last_error is not None and done.last_error.startswith("timed out")
+    await wait_for(saw.is_set, 30, "the thread to see ctx.cancelled")
