@@ -11,7 +11,7 @@ written after that moment, so counting from it is never late), on its monotonic
 clock, and gives up ``SKEW_MARGIN`` of the lease early, for clock skew between the
 nodes and for the health loop's tick.
 
-``cut_at`` is that instant; ``holds`` asks it. Whoever holds a lease (a node's worker
+``cut_at`` is that instant (``stop_before``, from a lease's end). Whoever holds a lease (a node's worker
 pool, a remote ``sqlq worker``) calls these, so the rule has one home.
 """
 
@@ -31,7 +31,3 @@ def stop_before(lease_end: float, lease_s: float) -> float:
     """``cut_at`` for a holder that keeps the lease's end (``granted_at + lease_s``)."""
     return lease_end - lease_s * SKEW_MARGIN
 
-
-def holds(granted_at: float, lease_s: float, now: float) -> bool:
-    """Whether that holder still holds the job at ``now``."""
-    return now <= cut_at(granted_at, lease_s)

@@ -397,7 +397,13 @@ class ClaimsBase(Reach):
         them are. Only then: on the hot path the check is one ``len`` (in ``next``)."""
         background = self._background
         while len(background) > self.max_outcomes // 2:
-            await asyncio.wait(list(background), return_when=asyncio.FIRST_COMPLETED)
+            # One write at a time, not all of them each time one ends: a wait on every
+            # task per end would walk thousands of them thousands of times.
+            one = next(iter(background))
+            if one.done():
+                await asyncio.sleep(0)  # (its discard is a callback away)
+            else:
+                await asyncio.wait((one,))
 
     def outcomes_in_flight(self) -> int:
         """Outcomes (and touches) being written now: at most about ``max_outcomes``."""
