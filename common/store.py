@@ -330,13 +330,21 @@ class SharedStore(JobStore, Protocol):
         among ``held`` whose cancel was asked for: the fallback when a NOTIFY was lost."""
         ...
 
-    async def request_cancel(self, job_id: str, now: float) -> Job | None:
+    async def request_cancel(
+        self, job_id: str, now: float, *, forced_until: float | None = None
+    ) -> Job | None:
         """Record durably that a cancel of the running job ``job_id`` is asked for, and tell
         the node that holds it (``listen``'s ``cancel``); the job as it now stands (None: no
         such job). A job that is not running is returned as it is, unchanged. Once asked
         for, a cancel holds while the job runs: a transition out of ``running`` to
         ``scheduled`` or ``dead`` becomes ``cancelled`` (the holder may not have heard yet;
-        ``sqlq.common.backoff.after_failure`` is the rule, restated in the statement)."""
+        ``sqlq.common.backoff.after_failure`` is the rule, restated in the statement).
+
+        ``forced_until``: a forced cancel. If a remote worker holds the job, its lease is cut
+        to that time at the latest and held there (``Job.force_cancel``: ``cancel_forced``,
+        which ``extend`` obeys), even if the cancel was asked for before; so it runs out then
+        for every node, after any restart, and the rescue ends the attempt. A job a node
+        holds is only asked (its node cuts the attempt off: ``cancel_grace_s``)."""
         ...
 
     async def expired(self, now: float, limit: int) -> list[Job]:

@@ -62,6 +62,7 @@ class JobView(msgspec.Struct, frozen=True):
     tick: int | None = None
     holder: str | None = None  # a running job's remote worker (``worker:<name>``) or node
     lease_until: float | None = None  # when that holder's lease runs out unless renewed
+    cancel_forced: bool = False  # a forced cancel holds that lease: it ends cancelled then
 
 
 def job_view(job: Job) -> JobView:
@@ -75,6 +76,7 @@ def job_view(job: Job) -> JobView:
         job.started_at, job.last_error, job.result, job.queue, job.idempotency_key,
         job.cancel_requested_at is not None, job.cancel_requested_at, job.progress,
         job.checkpoint, job.snoozes, job.errors, schedule, tick, job.holder, job.lease_until,
+        job.cancel_forced,
     )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import Job, State, Transition
+from sqlq.common.protocol import remote_worker
 from sqlq.common.running import Progress
 from sqlq.common.store import Change, Fence, JobQuery, QueueCount, Recovery, Renewal
 
@@ -106,12 +107,18 @@ class FakeSharedStore:
                 asked.add(job_id)
         return Renewal(len(mine), frozenset(asked))
 
-    async def request_cancel(self, job_id: str, now: float) -> Job | None:
+    async def request_cancel(
+        self, job_id: str, now: float, *, forced_until: float | None = None
+    ) -> Job | None:
         job = self.db.inner._index.get(job_id)
         if job is None or job.state is not State.RUNNING:
             return job
-        if job.cancel_requested_at is None:
+        first = job.cancel_requested_at is None
+        if forced_until is not None and remote_worker(job.holder) and not job.cancel_forced:
+            await self.db.inner.commit([job.force_cancel(now, forced_until)])  # (its lease held)
+        elif first:
             await self.db.inner.commit([job.request_cancel(now)])
+        if first:
             holder = self.db.holders.get(job_id)
             tell = self.db.listeners.get(holder or "")
             if self.db.notify and tell is not None:

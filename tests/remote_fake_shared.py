@@ -88,10 +88,11 @@ class RemoteFakeStore(FakeSharedStore):
                     or job.holder != lease.holder or job.lease_until is None
                     or job.lease_until < now):  # fmt: skip
                 continue
-            t = job.touch(now, progress=lease.progress)
-            t = msgspec.structs.replace(t, lease_until=lease.lease_until)
+            t = job.renew(now, lease.lease_until, lease.progress)  # (a forced lease stays)
             await self.db.inner.commit([t])
-            out.append(Extended(job.id, lease.lease_until, job.cancel_requested_at is not None))
+            after = job.apply(t)
+            assert after.lease_until is not None
+            out.append(Extended(job.id, after.lease_until, job.cancel_requested_at is not None))
         return out
 
     async def expired(self, now: float, limit: int) -> list[Job]:

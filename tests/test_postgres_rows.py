@@ -64,6 +64,7 @@ def distinct_job() -> Job:
         errors=(AttemptError(attempt=18, error="x", at=19.5),),
         holder="worker:h",
         lease_until=20.5,
+        cancel_forced=True,
     )
 
 
@@ -77,11 +78,12 @@ def test_a_job_row_is_its_fields_in_the_named_column_order() -> None:
     }  # fmt: skip
     assert by_name == {c: encoded.get(c, getattr(job, c)) for c in JOB_COLUMNS}
     assert row_job(job_values(job)) == job
-    assert MOVE_COLUMNS[: len(TRANSITION_COLUMNS) - 1] == (
-        "id", "expect_epoch", "allowed", *TRANSITION_COLUMNS[2:-2],
+    assert MOVE_COLUMNS[: len(TRANSITION_COLUMNS) - 2] == (
+        "id", "expect_epoch", "allowed", *TRANSITION_COLUMNS[2:-3],
     )  # fmt: skip
-    assert TRANSITION_COLUMNS[-2:] == ("holder", "lease_until")  # a move carries neither
-    assert MOVE_COLUMNS[len(TRANSITION_COLUMNS) - 1 :] == ("holder", "lease_from", "lease_before")
+    # a move carries none of the three (the claim's, the renewals', a forced cancel's)
+    assert TRANSITION_COLUMNS[-3:] == ("holder", "lease_until", "cancel_forced")
+    assert MOVE_COLUMNS[len(TRANSITION_COLUMNS) - 2 :] == ("holder", "lease_from", "lease_before")
     assert TABLE_COLUMNS == tuple("node" if c == "holder" else c for c in JOB_COLUMNS)
 
 
@@ -134,7 +136,7 @@ async def test_write_batch_casts_each_column_to_the_tables_type(pg_db: str) -> N
         }
     finally:
         await conn.close()
-    short = {"text": "text", "int8": "int8", "float8": "float8"}
+    short = {"text": "text", "int8": "int8", "float8": "float8", "bool": "bool"}
     casts = re.findall(r"\$(\d+)::(\w+)\[\]", Q["write_batch"])
     assert [int(n) for n, _ in casts] == list(range(1, len(JOB_COLUMNS) + len(MOVE_COLUMNS) + 1))
     # a move's own columns take the type of the column they are compared with

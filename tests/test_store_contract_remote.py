@@ -7,8 +7,11 @@ engine's recovery reports the job in ``running``: the runtime keeps it running w
 lease holds). In a local engine the claim is a transition (``Job.start(holder=...,
 lease_until=...)``) and the renewal one too (``Job.renew``); in PostgreSQL they are its
 own calls (``claim(holder=...)``, ``extend``), because its claim and renewal statements
-own the columns. The signing key is 32 bytes, the same for the life of a store, and the
-same after a reopen on every durable engine.
+own the columns. A forced cancel's hold on that lease (``cancel_forced``: no renewal moves
+it, leaving running clears it) is stored alike, through a reopen too: a transition
+(``Job.force_cancel``) locally, ``request_cancel(forced_until=...)`` in PostgreSQL. The
+signing key is 32 bytes, the same for the life of a store, and the same after a reopen on
+every durable engine.
 
 Then what only PostgreSQL does: the claim's filters (``only``, ``besides``, ``kinds``,
 ``holder``, a capped queue's path too), ``extend``'s fence (a stale epoch, another holder,
@@ -150,6 +153,71 @@ async def test_the_holder_and_lease_survive_a_close_and_reopen(
     finally:
         await again.close()
     await assert_reopened_holds(reopen_factory(), {remote.id: renewed, local.id: local})
+
+
+async def _force(store: JobStore, held: Job, until: float) -> Job:
+    """A forced cancel of the remotely held ``held``, its lease held at ``until``: a
+    transition in a local engine (``Job.force_cancel``), its own call in PostgreSQL
+    (``request_cancel``: the row's lease is its statements'); the job as stored."""
+    want = held.apply(held.force_cancel(NOW + 3, until))
+    if store.shared:
+        got = await cast(SharedStore, store).request_cancel(held.id, NOW + 3, forced_until=until)
+    else:
+        await store.commit([held.force_cancel(NOW + 3, until)])
+        got = await store.get(held.id)
+    assert got == want
+    assert (want.cancel_forced, want.lease_until, want.cancel_requested_at) == (
+        True, min(until, LEASE), NOW + 3)  # fmt: skip
+    return want
+
+
+async def test_a_forced_cancel_holds_the_lease_no_renewal_moves_and_leaving_clears_it(
+    store: JobStore,
+) -> None:
+    job = new_job()
+    await store.commit([job])
+    held = await _remote_start(store, job)
+    assert held.cancel_forced is False
+    forced = await _force(store, held, NOW + 13)
+    if store.shared:  # a heartbeat (on any node): answered with the lease as it stands
+        lease = Lease(forced.id, forced.epoch, WORKER, LEASE + 60)
+        assert await cast(SharedStore, store).extend(NOW + 4, [lease]) == [
+            Extended(forced.id, NOW + 13, True)
+        ]
+    else:
+        await store.commit([forced.renew(NOW + 4, LEASE + 60)])
+    got = await store.get(job.id)
+    assert got is not None
+    assert (got.lease_until, got.cancel_forced) == (NOW + 13, True)
+    out = got.withdraw("cancelled: forced", NOW + 5)
+    if store.shared:
+        await cast(SharedStore, store).commit_fenced([out], Fence(holder=WORKER))
+    else:
+        await store.commit([out])
+    ended = await store.get(job.id)
+    assert ended == got.apply(out)
+    assert ended is not None
+    assert (ended.state, ended.cancel_forced, ended.holder) == (State.CANCELLED, False, None)
+
+
+async def test_a_forced_cancel_survives_a_close_and_reopen(reopen_factory: StoreFactory) -> None:
+    """What holds the lease after a restart is the stored fact, on every durable engine."""
+    s = reopen_factory()
+    await s.open()
+    remote, other = new_job(1), new_job(2, priority=-1)
+    await s.commit([remote, other])
+    held = await _remote_start(s, remote)
+    forced = await _force(s, held, NOW + 13)
+    await s.close()
+    again = reopen_factory()
+    recovery = await again.open()
+    try:
+        assert await again.get(remote.id) == forced
+        if not again.shared:  # found running, under the lease the cancel holds
+            assert recovery.running == [remote.id]
+    finally:
+        await again.close()
+    await assert_reopened_holds(reopen_factory(), {remote.id: forced, other.id: other})
 
 
 @pytest.mark.parametrize("engine", ["memory", *DURABLE])  # PostgreSQL's: the tests below

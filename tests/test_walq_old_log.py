@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "errors": [],
     "holder": None,  # issue 23's: who holds a running job, until when
     "lease_until": None,
+    "cancel_forced": False,  # a forced cancel's held lease: an old log's jobs were not
 }
 
 

@@ -48,7 +48,7 @@ def full_job(job_id: str = "f" * 32) -> Job:
         attempts_total=4, cancel_requested_at=NOW + 3,
         progress=Progress(percent=62.5, message="62 of 100", at=NOW + 2.5),
         checkpoint=check_checkpoint(BIG), snoozes=3, errors=errors,
-        holder="worker:w-1", lease_until=NOW + 30,
+        holder="worker:w-1", lease_until=NOW + 30, cancel_forced=True,
     )  # fmt: skip
     plain = Job(id="0" * 32, kind="k", args=None, ready_at=0.0, created_at=0.0, updated_at=0.0)
     for name in msgspec.structs.fields(Job):
@@ -64,7 +64,7 @@ def full_transition(job: Job) -> Transition:
         last_error="boom 10", result={"partial": 2}, started_at=NOW + 4, attempts_total=5,
         cancel_requested_at=NOW + 6, progress=Progress(percent=99.0, message=None, at=NOW + 5),
         checkpoint={"page": 99}, snoozes=4, errors=job.errors[1:],
-        holder="worker:w-2", lease_until=NOW + 60,
+        holder="worker:w-2", lease_until=NOW + 60, cancel_forced=True,
     )  # fmt: skip
     for name in msgspec.structs.fields(Transition):
         value = getattr(t, name.name)

@@ -37,7 +37,9 @@ JOB_COLUMNS = (
     "request_hash",
     "attempts_total",
     *(RUNNING_COLUMNS := ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors")),
-    *(LEASE_COLUMNS := ("holder", "lease_until")),
+    # Who holds a running job, until when, and whether a forced cancel holds that lease
+    # where it put it (PostgreSQL: the columns its claim, renewal and cancel statements own).
+    *(LEASE_COLUMNS := ("holder", "lease_until", "cancel_forced")),
 )
 # A transition row's columns, in order: the job's id, the epoch it must be at, then
 # what the job becomes (a NULL attempts_total leaves the column as it is).
@@ -118,6 +120,7 @@ def job_values(job: Job) -> tuple[Any, ...]:
         *running_values(job),
         job.holder,
         job.lease_until,
+        job.cancel_forced,
     )
 
 
@@ -138,6 +141,7 @@ def transition_values(t: Transition) -> tuple[Any, ...]:
         *running_values(t),
         t.holder,
         t.lease_until,
+        t.cancel_forced,
     )
 
 
@@ -170,6 +174,7 @@ def row_job(row: Any) -> Job:
         errors,
         holder,
         lease_until,
+        cancel_forced,
     ) = row
     progress, checkpoint, errors = running_fields(progress, checkpoint, errors)
     return Job(
@@ -198,4 +203,5 @@ def row_job(row: Any) -> Job:
         errors=errors,
         holder=holder,
         lease_until=lease_until,
+        cancel_forced=bool(cancel_forced),  # (SQLite's 0 or 1)
     ).compact()  # interns kind and queue

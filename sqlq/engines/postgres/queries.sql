@@ -10,9 +10,9 @@
 
 -- name: write_batch
 -- One group-commit batch in one statement, so one round trip: the inserts as
--- columns ($1..$25, in {table_columns} order), the guarded transitions as columns
--- ($26..$45, in {move_columns} order), then the number of transitions asked for ($46)
--- and whether to wake the claimers ($47). The casts are the table's column types, in
+-- columns ($1..$26, in {table_columns} order), the guarded transitions as columns
+-- ($27..$46, in {move_columns} order), then the number of transitions asked for ($47)
+-- and whether to wake the claimers ($48). The casts are the table's column types, in
 -- those orders (tests/test_postgres_rows.py holds them to the table).
 -- A transition applies only if the job is at the expected epoch, the move is
 -- legal (``allowed`` lists the states it may come from, as |a|b|; running -> running
@@ -31,15 +31,17 @@
 -- last_error (sqlq.common.backoff.after_failure's rule: its holder may not have heard).
 -- Neither changes which rows apply: a guard refuses the same rows it did.
 -- The holder (node) and the lease are the claim's and the renewals' (claim, renew, extend),
--- never a transition's: a move that stays running keeps the row's own, one out of running
--- clears both (a move row carries neither: MOVE_COLUMNS).
+-- and cancel_forced a forced cancel's (request_cancel), never a transition's: a move that
+-- stays running keeps the row's own, one out of running clears all three (a move row
+-- carries none: MOVE_COLUMNS).
 WITH ins AS (
     INSERT INTO jobs ({table_columns})
     SELECT * FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::float8[],
         $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
         $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[], $19::float8[],
-        $20::text[], $21::text[], $22::int8[], $23::text[], $24::text[], $25::float8[])
+        $20::text[], $21::text[], $22::int8[], $23::text[], $24::text[], $25::float8[],
+        $26::bool[])
     RETURNING 1
 ), upd AS (
     UPDATE jobs j
@@ -56,12 +58,13 @@ WITH ins AS (
            progress = u.progress, checkpoint = u.checkpoint, snoozes = u.snoozes,
            errors = u.errors,
            lease_until = CASE WHEN u.state = 'running' THEN j.lease_until END,
-           node = CASE WHEN u.state = 'running' THEN j.node END
+           node = CASE WHEN u.state = 'running' THEN j.node END,
+           cancel_forced = u.state = 'running' AND j.cancel_forced
       FROM unnest(
-        $26::text[], $27::int8[], $28::text[], $29::text[], $30::int8[], $31::int8[],
-        $32::float8[], $33::float8[], $34::text[], $35::text[], $36::float8[], $37::int8[],
-        $38::float8[], $39::text[], $40::text[], $41::int8[], $42::text[],
-        $43::text[], $44::float8[], $45::float8[])
+        $27::text[], $28::int8[], $29::text[], $30::text[], $31::int8[], $32::int8[],
+        $33::float8[], $34::float8[], $35::text[], $36::text[], $37::float8[], $38::int8[],
+        $39::float8[], $40::text[], $41::text[], $42::int8[], $43::text[],
+        $44::text[], $45::float8[], $46::float8[])
         AS u({move_columns})
      WHERE j.id = u.id
        AND j.epoch = u.expect_epoch
@@ -73,9 +76,9 @@ WITH ins AS (
        AND (u.lease_before IS NULL OR j.lease_until < u.lease_before)
     RETURNING 1
 )
-SELECT sqlq_expect((SELECT count(*) FROM upd), $46),
+SELECT sqlq_expect((SELECT count(*) FROM upd), $47),
        (SELECT count(*) FROM ins),
-       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $47) AS woken);
+       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $48) AS woken);
 
 -- name: why_refused
 -- What a refused transition found, to name the error: the job, and who holds it until when.
@@ -173,7 +176,9 @@ SELECT count(*), coalesce(array_agg(id) FILTER (WHERE asked), '{}') FROM renewed
 -- Remote workers' leases (sqlq.common.store.SharedStore.extend), all in one statement:
 -- each row of l is a lease, renewed only where the job still runs at that epoch, held by
 -- that holder (node = worker:<name>) with its lease unexpired at $1: the fence of an
--- outcome. The lease never shortens; a lease given progress stores it and is updated now,
+-- outcome. The lease never shortens, and never moves at all while a forced cancel holds
+-- it (cancel_forced: Job.renew's rule; the row may have been forced after the worker's
+-- heartbeat read it, on any node); a lease given progress stores it and is updated now,
 -- as renew does. Each renewed job comes back with its lease and whether a cancel was
 -- asked for; a lease missing from the answer was fenced. The ids are distinct (the
 -- engine keeps the last of a repeated one): one row of l per job.
@@ -182,7 +187,8 @@ WITH l AS (
         AS l(id, epoch, holder, lease_until, progress)
 )
 UPDATE jobs j
-   SET lease_until = greatest(j.lease_until, l.lease_until),
+   SET lease_until = CASE WHEN j.cancel_forced THEN j.lease_until
+                          ELSE greatest(j.lease_until, l.lease_until) END,
        progress = coalesce(l.progress, j.progress),
        updated_at = CASE WHEN l.progress IS NULL THEN j.updated_at ELSE $1 END
   FROM l
@@ -205,11 +211,21 @@ SELECT value FROM secrets WHERE name = $1;
 -- (a request already recorded keeps its time), the job updated now as
 -- Job.request_cancel would have it, and its holder told on sqlq_cancel, in the same
 -- transaction, so only a request that commits is heard. The payload names the job and
--- the node that holds it, so every other node's listener drops it unread. No row: the job
--- is not running, or its cancel was asked for already (the engine reads it as it is).
+-- the node that holds it, so every other node's listener drops it unread. $3 (NULL: not
+-- forced) is a forced cancel's grace's end: a row a remote worker holds (node worker:<name>,
+-- sqlq.common.protocol.remote_holder; a node's own names start node:) has its lease cut to
+-- it and held there (cancel_forced), as Job.force_cancel would have it, even if a cancel
+-- was asked for before. No row: the job is not running, or its cancel was asked for (and
+-- forced, if $3 forces it) already (the engine reads it as it is).
 WITH asked AS (
-    UPDATE jobs SET cancel_requested_at = $2, updated_at = $2
-     WHERE id = $1 AND state = 'running' AND cancel_requested_at IS NULL
+    UPDATE jobs
+       SET cancel_requested_at = coalesce(cancel_requested_at, $2), updated_at = $2,
+           lease_until = CASE WHEN $3::float8 IS NOT NULL AND node LIKE 'worker:%'
+                              THEN least(lease_until, $3::float8) ELSE lease_until END,
+           cancel_forced = cancel_forced OR ($3::float8 IS NOT NULL AND node LIKE 'worker:%')
+     WHERE id = $1 AND state = 'running'
+       AND (cancel_requested_at IS NULL
+            OR ($3::float8 IS NOT NULL AND node LIKE 'worker:%' AND NOT cancel_forced))
     RETURNING {job_columns}, node
 )
 SELECT {job_columns},
@@ -324,3 +340,7 @@ SELECT count(*) FROM jobs WHERE state IN ('scheduled', 'running');
 
 -- name: size
 SELECT pg_total_relation_size('jobs');
+
+-- name: ping
+-- Whether a connection that only listens still reaches the database (connections.py).
+SELECT 1;

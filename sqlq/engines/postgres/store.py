@@ -146,6 +146,11 @@ class PostgresStore(Committing):
         encoded: list[Encoded] = [p.encoded for p in batch]
         try:
             conn = await self._db.writer()
+        except StoreUnavailableError as exc:
+            # Not connected again yet: each caller hears it as what it is, so an outcome is
+            # written again (``write_fenced``) and a submission is a 503, not a failed batch.
+            return [exc] * len(batch)
+        try:
             if any(e.steps is not None for e in encoded):  # a schedule change: schedules.py
                 outcomes, syncs, slow = await flush(
                     conn, batch, self._db.pool, self._db.lost_writer
@@ -156,7 +161,7 @@ class PostgresStore(Committing):
                 self.syncs += 1
                 return [None] * len(batch)
             self.slow_batches += 1
-            outcomes = await write_one_by_one(conn, batch, self._db.pool)
+            outcomes = await write_one_by_one(conn, batch, self._db.pool, self._db.deadline_s)
             self.syncs += 1
             return outcomes
         except UNAVAILABLE as exc:
@@ -276,10 +281,15 @@ class PostgresStore(Committing):
         count, asked = await self._read(lambda c: c.fetchrow(Q["renew"], *args))
         return Renewal(int(count), frozenset(asked))
 
-    async def request_cancel(self, job_id: str, now: float) -> Job | None:
+    async def request_cancel(
+        self, job_id: str, now: float, *, forced_until: float | None = None
+    ) -> Job | None:
         """Not a transition: any node may ask, whatever epoch it read, and the holder's next
-        outcome obeys it (write_batch's cancel rule)."""
-        row = await self._read(lambda c: c.fetchrow(Q["request_cancel"], job_id, now), "job_id")
+        outcome obeys it (write_batch's cancel rule); a forced one holds a remote worker's
+        lease (queries.sql ``request_cancel``)."""
+        row = await self._read(
+            lambda c: c.fetchrow(Q["request_cancel"], job_id, now, forced_until), "job_id"
+        )
         if row is None:  # not running, or asked already: read as it is now, in a new snapshot
             return await self.get(job_id)
         return row_job(tuple(row)[: len(JOB_COLUMNS)])

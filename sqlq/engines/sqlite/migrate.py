@@ -20,8 +20,9 @@ from sqlq.engines.sqlite.batch import BATCH_OBJECTS
 from sqlq.engines.sqlite.queries import Q
 
 # 3: the schedules table; 4: the running columns (migrate_v4.sql); 5: a running job's
-# holder and lease (migrate_v5.sql) and the secrets table (schema.sql).
-SCHEMA_VERSION = "5"
+# holder and lease (migrate_v5.sql) and the secrets table (schema.sql); 6: whether a forced
+# cancel holds that lease (migrate_v6.sql).
+SCHEMA_VERSION = "6"
 SCHEMA = load_script("sqlq.engines.sqlite", "schema.sql")
 INDEXES = load_script("sqlq.engines.sqlite", "indexes.sql")
 # (the column whose absence says the migration is due, its script), oldest first.
@@ -29,6 +30,7 @@ MIGRATIONS = (
     ("queue", load_script("sqlq.engines.sqlite", "migrate_v2.sql")),
     ("cancel_requested_at", load_script("sqlq.engines.sqlite", "migrate_v4.sql")),
     ("holder", load_script("sqlq.engines.sqlite", "migrate_v5.sql")),
+    ("cancel_forced", load_script("sqlq.engines.sqlite", "migrate_v6.sql")),
 )
 
 

@@ -6,7 +6,8 @@
 -- Written once: every statement below that names them says {job_columns}.
 id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, created_at,
 updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
-attempts_total, cancel_requested_at, progress, checkpoint, snoozes, errors, holder, lease_until
+attempts_total, cancel_requested_at, progress, checkpoint, snoozes, errors, holder, lease_until,
+cancel_forced
 
 -- name: changes_view
 -- A batch's changes, in the callers' order, as rows of one view (created per connection
@@ -32,7 +33,8 @@ END;
 -- refuses aborts the statement. A NULL attempts_total
 -- leaves the column as it is; the running columns and the holder's lease are set whole, as
 -- the move says (a NULL there is "none", not "unchanged": sqlq.engines.rows.running_values;
--- an in-process claim's holder and lease are NULL, a remote worker's are its name and time).
+-- an in-process claim's holder and lease are NULL, a remote worker's are its name and time;
+-- cancel_forced is the move's too: Job.force_cancel sets it, Job.renew keeps it).
 CREATE TEMP TRIGGER IF NOT EXISTS move_change INSTEAD OF INSERT ON batch_changes
 WHEN NEW.op = 'move'
 BEGIN
@@ -43,7 +45,7 @@ BEGIN
          attempts_total = COALESCE(NEW.attempts_total, jobs.attempts_total),
          cancel_requested_at = NEW.cancel_requested_at, progress = NEW.progress,
          checkpoint = NEW.checkpoint, snoozes = NEW.snoozes, errors = NEW.errors,
-         holder = NEW.holder, lease_until = NEW.lease_until
+         holder = NEW.holder, lease_until = NEW.lease_until, cancel_forced = NEW.cancel_forced
    WHERE id = NEW.id
      AND epoch = NEW.expect_epoch
      AND EXISTS (SELECT 1 FROM legal_transitions

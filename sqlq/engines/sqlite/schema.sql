@@ -1,5 +1,5 @@
--- sqlq SQLite schema, version 5 (3 added the schedules table, 4 the running columns, 5 a
--- running job's holder and lease and the secrets table; every
+-- sqlq SQLite schema, version 6 (3 added the schedules table, 4 the running columns, 5 a
+-- running job's holder and lease and the secrets table, 6 cancel_forced; every
 -- statement here runs at every open, IF NOT EXISTS, so an older database gains the tables it
 -- lacks, and migrate_v*.sql the columns). Readable with the stdlib sqlite3 module and plain SQL.
 CREATE TABLE IF NOT EXISTS jobs (
@@ -30,7 +30,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     -- Who holds a running job and until when: a remote worker's claim only (an in-process
     -- one leaves both NULL), cleared when it leaves running; migrate_v5.sql.
     holder       TEXT,                     -- worker:<name>
-    lease_until  REAL                      -- unix seconds
+    lease_until  REAL,                     -- unix seconds
+    -- 1: a forced cancel holds the lease at the grace's end (no renewal moves it), so the
+    -- attempt ends cancelled then, after a restart too; 0 otherwise. migrate_v6.sql.
+    cancel_forced INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 
 -- Recovery reads only live jobs; pruning reads only old terminal ones.
