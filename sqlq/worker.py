@@ -59,13 +59,13 @@ from sqlq.worker_claims import (
     CARRIED_WITHIN_S,
     INTERRUPTED,
     MAX_REFUSED_CARRIES,
-    Remote,
+    PullClient,
     RemoteClaims,
 )
 from sqlq.worker_outbox import Backoff
 
 __all__ = ["CANCELLED_WHILE", "CARRIED_WITHIN_S", "INTERRUPTED", "MAX_REFUSED_CARRIES",
-           "Remote", "Worker", "WorkerError", "default_name"]  # fmt: skip
+           "PullClient", "Worker", "WorkerError", "default_name"]  # fmt: skip
 
 log = logging.getLogger("sqlq.worker")
 
@@ -94,7 +94,7 @@ class Worker:
 
     def __init__(
         self,
-        client: Remote,
+        client: PullClient,
         queues: Sequence[str] = ("default",),
         *,
         name: str | None = None,

@@ -79,7 +79,7 @@ INTERRUPTED = "interrupted: the worker stopped before it finished (--grace)"
 FENCED_REASON = "fenced: the server no longer holds its claim for this worker"
 
 
-class Remote(Protocol):
+class PullClient(Protocol):
     """What a ``Worker`` needs of ``AsyncClient`` (tests give it a fake)."""
 
     async def claim(
@@ -119,7 +119,7 @@ class RemoteClaims:
 
     def __init__(
         self,
-        client: Remote,
+        client: PullClient,
         *,
         queues: Sequence[str],
         name: str,

@@ -48,7 +48,7 @@ def _wire(value: Any, into: type[Any]) -> Any:
 
 
 class Direct:
-    """``sqlq.worker.Remote`` straight onto ``Service.remote``; ``deaf``: heartbeats fail."""
+    """``sqlq.worker.PullClient`` straight onto ``Service.remote``; ``deaf``: heartbeats fail."""
 
     def __init__(self, rt: Service) -> None:
         self.rt = rt

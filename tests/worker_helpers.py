@@ -1,5 +1,5 @@
 """A fake of the server's side of the pull protocol, for ``sqlq.Worker``'s tests on the
-fake clock: what ``AsyncClient`` would answer (``sqlq.worker.Remote``), with the fence's
+fake clock: what ``AsyncClient`` would answer (``sqlq.worker.PullClient``), with the fence's
 rules (epoch, running, lease), every call recorded with the fake time it came at, and
 switches for the faults (``down``: unreachable; ``fence``; ``cancel``). And
 ``WorkerProcess``, a real ``sqlq worker`` for the end-to-end tests.

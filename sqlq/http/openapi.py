@@ -75,7 +75,7 @@ class Param:
 
 
 @dataclass(frozen=True)
-class Op:
+class Operation:
     method: str
     path: str
     summary: str
@@ -92,7 +92,7 @@ SCHEDULE = Param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "a
 QUEUE = Param("queue", "path", {"type": "string", "pattern": QUEUE_PATTERN}, "a queue", True)
 STATES = ["scheduled", "running", "completed", "dead", "cancelled"]
 OPS = (
-    Op(
+    Operation(
         "post",
         "/jobs",
         "Submit one job; 201 when made, 200 when a key returned it",
@@ -107,7 +107,7 @@ OPS = (
             ),
         ),
     ),
-    Op(
+    Operation(
         "get",
         "/jobs",
         "List jobs in id order, a page at a time",
@@ -126,21 +126,21 @@ OPS = (
             Param("after", "query", {"type": "string"}, "the `next` of the previous page"),
         ),
     ),
-    Op(
+    Operation(
         "post",
         "/jobs/batch",
         "Submit many jobs in one atomic, durable commit",
         {201: BatchResult, 200: BatchResult},
         BatchSpec,
     ),
-    Op(
+    Operation(
         "post",
         "/jobs/retry",
         "Retry every dead (or cancelled) job that matches",
         {200: Retried},
         RetrySpec,
     ),
-    Op(
+    Operation(
         "post",
         "/jobs/cancel",
         "Cancel every live job that matches ({} is all): scheduled ones are cancelled, "
@@ -148,7 +148,7 @@ OPS = (
         {200: Cancelled},
         CancelSpec,
     ),
-    Op(
+    Operation(
         "get",
         "/jobs/{job_id}",
         "A job; with ?wait=S, once it finishes or S seconds pass",
@@ -158,7 +158,7 @@ OPS = (
             Param("wait", "query", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}),
         ),
     ),
-    Op(
+    Operation(
         "delete",
         "/jobs/{job_id}",
         "Cancel a job: 200 cancelled before it ran; 202 running, its cancel asked for "
@@ -174,30 +174,32 @@ OPS = (
             ),
         ),
     ),
-    Op(
+    Operation(
         "post",
         "/jobs/{job_id}/retry",
         "Retry a dead or cancelled job",
         {200: JobView},
         params=(JOB_ID,),
     ),
-    Op("get", "/queues", "Each queue's depth, running count, cap and pause", {200: QueueList}),
-    Op(
+    Operation(
+        "get", "/queues", "Each queue's depth, running count, cap and pause", {200: QueueList}
+    ),
+    Operation(
         "post",
         "/queues/{queue}/pause",
         "Stop starting jobs of a queue (durable)",
         {200: QueueView},
         params=(QUEUE,),
     ),
-    Op(
+    Operation(
         "post",
         "/queues/{queue}/resume",
         "Start jobs of a queue again",
         {200: QueueView},
         params=(QUEUE,),
     ),
-    Op("get", "/schedules", "Every schedule, in name order", {200: ScheduleList}),
-    Op(
+    Operation("get", "/schedules", "Every schedule, in name order", {200: ScheduleList}),
+    Operation(
         "put",
         "/schedules/{name}",
         "Create (201) or replace (200) a schedule",
@@ -205,42 +207,42 @@ OPS = (
         ScheduleSpec,
         (SCHEDULE,),
     ),
-    Op(
+    Operation(
         "get",
         "/schedules/{name}",
         "A schedule: its spec, next tick and newest tick's job",
         {200: ScheduleView},
         params=(SCHEDULE,),
     ),
-    Op(
+    Operation(
         "delete",
         "/schedules/{name}",
         "Delete a schedule (its jobs stay); answers it as it was",
         {200: ScheduleView},
         params=(SCHEDULE,),
     ),
-    Op(
+    Operation(
         "post",
         "/schedules/{name}/pause",
         "Enqueue no ticks of a schedule until it is resumed (durable)",
         {200: ScheduleView},
         params=(SCHEDULE,),
     ),
-    Op(
+    Operation(
         "post",
         "/schedules/{name}/resume",
         "Enqueue a schedule's ticks again, from now",
         {200: ScheduleView},
         params=(SCHEDULE,),
     ),
-    Op(
+    Operation(
         "post",
         "/schedules/{name}/trigger",
         "Enqueue one job of a schedule now, outside its ticks",
         {201: JobView},
         params=(SCHEDULE,),
     ),
-    Op(
+    Operation(
         "post",
         "/claims",
         "Claim up to `max` due jobs of remote queues, each with a token and a lease; "
@@ -249,7 +251,7 @@ OPS = (
         {200: ClaimAnswer},
         ClaimRequest,
     ),
-    Op(
+    Operation(
         "post",
         "/claims/heartbeat",
         "Renew every lease a worker holds, with progress; each item answers its new lease "
@@ -258,14 +260,14 @@ OPS = (
         {200: HeartbeatAnswer},
         HeartbeatRequest,
     ),
-    Op(
+    Operation(
         "post",
         "/claims/complete",
         "A claimed job's result (409 `fenced`: stale token, never a silent success)",
         {200: Reported},
         CompleteBody,
     ),
-    Op(
+    Operation(
         "post",
         "/claims/fail",
         "A claimed job's failed attempt: through the retry policy (`retry_in_s` instead of "
@@ -273,28 +275,28 @@ OPS = (
         {200: Reported},
         FailBody,
     ),
-    Op(
+    Operation(
         "post",
         "/claims/snooze",
         "Put a claimed job back for `delay_s` without counting an attempt (409 `fenced`)",
         {200: Reported},
         SnoozeBody,
     ),
-    Op(
+    Operation(
         "post",
         "/claims/checkpoint",
         "Save a claimed job's checkpoint durably; it keeps running (409 `fenced`)",
         {200: Reported},
         CheckpointBody,
     ),
-    Op(
+    Operation(
         "post",
         "/claims/release",
         "Give a claimed job back unstarted: due now, no attempt counted (409 `fenced`)",
         {200: Reported},
         ReleaseBody,
     ),
-    Op(
+    Operation(
         "post",
         "/claims/outcomes",
         "Many outcomes in one group commit: one answer per item, in order, each the "
@@ -302,29 +304,29 @@ OPS = (
         {200: OutcomesAnswer},
         OutcomesRequest,
     ),
-    Op(
+    Operation(
         "get",
         "/workers",
         "The remote workers seen lately: name, principal, role, last seen, jobs held, queues",
         {200: WorkerList},
     ),
-    Op(
+    Operation(
         "get",
         "/healthz",
         "Liveness: 503 once the store has failed",
         {200: Health},
         errors=(421, 503),
     ),
-    Op(
+    Operation(
         "get",
         "/readyz",
         "Readiness: 503 while recovering, failed, or overloaded",
         {200: Ready},
         errors=(421, 503),
     ),
-    Op("get", "/stats", "Counters, workers, lanes, store and recovery", {200: None}),
-    Op("get", "/metrics", "Prometheus text format", {200: None}, text=True),
-    Op("get", "/openapi.json", "This document", {200: None}),
+    Operation("get", "/stats", "Counters, workers, lanes, store and recovery", {200: None}),
+    Operation("get", "/metrics", "Prometheus text format", {200: None}, text=True),
+    Operation("get", "/openapi.json", "This document", {200: None}),
 )
 
 
@@ -333,7 +335,7 @@ def _body(schema: dict[str, Any], text: bool = False) -> dict[str, Any]:
     return {"content": {media: {"schema": schema}}}
 
 
-def _who(op: Op) -> str:
+def _who(op: Operation) -> str:
     """Which roles may call ``op`` (``sqlq.http.access.RULES``)."""
     roles = RULES[(op.method.upper(), op.path)]
     if roles is OPEN:

@@ -22,7 +22,7 @@ from sqlq.runtime.seen import WorkersSeen, warning
 
 
 @dataclass(frozen=True, slots=True)
-class Remote:
+class RemoteQueues:
     """What the listing needs to know of remote queues: which are, the ones named, and
     those a worker was seen for lately (``WorkersSeen.served``)."""
 
@@ -61,7 +61,7 @@ class Census:
         queue: str,
         caps: Mapping[str, int],
         paused: Collection[str],
-        remote: Remote | None = None,
+        remote: RemoteQueues | None = None,
     ) -> QueueInfo:
         """``queue`` as the listing shows it: its counts, its cap and whether it is paused;
         whether remote workers serve it, and a warning if none was seen for it lately."""
@@ -72,7 +72,7 @@ class Census:
                          remote=True, warning=warning(depth, queue in remote.served))  # fmt: skip
 
     def view(
-        self, caps: Mapping[str, int], paused: Collection[str], remote: Remote | None = None
+        self, caps: Mapping[str, int], paused: Collection[str], remote: RemoteQueues | None = None
     ) -> dict[str, QueueInfo]:
         """Every queue with a cap, a pause or a live job (or remote), by name."""
         names = {*caps, *paused, *self.queues(), *(remote.named if remote is not None else ())}
@@ -103,11 +103,13 @@ class CensusViews:
     _seen: WorkersSeen
     _clock: Clock
 
-    def _remote(self) -> Remote | None:
+    def _remote(self) -> RemoteQueues | None:
         config = self._config
         if not config.every_queue_remote and not config.remote_queues:
             return None
-        return Remote(config.is_remote, config.remote_queues, self._seen.served(self._clock.time()))
+        return RemoteQueues(
+            config.is_remote, config.remote_queues, self._seen.served(self._clock.time())
+        )
 
     async def _refresh(self) -> None:
         self._paused = await self._census.refresh()

@@ -97,8 +97,9 @@ class Channel(Protocol):
         ...
 
 
-class _Done:
-    """An awaitable that is already done: a checkpoint a thread waited for."""
+class Done:
+    """An awaitable that is already done: a checkpoint a thread (or a worker process's
+    handler) waited for."""
 
     __slots__ = ()
 
@@ -246,7 +247,7 @@ class JobContext:
             coro.close()
             raise AttemptFenced("the server stopped: there is nowhere to save to") from None
         done.result()
-        return _Done()
+        return Done()
 
     # -- cancellation --------------------------------------------------------------------
 

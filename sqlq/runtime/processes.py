@@ -38,7 +38,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, cast
@@ -53,6 +53,7 @@ from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.context import (
     AttemptFenced,
     Described,
+    Done,
     JobContext,
     Snooze,
     UnstorableResult,
@@ -79,16 +80,6 @@ class ProcessStartError(SqlqError):
 
 class ChildFailed(Described):
     """The handler in a child failed; ``str()`` is its error as the server would say it."""
-
-
-class _Done:
-    """An awaitable that is done: a checkpoint the child waited for."""
-
-    __slots__ = ()
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return
-        yield  # pragma: no cover (makes this a generator)
 
 
 # -- the child's side ----------------------------------------------------------------------
@@ -144,7 +135,7 @@ class ChildContext(JobContext):
     def unsent(self) -> tuple[float | None, str | None] | None:
         return self._unsent
 
-    def checkpoint(self, data: JSON) -> _Done:
+    def checkpoint(self, data: JSON) -> Done:
         value = check_checkpoint(data)
         with self._lock:
             self._conn.send(("checkpoint", _encode(value)))
@@ -153,7 +144,7 @@ class ChildContext(JobContext):
             raise AttemptFenced(text)
         if answer == "invalid":
             raise ValueError(text)
-        return _Done()
+        return Done()
 
 
 def _outcome(job: Job, ctx: ChildContext) -> tuple[Any, ...]:

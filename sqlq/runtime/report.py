@@ -27,7 +27,7 @@ from sqlq.runtime.remote import COUNTED, Remote
 from sqlq.runtime.workers import WorkerPool
 
 
-class Reported(Protocol):
+class ReportSource(Protocol):
     """What a report reads of a service (``Service`` is one): its parts, read-only, so
     this module needs nothing of the service but these."""
 
@@ -73,7 +73,7 @@ TOTALS = {
 }
 
 
-def stats(rt: Reported) -> dict[str, Any]:
+def stats(rt: ReportSource) -> dict[str, Any]:
     totals = rt.events.totals
     jobs: dict[str, int] = rt.claims.live_counts()  # (shared mode: on every node)
     jobs.update({s.value: totals[Event(s.value)] for s in TERMINAL})
@@ -102,7 +102,7 @@ def stats(rt: Reported) -> dict[str, Any]:
     }
 
 
-def gauges(rt: Reported) -> Iterator[Metric]:
+def gauges(rt: ReportSource) -> Iterator[Metric]:
     """What /metrics reads at scrape time: live jobs, workers (remote ones too: their calls
     by what they were, a fixed set of labels), recovery."""
     yield gauge(

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False, slots=True)
-class Worker:
+class WorkerTask:
     wid: int
     task: asyncio.Task[None] | None = None
     ctx: JobContext | None = None
@@ -80,7 +80,7 @@ def overdue(
     return None
 
 
-def _withdrawn(w: Worker) -> bool:
+def _withdrawn(w: WorkerTask) -> bool:
     """Whether the cancellation that ended this attempt was the cancel request's alone
     (not a stop's nor a hang's): then the worker records it and goes on."""
     if w.hung:
@@ -115,8 +115,8 @@ class WorkerPool:
         self.size = workers
         self.hb_timeout = hb_timeout_s
         self.healthcheck = healthcheck
-        self.live: list[Worker] = []
-        self.abandoned: list[Worker] = []
+        self.live: list[WorkerTask] = []
+        self.abandoned: list[WorkerTask] = []
         self._ids = itertools.count(1)
         self._health_task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -134,17 +134,17 @@ class WorkerPool:
         self._health_task = asyncio.create_task(self._health(), name="sqlq-health")
 
     def _spawn(self) -> None:
-        w = Worker(next(self._ids))
+        w = WorkerTask(next(self._ids))
         w.task = asyncio.create_task(self._work(w), name=f"sqlq-worker-{w.wid}")
         w.task.add_done_callback(lambda _: self._ended(w))
         self.live.append(w)
         self.max_live_seen = max(self.max_live_seen, len(self.live))
 
-    def _ended(self, w: Worker) -> None:
+    def _ended(self, w: WorkerTask) -> None:
         if w.hung:
             self.abandoned.remove(w)
 
-    async def _work(self, w: Worker) -> None:
+    async def _work(self, w: WorkerTask) -> None:
         claims, executor = self._claims, self._executor
         while not self._stopping and not w.hung:
             claim = await claims.next()
@@ -189,13 +189,13 @@ class WorkerPool:
             await self._clock.sleep(every)
             self.check(self._clock.monotonic(), judged=self.healthcheck)
 
-    def check(self, now: float, *, judged: bool = True) -> list[Worker]:
+    def check(self, now: float, *, judged: bool = True) -> list[WorkerTask]:
         """Declare every worker past its attempt's lease limit hung, and (``judged``) every
         one past its heartbeat or time limit."""
         claims = self._claims
         # The walk runs every hb_timeout / 4 over every worker: only what applies is asked.
         plain = judged and not claims.leased and self._executor.processes is None
-        past_limits: list[tuple[Worker, tuple[Limit, str]]] = []
+        past_limits: list[tuple[WorkerTask, tuple[Limit, str]]] = []
         for w in self.live:
             ctx = w.ctx
             if ctx is None:
@@ -214,7 +214,7 @@ class WorkerPool:
             self._cut(w, limit, reason)
         return [w for w, _ in past_limits]
 
-    def _cut(self, w: Worker, limit: Limit, reason: str) -> None:
+    def _cut(self, w: WorkerTask, limit: Limit, reason: str) -> None:
         """Declare ``w`` hung: its attempt ends by ``limit`` (a lease lost: reported by
         nobody), its handler is told (``ctx.cancelled``; an async one's task cancelled, a
         process's flag raised; a thread is abandoned), and a replacement starts."""
