@@ -5,7 +5,10 @@ guarded UPDATE ... FROM unnest, the NOTIFY), so one round trip and one WAL flush
 at ``synchronous_commit = on``. If a guard refuses a row or an insert collides,
 the statement aborts as a whole and the batch is redone one caller at a time,
 each in its own transaction, so the caller at fault gets its error and the rest
-commit. That slow path runs only when a stale node or a bad request is in it.
+commit. That slow path runs only when a stale node or a bad request is in it, or
+when PostgreSQL chose the batch as a deadlock's victim (a node's lease renewal
+locks the rows it holds in an order of its own): nothing of it was written, and
+each caller's own short transaction is written again.
 
 Each caller's changes become rows on its own turn (``Encoded``, see
 ``GroupCommitter``), with the fence they must also pass given to it by name; the
@@ -26,11 +29,13 @@ from sqlq.common.errors import (
     JobNotFoundError,
     SqlqError,
     StaleEpochError,
+    StoreUnavailableError,
     TransitionError,
     UnencodableError,
 )
 from sqlq.common.models import TRANSITIONS, Job, State, Transition
 from sqlq.common.store import Change, Fence
+from sqlq.engines.postgres.connections import DEADLINE_S
 from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
 from sqlq.engines.postgres.schedule_rows import Step, steps
 from sqlq.engines.rows import (
@@ -121,8 +126,8 @@ async def write_batch(conn: asyncpg.Connection, encoded: Sequence[Encoded]) -> b
     moves = [row for e in encoded for row in e.moves]
     try:
         await conn.fetchrow(Q["write_batch"], *job_args(jobs, moves, any(e.wakes for e in encoded)))
-    except (asyncpg.UniqueViolationError, asyncpg.DataError):
-        return False
+    except (asyncpg.UniqueViolationError, asyncpg.DataError, asyncpg.TransactionRollbackError):
+        return False  # (a deadlock or a serialization failure rolled it all back: redo it)
     except asyncpg.PostgresError as exc:
         if exc.sqlstate != REFUSED:
             raise
@@ -131,16 +136,19 @@ async def write_batch(conn: asyncpg.Connection, encoded: Sequence[Encoded]) -> b
 
 
 async def write_one_by_one(
-    conn: asyncpg.Connection, batch: Sequence[Pending], pool: asyncpg.Pool
-) -> list[BaseException | None]:
+    conn: asyncpg.Connection, batch: Sequence[Pending], pool: asyncpg.Pool,
+    deadline_s: float = DEADLINE_S,
+) -> list[BaseException | None]:  # fmt: skip
     """Each caller's changes in a transaction of their own, change by change, so that
-    the caller at fault hears why (read on ``pool``) and the others commit."""
-    return [await one_caller(conn, p, pool) for p in batch]
+    the caller at fault hears why (read on ``pool``, taken within ``deadline_s``) and the
+    others commit."""
+    return [await one_caller(conn, p, pool, deadline_s) for p in batch]
 
 
 async def one_caller(
-    conn: asyncpg.Connection, pending: Pending, pool: asyncpg.Pool
-) -> BaseException | None:
+    conn: asyncpg.Connection, pending: Pending, pool: asyncpg.Pool,
+    deadline_s: float = DEADLINE_S,
+) -> BaseException | None:  # fmt: skip
     e: Encoded = pending.encoded
     jobs = [c for c in pending.changes if isinstance(c, Job)]
     moves = [c for c in pending.changes if isinstance(c, Transition)]
@@ -149,11 +157,15 @@ async def one_caller(
             for job, row in zip(jobs, e.jobs, strict=True):
                 await insert_one(conn, job, row, e.wakes)
             for t, row in zip(moves, e.moves, strict=True):
-                await move_one(conn, t, row, e, pool)
+                await move_one(conn, t, row, e, pool, deadline_s)
     except SqlqError as exc:
         return exc
     except asyncpg.DataError as exc:
         return unencodable(exc)
+    except asyncpg.TransactionRollbackError as exc:
+        # A deadlock again, now in this caller's own transaction: rolled back, nothing of
+        # it written; the caller may write it again, as after a lost connection.
+        return StoreUnavailableError(f"PostgreSQL rolled the write back: {type(exc).__name__}")
     return None
 
 
@@ -178,21 +190,29 @@ def collision(exc: asyncpg.UniqueViolationError, job: Job) -> SqlqError:
 
 
 async def move_one(
-    conn: asyncpg.Connection, t: Transition, row: tuple[Any, ...], e: Encoded, pool: asyncpg.Pool
-) -> None:
+    conn: asyncpg.Connection, t: Transition, row: tuple[Any, ...], e: Encoded,
+    pool: asyncpg.Pool, deadline_s: float = DEADLINE_S,
+) -> None:  # fmt: skip
     """Apply one guarded transition, naming the guard that refused it."""
     try:
         await conn.fetchrow(Q["write_batch"], *job_args([], [row], e.wakes))
     except asyncpg.PostgresError as exc:
         if exc.sqlstate != REFUSED:
             raise
-        raise await why(pool, t, e.fence) from None
+        raise await why(pool, t, e.fence, deadline_s) from None
 
 
-async def why(pool: asyncpg.Pool, t: Transition, fence: Fence) -> SqlqError:
+async def why(
+    pool: asyncpg.Pool, t: Transition, fence: Fence, deadline_s: float = DEADLINE_S
+) -> SqlqError:
     """Name the guard that refused ``t``, reading its row as it is now: the job model's
-    own rule first (``Job.check``), then the fence."""
-    found = await pool.fetchrow(Q["why_refused"], t.job_id)
+    own rule first (``Job.check``), then the fence. The pool's connection is taken within
+    ``deadline_s``, like every call's (its statement is bounded by the pool's own
+    ``command_timeout``): the writer waits on this, and every caller of the batch with it.
+    Past it, ``TimeoutError``: the database is out of reach for the whole batch. (The
+    schedules' path, ``schedules.py``, takes the default, ``DEADLINE_S``.)"""
+    async with pool.acquire(timeout=deadline_s) as c:
+        found = await c.fetchrow(Q["why_refused"], t.job_id)
     if found is None:
         return JobNotFoundError(t.job_id)
     values = tuple(found)
