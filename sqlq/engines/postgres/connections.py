@@ -5,7 +5,10 @@ shared mode's calls, one connection only for claims (``CLAIM_SETTINGS``), a pool
 only for listings (``LIST_SETTINGS``), and one that LISTENs. A lost connection
 or a database that is restarting is ``StoreUnavailableError`` for the calls it
 touched, counted and kept as ``last_error``; the writer reconnects on the next
-batch, the pools on the next call, the listener by itself.
+batch, the pools on the next call, the listener by itself (a listener cut off without
+a word is found by a ping every ``PING_S``: it only hears, so it would otherwise wait
+for ever). Where the database is, and what the driver said of it, goes to this node's
+log, never into the error's message: that message reaches clients, in 503 bodies.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
@@ -54,6 +58,12 @@ LIST_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 # the batch ahead of it in the writer, one for its own. Listings scan, so they get more.
 DEADLINE_S = 2.0
 LISTING_DEADLINES = 5  # a listing's deadline, in deadlines
+# How often the listening connection is asked whether it is still there (``SELECT 1``
+# within the deadline): a link that went silent raises no error on a connection that
+# sends nothing, and a listener that hears nothing delays every wake to the next poll.
+PING_S = 5.0
+# The unavailable database's log line, at most once this often while the error stays the same.
+LOG_UNAVAILABLE_S = 10.0
 
 # The database is out of reach (or going away): the call failed, the engine did not.
 UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -100,21 +110,25 @@ class Connections:
         self._wake: Callable[[], None] | None = None
         self._cancel: Callable[[str], None] | None = None
         self._node: str | None = None  # whose cancels the listener passes on
+        self.ping_s = PING_S
         self.reconnects = 0
         self.unavailable = 0  # calls refused because the database was out of reach
         self.last_error: str | None = None
+        self._logged: tuple[str, float] | None = None  # the last unavailable error logged
 
     async def open(self) -> list[str]:
         """Connect, refuse a schema of another version, and open the pools. Returns the
-        paused queues, read on the first connection (the writer's) before the pools."""
+        paused queues, read on the first connection (the writer's) before the pools. If
+        a step fails, what the steps before it opened is closed: a node that retries its
+        start must not leave connections behind on every try."""
         conn = await connect(self.dsn, server_settings=self._settings, **self._bounds)
+        self._writer = conn
         try:
             await check(conn, self.dsn)
             paused = [r[0] for r in await conn.fetch(Q["paused"])]
         except BaseException:
-            await conn.close()
+            self._discard()
             raise
-        self._writer = conn
         try:
             self._pool = await asyncpg.create_pool(
                 self.dsn, min_size=1, max_size=self._pool_size, server_settings=self._settings,
@@ -130,9 +144,24 @@ class Connections:
                 command_timeout=self.deadline_s * LISTING_DEADLINES,
             )  # fmt: skip
         except UNAVAILABLE as exc:
-            await conn.close()
+            self._discard()
             raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {exc}") from None
+        except BaseException:
+            self._discard()
+            raise
         return paused
+
+    def _discard(self) -> None:
+        """Every connection and pool ended at once, without a goodbye to the database (an
+        ``open`` that failed: the link may be what failed)."""
+        for conn in (self._writer, self.listener):
+            if conn is not None:
+                conn.terminate()
+        for pool in (self._pool, self._claimer, self._lister):
+            if pool is not None:
+                pool.terminate()
+        self._writer = self.listener = None
+        self._pool = self._claimer = self._lister = None
 
     async def close(self) -> None:
         if self._listen_task is not None:
@@ -174,10 +203,24 @@ class Connections:
         return self.unreachable(exc)
 
     def unreachable(self, exc: BaseException) -> str:
-        """Count a call the database was out of reach for, and the message it fails with."""
+        """Count a call the database was out of reach for, and the message it fails with.
+
+        The message names no host, port or database, nor echoes the driver's text (a
+        refused connect's names the address): it is a 503's body. The log line says where
+        and what, once per error and at most every ``LOG_UNAVAILABLE_S`` while it lasts."""
         self.unavailable += 1
-        self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return f"PostgreSQL at {self.where} is unavailable: {self.last_error}"
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        self.last_error = f"{type(exc).__name__}: {text}"
+        now = time.monotonic()
+        if (
+            self._logged is None
+            or self._logged[0] != self.last_error
+            or now - self._logged[1] >= LOG_UNAVAILABLE_S
+        ):
+            self._logged = (self.last_error, now)
+            log.warning("PostgreSQL at %s is unavailable: %s", self.where, self.last_error)
+        code = getattr(exc, "sqlstate", None)
+        return f"PostgreSQL is unavailable: {type(exc).__name__}{f' ({code})' if code else ''}"
 
     # -- the pools -------------------------------------------------------------------
 
@@ -227,7 +270,7 @@ class Connections:
         delay = 0.1
         while True:
             try:
-                conn = await asyncpg.connect(self.dsn, timeout=self.deadline_s)
+                conn = await asyncpg.connect(self.dsn, **self._bounds)
             except (*UNAVAILABLE, asyncpg.PostgresError):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -247,8 +290,23 @@ class Connections:
                 raise
             if self._wake is not None:
                 self._wake()  # anything submitted while we were not listening
-            await lost.wait()
+            await self._while_alive(conn, lost)
             self.listener = None
+
+    async def _while_alive(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
+        """Until ``conn`` is lost: closed (its termination listener), or silent, which only
+        a ping within the deadline tells (then it is dropped, and ``_listen`` connects again)."""
+        while not lost.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lost.wait(), self.ping_s)
+                return
+            try:
+                await conn.fetchval(Q["ping"], timeout=self.deadline_s)
+            except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
+                log.warning("the listening connection is lost (%s); listening again",
+                            type(exc).__name__)  # fmt: skip
+                conn.terminate()
+                return
 
     def _notified(self, *_: object) -> None:
         if self._wake is not None:
