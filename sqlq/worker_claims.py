@@ -420,9 +420,10 @@ class RemoteClaims:
     # -- the pool's verbs (``sqlq.runtime.claims.Holding``) ---------------------------------
 
     async def next(self) -> Claim:
-        """The next claim granted and still held (a cancel or a fence may come first)."""
+        """The next claim granted and still held (a cancel or a fence may come first);
+        after the stop, none: what no worker took by then is given back, not started."""
         while True:
-            if self._ready:
+            if self._ready and not self._stop.is_set():
                 a = self._ready.popleft()
             else:
                 waiter: asyncio.Future[Attempt] = asyncio.get_running_loop().create_future()
