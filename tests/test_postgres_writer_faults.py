@@ -132,3 +132,19 @@ async def test_naming_a_refusal_waits_for_a_connection_no_longer_than_the_deadli
             await store.commit([start])
     finally:
         await store.close()
+
+
+async def test_a_renewal_chosen_as_a_deadlocks_victim_may_be_sent_again(pg_db: str) -> None:
+    """The other side of the deadlock: a renewal (any pooled statement) rolled back is
+    ``StoreUnavailableError``, which the renewal loop logs and tries again, not a bug."""
+    store = PostgresStore(pg_db, node="n1")
+    await store.open()
+    try:
+
+        async def deadlocked(_: asyncpg.Connection) -> None:
+            raise asyncpg.exceptions.DeadlockDetectedError("deadlock detected")
+
+        with pytest.raises(StoreUnavailableError, match="rolled the statement back"):
+            await store._read(deadlocked)
+    finally:
+        await store.close()

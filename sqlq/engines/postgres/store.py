@@ -188,13 +188,20 @@ class PostgresStore(Committing):
     ) -> T:
         """``fn`` on a pooled connection (a listing's own, for ``listing``). A value
         PostgreSQL refuses to compare (a NUL in text, say) is the caller's bad input,
-        named by ``field``: a 422, never a 500."""
+        named by ``field``: a 422, never a 500. A statement PostgreSQL rolled back as a
+        deadlock's victim (a renewal against the writer's batch, both updating this node's
+        rows) changed nothing and may be sent again: ``StoreUnavailableError``, as for a
+        lost connection, not a bug's traceback."""
         async with self._conn(listing=listing) as conn:
             try:
                 return await fn(conn)
             except asyncpg.DataError as exc:
                 raise ValidationError(
                     field, f"PostgreSQL cannot take this value ({exc.sqlstate})"
+                ) from None
+            except asyncpg.TransactionRollbackError as exc:
+                raise StoreUnavailableError(
+                    f"PostgreSQL rolled the statement back: {type(exc).__name__}"
                 ) from None
 
     async def get(self, job_id: str) -> Job | None:
