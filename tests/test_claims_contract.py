@@ -250,6 +250,9 @@ class Holder:
         if self.kind == "worker":
             answer = await report(self.rt, a.token, what)
             assert answer.error is None, answer
+            now = await self.rt.store.get(a.job.id)
+            assert now is not None
+            assert answer.state == now.state.value  # answered once durable, as it stands
             return
         self.pool.ended(a.job.id)
         self._end_claim(a, what)
@@ -291,9 +294,9 @@ class Holder:
             answer = await report(self.rt, a.token, CheckpointIn(data=data))
             assert answer.error == FENCED, answer
             return
-        assert a.claim is not None
+        assert a.ctx is not None
         with pytest.raises(AttemptFenced):
-            await self.rt.claims.save(a.claim, data)
+            await a.ctx.checkpoint(data)  # (as its handler would, going on after the cut)
 
     async def checkpoint(self, a: Attempt, data: JSON) -> None:
         if self.kind == "worker":
@@ -349,9 +352,8 @@ class Holder:
         await wait_for(gone, 10, f"job {a.job.id} to move on from epoch {a.job.epoch}")
 
     async def past_grace(self, a: Attempt) -> None:
-        """Let a forced cancel's grace run out, and wait until ``a``'s attempt is cut off: by
-        the node's health loop, or the server that holds a worker's lease at the grace."""
-        self.clock.advance(GRACE_S + 1)
+        """Wait (the clock jumping from one deadline to the next) until ``a``'s attempt is
+        cut off: by the node's health loop, or the server that holds a worker's lease."""
         await self._moved_on(a)
         await self.rt.claims.settle()
 
@@ -589,7 +591,8 @@ async def test_a_success_after_a_cancel_was_asked_for_still_completes(holder: Ho
 
 
 async def test_an_end_written_twice_is_refused_the_second_time(holder: Holder) -> None:
-    """Fencing: once an attempt has ended, nothing more of it is written."""
+    """Fencing: once an attempt has ended, nothing more of it is written; counted as fenced
+    (a worker's among the remote calls fenced)."""
     job = await holder.submit()
     a = await holder.take()
     await holder.end(a, CompleteIn(result=1))
@@ -603,6 +606,10 @@ async def test_an_end_written_twice_is_refused_the_second_time(holder: Holder) -
     done = await stored(holder, job.id)
     assert (done.state, done.result, done.errors) == (State.COMPLETED, 1, ())
     assert holder.rt.claims.running_here() == {}  # the attempt was counted out once
+    if holder.kind == "worker":
+        assert holder.rt.stats()["remote"]["fenced"] == 1
+    else:
+        assert holder.rt.stats()["fenced"] == 1
 
 
 async def test_a_cancel_after_the_attempt_ended_is_refused_and_changes_nothing(
@@ -635,13 +642,15 @@ async def test_a_forced_cancel_cuts_the_attempt_off_at_the_grace_and_it_ends_can
     at the grace's end (a worker: its lease is held there, whatever it renews; a node: its
     deadline); still running then, it is cut off and the job ends cancelled, the attempt
     counted; whatever it reports after is fenced. What the cut records differs: a node's
-    health loop says how late the attempt ran, the server that cut a worker's lease says
-    it was forced."""
+    health loop says how late the attempt ran (it looks every ``hb_timeout_s / 4``), the
+    server that cut a worker's lease (at once) says it was forced."""
     job = await holder.submit()
     a = await holder.take()
     asked_at = holder.clock.time()
     asked = await holder.rt.cancel(job.id, force=True)
     assert (asked.state, asked.cancel_requested_at) == (State.RUNNING, asked_at)
+    if holder.kind == "worker":  # the answer shows the lease cut to the grace's end
+        assert asked.lease_until == asked_at + GRACE_S
     assert await holder.heard_cancel(a)
     holder.clock.advance(GRACE_S - 1)
     assert await holder.cut_at(a) == pytest.approx(asked_at + GRACE_S, abs=0.01)
@@ -649,6 +658,8 @@ async def test_a_forced_cancel_cuts_the_attempt_off_at_the_grace_and_it_ends_can
     await holder.past_grace(a)
     cut = await stored(holder, job.id)
     assert (cut.state, cut.attempts, cut.cancel_requested_at) == (State.CANCELLED, 1, asked_at)
+    look = holder.rt.config.hb_timeout_s / 4 if holder.kind == "node" else 0.0
+    assert GRACE_S - 1e-3 <= cut.updated_at - asked_at <= GRACE_S + look + 0.01
     assert cut.last_error is not None
     why = "cancelled: forced after --cancel-grace" if holder.kind == "worker" else (
         "cancelled: still running")  # fmt: skip
@@ -700,6 +711,7 @@ async def test_a_lease_run_out_is_rescued_through_the_retry_policy_and_a_late_en
     assert holder.rt.stats()["jobs"]["dead"] == 1
     if holder.kind == "worker":
         assert holder.rt.stats()["remote"]["expired"] == 2
+        assert [w.held for w in holder.rt.remote.workers().workers] == [0]  # none held now
 
 
 async def test_an_end_from_an_attempt_whose_job_moved_on_is_fenced_and_the_new_one_stands(
