@@ -156,9 +156,10 @@ async def test_a_forced_cancel_cuts_the_attempt_off_after_the_grace(
     g = await claim_one(a, lease_s=60)
     forced = await a.cancel(job.id, force=True)
     assert forced.cancel_requested_at is not None
+    assert (forced.cancel_forced, forced.lease_until) == (True, fake_clock.time() + 3.0)
     fake_clock.advance(1)
     [hb] = await beat(a, g.token)
-    assert (hb.lease_until, hb.cancel_requested) == (g.lease_until, True)  # not renewed here
+    assert (hb.lease_until, hb.cancel_requested) == (forced.lease_until, True)  # held there
     fake_clock.advance(2.5)
     for _ in range(10):
         await asyncio.sleep(0)

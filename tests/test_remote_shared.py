@@ -1,8 +1,9 @@
 """Remote workers in shared mode on a real PostgreSQL: two nodes over one database. A token
 one node issued is good on the other; the nodes' own workers never take a remote queue's
 job; a heartbeat is one ``extend``; a cancel asked on one node reaches the heartbeat on
-the other; a silent worker's lease is rescued through the retry policy and its late
-outcome is fenced; a claim waiting on one node is woken by a submit on the other (NOTIFY).
+the other, and a forced one holds the lease on every node; a silent worker's lease is
+rescued through the retry policy and its late outcome is fenced; a claim waiting on one
+node is woken by a submit on the other (NOTIFY).
 The same on a fake store, step by step: ``test_remote_runtime_shared.py``.
 """
 
@@ -15,6 +16,7 @@ from sqlq.common.clock import FakeClock
 from sqlq.common.models import State
 from sqlq.common.protocol import FENCED, ClaimRequest, CompleteIn, FailIn, Outcome, ProgressIn
 from sqlq.common.roles import ADMIN
+from sqlq.runtime.remote import CUT_OFF_REASON
 from sqlq.runtime.shared import SharedClaims
 from tests import shared_helpers
 from tests.helpers import NOW, final
@@ -131,15 +133,56 @@ async def test_a_forced_cancel_cuts_the_remote_attempt_off_after_the_grace(
     a.claims.by_hand()
     [job] = await submit(a, queue="r")
     g = await claim_one(a, lease_s=600)
-    await a.cancel(job.id, force=True)
+    forced = await a.cancel(job.id, force=True)
+    assert (forced.cancel_forced, forced.lease_until) == (True, clock.time() + 3.0)
     clock.advance(1)
     [hb] = await beat(a, g.token)
-    assert (hb.lease_until, hb.cancel_requested) == (g.lease_until, True)
+    assert (hb.lease_until, hb.cancel_requested) == (forced.lease_until, True)  # held there
     clock.advance(2.5)
     await a.claims.remote_side.drain()  # (the cut-off's write)
     done = await stored(a, job.id)
     assert (done.state, done.attempts) == (State.CANCELLED, 1)
     assert (await report(a, g.token, CompleteIn())).error == FENCED
+
+
+async def test_a_forced_cancel_holds_on_every_node_and_any_node_cuts_it_off(
+    nodes: Node,
+) -> None:
+    """The hold is in the row (``cancel_forced``), not in the forcing node: node a forces
+    and stops before the grace is over (its timer gone with it); a heartbeat that reaches
+    node b renews nothing; at the grace's end b's rescue ends the attempt cancelled,
+    counted as cut off by the forced cancel, not as an expired lease."""
+    clock = FakeClock(NOW)
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE, clock=clock,
+              cancel_grace_s=3.0)  # fmt: skip
+    b = nodes(workers=0, all_remote=False, remote_queues=REMOTE, clock=clock,
+              cancel_grace_s=3.0)  # fmt: skip
+    await a.start()
+    await b.start()
+    for node in (a, b):
+        assert isinstance(node.claims, SharedClaims)
+        node.claims.by_hand()  # this test rescues, step by step
+    [job] = await submit(a, queue="r")
+    g = await claim_one(a, lease_s=600)
+    forced = await a.cancel(job.id, force=True)
+    grace_end = clock.time() + 3.0
+    assert (forced.cancel_forced, forced.lease_until) == (True, grace_end)
+    await a.stop(0)  # the forcing node is gone before the grace's end
+    clock.advance(1)
+    [hb] = await beat(b, g.token)
+    assert (hb.error, hb.lease_until, hb.cancel_requested) == (None, grace_end, True)
+    held = await stored(b, job.id)
+    assert (held.state, held.cancel_forced, held.lease_until) == (State.RUNNING, True, grace_end)
+    assert isinstance(b.claims, SharedClaims)
+    assert await b.claims.rescue() == 0  # not yet: the grace holds
+    clock.advance(2.5)  # past the grace's end
+    assert await b.claims.rescue() == 1
+    done = await stored(b, job.id)
+    assert (done.state, done.attempts, done.last_error, done.cancel_forced) == (
+        State.CANCELLED, 1, CUT_OFF_REASON, False,
+    )  # fmt: skip
+    assert (b.stats()["remote"]["cut_off"], b.stats()["remote"]["expired"]) == (1, 0)
+    assert (await report(b, g.token, CompleteIn())).error == FENCED
 
 
 async def test_a_claim_carrying_outcomes_lands_them_and_claims_more_across_nodes(

@@ -85,11 +85,13 @@ async def rescue_expired(
 
 
 async def cancel_in_store(
-    store: SharedStore, job_id: str, clock: Clock
+    store: SharedStore, job_id: str, clock: Clock, grace_s: float | None = None
 ) -> tuple[Job, Transition | None]:
     """Cancel ``job_id`` if it is scheduled (the job before, and the durable cancel), or ask
-    for the cancel of it running on any node (the job as it now stands, None). A job that
-    moves on meanwhile is looked at again; a finished one: ``IllegalTransitionError``."""
+    for the cancel of it running on any node (the job as it now stands, None); ``grace_s``:
+    forced, so a remote worker's lease is held to now + ``grace_s`` (``request_cancel``).
+    A job that moves on meanwhile is looked at again; a finished one:
+    ``IllegalTransitionError``."""
     state = "changing"
     for _ in range(3):
         job = await store.get(job_id)
@@ -106,7 +108,8 @@ async def cancel_in_store(
             return job, t
         if job.state is not State.RUNNING:
             break
-        asked = await store.request_cancel(job_id, now)
+        forced_until = None if grace_s is None else now + grace_s
+        asked = await store.request_cancel(job_id, now, forced_until=forced_until)
         if asked is None:
             raise JobNotFoundError(job_id)
         if asked.state is State.RUNNING:

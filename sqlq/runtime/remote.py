@@ -163,11 +163,8 @@ class RemoteSide(Protocol):
     async def extend(
         self, now: float, leases: Sequence[tuple[Job, float, Progress | None]]
     ) -> list[Renewed | None]:
-        """Renew each ``(job, lease_until, progress)``, all at once; None where refused."""
-        ...
-
-    def forced(self, job_id: str) -> bool:
-        """Whether a forced cancel holds ``job_id``'s lease where it put it (no renewal)."""
+        """Renew each ``(job, lease_until, progress)``, all at once; None where refused. A
+        lease a forced cancel holds (``Job.cancel_forced``) is answered as it stands."""
         ...
 
 
@@ -441,9 +438,9 @@ class Remote:
                         progress = check_progress(item.progress.percent, item.progress.message, now)
                     except ValueError:
                         progress = None  # (the protocol's bounds make this unreachable)
-                until = job.lease_until or now
-                if not self._side.forced(job.id):
-                    until = max(until, now + ticket.lease_s)
+                # (a lease a forced cancel holds stays where it is: ``Job.renew``, and
+                # ``extend`` in PostgreSQL, where it may be forced after this read)
+                until = max(job.lease_until or now, now + ticket.lease_s)
                 leases.append((job, until, progress))
                 whose.append(i)
                 self.seen.saw_holder(job.holder, who, now)
@@ -695,6 +692,15 @@ def note_end(parts: Parts, job: Job, after: Job, what: str) -> None:
 def expired_reason(job: Job) -> str:
     """The error an expired remote lease records."""
     return f"lease expired: worker {remote_worker(job.holder)} went silent"
+
+
+def lease_ran_out(job: Job) -> tuple[str, str]:
+    """What the end of ``job``'s remote lease records, and what it is counted as: the cut-off
+    of a forced cancel whose grace is over (``Job.cancel_forced``, stored, so after a restart
+    or on another node alike), else an expiry (the worker went silent)."""
+    if job.cancel_forced:
+        return CUT_OFF_REASON, "cut_off"
+    return expired_reason(job), "expired"
 
 
 # The error a forced cancel's cut-off records (counted ``cut_off``, not ``expired``): the

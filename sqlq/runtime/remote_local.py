@@ -18,9 +18,10 @@ one that ran out meanwhile expires at once); only in-process claims are requeued
 
 A cancel of a remotely held job is a durable request the next heartbeat answers
 (``cancel_requested``); ``force`` also moves the lease to now + ``cancel_grace_s``
-and holds it there (no heartbeat renews it: ``forced``), so the job expires, and
-ends cancelled, then. The forced set lives in this process: after a restart a
-forced job's lease is as stored (the grace's end), and its heartbeats renew it.
+and holds it there, in the same write (``Job.force_cancel``: the job's stored
+``cancel_forced``, which ``Job.renew`` obeys, so no heartbeat renews it), so the job
+expires, and ends cancelled, counted as cut off, then. Being stored, it holds through a
+restart as well: recovery pushes the held lease on the heap like any other.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import msgspec
-
 from sqlq.common.backoff import after_failure
 from sqlq.common.errors import JobNotFoundError, StoreError, TransitionError, UnencodableError
 from sqlq.common.models import Job, State, Transition
@@ -41,7 +40,7 @@ from sqlq.common.running import Progress
 from sqlq.runtime.events import Event
 from sqlq.runtime.leaseheap import LeaseHeap
 from sqlq.runtime.parts import Parts
-from sqlq.runtime.remote import CUT_OFF_REASON, Renewed, expired_reason, note_end
+from sqlq.runtime.remote import Renewed, lease_ran_out, note_end
 from sqlq.runtime.remote_lanes import RemoteLanes
 from sqlq.runtime.serial import Serial
 
@@ -81,7 +80,6 @@ class LocalSide:
         self.serial = Serial()
         self.lanes = RemoteLanes(self._clock, claims.current)
         self.leases = LeaseHeap(self._clock, self._lease_due)
-        self._forced: set[str] = set()  # jobs whose lease a forced cancel holds
         self._starting: Counter[str] = Counter()  # claims being committed, by queue (caps)
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()  # expiries being written
@@ -242,7 +240,6 @@ class LocalSide:
             return
         job_id = after.id
         self.leases.forget(job_id)
-        self._forced.discard(job_id)
         if after.state is State.SCHEDULED:
             self._claims.due(after)
         if after.queue in self._claims.caps:
@@ -266,9 +263,6 @@ class LocalSide:
         after = self._live.applied(job, t)
         return (after.lease_until or t.updated_at, after.cancel_requested_at is not None)
 
-    def forced(self, job_id: str) -> bool:
-        return job_id in self._forced
-
     # -- a cancel of a remote queue's job ---------------------------------------------------
 
     async def cancel(self, job_id: str, force: bool) -> Job | None:
@@ -289,20 +283,16 @@ class LocalSide:
             first = job.cancel_requested_at is None
             if not first and not force:
                 return job  # asked already: the heartbeat says so
-            t = job.request_cancel(now) if first else job.touch(now)
-            until = None
             if force:
-                until = now + self._parts.config.cancel_grace_s
-                if job.lease_until is not None:
-                    until = min(until, job.lease_until)
-                t = msgspec.structs.replace(t, lease_until=until)
+                t = job.force_cancel(now, now + self._parts.config.cancel_grace_s)
+            else:
+                t = job.request_cancel(now)
             await self._store.commit([t])
             after = self._live.applied(job, t)
             if first:
                 self._parts.live.events.record(Event.CANCEL_REQUESTED, job)
-            if until is not None:
-                self._forced.add(job_id)
-                self.leases.push(job_id, until)
+            if force and t.lease_until is not None:
+                self.leases.push(job_id, t.lease_until)
             return after
         finally:
             self.serial.give(job_id)
@@ -335,8 +325,7 @@ class LocalSide:
                 self.leases.push(job_id, job.lease_until)  # renewed meanwhile: look again then
                 return
             parts = self._parts
-            cut = job_id in self._forced  # a forced cancel's grace ran out, not the worker
-            why = CUT_OFF_REASON if cut else expired_reason(job)
+            why, what = lease_ran_out(job)  # (a forced cancel's grace, or a silent worker)
             t = after_failure(job, why, now, parts.config.retry, parts.rng)
             try:
                 await self._store.commit([t])
@@ -348,7 +337,6 @@ class LocalSide:
                 log.error("the expiry of job %s was refused: %s", job_id, exc)
                 return
             after = self._live.applied(job, t)
-            what = "cut_off" if cut else "expired"
             parts.remote_counts[what] += 1
             note_end(parts, job, after, what)
             self._moved(after)

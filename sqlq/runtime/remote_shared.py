@@ -18,11 +18,12 @@ accepts a token another node issued (the signing key is a row every node reads):
   lease ran out or that moved on is refused there, whichever node moved it.
 - **Expiry** is the rescue every node already runs (``SharedClaims.rescue``): a remote
   row's lease runs out like a dead node's, through the retry policy.
-- **A forced cancel**: this node renews the lease no further, and after ``cancel_grace_s``
-  writes the attempt's end itself (cancelled), fenced on the epoch and holder (not the
-  lease: the database's lease never shortens, and a heartbeat that reached another node
-  may have renewed it there). The timer is this node's: a restart of this node before the
-  grace leaves the job to its lease's own end (a limitation of shared mode).
+- **A forced cancel** is stored with the request (``request_cancel(forced_until=...)``):
+  the row's lease is cut to the grace's end and held there (``cancel_forced``, which
+  ``extend`` obeys, so a heartbeat that reaches any node renews it no further). At the
+  grace's end this node writes the attempt's end (cancelled, counted as cut off), fenced
+  on the epoch and holder; should this node be gone by then, the rescue any node runs
+  finds the lease run out and writes the same end (``lease_ran_out``).
 
 Writes of one job from this node take turns (``Serial``); two nodes' writes of one job
 are kept apart by the database's fence.
@@ -44,7 +45,7 @@ from sqlq.common.running import Progress
 from sqlq.common.store import Fence, Lease, SharedStore
 from sqlq.runtime.leases import write_fenced
 from sqlq.runtime.parts import Parts
-from sqlq.runtime.remote import CUT_OFF_REASON, Renewed, note_end
+from sqlq.runtime.remote import Renewed, lease_ran_out, note_end
 from sqlq.runtime.serial import Serial
 
 
@@ -78,7 +79,6 @@ class SharedSide:
         self.serial = Serial()
         self._bell = asyncio.Event()  # rung (and replaced) when work may have come
         self._stopping = False
-        self._forced: set[str] = set()
         self._next_due: tuple[float, float | None] | None = None  # (read at, next due)
         self._tasks: set[asyncio.Task[None]] = set()  # forced cancels' cut-offs being written
 
@@ -137,8 +137,6 @@ class SharedSide:
         fence = Fence(holder=job.holder, lease_from=now)
         await write_fenced(self._store, clock, t, fence, lambda: clock.time() > until)
         after = self._claims.applied(job, t)  # (finished: its waiters here are told)
-        if after.state is not State.RUNNING:
-            self._forced.discard(job.id)
         if after.state is State.SCHEDULED:
             self._claims.due(after)
         return after
@@ -159,18 +157,15 @@ class SharedSide:
             out.append(None if e is None else (e.lease_until, e.cancel_asked))
         return out
 
-    def forced(self, job_id: str) -> bool:
-        return job_id in self._forced
-
     def force(self, job: Job) -> None:
-        """A forced cancel of the remotely held ``job`` (its cancel asked for, durably): no
-        renewal from this node from now on, and once ``cancel_grace_s`` has passed, if the
-        attempt still holds the job, its end is written (cancelled, by the cancel rule),
-        fenced on the epoch and the holder. (The database's lease never shortens: a timer
-        here cuts the attempt off instead, so a restart of this node before the grace
-        leaves the job to its lease's own end.)"""
-        self._forced.add(job.id)
-        self._clock.call_later(self._parts.config.cancel_grace_s, lambda: self._cut_later(job))
+        """A forced cancel of the remotely held ``job``, durable (its lease held at the
+        grace's end, ``cancel_forced``): at that end, if the attempt still holds the job,
+        its end is written here (cancelled, by the cancel rule), fenced on the epoch and
+        the holder, without waiting for the next rescue round; the rescue is what ends it
+        if this node stops first."""
+        now = self._clock.time()
+        at = now if job.lease_until is None else job.lease_until
+        self._clock.call_later(max(0.0, at - now), lambda: self._cut_later(job))
 
     def _cut_later(self, job: Job) -> None:
         if self._stopping:
@@ -185,19 +180,20 @@ class SharedSide:
             now = self._clock.time()
             current = await self._store.get(job.id)
             if (current is None or current.state is not State.RUNNING
-                    or current.epoch != job.epoch or current.holder != job.holder):  # fmt: skip
+                    or not current.cancel_forced or current.epoch != job.epoch
+                    or current.holder != job.holder):  # fmt: skip
                 return
             parts = self._parts
-            t = after_failure(current, CUT_OFF_REASON, now, parts.config.retry, parts.rng)
+            why, what = lease_ran_out(current)  # (forced: the cut-off's)
+            t = after_failure(current, why, now, parts.config.retry, parts.rng)
             try:
                 await self._store.commit_fenced([t], Fence(holder=current.holder))
             except (TransitionError, StoreError) as exc:
                 log.warning("could not cut off job %s after its forced cancel: %s", job.id, exc)
                 return
             after = self._claims.applied(current, t)
-            parts.remote_counts["cut_off"] += 1
-            note_end(parts, current, after, "cut_off")
-            self._forced.discard(job.id)
+            parts.remote_counts[what] += 1
+            note_end(parts, current, after, what)
             if after.state is State.SCHEDULED:
                 self._claims.due(after)
         finally:

@@ -52,7 +52,7 @@ from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
 from sqlq.runtime.leases import cancel_in_store, rescue_expired, write_fenced
-from sqlq.runtime.remote import expired_reason, note_end
+from sqlq.runtime.remote import lease_ran_out, note_end
 from sqlq.runtime.remote_shared import SharedSide
 
 log = logging.getLogger(__name__)
@@ -290,8 +290,9 @@ class SharedClaims(CensusViews, ClaimsBase):
         for job, t in moves:
             if remote_worker(job.holder) is not None:  # a remote worker's: counted as one
                 after = self.applied(job, t)
-                self.parts.remote_counts["expired"] += 1
-                note_end(self.parts, job, after, "expired")
+                what = lease_ran_out(job)[1]
+                self.parts.remote_counts[what] += 1
+                note_end(self.parts, job, after, what)
                 continue
             if t.state is State.SCHEDULED:
                 self._events.record(Event.REQUEUED_EXPIRED_LEASE, job)
@@ -377,13 +378,14 @@ class SharedClaims(CensusViews, ClaimsBase):
                 return await self._ask(claim, force)
             except AttemptFenced:
                 pass  # rescued meanwhile: as the job is now
-        job, t = await cancel_in_store(self._store, job_id, self._clock)
+        grace_s = self._config.cancel_grace_s if force else None  # (a remote lease held so)
+        job, t = await cancel_in_store(self._store, job_id, self._clock, grace_s)
         if t is not None:  # it was scheduled: cancelled
             return self.applied(job, t)
         self._events.record(Event.CANCEL_REQUESTED, job)  # its node hears (NOTIFY, renewal)
         self._heard(job_id)  # (if a worker here took it meanwhile)
-        if force and remote_worker(job.holder) is not None:  # its heartbeat hears; it is cut
-            self.remote_side.force(job)  # off after the grace
+        if force and job.cancel_forced:  # its heartbeat hears; it is cut off at the grace's
+            self.remote_side.force(job)  # end (here, or by any node's rescue)
         return job
 
     def stats(self) -> dict[str, Any]:
@@ -407,7 +409,8 @@ class SharedClaims(CensusViews, ClaimsBase):
 
 
 def _expired(job: Job) -> str:
-    """What a rescue records of a lease that ran out: a remote worker's, or a node's."""
+    """What a rescue records of a lease that ran out: a remote worker's (or a forced cancel's
+    grace that ended), or a node's."""
     if remote_worker(job.holder) is not None:
-        return expired_reason(job)
+        return lease_ran_out(job)[0]
     return "lease expired: its node died or was cut off"
