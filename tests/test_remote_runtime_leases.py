@@ -1,7 +1,7 @@
-"""A remote worker's leases in local mode: heartbeats renew them (and say when a cancel was
-asked for), a lease that runs out goes through the retry policy, a forced cancel holds
-the lease to its grace; recovery keeps a remotely held job running; one job's writes take
-turns; the workers seen, and what /stats and /metrics count."""
+"""A remote worker's leases in local mode: heartbeats renew them, item by item; recovery
+keeps a remotely held job running; one job's writes take turns; the workers seen, and
+what /stats and /metrics count. (A cancel a heartbeat tells, a forced cancel's grace and
+a lease that runs out, the same for every holder: ``test_claims_contract.py``.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import asyncio
 from sqlq.common.clock import FakeClock
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.models import Job, State
-from sqlq.common.protocol import FENCED, CheckpointIn, CompleteIn, FailIn, ProgressIn
+from sqlq.common.protocol import FENCED, CheckpointIn, CompleteIn, ProgressIn
 from sqlq.common.roles import ADMIN
 from sqlq.common.store import Recovery
 from sqlq.runtime.config import RuntimeConfig
@@ -54,79 +54,6 @@ async def test_a_heartbeat_answers_each_item_fenced_invalid_or_forbidden(
     ]  # fmt: skip
     [other] = await beat(rt, g1.token, who=worker("x", "r2"))
     assert other.error == "forbidden"
-
-
-async def test_a_heartbeat_reports_a_cancel_asked_for_and_the_outcome_takes_it(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    rt = await remote_service(services, fake_clock)
-    job = await submit(rt, "k", queue="r")
-    g = await claim_one(rt)
-    asked = await rt.cancel(job.id)
-    assert (asked.state, asked.cancel_requested_at is not None) == (State.RUNNING, True)
-    assert (await stored(rt, job.id)).cancel_requested_at is not None  # durable
-    [b] = await beat(rt, g.token)
-    assert b.cancel_requested
-    assert (await report(rt, g.token, FailIn(error="stopped"))).state == "cancelled"
-    stats = rt.stats()
-    assert (stats["cancel_requested"], stats["cancelled_running"]) == (1, 1)
-
-
-async def test_a_cancel_of_a_remote_queues_scheduled_job_cancels_it(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    rt = await remote_service(services, fake_clock)
-    job = await submit(rt, "k", queue="r")
-    assert (await rt.cancel(job.id)).state is State.CANCELLED
-    assert (await rt.claims.queue("r")).depth == 0
-    assert await claim(rt) == []
-
-
-async def test_a_forced_cancel_holds_the_lease_to_the_grace_and_the_job_ends_cancelled(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    rt = await remote_service(services, fake_clock, cancel_grace_s=5.0)
-    job = await submit(rt, "k", queue="r")
-    g = await claim_one(rt, lease_s=60)
-    now = fake_clock.time()
-    forced = await rt.cancel(job.id, force=True)
-    assert forced.lease_until == now + 5
-    fake_clock.advance(2)
-    [b] = await beat(rt, g.token)
-    assert (b.lease_until, b.cancel_requested) == (now + 5, True)  # not renewed past the grace
-    fake_clock.advance(4)
-    await asyncio.sleep(0)
-    done = await stored(rt, job.id)
-    assert (done.state, done.attempts) == (State.CANCELLED, 1)
-    assert done.last_error == "cancelled: forced after --cancel-grace"
-    assert (rt.stats()["remote"]["cut_off"], rt.stats()["remote"]["expired"]) == (1, 0)
-    assert (await report(rt, g.token, CompleteIn())).error == FENCED
-
-
-async def test_an_expired_lease_counts_an_attempt_and_dead_letters_past_max_attempts(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    rt = await remote_service(services, fake_clock, max_attempts=2)
-    job = await submit(rt, "k", queue="r")
-    await claim_one(rt, lease_s=10)
-    fake_clock.advance(10.5)
-    await asyncio.sleep(0)
-    again = await stored(rt, job.id)
-    assert (again.state, again.attempts, again.epoch, again.holder) == (
-        State.SCHEDULED, 1, 1, None,
-    )  # fmt: skip
-    assert again.last_error == "lease expired: worker w1 went silent"
-    fake_clock.advance(10)
-    await claim_one(rt, worker_name="w2", lease_s=10)
-    fake_clock.advance(10.5)
-    await asyncio.sleep(0)
-    dead = await stored(rt, job.id)
-    assert (dead.state, dead.attempts) == (State.DEAD, 2)
-    assert dead.last_error == "lease expired: worker w2 went silent"
-    stats = rt.stats()
-    assert (stats["remote"]["expired"], stats["jobs"]["dead"]) == (2, 1)
-    assert stats["retried"] == 1
-    assert {w.name: w.held for w in rt.remote.workers().workers} == {"w1": 0, "w2": 0}
 
 
 def _running(job: Job, holder: str | None, lease_until: float | None, now: float) -> Job:

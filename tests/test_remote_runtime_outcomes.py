@@ -1,6 +1,8 @@
-"""A remote worker's outcomes in local mode: what each becomes, durable before it is
-answered; the fence (a stale epoch, a lease run out, a cancelled or finished job, a
-forged token, a worker outside its queues); the batch form, in order."""
+"""A remote worker's outcomes in local mode, what only the protocol has: a waiter told, the
+single form's body, ``retry_in_s`` and ``retry``, the bounds of a result and a checkpoint;
+the fence's reasons (a lease run out before its expiry is written, a forged token, a worker
+outside its queues); the batch form, in order. (What each outcome becomes, and the fence of
+a stale attempt, for every holder: ``test_claims_contract.py``.)"""
 
 from __future__ import annotations
 
@@ -65,25 +67,6 @@ async def test_the_single_forms_body_is_an_outcome_too(
     assert (await report(rt, body.token, body)).state == "completed"
 
 
-async def test_fail_retries_through_the_policy_and_dead_letters_past_max_attempts(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    rt = await remote_service(services, fake_clock, max_attempts=2)
-    job = await submit(rt, "k", queue="r")
-    g = await claim_one(rt)
-    r = await report(rt, g.token, FailIn(error="boom"))
-    assert r.state == "scheduled"
-    again = await stored(rt, job.id)
-    assert (again.attempts, again.last_error, again.epoch) == (1, "boom", 1)
-    assert again.ready_at > fake_clock.time()  # the backoff
-    fake_clock.advance(10)
-    g2 = await claim_one(rt)
-    assert (await report(rt, g2.token, FailIn(error="boom again"))).state == "dead"
-    dead = await stored(rt, job.id)
-    assert [e.error for e in dead.errors] == ["boom", "boom again"]
-    assert rt.stats()["retried"] == 1
-
-
 async def test_fail_with_retry_in_s_and_without_retry(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
@@ -98,75 +81,20 @@ async def test_fail_with_retry_in_s_and_without_retry(
     assert (await stored(rt, b.id)).attempts == 1
 
 
-async def test_snooze_gives_the_attempt_back_and_counts_a_snooze(
+async def test_a_checkpoint_outside_its_bounds_is_invalid_and_keeps_the_last_one(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
-    rt = await remote_service(services, fake_clock)
-    job = await submit(rt, "k", queue="r")
-    g = await claim_one(rt)
-    now = fake_clock.time()
-    assert (await report(rt, g.token, SnoozeIn(delay_s=45))).state == "scheduled"
-    snoozed = await stored(rt, job.id)
-    assert (snoozed.attempts, snoozed.snoozes, snoozed.ready_at) == (0, 1, now + 45)
-    assert rt.stats()["snoozed"] == 1
-    assert await claim(rt) == []
-    fake_clock.advance(45)
-    assert (await claim_one(rt)).job.snoozes == 1
-
-
-async def test_release_gives_the_job_back_due_now_with_no_attempt(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    rt = await remote_service(services, fake_clock)
-    job = await submit(rt, "k", queue="r")
-    g = await claim_one(rt)
-    assert (await report(rt, g.token, ReleaseIn())).state == "scheduled"
-    back = await stored(rt, job.id)
-    assert (back.state, back.attempts, back.epoch, back.holder) == (State.SCHEDULED, 0, 1, None)
-    g2 = await claim_one(rt, worker_name="w2")
-    assert (g2.job.id, g2.job.attempts, g2.job.holder) == (job.id, 1, "worker:w2")
-    assert (await report(rt, g.token, CompleteIn())).error == FENCED  # the old claim's token
-
-
-async def test_a_release_is_no_attempt_even_after_a_failure_or_under_a_cancel(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    """An unstarted claim given back leaves ``attempts`` and ``errors`` as they were before
-    the claim, whatever its history, and ends it cancelled (with no error) if a cancel was
-    asked for meanwhile."""
-    rt = await remote_service(services, fake_clock)
-    job = await submit(rt, "k", queue="r", max_attempts=5)
-    g = await claim_one(rt)
-    await report(rt, g.token, FailIn(error="first", retry_in_s=0))
-    before = await stored(rt, job.id)
-    g = await claim_one(rt)
-    assert (await report(rt, g.token, ReleaseIn())).state == "scheduled"
-    back = await stored(rt, job.id)
-    assert (back.attempts, back.errors, back.last_error, back.ready_at) == (
-        before.attempts, before.errors, before.last_error, before.ready_at,
-    )  # fmt: skip
-    g = await claim_one(rt)
-    await rt.cancel(job.id)  # asked for while it is held: the worker hears it next
-    assert (await report(rt, g.token, ReleaseIn())).state == "cancelled"
-    gone = await stored(rt, job.id)
-    assert (gone.state, gone.attempts, gone.errors) == (State.CANCELLED, 1, before.errors)
-
-
-async def test_a_checkpoint_keeps_it_running_and_the_next_attempt_reads_it(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
+    """(A checkpoint's durability and the next attempt's reading of it: the claims
+    contract.)"""
     rt = await remote_service(services, fake_clock)
     job = await submit(rt, "k", queue="r")
     g = await claim_one(rt)
     assert (await report(rt, g.token, CheckpointIn(data={"step": 3}))).state == "running"
-    assert (await stored(rt, job.id)).checkpoint == {"step": 3}
     bad = await report(rt, g.token, CheckpointIn(data=None))
     assert bad.error == "invalid"
     assert bad.detail is not None
     assert bad.detail.startswith("data: ")
-    await report(rt, g.token, FailIn(error="x", retry_in_s=0))
-    again = await claim_one(rt)
-    assert again.job.checkpoint == {"step": 3}
+    assert (await stored(rt, job.id)).checkpoint == {"step": 3}
 
 
 async def test_a_result_past_the_stored_value_bounds_fails_the_attempt(
@@ -182,34 +110,6 @@ async def test_a_result_past_the_stored_value_bounds_fails_the_attempt(
     failed = await stored(rt, job.id)
     assert failed.last_error is not None
     assert "bounds" in failed.last_error
-
-
-async def test_a_token_is_fenced_once_its_job_moved_on(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    """Stale epoch (the lease expired and another worker holds it now), finished, cancelled."""
-    rt = await remote_service(services, fake_clock)
-    job = await submit(rt, "k", queue="r")
-    old = await claim_one(rt, lease_s=10)
-    fake_clock.advance(11)  # the heap expires it: retried
-    await asyncio.sleep(0)
-    fake_clock.advance(10)
-    new = await claim_one(rt, worker_name="w2")
-    assert new.job.epoch == old.job.epoch + 1
-    stale = await report(rt, old.token, CompleteIn(result="late"))
-    assert (stale.error, stale.state) == (FENCED, None)
-    assert stale.detail is not None
-    assert "epoch" in stale.detail
-    assert (await report(rt, new.token, CompleteIn(result="fresh"))).state == "completed"
-    assert (await stored(rt, job.id)).result == "fresh"  # the newer attempt stands
-    assert (await report(rt, new.token, CompleteIn(result="twice"))).error == FENCED
-    assert rt.stats()["fenced"] == 1  # (the finished job's is counted in remote's only)
-    assert rt.stats()["remote"]["fenced"] == 2
-    cancelled = await submit(rt, "k", queue="r")
-    g = await claim_one(rt)
-    await rt.cancel(cancelled.id)
-    assert (await report(rt, g.token, FailIn(error="stopped"))).state == "cancelled"
-    assert (await report(rt, g.token, CompleteIn())).error == FENCED
 
 
 def test_the_fence_names_why() -> None:

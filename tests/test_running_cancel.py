@@ -1,4 +1,7 @@
-"""Cancelling a running job: asked for durably, told to the attempt, ended by the cancel rule.
+"""Cancelling a running job in this process's worker pool, with real handlers: how an async
+one's task and a sync one's ``ctx`` are told, a handler that catches the cancel, a request
+asked twice, a bulk cancel, a stop on top of a request. (Before the claim, after the end,
+forced, a claim given back under a cancel, for every holder: ``test_claims_contract.py``.)
 
 On the memory engine and the injected clock unless durability is the point: a
 test that asserts "promptly" asserts it in fake seconds, which only the code
@@ -12,10 +15,7 @@ import threading
 import time
 from typing import Any
 
-import pytest
-
 from sqlq.common.clock import FakeClock
-from sqlq.common.errors import IllegalTransitionError, JobNotFoundError
 from sqlq.common.models import State
 from sqlq.common.specs import CancelSpec
 from sqlq.runtime.kinds import JobContext, Registry, task
@@ -43,27 +43,6 @@ async def test_a_running_30_s_sleep_job_is_cancelled_within_a_heartbeat(
     assert stats["jobs"]["cancelled"] == 1
     assert rt.pool.stats()["live"] == 4  # the worker went on to its next job: none replaced
     assert rt.pool.replaced == 0
-
-
-async def test_cancel_before_a_claim_cancels_and_after_the_end_is_refused(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    rt = services(clock=fake_clock)
-    await rt.start()
-    later = await submit(rt, delay_ms=60_000)
-    cancelled = await rt.cancel(later.id)
-    assert (cancelled.state, cancelled.attempts, cancelled.cancel_requested_at) == (
-        State.CANCELLED, 0, None,
-    )  # fmt: skip
-    quick = await submit(rt, args={"work_ms": 1})
-    assert (await final(rt, quick.id)).state is State.COMPLETED
-    with pytest.raises(IllegalTransitionError):
-        await rt.cancel(quick.id)
-    with pytest.raises(IllegalTransitionError):
-        await rt.cancel(later.id)  # cancelled already: finished
-    with pytest.raises(JobNotFoundError):
-        await rt.cancel("0" * 32)
-    assert rt.stats()["cancel_requested"] == 0
 
 
 async def test_an_async_handler_that_catches_the_cancel_and_returns_completes(
@@ -122,33 +101,6 @@ async def test_a_sync_handler_is_told_through_ctx(services: ServiceFactory) -> N
     done = await final(rt, returning.id)
     assert (done.state, done.result) == (State.COMPLETED, "stopped early")
     assert rt.executor.threads.abandoned == 0  # told, never cut off
-
-
-async def test_a_forced_cancel_cuts_off_a_handler_that_ignores_it_after_the_grace(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    reg = Registry()
-
-    @task(registry=reg, timeout=None)
-    async def stubborn(args: Any, ctx: JobContext) -> Any:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass  # ignores the request
-        await asyncio.Event().wait()  # until cut off
-
-    rt = services(clock=fake_clock, kinds=reg, cancel_grace_s=10.0)
-    await rt.start()
-    job = await submit(rt, "stubborn")
-    await running(rt, job.id)
-    asked_at = fake_clock.time()
-    await rt.cancel(job.id, force=True)
-    done = await final(rt, job.id)
-    assert (done.state, done.attempts) == (State.CANCELLED, 1)
-    assert done.last_error is not None
-    assert done.last_error.startswith("cancelled: still running"), done.last_error
-    hb = rt.config.hb_timeout_s
-    assert 10.0 - 1e-3 <= done.updated_at - asked_at <= 10.0 + hb / 4  # the grace, then a look
 
 
 async def test_a_cancel_asked_twice_writes_one_request(
@@ -220,37 +172,3 @@ async def test_a_stop_while_a_handler_ignores_its_cancel_records_no_outcome(
     assert left is not None
     assert (left.state, left.cancel_requested_at is not None) == (State.RUNNING, True)
     assert rt.stats()["cancelled_running"] == 0
-
-
-async def test_a_claim_given_back_unstarted_is_no_attempt(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    """``Claims.given_back``, the path a worker takes for a claim whose cancel was asked for
-    before it started (and a node's stop, for claims no worker took): ``attempts`` and
-    ``errors`` stay as they were before the claim; cancelled if a cancel was asked for."""
-    rt = services(clock=fake_clock, workers=0, all_remote=False)  # the test takes the claims
-    await rt.start()
-    job = await submit(rt, max_attempts=5)
-    claim = await rt.claims.next()
-    rt.claims.failed(claim, "RuntimeError: first")
-    await rt.claims.settle()
-    before = await rt.get(job.id)
-    assert before is not None
-    fake_clock.advance(60)  # its backoff
-    claim = await rt.claims.next()
-    rt.claims.given_back(claim)
-    await rt.claims.settle()
-    back = await rt.get(job.id)
-    assert back is not None
-    assert (back.state, back.attempts, back.errors, back.last_error) == (
-        State.SCHEDULED, before.attempts, before.errors, before.last_error,
-    )  # fmt: skip
-    claim = await rt.claims.next()
-    claim.job = claim.job.apply(claim.job.request_cancel(fake_clock.time()))  # asked, unseen
-    rt.claims.given_back(claim)
-    await rt.claims.settle()
-    gone = await rt.get(job.id)
-    assert gone is not None
-    assert (gone.state, gone.attempts, gone.errors) == (
-        State.CANCELLED, before.attempts, before.errors,
-    )  # fmt: skip

@@ -1,4 +1,6 @@
 """Progress and checkpoints: what a running handler writes, coalesced, durable and fenced.
+(A checkpoint the next attempt reads, and a stale attempt's refused, for every holder:
+``test_claims_contract.py``.)
 
 Writes are counted at the store (``HeldStore`` records every transition it is
 asked to commit), on the injected clock, so "at most one a second" is a count
@@ -118,30 +120,6 @@ async def test_a_bad_progress_value_fails_the_handler_not_the_store(
     assert done.last_error == "ValueError: progress percent must be from 0 to 100, not 101"
 
 
-async def test_a_checkpoint_is_read_by_the_next_attempt_and_cleared_on_completion(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    reg = Registry()
-    seen: list[Any] = []
-
-    @task(registry=reg)
-    async def resumable(args: Any, ctx: JobContext) -> Any:
-        seen.append(ctx.checkpoint_data)
-        if ctx.checkpoint_data is None:
-            await ctx.checkpoint({"done": 3})
-            raise RuntimeError("crashed after 3")
-        return ctx.checkpoint_data["done"] + 1
-
-    rt = services(clock=fake_clock, kinds=reg, max_attempts=3)
-    await rt.start()
-    job = await submit(rt, "resumable")
-    done = await final(rt, job.id)
-    assert seen == [None, {"done": 3}]
-    assert (done.state, done.result, done.attempts, done.checkpoint) == (
-        State.COMPLETED, 4, 2, None,
-    )  # fmt: skip
-
-
 async def test_a_sync_handler_s_checkpoint_is_durable_when_it_returns(
     services: ServiceFactory,
 ) -> None:
@@ -165,37 +143,6 @@ async def test_a_sync_handler_s_checkpoint_is_durable_when_it_returns(
     assert (stored.state, stored.checkpoint) == (State.RUNNING, [1, 2, 3])
     release.set()
     assert (await final(rt, job.id)).checkpoint is None
-
-
-async def test_a_stale_attempt_s_checkpoint_is_refused(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    """Cut off by its timeout, an attempt that goes on is fenced: its checkpoint raises
-    ``AttemptFenced`` and the job keeps what its live attempt saved."""
-    reg = Registry()
-    fenced: list[str] = []
-
-    @task(registry=reg, timeout=5)
-    async def late(args: Any, ctx: JobContext) -> Any:
-        if ctx.job.attempts > 1:
-            return ctx.checkpoint_data
-        await ctx.checkpoint("first")
-        try:
-            await ctx.clock.sleep(60)
-        except asyncio.CancelledError:
-            try:
-                await ctx.checkpoint("stale")
-            except AttemptFenced as exc:
-                fenced.append(type(exc).__name__)
-            raise
-        return "never"
-
-    rt = services(clock=fake_clock, kinds=reg, max_attempts=2)
-    await rt.start()
-    job = await submit(rt, "late")
-    done = await final(rt, job.id)
-    assert fenced == ["AttemptFenced"]
-    assert (done.state, done.result, done.attempts) == (State.COMPLETED, "first", 2)
 
 
 async def test_a_bad_checkpoint_fails_the_handler(services: ServiceFactory) -> None:

@@ -2,8 +2,9 @@
 
 Two nodes over one database: a cancel asked on one reaches the attempt on the other
 by NOTIFY, or by its next renewal when the NOTIFY is lost; progress rides on the
-renewal; a checkpoint is a fenced write the next attempt reads. The same on a real
-PostgreSQL is ``test_running_postgres.py``.
+renewal. (What a running job does on one node, checkpoints and a cancel asked on the
+holding node among it, is the claims contract's: ``test_claims_contract.py``.) The same
+on a real PostgreSQL is ``test_running_postgres.py``.
 """
 
 from __future__ import annotations
@@ -25,13 +26,8 @@ def kinds() -> Registry:
 
     @task(registry=reg, timeout=None)
     async def long(args: Any, ctx: JobContext) -> Any:
-        if ctx.checkpoint_data is not None:
-            return {"from": ctx.checkpoint_data}
         for i in range(args.get("steps", 10**6)):
             ctx.progress(min(100.0, i / 10))
-            if args.get("save") and i == 3:
-                await ctx.checkpoint({"step": i})
-                raise RuntimeError("fails after its checkpoint")
             await ctx.clock.sleep(0.1)
         return "done"
 
@@ -82,20 +78,6 @@ async def test_a_lost_notify_is_made_up_for_by_the_renewal(
     assert 0 < waited <= 8.0 / 4 + 0.2  # the next renewal (every lease_s / 4), then a beat
 
 
-async def test_a_cancel_on_the_holding_node_marks_its_claim(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    db = Database(notify=False)  # no NOTIFY needed: the node holds the attempt itself
-    _, holder = await two_nodes(services, fake_clock, db, lease_s=60.0)
-    job = await submit(holder, "long")
-    await running(holder, job.id)
-    asked = await holder.cancel(job.id)
-    done = await final(holder, job.id)
-    assert (done.state, done.updated_at - (asked.cancel_requested_at or 0) < 0.2) == (
-        State.CANCELLED, True,
-    )  # fmt: skip
-
-
 async def test_progress_rides_on_the_renewal_and_the_outcome(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
@@ -109,14 +91,3 @@ async def test_progress_rides_on_the_renewal_and_the_outcome(
     sent = [r[job.id].percent or 0.0 for r in db.renewals if job.id in r]
     assert 3 <= len(sent) <= 10  # one renewal a second at most carried it, not 100 writes
     assert sent == sorted(sent)
-
-
-async def test_a_checkpoint_is_a_fenced_write_the_next_attempt_reads(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    db = Database()
-    asker, _ = await two_nodes(services, fake_clock, db, lease_s=60.0, max_attempts=2)
-    job = await submit(asker, "long", args={"save": True})
-    done = await final(asker, job.id)
-    assert (done.state, done.result, done.attempts) == (State.COMPLETED, {"from": {"step": 3}}, 2)
-    assert done.checkpoint is None

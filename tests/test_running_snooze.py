@@ -1,8 +1,9 @@
-"""Snoozes (an attempt given back, a snooze counted) and the history of failed attempts."""
+"""Snoozes through the handler's API (an attempt given back, a snooze counted), their bound,
+and the history of failed attempts, its bound and every way an attempt fails. (A snooze,
+one after a cancel, and a dead job's errors, for every holder: ``test_claims_contract.py``.)"""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from sqlq.common.clock import FakeClock
@@ -11,7 +12,6 @@ from sqlq.common.running import MAX_ERRORS
 from sqlq.runtime.context import Snooze, snooze
 from sqlq.runtime.kinds import JobContext, Registry, task
 from tests.helpers import ServiceFactory, final, submit
-from tests.running_helpers import cancelled_running
 
 
 def snoozer() -> Registry:
@@ -56,25 +56,6 @@ async def test_a_job_that_snoozes_past_max_snoozes_is_dead(
     assert [e.error for e in done.errors] == [done.last_error]
 
 
-async def test_a_snooze_after_a_cancel_was_asked_for_cancels(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    reg = Registry()
-
-    @task(registry=reg)
-    async def nap(args: Any, ctx: JobContext) -> Any:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            raise Snooze(60) from None  # "not now" is no answer to a cancel
-
-    rt = services(clock=fake_clock, kinds=reg)
-    await rt.start()
-    done = await cancelled_running(rt, "nap")
-    assert (done.state, done.snoozes) == (State.CANCELLED, 0)
-    assert done.last_error == "cancelled: it snoozed after a cancel was asked for"
-
-
 async def test_a_bad_snooze_fails_the_attempt(services: ServiceFactory) -> None:
     reg = Registry()
 
@@ -103,17 +84,6 @@ async def dead_boom(services: ServiceFactory, clock: FakeClock, *, max_attempts:
     rt = services(clock=clock, kinds=reg, max_attempts=max_attempts)
     await rt.start()
     return await final(rt, (await submit(rt, "boom")).id)
-
-
-async def test_a_dead_job_that_used_2_attempts_shows_both_and_both_errors(
-    fake_clock: FakeClock, services: ServiceFactory
-) -> None:
-    done = await dead_boom(services, fake_clock, max_attempts=2)
-    assert (done.state, done.attempts, done.all_attempts) == (State.DEAD, 2, 2)
-    assert [(e.attempt, e.error) for e in done.errors] == [
-        (1, "RuntimeError: boom 1"), (2, "RuntimeError: boom 2"),
-    ]  # fmt: skip
-    assert done.errors[0].at < done.errors[1].at
 
 
 async def test_a_job_keeps_its_last_10_errors(
