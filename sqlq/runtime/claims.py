@@ -32,6 +32,7 @@ from sqlq.runtime.claim import Claim as Claim  # (re-exported: where the claims 
 from sqlq.runtime.claim import ClaimResult as ClaimResult
 from sqlq.runtime.claim import QueueInfo as QueueInfo
 from sqlq.runtime.events import Event
+from sqlq.runtime.holding import Holding
 from sqlq.runtime.parts import Parts
 from sqlq.runtime.reach import Attempts, Reach
 
@@ -41,69 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Holding(Protocol):
-    """What a worker pool asks of the claims it runs attempts for: the next claim, every
-    way an attempt ends, the lease it holds, and the channel its context writes through.
-    The server's ``Claims`` is one; a remote worker's ``sqlq.worker_claims.RemoteClaims``,
-    the same verbs over HTTP, is the other: so one pool (``sqlq.runtime.workers``) runs
-    every attempt, wherever its job is held."""
-
-    async def next(self) -> Claim:
-        """The next due job, claimed for the caller; waits until there is one."""
-        ...
-
-    def completed(self, claim: Claim, result: JSON) -> None: ...
-
-    def failed(self, claim: Claim, error: str) -> None:
-        """The attempt failed: retry with backoff, or dead-letter."""
-        ...
-
-    def hung(self, claim: Claim, reason: str) -> None:
-        """The attempt was cut off (silent or past its timeout): like a failure."""
-        ...
-
-    def snoozed(self, claim: Claim, delay_s: float) -> None:
-        """The handler snoozed: due again after ``delay_s``, its attempt not counted."""
-        ...
-
-    def given_back(self, claim: Claim) -> None:
-        """The claim never started (a cancel was asked for first, or its holder stops): due
-        again in its place in line, or cancelled if a cancel was asked for; no attempt is
-        counted and no error added (``backoff.released``)."""
-        ...
-
-    @property
-    def leased(self) -> bool:
-        """Whether this holder's attempts run under leases it may lose (``expires``)."""
-        ...
-
-    @property
-    def lease_s(self) -> float | None:
-        """How long this holder's leases last (None: it has none to lose)."""
-        ...
-
-    def expires(self, claim: Claim) -> float | None:
-        """When (monotonic) this holder stops holding ``claim``'s job unless it renews its
-        lease first (``sqlq.common.lease``); None: never, the queue is this process's."""
-        ...
-
-    def lost(self, claim: Claim) -> None:
-        """The holder's lease on ``claim`` ran out unrenewed: the attempt is over here and
-        reports nothing (the job is whoever rescues it's)."""
-        ...
-
-    # What an attempt's context writes through (``sqlq.runtime.context.Channel``).
-    def progressed(self, claim: Claim) -> None: ...
-
-    def save(self, claim: Claim, data: JSON) -> asyncio.Future[None]: ...
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None: ...
-
-
 class Claims(Holding, Protocol):
-    """``Holding``, and the rest a service asks: recovery, submissions, cancels, an
-    operator's verbs and what the reporting views read."""
+    """``Holding``, and the rest a service does with the queue: recovery and the stop,
+    submissions, cancels and an operator's verbs. What it only reads is ``ClaimsView``."""
 
     @property
     def remote_side(self) -> RemoteSide:
@@ -156,12 +97,22 @@ class Claims(Holding, Protocol):
         """Put dead or cancelled ``jobs`` back, due now, in one durable commit."""
         ...
 
-    def trouble(self) -> str | None:
-        """Why this node cannot serve now (its store out of reach past its lease), or None."""
-        ...
-
     async def pause(self, queue: str, paused: bool) -> None:
         """Stop (or resume) starting jobs of ``queue``; durable. Running ones finish."""
+        ...
+
+    async def finished(self, ids: Sequence[str]) -> list[Job]:
+        """Those of ``ids`` that are finished, wherever they ran (see ``finish_poll_s``)."""
+        ...
+
+
+class ClaimsView(Protocol):
+    """What the reporting surface reads of where the queue lives, beside ``Claims`` and
+    changing nothing: the queues and their counts, the census, live counts, the queues in
+    use (what ``--max-queues`` bounds), what runs here, and trouble (``/readyz``)."""
+
+    def trouble(self) -> str | None:
+        """Why this node cannot serve now (its store out of reach past its lease), or None."""
         ...
 
     async def queues(self) -> dict[str, QueueInfo]: ...
@@ -171,10 +122,6 @@ class Claims(Holding, Protocol):
         ...
 
     async def queue(self, name: str) -> QueueInfo: ...
-
-    async def finished(self, ids: Sequence[str]) -> list[Job]:
-        """Those of ``ids`` that are finished, wherever they ran (see ``finish_poll_s``)."""
-        ...
 
     def backlog(self) -> int:
         """Live jobs (scheduled or running) in the queue, for ``--max-queued``."""
@@ -205,6 +152,12 @@ class Claims(Holding, Protocol):
         ...
 
     def stats(self) -> dict[str, Any]: ...
+
+
+class QueueHome(Claims, ClaimsView, Protocol):
+    """Where the queue lives, as the composition root makes it (``runtime.modes``): one
+    object that is both the verbs and the view; the service hands each part to whoever
+    needs only that part."""
 
 
 LIVE_STATES = (State.SCHEDULED.value, State.RUNNING.value)
@@ -342,7 +295,8 @@ class ClaimsBase(Reach):
                      again=Event.SNOOZED, retried=False)  # fmt: skip
 
     def given_back(self, claim: Claim) -> None:
-        if claim.over:
+        if claim.over:  # (a late give-back is fenced as a late end is; no run time to see)
+            self._events.record(Event.FENCED, claim.job)
             return
         self._release(claim.job.queue)
         self._record(claim, released(self._carry(claim), self._clock.time()), retried=False)

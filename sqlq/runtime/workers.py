@@ -32,9 +32,10 @@ from typing import Any
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.common.lease import SKEW_MARGIN
-from sqlq.runtime.claims import Claim, Holding
+from sqlq.runtime.claim import Claim
 from sqlq.runtime.context import JobContext, NotStarted, Snooze, describe
 from sqlq.runtime.executor import Executor
+from sqlq.runtime.holding import Holding
 
 CANCELLED_WHILE = "cancelled: a cancel was asked for while it ran"
 

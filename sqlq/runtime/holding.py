@@ -1,0 +1,73 @@
+"""``Holding``: what a worker pool asks of the claims it runs attempts for.
+
+Its own module, apart from the server's ``Claims`` and what they import (the store, the
+metrics), so that a remote worker, which holds its claims over HTTP, loads only this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from sqlq.common.models import JSON
+from sqlq.runtime.claim import Claim
+
+
+class Holding(Protocol):
+    """What a worker pool asks of the claims it runs attempts for: the next claim, every
+    way an attempt ends, the lease it holds, and the channel its context writes through.
+    The server's ``Claims`` (``sqlq.runtime.claims``) is one; a remote worker's
+    ``sqlq.worker_claims.RemoteClaims``, the same verbs over HTTP, is the other: so one
+    pool (``sqlq.runtime.workers``) runs every attempt, wherever its job is held."""
+
+    async def next(self) -> Claim:
+        """The next due job, claimed for the caller; waits until there is one."""
+        ...
+
+    def completed(self, claim: Claim, result: JSON) -> None: ...
+
+    def failed(self, claim: Claim, error: str) -> None:
+        """The attempt failed: retry with backoff, or dead-letter."""
+        ...
+
+    def hung(self, claim: Claim, reason: str) -> None:
+        """The attempt was cut off (silent or past its timeout): like a failure."""
+        ...
+
+    def snoozed(self, claim: Claim, delay_s: float) -> None:
+        """The handler snoozed: due again after ``delay_s``, its attempt not counted."""
+        ...
+
+    def given_back(self, claim: Claim) -> None:
+        """The claim never started (a cancel was asked for first, or its holder stops): due
+        again in its place in line, or cancelled if a cancel was asked for; no attempt is
+        counted and no error added (``backoff.released``)."""
+        ...
+
+    @property
+    def leased(self) -> bool:
+        """Whether this holder's attempts run under leases it may lose (``expires``)."""
+        ...
+
+    @property
+    def lease_s(self) -> float | None:
+        """How long this holder's leases last (None: it has none to lose)."""
+        ...
+
+    def expires(self, claim: Claim) -> float | None:
+        """When (monotonic) this holder stops holding ``claim``'s job unless it renews its
+        lease first (``sqlq.common.lease``); None: never, the queue is this process's."""
+        ...
+
+    def lost(self, claim: Claim) -> None:
+        """The holder's lease on ``claim`` ran out unrenewed: the attempt is over here and
+        reports nothing (the job is whoever rescues it's)."""
+        ...
+
+    # What an attempt's context writes through (``sqlq.runtime.context.Channel``).
+    def progressed(self, claim: Claim) -> None: ...
+
+    def save(self, claim: Claim, data: JSON) -> asyncio.Future[None]: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
