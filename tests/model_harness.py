@@ -236,7 +236,7 @@ class ServiceHarness(RuleBasedStateMachine):
                 f"/stats says {stats[state.value]} {state.value}, the records {want_n}"
             )
         for q in sorted({*QUEUES, *queues}):
-            info = queues.get(q) or await service.claims.queue(q)
+            info = queues.get(q) or await service.view.queue(q)
             scheduled, running = by[State.SCHEDULED.value, q], by[State.RUNNING.value, q]
             assert info.depth == scheduled or "lanes" in WAIVE, (
                 f"queue {q}: depth {info.depth}, but {scheduled} jobs are scheduled in it"

@@ -239,8 +239,8 @@ class Holder:
 
     async def took_nothing(self) -> bool:
         if self.kind == "node":
-            return self.rt.claims.queues_now().get(self.queue) is None or (
-                self.rt.claims.queues_now()[self.queue].depth == 0
+            return self.rt.view.queues_now().get(self.queue) is None or (
+                self.rt.view.queues_now()[self.queue].depth == 0
             )
         return await self._claim() == []
 
@@ -605,7 +605,7 @@ async def test_an_end_written_twice_is_refused_the_second_time(holder: Holder) -
         await holder.rt.claims.settle()
     done = await stored(holder, job.id)
     assert (done.state, done.result, done.errors) == (State.COMPLETED, 1, ())
-    assert holder.rt.claims.running_here() == {}  # the attempt was counted out once
+    assert holder.rt.view.running_here() == {}  # the attempt was counted out once
     if holder.kind == "worker":
         assert holder.rt.stats()["remote"]["fenced"] == 1
     else:

@@ -181,7 +181,7 @@ async def test_a_queue_cap_bounds_how_many_of_its_jobs_run_at_once(api: Client) 
 
     async def sample() -> bool:
         nonlocal peak
-        peak = max(peak, (await rt.claims.queue("mail")).running)
+        peak = max(peak, (await rt.view.queue("mail")).running)
         return len(STARTED) == 8
 
     for i in range(6):

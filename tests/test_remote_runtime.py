@@ -44,7 +44,7 @@ async def test_a_claim_takes_the_due_jobs_by_priority_then_due_order(
         assert (job.state, job.attempts, job.holder) == (State.RUNNING, 1, "worker:w1")
     assert granted[0].job.args == {}
     assert granted[1].job.args == {"w": 1}
-    assert (await rt.claims.queue("r")).depth == 1
+    assert (await rt.view.queue("r")).depth == 1
     fake_clock.advance(60)
     [g] = await claim(rt)
     assert g.job.id == later.id
@@ -98,12 +98,12 @@ async def test_cancelled_jobs_at_the_front_cost_no_claim_its_jobs(
     jobs, _ = await rt.submit([JobSpec(kind="k", queue="r") for _ in range(50)], batch=True)
     for job in jobs[:24]:  # fewer than half: the lanes keep them as stale entries
         await rt.cancel(job.id)
-    assert (await rt.claims.queue("r")).depth == 26
+    assert (await rt.view.queue("r")).depth == 26
     first = await claim(rt, ("r", "r2"), max=5)
     second = await claim(rt, ("r",), kinds=["k"], max=5)
     third = await claim(rt, ("r",), max=5)
     assert [g.job.id for g in first + second + third] == [j.id for j in jobs[24:39]]
-    assert (await rt.claims.queue("r")).depth == 11
+    assert (await rt.view.queue("r")).depth == 11
     assert isinstance(rt.claims, LocalClaims)
     assert rt.claims.remote_side.lanes.sizes()["immediate"] == 11
 
@@ -120,7 +120,7 @@ async def test_jobs_of_a_kind_nobody_claims_never_hide_the_kinds_asked_for(
     wanted, _ = await rt.submit([JobSpec(kind="k", queue="r") for _ in range(5)], batch=True)
     granted = await claim(rt, ("r", "r2"), kinds=["k", "other"], max=10)
     assert [g.job.id for g in granted] == [j.id for j in wanted]
-    assert (await rt.claims.queue("r")).depth == 2000
+    assert (await rt.view.queue("r")).depth == 2000
     granted = await claim(rt, ("r",), max=3)
     assert [g.job.id for g in granted] == [j.id for j in typos[:3]]
     later = asyncio.ensure_future(claim(rt, ("r",), kinds=["k"], max=1, wait_s=10))

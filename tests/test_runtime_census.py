@@ -88,14 +88,14 @@ async def test_the_census_is_kept_as_jobs_move_with_no_entry_for_an_empty_queue(
         args = {"work_ms": 2, "fail_prob": 1.0 if i % 3 == 0 else 0.0}
         jobs.append(await submit(rt, queue=f"q{i % 4}", args=args))
     later = await submit(rt, delay_ms=3_600_000, queue="later")
-    assert rt.claims.census() == walked()
+    assert rt.view.census() == walked()
     for job in jobs:
         await final(rt, job.id)
-        assert rt.claims.census() == walked()
-    assert rt.claims.census() == {("scheduled", "later"): 1}
+        assert rt.view.census() == walked()
+    assert rt.view.census() == {("scheduled", "later"): 1}
     assert set(rt.live.queues) == {"later"}
     await rt.cancel(later.id)
-    assert rt.claims.census() == {}
+    assert rt.view.census() == {}
     assert not rt.live.queues
 
 
@@ -166,8 +166,8 @@ async def test_a_queue_that_ran_jobs_leaves_no_running_entry(services: ServiceFa
     jobs = [await submit(rt, "sleep", queue=f"q{i}") for i in range(20)]
     for job in jobs:
         await final(rt, job.id)
-    await wait_for(lambda: rt.claims.backlog() == 0, 10, "every job to leave the view")
-    assert not rt.claims.running_here()  # the leak lived here
+    await wait_for(lambda: rt.view.backlog() == 0, 10, "every job to leave the view")
+    assert not rt.view.running_here()  # the leak lived here
 
 
 async def test_a_hang_on_the_last_attempt_is_dead_not_requeued_in_stats_and_metrics(

@@ -107,11 +107,11 @@ async def test_cancel_then_retry_runs_at_the_retry_never_at_the_old_due_time(
     await rt.start()
     job = await submit(rt, kind="flaky", delay_ms=10_000)  # due at NOW + 10
     await rt.cancel(job.id)
-    assert (await rt.claims.queue("default")).depth == 0
+    assert (await rt.view.queue("default")).depth == 0
     await rt.retry(job.id)  # due now
     await wait_for(lambda: rt.stats()["retried"] == 1, 5, "the retry's attempt to fail")
     assert started == [NOW]
-    assert (await rt.claims.queue("default")).depth == 1  # the backoff's entry, and only that
+    assert (await rt.view.queue("default")).depth == 1  # the backoff's entry, and only that
     dispatched = lanes(rt).dispatched
     clock.advance(10.0)  # the old due time: nothing is due
     lanes(rt).poke()

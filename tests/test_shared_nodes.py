@@ -27,7 +27,7 @@ async def test_jobs_submitted_to_any_node_run_once_each_across_nodes(nodes: Node
     for job in jobs:
         assert (await final(a, job.id)).state is State.COMPLETED
     assert len(STARTED) == len(jobs) == len(set(STARTED))  # every job ran, and once
-    ran = [rt.claims.stats()["shared"]["claimed"] for rt in (a, b, c)]
+    ran = [rt.view.stats()["shared"]["claimed"] for rt in (a, b, c)]
     assert sum(ran) == len(jobs), ran
 
 
@@ -96,11 +96,11 @@ async def test_notify_wakes_an_idle_node_long_before_its_poll(nodes: Node, pg_db
     await other.open()
     try:
         await wait_for(lambda: a.store._listener is not None, 10, "a to LISTEN")  # type: ignore[attr-defined]
-        heard = a.claims.stats()["shared"]["notifications"]
+        heard = a.view.stats()["shared"]["notifications"]
         job = Job.new(kind="work", args={"name": "woken"}, now=SYSTEM_CLOCK.time())
         await other.commit([job])  # another node's submission: only the NOTIFY tells a
         await wait_for(lambda: STARTED == ["woken"], 10, "a to be woken by NOTIFY")
-        assert a.claims.stats()["shared"]["notifications"] > heard
+        assert a.view.stats()["shared"]["notifications"] > heard
     finally:
         await other.close()
 
@@ -114,7 +114,7 @@ async def test_the_poll_finds_work_when_notify_is_lost(nodes: Node, pg_db: str) 
         job = Job.new(kind="work", args={"name": "polled"}, now=SYSTEM_CLOCK.time())
         await other.commit([job])
         await wait_for(lambda: STARTED == ["polled"], 10, "a's poll to find the job")
-        assert a.claims.stats()["shared"]["notifications"] == 0
+        assert a.view.stats()["shared"]["notifications"] == 0
     finally:
         await other.close()
 

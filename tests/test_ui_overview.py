@@ -65,7 +65,7 @@ async def test_in_shared_mode_the_overview_reads_the_census_the_claimer_keeps(
     rt = services(store)
     await rt.start()
     await submit(rt, delay_ms=60_000, queue="mail")
-    await wait_for(lambda: ("scheduled", "mail") in rt.claims.census(), what="a census")
+    await wait_for(lambda: ("scheduled", "mail") in rt.view.census(), what="a census")
     here = asyncio.current_task()  # the ASGI transport runs the app in this task
     asked: list[str] = []
     for name in ("census", "paused_queues", "nodes", "list_jobs", "get"):

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sqlq.common.store import JobStore
-from sqlq.runtime.claims import Claims
+from sqlq.runtime.claims import QueueHome
 from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.parts import Parts
 from sqlq.runtime.shared import SharedClaims
 
-ClaimsFactory = Callable[[Parts], Claims]  # the claims of a service, from the parts it shares
+ClaimsFactory = Callable[[Parts], QueueHome]  # where a service's queue lives, from its parts
 
 
 def claims_for(store: JobStore) -> ClaimsFactory:

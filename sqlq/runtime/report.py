@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from sqlq.common.clock import Clock
 from sqlq.common.models import TERMINAL
 from sqlq.common.store import JobStore, Recovery
-from sqlq.runtime.claims import Claims
+from sqlq.runtime.claims import ClaimsView
 from sqlq.runtime.config import RuntimeConfig, RuntimeState
 from sqlq.runtime.events import Event, Events
 from sqlq.runtime.executor import Executor
@@ -42,7 +42,7 @@ class ReportSource(Protocol):
     @property
     def events(self) -> Events: ...
     @property
-    def claims(self) -> Claims: ...
+    def view(self) -> ClaimsView: ...
     @property
     def executor(self) -> Executor: ...
     @property
@@ -75,7 +75,7 @@ TOTALS = {
 
 def stats(rt: ReportSource) -> dict[str, Any]:
     totals = rt.events.totals
-    jobs: dict[str, int] = rt.claims.live_counts()  # (shared mode: on every node)
+    jobs: dict[str, int] = rt.view.live_counts()  # (shared mode: on every node)
     jobs.update({s.value: totals[Event(s.value)] for s in TERMINAL})
     threads = rt.executor.threads
     return {
@@ -86,7 +86,7 @@ def stats(rt: ReportSource) -> dict[str, Any]:
         **{key: totals[event] for key, event in TOTALS.items()},
         "max_queued": rt.config.max_queued,
         "max_queues": rt.config.max_queues,
-        "queues_used": rt.claims.queues_used(),
+        "queues_used": rt.view.queues_used(),
         "workers": {
             **rt.pool.stats(),
             "handler_threads": threads.size,
@@ -94,7 +94,7 @@ def stats(rt: ReportSource) -> dict[str, Any]:
             "abandoned_threads_total": threads.abandoned_total,
             "max_abandoned": rt.config.max_abandoned,
         },
-        **rt.claims.stats(),
+        **rt.view.stats(),
         "remote": rt.remote.stats(),
         "store": rt.store.stats().to_dict(),
         "recovery": rt.recovery.summary() if rt.recovery else None,
@@ -107,7 +107,7 @@ def gauges(rt: ReportSource) -> Iterator[Metric]:
     by what they were, a fixed set of labels), recovery."""
     yield gauge(
         "sqlq_jobs_live", "Scheduled and running jobs (in shared mode, on every node).",
-        ["state", "queue"], {k: float(n) for k, n in rt.claims.census().items()},
+        ["state", "queue"], {k: float(n) for k, n in rt.view.census().items()},
     )  # fmt: skip
     pool = rt.pool
     yield gauge(

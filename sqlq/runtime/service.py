@@ -39,7 +39,7 @@ from sqlq.common.models import RETRYABLE, Job, State
 from sqlq.common.specs import CancelSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, JobQuery, JobStore, Recovery
 from sqlq.runtime import report
-from sqlq.runtime.claims import QueueInfo
+from sqlq.runtime.claims import Claims, ClaimsView, QueueInfo
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig, RuntimeState
 from sqlq.runtime.cpu import CpuPool
 from sqlq.runtime.events import Event
@@ -100,8 +100,10 @@ class Service:
         parts = Parts.of(store, config, clock=clock, rng=rng)
         self.live, self.metrics = parts.live, parts.metrics
         self.events = parts.live.events  # the one sink of /stats' totals and /metrics' events
-        self.claims = (claims or claims_for(store))(parts)
-        self.events.live_queues = self.claims.live_queues  # a gone queue's series go
+        home = (claims or claims_for(store))(parts)
+        self.claims: Claims = home  # the verbs: claims, ends, cancels, an operator's
+        self.view: ClaimsView = home  # what the reporting surface reads, beside them
+        self.events.live_queues = self.view.live_queues  # a gone queue's series go
         self.events.known_kinds = frozenset(all_kinds.names())  # bounds the kind labels
         store.observe_batches(self.metrics.batch_written)
         self.metrics.gauges(lambda: report.gauges(self))
@@ -117,7 +119,9 @@ class Service:
         )
         self.claims.attach(self.pool)  # a cancel reaches the attempts running here
         self.remote = Remote(self.claims.remote_side, parts)  # remote workers' side (/claims)
-        self.submissions = Submissions(store, self.claims, config, all_kinds, self.events, clock)
+        self.submissions = Submissions(
+            store, self.claims, self.view, config, all_kinds, self.events, clock
+        )
         self.waiters = Waiters(self.claims, self.get, clock)
         self.schedules = Schedules(store, self.claims, self.submissions, all_kinds, self.events,
                                    clock, self.get)  # fmt: skip
@@ -217,17 +221,17 @@ class Service:
         return await self.store.list_jobs(query)
 
     async def queues(self) -> dict[str, QueueInfo]:
-        return await self.claims.queues()
+        return await self.view.queues()
 
     async def pause(self, queue: str, paused: bool) -> QueueInfo:
         """Pause or resume a queue, durably: running jobs finish, no new ones start."""
         self._check_accepting()
-        new = [queue] if paused and not self.claims.in_use(queue) else []
+        new = [queue] if paused and not self.view.in_use(queue) else []
         if new:  # a pause is durable: it counts too, and holds its name while it commits
             self.submissions.check_new_queue("queue")
         with self.submissions.holding(new):
             await self.claims.pause(queue, paused)
-        return await self.claims.queue(queue)
+        return await self.view.queue(queue)
 
     async def retry(self, job_id: str) -> Job:
         """Put one dead or cancelled job back, due now, with a fresh attempt budget."""
@@ -323,7 +327,7 @@ class Service:
         alive, reason = self.liveness()
         if not alive:
             return False, reason
-        trouble = self.claims.trouble()
+        trouble = self.view.trouble()
         if trouble is not None:
             return False, trouble
         if not self.pool.live and self.pool.size > 0:  # (none configured: all remote)

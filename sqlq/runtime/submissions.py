@@ -28,7 +28,7 @@ from sqlq.common.errors import (
 from sqlq.common.models import Job
 from sqlq.common.specs import MAX_DELAY_MS, JobSpec, check_args
 from sqlq.common.store import JobStore
-from sqlq.runtime.claims import Claims
+from sqlq.runtime.claims import Claims, ClaimsView
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.events import Event, Events
 from sqlq.runtime.kinds import Registry
@@ -39,6 +39,7 @@ class Submissions:
         self,
         store: JobStore,
         claims: Claims,
+        view: ClaimsView,
         config: RuntimeConfig,
         kinds: Registry,
         events: Events,
@@ -46,6 +47,7 @@ class Submissions:
     ) -> None:
         self._store = store
         self._claims = claims
+        self._view = view  # (the counts --max-queued and --max-queues bound)
         self._config = config
         self._kinds = kinds
         self._events = events
@@ -163,7 +165,7 @@ class Submissions:
         place (and their new queue names) until the commit that makes them live is over.
         Submissions and retries alike: both add live jobs, perhaps in new queues."""
         limit = self._config.max_queued
-        if self._claims.backlog() + self._admitting + len(jobs) > limit:
+        if self._view.backlog() + self._admitting + len(jobs) > limit:
             self._events.record(Event.REFUSED_FULL, n=len(jobs))
             raise QueueFullError(limit)
         new = self._new_queues_of(jobs, batch)
@@ -189,11 +191,11 @@ class Submissions:
     def _new_queues_of(self, jobs: Sequence[Job], batch: bool) -> list[str]:
         """The queue names ``jobs`` would add (``--max-queues``); ``ValidationError`` naming
         the field of the first job past the bound."""
-        claims, pending = self._claims, self._new_queues
+        view, pending = self._view, self._new_queues
         new: list[str] = []
         for i, job in enumerate(jobs):
             queue = job.queue
-            if queue in pending or claims.in_use(queue) or queue in new:
+            if queue in pending or view.in_use(queue) or queue in new:
                 continue
             self.check_new_queue(f"jobs[{i}].queue" if batch else "queue", len(new))
             new.append(queue)
@@ -202,7 +204,7 @@ class Submissions:
     def check_new_queue(self, field: str, more: int = 0) -> None:
         """One more queue (with ``more`` already counted in this request) must fit."""
         limit = self._config.max_queues
-        if self._claims.queues_used() + len(self._new_queues) + more + 1 > limit:
+        if self._view.queues_used() + len(self._new_queues) + more + 1 > limit:
             raise ValidationError(
                 field, f"would be one more than --max-queues ({limit}) queues with live jobs "
                 "or paused; use an existing queue, or wait for one to empty",

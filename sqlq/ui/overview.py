@@ -84,7 +84,7 @@ def _ms(p: Percentiles) -> dict[str, Any]:
 def overview(runtime: Service, history: History) -> dict[str, Any]:
     """The overview page's figures, ready for the template."""
     stats = runtime.stats()
-    queues = runtime.claims.queues_now()
+    queues = runtime.view.queues_now()
     rates = history.latest_rates()
     store = runtime.store.stats()  # the typed fields: every engine fills them alike
     compaction = store.last_compaction
