@@ -170,5 +170,6 @@ async def test_a_thread_cut_off_at_its_timeout_sees_ctx_cancelled(
     await rt.start()
     done = await final(rt, (await submit(rt, "looks")).id, within=30)
     assert done.state is State.DEAD
-    assert done.last_error is not None and done.last_error.startswith("timed out")
+    assert done.last_error is not None
+    assert done.last_error.startswith("timed out")
     await wait_for(saw.is_set, 30, "the thread to see ctx.cancelled")

@@ -105,6 +105,7 @@ async def test_a_cancel_while_it_waits_for_a_process_gives_it_back_unstarted(
     ended = await final(rt, waiting.id, within=60)
     assert (ended.state, ended.attempts) == (State.CANCELLED, 0)
     still = await rt.get(holder.id)
-    assert still is not None and still.state is State.RUNNING  # (the process is still its)
+    assert still is not None
+    assert still.state is State.RUNNING  # (the process is still its)
     await rt.cancel(holder.id)
     assert (await final(rt, holder.id, within=60)).state is State.CANCELLED
