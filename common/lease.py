@@ -11,8 +11,9 @@ written after that moment, so counting from it is never late), on its monotonic
 clock, and gives up ``SKEW_MARGIN`` of the lease early, for clock skew between the
 nodes and for the health loop's tick.
 
-``cut_at`` is that instant (``stop_before``, from a lease's end). Whoever holds a lease (a node's worker
-pool, a remote ``sqlq worker``) calls these, so the rule has one home.
+``cut_at`` is that instant (``stop_before``, from a lease's end). Whoever holds a
+lease (a node's worker pool, a remote ``sqlq worker``) calls these, so the rule has one
+home.
 """
 
 from __future__ import annotations
@@ -30,4 +31,3 @@ def cut_at(granted_at: float, lease_s: float) -> float:
 def stop_before(lease_end: float, lease_s: float) -> float:
     """``cut_at`` for a holder that keeps the lease's end (``granted_at + lease_s``)."""
     return lease_end - lease_s * SKEW_MARGIN
-

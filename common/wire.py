@@ -101,7 +101,7 @@ class Retried(msgspec.Struct):
     retried: int
 
 
-class Cancelled(msgspec.Struct):
+class CancelCounts(msgspec.Struct):
     """``POST /jobs/cancel``: jobs cancelled before they ran, and running ones asked to stop
     (each ends as its attempt decides: cancelled, or completed if it finishes first)."""
 

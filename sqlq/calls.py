@@ -49,7 +49,7 @@ from sqlq.common.protocol import (
 from sqlq.common.wire import (
     MAX_WAIT_S,
     BatchResult,
-    Cancelled,
+    CancelCounts,
     JobPage,
     QueueList,
     QueueView,
@@ -274,7 +274,7 @@ class Requests:
         before they ran, and how many running ones were asked to stop."""
         filters = {"state": state, "kind": kind, "queue": queue}
         body = {k: v for k, v in filters.items() if v is not None}  # "" is refused, not "any"
-        done = yield from Call("POST", "/jobs/cancel", Cancelled, body)
+        done = yield from Call("POST", "/jobs/cancel", CancelCounts, body)
         return done.cancelled, done.requested
 
     @staticmethod

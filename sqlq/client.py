@@ -62,7 +62,7 @@ from sqlq.common.models import TERMINAL
 from sqlq.common.roles import token_problem
 from sqlq.common.wire import (
     BatchResult,
-    Cancelled,
+    CancelCounts,
     JobPage,
     QueueList,
     QueueView,
@@ -372,7 +372,7 @@ __all__ = [
     "AsyncClient",
     "BatchResult",
     "Call",
-    "Cancelled",
+    "CancelCounts",
     "Client",
     "Conflict",
     "FencedError",

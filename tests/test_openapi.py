@@ -80,7 +80,7 @@ def test_the_document_shows_a_running_jobs_fields_and_the_cancels() -> None:
     assert set(force["schema"]["enum"]) == set(FORCE)  # exactly what the route takes
     bulk = doc["paths"]["/jobs/cancel"]["post"]
     assert bulk["requestBody"]["required"] is True
-    assert set(schemas["Cancelled"]["properties"]) == {"cancelled", "requested"}
+    assert set(schemas["CancelCounts"]["properties"]) == {"cancelled", "requested"}
     assert schemas["CancelSpec"]["properties"]["state"]
 
 

@@ -37,7 +37,7 @@ from sqlq.common.specs import (
     decode_job,
     whole_number,
 )
-from sqlq.common.wire import Cancelled, job_view
+from sqlq.common.wire import CancelCounts, job_view
 from sqlq.http.access import guarded, principal, require, rule
 from sqlq.http.claims import routes as claim_routes
 from sqlq.http.errors import ERRORS, BodyTooLarge, Forbidden, JSONResponse, handler_for
@@ -237,7 +237,7 @@ def create_app(
             raise ValidationError("body", "required: {} cancels every live job")
         spec = decode(body, CancelSpec)
         cancelled, requested = await runtime.cancel_matching(spec)
-        return JSONResponse(Cancelled(cancelled=cancelled, requested=requested))
+        return JSONResponse(CancelCounts(cancelled=cancelled, requested=requested))
 
     async def healthz(_: Request) -> Response:
         # Liveness: 503 only for what a restart mends (a failed store).

@@ -48,7 +48,7 @@ from sqlq.common.store import MAX_PAGE
 from sqlq.common.wire import (
     MAX_WAIT_S,
     BatchResult,
-    Cancelled,
+    CancelCounts,
     ErrorBody,
     Health,
     JobPage,
@@ -145,7 +145,7 @@ OPS = (
         "/jobs/cancel",
         "Cancel every live job that matches ({} is all): scheduled ones are cancelled, "
         "running ones asked to stop",
-        {200: Cancelled},
+        {200: CancelCounts},
         CancelSpec,
     ),
     Operation(
