@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import remote_worker
-from sqlq.common.store import Change, Extended, Fence, JobQuery, Lease
+from sqlq.common.running import Progress
+from sqlq.common.store import Change, Extended, Fence, JobQuery, Lease, Renewal
 from tests.fake_shared import Database, FakeSharedStore
 
 
@@ -103,3 +105,63 @@ class RemoteFakeStore(FakeSharedStore):
     def listen(self, wake: Callable[[], None], cancel: Callable[[str], None]) -> None:
         super().listen(wake, cancel)
         self.db.wakes[self.node] = wake
+
+
+@dataclass
+class LeasedDatabase(RemoteDatabase):
+    node_leases: dict[str, float] = field(default_factory=dict)  # node-held job -> lease end
+
+
+class LeasedStore(RemoteFakeStore):
+    """``RemoteFakeStore`` with a node's leases as real as a remote worker's, as PostgreSQL
+    keeps them (the fakes' nodes never lose theirs): a node's claim leases its jobs,
+    ``renew`` extends the unexpired ones it holds, ``release`` ends them now (a clean
+    stop), ``expired`` finds them run out, and a fence's ``lease_from``/``lease_before``
+    holds them. Their ends are kept beside the rows (``Job.lease_until`` is not read)."""
+
+    db: LeasedDatabase
+
+    def __init__(self, db: LeasedDatabase, node: str) -> None:
+        super().__init__(db, node)
+
+    async def claim(self, n: int, now: float, lease_until: float, caps: Mapping[str, int],
+                    **filters: Any) -> list[Job]:  # fmt: skip
+        jobs = await super().claim(n, now, lease_until, caps, **filters)
+        if filters.get("holder") is None:
+            self.db.node_leases.update((job.id, lease_until) for job in jobs)
+        return jobs
+
+    async def renew(self, now: float, lease_until: float, held: Sequence[str],
+                    progress: Mapping[str, Progress] | None = None) -> Renewal:  # fmt: skip
+        leases = self.db.node_leases
+        for job_id in held:
+            if self.db.holders.get(job_id) == self.node and leases.get(job_id, now) >= now:
+                leases[job_id] = lease_until
+        return await super().renew(now, lease_until, held, progress)
+
+    async def release(self, now: float) -> int:
+        mine = [i for i, node in self.db.holders.items() if node == self.node]
+        for job_id in mine:
+            self.db.node_leases[job_id] = now
+        return len(mine)
+
+    async def expired(self, now: float, limit: int) -> list[Job]:
+        theirs = [j for i, until in self.db.node_leases.items() if until < now
+                  and (j := self.db.inner._index.get(i)) is not None]  # fmt: skip
+        return (await super().expired(now, limit) + theirs)[:limit]
+
+    async def commit(self, changes: Sequence[Change]) -> None:
+        await super().commit(changes)
+        for job_id in [i for i in self.db.node_leases if i not in self.db.holders]:
+            del self.db.node_leases[job_id]  # out of running: no lease left
+
+    async def commit_fenced(self, changes: Sequence[Change], fence: Fence) -> None:
+        for c in changes:
+            until = self.db.node_leases.get(getattr(c, "job_id", ""))
+            if until is None:
+                continue
+            if fence.lease_from is not None and until < fence.lease_from:
+                raise IllegalTransitionError(c.job_id, "the lease ran out")  # type: ignore[union-attr]
+            if fence.lease_before is not None and until >= fence.lease_before:
+                raise IllegalTransitionError(c.job_id, "the lease was renewed")  # type: ignore[union-attr]
+        await super().commit_fenced(changes, fence)

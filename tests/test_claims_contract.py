@@ -20,8 +20,7 @@ expectation (never its steps) is chosen by the holder.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -42,7 +41,7 @@ from sqlq.common.protocol import (
     What,
 )
 from sqlq.common.running import Progress
-from sqlq.common.store import Change, Fence, Recovery, Renewal
+from sqlq.common.store import Recovery
 from sqlq.runtime.claim import Claim, ClaimResult
 from sqlq.runtime.context import AttemptFenced, JobContext
 from sqlq.runtime.events import Event
@@ -53,7 +52,7 @@ from sqlq.runtime.workers import WorkerPool, WorkerTask
 from sqlq.worker_attempt import job_of
 from sqlq.worker_claims import INTERRUPTED
 from tests.helpers import ServiceFactory, submit, wait_for
-from tests.remote_fake_shared import RemoteDatabase, RemoteFakeStore
+from tests.remote_fake_shared import LeasedDatabase, LeasedStore
 from tests.remote_helpers import beat, claim, report
 
 COMBOS = [("local", "node"), ("local", "worker"), ("shared", "node"), ("shared", "worker")]
@@ -90,66 +89,6 @@ class HeldPool(WorkerPool):
 
     def ended(self, job_id: str) -> None:
         self.live = [w for w in self.live if w.claim is None or w.claim.job.id != job_id]
-
-
-@dataclass
-class LeasedDatabase(RemoteDatabase):
-    node_leases: dict[str, float] = field(default_factory=dict)  # node-held job -> lease end
-
-
-class LeasedStore(RemoteFakeStore):
-    """``RemoteFakeStore`` with a node's leases as real as a remote worker's, as PostgreSQL
-    keeps them (the fakes' nodes never lose theirs): a node's claim leases its jobs,
-    ``renew`` extends the unexpired ones it holds, ``release`` ends them now (a clean
-    stop), ``expired`` finds them run out, and a fence's ``lease_from``/``lease_before``
-    holds them. Their ends are kept beside the rows (``Job.lease_until`` is not read)."""
-
-    db: LeasedDatabase
-
-    def __init__(self, db: LeasedDatabase, node: str) -> None:
-        super().__init__(db, node)
-
-    async def claim(self, n: int, now: float, lease_until: float, caps: Mapping[str, int],
-                    **filters: Any) -> list[Job]:  # fmt: skip
-        jobs = await super().claim(n, now, lease_until, caps, **filters)
-        if filters.get("holder") is None:
-            self.db.node_leases.update((job.id, lease_until) for job in jobs)
-        return jobs
-
-    async def renew(self, now: float, lease_until: float, held: Sequence[str],
-                    progress: Mapping[str, Progress] | None = None) -> Renewal:  # fmt: skip
-        leases = self.db.node_leases
-        for job_id in held:
-            if self.db.holders.get(job_id) == self.node and leases.get(job_id, now) >= now:
-                leases[job_id] = lease_until
-        return await super().renew(now, lease_until, held, progress)
-
-    async def release(self, now: float) -> int:
-        mine = [i for i, node in self.db.holders.items() if node == self.node]
-        for job_id in mine:
-            self.db.node_leases[job_id] = now
-        return len(mine)
-
-    async def expired(self, now: float, limit: int) -> list[Job]:
-        theirs = [j for i, until in self.db.node_leases.items() if until < now
-                  and (j := self.db.inner._index.get(i)) is not None]  # fmt: skip
-        return (await super().expired(now, limit) + theirs)[:limit]
-
-    async def commit(self, changes: Sequence[Change]) -> None:
-        await super().commit(changes)
-        for job_id in [i for i in self.db.node_leases if i not in self.db.holders]:
-            del self.db.node_leases[job_id]  # out of running: no lease left
-
-    async def commit_fenced(self, changes: Sequence[Change], fence: Fence) -> None:
-        for c in changes:
-            until = self.db.node_leases.get(getattr(c, "job_id", ""))
-            if until is None:
-                continue
-            if fence.lease_from is not None and until < fence.lease_from:
-                raise IllegalTransitionError(c.job_id, "the lease ran out")  # type: ignore[union-attr]
-            if fence.lease_before is not None and until >= fence.lease_before:
-                raise IllegalTransitionError(c.job_id, "the lease was renewed")  # type: ignore[union-attr]
-        await super().commit_fenced(changes, fence)
 
 
 class Reopened(MemoryStore):

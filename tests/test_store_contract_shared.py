@@ -24,11 +24,17 @@ from sqlq.common.store import Fence, SharedStore
 from sqlq.engines.postgres.store import PostgresStore
 from tests.fake_shared import Database, FakeSharedStore
 from tests.helpers import NOW
-from tests.remote_fake_shared import RemoteDatabase, RemoteFakeStore
+from tests.remote_fake_shared import (
+    LeasedDatabase,
+    LeasedStore,
+    RemoteDatabase,
+    RemoteFakeStore,
+)
 
 Nodes = Callable[[str], "asyncio.Future[SharedStore]"]
-ALL = ("postgres", "fake", "remote-fake")
-LEASED = ("postgres", "remote-fake")  # leases that run out (for remote holders at least)
+ALL = ("postgres", "fake", "remote-fake", "leased-fake")
+# leases that run out (for remote holders at least; leased-fake: for nodes too, as PostgreSQL)
+LEASED = ("postgres", "remote-fake", "leased-fake")
 
 
 def new_job(n: int = 0, **kw: Any) -> Job:
@@ -38,7 +44,8 @@ def new_job(n: int = 0, **kw: Any) -> Job:
 async def _nodes(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     made: list[Any] = []
     dsn = request.getfixturevalue("pg_db") if kind == "postgres" else ""
-    db: Database = RemoteDatabase() if kind == "remote-fake" else Database()
+    db: Database = (LeasedDatabase() if kind == "leased-fake" else
+                    RemoteDatabase() if kind == "remote-fake" else Database())  # fmt: skip
 
     async def node(name: str) -> SharedStore:
         store: Any
@@ -46,6 +53,8 @@ async def _nodes(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any
             store = PostgresStore(dsn, node=name)
         elif kind == "remote-fake":
             store = RemoteFakeStore(db, name)  # type: ignore[arg-type]
+        elif kind == "leased-fake":
+            store = LeasedStore(db, name)  # type: ignore[arg-type]
         else:
             store = FakeSharedStore(db, name)
         await store.open()
