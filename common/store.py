@@ -262,6 +262,9 @@ class Extended:
 class Renewal:
     renewed: int  # leases extended
     cancel_asked: frozenset[str] = frozenset()  # of the held jobs, those whose cancel was asked
+    # Of the held jobs, those whose lease was not extended (run out, or no longer this
+    # node's): their attempts stop now, as a holder that could not renew in time does.
+    lost: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

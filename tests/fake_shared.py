@@ -105,7 +105,7 @@ class FakeSharedStore:
                 await self.db.inner.commit([job.touch(now, progress=progress[job_id])])
             if job.cancel_requested_at is not None:
                 asked.add(job_id)
-        return Renewal(len(mine), frozenset(asked))
+        return Renewal(len(mine), frozenset(asked), frozenset(held) - frozenset(mine))
 
     async def request_cancel(
         self, job_id: str, now: float, *, forced_until: float | None = None

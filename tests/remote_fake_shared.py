@@ -133,11 +133,17 @@ class LeasedStore(RemoteFakeStore):
 
     async def renew(self, now: float, lease_until: float, held: Sequence[str],
                     progress: Mapping[str, Progress] | None = None) -> Renewal:  # fmt: skip
-        leases = self.db.node_leases
+        leases, ran_out = self.db.node_leases, set()
         for job_id in held:
-            if self.db.holders.get(job_id) == self.node and leases.get(job_id, now) >= now:
+            if self.db.holders.get(job_id) != self.node:
+                continue
+            if leases.get(job_id, now) >= now:
                 leases[job_id] = lease_until
-        return await super().renew(now, lease_until, held, progress)
+            else:
+                ran_out.add(job_id)
+        kept = [i for i in held if i not in ran_out]
+        renewal = await super().renew(now, lease_until, kept, progress)
+        return Renewal(renewal.renewed, renewal.cancel_asked, renewal.lost | ran_out)
 
     async def release(self, now: float) -> int:
         mine = [i for i, node in self.db.holders.items() if node == self.node]

@@ -185,10 +185,12 @@ async def test_renew_and_release_return_the_counts_they_changed(pg_db: str) -> N
             renewed = await conn.fetchrow(
                 Q["renew"], store.node, NOW + 1, NOW + 9, [j.id for j in held[:2]], [None] * 2
             )
-        assert tuple(renewed) == (2, [])
+        count, asked, ids = renewed
+        assert (count, asked, sorted(ids)) == (2, [], sorted(j.id for j in held[:2]))
         assert await store.renew(NOW + 2, NOW + 9, [j.id for j in held]) == Renewal(3)
         assert await store.release(NOW + 3) == 3
-        assert await store.renew(NOW + 4, NOW + 9, [j.id for j in held]) == Renewal(0)
+        gone = await store.renew(NOW + 4, NOW + 9, [j.id for j in held])
+        assert gone == Renewal(0, lost=frozenset(j.id for j in held))  # released: all lost
     finally:
         await store.close()
 

@@ -116,8 +116,9 @@ async def test_renewal_stores_progress_fenced_like_the_lease_and_answers_the_can
     assert got[j2.id].progress is None  # held but given none
     assert got[j3.id].progress is None  # given progress, but not among the held named
     # Another node's renewal, or this node's after the lease ran out, stores nothing.
-    assert await b.renew(NOW + 3, NOW + 50, [j1.id], {j1.id: p2}) == Renewal(0)
-    assert await a.renew(NOW + 41, NOW + 90, [j1.id], {j1.id: p2}) == Renewal(0)
+    lost = Renewal(0, lost=frozenset({j1.id}))  # said so: the asking node's attempt stops
+    assert await b.renew(NOW + 3, NOW + 50, [j1.id], {j1.id: p2}) == lost
+    assert await a.renew(NOW + 41, NOW + 90, [j1.id], {j1.id: p2}) == lost
     assert (await _got(a, j1.id)).progress == p1
 
 

@@ -18,6 +18,7 @@ from sqlq.runtime.service import Service
 from sqlq.runtime.shared import SharedClaims
 from tests.fake_shared import Database, FakeSharedStore
 from tests.helpers import ServiceFactory, final, submit
+from tests.remote_fake_shared import LeasedDatabase, LeasedStore
 from tests.running_helpers import running
 
 
@@ -91,3 +92,25 @@ async def test_progress_rides_on_the_renewal_and_the_outcome(
     sent = [r[job.id].percent or 0.0 for r in db.renewals if job.id in r]
     assert 3 <= len(sent) <= 10  # one renewal a second at most carried it, not 100 writes
     assert sent == sorted(sent)
+
+
+async def test_a_renewal_that_finds_the_lease_run_out_stops_the_attempt_at_once(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """The node's lease on a running job lapsed in the database (a pause, a partition
+    that healed): its next renewal extends nothing for it and says so, and the attempt
+    is cut off then, reporting nothing, not at the end of the lease it thinks it has."""
+    db = LeasedDatabase()
+    holder = services(LeasedStore(db, "holder"), clock=fake_clock, kinds=kinds(), workers=1,
+                      lease_s=60.0)  # fmt: skip
+    await holder.start()
+    assert isinstance(holder.claims, SharedClaims)
+    job = await submit(holder, "long")
+    await running(holder, job.id)
+    db.node_leases[job.id] = fake_clock.time() - 1  # (the database's view: run out)
+    await holder.claims.renew()
+    assert holder.pool.busy() == 0  # cut at once
+    assert holder.stats()["lease_lost"] == 1
+    still = await holder.get(job.id)
+    assert still is not None
+    assert still.state is State.RUNNING  # nothing reported: the job is a rescuer's now

@@ -35,6 +35,7 @@ Nodes = Callable[[str], "asyncio.Future[SharedStore]"]
 ALL = ("postgres", "fake", "remote-fake", "leased-fake")
 # leases that run out (for remote holders at least; leased-fake: for nodes too, as PostgreSQL)
 LEASED = ("postgres", "remote-fake", "leased-fake")
+NODE_LEASED = ("postgres", "leased-fake")  # a node's own leases run out too
 
 
 def new_job(n: int = 0, **kw: Any) -> Job:
@@ -74,6 +75,12 @@ async def nodes(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
 
 @pytest.fixture(params=LEASED)
 async def leased_nodes(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    async for node in _nodes(request.param, request):
+        yield node
+
+
+@pytest.fixture(params=NODE_LEASED)
+async def node_leased(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     async for node in _nodes(request.param, request):
         yield node
 
@@ -127,10 +134,27 @@ async def test_a_renewal_counts_what_the_node_holds_stores_progress_and_says_can
     renewal = await a.renew(NOW + 2, NOW + 7, [j.id for j in mine], {first.id: progress})
     assert renewal.renewed == 2
     assert renewal.cancel_asked == frozenset({second.id})
+    assert renewal.lost == frozenset()
     stored = await b.get(first.id)
     assert stored is not None
     assert stored.progress == progress
-    assert (await b.renew(NOW + 2, NOW + 7, [first.id])).renewed == 0  # not b's
+    theirs = await b.renew(NOW + 2, NOW + 7, [first.id])
+    assert (theirs.renewed, theirs.lost) == (0, frozenset({first.id}))  # not b's: lost to b
+
+
+async def test_a_renewal_past_a_nodes_lease_extends_nothing_and_says_it_lost(
+    node_leased: Any,
+) -> None:
+    """A node that renews too late (a partition, a pause) does not get its lease back: the
+    job may be another node's by then. The renewal says so, and the node's attempt stops
+    (``SharedClaims.renew``)."""
+    a = await node_leased("a")
+    await a.commit([new_job(1), new_job(2)])
+    late, fine = await a.claim(2, NOW, NOW + 5, {})
+    assert (await a.renew(NOW + 3, NOW + 8, [fine.id])).lost == frozenset()
+    renewal = await a.renew(NOW + 6, NOW + 11, [late.id, fine.id])
+    assert (renewal.renewed, renewal.lost) == (1, frozenset({late.id}))
+    assert [j.id for j in await a.expired(NOW + 6, 10)] == [late.id]
 
 
 async def test_a_cancel_asked_holds_while_it_runs_and_turns_a_retry_into_cancelled(

@@ -179,6 +179,8 @@ class SharedClaims(CensusViews, ClaimsBase):
             await self._make_room()
         while self._ready:
             claim = self._ready.popleft()
+            if claim.over:  # (lost while it waited here: its renewal said so)
+                continue
             if self._clock.monotonic() <= self.expires(claim):
                 return claim
             self.lost(claim)  # it waited here past its lease: another node's to rescue
@@ -272,6 +274,12 @@ class SharedClaims(CensusViews, ClaimsBase):
         self.renewals += 1
         for job_id in renewal.cancel_asked:
             self._heard(job_id)
+        for job_id in renewal.lost:  # not renewed: run out, or another's (rescued meanwhile)
+            claim = held.get(job_id)
+            if claim is None or claim.over:
+                continue
+            if not self._attempts.lose(job_id, "lease lost: the renewal found it run out"):
+                self.lost(claim)  # (claimed, not started: nothing runs to cut)
 
     def _heard(self, job_id: str) -> None:
         """A cancel of ``job_id`` was asked for (on any node): if this node holds it, mark its

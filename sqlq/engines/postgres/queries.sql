@@ -154,8 +154,9 @@ SELECT min(ready_at) FROM jobs WHERE state = 'scheduled' AND ready_at > $1;
 -- $5 is each held job's new progress (JSON text, in $4's order; NULL: none to store),
 -- stored under the lease's own fence, so a job this node no longer holds keeps what its
 -- holder wrote; a job given progress is updated now, as Job.touch would have it. The
--- values are the number of leases renewed, and which of the renewed jobs have a cancel
--- asked for (the fallback for a NOTIFY on sqlq_cancel the listener missed).
+-- values are the number of leases renewed, which of the renewed jobs have a cancel
+-- asked for (the fallback for a NOTIFY on sqlq_cancel the listener missed), and which
+-- were renewed (a held job left out is a lease lost: its attempt stops).
 WITH seen AS (
     INSERT INTO nodes (name, started_at, seen_at) VALUES ($1, $2, $2)
     ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
@@ -170,7 +171,8 @@ WITH seen AS (
        AND (SELECT count(*) FROM seen) >= 0
     RETURNING j.id, j.cancel_requested_at IS NOT NULL AS asked
 )
-SELECT count(*), coalesce(array_agg(id) FILTER (WHERE asked), '{}') FROM renewed;
+SELECT count(*), coalesce(array_agg(id) FILTER (WHERE asked), '{}'),
+       coalesce(array_agg(id), '{}') FROM renewed;
 
 -- name: extend
 -- Remote workers' leases (sqlq.common.store.SharedStore.extend), all in one statement:

@@ -285,8 +285,8 @@ class PostgresStore(Committing):
     ) -> Renewal:
         """``leases.renew``: this node's leases, their progress and the cancels asked for."""
         args = leases.renew_args(self.node, now, lease_until, held, progress)
-        count, asked = await self._read(lambda c: c.fetchrow(Q["renew"], *args))
-        return Renewal(int(count), frozenset(asked))
+        count, asked, renewed = await self._read(lambda c: c.fetchrow(Q["renew"], *args))
+        return Renewal(int(count), frozenset(asked), frozenset(held) - frozenset(renewed))
 
     async def request_cancel(
         self, job_id: str, now: float, *, forced_until: float | None = None
