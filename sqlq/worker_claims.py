@@ -3,7 +3,7 @@
 The worker pool (``sqlq.runtime.workers``) runs every attempt, in the server and in
 ``sqlq worker`` alike; what differs is where its claims come from and where their ends
 go. In the server that is ``Claims`` over a store; here it is this class, the same verbs
-(``sqlq.runtime.claims.Holding``) spoken over the pull protocol (``sqlq.common.protocol``):
+(``sqlq.runtime.holding.Holding``) spoken over the pull protocol (``sqlq.common.protocol``):
 
 - ``next``: from a buffer the claim loop (``claiming``) fills. It keeps claims out for
   the free slots (``/claims``, ``max`` up to them, long-polling ``wait_s``): one while
@@ -417,7 +417,7 @@ class RemoteClaims:
                 return
         self._ready.append(a)
 
-    # -- the pool's verbs (``sqlq.runtime.claims.Holding``) ---------------------------------
+    # -- the pool's verbs (``sqlq.runtime.holding.Holding``) --------------------------------
 
     async def next(self) -> Claim:
         """The next claim granted and still held (a cancel or a fence may come first);
@@ -432,7 +432,10 @@ class RemoteClaims:
                     a = await waiter
                 except asyncio.CancelledError:
                     if waiter.done() and not waiter.cancelled():  # it came as this stopped
-                        self._ready.appendleft(waiter.result())
+                        if self._stop.is_set():
+                            self._decide(waiter.result(), ReleaseIn())  # (no one takes it now)
+                        else:
+                            self._ready.appendleft(waiter.result())
                     raise
             if not a.over:
                 return a.claim
@@ -649,7 +652,7 @@ class RemoteClaims:
         """The server fenced ``a``: its attempt is cut at once (``lose``), reporting
         nothing; one no worker took yet is just dropped."""
         a.fenced_by_server = True
-        if not self._attempts.lose(a.job.id, FENCED_REASON):
+        if not self._attempts.lose(a.claim, FENCED_REASON):
             self.stats["fenced"] += 1
             self._fence(a)
         log.warning("job %s (%s) fenced: its claim is no longer this worker's; dropped",

@@ -274,8 +274,8 @@ class _Held:
     def interrupt(self, job_id: str, grace_s: float | None) -> bool:
         return job_id in self.held  # (nothing runs: the machine reports the outcome)
 
-    def lose(self, job_id: str, reason: str) -> bool:
-        return job_id in self.held  # (the same: nothing runs to cut)
+    def lose(self, claim: Claim, reason: str) -> bool:
+        return claim.job.id in self.held  # (the same: nothing runs to cut)
 
 
 def _nothing() -> None:

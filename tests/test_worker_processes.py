@@ -108,3 +108,20 @@ async def test_a_busy_process_handed_a_second_job_fails_that_job_loudly(
         assert (await running) is not None  # the first ends as its own
     finally:
         await procs.close()
+
+
+async def test_with_no_grace_a_job_waiting_for_a_process_is_given_back_not_failed(
+    server: FakeServer, handlers: str
+) -> None:
+    """One process, held by a job that runs until cancelled; a second job waits for it. A
+    stop with no grace fails the running one as interrupted (an attempt counted), and gives
+    the waiting one back (it never started): even with no grace left for its task to run."""
+    running = server.submit("until_cancelled")
+    waiting = server.submit("crunch", {"n": 10})
+    worker = make(server, handlers, concurrency=2, processes=1, grace_s=0.0)
+    run = asyncio.create_task(worker.run())
+    await server.until(lambda: worker.held == 2 and server.jobs[running].checkpoint is not None)
+    worker.stop()
+    await run
+    assert server.jobs[waiting].ends == ["release"]
+    assert server.jobs[running].ends == ["fail"]

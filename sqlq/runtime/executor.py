@@ -159,6 +159,10 @@ class Executor:
             raise NotStarted("given back before it started")
         return child
 
+    def waiting(self, ctx: JobContext) -> bool:
+        """Whether the attempt behind ``ctx`` still waits for a process (has not started)."""
+        return ctx in self._waiting
+
     def hold(self) -> None:
         """Start nothing more in a process: what waits for one is given back (a stop)."""
         self._holding = True

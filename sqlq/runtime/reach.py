@@ -54,9 +54,10 @@ class Attempts(Protocol):
         off that long from now, as a timeout does. False if no worker holds it."""
         ...
 
-    def lose(self, job_id: str, reason: str) -> bool:
-        """The holder no longer holds ``job_id`` (its lease was fenced): cut its attempt now,
-        reporting nothing. False if no worker holds it."""
+    def lose(self, claim: Claim, reason: str) -> bool:
+        """The holder no longer holds ``claim`` (its lease was fenced or ran out): cut that
+        attempt now, reporting nothing (by the claim, not the job's id: a newer attempt of
+        the same job may be running here). False if no worker holds it."""
         ...
 
 
@@ -69,7 +70,7 @@ class Nobody:
     def interrupt(self, job_id: str, grace_s: float | None) -> bool:
         return False
 
-    def lose(self, job_id: str, reason: str) -> bool:
+    def lose(self, claim: Claim, reason: str) -> bool:
         return False
 
 

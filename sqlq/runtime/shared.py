@@ -177,17 +177,20 @@ class SharedClaims(CensusViews, ClaimsBase):
     async def next(self) -> Claim:
         if len(self._background) >= self.max_outcomes:  # (inline: a call per claim costs)
             await self._make_room()
-        while self._ready:
-            claim = self._ready.popleft()
-            if claim.over:  # (lost while it waited here: its renewal said so)
-                continue
-            if self._clock.monotonic() <= self.expires(claim):
+        while True:
+            while self._ready:
+                claim = self._ready.popleft()
+                if claim.over:  # (lost while it waited here: its renewal said so)
+                    continue
+                if self._clock.monotonic() <= self.expires(claim):
+                    return claim
+                self._lost_unstarted(claim, "it waited for a worker past its lease")
+            waiter: asyncio.Future[Claim] = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            self._kick.set()
+            claim = await waiter
+            if not claim.over:  # (else lost between its hand-over and this worker's turn)
                 return claim
-            self.lost(claim)  # it waited here past its lease: another node's to rescue
-        waiter: asyncio.Future[Claim] = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
-        self._kick.set()
-        return await waiter
 
     def _hungry(self) -> int:
         while self._waiting and self._waiting[0].done():
@@ -267,6 +270,7 @@ class SharedClaims(CensusViews, ClaimsBase):
         the progress due; hear of the cancels asked for that a NOTIFY may have lost."""
         now, sent = self._clock.time(), self._clock.monotonic()
         held = self._held
+        sent_held = dict(held)  # (what this renewal speaks of: a job may be claimed anew)
         progress, self._progress = self._progress, {}
         due = {job_id: p for job_id, p in progress.items() if job_id in held} or None
         renewal = await self._store.renew(now, now + self.lease_s, list(held), due)
@@ -275,11 +279,17 @@ class SharedClaims(CensusViews, ClaimsBase):
         for job_id in renewal.cancel_asked:
             self._heard(job_id)
         for job_id in renewal.lost:  # not renewed: run out, or another's (rescued meanwhile)
-            claim = held.get(job_id)
-            if claim is None or claim.over:
+            claim = sent_held.get(job_id)
+            if claim is None or claim.over or held.get(job_id) is not claim:
                 continue
-            if not self._attempts.lose(job_id, "lease lost: the renewal found it run out"):
-                self.lost(claim)  # (claimed, not started: nothing runs to cut)
+            if not self._attempts.lose(claim, "lease lost: the renewal found it run out"):
+                self._lost_unstarted(claim, "its renewal found it run out")
+
+    def _lost_unstarted(self, claim: Claim, why: str) -> None:
+        """A claim no worker started lost its lease: another node's to rescue. Said in the
+        log as the pool says a started one's (the crash trials read both)."""
+        log.warning("job %s: lease lost before it started: %s", claim.job.id, why)
+        self.lost(claim)
 
     def _heard(self, job_id: str) -> None:
         """A cancel of ``job_id`` was asked for (on any node): if this node holds it, mark its

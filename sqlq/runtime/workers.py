@@ -157,7 +157,8 @@ class WorkerPool:
             try:
                 result = await executor.execute(claim.job, ctx)
             except NotStarted:  # a cancel, or the stop, came while it waited for a process
-                claims.given_back(claim)
+                if not claim.over:  # (the stop gave it back already)
+                    claims.given_back(claim)
             except asyncio.CancelledError:
                 if not (ctx.cancel_sent and _withdrawn(w)):
                     raise  # a stop, or a hang: not this worker's to record
@@ -271,12 +272,11 @@ class WorkerPool:
             return True
         return False
 
-    def lose(self, job_id: str, reason: str) -> bool:
-        """The holder no longer holds ``job_id`` (its lease was fenced): cut its attempt
-        now, as a lease that ran out is, reporting nothing. False if no worker holds it."""
+    def lose(self, claim: Claim, reason: str) -> bool:
+        """The holder no longer holds ``claim`` (its lease was fenced): cut its attempt now,
+        as a lease that ran out is, reporting nothing. False if no worker holds it."""
         for w in self.live:
-            claim = w.claim
-            if claim is not None and w.ctx is not None and claim.job.id == job_id:
+            if w.claim is claim and w.ctx is not None:
                 self._cut(w, Limit.LEASE, reason)
                 return True
         return False
@@ -295,6 +295,9 @@ class WorkerPool:
             return
         self._stopped = self._stopping = True
         self._executor.hold()
+        for w in self.live:  # given back now, not when its task next runs: no grace may be left
+            if w.ctx is not None and w.claim is not None and self._executor.waiting(w.ctx):
+                self._claims.given_back(w.claim)
         if self._health_task is not None:
             self._health_task.cancel()
         if self.busy() and not await wait_event(self._clock, self._idle, grace_s):
