@@ -19,6 +19,7 @@ a job or a queue that became claimable wakes the claimers (``due``, ``_opened``)
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Collection, Mapping, Sequence
@@ -159,6 +160,8 @@ class QueueHome(Claims, ClaimsView, Protocol):
     object that is both the verbs and the view; the service hands each part to whoever
     needs only that part."""
 
+
+ROOM_SAMPLE = 64  # past max_outcomes: the writes a claim waits on the first of
 
 LIVE_STATES = (State.SCHEDULED.value, State.RUNNING.value)
 
@@ -351,13 +354,13 @@ class ClaimsBase(Reach):
         them are. Only then: on the hot path the check is one ``len`` (in ``next``)."""
         background = self._background
         while len(background) > self.max_outcomes // 2:
-            # One write at a time, not all of them each time one ends: a wait on every
-            # task per end would walk thousands of them thousands of times.
-            one = next(iter(background))
-            if one.done():
-                await asyncio.sleep(0)  # (its discard is a callback away)
+            # The first of a few to end, not of all each time one ends (a walk of thousands,
+            # thousands of times), nor of one alone (a slow write would hold it up).
+            some = set(itertools.islice(background, ROOM_SAMPLE))
+            if any(t.done() for t in some):
+                await asyncio.sleep(0)  # (their discards are a callback away)
             else:
-                await asyncio.wait((one,))
+                await asyncio.wait(some, return_when=asyncio.FIRST_COMPLETED)
 
     def outcomes_in_flight(self) -> int:
         """Outcomes (and touches) being written now: at most about ``max_outcomes``."""
