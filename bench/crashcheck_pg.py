@@ -51,7 +51,8 @@ from sqlq.bench.verdict import judge
 # stays running until its lease runs out and a node rescues it), and an attempt the health
 # loop cut off because its lease was not renewed in time (sqlq/runtime/workers.py).
 DROPPED_OUTCOME = re.compile(r"could not record the outcome of job ([0-9a-f]{32})\b")
-LEASE_LOST = re.compile(r"worker \d+ holding job ([0-9a-f]{32}): lease lost\b")
+# a started attempt's (the pool's cut) or an unstarted claim's (SharedClaims._lost_unstarted)
+LEASE_LOST = re.compile(r"(?:worker \d+ holding )?job ([0-9a-f]{32}): lease lost\b")
 
 
 # A row's count of the reruns each cause explains, in the order ``explain`` tries them.

@@ -33,6 +33,12 @@ def test_the_log_names_a_dropped_outcome_and_a_lease_lost_by_their_jobs() -> Non
     assert events.lease_lost == {B}
 
 
+def test_a_claim_lost_before_it_started_is_a_lease_lost_too() -> None:
+    """Its rerun is explained as a started one's is (``SharedClaims._lost_unstarted``)."""
+    line = f"WARNING sqlq.runtime.shared: job {C}: lease lost before it started: its renewal\n"
+    assert node_events(line).lease_lost == {C}
+
+
 def test_lines_about_other_ends_or_no_job_name_nothing() -> None:
     """A hang declared, a rescue that failed, a database error: none is a live node's
     cause of a rerun, so none explains one."""
