@@ -59,7 +59,9 @@ from sqlq.calls import (
 )
 from sqlq.common.errors import SqlqError
 from sqlq.common.models import TERMINAL
+from sqlq.common.protocol import MAX_CLAIM
 from sqlq.common.roles import token_problem
+from sqlq.common.specs import MAX_JOB_BYTES
 from sqlq.common.wire import (
     BatchResult,
     CancelCounts,
@@ -75,6 +77,8 @@ from sqlq.common.wire import JobView as Job  # a job as the API shows it
 T = TypeVar("T")
 P = ParamSpec("P")
 DEFAULT_URL = "http://127.0.0.1:8080"
+# The largest answer a protocol call reads: a full claim of the largest jobs, with room.
+MAX_ANSWER_BYTES = 4 * MAX_CLAIM * MAX_JOB_BYTES
 MAX_ROUTES = 64  # paths whose URL and transport AsyncClient keeps (the protocol has 7)
 _JSON = {"Content-Type": "application/json"}
 
@@ -300,11 +304,18 @@ class AsyncClient(_Base):
         request = httpx.Request(call.method, url, headers=self._encoded, content=call.content,
                                 extensions=extensions)  # fmt: skip
         response = await transport.handle_async_request(request)
-        try:
-            await response.aread()
+        try:  # read whole, but bounded: a server's answer is an input like any other
+            chunks, size = [], 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise httpx.RemoteProtocolError(f"an answer of more than {MAX_ANSWER_BYTES} "
+                                                    "bytes")  # fmt: skip
+                chunks.append(chunk)
         finally:
             await response.aclose()
-        return response
+        return httpx.Response(response.status_code, headers=response.headers,
+                              content=b"".join(chunks), request=request)  # fmt: skip
 
     async def _run(self, plan: Plan[T]) -> T:
         try:

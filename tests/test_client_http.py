@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from sqlq import AsyncClient, Client
+from sqlq import client as client_module
 from sqlq.calls import Call, FencedError, RateLimited, Unavailable
 
 TLS = Path(__file__).parent / "data" / "tls"  # cert.pem, key.pem: make.sh there made them
@@ -242,3 +243,19 @@ async def test_a_path_is_quoted_and_a_closed_client_sends_nothing(
     assert len(served.requests) == 1
     with pytest.raises(ValueError, match="token: holds a line break"):
         AsyncClient(served.url, token="s3cret\n")
+
+
+async def test_an_answer_past_its_bound_is_not_read_whole(
+    reply: Callable[..., Awaitable[Served]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's answer is an input like any other: one past ``MAX_ANSWER_BYTES`` fails
+    the call (unavailable, as a broken connection does) instead of filling the memory."""
+    monkeypatch.setattr(client_module, "MAX_ANSWER_BYTES", 1000)
+    padded = b'{"claims": [], "pad": "' + b"x" * 2000 + b'"}'
+    served = await reply(lambda _, n: _json(b"200 OK", padded))
+    async with AsyncClient(served.url, retries=0) as c:
+        with pytest.raises(Unavailable):
+            await c.claim(["q"], worker="w")
+    small = await reply(lambda _, n: _json(b"200 OK", CLAIMS))
+    async with AsyncClient(small.url, retries=0) as c:
+        assert await c.claim(["q"], worker="w") == []
