@@ -17,7 +17,7 @@ from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
 from sqlq.runtime.shared import SharedClaims
 from tests.fake_shared import Database, FakeSharedStore
-from tests.helpers import ServiceFactory, final, submit
+from tests.helpers import ServiceFactory, final, submit, wait_for
 from tests.remote_fake_shared import LeasedDatabase, LeasedStore
 from tests.running_helpers import running
 
@@ -56,6 +56,7 @@ async def test_a_cancel_asked_on_one_node_reaches_the_attempt_on_another_by_noti
     asker, holder = await two_nodes(services, fake_clock, db, lease_s=60.0)
     job = await submit(asker, "long")
     await running(asker, job.id)
+    await wait_for(lambda: holder.pool.holding(job.id) is not None, 10, "a worker holding it")
     asked = await asker.cancel(job.id)
     assert (asked.state, asked.cancel_requested_at is not None) == (State.RUNNING, True)
     done = await final(asker, job.id)
@@ -69,9 +70,10 @@ async def test_a_lost_notify_is_made_up_for_by_the_renewal(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
     db = Database(notify=False)
-    asker, _ = await two_nodes(services, fake_clock, db, lease_s=8.0)
+    asker, holder = await two_nodes(services, fake_clock, db, lease_s=8.0)
     job = await submit(asker, "long")
     await running(asker, job.id)
+    await wait_for(lambda: holder.pool.holding(job.id) is not None, 10, "a worker holding it")
     asked = await asker.cancel(job.id)
     done = await final(asker, job.id)
     assert done.state is State.CANCELLED
