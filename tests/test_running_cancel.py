@@ -103,6 +103,36 @@ async def test_a_sync_handler_is_told_through_ctx(services: ServiceFactory) -> N
     assert rt.executor.threads.abandoned == 0  # told, never cut off
 
 
+async def test_a_forced_cancel_cuts_off_a_handler_that_ignores_it_after_the_grace(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Through the real pool and a real task (the claims contract plays the handler
+    itself): a handler that swallows the cancel's CancelledError is cut off by the health
+    loop at the grace's end, and the job ends cancelled, one attempt."""
+    reg = Registry()
+
+    @task(registry=reg, timeout=None)
+    async def stubborn(args: Any, ctx: JobContext) -> Any:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # ignores the request
+        await asyncio.Event().wait()  # until cut off
+
+    rt = services(clock=fake_clock, kinds=reg, cancel_grace_s=10.0)
+    await rt.start()
+    job = await submit(rt, "stubborn")
+    await running(rt, job.id)
+    asked_at = fake_clock.time()
+    await rt.cancel(job.id, force=True)
+    done = await final(rt, job.id)
+    assert (done.state, done.attempts) == (State.CANCELLED, 1)
+    assert done.last_error is not None
+    assert done.last_error.startswith("cancelled: still running"), done.last_error
+    hb = rt.config.hb_timeout_s
+    assert 10.0 - 1e-3 <= done.updated_at - asked_at <= 10.0 + hb / 4  # the grace, then a look
+
+
 async def test_a_cancel_asked_twice_writes_one_request(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
