@@ -149,7 +149,7 @@ async def test_a_migration_that_fails_midway_leaves_version_3(tmp_path: Path) ->
     assert columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
 
 
-PAGE = 1024  # the committed file's page size (tests/data/make_sqlite_v3.py)
+PAGE = 1024  # the committed file's page size (tests/data/make_sqlite.py)
 
 
 def _pages(db: Path) -> list[bytes]:

@@ -28,7 +28,7 @@ DATA = Path(__file__).parent / "data"
 FACTS = json.loads((DATA / "sqlite_v4.json").read_text())
 WRITTEN = {d["id"]: Job.from_dict(d) for d in FACTS["jobs"]}  # holder, lease: defaults
 LIVE = {State.SCHEDULED, State.RUNNING}
-PAGE = 1024  # the committed file's page size (tests/data/make_sqlite_v4.py)
+PAGE = 1024  # the committed file's page size (tests/data/make_sqlite.py)
 
 
 def _v4(tmp_path: Path) -> Path:

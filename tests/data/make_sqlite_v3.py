@@ -1,4 +1,4 @@
-"""Make tests/data/sqlite_v3.db and sqlite_v3.json with the code of schema version 3.
+"""What schema version 3's code writes into tests/data/sqlite_v3.db (``make_sqlite.py 3``).
 
 Run with *that* code on the path, not this tree's (tests/data/README.md says how):
 the point of the file is that the engine of its day wrote it, so the migration test
@@ -10,12 +10,6 @@ queue and puts a schedule; the JSON beside it is what was written, as that code'
 
 from __future__ import annotations
 
-import asyncio
-import json
-import shutil
-import sqlite3
-import sys
-import tempfile
 from pathlib import Path
 
 import msgspec
@@ -25,7 +19,6 @@ from sqlq.common.schedule import AdvanceSchedule, PutSchedule, Schedule, Schedul
 from sqlq.engines.sqlite.store import SCHEMA_VERSION, SQLiteStore
 
 NOW = 1_700_000_000.0
-OUT = Path(__file__).resolve().parent
 
 
 def _id(i: int) -> str:
@@ -93,24 +86,3 @@ async def _write(data: Path) -> dict[str, object]:
         "schedules": [msgspec.to_builtins(s) for s in schedules],
         "paused_queues": ["mail"],
     }
-
-
-def main() -> None:
-    if "snoozes" in Job.__struct_fields__ or SCHEMA_VERSION != "3":
-        sys.exit("run this with the version-3 code on PYTHONPATH (tests/data/README.md)")
-    with tempfile.TemporaryDirectory() as tmp:
-        facts = asyncio.run(_write(Path(tmp)))
-        db = Path(tmp) / "sqlq.db"
-        # Smaller pages, so the committed file is a few KiB; the rows are as written.
-        with sqlite3.connect(db, isolation_level=None) as c:
-            c.execute("PRAGMA journal_mode = delete")
-            c.execute("PRAGMA page_size = 1024")
-            c.execute("VACUUM")
-            c.execute("PRAGMA journal_mode = wal")
-        c.close()
-        shutil.copyfile(db, OUT / "sqlite_v3.db")
-    (OUT / "sqlite_v3.json").write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
-
-
-if __name__ == "__main__":
-    main()

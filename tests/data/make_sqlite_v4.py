@@ -1,4 +1,4 @@
-"""Make tests/data/sqlite_v4.db and sqlite_v4.json with the code of schema version 4.
+"""What schema version 4's code writes into tests/data/sqlite_v4.db (``make_sqlite.py 4``).
 
 Run with *that* code on the path, not this tree's (tests/data/README.md says how): the
 migration test (tests/test_sqlite_migrate_v5.py) must open a database exactly as users
@@ -10,13 +10,7 @@ it is what was written, as that code's ``to_dict`` gives it, for the test to com
 
 from __future__ import annotations
 
-import asyncio
-import json
 import random
-import shutil
-import sqlite3
-import sys
-import tempfile
 from pathlib import Path
 
 import msgspec
@@ -28,7 +22,6 @@ from sqlq.common.schedule import AdvanceSchedule, PutSchedule, Schedule, Schedul
 from sqlq.engines.sqlite.store import SCHEMA_VERSION, SQLiteStore
 
 NOW = 1_700_000_000.0
-OUT = Path(__file__).resolve().parent
 
 
 def _id(i: int) -> str:
@@ -102,24 +95,3 @@ async def _write(data: Path) -> dict[str, object]:
         "schedules": [msgspec.to_builtins(s) for s in schedules],
         "paused_queues": ["mail"],
     }
-
-
-def main() -> None:
-    if "holder" in Job.__struct_fields__ or SCHEMA_VERSION != "4":
-        sys.exit("run this with the version-4 code on PYTHONPATH (tests/data/README.md)")
-    with tempfile.TemporaryDirectory() as tmp:
-        facts = asyncio.run(_write(Path(tmp)))
-        db = Path(tmp) / "sqlq.db"
-        # Smaller pages, so the committed file is a few KiB; the rows are as written.
-        with sqlite3.connect(db, isolation_level=None) as c:
-            c.execute("PRAGMA journal_mode = delete")
-            c.execute("PRAGMA page_size = 1024")
-            c.execute("VACUUM")
-            c.execute("PRAGMA journal_mode = wal")
-        c.close()
-        shutil.copyfile(db, OUT / "sqlite_v4.db")
-    (OUT / "sqlite_v4.json").write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
-
-
-if __name__ == "__main__":
-    main()

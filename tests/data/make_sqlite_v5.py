@@ -1,4 +1,4 @@
-"""Make tests/data/sqlite_v5.db and sqlite_v5.json with the code of schema version 5.
+"""What schema version 5's code writes into tests/data/sqlite_v5.db (``make_sqlite.py 5``).
 
 Run with *that* code on the path, not this tree's (tests/data/README.md says how): the
 migration test (tests/test_sqlite_migrate_v6.py) must open a database exactly as users
@@ -11,12 +11,6 @@ it is what was written, as that code's ``to_dict`` gives it, for the test to com
 
 from __future__ import annotations
 
-import asyncio
-import json
-import shutil
-import sqlite3
-import sys
-import tempfile
 from pathlib import Path
 
 import msgspec
@@ -26,7 +20,6 @@ from sqlq.engines.sqlite.store import SCHEMA_VERSION, SQLiteStore
 
 NOW = 1_700_000_000.0
 GRACE_S = 10.0  # cancel_grace_s's default then
-OUT = Path(__file__).resolve().parent
 
 
 def _id(i: int) -> str:
@@ -69,24 +62,3 @@ async def _write(data: Path) -> dict[str, object]:
         "schema_version": SCHEMA_VERSION,
         "jobs": [j.to_dict() for j in jobs.values()],
     }
-
-
-def main() -> None:
-    if "cancel_forced" in Job.__struct_fields__ or SCHEMA_VERSION != "5":
-        sys.exit("run this with the version-5 code on PYTHONPATH (tests/data/README.md)")
-    with tempfile.TemporaryDirectory() as tmp:
-        facts = asyncio.run(_write(Path(tmp)))
-        db = Path(tmp) / "sqlq.db"
-        # Smaller pages, so the committed file is a few KiB; the rows are as written.
-        with sqlite3.connect(db, isolation_level=None) as c:
-            c.execute("PRAGMA journal_mode = delete")
-            c.execute("PRAGMA page_size = 1024")
-            c.execute("VACUUM")
-            c.execute("PRAGMA journal_mode = wal")
-        c.close()
-        shutil.copyfile(db, OUT / "sqlite_v5.db")
-    (OUT / "sqlite_v5.json").write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
-
-
-if __name__ == "__main__":
-    main()
