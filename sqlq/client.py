@@ -35,12 +35,14 @@ import asyncio
 import functools
 import importlib.util
 import inspect
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
+import httpcore
 import httpx
 
 from sqlq.calls import (
@@ -73,6 +75,7 @@ from sqlq.common.wire import (
     ScheduleView,
 )
 from sqlq.common.wire import JobView as Job  # a job as the API shows it
+from sqlq.http_asyncio import AsyncioTransport
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -88,6 +91,49 @@ _JSON = {"Content-Type": "application/json"}
 # absence is remembered once (None in sys.modules: the import fails at once, as before).
 if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
     sys.modules["sniffio"] = None  # type: ignore[assignment]
+
+
+class _Route:
+    """Where ``AsyncClient._exchange`` sends one path: its URL (as httpx and as httpcore
+    take it) and the transport httpx's client picks for it."""
+
+    __slots__ = ("core", "head", "transport", "url")
+
+    def __init__(
+        self, url: httpx.URL, transport: httpx.AsyncBaseTransport, headers: httpx.Headers
+    ) -> None:
+        self.url = url
+        self.transport = transport
+        self.core = httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
+                                 target=url.raw_path)  # fmt: skip
+        # what httpx's request would send (its Host first), less the body's length
+        self.head = [(b"Host", url.netloc), *headers.raw]
+
+    def headers(self, content: bytes) -> list[tuple[bytes, bytes]]:
+        return [*self.head, (b"Content-Length", b"%d" % len(content))]
+
+
+class _AsyncHttpx(httpx.AsyncClient):
+    """httpx's client, whose transport for a direct URL (one no proxy from the environment
+    takes: those stay httpx's mounts) is ``AsyncioTransport``, unless one is given."""
+
+    def _init_transport(  # type: ignore[override]
+        self,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        trust_env: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+        **_: Any,
+    ) -> httpx.AsyncBaseTransport:
+        if transport is not None:
+            return transport
+        return AsyncioTransport(verify=verify, trust_env=trust_env)
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: str) -> str | None:
+    """An answer's header by its lowercase name (httpcore's headers: a list of pairs)."""
+    key = name.encode()
+    return next((v.decode("latin-1") for k, v in headers if k.lower() == key), None)
 
 
 class _Base:
@@ -256,12 +302,12 @@ class AsyncClient(_Base):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(url, token, timeout, retries, backoff_s)
-        self._http = httpx.AsyncClient(
+        self._http = _AsyncHttpx(
             base_url=self.url, headers=self.headers, timeout=self.timeout, transport=transport
         )
         # what _exchange sends with every body: the client's headers, made once
         self._encoded = httpx.Headers({**self._http.headers, **_JSON})
-        self._routes: dict[str, tuple[httpx.URL, httpx.AsyncBaseTransport]] = {}
+        self._routes: dict[str, _Route] = {}
 
     async def _send(self, call: Call[T]) -> T:
         encoded = call.content is not None and not call.params and not call.headers
@@ -269,41 +315,47 @@ class AsyncClient(_Base):
         while True:
             try:
                 if encoded:
-                    response = await self._exchange(call)
-                else:
-                    response = await self._http.request(
-                        call.method, call.path, timeout=self._timeout_of(call), **call.sent()
-                    )
+                    return await self._exchange(call)
+                response = await self._http.request(
+                    call.method, call.path, timeout=self._timeout_of(call), **call.sent()
+                )
             except httpx.TransportError as exc:
                 await asyncio.sleep(self._backoff(call, attempt, exc))
                 attempt += 1
                 continue
             return call.answer(response)
 
-    async def _exchange(self, call: Call[Any]) -> httpx.Response:
+    async def _exchange(self, call: Call[T]) -> T:
         """``call``, a body encoded already with no query or headers of its own (the pull
         protocol's calls, many a second from a worker), handed straight to the transport
-        that httpx's client picks for its URL, and its answer read whole. Through the
-        client itself, each call's URL was parsed and merged with the base, its headers
-        merged, its answer's cookies looked for and its body wrapped twice (measured
-        against a trivial server: a bare call ~600 us of CPU through the client, ~400
-        here; a claim with its plan ~570, ~500), and a remote no-op job's calls are
-        most of what its worker spends. The URL and the
-        transport are looked up once a path instead; connections, TLS, proxies (the
-        client's mounts), timeouts and errors are httpx's, as through the client."""
+        that httpx's client picks for its URL, and its answer read whole, bounded. Through
+        the client itself, each call's URL was parsed and merged with the base, its
+        headers merged, its answer's cookies looked for and its body wrapped twice, and a
+        remote no-op job's calls are most of what its worker spends. The URL and the
+        transport are looked up once a path instead; on ``AsyncioTransport`` (every
+        direct URL, by default) no httpx request or response is made either. TLS,
+        proxies (the client's mounts), timeouts and errors are httpx's, as through the
+        client."""
         if self._http.is_closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")
         route = self._routes.get(call.path)
         if route is None:
             url = httpx.URL(self.url + call.path)
-            route = (url, self._http._transport_for_url(url))  # (the mount for the URL)
+            route = _Route(url, self._http._transport_for_url(url), self._encoded)  # (its mount)
             if len(self._routes) < MAX_ROUTES:
                 self._routes[call.path] = route
-        url, transport = route
-        extensions = {"timeout": self._timeout_of(call).as_dict()}
-        request = httpx.Request(call.method, url, headers=self._encoded, content=call.content,
-                                extensions=extensions)  # fmt: skip
-        response = await transport.handle_async_request(request)
+        timeout = self._timeout_of(call).as_dict()
+        assert call.content is not None
+        if isinstance(route.transport, AsyncioTransport):
+            status, headers, body = await route.transport.exchange(
+                call.method.encode(), route.core, route.headers(call.content), call.content,
+                timeout,
+                MAX_ANSWER_BYTES,
+            )  # fmt: skip
+            return call.read(status, body, functools.partial(_header, headers))
+        request = httpx.Request(call.method, route.url, headers=self._encoded,
+                                content=call.content, extensions={"timeout": timeout})  # fmt: skip
+        response = await route.transport.handle_async_request(request)
         try:  # read whole, but bounded: a server's answer is an input like any other
             chunks, size = [], 0
             async for chunk in response.aiter_bytes():
@@ -314,8 +366,7 @@ class AsyncClient(_Base):
                 chunks.append(chunk)
         finally:
             await response.aclose()
-        return httpx.Response(response.status_code, headers=response.headers,
-                              content=b"".join(chunks), request=request)  # fmt: skip
+        return call.read(response.status_code, b"".join(chunks), response.headers.get)
 
     async def _run(self, plan: Plan[T]) -> T:
         try:

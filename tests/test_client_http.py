@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import cast
 
+import httpcore
 import httpx
 import pytest
+import uvloop
 
-from sqlq import AsyncClient, Client
+from sqlq import AsyncClient, Client, http_asyncio
 from sqlq import client as client_module
 from sqlq.calls import Call, FencedError, RateLimited, Unavailable
 
@@ -259,3 +262,137 @@ async def test_an_answer_past_its_bound_is_not_read_whole(
     small = await reply(lambda _, n: _json(b"200 OK", CLAIMS))
     async with AsyncClient(small.url, retries=0) as c:
         assert await c.claim(["q"], worker="w") == []
+
+
+class _Wire(asyncio.Transport):
+    """A transport that keeps what is written to it (``AsyncioStream``'s writes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_a_requests_writes_go_out_as_one_at_its_first_read() -> None:
+    """httpcore writes a request's head, body and end apart; the stream holds them and
+    writes them as one at the first read (one segment for a small request), and writes
+    at once what passes ``FLUSH_BYTES``."""
+    wire = _Wire()
+    inbox = http_asyncio._Inbox()
+    stream = http_asyncio.AsyncioStream(wire, inbox)
+    await stream.write(b"POST / HTTP/1.1\r\n\r\n")
+    await stream.write(b"{}")
+    await stream.write(b"")
+    assert wire.writes == []
+    inbox.data_received(b"HTTP/1.1 200 OK\r\n")
+    assert await stream.read(4) == b"HTTP"
+    assert wire.writes == [b"POST / HTTP/1.1\r\n\r\n{}"]
+    assert await stream.read(100) == b"/1.1 200 OK\r\n"
+    big = b"x" * http_asyncio.FLUSH_BYTES
+    await stream.write(big)
+    assert wire.writes[1:] == [big]
+    inbox.connection_lost(None)
+    assert await stream.read(100) == b""  # the end: httpcore reads it as the server's close
+
+
+async def test_a_read_times_out_and_a_lost_connection_is_a_read_error() -> None:
+    inbox = http_asyncio._Inbox()
+    stream = http_asyncio.AsyncioStream(_Wire(), inbox)
+    with pytest.raises(httpcore.ReadTimeout):
+        await stream.read(10, timeout=0.01)
+    assert inbox.waiter is None
+    inbox.connection_lost(ConnectionResetError("reset by peer"))
+    with pytest.raises(httpcore.ReadError, match="reset by peer"):
+        await stream.read(10)
+    assert http_asyncio.as_httpx(httpcore.ReadError("x")).__class__ is httpx.ReadError
+    assert type(http_asyncio.as_httpx(httpcore.PoolTimeout("x"))) is httpx.PoolTimeout
+    assert type(http_asyncio.as_httpx(ValueError("x"))) is ValueError
+
+
+async def test_a_body_larger_than_a_write_arrives_whole(
+    reply: Callable[..., Awaitable[Served]],
+) -> None:
+    """A 1 MiB body goes in parts (waiting for room as the server reads), and arrives
+    whole; the connection is kept for the next call."""
+    served = await reply(lambda _, n: _json(b"200 OK", b"{}"))
+    big = b'{"pad": "' + b"x" * (1 << 20) + b'"}'
+    async with AsyncClient(served.url, retries=0) as c:
+        assert await c._send(Call("POST", "/a", dict, content=big)) == {}
+        assert await c._send(Call("POST", "/b", dict, content=b"{}")) == {}
+    assert served.requests[0].endswith(big)
+    assert served.connections == 1
+
+
+async def test_a_kept_connection_the_server_closed_is_not_used_again() -> None:
+    """The server closes each connection after its answer, saying nothing: once the
+    close has come, the pool sees the idle connection readable (``is_readable``) and
+    opens another for the next call, rather than failing it."""
+
+    async def on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        writer.write(_json(b"200 OK", b"{}"))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(on, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with AsyncClient(url, retries=0) as c:
+        transport = c._http._transport_for_url(httpx.URL(url))
+        assert isinstance(transport, http_asyncio.AsyncioTransport)
+        for _ in range(3):
+            assert await c._send(Call("POST", "/b", dict, content=b"{}")) == {}
+            idle = transport.pool.connections
+            for _ in range(500):  # until the close has come (or 5 s: then the assert says)
+                if not idle or idle[0].has_expired():
+                    break
+                await asyncio.sleep(0.01)
+            assert not idle or idle[0].has_expired()
+    server.close()
+
+
+async def test_a_refused_connection_is_unavailable_and_names_it() -> None:
+    quiet = socket.socket()
+    quiet.bind(("127.0.0.1", 0))
+    port = quiet.getsockname()[1]
+    quiet.close()  # nothing listens on it now
+    async with AsyncClient(f"http://127.0.0.1:{port}", retries=0) as c:
+        with pytest.raises(Unavailable, match="ConnectError"):
+            await c.claim(["q"], worker="w")
+
+
+def test_the_worker_loop_uvloop_carries_plain_and_tls_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``sqlq worker`` runs on uvloop: the same transport, its TLS handshake included
+    (``start_tls``), there."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "cert.pem"))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+
+    async def on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await _request(reader)
+                writer.write(_json(b"200 OK", CLAIMS))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> list[object]:
+        got: list[object] = []
+        for context, scheme in ((None, "http"), (tls, "https")):
+            server = await asyncio.start_server(on, "127.0.0.1", 0, ssl=context)
+            port = server.sockets[0].getsockname()[1]
+            async with AsyncClient(f"{scheme}://127.0.0.1:{port}") as c:
+                got.append(await c.claim(["q"], worker="w"))
+                got.append(await c.claim(["q"], worker="w"))
+            server.close()
+        return got
+
+    assert uvloop.run(main()) == [[], [], [], []]
