@@ -84,6 +84,7 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 MAX_ANSWER_BYTES = 4 * MAX_CLAIM * MAX_JOB_BYTES
 MAX_ROUTES = 64  # paths whose URL and transport AsyncClient keeps (the protocol has 7)
 _JSON = {"Content-Type": "application/json"}
+_LEFT_OUT = {b"accept", b"accept-encoding", b"connection"}  # (_Route.head)
 
 # httpcore asks ``import sniffio`` for every request's locks; without sniffio installed
 # (anyio 4 no longer needs it) each ask is a failed import that searches sys.path again:
@@ -106,8 +107,11 @@ class _Route:
         self.transport = transport
         self.core = httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
                                  target=url.raw_path)  # fmt: skip
-        # what httpx's request would send (its Host first), less the body's length
-        self.head = [(b"Host", url.netloc), *headers.raw]
+        # Host, then the client's own headers and the JSON type, less what asks for what
+        # the short way does not read (``Accept-Encoding``: the body is read as it comes)
+        # or says what HTTP/1.1 means anyway (``Accept: */*``, ``Connection: keep-alive``)
+        self.head = [(b"Host", url.netloc),
+                     *((k, v) for k, v in headers.raw if k.lower() not in _LEFT_OUT)]  # fmt: skip
 
     def headers(self, content: bytes) -> list[tuple[bytes, bytes]]:
         return [*self.head, (b"Content-Length", b"%d" % len(content))]
