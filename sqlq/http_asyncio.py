@@ -1,32 +1,35 @@
-"""``AsyncioTransport``: httpx's own HTTP/1.1 (httpcore's pool, h11's messages) carried by
-asyncio's transports instead of anyio's streams.
+"""``AsyncioTransport``: httpx's own HTTP/1.1 (httpcore's connections, h11's messages)
+carried by asyncio's transports instead of anyio's streams.
 
 A remote worker spends most of its CPU on its calls (a claim brings 32 jobs and carries
-32 outcomes), and httpx's default transport reaches the socket through anyio: every read
-and every write enters a cancel scope, each checks for cancellation by yielding to the
-loop, and a request's head, body and end go out as three writes (three segments, with
-``TCP_NODELAY``). Measured on this machine, one claim's CPU in the worker: ~600 us through
-httpx's default transport, ~250 us through this one (``AsyncClient._exchange``).
+32 outcomes). httpx's default transport reaches the socket through anyio, where every
+read and write enters a cancel scope and each request's head, body and end go out as
+three writes (three segments, with ``TCP_NODELAY``); and through httpcore's connection
+pool, whose queue of requests, events and shielded scopes cost as much again. Measured
+on this machine, one claim's CPU in the worker: ~600 us through httpx's default
+transport; through this one, about a third of that (``results/P-asyncio.md``).
 
-What this module owns is bytes between a socket and httpcore, never HTTP: h11 writes and
-parses every message, httpcore keeps the pool, keep-alive, the TLS handshake (asyncio's
-``start_tls``), timeouts by step and the errors, which are mapped to httpx's as httpx's
-own transport maps them. Proxies from the environment stay on httpx's transports (the
-client's mounts).
+What this module owns is bytes between a socket and httpcore, and which kept
+connection a request goes on; never HTTP. h11 writes and parses every message;
+httpcore's ``AsyncHTTPConnection`` connects, does the TLS handshake (asyncio's
+``start_tls``), frames, keeps alive and expires each connection, and applies the
+timeouts by step; its errors are mapped to httpx's as httpx's own transport maps them.
+Proxies from the environment stay on httpx's transports (the client's mounts).
 
 A request's writes are held until its first read (or until ``FLUSH_BYTES`` wait) and
 go out as one ``transport.write``: a small request is one segment. Nothing waits on a
 write meanwhile: the bytes are in memory already (a request body is at most the
-client's), and the response cannot come before them.
+client's), and the answer cannot come before them.
 """
 
 # ruff: noqa: ASYNC109 (the ``timeout`` parameters are httpcore's interface, by step)
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -34,6 +37,9 @@ import httpcore
 import httpx
 
 FLUSH_BYTES = 64 * 1024  # held writes past this go out at once (a large body, in parts)
+# httpx's default limits (``httpx.Limits()``): connections open at once, kept idle, and
+# how long an idle one is kept
+MAX_CONNECTIONS, MAX_IDLE, KEEPALIVE_S = 100, 20, 5.0
 
 # httpcore's errors as httpx's, the most specific first (as httpx's transport maps them)
 _ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
@@ -264,10 +270,12 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
 
 
 class _Body(httpx.AsyncByteStream):
-    """A response's body as httpx reads it, its errors mapped."""
+    """A response's body as httpx reads it, its errors mapped; its connection goes back
+    to the transport once it is closed."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, done: Callable[[], Awaitable[None]]) -> None:
         self._stream = stream
+        self._done = done
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
@@ -277,30 +285,109 @@ class _Body(httpx.AsyncByteStream):
             raise as_httpx(exc) from exc.__cause__
 
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        try:
+            await self._stream.aclose()
+        finally:
+            await self._done()
 
 
 class AsyncioTransport(httpx.AsyncBaseTransport):
-    """httpx's transport for direct connections (no proxy), on ``AsyncioBackend``: the
-    same pool, limits and TLS settings as ``httpx.AsyncHTTPTransport``'s defaults.
-    ``exchange`` is the short way for an encoded call, with no httpx request or response
-    made for it."""
+    """httpx's transport for direct connections (no proxy): httpcore's HTTP/1.1
+    connections (``httpcore.AsyncHTTPConnection``: connect, TLS, h11, keep-alive, expiry)
+    on ``AsyncioBackend``, with httpx's default limits. ``exchange`` is the short way for
+    an encoded call, with no httpx request or response made for it.
+
+    The connections are kept here rather than in ``httpcore.AsyncConnectionPool``, whose
+    queue of waiting requests, anyio events and shielded cancel scopes cost as much again
+    as the request itself (measured: ~460 us a call through the pool on uvloop, ~230 on a
+    connection): a request takes an idle connection that is still usable (not closed by
+    the server, not expired) or opens one, and gives it back once its answer is read; at
+    most ``MAX_CONNECTIONS`` are open at once (a request past them waits, up to its
+    ``pool`` timeout) and ``MAX_IDLE`` kept."""
 
     def __init__(
         self, *, verify: ssl.SSLContext | str | bool = True, trust_env: bool = True
     ) -> None:
-        limits = httpx.Limits()  # httpx's defaults: 100 connections, 20 kept, 5 s idle
-        self.pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=trust_env),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=AsyncioBackend(),
-        )
+        self._ssl = httpx.create_ssl_context(verify=verify, trust_env=trust_env)
+        self._backend = AsyncioBackend()
+        # idle connections by origin (scheme, host, port: httpcore's Origin has no hash)
+        self._idle: dict[tuple[bytes, bytes, int], list[httpcore.AsyncHTTPConnection]] = {}
+        self._open: set[httpcore.AsyncHTTPConnection] = set()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._closed = False
+
+    async def _take(
+        self, origin: httpcore.Origin, timeout: dict[str, float | None]
+    ) -> httpcore.AsyncHTTPConnection:
+        """A connection to ``origin`` for one request: an idle one still usable, or a new
+        one if fewer than ``MAX_CONNECTIONS`` are open (an idle one to another origin is
+        closed to make room); otherwise the first given back, within the pool timeout."""
+        key = (origin.scheme, origin.host, origin.port)
+        loop = asyncio.get_running_loop()
+        pool_s = timeout.get("pool")
+        deadline = None if pool_s is None else loop.time() + pool_s
+        while True:
+            idle = self._idle.get(key)
+            while idle:
+                conn = idle.pop()
+                if conn.is_available() and not conn.has_expired():
+                    return conn
+                await self._drop(conn)
+            if self._closed:
+                raise httpcore.ConnectError("the transport is closed")
+            if len(self._open) < MAX_CONNECTIONS:
+                conn = httpcore.AsyncHTTPConnection(origin, ssl_context=self._ssl,
+                                                    keepalive_expiry=KEEPALIVE_S,
+                                                    network_backend=self._backend)  # fmt: skip
+                self._open.add(conn)
+                return conn
+            other = next((cs for cs in self._idle.values() if cs), None)
+            if other is not None:
+                await self._drop(other.pop())
+                continue
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                left = None if deadline is None else max(0.0, deadline - loop.time())
+                await _within(waiter, left, httpcore.PoolTimeout)
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    async def _taken(
+        self, origin: httpcore.Origin, timeout: dict[str, float | None]
+    ) -> httpcore.AsyncHTTPConnection:
+        try:
+            return await self._take(origin, timeout)
+        except (httpcore.PoolTimeout, httpcore.ConnectError) as exc:  # (no room; closed)
+            raise as_httpx(exc) from exc
+
+    async def _give(self, conn: httpcore.AsyncHTTPConnection, origin: httpcore.Origin) -> None:
+        """``conn``'s answer is read: kept for the next request, if it may be."""
+        idle = self._idle.setdefault((origin.scheme, origin.host, origin.port), [])
+        if not self._closed and conn.is_idle() and len(idle) < MAX_IDLE:
+            idle.append(conn)
+            self._wake()
+        else:
+            await self._drop(conn)
+
+    async def _drop(self, conn: httpcore.AsyncHTTPConnection) -> None:
+        self._open.discard(conn)
+        self._wake()
+        await conn.aclose()
+
+    def _wake(self) -> None:
+        """A connection was given back or closed: the first request waiting looks again."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.AsyncByteStream)
         url = request.url
+        origin = httpcore.Origin(url.raw_scheme, url.raw_host, url.port or _PORTS[url.scheme])
         sent = httpcore.Request(
             method=request.method,
             url=httpcore.URL(
@@ -310,11 +397,16 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
             content=request.stream,
             extensions=request.extensions,
         )
+        conn = await self._taken(origin, request.extensions.get("timeout", {}))
         try:
-            got = await self.pool.handle_async_request(sent)
-        except Exception as exc:
+            got = await conn.handle_async_request(sent)
+        except BaseException as exc:
+            await self._drop(conn)
+            if not isinstance(exc, Exception):
+                raise
             raise as_httpx(exc) from exc
-        return httpx.Response(got.status, headers=got.headers, stream=_Body(got.stream),
+        return httpx.Response(got.status, headers=got.headers,
+                              stream=_Body(got.stream, lambda: self._give(conn, origin)),
                               extensions=got.extensions)  # fmt: skip
 
     async def exchange(
@@ -330,8 +422,10 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
         bytes (past that, ``httpx.RemoteProtocolError``): status, headers, body."""
         sent = httpcore.Request(method, url, headers=headers, content=content,
                                 extensions={"timeout": timeout})  # fmt: skip
+        origin = url.origin
+        conn = await self._taken(origin, timeout)
         try:
-            got = await self.pool.handle_async_request(sent)
+            got = await conn.handle_async_request(sent)
             try:
                 chunks: list[bytes] = []
                 size = 0
@@ -342,14 +436,24 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
                     chunks.append(chunk)
             finally:
                 await got.aclose()
-        except httpx.TransportError:
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            await self._drop(conn)
+            if isinstance(exc, httpx.TransportError) or not isinstance(exc, Exception):
+                raise
             raise as_httpx(exc) from exc
+        await self._give(conn, origin)
         return got.status, got.headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def kept(self) -> list[httpcore.AsyncHTTPConnection]:
+        """The idle connections kept for the next requests."""
+        return [c for conns in self._idle.values() for c in conns]
+
     async def aclose(self) -> None:
-        await self.pool.aclose()
+        self._closed = True
+        idle = [c for conns in self._idle.values() for c in conns]
+        self._idle.clear()
+        for conn in idle:
+            await self._drop(conn)
 
     async def __aexit__(
         self,
@@ -358,3 +462,6 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
         traceback: TracebackType | None = None,
     ) -> None:
         await self.aclose()
+
+
+_PORTS = {"http": 80, "https": 443}

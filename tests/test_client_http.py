@@ -347,7 +347,7 @@ async def test_a_kept_connection_the_server_closed_is_not_used_again() -> None:
         assert isinstance(transport, http_asyncio.AsyncioTransport)
         for _ in range(3):
             assert await c._send(Call("POST", "/b", dict, content=b"{}")) == {}
-            idle = transport.pool.connections
+            idle = transport.kept()
             for _ in range(500):  # until the close has come (or 5 s: then the assert says)
                 if not idle or idle[0].has_expired():
                     break
@@ -397,3 +397,23 @@ def test_the_worker_loop_uvloop_carries_plain_and_tls_calls(
         return got
 
     assert uvloop.run(main()) == [[], [], [], []]
+
+
+async def test_requests_past_the_open_connections_wait_for_one_and_time_out_at_the_pool_timeout(
+    reply: Callable[..., Awaitable[Served]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one connection allowed: two calls at once go one after the other on it; a
+    call that cannot have it within its pool timeout is ``PoolTimeout`` (unavailable)."""
+    monkeypatch.setattr(http_asyncio, "MAX_CONNECTIONS", 1)
+    served = await reply(lambda _, n: _json(b"200 OK", CLAIMS), hold_s=0.2)
+    async with AsyncClient(served.url, retries=0) as c:
+        both = await asyncio.gather(c.claim(["q"], worker="a"), c.claim(["q"], worker="b"))
+        assert list(both) == [[], []]
+        assert served.connections == 1
+    async with AsyncClient(served.url, retries=0, timeout=0.05) as c:
+        held = asyncio.create_task(c.claim(["q"], worker="a", wait_s=5.0))
+        while len(served.requests) < 3:  # the first holds the one connection
+            await asyncio.sleep(0.005)
+        with pytest.raises(Unavailable, match="PoolTimeout"):
+            await c.claim(["q"], worker="b")
+        assert await held == []
