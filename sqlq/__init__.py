@@ -6,7 +6,8 @@ The public surface::
 
 ``task`` registers a handler (``sqlq serve --import yourmodule``), and with ``cron=`` or
 ``every_s=`` a schedule of it; ``schedule`` defines a schedule of any kind; ``Client`` and
-``AsyncClient`` talk to a server; ``Worker`` runs the handlers out of the server's
+``AsyncClient`` talk to a server (given no URL or token: ``configure``'s, else
+``SQLQ_URL`` and ``SQLQ_TOKEN``); ``Worker`` runs the handlers out of the server's
 process, over ``AsyncClient`` (``sqlq worker``). A handler reaches its running job
 through its ``JobContext`` and speaks ``Snooze`` (or returns ``snooze(seconds)``),
 ``Cancelled`` (``ctx.raise_if_cancelled()``), ``AttemptFenced`` and ``JobFailed``. The
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 from sqlq.common.models import Job, State
+from sqlq.defaults import configure
 from sqlq.runtime.context import AttemptFenced, Cancelled, JobContext, JobFailed, Snooze, snooze
 from sqlq.runtime.kinds import schedule, task
 
@@ -82,6 +84,7 @@ __all__ = [
     "Unavailable",
     "Worker",
     "__version__",
+    "configure",
     "schedule",
     "snooze",
     "task",

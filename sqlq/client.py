@@ -75,11 +75,11 @@ from sqlq.common.wire import (
     ScheduleView,
 )
 from sqlq.common.wire import JobView as Job  # a job as the API shows it
+from sqlq.defaults import DEFAULT_URL, client_token, client_url
 from sqlq.http_asyncio import AsyncioTransport
 
 T = TypeVar("T")
 P = ParamSpec("P")
-DEFAULT_URL = "http://127.0.0.1:8080"
 # The largest answer a protocol call reads: a full claim of the largest jobs, with room.
 MAX_ANSWER_BYTES = 4 * MAX_CLAIM * MAX_JOB_BYTES
 MAX_ROUTES = 64  # paths whose URL and transport AsyncClient keeps (the protocol has 7)
@@ -142,9 +142,11 @@ def _header(headers: list[tuple[bytes, bytes]], name: str) -> str | None:
 
 class _Base:
     def __init__(
-        self, url: str, token: str | None, timeout: float, retries: int, backoff_s: float
+        self, url: str | None, token: str | None, timeout: float, retries: int, backoff_s: float
     ) -> None:
-        self.url = url.rstrip("/")
+        # not given: ``sqlq.configure``'s, else SQLQ_URL / SQLQ_TOKEN (``sqlq.defaults``)
+        self.url = client_url(url).rstrip("/")
+        token = client_token(token)
         self.timeout = httpx.Timeout(timeout)
         self.retries = retries
         self.backoff_s = backoff_s
@@ -209,7 +211,7 @@ class Client(_Base):
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         *,
         token: str | None = None,
         timeout: float = 75.0,
@@ -297,7 +299,7 @@ class AsyncClient(_Base):
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         *,
         token: str | None = None,
         timeout: float = 75.0,

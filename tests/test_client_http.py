@@ -19,6 +19,7 @@ import httpx
 import pytest
 import uvloop
 
+import sqlq
 from sqlq import AsyncClient, Client, http_asyncio
 from sqlq import client as client_module
 from sqlq.calls import Call, FencedError, RateLimited, Unavailable
@@ -412,8 +413,40 @@ async def test_requests_past_the_open_connections_wait_for_one_and_time_out_at_t
         assert served.connections == 1
     async with AsyncClient(served.url, retries=0, timeout=0.05) as c:
         held = asyncio.create_task(c.claim(["q"], worker="a", wait_s=5.0))
-        while len(served.requests) < 3:  # the first holds the one connection
+        for _ in range(1000):  # until the first holds the one connection (5 s at most)
+            if len(served.requests) >= 3:
+                break
             await asyncio.sleep(0.005)
         with pytest.raises(Unavailable, match="PoolTimeout"):
             await c.claim(["q"], worker="b")
         assert await held == []
+
+
+async def test_a_client_given_no_url_or_token_takes_configures_then_the_environments(
+    reply: Callable[..., Awaitable[Served]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Client()`` and ``AsyncClient()`` with ``SQLQ_URL`` and ``SQLQ_TOKEN`` set talk to
+    that server with that token; ``sqlq.configure`` wins over them; an explicit argument
+    over both."""
+    served = await reply(lambda _, n: _json(b"200 OK", CLAIMS))
+    other = await reply(lambda _, n: _json(b"200 OK", CLAIMS))
+    monkeypatch.setenv("SQLQ_URL", served.url)
+    monkeypatch.setenv("SQLQ_TOKEN", "from-env")
+    async with AsyncClient() as c:
+        assert await c.claim(["q"], worker="w") == []
+    with Client() as sync:
+        assert await asyncio.to_thread(sync.claim, ["q"], worker="w") == []
+    assert [b"bearer from-env" in r.lower() for r in served.requests] == [True, True]
+    sqlq.configure(url=other.url, token="from-code")
+    try:
+        async with AsyncClient() as c:
+            assert c.url == other.url
+            assert await c.claim(["q"], worker="w") == []
+        assert b"bearer from-code" in other.requests[0].lower()
+        assert AsyncClient(served.url, token="given").headers["Authorization"] == "Bearer given"
+    finally:
+        sqlq.configure()
+    assert AsyncClient().url == served.url
+    monkeypatch.delenv("SQLQ_URL")
+    monkeypatch.delenv("SQLQ_TOKEN")
+    assert (AsyncClient().url, AsyncClient().headers) == ("http://127.0.0.1:8080", {})
