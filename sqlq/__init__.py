@@ -30,6 +30,7 @@ from sqlq.common.models import Job, State
 from sqlq.defaults import configure
 from sqlq.runtime.context import AttemptFenced, Cancelled, JobContext, JobFailed, Snooze, snooze
 from sqlq.runtime.kinds import schedule, task
+from sqlq.runtime.task import JobError, Task
 
 if TYPE_CHECKING:
     from sqlq.client import (
@@ -75,11 +76,13 @@ __all__ = [
     "Invalid",
     "Job",
     "JobContext",
+    "JobError",
     "JobFailed",
     "NotFound",
     "RateLimited",
     "Snooze",
     "State",
+    "Task",
     "Unauthorized",
     "Unavailable",
     "Worker",

@@ -151,7 +151,7 @@ def test_the_sync_client_and_task_submit_against_a_real_server(tmp_path: Any) ->
             raise AssertionError("runs on the server, not here")
 
         with Client(server.url) as c:
-            job = shout.submit(c, {"s": "hi"})  # type: ignore[attr-defined]
+            job = shout.submit(c, {"s": "hi"})
             assert c.wait(job.id, within=20).result == "HI"
             pending = c.submit("shout", {"s": "later"}, delay_ms=60_000)
             same = c.wait(pending.id, within=0.2)  # returns as it stands when time is up

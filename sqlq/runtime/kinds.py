@@ -69,10 +69,12 @@ Reaching the running job, through ``ctx`` (``sqlq.runtime.context``)::
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
-from collections.abc import Awaitable, Callable
+import typing
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar, overload
 
 import msgspec
 
@@ -86,6 +88,7 @@ from sqlq.runtime.context import JobContext as JobContext
 from sqlq.runtime.context import JobFailed as JobFailed
 from sqlq.runtime.context import Snooze as Snooze
 from sqlq.runtime.context import snooze as snooze
+from sqlq.runtime.task import Signature, Task, legacy
 
 MAX_WORK_MS = 600_000  # ten minutes: longer sleeps are a typo, not an experiment
 BEAT_EVERY_S = 0.010  # the sleep kind's heartbeat slice
@@ -217,13 +220,39 @@ SLEEP = sleep_kind(fault_injection=False)
 # -- user handlers ------------------------------------------------------------------------
 
 REGISTRY = Registry()  # what @task registers into; the runtime adds the built-in kinds
+P = ParamSpec("P")
+R = TypeVar("R")
 
-F = TypeVar("F", bound=Callable[..., Any])
+
+class _Decorate(Protocol):
+    """What ``@task(...)`` returns: it makes the ``Task`` (typed as ``task`` is)."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[JobContext, P], Coroutine[Any, Any, R]], /
+    ) -> Task[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[JobContext, P], R], /) -> Task[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
 
 
+@overload
+def task(fn: Callable[Concatenate[JobContext, P], Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+@overload
+def task(fn: Callable[Concatenate[JobContext, P], R], /) -> Task[P, R]: ...
+@overload
+def task(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+@overload
+def task(fn: Callable[P, R], /) -> Task[P, R]: ...
+@overload
 def task(
-    name: str | None = None,
+    fn: str | None = None,
+    /,
     *,
+    name: str | None = None,
     timeout: float | None = DEFAULT_TASK_TIMEOUT_S,
     hb_timeout: float | None = None,
     registry: Registry | None = None,
@@ -231,8 +260,25 @@ def task(
     every_s: int | None = None,
     tz: str = "UTC",
     args: JSON = None,
-) -> Callable[[F], F]:
-    """Register a function as a job kind (default name: the function's name).
+) -> _Decorate: ...
+
+
+def task(
+    fn: Callable[..., Any] | str | None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout: float | None = DEFAULT_TASK_TIMEOUT_S,
+    hb_timeout: float | None = None,
+    registry: Registry | None = None,
+    cron: str | None = None,
+    every_s: int | None = None,
+    tz: str = "UTC",
+    args: JSON = None,
+) -> Any:
+    """Register a function as a job kind (default name: the function's name), as a
+    ``Task`` (``sqlq.runtime.task``: its signature is its schema; ``.send`` makes a job).
+    ``@task`` or ``@task(name=..., timeout=...)``.
 
     It is called as ``fn(args)`` or, if it takes two parameters, ``fn(args, ctx)``.
     Async functions run on the event loop; plain ones in the handler thread pool.
@@ -248,32 +294,45 @@ def task(
             raise ValueError(f"{label} must be a positive number of seconds or None")
     timing = cron is not None or every_s is not None
 
-    def decorate(fn: F) -> F:
-        wants_ctx = len(inspect.signature(fn).parameters) >= 2
-        if inspect.iscoroutinefunction(fn):
+    def decorate(fn: Callable[..., Any]) -> Task[Any, Any]:
+        kind_name = name or fn.__name__
+        signature = None if legacy(fn) else Signature(fn)
+        is_async = inspect.iscoroutinefunction(fn)
+        if signature is None:  # the older form: fn(args) or fn(args, ctx)
+            wants_ctx = len(inspect.signature(fn).parameters) >= 2
+
+            def call(args: JSON, ctx: JobContext) -> Any:
+                return fn(args, ctx) if wants_ctx else fn(args)
+
+            validate: Validate = _any_json
+        else:
+            call = functools.partial(signature.call, fn)
+            validate = signature.validate
+        if is_async:
 
             async def run(args: JSON, ctx: JobContext) -> JSON:
-                return await (fn(args, ctx) if wants_ctx else fn(args))
+                return typing.cast(JSON, await call(args, ctx))
 
         else:
 
             async def run(args: JSON, ctx: JobContext) -> JSON:
-                call = (lambda: fn(args, ctx)) if wants_ctx else (lambda: fn(args))
                 if ctx.threads is None:
-                    return await asyncio.to_thread(call)
-                return await ctx.threads.run(call)
+                    return typing.cast(JSON, await asyncio.to_thread(call, args, ctx))
+                return typing.cast(JSON, await ctx.threads.run(lambda: call(args, ctx)))
 
-        kind = Kind(name or fn.__name__, _any_json, run, timeout, hb_timeout,
-                    interruptible=inspect.iscoroutinefunction(fn))  # fmt: skip
+        kind = Kind(kind_name, validate, run, timeout, hb_timeout, interruptible=is_async)
         if timing:  # checked first: a bad schedule registers neither
             spec = _spec(kind.name, kind.name, {"cron": cron, "every_s": every_s, "tz": tz,
                                                 "args": {} if args is None else args})  # fmt: skip
         (registry or REGISTRY).register(kind)
         if timing:
             (registry or REGISTRY).schedules[kind.name] = spec
-        fn.submit = _submitter(kind.name)  # type: ignore[attr-defined]
-        return fn
+        return Task(fn, kind.name, signature)
 
+    if isinstance(fn, str):  # @task("name", ...): the older spelling of name=
+        name, fn = fn, None
+    if fn is not None:  # @task, bare
+        return decorate(fn)
     return decorate
 
 
@@ -300,19 +359,6 @@ def _spec(name: str, kind: str, fields: dict[str, Any]) -> ScheduleSpec:
         raise ValueError(f"schedule {name!r}: {field}: {message}") from None
     except ValidationError as exc:
         raise ValueError(f"schedule {name!r}: {exc}") from None
-
-
-def _submitter(name: str) -> Callable[..., Any]:
-    """``resize.submit(client, args, **options)``: enqueue by the task's own name.
-
-    Works with ``sqlq.Client`` (returns the job) and ``sqlq.AsyncClient`` (returns
-    an awaitable), or anything with their ``submit(kind, args, **options)``.
-    """
-
-    def submit(client: Any, args: JSON = None, **options: Any) -> Any:
-        return client.submit(name, args, **options)
-
-    return submit
 
 
 def _any_json(args: JSON) -> JSON:

@@ -1,0 +1,313 @@
+"""A task: a handler whose own signature is its arguments' schema, sent by calling it.
+
+    from sqlq import task
+
+    @task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    add(1, 2)                                   # 3: a plain call, in this process
+    handle = add.send(x=1, y=2)                 # a job (the default client: SQLQ_URL)
+    handle.result()                             # 3, once a worker ran it
+    add.options(queue="math", delay=5).send(x=1, y=2)
+    add.send(x="a", y=2)                        # sqlq.Invalid: args.x, nothing sent
+
+Over HTTP a job's ``args`` are the keyword arguments (``{"x": 1, "y": 2}``), so a
+producer in another language sends what it always sent. The handler's parameters are
+its schema, read by msgspec from the type hints (a parameter with none takes any JSON):
+the arguments are checked at ``.send`` before anything is sent, at submit by a server
+that imports the task (a 422 naming ``args.x``), and by the worker that claims the job
+(arguments that can never be valid fail it at once, not retried). The running job's
+context is the parameter annotated ``JobContext`` or named ``ctx``: put it first
+(``def f(ctx: JobContext, x: int)``) and ``send`` is typed as the rest. A handler whose
+first parameter is named ``args`` is the older form: it takes the arguments as one
+dict (``fn(args)`` or ``fn(args, ctx)``), unchecked.
+
+Options go through ``.options(...)`` (``queue``, ``priority``, ``delay`` in seconds,
+``max_attempts``, ``idempotency_key``, ``client``), never beside the arguments, so a
+task may have a parameter named ``queue``.
+"""
+
+# ruff: noqa: ASYNC109 (``timeout`` is how long to wait for the job, as the sync twin's)
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import threading
+import typing
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+import msgspec
+
+from sqlq.common.errors import SqlqError, ValidationError, clip
+from sqlq.common.models import JSON
+from sqlq.common.specs import error_field
+from sqlq.runtime.context import JobContext
+
+if TYPE_CHECKING:
+    from sqlq.client import AsyncClient, Client
+    from sqlq.client import Job as JobView
+
+P = ParamSpec("P")
+R = TypeVar("R")
+LEGACY_FIRST = "args"  # a handler whose first parameter is this takes the args dict
+CTX_NAME = "ctx"
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
+OPTIONS = frozenset({"queue", "priority", "delay", "max_attempts", "idempotency_key", "client"})
+
+
+class JobError(SqlqError):
+    """A job's ``result()`` asked for, and the job did not complete: ``job`` says how it
+    ended (``state``, ``last_error``, ``errors``)."""
+
+    def __init__(self, job: JobView) -> None:
+        super().__init__(f"job {job.id} ({job.kind}) ended {job.state}: {job.last_error}")
+        self.job = job
+
+
+class Signature:
+    """A typed handler's parameters as a msgspec struct (less its context parameter)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        params = list(inspect.signature(fn).parameters.values())
+        try:
+            hints = typing.get_type_hints(fn, include_extras=True)
+        except Exception as exc:  # a hint naming what the module cannot resolve
+            raise ValueError(f"task {fn.__name__}: its type hints do not resolve: {exc}") from None
+        self.ctx: str | None = None
+        fields: list[Any] = []
+        self.names: list[str] = []
+        for p in params:
+            if hints.get(p.name) is JobContext or (p.name == CTX_NAME and p.name not in hints):
+                self.ctx = p.name
+                continue
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise ValueError(f"task {fn.__name__}: *{p.name} cannot be a job's argument; "
+                                 "name each parameter")  # fmt: skip
+            typ = hints.get(p.name, Any)
+            self.names.append(p.name)
+            if p.default is p.empty:
+                fields.append((p.name, typ))
+            elif isinstance(p.default, list | dict | set):
+                fields.append((p.name, typ, msgspec.field(default_factory=type(p.default))))
+            else:
+                fields.append((p.name, typ, p.default))
+        self.struct: type[msgspec.Struct] = msgspec.defstruct(
+            f"{fn.__name__}_args", fields, kw_only=True, forbid_unknown_fields=True
+        )
+        self.returns: Any = hints.get("return", Any)
+        self._bind = inspect.Signature([p for p in params if p.name != self.ctx])
+
+    def check(self, args: JSON) -> msgspec.Struct:
+        """``args`` as the struct, or ``ValidationError`` naming ``args.<field>``."""
+        if not isinstance(args, dict):
+            raise ValidationError("args", "must be a JSON object")
+        try:
+            return msgspec.convert(args, self.struct)
+        except msgspec.ValidationError as exc:
+            field, message = error_field(str(exc), "args")
+            unknown = _UNKNOWN.match(message)
+            if field == "args" and unknown:  # the parameter a caller misnamed, by name
+                field = f"args.{clip(unknown.group(1), 60)}"
+            raise ValidationError(field, message) from None
+
+    def validate(self, args: JSON) -> JSON:
+        """A kind's ``validate``: the arguments checked, as JSON."""
+        return typing.cast(JSON, msgspec.to_builtins(self.check(args)))
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A call's arguments by name (positional ones named), less the context."""
+        try:
+            bound = self._bind.bind_partial(*args, **kwargs)
+        except TypeError as exc:
+            raise ValidationError("args", str(exc)) from None
+        return dict(bound.arguments)
+
+    def call(self, fn: Callable[..., R], args: JSON, ctx: JobContext) -> R:
+        """``fn`` called with the job's arguments by name (and its context)."""
+        struct = self.check(args)
+        kwargs = {name: getattr(struct, name) for name in self.names}
+        if self.ctx is not None:
+            kwargs[self.ctx] = ctx
+        return fn(**kwargs)
+
+
+def legacy(fn: Callable[..., Any]) -> bool:
+    """The older form: the first parameter takes the whole arguments dict."""
+    params = list(inspect.signature(fn).parameters)
+    return bool(params) and params[0] == LEGACY_FIRST
+
+
+class Task(Generic[P, R]):
+    """A registered handler: called, it runs as a plain function; ``send`` makes a job."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        signature: Signature | None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.signature = signature
+        self._options = dict(options or {})
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__qualname__ = getattr(fn, "__qualname__", name)
+        self.__module__ = fn.__module__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<sqlq task {self.name!r}>"
+
+    def options(self, **options: Any) -> Task[P, R]:
+        """The same task, sent with ``options`` (``queue``, ``priority``, ``delay``
+        seconds, ``max_attempts``, ``idempotency_key``, ``client``)."""
+        unknown = sorted(set(options) - OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown option {unknown[0]!r}; options: {', '.join(sorted(OPTIONS))}")
+        return Task(self.fn, self.name, self.signature, {**self._options, **options})
+
+    def _args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The job's ``args``: checked against the signature (``Invalid`` naming the field,
+        before anything is sent) and as JSON."""
+        from sqlq.calls import Invalid
+
+        if self.signature is None:  # the older form: one dict
+            if kwargs or len(args) > 1:
+                raise TypeError(f"task {self.name} takes its arguments as one dict")
+            return dict(args[0]) if args else {}
+        try:
+            given = self.signature.arguments(args, kwargs)
+            return typing.cast(dict[str, Any], self.signature.validate(given))
+        except ValidationError as exc:
+            raise Invalid(422, "invalid", exc.message, exc.field) from None
+
+    def _submit_options(self) -> dict[str, Any]:
+        o = {k: v for k, v in self._options.items() if k != "client" and v is not None}
+        if "delay" in o:
+            o["delay_ms"] = round(1000 * o.pop("delay"))
+        return o
+
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle[R]:
+        """Submit a job of this task (the client: ``.options(client=...)``, else the
+        default one, ``sqlq.configure`` / ``SQLQ_URL``); its handle."""
+        body = self._args(args, kwargs)
+        client = self._options.get("client") or _default_client()
+        job = client.submit(self.name, body, **self._submit_options())
+        return JobHandle(client, job.id, self.signature)
+
+    async def asend(self, *args: P.args, **kwargs: P.kwargs) -> AsyncJobHandle[R]:
+        """``send``, awaited, through an ``AsyncClient``."""
+        body = self._args(args, kwargs)
+        client = self._options.get("client") or _default_async_client()
+        job = await client.submit(self.name, body, **self._submit_options())
+        return AsyncJobHandle(client, job.id, self.signature)
+
+    def submit(self, client: Any, args: JSON = None, **options: Any) -> Any:
+        """The older way: ``client.submit`` with this task's name."""
+        return client.submit(self.name, args, **options)
+
+
+def _result(job: JobView, signature: Signature | None) -> Any:
+    from sqlq.common.models import State
+
+    if job.state != State.COMPLETED:
+        raise JobError(job)
+    if signature is None or signature.returns is Any:
+        return job.result
+    try:
+        return msgspec.convert(job.result, signature.returns, strict=False)
+    except (msgspec.ValidationError, TypeError):
+        return job.result
+
+
+class JobHandle(Generic[R]):
+    """A job sent: its ``id``; ``wait`` (the job once finished, or as it stands after
+    ``timeout`` seconds) and ``result`` (its result, typed as the handler returns it;
+    ``JobError`` if it did not complete, ``TimeoutError`` if not finished in time)."""
+
+    def __init__(self, client: Client, job_id: str, signature: Signature | None) -> None:
+        self.client = client
+        self.id = job_id
+        self._signature = signature
+
+    def __repr__(self) -> str:
+        return f"<sqlq job {self.id}>"
+
+    def get(self) -> JobView:
+        return self.client.get(self.id)
+
+    def wait(self, timeout: float = 60.0) -> JobView:
+        return self.client.wait(self.id, timeout)
+
+    def result(self, timeout: float = 60.0) -> R:
+        job = self.wait(timeout)
+        if job.state in _UNFINISHED:
+            raise TimeoutError(f"job {self.id} is {job.state} after {timeout:g} s")
+        return typing.cast(R, _result(job, self._signature))
+
+
+class AsyncJobHandle(Generic[R]):
+    """``JobHandle``, awaited."""
+
+    def __init__(self, client: AsyncClient, job_id: str, signature: Signature | None) -> None:
+        self.client = client
+        self.id = job_id
+        self._signature = signature
+
+    def __repr__(self) -> str:
+        return f"<sqlq job {self.id}>"
+
+    async def get(self) -> JobView:
+        return await self.client.get(self.id)
+
+    async def wait(self, timeout: float = 60.0) -> JobView:
+        return await self.client.wait(self.id, timeout)
+
+    async def result(self, timeout: float = 60.0) -> R:
+        job = await self.wait(timeout)
+        if job.state in _UNFINISHED:
+            raise TimeoutError(f"job {self.id} is {job.state} after {timeout:g} s")
+        return typing.cast(R, _result(job, self._signature))
+
+
+_UNFINISHED = frozenset({"scheduled", "running"})
+_lock = threading.Lock()
+_clients: dict[tuple[str, str | None], Client] = {}
+_async_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str, str | None], AsyncClient]
+] = weakref.WeakKeyDictionary()
+
+
+def _default_client() -> Client:
+    """One ``Client`` per process and configured server (``sqlq.defaults``)."""
+    from sqlq.client import Client
+    from sqlq.defaults import client_token, client_url
+
+    key = (client_url(None), client_token(None))
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = Client(*key[:1], token=key[1])
+        return client
+
+
+def _default_async_client() -> AsyncClient:
+    """One ``AsyncClient`` per event loop and configured server."""
+    from sqlq.client import AsyncClient
+    from sqlq.defaults import client_token, client_url
+
+    key = (client_url(None), client_token(None))
+    per_loop = _async_clients.setdefault(asyncio.get_running_loop(), {})
+    client = per_loop.get(key)
+    if client is None:
+        client = per_loop[key] = AsyncClient(key[0], token=key[1])
+    return client
