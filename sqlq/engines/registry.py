@@ -3,21 +3,25 @@
 The command line, the benchmarks and the tests pick an engine here. Each
 engine declares what it takes beyond what every engine takes (``sync``,
 ``retention``, ``clock``), so a new engine is one entry in ``ENGINES``.
+
+An engine whose driver is an extra (postgres: asyncpg, ``sqlq[postgres]``) is imported
+here only when it is first asked for, so the others run on an install without it, and
+asking for it there is one line naming the extra (``MissingExtra``), not a traceback.
 """
 
 from __future__ import annotations
 
-import inspect
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
+
 from sqlq.common.engine.datadir import prepare_dir
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.store import JobStore, SyncLevel
-from sqlq.engines.postgres.connections import DEADLINE_S
-from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.sqlite import SQLiteStore
 from sqlq.walq.store import COMPACT_FLOOR_BYTES, COMPACT_RATIO, WalStore
 
@@ -26,14 +30,39 @@ DURABLE_OPTIONS = ("group_commit", "sync_delay_s")
 # walq's compaction thresholds as ``sqlq serve`` shows them (the defaults live in walq)
 COMPACT_FLOOR_MB = COMPACT_FLOOR_BYTES / MiB
 DEFAULT_COMPACT_RATIO = COMPACT_RATIO
-DB_DEADLINE_S = DEADLINE_S  # the postgres engine's deadline of each database call
+# The postgres engine's deadline of each database call (``connections.DEADLINE_S``, here
+# without importing asyncpg; tests/test_install_extras.py holds the two equal).
+DB_DEADLINE_S = 2.0
+
+
+class MissingExtra(click.ClickException, ImportError):
+    """An engine whose driver is not installed: one line naming the extra, exit code 2 (a
+    command's ``--store`` that this install cannot serve). An ``ImportError`` too, for code
+    that asks for the engine without the command line."""
+
+    exit_code = 2
+
+
+def _postgres() -> Callable[..., JobStore]:
+    try:
+        from sqlq.engines.postgres.store import PostgresStore
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "asyncpg":
+            raise
+        raise MissingExtra("--store postgres needs asyncpg: pip install 'sqlq[postgres]'") from None
+    return PostgresStore
 
 
 @dataclass(frozen=True)
 class Engine:
     name: str
-    build: Callable[..., JobStore]  # the store's class, which declares what it is (``shared``)
+    # The store's class (imported on first use: ``build``), which declares what it is.
+    load: Callable[[], Callable[..., JobStore]]
     durable: bool
+    # Many nodes share its queue (a database): it needs a dsn, not --data. The store's class
+    # declares it (``JobStore.shared``, which the runtime reads); repeated here so listing the
+    # engines imports none (tests/test_install_extras.py holds the two equal).
+    shared: bool = False
     subdir: str | None = None  # where under --data its files live; None: it keeps none
     aliases: tuple[str, ...] = ()
     options: tuple[str, ...] = ()  # constructor options beyond sync, retention and clock
@@ -41,19 +70,18 @@ class Engine:
     from_settings: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda _: {})
 
     @property
-    def shared(self) -> bool:
-        """Many nodes share its queue (a database): it needs a dsn, not --data. Declared
-        once, by the store's class (``JobStore.shared``), which the runtime reads too."""
-        return inspect.getattr_static(self.build, "shared", False) is True
+    def build(self) -> Callable[..., JobStore]:
+        """The store's class; ``MissingExtra`` if its driver is not installed."""
+        return self.load()
 
 
 ENGINES: dict[str, Engine] = {
     e.name: e
     for e in (
-        Engine("memory", MemoryStore, durable=False),
+        Engine("memory", lambda: MemoryStore, durable=False),
         Engine(
             "walq",
-            WalStore,
+            lambda: WalStore,
             durable=True,
             subdir="walq",
             aliases=("wal",),
@@ -63,11 +91,14 @@ ENGINES: dict[str, Engine] = {
                 "compact_ratio": s["compact_ratio"],
             },
         ),
-        Engine("sqlite", SQLiteStore, durable=True, subdir="sqlite", options=DURABLE_OPTIONS),
+        Engine(
+            "sqlite", lambda: SQLiteStore, durable=True, subdir="sqlite", options=DURABLE_OPTIONS
+        ),
         Engine(
             "postgres",
-            PostgresStore,
+            functools.cache(_postgres),
             durable=True,
+            shared=True,
             aliases=("pg",),
             options=("dsn", "group_commit", "pool_size", "node", "deadline_s"),
             from_settings=lambda s: {"deadline_s": s["db_timeout"]},
@@ -84,11 +115,15 @@ DURABLE_CHOICES = tuple(a for a, e in _BY_NAME.items() if e.durable)
 
 
 def engine(name: str) -> Engine:
-    """The engine called ``name`` or one of its aliases (``wal`` is ``walq``)."""
+    """The engine called ``name`` or one of its aliases (``wal`` is ``walq``), its store's
+    class imported: an engine whose driver is not installed is ``MissingExtra`` here, where a
+    command first names it (``sqlq serve``, ``sqlq crashcheck``)."""
     try:
-        return _BY_NAME[name]
+        e = _BY_NAME[name]
     except KeyError:
         raise ValueError(f"unknown store {name!r}; choose one of {', '.join(CHOICES)}") from None
+    e.load()
+    return e
 
 
 def make_store(
