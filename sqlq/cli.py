@@ -40,7 +40,13 @@ class Commands(click.Group):
         ep = self._plugins().get(name)
         if ep is None:
             return None
-        loaded = ep.load()
+        try:
+            loaded = ep.load()
+        except ImportError as exc:  # a command of an extra not installed: say which
+            raise click.ClickException(
+                f"sqlq {name} needs what it was installed without ({exc.name or exc}): "
+                f"pip install 'sqlq[bench]'"
+            ) from None
         assert isinstance(loaded, click.Command), f"{ep.value} is not a click command"
         return loaded
 
@@ -233,6 +239,9 @@ def migrate(dsn: str) -> None:
     """Bring a PostgreSQL database's sqlq schema up to this version (safe to repeat)."""
     import asyncio
 
+    from sqlq.engines.registry import engine
+
+    engine("postgres")  # (asyncpg missing: one line naming the extra, exit code 2)
     from sqlq.engines.postgres.migrate import migrate as apply
     from sqlq.engines.postgres.migrate import where
 

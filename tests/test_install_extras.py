@@ -110,3 +110,18 @@ def test_the_other_engines_need_no_asyncpg(no_asyncpg: dict[str, str], tmp_path:
     )
     done = run(no_asyncpg, ROOT, "-c", code, str(tmp_path / "data"))
     assert done.returncode == 0, done.stderr
+
+
+def test_migrate_and_the_bench_commands_without_asyncpg_say_what_to_install(
+    no_asyncpg: dict[str, str], tmp_path: Path
+) -> None:
+    """``sqlq migrate`` names the postgres extra; a command that another extra brings
+    (``sqlq bench``, whose modules import asyncpg) names that extra: one line, no
+    traceback."""
+    migrate = run(no_asyncpg, tmp_path, "-m", "sqlq", "migrate", "--dsn", "postgresql://x/y")
+    assert migrate.returncode == 2, migrate.stderr
+    assert "sqlq[postgres]" in migrate.stderr
+    bench = run(no_asyncpg, tmp_path, "-m", "sqlq", "bench", "--help")
+    assert bench.returncode == 1, bench.stderr
+    assert "pip install 'sqlq[bench]'" in bench.stderr
+    assert "Traceback" not in migrate.stderr + bench.stderr
