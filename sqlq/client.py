@@ -224,6 +224,11 @@ class Client(_Base):
             base_url=self.url, headers=self.headers, timeout=self.timeout, transport=transport
         )
 
+    @property
+    def closed(self) -> bool:
+        """Closed: it sends nothing more."""
+        return self._http.is_closed
+
     def _send(self, call: Call[T]) -> T:
         attempt = 0
         while True:
@@ -314,6 +319,11 @@ class AsyncClient(_Base):
         # what _exchange sends with every body: the client's headers, made once
         self._encoded = httpx.Headers({**self._http.headers, **_JSON})
         self._routes: dict[str, _Route] = {}
+
+    @property
+    def closed(self) -> bool:
+        """Closed: it sends nothing more."""
+        return self._http.is_closed
 
     async def _send(self, call: Call[T]) -> T:
         encoded = call.content is not None and not call.params and not call.headers

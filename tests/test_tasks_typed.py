@@ -18,7 +18,7 @@ from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.errors import ValidationError
 from sqlq.common.models import Job
 from sqlq.runtime.kinds import Registry
-from sqlq.runtime.task import JobError
+from sqlq.runtime.task import JobError, close_default_clients
 from tests.helpers import spawn_server
 
 TASKS = """
@@ -148,7 +148,10 @@ def test_a_typed_task_sent_to_a_real_server_and_over_http(
 
         async def greet() -> Any:
             handle = await typedtasks.greet.asend("Ada")
-            return await handle.result(timeout=20)
+            try:
+                return await handle.result(timeout=20)
+            finally:
+                await handle.client.aclose()  # (the loop's default client, as this loop ends)
 
         assert asyncio.run(greet()) == "hello, Ada! (attempt 1)"
         failing = typedtasks.boom.options(max_attempts=1).send(why="no luck")
@@ -159,5 +162,6 @@ def test_a_typed_task_sent_to_a_real_server_and_over_http(
         with pytest.raises(TimeoutError, match="scheduled"):
             held.result(timeout=0.1)
     finally:
+        close_default_clients()  # (its kept connection, before the server goes)
         server.stop()
         sqlq.configure()

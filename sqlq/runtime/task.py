@@ -32,6 +32,7 @@ task may have a parameter named ``queue``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import re
 import threading
@@ -287,6 +288,19 @@ _async_clients: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
+def close_default_clients() -> None:
+    """Close the default clients ``send`` made (at the interpreter's exit, or in a test
+    that points ``SQLQ_URL`` elsewhere); the next ``send`` makes another."""
+    with _lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for client in clients:
+        client.close()
+
+
+atexit.register(close_default_clients)
+
+
 def _default_client() -> Client:
     """One ``Client`` per process and configured server (``sqlq.defaults``)."""
     from sqlq.client import Client
@@ -295,7 +309,7 @@ def _default_client() -> Client:
     key = (client_url(None), client_token(None))
     with _lock:
         client = _clients.get(key)
-        if client is None:
+        if client is None or client.closed:
             client = _clients[key] = Client(*key[:1], token=key[1])
         return client
 
@@ -308,6 +322,6 @@ def _default_async_client() -> AsyncClient:
     key = (client_url(None), client_token(None))
     per_loop = _async_clients.setdefault(asyncio.get_running_loop(), {})
     client = per_loop.get(key)
-    if client is None:
+    if client is None or client.closed:  # (one its user closed: another)
         client = per_loop[key] = AsyncClient(key[0], token=key[1])
     return client
