@@ -84,7 +84,7 @@ P = ParamSpec("P")
 MAX_ANSWER_BYTES = 4 * MAX_CLAIM * MAX_JOB_BYTES
 MAX_ROUTES = 64  # paths whose URL and transport AsyncClient keeps (the protocol has 7)
 _JSON = {"Content-Type": "application/json"}
-_LEFT_OUT = {b"accept", b"accept-encoding", b"connection"}  # (_Route.head)
+_LEFT_OUT = {b"accept", b"accept-encoding", b"connection"}  # (_Route.head: identity asked)
 
 # httpcore asks ``import sniffio`` for every request's locks; without sniffio installed
 # (anyio 4 no longer needs it) each ask is a failed import that searches sys.path again:
@@ -110,7 +110,7 @@ class _Route:
         # Host, then the client's own headers and the JSON type, less what asks for what
         # the short way does not read (``Accept-Encoding``: the body is read as it comes)
         # or says what HTTP/1.1 means anyway (``Accept: */*``, ``Connection: keep-alive``)
-        self.head = [(b"Host", url.netloc),
+        self.head = [(b"Host", url.netloc), (b"Accept-Encoding", b"identity"),
                      *((k, v) for k, v in headers.raw if k.lower() not in _LEFT_OUT)]  # fmt: skip
 
     def headers(self, content: bytes) -> list[tuple[bytes, bytes]]:
@@ -145,8 +145,9 @@ class _Base:
         self, url: str | None, token: str | None, timeout: float, retries: int, backoff_s: float
     ) -> None:
         # not given: ``sqlq.configure``'s, else SQLQ_URL / SQLQ_TOKEN (``sqlq.defaults``)
+        # the default token goes only to the default server: a URL named here gets none
+        token = token if url is not None else client_token(token)
         self.url = client_url(url).rstrip("/")
-        token = client_token(token)
         self.timeout = httpx.Timeout(timeout)
         self.retries = retries
         self.backoff_s = backoff_s

@@ -124,7 +124,7 @@ async def test_the_protocols_calls_go_as_sent_on_one_kept_connection(
     assert first.startswith(b"post /base/claims http/1.1\r\n")
     assert b"\r\nauthorization: bearer s3cret\r\n" in first
     assert b"\r\ncontent-type: application/json\r\n" in first
-    assert b"accept-encoding" not in first  # (the short way reads a body as it comes)
+    assert b"\r\naccept-encoding: identity\r\n" in first  # (read as it comes: none compressed)
     body = json.loads(first.split(b"\r\n\r\n", 1)[1])
     assert (body["queues"], body["worker"], body["max"]) == (["q"], "w", 3)
     assert served.connections == 1
@@ -444,6 +444,7 @@ async def test_a_client_given_no_url_or_token_takes_configures_then_the_environm
             assert await c.claim(["q"], worker="w") == []
         assert b"bearer from-code" in other.requests[0].lower()
         assert AsyncClient(served.url, token="given").headers["Authorization"] == "Bearer given"
+        assert AsyncClient(served.url).headers == {}  # a URL named here: no default token
     finally:
         sqlq.configure()
     assert AsyncClient().url == served.url
