@@ -217,9 +217,13 @@ class Task(Generic[P, R]):
         return client.submit(self.name, args, **options)
 
 
-def _result(job: JobView, signature: Signature | None) -> Any:
+def _result(job: JobView, signature: Signature | None, timeout: float) -> Any:
+    """What ``result()`` gives for ``job`` as a wait left it: its result, typed as the
+    handler returns it; ``TimeoutError`` if not finished, ``JobError`` if not completed."""
     from sqlq.common.models import State
 
+    if job.state in _UNFINISHED:
+        raise TimeoutError(f"job {job.id} is {job.state} after {timeout:g} s")
     if job.state != State.COMPLETED:
         raise JobError(job)
     if signature is None or signature.returns is Any:
@@ -230,18 +234,25 @@ def _result(job: JobView, signature: Signature | None) -> Any:
         return job.result
 
 
-class JobHandle(Generic[R]):
-    """A job sent: its ``id``; ``wait`` (the job once finished, or as it stands after
-    ``timeout`` seconds) and ``result`` (its result, typed as the handler returns it;
-    ``JobError`` if it did not complete, ``TimeoutError`` if not finished in time)."""
+C = TypeVar("C")
 
-    def __init__(self, client: Client, job_id: str, signature: Signature | None) -> None:
+
+class _Handle(Generic[C, R]):
+    """A job sent, through the client ``C`` that sent it."""
+
+    def __init__(self, client: C, job_id: str, signature: Signature | None) -> None:
         self.client = client
         self.id = job_id
         self._signature = signature
 
     def __repr__(self) -> str:
         return f"<sqlq job {self.id}>"
+
+
+class JobHandle(_Handle["Client", R]):
+    """A job sent: its ``id``; ``wait`` (the job once finished, or as it stands after
+    ``timeout`` seconds) and ``result`` (its result, typed as the handler returns it;
+    ``JobError`` if it did not complete, ``TimeoutError`` if not finished in time)."""
 
     def get(self) -> JobView:
         return self.client.get(self.id)
@@ -250,22 +261,11 @@ class JobHandle(Generic[R]):
         return self.client.wait(self.id, timeout)
 
     def result(self, timeout: float = 60.0) -> R:
-        job = self.wait(timeout)
-        if job.state in _UNFINISHED:
-            raise TimeoutError(f"job {self.id} is {job.state} after {timeout:g} s")
-        return typing.cast(R, _result(job, self._signature))
+        return typing.cast(R, _result(self.wait(timeout), self._signature, timeout))
 
 
-class AsyncJobHandle(Generic[R]):
+class AsyncJobHandle(_Handle["AsyncClient", R]):
     """``JobHandle``, awaited."""
-
-    def __init__(self, client: AsyncClient, job_id: str, signature: Signature | None) -> None:
-        self.client = client
-        self.id = job_id
-        self._signature = signature
-
-    def __repr__(self) -> str:
-        return f"<sqlq job {self.id}>"
 
     async def get(self) -> JobView:
         return await self.client.get(self.id)
@@ -274,10 +274,7 @@ class AsyncJobHandle(Generic[R]):
         return await self.client.wait(self.id, timeout)
 
     async def result(self, timeout: float = 60.0) -> R:
-        job = await self.wait(timeout)
-        if job.state in _UNFINISHED:
-            raise TimeoutError(f"job {self.id} is {job.state} after {timeout:g} s")
-        return typing.cast(R, _result(job, self._signature))
+        return typing.cast(R, _result(await self.wait(timeout), self._signature, timeout))
 
 
 _UNFINISHED = frozenset({"scheduled", "running"})
