@@ -298,9 +298,23 @@ def close_default_clients() -> None:
 atexit.register(close_default_clients)
 
 
+class ClientSource(typing.Protocol):
+    """Where ``send`` finds its clients while a test mode is on (``sqlq.testing``)."""
+
+    def client(self) -> Client: ...
+
+    def async_client(self) -> AsyncClient: ...
+
+
+_sources: list[ClientSource] = []  # the innermost test mode last; none outside tests
+
+
 def _default_client() -> Client:
     """One ``Client`` per process and configured server (``sqlq.defaults``)."""
     from sqlq.client import Client
+
+    if _sources:
+        return _sources[-1].client()
     from sqlq.defaults import client_token, client_url
 
     key = (client_url(None), client_token(None))
@@ -314,6 +328,9 @@ def _default_client() -> Client:
 def _default_async_client() -> AsyncClient:
     """One ``AsyncClient`` per event loop and configured server."""
     from sqlq.client import AsyncClient
+
+    if _sources:
+        return _sources[-1].async_client()
     from sqlq.defaults import client_token, client_url
 
     key = (client_url(None), client_token(None))
