@@ -2,7 +2,8 @@
 
 The listing cursor is opaque to clients: the last id of a page, base64url
 encoded, so that it can change shape later without breaking anyone who only
-passes it back.
+passes it back (with the same ``order``: the next page is what comes after it in
+that order).
 
 Every check is a ``fullmatch`` of an ASCII pattern: ``str.isdigit`` also takes
 ``²`` and Arabic-Indic digits (which ``int`` then refuses, or accepts), and
@@ -37,7 +38,8 @@ from sqlq.common.specs import (
 from sqlq.common.store import MAX_PAGE, JobQuery
 from sqlq.common.wire import MAX_WAIT_S
 
-LIST_PARAMS = frozenset({"state", "kind", "queue", "schedule", "limit", "after"})
+LIST_PARAMS = frozenset({"state", "kind", "queue", "schedule", "limit", "after", "order"})
+ORDERS = ("asc", "desc")  # a listing's ``order``: oldest first (the default), newest first
 _QUEUE = re.compile(QUEUE_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
 
@@ -89,6 +91,9 @@ def job_query(params: Mapping[str, str]) -> JobQuery:
     if schedule is not None:
         check_name(schedule, "schedule")
     after = _param(params, "after")
+    order = _param(params, "order")
+    if order is not None and order not in ORDERS:
+        raise ValidationError("order", "asc (oldest first) or desc (newest first)")
     return JobQuery(
         state=None if state is None else State(state),
         kind=kind,
@@ -96,6 +101,7 @@ def job_query(params: Mapping[str, str]) -> JobQuery:
         schedule=schedule,
         after=None if after is None else _uncursor(after),
         limit=_int(params, "limit", 1, MAX_PAGE, 100),
+        descending=order == "desc",
     )
 
 

@@ -71,7 +71,11 @@ MAX_PAGE = 1000
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobQuery:
-    """A page of jobs in id order (ids are time-ordered): filters, then keyset paging."""
+    """A page of jobs in id order (ids are time-ordered): filters, then keyset paging.
+
+    ``descending``: newest first, so an operator sees the running job without paging past
+    every retained one; ``after`` is then still the last id of the previous page, and the
+    page holds the ids below it."""
 
     state: State | None = None
     kind: str | None = None
@@ -79,6 +83,13 @@ class JobQuery:
     schedule: str | None = None  # the jobs this schedule made (by their idempotency keys)
     after: str | None = None  # the last id of the previous page
     limit: int = 100
+    descending: bool = False
+
+    def beyond(self, job_id: str) -> bool:
+        """Whether ``job_id`` comes after the cursor in this query's order."""
+        if self.after is None:
+            return True
+        return job_id < self.after if self.descending else job_id > self.after
 
     def matches(self, job: Job) -> bool:
         return (

@@ -247,11 +247,13 @@ class Requests:
         schedule: str | None = None,
         limit: int = 100,
         after: str | None = None,
+        order: str | None = None,
     ) -> Plan[JobPage]:
         """One page of jobs in id order; pass ``page.next`` as ``after`` for the next.
-        ``schedule``: only the jobs that schedule made."""
+        ``schedule``: only the jobs that schedule made. ``order``: ``"asc"`` (oldest first,
+        the server's default) or ``"desc"`` (newest first)."""
         params = {"state": state, "kind": kind, "queue": queue, "schedule": schedule,
-                  "limit": limit, "after": after}  # fmt: skip
+                  "limit": limit, "after": after, "order": order}  # fmt: skip
         query = {k: v for k, v in params.items() if v is not None}
         return (yield from Call("GET", "/jobs", JobPage, params=query, retry=True))
 

@@ -46,12 +46,17 @@ async def _fill(store: JobStore, n: int = 3000) -> None:
 
 def _queries() -> list[JobQuery]:
     """Every shape an index serves (a live or retryable state, with or without kind,
-    queue and a cursor), with values that match few or none."""
+    queue and a cursor, oldest or newest first), with values that match few or none."""
     out = []
-    for state, kind, queue, after in product(
-        sorted(LIVE | RETRYABLE), (None, "nope"), (None, "nope"), (None, "0" * 32)
-    ):
-        out.append(JobQuery(state=state, kind=kind, queue=queue, after=after, limit=50))
+    for state, kind, queue, after, descending in product(
+        sorted(LIVE | RETRYABLE), (None, "nope"), (None, "nope"), (None, "0" * 32, "f" * 32),
+        (False, True),
+    ):  # fmt: skip
+        out.append(
+            JobQuery(
+                state=state, kind=kind, queue=queue, after=after, limit=50, descending=descending
+            )
+        )
     return out
 
 
@@ -180,17 +185,28 @@ async def test_a_listing_shape_pages_what_the_filter_matches(
         everything = sorted(
             (j for j in await store.list_jobs(JobQuery(limit=1000))), key=lambda j: j.id
         )
-        for state, kind, queue in product(STATES, (None, "a"), (None, "y")):
+        for state, kind, queue, descending in product(
+            STATES, (None, "a"), (None, "y"), (False, True)
+        ):
             want = [
                 j.id for j in everything if JobQuery(state=state, kind=kind, queue=queue).matches(j)
             ]
+            if descending:
+                want.reverse()
             got: list[str] = []
             after = None
             while page := await store.list_jobs(
-                JobQuery(state=state, kind=kind, queue=queue, after=after, limit=2)
+                JobQuery(
+                    state=state,
+                    kind=kind,
+                    queue=queue,
+                    after=after,
+                    limit=2,
+                    descending=descending,
+                )
             ):
                 got += [j.id for j in page]
                 after = page[-1].id
-            assert got == want, (state, kind, queue)
+            assert got == want, (state, kind, queue, descending)
     finally:
         await store.close()

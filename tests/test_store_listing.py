@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.errors import DuplicateKeyError, IllegalTransitionError
 from sqlq.common.models import Job, State
+from sqlq.common.schedule import tick_key
 from sqlq.common.store import JobQuery, JobStore
 from tests.helpers import NOW, StoreFactory
 from tests.store_contract_helpers import FILTERS, Listed, _dead, new_job
@@ -80,6 +82,86 @@ async def test_filtered_pages_hold_across_changes_compaction_and_retention(
             for after in (cursor, first[7].id[:-1] + "g", later[4].id):  # pruned, never, live
                 q = JobQuery(state=query.state, kind=query.kind, queue=query.queue, after=after)
                 await listed.check_pages(q)
+    finally:
+        await s.close()
+
+
+def _newest_first(listed: Listed, query: JobQuery) -> list[Job]:
+    """What a newest-first page of ``query`` holds: the matching jobs below its cursor,
+    highest id first (``Listed.expect`` is the oldest-first one)."""
+    found = [j for _, j in sorted(listed.jobs.items(), reverse=True) if query.matches(j)]
+    return [j for j in found if query.beyond(j.id)][: query.limit]
+
+
+async def _check_newest_first(listed: Listed, query: JobQuery, limit: int = 3) -> None:
+    """Page through ``query`` newest first from its cursor: every page is what the jobs
+    say, and the pages together are every matching job below the cursor once."""
+    after, seen = query.after, []
+    while True:
+        q = dataclasses.replace(query, after=after, limit=limit, descending=True)
+        page = await listed.store.list_jobs(q)
+        assert page == _newest_first(listed, q), q
+        seen += [j.id for j in page]
+        if len(page) < limit:
+            break
+        after = page[-1].id
+    whole = dataclasses.replace(query, limit=10**6, descending=True)
+    assert seen == [j.id for j in _newest_first(listed, whole)]
+
+
+async def test_pages_come_newest_first_with_filters_changes_and_retention(
+    factory: StoreFactory, clock: FakeClock
+) -> None:
+    """``descending``: every filter (and a schedule's jobs) paged newest first by the
+    cursor, with changes and a compaction between pages, and a cursor pruned, never there
+    or live, as the oldest-first listing is held above."""
+    s = factory(retention=60.0)
+    await s.open()
+    try:
+        listed = Listed(s)
+        now = clock.time()
+
+        def job(i: int, key: str | None = None) -> Job:
+            kind, queue = ("mail" if i % 3 == 0 else "sleep"), ("q2" if i % 2 else "q1")
+            return Job.new(
+                kind=kind, args={"n": i}, now=now + i / 1000, queue=queue, idempotency_key=key
+            )
+
+        first = [job(i, tick_key("nightly", i) if i % 4 == 1 else None) for i in range(40)]
+        await listed.submit(first)
+        await listed.bury(first[:20:4], now)
+        await listed.move([j.cancel(now) for j in first[21::5]])
+        newest = await s.list_jobs(JobQuery(limit=2, descending=True))
+        assert [j.id for j in newest] == sorted((j.id for j in first), reverse=True)[:2]
+        for query in [
+            *FILTERS,
+            JobQuery(schedule="nightly"),
+            JobQuery(schedule="nightly", state=State.SCHEDULED),
+        ]:
+            await _check_newest_first(listed, query)
+        # Changes and a compaction between one page and the next of the same listing.
+        q = JobQuery(state=State.SCHEDULED, limit=4, descending=True)
+        page = await s.list_jobs(q)
+        assert page == _newest_first(listed, q)
+        ahead = _newest_first(listed, dataclasses.replace(q, after=page[-1].id, limit=3))
+        await listed.move([ahead[0].cancel(now), page[1].cancel(now)])
+        await s.compact()
+        await _check_newest_first(listed, dataclasses.replace(q, after=page[-1].id))
+        cursor = (await s.list_jobs(JobQuery(state=State.DEAD, limit=2, descending=True)))[-1].id
+        clock.advance(120)  # past retention: every finished job so far is pruned
+        later = [job(1000 + i) for i in range(12)]
+        await listed.submit(later)
+        await listed.bury(later[::3], clock.time())
+        await s.compact()
+        cutoff = clock.time() - 60.0
+        listed.jobs = {
+            i: j for i, j in listed.jobs.items() if not (j.terminal and j.updated_at < cutoff)
+        }
+        assert await s.get(cursor) is None
+        for query in FILTERS:
+            await _check_newest_first(listed, query)
+            for after in (cursor, first[7].id[:-1] + "g", later[4].id):  # pruned, never, live
+                await _check_newest_first(listed, dataclasses.replace(query, after=after))
     finally:
         await s.close()
 

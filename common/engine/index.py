@@ -252,7 +252,8 @@ class JobIndex:
         if bucket is None:
             return []
         jobs = self.jobs
-        return [jobs[job_id] for job_id in islice(bucket.after(query.after), query.limit)]
+        ids = bucket.before(query.after) if query.descending else bucket.after(query.after)
+        return [jobs[job_id] for job_id in islice(ids, query.limit)]
 
     async def page_async(
         self, query: JobQuery, offload: Callable[[Callable[[], Built]], Awaitable[Built]]
@@ -282,8 +283,10 @@ class JobIndex:
         """A page of one schedule's jobs, found by their keys: a walk of the keys (a
         schedule's listing is rare, and its jobs are a few of the retained ones)."""
         low, high = key_range(query.schedule or "")
-        after = query.after or ""
-        ids = sorted(i for k, i in self.keys.items() if low <= k < high and i > after)
+        ids = sorted(
+            (i for k, i in self.keys.items() if low <= k < high and query.beyond(i)),
+            reverse=query.descending,
+        )
         found = (self.jobs[i] for i in ids)
         return list(islice((j for j in found if query.matches(j)), query.limit))
 

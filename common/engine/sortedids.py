@@ -47,3 +47,8 @@ class SortedIds:
     def after(self, x: str | None) -> Iterator[str]:
         """The ids greater than ``x`` (all of them if ``x`` is None), in order, lazily."""
         return iter(self._ids.irange(x, inclusive=(False, True)))
+
+    def before(self, x: str | None) -> Iterator[str]:
+        """The ids less than ``x`` (all of them if ``x`` is None), newest first, lazily: a
+        newest-first page walks back from its cursor without copying, as ``after`` does."""
+        return iter(self._ids.irange(None, x, inclusive=(True, False), reverse=True))

@@ -7,6 +7,10 @@ every retained job when the filter matches few (SQLite at 200k jobs: 21-37 ms a 
 PostgreSQL's generic plan, which asyncpg's prepared statements reach after five runs:
 218-286 ms). A statement per shape holds only the terms the query sets, so each plans
 on the index for its filter. The terms live in the engines' ``queries.sql``.
+
+Each shape has two directions (``JobQuery.descending``): the templates' ``{beyond}`` is
+the cursor's comparison and ``{order}`` the sort's, so a newest-first page walks the same
+index backwards from its cursor.
 """
 
 from __future__ import annotations
@@ -16,9 +20,19 @@ from itertools import product
 from sqlq.common.models import LIVE, RETRYABLE, State
 from sqlq.common.store import JobQuery
 
-# A shape: (which state term, or None), kind set, queue set[, cursor set]
-SqliteShape = tuple[str | None, bool, bool]
-PostgresShape = tuple[bool, bool, bool, bool]
+# A shape: (which state term, or None), kind set, queue set[, cursor set], descending
+SqliteShape = tuple[str | None, bool, bool, bool]
+PostgresShape = tuple[bool, bool, bool, bool, bool]
+
+# Ids are lowercase hex digits: "g" sorts after every one of them, so SQLite's statement,
+# which always has its cursor term, starts a newest-first listing below it.
+PAST_EVERY_ID = "g"
+
+
+def directed(sql: str, descending: bool) -> str:
+    """A listing template (``{beyond}``, ``{order}``) for one direction."""
+    beyond, order = ("<", "DESC") if descending else (">", "ASC")
+    return sql.replace("{beyond}", beyond).replace("{order}", order)
 
 
 def sqlite_state_term(state: State | None) -> str | None:
@@ -32,24 +46,31 @@ def sqlite_state_term(state: State | None) -> str | None:
 
 
 def sqlite_shape(query: JobQuery) -> SqliteShape:
-    return (sqlite_state_term(query.state), query.kind is not None, query.queue is not None)
+    return (
+        sqlite_state_term(query.state),
+        query.kind is not None,
+        query.queue is not None,
+        query.descending,
+    )
 
 
 def sqlite_statements(queries: dict[str, str]) -> dict[SqliteShape, str]:
     """Every shape's statement, from the template ``list_jobs`` and its terms."""
     out: dict[SqliteShape, str] = {}
     states = (None, "list_by_live_state", "list_by_retryable_state", "list_by_state")
-    for state, kind, queue in product(states, (False, True), (False, True)):
+    two = (False, True)
+    for state, kind, queue, descending in product(states, two, two, two):
         names = [state, "list_by_kind" if kind else None, "list_by_queue" if queue else None]
         filters = "".join(f" AND {queries[n]}" for n in names if n is not None)
-        out[(state, kind, queue)] = queries["list_jobs"].replace("{filters}", filters)
+        sql = directed(queries["list_jobs"], descending)
+        out[(state, kind, queue, descending)] = sql.replace("{filters}", filters)
     return out
 
 
 def sqlite_params(query: JobQuery) -> dict[str, object]:
     """Named parameters for any shape (a shape ignores those it has no term for)."""
     return {
-        "after": query.after or "",
+        "after": query.after or (PAST_EVERY_ID if query.descending else ""),
         "state": None if query.state is None else query.state.value,
         "kind": query.kind,
         "queue": query.queue,
@@ -66,7 +87,13 @@ def postgres_shape(query: JobQuery) -> PostgresShape:
         query.kind is not None,
         query.queue is not None,
         query.after is not None,
+        query.descending,
     )
+
+
+def postgres_terms(shape: PostgresShape) -> int:
+    """How many of the statement's arguments after the limit ``shape`` has."""
+    return sum(shape[: len(_PG_TERMS)])
 
 
 def postgres_statements(queries: dict[str, str]) -> dict[PostgresShape, str]:
@@ -74,14 +101,16 @@ def postgres_statements(queries: dict[str, str]) -> dict[PostgresShape, str]:
     ``$name`` numbered in order after ``$1`` (the limit)."""
     out: dict[PostgresShape, str] = {}
     two = (False, True)
-    for shape in product(two, two, two, two):  # one flag per _PG_TERMS
+    for terms_on in product(two, two, two, two):  # one flag per _PG_TERMS
         terms = []
         for n, name in enumerate(
-            (t for t, on in zip(_PG_TERMS, shape, strict=True) if on), start=2
+            (t for t, on in zip(_PG_TERMS, terms_on, strict=True) if on), start=2
         ):
             terms.append(queries[f"list_by_{name}"].replace(f"${name}", f"${n}"))
         filters = " AND ".join(terms) or "true"
-        out[shape] = queries["list"].replace("{filters}", filters)
+        for descending in two:
+            sql = directed(queries["list"].replace("{filters}", filters), descending)
+            out[(*terms_on, descending)] = sql
     return out
 
 

@@ -34,6 +34,7 @@ from sqlq.common.protocol import (
     SnoozeBody,
     WorkerList,
 )
+from sqlq.common.query import ORDERS
 from sqlq.common.roles import Role
 from sqlq.common.schedule import NAME_PATTERN, ScheduleSpec
 from sqlq.common.specs import (
@@ -110,7 +111,7 @@ OPS = (
     Operation(
         "get",
         "/jobs",
-        "List jobs in id order, a page at a time",
+        "List jobs in id order (oldest or newest first), a page at a time",
         {200: JobPage},
         params=(
             Param("state", "query", {"type": "string", "enum": STATES}),
@@ -124,6 +125,12 @@ OPS = (
             ),
             Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
             Param("after", "query", {"type": "string"}, "the `next` of the previous page"),
+            Param(
+                "order",
+                "query",
+                {"type": "string", "enum": list(ORDERS), "default": "asc"},
+                "asc: oldest first; desc: newest first (pass the same with `after`)",
+            ),
         ),
     ),
     Operation(

@@ -17,7 +17,7 @@ it ``AS holder`` (``TABLE_COLUMNS`` are the table's names, for an INSERT).
 from __future__ import annotations
 
 from sqlq.common.engine.sql import load_queries
-from sqlq.engines.listing import PostgresShape, postgres_statements
+from sqlq.engines.listing import PostgresShape, postgres_statements, postgres_terms
 from sqlq.engines.rows import JOB_COLUMNS, LEASE_COLUMNS, TRANSITION_COLUMNS
 
 COLUMN_OF = {"holder": "node"}  # a job field stored under another name: the table's
@@ -54,7 +54,7 @@ def _schedule_listings(queries: dict[str, str]) -> dict[PostgresShape, str]:
     as ``postgres_statements`` numbers them, then the key range's two arguments."""
     out = {}
     for shape, sql in postgres_statements({**Q, "list": queries["list_schedule"]}).items():
-        n = 2 + sum(shape)
+        n = 2 + postgres_terms(shape)
         out[shape] = sql.replace("{low}", f"${n}::text").replace("{high}", f"${n + 1}::text")
     return out
 

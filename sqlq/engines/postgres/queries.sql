@@ -281,7 +281,8 @@ SELECT {job_columns} FROM jobs
 SELECT {job_columns} FROM jobs WHERE idempotency_key = $1;
 
 -- name: list
--- One page in id order, one statement per filter shape (sqlq.engines.listing): {filters} is
+-- One page in id order ({order}: ASC, or DESC newest first, with {beyond} the cursor's
+-- < in list_by_after), one statement per filter shape (sqlq.engines.listing): {filters} is
 -- the AND of the list_by_* terms the query sets, numbered from $2, or true. A single
 -- statement with `$1 IS NULL OR state = $1` terms reached a generic plan after five
 -- runs (asyncpg prepares it) that walked jobs_pkey and filtered every row; listings
@@ -292,7 +293,7 @@ SELECT {job_columns} FROM jobs WHERE idempotency_key = $1;
 -- transitions/s (bench/listing.py --write), so those filters scan.
 SELECT {job_columns} FROM jobs
  WHERE {filters}
- ORDER BY id
+ ORDER BY id {order}
  LIMIT $1;
 
 -- name: list_by_state
@@ -305,7 +306,7 @@ kind = $kind::text
 queue = $queue::text
 
 -- name: list_by_after
-id > $after::text
+id {beyond} $after::text
 
 -- name: set_paused
 WITH up AS (

@@ -106,5 +106,5 @@ WITH mine AS MATERIALIZED (
      WHERE idempotency_key >= {low} AND idempotency_key < {high} AND {filters}
 )
 SELECT * FROM mine
- ORDER BY id
+ ORDER BY id {order}
  LIMIT $1;

@@ -74,14 +74,15 @@ SELECT {job_columns}
   FROM jobs WHERE idempotency_key = ?;
 
 -- name: list_jobs
--- Keyset paging in id order, one statement per filter shape: {filters} is the AND of
+-- Keyset paging in id order ({beyond} and {order}: < and DESC newest first, from below
+-- the cursor, or from "g", past every hex id), one statement per filter shape: {filters} is the AND of
 -- the list_by_* terms the query sets (sqlq.engines.listing), so that each shape plans on an
 -- index. The one statement with `? IS NULL OR state = ?` planned every filter as a walk
 -- of the primary key, which reads every retained job when the filter matches few.
 SELECT {job_columns}
   FROM jobs
- WHERE id > :after{filters}
- ORDER BY id
+ WHERE id {beyond} :after{filters}
+ ORDER BY id {order}
  LIMIT :limit;
 
 -- name: list_by_live_state
@@ -112,8 +113,8 @@ queue = :queue
 -- the primary key, either of which reads every retained job.
 SELECT {job_columns}
   FROM jobs INDEXED BY jobs_key
- WHERE idempotency_key >= :low AND idempotency_key < :high AND id > :after{filters}
- ORDER BY id
+ WHERE idempotency_key >= :low AND idempotency_key < :high AND id {beyond} :after{filters}
+ ORDER BY id {order}
  LIMIT :limit;
 
 -- name: schedule_columns

@@ -32,7 +32,7 @@ from sqlq.common.schedule import (
     key_range,
 )
 from sqlq.common.store import JobQuery
-from sqlq.engines.listing import sqlite_params
+from sqlq.engines.listing import directed, sqlite_params
 from sqlq.engines.sqlite.queries import Q, Statement
 
 _SPEC = msgspec.json.Decoder(ScheduleSpec)
@@ -100,16 +100,17 @@ async def schedule_refused(db: aiosqlite.Connection, change: ScheduleChange) -> 
 
 # A listing shape: (state set, kind set, queue set). The state term is the plain one:
 # the partial indexes' terms would draw the planner off the key index.
-ScheduleShape = tuple[bool, bool, bool]
+ScheduleShape = tuple[bool, bool, bool, bool]  # ... and descending
 _TERMS = ("list_by_state", "list_by_kind", "list_by_queue")
 
 
 def _statements() -> dict[ScheduleShape, str]:
     out: dict[ScheduleShape, str] = {}
-    for state, kind, queue in product((False, True), repeat=3):
+    for state, kind, queue, descending in product((False, True), repeat=4):
         on = (state, kind, queue)
         filters = "".join(f" AND {Q[t]}" for t, used in zip(_TERMS, on, strict=True) if used)
-        out[on] = Q["list_by_schedule"].replace("{filters}", filters)
+        sql = directed(Q["list_by_schedule"], descending)
+        out[(*on, descending)] = sql.replace("{filters}", filters)
     return out
 
 
@@ -119,5 +120,10 @@ LISTINGS = _statements()
 def schedule_listing(query: JobQuery) -> tuple[str, dict[str, object]]:
     """The statement and parameters of a page of ``query.schedule``'s jobs."""
     low, high = key_range(query.schedule or "")
-    shape = (query.state is not None, query.kind is not None, query.queue is not None)
+    shape = (
+        query.state is not None,
+        query.kind is not None,
+        query.queue is not None,
+        query.descending,
+    )
     return LISTINGS[shape], {**sqlite_params(query), "low": low, "high": high}
