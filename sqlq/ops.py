@@ -4,14 +4,20 @@
 They talk to a running server at ``--url`` (``SQLQ_URL``) with ``--token``
 (``SQLQ_TOKEN``), print a table for people and JSON with ``--json`` for
 scripts, and turn the server's errors into one-line messages (exit 1), never a
-traceback.
+traceback. Times are ISO 8601 with their zone (``Z``: UTC), so none is read in the
+wrong one; listings come newest first, where the job running now is.
+
+``--wait`` (``submit``, ``jobs get``) waits for the job to finish and prints it; the
+exit status says how it ended, for a script: 0 completed, 3 dead or cancelled
+(``FAILED``), 124 still unfinished when ``--timeout`` ran out (``TIMED_OUT``, as
+timeout(1) says it); 1 and 2 stay click's (an error, a usage mistake).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -19,10 +25,17 @@ import click
 import msgspec
 
 from sqlq.client import DEFAULT_URL, ApiError, Client, Job
+from sqlq.common.models import TERMINAL, State
 from sqlq.common.specs import CancelSpec, error_field
 
 F = TypeVar("F", bound=Callable[..., Any])
 COLUMNS = ("id", "kind", "queue", "state", "attempts", "updated", "last_error")
+# A job's fields that are wall-clock seconds: shown as ISO 8601 (``--json`` keeps numbers).
+TIMES = frozenset(
+    {"ready_at", "created_at", "updated_at", "started_at", "cancel_requested_at", "lease_until"}
+)
+FAILED = 3  # --wait: the job ended dead or cancelled
+TIMED_OUT = 124  # --wait: --timeout ran out first (timeout(1)'s status)
 
 
 def connection(fn: F) -> F:
@@ -48,13 +61,21 @@ def connection(fn: F) -> F:
 
 
 def _row(job: Job) -> list[str]:
-    when = datetime.fromtimestamp(job.updated_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
     error = (job.last_error or "").replace("\n", " ")
-    return [job.id, job.kind, job.queue, job.state.value, str(job.attempts), when, error[:50]]
+    return [job.id, job.kind, job.queue, job.state.value, str(job.attempts),
+            stamp(job.updated_at), error[:50]]  # fmt: skip
 
 
-def stamp(ts: float | None) -> str:
-    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+def stamp(ts: float | None, zone: tzinfo = UTC) -> str:
+    """``ts`` as ISO 8601 in ``zone`` with the zone written: ``2026-12-04T21:03:16.123Z`` in
+    UTC, the offset elsewhere (``2026-12-05T09:00:00+01:00``); milliseconds only when there
+    are any (a schedule's ticks are whole seconds). ``-``: none."""
+    if ts is None:
+        return "-"
+    text = datetime.fromtimestamp(ts, zone).isoformat(
+        timespec="milliseconds" if ts % 1 else "seconds"
+    )
+    return text.removesuffix("+00:00") + "Z" if zone is UTC else text
 
 
 def table(rows: Iterable[list[str]], columns: tuple[str, ...] = COLUMNS) -> str:
@@ -85,9 +106,28 @@ def show_job(job: Job, as_json: bool) -> None:
             value = f"{len(job.errors)} (newest last)" if job.errors else "none"
         elif name == "checkpoint" and value is not None:
             value = f"{len(msgspec.json.encode(value))} bytes of JSON"
+        elif name in TIMES and value is not None:
+            value = stamp(value)
         click.echo(f"{name:>19}  {json.dumps(value) if not isinstance(value, str) else value}")
-    for e in job.errors:
+    for n, e in enumerate(job.errors, start=1):
         click.echo(f"{'':>19}  attempt {e.attempt} at {stamp(e.at)}: {_line(e.error)}")
+        for line in _traceback(e, newest=n == len(job.errors)):
+            click.echo(f"{'':>23}{line}")
+
+
+def _traceback(error: Any, newest: bool) -> list[str]:
+    """An ``errors`` entry's traceback as lines to print: the newest entry's in full (the
+    failure being diagnosed), an older one's as its size and last line (the same failure,
+    most often; ``--json`` has them all). None for an entry without one, as from a server
+    that stores none (read by name, so this works with and without the field)."""
+    text: str | None = getattr(error, "traceback", None)
+    if not text:
+        return []
+    lines = text.rstrip("\n").splitlines()
+    if newest:
+        return lines
+    last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+    return [f"(traceback: {len(lines)} lines, ending {_line(last, 120)})"]
 
 
 def _progress(job: Job) -> str:
@@ -116,6 +156,7 @@ def jobs() -> None:
 @click.option("--queue")
 @click.option("--schedule", help="Only the jobs this schedule made.")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@click.option("--oldest-first", is_flag=True, help="Oldest first (default: newest first).")
 def list_jobs(
     client: Client,
     as_json: bool,
@@ -124,22 +165,65 @@ def list_jobs(
     queue: str | None,
     schedule: str | None,
     limit: int,
+    oldest_first: bool,
 ) -> None:
-    """Jobs in id order (oldest first), filtered; e.g. --state dead."""
+    """Jobs newest first (or --oldest-first), filtered; e.g. --state dead."""
     found: list[Job] = []
-    for job in client.jobs(state=state, kind=kind, queue=queue, schedule=schedule):
+    order = "asc" if oldest_first else "desc"
+    for job in client.jobs(state=state, kind=kind, queue=queue, schedule=schedule, order=order):
         found.append(job)
         if len(found) >= limit:
             break
     _show(found, as_json)
 
 
+def waiting(fn: F) -> F:
+    """--wait and --timeout: the command's job, once finished (``finish``)."""
+    fn = click.option(
+        "--timeout",
+        type=click.FloatRange(0, 86_400),
+        default=None,
+        help="Seconds --wait waits [default: 60].",
+    )(fn)
+    return click.option(
+        "--wait",
+        is_flag=True,
+        help=f"Wait until the job is completed, dead or cancelled, and print it; exit 0 if "
+        f"it completed, {FAILED} if dead or cancelled, {TIMED_OUT} if --timeout ran out.",
+    )(fn)
+
+
+def check_wait(wait: bool, timeout: float | None) -> None:
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout is for --wait")
+
+
+def finish(client: Client, job: Job, as_json: bool, wait: bool, timeout: float | None) -> None:
+    """Print ``job``; with ``wait``, once it is finished or ``timeout`` ran out, and exit
+    with the status that says which (the module's docstring)."""
+    if not wait:
+        show_job(job, as_json)
+        return
+    if job.state not in TERMINAL:
+        job = client.wait(job.id, 60.0 if timeout is None else timeout)
+    show_job(job, as_json)
+    if job.state is State.COMPLETED:
+        return
+    if job.state in TERMINAL:
+        click.echo(f"job {job.id} ended {job.state.value}", err=True)
+        raise SystemExit(FAILED)
+    click.echo(f"job {job.id} is still {job.state.value} (--timeout ran out)", err=True)
+    raise SystemExit(TIMED_OUT)
+
+
 @jobs.command("get")
 @connection
 @click.argument("job_id")
-def get_job(client: Client, as_json: bool, job_id: str) -> None:
-    """One job: its state, args, result, last error and every timestamp."""
-    show_job(client.get(job_id), as_json)
+@waiting
+def get_job(client: Client, as_json: bool, job_id: str, wait: bool, timeout: float | None) -> None:
+    """One job: its state, args, result, errors (the newest traceback) and every timestamp."""
+    check_wait(wait, timeout)
+    finish(client, client.get(job_id), as_json, wait, timeout)
 
 
 @jobs.command("retry")
@@ -231,18 +315,34 @@ def _cancel_filters(state: str | None, kind: str | None, queue: str | None) -> d
 @click.command()
 @connection
 @click.argument("kind")
-@click.option("--args", "args_json", default="{}", help="The job's args as a JSON object.")
+@click.argument("args", required=False)
+@click.option("--args", "args_option", default=None, help="The job's args (or ARGS).")
 @click.option("--delay-ms", type=click.IntRange(0), default=None)
 @click.option("--priority", type=int, default=None)
 @click.option("--queue", default=None)
 @click.option("--max-attempts", type=click.IntRange(1), default=None)
 @click.option("--key", "idempotency_key", default=None, help="An idempotency key.")
-def submit(client: Client, as_json: bool, kind: str, args_json: str, **options: Any) -> None:
-    """Submit one job of KIND and print it."""
+@waiting
+def submit(
+    client: Client,
+    as_json: bool,
+    kind: str,
+    args: str | None,
+    args_option: str | None,
+    wait: bool,
+    timeout: float | None,
+    **options: Any,
+) -> None:
+    """Submit one job of KIND with ARGS, a JSON object (e.g. '{"to": "a@b.c"}'), and
+    print it."""
+    if args is not None and args_option is not None:
+        raise click.UsageError("give the args as ARGS or as --args, not both")
+    given, where = (args, "ARGS") if args is not None else (args_option or "{}", "--args")
     try:
-        args = json.loads(args_json)
+        decoded = json.loads(given)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--args") from exc
-    if not isinstance(args, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--args")
-    show_job(client.submit(kind, args, **options), as_json)
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=where) from None
+    if not isinstance(decoded, dict):
+        raise click.BadParameter("must be a JSON object", param_hint=where)
+    check_wait(wait, timeout)  # (before the job is made, not after)
+    finish(client, client.submit(kind, decoded, **options), as_json, wait, timeout)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
 import msgspec
@@ -22,12 +24,26 @@ def _when(view: ScheduleView) -> str:
     return spec.cron if spec.cron is not None else f"every {spec.every_s} s"
 
 
+def _zone(name: str) -> tzinfo:
+    """The schedule's own zone, in which its ticks are read (UTC, labelled ``Z``, if this
+    machine lacks the zone the server knew)."""
+    if name in ("UTC", "Etc/UTC"):
+        return UTC  # (written Z, as every other time the CLI prints in UTC)
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return UTC
+
+
 def _schedule_row(view: ScheduleView) -> list[str]:
+    """The next and last ticks in the schedule's zone, with its offset: beside a
+    ``Europe/Berlin`` column, ``09:00:00+01:00``, not an unlabelled UTC ``08:00``."""
     last = view.last_job
     job = "-" if last is None else f"{last.id} ({last.state.value if last.state else 'pruned'})"
     spec = view.spec
-    return [view.name, _when(view), spec.tz, spec.kind, stamp(view.next_at),
-            stamp(view.last_tick), job, "yes" if spec.paused else "no"]  # fmt: skip
+    zone = _zone(spec.tz)
+    return [view.name, _when(view), spec.tz, spec.kind, stamp(view.next_at, zone),
+            stamp(view.last_tick, zone), job, "yes" if spec.paused else "no"]  # fmt: skip
 
 
 def _show_schedule(view: ScheduleView, as_json: bool) -> None:

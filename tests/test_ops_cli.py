@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
 from sqlq.bench.client.server import ServerProcess
 from sqlq.cli import main
+from sqlq.client import Job
+from sqlq.ops import show_job
 from tests.helpers import spawn_server
 
 OPSTASKS = """
@@ -238,3 +242,112 @@ def test_the_version_has_one_source() -> None:
     r = CliRunner().invoke(main, ["--version"])
     assert (r.exit_code, r.output) == (0, f"sqlq {sqlq.__version__}\n")
     assert importlib.metadata.version("sqlq") == sqlq.__version__ == app.VERSION
+
+
+# -- #34, item 8: ARGS, --wait, newest first, ISO 8601, tracebacks --------------------------
+
+ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z")
+
+
+def test_submit_takes_its_args_as_an_argument_and_waits(server: ServerProcess) -> None:
+    code, out = run(server, "submit", "sleep", '{"work_ms": 1}', "--wait", "--json")
+    assert code == 0, out
+    job = json.loads(out)
+    assert (job["state"], job["args"]["work_ms"]) == ("completed", 1)
+    code, out = run(server, "jobs", "get", job["id"], "--wait")  # finished already: at once
+    assert code == 0, out
+    fields = {ln.split()[0]: ln.split()[1] for ln in out.splitlines() if ln.strip()}
+    for name in ("created_at", "updated_at", "ready_at", "started_at"):
+        assert ISO_UTC.fullmatch(fields[name]), (name, fields[name])
+    assert fields["lease_until"] == "null"
+
+
+def test_wait_exits_nonzero_when_the_job_did_not_complete(server: ServerProcess) -> None:
+    code, out = run(server, "submit", "fails", "--wait", "--json")  # --max-attempts 1: dead
+    assert code == 3, out
+    assert json.loads(out.splitlines()[0])["state"] == "dead"
+    assert "ended dead" in out
+    code, out = run(server, "submit", "sleep", "--delay-ms", "600000", "--wait", "--timeout",
+                    "0.2")  # fmt: skip
+    assert code == 124, out
+    assert "still scheduled" in out
+    later = next(ln.split()[-1] for ln in out.splitlines() if ln.strip().startswith("id"))
+    code, out = run(server, "jobs", "get", later, "--wait", "--timeout", "0", "--json")
+    assert (code, json.loads(out.splitlines()[0])["state"]) == (124, "scheduled")
+    run(server, "jobs", "cancel", later)
+    code, out = run(server, "jobs", "get", later, "--wait")
+    assert code == 3, out
+    assert "ended cancelled" in out
+
+
+def test_listings_are_newest_first_unless_asked(server: ServerProcess) -> None:
+    made = [_submit(server, "sleep", "--delay-ms", "600000", "--queue", "order")
+            for _ in range(4)]  # fmt: skip
+    code, out = run(server, "jobs", "list", "--queue", "order")
+    assert code == 0, out
+    rows = out.splitlines()[1:]
+    assert [r.split()[0] for r in rows] == made[::-1]
+    assert all(ISO_UTC.fullmatch(r.split()[5]) for r in rows), rows
+    code, out = run(server, "jobs", "list", "--queue", "order", "--oldest-first", "--json")
+    assert [j["id"] for j in json.loads(out)] == made
+    code, out = run(server, "jobs", "list", "--queue", "order", "--limit", "2", "--json")
+    assert [j["id"] for j in json.loads(out)] == made[:1:-1]
+    run(server, "jobs", "cancel", "--queue", "order")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("submit", "sleep", "{nope"), "ARGS: not JSON: Expecting property name"),
+        (("submit", "sleep", "[1]"), "ARGS: must be a JSON object"),
+        (("submit", "sleep", "{}", "--args", "{}"), "ARGS or as --args, not both"),
+        (("submit", "sleep", "--timeout", "3"), "--timeout is for --wait"),
+        (("jobs", "get", "f" * 32, "--timeout", "3"), "--timeout is for --wait"),
+        (("submit", "sleep", "--wait", "--timeout", "-1"), "--timeout"),
+    ],
+)
+def test_args_and_wait_mistakes_are_one_line_messages(
+    server: ServerProcess, args: tuple[str, ...], says: str
+) -> None:
+    code, out = run(server, *args)
+    assert code == 2, out
+    assert says in out
+    assert "Traceback" not in out
+
+
+def _failed_view(tracebacks: list[str | None]) -> Job:
+    """A dead job's view with one ``errors`` entry per traceback (None: without one)."""
+    errors = [{"attempt": n, "error": f"KeyError: 'to' ({n})", "at": 1_780_000_000.0 + n}
+              for n in range(1, len(tracebacks) + 1)]  # fmt: skip
+    for entry, tb in zip(errors, tracebacks, strict=True):
+        if tb is not None:
+            entry["traceback"] = tb
+    body = {"id": "a" * 32, "kind": "send_email", "args": {}, "ready_at": 0.0,
+            "created_at": 1_780_000_000.5, "updated_at": 1_780_000_004.0, "state": "dead",
+            "errors": errors}  # fmt: skip
+    return msgspec.convert(body, Job)
+
+
+TB = """Traceback (most recent call last):
+  File "/srv/app/tasks.py", line 12, in send_email
+    to = args["to"]
+         ~~~~^^^^^^
+KeyError: 'to'
+"""
+
+
+def test_get_shows_the_newest_traceback_whole_and_sums_up_the_older(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    show_job(_failed_view([TB, None, TB.replace("line 12", "line 13")]), as_json=False)
+    out = capsys.readouterr().out
+    first, second, third = out.split("attempt ")[1:]
+    assert "(traceback: 5 lines, ending KeyError: 'to')" in first
+    assert "File" not in first
+    assert second.strip().endswith("(2)")  # none kept for it: nothing said
+    assert '  File "/srv/app/tasks.py", line 13, in send_email' in third
+    assert "~~~~^^^^^^" in third
+    assert "2026-05-28T20:26:43Z" in third  # its time, ISO 8601 in UTC
+    assert "created_at  2026-05-28T20:26:40.500Z" in out
+    show_job(_failed_view([None]), as_json=False)  # a server that keeps no traceback
+    assert "Traceback" not in capsys.readouterr().out

@@ -4,7 +4,10 @@ table, --json, and errors as one-line messages naming what was wrong, never a tr
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 from click.testing import CliRunner
@@ -102,3 +105,26 @@ def test_errors_are_messages_naming_what(server: ServerProcess) -> None:
     code, out = run(server, "jobs", "list", "--schedule", "a:b")
     assert code == 1, out
     assert "(schedule)" in out, out
+
+
+def test_the_next_run_is_in_the_schedules_own_zone_and_says_so(
+    server: ServerProcess, q: Client
+) -> None:
+    """#34: a next run in unlabelled UTC beside a Europe/Berlin column read an hour off."""
+    q.put_schedule("nightly", "sleep", cron="30 2 * * *", tz="Europe/Berlin")
+    q.put_schedule("hourly", "sleep", every_s=3600)
+    code, out = run(server, "schedules", "get", "nightly")
+    assert code == 0, out
+    shown = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines() if ln.strip()}
+    next_at = q.schedule("nightly").next_at
+    assert next_at is not None
+    when = datetime.fromisoformat(shown["next"][0])
+    assert when.timestamp() == next_at  # the same instant, written with its offset
+    assert (
+        when.utcoffset() == datetime.fromtimestamp(next_at, ZoneInfo("Europe/Berlin")).utcoffset()
+    )
+    assert (when.hour, when.minute) == (2, 30)  # as the cron says, in Berlin
+    assert shown["last_tick"] == ["-"]
+    code, out = run(server, "schedules", "list")
+    hourly = next(ln for ln in out.splitlines() if ln.startswith("hourly"))
+    assert re.search(r" \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z ", hourly), hourly
