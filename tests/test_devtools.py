@@ -1,4 +1,4 @@
-"""The README's development commands pass on this checkout, exactly as written there.
+"""The development commands (docs/internals.md) pass on this checkout, exactly as written there.
 
 ``ruff check .``, ``ruff format --check .`` and ``mypy`` (strict, over ``sqlq`` and
 ``tests``) after ``pip install -e '.[dev]'``: the tools are in ``[dev]``, so on a
@@ -24,9 +24,9 @@ COMMANDS = {
 }
 
 
-def test_the_readme_names_these_commands() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "ruff check . && ruff format --check . && mypy" in readme
+def test_the_docs_name_these_commands() -> None:
+    page = (ROOT / "docs" / "internals.md").read_text()
+    assert "ruff check . && ruff format --check . && mypy" in page
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))

@@ -1,10 +1,10 @@
 """Workers in any language: ``examples/worker.mjs`` (Node.js, no dependencies) and the
-README's curl recipe, each against a real ``sqlq serve --remote-queue`` on walq, SQLite and
-PostgreSQL.
+curl recipe of ``docs/workers.md``, each against a real ``sqlq serve --remote-queue`` on
+walq, SQLite and PostgreSQL.
 
 They are the proof that the pull protocol needs no sqlq code on the worker's side, so
 they run as a user would run them: ``node examples/worker.mjs`` with its environment,
-and the README's recipe as written, in bash. What a job ends as is read back over HTTP
+and that recipe as written, in bash. What a job ends as is read back over HTTP
 (``GET /jobs/{id}?wait=``, which answers once it is finished), never guessed after a
 sleep. Under CI a missing ``node`` (or ``curl``) fails these tests: ``.ci/run`` installs it.
 """
@@ -288,18 +288,16 @@ async def test_a_token_used_after_its_job_was_cancelled_is_fenced(
 
 
 def _curl_recipe() -> str:
-    """The README's curl recipe: its ``sh`` block that heartbeats."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    """The docs' curl recipe (docs/workers.md): its ``sh`` block that heartbeats."""
+    page = (ROOT / "docs" / "workers.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", page, re.S)
     recipes = [b for b in blocks if "/claims/heartbeat" in b and "curl" in b]
-    assert len(recipes) == 1, "the README's curl recipe for remote workers: one sh block"
+    assert len(recipes) == 1, "the docs' curl recipe for remote workers: one sh block"
     return str(recipes[0])
 
 
 @pytest.mark.slow  # a real sqlq serve
-async def test_the_readme_curl_recipe_runs_as_written(
-    serve_args: list[str], tmp_path: Path
-) -> None:
+async def test_the_docs_curl_recipe_runs_as_written(serve_args: list[str], tmp_path: Path) -> None:
     """bash and curl alone claim, heartbeat, complete and fail; the recipe's own claims
     about the answers are checked against what the server then holds."""
     if shutil.which("curl") is None:
