@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sqlq.common.clock import FakeClock
-from sqlq.ui.charts import line_chart, nice_ceiling, short
+from sqlq.ui.charts import clean_span, line_chart, nice_ceiling, short
 from sqlq.ui.history import History, Sample, quantile
 from sqlq.ui.session import MAX_FAILURES, SESSION_S, Sessions
 from tests.helpers import ROOT
@@ -111,6 +111,22 @@ def test_a_chart_draws_each_series_and_escapes_its_label() -> None:
     assert "<b>" not in svg
     assert "<span>20</span>" in svg
     assert "-2 min" in svg
+
+
+@pytest.mark.parametrize(
+    ("span_s", "axis"),
+    [(177.65, "-3 min"), (120.0, "-2 min"), (121.0, "-3 min"), (300.0, "-5 min"),
+     (59.4, "-60 s"), (10.0, "-10 s")],
+)  # fmt: skip
+def test_the_time_axis_reads_whole_minutes_or_seconds(span_s: float, axis: str) -> None:
+    """The history's age is the span: 177.65 s read "-2.96086 min" (#34); the span is
+    rounded up, and the points are placed on the span the axis says."""
+    svg = str(line_chart({"done": [(span_s, 1.0), (0.0, 1.0)]}, span_s=span_s, unit="jobs/s",
+                         label="rates"))  # fmt: skip
+    assert f"<span>{axis}</span>" in svg
+    shown = clean_span(span_s)
+    left = 600 * (1 - span_s / shown)
+    assert f'points="{left:.1f},0.0 600.0,0.0"' in svg
 
 
 # -- sessions on a fake clock ---------------------------------------------------------------

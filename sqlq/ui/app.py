@@ -167,12 +167,14 @@ class Dashboard:
         return await self._list(request, "dead.html", state=State.DEAD.value)
 
     async def _list(self, request: Request, template: str, state: str | None) -> Response:
-        """A page of jobs: the filters from the query string, paged by the API's cursor."""
+        """A page of jobs: the filters from the query string, paged by the API's cursor;
+        newest first unless ``order=asc`` (the running job is then at the top, not below
+        every retained one)."""
         given = {k: v for k, v in request.query_params.items() if v and k != "limit"}
         if state is not None:
             given["state"] = state
         try:
-            query = params.job_query({**given, "limit": str(PAGE_SIZE)})
+            query = params.job_query({"order": "desc", **given, "limit": str(PAGE_SIZE)})
         except ValidationError as exc:
             raise Refused(422, "Bad filter", f"{exc.field}: {exc.message}") from exc
         jobs = await self.runtime.list_jobs(query)

@@ -49,6 +49,7 @@ def line_chart(
     that would stretch with it. ``label`` is what a screen reader hears; the
     legend is the page's, as text.
     """
+    span_s = clean_span(span_s)
     top = nice_ceiling(max((v for pts in series.values() for _, v in pts), default=0.0))
 
     def x(age: float) -> float:
@@ -80,6 +81,13 @@ def line_chart(
         f"<span>now ({escape(unit)})</span></div>"
         "</figure>"
     )
+
+
+def clean_span(seconds: float) -> float:
+    """The chart's span, rounded up to whole minutes from two minutes (whole seconds below),
+    so that its axis reads "-3 min", not the history's own age ("-2.96086 min")."""
+    step = 60.0 if seconds > 120 else 1.0
+    return max(step, math.ceil(seconds / step - 1e-9) * step)
 
 
 def _span(seconds: float) -> str:
