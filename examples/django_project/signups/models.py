@@ -10,4 +10,4 @@ class Signup(models.Model):
     welcomed_at = models.DateTimeField(null=True, blank=True)  # set by the job
 
     def __str__(self) -> str:
-        return self.email
+        return str(self.email)
