@@ -14,10 +14,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -27,8 +28,9 @@ from sqlq.bench.client.server import ServerProcess, end_process, free_port
 from tests.helpers import ROOT, spawn_server
 from tests.worker_helpers import WorkerProcess
 
-# Not marked slow: each takes about 3 s here (the three processes' start, a job, a stop),
-# so the fast tier runs the recipes too.
+# Not marked slow: each test takes about 3 s here (three processes started, a job or two,
+# the processes stopped), so the fast tier runs the recipes too.
+T = TypeVar("T")
 FASTAPI_APP = ROOT / "examples" / "fastapi_app"
 DJANGO_PROJECT = ROOT / "examples" / "django_project"
 APP_SECRET = "app-secret-0123456789abcdef"
@@ -116,7 +118,8 @@ def started() -> Iterator[list[AppProcess | WorkerProcess]]:
     assert workers_exited == [0] * len(workers_exited)  # a worker given SIGTERM exits 0
 
 
-def poll(fetch: Any, done: Any, what: str, within: float = WITHIN) -> Any:
+def poll(fetch: Callable[[], T], done: Callable[[T], bool], what: str,
+         within: float = WITHIN) -> T:  # fmt: skip
     """``fetch()`` again until ``done(value)`` holds; that value (AssertionError past
     ``within`` seconds, naming the last value)."""
     deadline = time.monotonic() + within
@@ -129,21 +132,28 @@ def poll(fetch: Any, done: Any, what: str, within: float = WITHIN) -> Any:
         time.sleep(0.05)
 
 
-def worker(queue: Queue, module: str, project: Path, log: Path, env: dict[str, str]) -> (
-    WorkerProcess
-):  # fmt: skip
-    """The example's ``sqlq worker --import MODULE`` with the worker token (``--wait 1``: an
-    idle one stops within a second at the test's end)."""
-    return WorkerProcess(queue.url, "--import", module, "--wait", "1",
-                         pythonpath=f"{project}:{ROOT}", log=log,
-                         env={"SQLQ_TOKEN": queue.worker_token, **env}).started(WITHIN)  # fmt: skip
+def start_worker(
+    started: list[AppProcess | WorkerProcess],
+    queue: Queue,
+    module: str,
+    project: Path,
+    log: Path,
+    env: dict[str, str],
+) -> WorkerProcess:
+    """The example's ``sqlq worker --import MODULE`` with the worker token, once it says it
+    started (``--wait 1``: an idle one stops within a second at the test's end). In
+    ``started`` before it is waited for, so one that never starts is stopped too."""
+    w = WorkerProcess(queue.url, "--import", module, "--wait", "1",
+                      pythonpath=f"{project}:{ROOT}", log=log,
+                      env={"SQLQ_TOKEN": queue.worker_token, **env})  # fmt: skip
+    started.append(w)
+    return w.started(WITHIN)
 
 
 def test_fastapi_routes_send_typed_tasks_and_read_their_results(
     queue: Queue, started: list[AppProcess | WorkerProcess], tmp_path: Path
 ) -> None:
-    w = worker(queue, "tasks", FASTAPI_APP, tmp_path / "worker.log", {})
-    started.append(w)
+    w = start_worker(started, queue, "tasks", FASTAPI_APP, tmp_path / "worker.log", {})
     app = AppProcess(
         [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", "{port}"],
         cwd=FASTAPI_APP, env={"SQLQ_URL": queue.url, "SQLQ_TOKEN": queue.app_token},
@@ -186,8 +196,8 @@ def test_django_view_sends_a_task_whose_orm_write_lands(
                              cwd=DJANGO_PROJECT, env={**os.environ, **env},
                              capture_output=True, text=True, timeout=WITHIN)  # fmt: skip
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
-    w = worker(queue, "mysite.worker", DJANGO_PROJECT, tmp_path / "worker.log", env)
-    started.append(w)
+    w = start_worker(started, queue, "mysite.worker", DJANGO_PROJECT, tmp_path / "worker.log",
+                     env)  # fmt: skip
     app = AppProcess(
         [sys.executable, "manage.py", "runserver", "127.0.0.1:{port}", "--noreload"],
         cwd=DJANGO_PROJECT, env={**env, "SQLQ_URL": queue.url, "SQLQ_TOKEN": queue.app_token},
@@ -210,9 +220,39 @@ def test_django_view_sends_a_task_whose_orm_write_lands(
     assert shown["job"] == {"id": job_id, "state": "completed", "result": "grace@example.com"}
     assert shown["welcomed_at"] is not None
     # The row as the worker left it, read from the database file itself.
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn:
         row = conn.execute("SELECT email, job_id, welcomed_at FROM signups_signup WHERE id = ?",
                            (signup_id,)).fetchone()  # fmt: skip
     assert row[:2] == ("grace@example.com", job_id)
     assert row[2] is not None
     assert "welcome mail to grace@example.com" in w.output
+
+
+CLOSES = """
+import mysite.worker  # Django set up, the tasks imported: as the worker does
+from django.db import connection
+from signups.models import Signup
+from signups.tasks import welcome
+
+signup = Signup.objects.create(email="ada@example.com")  # opens this thread's connection
+print("open before:", connection.connection is not None)
+print("returned:", welcome(signup_id=signup.pk))  # the task called as a plain function
+print("open after:", connection.connection is not None)
+Signup.objects.get(pk=signup.pk)  # the next use opens one again
+print("reopened:", connection.connection is not None)
+"""
+
+
+def test_django_task_closes_its_connection_when_it_ends(tmp_path: Path) -> None:
+    """The decorator under ``@task`` leaves no connection open in the thread that ran the
+    job (``CONN_MAX_AGE`` 0, Django's default): what a worker's next job on that thread
+    would otherwise reuse. In a process of its own: Django is set up once per process."""
+    env = {**os.environ, "SIGNUPS_DB": str(tmp_path / "signups.sqlite3"),
+           "DJANGO_SETTINGS_MODULE": "mysite.settings",
+           "PYTHONPATH": str(DJANGO_PROJECT)}  # fmt: skip
+    for argv in (["manage.py", "migrate", "--no-input"], ["-c", CLOSES]):
+        r = subprocess.run([sys.executable, *argv], cwd=DJANGO_PROJECT, env=env,
+                           capture_output=True, text=True, timeout=WITHIN)  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["open before: True", "returned: ada@example.com",
+                                     "open after: False", "reopened: True"]  # fmt: skip
