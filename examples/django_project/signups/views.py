@@ -6,7 +6,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET, require_POST
 
-from sqlq import Client
+from sqlq import Client, NotFound
 
 from .models import Signup
 from .tasks import welcome
@@ -38,17 +38,19 @@ def create(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def detail(request: HttpRequest, signup_id: int) -> HttpResponse:
-    """The row, and its job as the queue has it (``sqlq.configure``'s server and token)."""
+    """The row, and its job as the queue has it (``sqlq.configure``'s server and token);
+    ``"job": null`` once the server no longer keeps it (``sqlq serve --retention``, an hour
+    after it finished), when the row is what is left of it."""
     signup = get_object_or_404(Signup, pk=signup_id)
-    job = queue().get(signup.job_id)
+    job = None
+    if signup.job_id:  # (empty if the send failed after the row was made)
+        try:
+            found = queue().get(signup.job_id)
+            job = {"id": found.id, "state": found.state.value, "result": found.result}
+        except NotFound:
+            pass
     # The row again, after the job: the worker's write commits before it reports the job
     # completed, so only a row read after the job shows what a completed job wrote.
     signup.refresh_from_db(fields=["welcomed_at"])
     welcomed = signup.welcomed_at.isoformat() if signup.welcomed_at else None
-    return JsonResponse(
-        {
-            "email": signup.email,
-            "welcomed_at": welcomed,
-            "job": {"id": job.id, "state": job.state.value, "result": job.result},
-        }
-    )
+    return JsonResponse({"email": signup.email, "welcomed_at": welcomed, "job": job})
