@@ -283,31 +283,38 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         """running -> completed; its checkpoint is spent (errors stay, as its history)."""
         return self._to(State.COMPLETED, now, result=result, last_error=None, checkpoint=None)
 
-    def _failed(self, error: str, now: float) -> dict[str, Any]:
+    def _failed(self, error: str, now: float, traceback: str | None) -> dict[str, Any]:
         """What every failed attempt changes: ``last_error``, one more in ``errors`` (numbered
-        among every attempt ever, so a history goes on counting past an operator's retry)."""
+        among every attempt ever, so a history goes on counting past an operator's retry),
+        with its traceback if its handler raised."""
         text = clean_error(error)
-        errors = with_error(self.errors, self.all_attempts, text, now)
+        errors = with_error(self.errors, self.all_attempts, text, now, traceback)
         return {"last_error": text, "errors": errors}
 
-    def retry(self, error: str, ready_at: float, now: float) -> Transition:
+    def retry(
+        self, error: str, ready_at: float, now: float, traceback: str | None = None
+    ) -> Transition:
         """running -> scheduled again at ``ready_at``, with a new epoch."""
         return self._to(
             State.SCHEDULED,
             now,
             epoch=self.epoch + 1,
             ready_at=ready_at,
-            **self._failed(error, now),
+            **self._failed(error, now, traceback),
         )
 
-    def bury(self, error: str, now: float) -> Transition:
+    def bury(self, error: str, now: float, traceback: str | None = None) -> Transition:
         """running -> dead: no attempts left. The epoch is bumped to fence the worker."""
-        return self._to(State.DEAD, now, epoch=self.epoch + 1, **self._failed(error, now))
+        return self._to(
+            State.DEAD, now, epoch=self.epoch + 1, **self._failed(error, now, traceback)
+        )
 
-    def withdraw(self, error: str, now: float) -> Transition:
+    def withdraw(self, error: str, now: float, traceback: str | None = None) -> Transition:
         """running -> cancelled: the attempt ended (failed, cut off, snoozed) after a cancel
         was asked for. Never retried; a new epoch fences the worker."""
-        return self._to(State.CANCELLED, now, epoch=self.epoch + 1, **self._failed(error, now))
+        return self._to(
+            State.CANCELLED, now, epoch=self.epoch + 1, **self._failed(error, now, traceback)
+        )
 
     def snooze(self, ready_at: float, now: float) -> Transition:
         """running -> scheduled at ``ready_at``, a new epoch: the attempt is given back (not

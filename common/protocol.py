@@ -32,6 +32,7 @@ MAX_CLAIM_QUEUES = 100  # queues one claim may name
 MAX_CLAIM_KINDS = 100  # kinds one claim may name
 MAX_TOKEN = 256  # characters of a token (a real one is about 80)
 MAX_ERROR = 4096  # characters of a failure's error (``clean_error`` keeps this much)
+MAX_TRACEBACK = 8192  # characters of its traceback (``clean_traceback`` cuts it to 8 KiB)
 MAX_RETRY_IN_S = MAX_SNOOZE_S
 # A worker's name: what it calls itself (``host-pid`` by default), shown in GET /workers
 # and stored as its claims' holder. The pattern is a queue's: printable, no spaces.
@@ -47,6 +48,7 @@ Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 # What a worker says of an attempt in its own words (a handler's exception text, a progress
 # message): cleaned where it is stored (``clean_error``), never refused for a NUL.
 ErrorText = Annotated[str, msgspec.Meta(max_length=MAX_ERROR, extra={CLEANED: True})]
+TracebackText = Annotated[str, msgspec.Meta(max_length=MAX_TRACEBACK, extra={CLEANED: True})]
 ProgressText = Annotated[str, msgspec.Meta(max_length=MAX_PROGRESS_MESSAGE, extra={CLEANED: True})]
 
 
@@ -154,6 +156,7 @@ class FailIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     error: ErrorText = "failed"
     retry: bool = True
     retry_in_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_RETRY_IN_S)] | None = None
+    traceback: TracebackText | None = None  # where the handler failed (kept cut: ``errors``)
 
 
 class SnoozeIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

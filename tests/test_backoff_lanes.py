@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from sqlq.common.backoff import RetryPolicy, retry_delay, should_retry
+from sqlq.common.backoff import FAST_RETRY, RetryPolicy, TaskRetry, retry_delay, should_retry
 from sqlq.runtime.lanes import Lanes
 
 
@@ -23,11 +23,38 @@ class FixedRandom(random.Random):
     ("attempt", "expected"), [(1, 0.010), (2, 0.020), (3, 0.040), (4, 0.080), (10, 5.0)]
 )
 def test_delay_doubles_then_caps_without_jitter(attempt: int, expected: float) -> None:
+    assert retry_delay(attempt, FAST_RETRY, FixedRandom(0.0)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"),
+    [(1, 15.0), (2, 30.0), (3, 60.0), (5, 240.0), (10, 7680.0), (11, 15360.0), (12, 21600.0)],
+)
+def test_the_default_starts_at_15_s_and_grows_to_hours(attempt: int, expected: float) -> None:
+    """Sized for real work (Oban's, Sidekiq's): an outage of minutes outlasted, not spent."""
     assert retry_delay(attempt, RetryPolicy(), FixedRandom(0.0)) == pytest.approx(expected)
 
 
+def test_a_bad_backoff_is_refused() -> None:
+    for bad in ({"base_s": -1.0}, {"cap_s": -1.0}, {"jitter": 1.5}):
+        with pytest.raises(ValueError, match="backoff needs"):
+            RetryPolicy(**bad)
+
+
+def test_task_rules_decide_retry_and_delay() -> None:
+    rules = TaskRetry(max_attempts=3, backoff=RetryPolicy(base_s=2.0, jitter=0.0),
+                      retry_on=(OSError,), no_retry_on=(FileNotFoundError,))  # fmt: skip
+    assert rules.retries(ConnectionError())
+    assert not rules.retries(ValueError())
+    assert not rules.retries(FileNotFoundError())  # no_retry_on wins over retry_on
+    f = rules.failure("OSError: x", "tb", True, 2, FixedRandom(0.0))
+    assert (f.retry, f.delay_s, f.traceback) == (True, 4.0, "tb")
+    assert not rules.failure("OSError: x", None, True, 3, FixedRandom(0.0)).retry  # its max
+    assert TaskRetry().failure("e", None, True, 1, FixedRandom(0.0)).delay_s is None
+
+
 def test_jitter_adds_at_most_half() -> None:
-    policy = RetryPolicy()
+    policy = FAST_RETRY
     assert retry_delay(2, policy, FixedRandom(0.999999)) == pytest.approx(0.030, rel=1e-4)
     delays = [retry_delay(3, policy, random.Random(seed)) for seed in range(200)]
     assert all(0.040 <= d < 0.060 for d in delays)

@@ -73,7 +73,7 @@ def test_the_document_shows_a_running_jobs_fields_and_the_cancels() -> None:
             "checkpoint", "snoozes", "errors", "schedule", "tick"} <= set(job)  # fmt: skip
     assert "request_hash" not in job
     assert set(schemas["Progress"]["properties"]) == {"percent", "message", "at"}
-    assert set(schemas["AttemptError"]["properties"]) == {"attempt", "error", "at"}
+    assert set(schemas["AttemptError"]["properties"]) == {"attempt", "error", "at", "traceback"}
     delete = doc["paths"]["/jobs/{job_id}"]["delete"]
     assert {"200", "202", "404", "409", "422"} <= set(delete["responses"])
     [force] = [p for p in delete["parameters"] if p["name"] == "force"]
