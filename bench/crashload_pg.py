@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 
 from sqlq.bench.client.http import HTTPError, HttpPool
-from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
 from sqlq.bench.crashload import (
     PLAIN,
     SERVER_FLAGS,
@@ -34,6 +34,7 @@ def node(
         "--store", "postgres", "--dsn", dsn, "--workers", "16", "--lease", str(lease_s),
         "--log-level", "warning", "--grace", "0",
         "--fault-injection",  # the mixed workload's jobs fail and hang on purpose
+        *FAST_RETRY_FLAGS,
         *SERVER_FLAGS,
     )  # fmt: skip
     return ServerProcess(

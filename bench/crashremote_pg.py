@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlq.bench.client.server import ServerError, ServerProcess
+from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerError, ServerProcess
 from sqlq.bench.crashcheck import READY_WITHIN_S, keep
 from sqlq.bench.crashcheck_pg import _sql, read_pg
 from sqlq.bench.crashfleet import CANCEL_GRACE_S, LEASE_S, WORKERS, Fleet, holders, same_port
@@ -39,7 +39,7 @@ NODES = 2
 def pg_node(dsn: str, workdir: Path, n: int, ready_within: float = 60) -> ServerProcess:
     args = (
         "--store", "postgres", "--dsn", dsn, "--workers", "0", "--log-level", "warning",
-        "--grace", "0", "--cancel-grace", str(CANCEL_GRACE_S),
+        "--grace", "0", "--cancel-grace", str(CANCEL_GRACE_S), *FAST_RETRY_FLAGS,
     )  # fmt: skip
     return ServerProcess(*args, log_path=workdir / f"node{n}.log", ready_within=ready_within)
 

@@ -20,9 +20,12 @@ from typing import Any
 
 import msgspec
 
+from sqlq.common.backoff import Failure
 from sqlq.common.models import Job
 from sqlq.common.protocol import (
     MAX_ERROR,
+    MAX_RETRY_IN_S,
+    MAX_TRACEBACK,
     CompleteIn,
     FailIn,
     ReleaseIn,
@@ -57,6 +60,16 @@ def job_of(view: JobView) -> Job:
 def failure(error: str, *, retry: bool = True) -> FailIn:
     """A failed attempt's outcome, its text cut to what the protocol takes."""
     return FailIn(error=error[:MAX_ERROR] or "failed", retry=retry)
+
+
+def failed_with(f: Failure) -> FailIn:
+    """A handler's failure as its outcome: the task's rules (``retry``, ``retry_in_s``),
+    applied here, where the task is known; its traceback, as much as the protocol takes
+    (the server cuts it to what ``errors`` keeps)."""
+    delay = None if f.delay_s is None else min(f.delay_s, MAX_RETRY_IN_S)
+    tb = None if f.traceback is None else f.traceback[-MAX_TRACEBACK:]
+    return FailIn(error=f.error[:MAX_ERROR] or "failed", retry=f.retry, retry_in_s=delay,
+                  traceback=tb)  # fmt: skip
 
 
 @dataclass(eq=False, slots=True)

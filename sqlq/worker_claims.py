@@ -40,8 +40,8 @@ from typing import Any, Protocol
 import msgspec
 
 from sqlq.calls import ApiError, FencedError, Invalid, RateLimited, Unavailable
+from sqlq.common.backoff import Failure
 from sqlq.common.clock import Clock, wait_event
-from sqlq.common.errors import ValidationError
 from sqlq.common.lease import SKEW_MARGIN, stop_before
 from sqlq.common.models import JSON
 from sqlq.common.protocol import (
@@ -62,10 +62,10 @@ from sqlq.common.protocol import (
     What,
 )
 from sqlq.runtime.claim import Claim, ClaimResult
-from sqlq.runtime.context import AttemptFenced
+from sqlq.runtime.context import AttemptFenced, describe
 from sqlq.runtime.kinds import Registry
 from sqlq.runtime.reach import Attempts, Nobody
-from sqlq.worker_attempt import Attempt, describe_what, failure, job_of
+from sqlq.worker_attempt import Attempt, describe_what, failed_with, failure, job_of
 from sqlq.worker_outbox import RETRYABLE, Backoff, Outbox
 
 log = logging.getLogger("sqlq.worker")
@@ -407,8 +407,8 @@ class RemoteClaims:
             return
         try:
             self.registry.get(job.kind).validate(job.args)
-        except ValidationError as exc:
-            self._decide(a, failure(f"invalid job: {exc}", retry=False))
+        except Exception as exc:  # (any: a validator that raises must not hold the job)
+            self._decide(a, failure(f"invalid job: {describe(exc)}", retry=False))
             return
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -448,9 +448,9 @@ class RemoteClaims:
         if (a := self._of(claim)) is not None:
             self._decide(a, CompleteIn(result=result))
 
-    def failed(self, claim: Claim, error: str) -> None:
+    def failed(self, claim: Claim, failure: Failure) -> None:
         if (a := self._of(claim)) is not None:
-            self._decide(a, failure(error))
+            self._decide(a, failed_with(failure))
 
     def hung(self, claim: Claim, reason: str) -> None:
         if (a := self._of(claim)) is not None:
@@ -679,7 +679,7 @@ class RemoteClaims:
                         describe_what(what) if what else "?", answer.error)  # fmt: skip
             return
         self.stats[_COUNTED.get(type(what), "failed")] += 1
-        log.info("job %s (%s) %s -> %s", job.id, job.kind,
+        log.debug("job %s (%s) %s -> %s", job.id, job.kind,
                  describe_what(what) if what else "?", answer.state)  # fmt: skip
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
+from sqlq.common.backoff import Failure
 from sqlq.common.errors import (
     IdempotencyConflictError,
     JobNotFoundError,
@@ -253,7 +254,7 @@ class ServiceModel(ProcessRules):
         if outcome == "complete":
             claims.completed(claim, {"n": attempts})
         elif outcome == "fail":
-            claims.failed(claim, "failed on purpose")
+            claims.failed(claim, Failure("failed on purpose"))
         elif outcome == "hang":
             claims.hung(claim, "worker hung: no heartbeat for 201 ms")
         else:  # a result JSON cannot hold: that attempt failed

@@ -15,7 +15,7 @@ from sqlq.runtime.kinds import Registry
 
 MODULE = "proc_handlers"
 HANDLERS = """
-import os, time
+import logging, os, time
 from sqlq import task
 
 @task()
@@ -27,6 +27,7 @@ def crunch(args, ctx):
 
 @task()
 def broken(args, ctx):
+    logging.getLogger("proc_handlers").warning("about to break in %d", os.getpid())
     return args["missing"]
 
 @task()

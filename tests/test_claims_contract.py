@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from sqlq.common.backoff import Failure
 from sqlq.common.clock import FakeClock
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import IllegalTransitionError, JobNotFoundError
@@ -204,7 +205,7 @@ class Holder:
         if isinstance(what, CompleteIn):
             claims.completed(c, what.result)
         elif isinstance(what, FailIn):
-            claims.failed(c, what.error)
+            claims.failed(c, Failure(what.error, what.traceback, what.retry, what.retry_in_s))
         elif isinstance(what, SnoozeIn):
             claims.snoozed(c, what.delay_s)
         elif isinstance(what, ReleaseIn):
@@ -540,7 +541,7 @@ async def test_an_end_written_twice_is_refused_the_second_time(holder: Holder) -
         assert answer.error == "fenced"
     else:
         assert a.claim is not None
-        holder.rt.claims.failed(a.claim, "late")  # the claim is over: its end is fenced
+        holder.rt.claims.failed(a.claim, Failure("late"))  # the claim is over: its end is fenced
         await holder.rt.claims.settle()
     done = await stored(holder, job.id)
     assert (done.state, done.result, done.errors) == (State.COMPLETED, 1, ())

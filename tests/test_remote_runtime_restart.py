@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sqlq.common.backoff import FAST_RETRY
 from sqlq.common.clock import FakeClock  # (advanced by hand: SQLite's thread looks idle)
 from sqlq.common.models import State
 from sqlq.common.protocol import FENCED, BeatItem, ClaimRequest, CompleteIn, HeartbeatRequest
@@ -21,7 +22,7 @@ from sqlq.runtime.service import Service
 from tests.helpers import StoreFactory
 
 CONFIG = RuntimeConfig(workers=0, remote_queues=frozenset({"r"}), seed=1, compact_every_s=0,
-                       healthcheck=False)  # fmt: skip
+                       healthcheck=False, retry=FAST_RETRY)  # fmt: skip
 
 
 async def test_a_remotely_held_job_survives_a_restart_and_its_outcome_lands_after(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sqlq.common.backoff import RetryPolicy
 from sqlq.common.clock import FakeClock
 from sqlq.common.errors import StoreUnavailableError
 from sqlq.common.models import State
@@ -113,7 +114,8 @@ async def test_an_expired_remote_lease_is_rescued_through_the_retry_policy(
     fake_clock: FakeClock, services: ServiceFactory
 ) -> None:
     db = RemoteDatabase()
-    a, b = await two_nodes(services, fake_clock, db, max_attempts=2, lease_s=4.0)
+    a, b = await two_nodes(services, fake_clock, db, max_attempts=2, lease_s=4.0,
+                           retry=RetryPolicy(base_s=1.0, jitter=0.0))  # fmt: skip
     job = await submit(a, "k", queue="r")
     g = await claim_one(a, lease_s=5)
     fake_clock.advance(7)  # past the lease; each node's rescue runs every lease_s / 4

@@ -9,6 +9,7 @@ child that looks at ``ctx.cancelled``.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -44,12 +45,23 @@ async def test_plain_handlers_run_in_every_process_not_the_server(
 
 
 async def test_a_failure_in_a_process_reads_as_it_would_in_a_thread(
-    services: ServiceFactory, handlers: str
+    services: ServiceFactory, handlers: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Its text, its traceback from the child, and the handler's own log line, which
+    reaches this process's log tagged with the job."""
     rt = await started(services, handlers)
-    job = await submit(rt, "broken", args={}, max_attempts=1)
-    dead = await final(rt, job.id, within=60)
+    with caplog.at_level(logging.INFO):
+        job = await submit(rt, "broken", args={}, max_attempts=1)
+        dead = await final(rt, job.id, within=60)
     assert (dead.state, dead.last_error) == (State.DEAD, "KeyError: 'missing'")
+    [entry] = dead.errors
+    assert entry.traceback is not None
+    assert "in broken" in entry.traceback
+    assert entry.traceback.rstrip().endswith("KeyError: 'missing'")
+    told = [r.getMessage() for r in caplog.records if r.name == "proc_handlers"]
+    assert len(told) == 1
+    assert told[0].startswith(f"job {job.id} (broken): about to break in ")
+    assert str(os.getpid()) not in told[0]  # from the child
 
 
 async def test_progress_a_checkpoint_and_a_cancel_cross_to_the_process(

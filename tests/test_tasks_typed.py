@@ -146,18 +146,24 @@ def test_a_typed_task_sent_to_a_real_server_and_over_http(
         assert answer.status_code == 422
         assert answer.json()["field"] == "args.x"
 
+        clients: list[Any] = []
+
         async def greet() -> Any:
             handle = await typedtasks.greet.asend("Ada")
-            try:
-                return await handle.result(timeout=20)
-            finally:
-                await handle.client.aclose()  # (the loop's default client, as this loop ends)
+            clients.append(handle.client)
+            return await handle.result(timeout=20)
 
         assert asyncio.run(greet()) == "hello, Ada! (attempt 1)"
+        assert clients[0].closed  # the loop's default client, closed as asyncio.run ended
         failing = typedtasks.boom.options(max_attempts=1).send(why="no luck")
         with pytest.raises(JobError, match="no luck") as failed:
             failing.result(timeout=20)
         assert failed.value.job.state == "dead"
+        # Its traceback, in GET /jobs/{id}: where the handler raised, and what.
+        view = httpx.get(f"{server.url}/jobs/{failing.id}").json()
+        [entry] = view["errors"]
+        assert "in boom" in entry["traceback"]
+        assert entry["traceback"].rstrip().endswith("RuntimeError: no luck")
         held = typedtasks.add.options(delay=600).send(x=1, y=1)
         with pytest.raises(TimeoutError, match="scheduled"):
             held.result(timeout=0.1)

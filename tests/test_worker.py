@@ -18,6 +18,7 @@ import pytest
 
 from sqlq import Cancelled, JobContext, Snooze, task
 from sqlq.calls import Invalid, Unauthorized
+from sqlq.common.backoff import RetryPolicy
 from sqlq.common.clock import FakeClock
 from sqlq.common.lease import SKEW_MARGIN
 from sqlq.common.models import State
@@ -710,3 +711,37 @@ async def test_a_stop_with_the_server_gone_waits_only_as_long_as_the_leases(
     assert fake_clock.monotonic() - at <= 30.0  # the lease's end: no longer worth trying
     assert worker.stats["undelivered"] == 1
     assert server.jobs[job].ends == []
+
+
+async def test_a_tasks_own_rules_and_traceback_go_in_the_outcome_it_reports(
+    fake_clock: FakeClock,
+) -> None:
+    """For a remote queue the worker applies the task's rules (the server does not know
+    the task): its backoff as ``retry_in_s``, final past its ``max_attempts`` or for an
+    exception it does not retry; the traceback goes with the error."""
+    reg = Registry()
+
+    @task(registry=reg, max_attempts=2, backoff=RetryPolicy(base_s=7.0, jitter=0.0))
+    def flaky(n: int) -> None:
+        raise ConnectionError(f"down {n}")
+
+    @task(registry=reg, no_retry_on=KeyError)
+    def keyed() -> None:
+        raise KeyError("to")
+
+    server = FakeServer(fake_clock)
+    a = server.submit("flaky", {"n": 1}, max_attempts=5)
+    b = server.submit("keyed", {}, max_attempts=5)
+    worker = make(server, reg, fake_clock)
+    async with running(worker):
+        await server.until(lambda: len(server.jobs[a].ends) >= 1 and server.jobs[b].ends != [])
+    sent = {o.token: o.what() for call in server.named("outcomes") for o in call.body}
+    fails = [w for w in sent.values() if isinstance(w, FailIn)]
+    by_error = {w.error: w for w in fails}
+    first = by_error["ConnectionError: down 1"]
+    assert (first.retry, first.retry_in_s) == (True, 7.0)
+    assert first.traceback is not None
+    assert "in flaky" in first.traceback
+    assert first.traceback.rstrip().endswith("ConnectionError: down 1")
+    final = by_error["KeyError: 'to'"]
+    assert (final.retry, final.retry_in_s) == (False, None)

@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 
 from sqlq.bench.client.http import HttpPool
-from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
 from sqlq.bench.peers import PEERS, installed
 from sqlq.bench.pgcluster import Cluster, make_cluster
 
@@ -73,7 +73,8 @@ def _nodes(system: str, n: int, workdir: Path) -> tuple[list[ServerProcess], str
     if system == "sqlq-postgres":
         dsn = cluster().create_database()
         flags = ("--store", "postgres", "--dsn", dsn, "--workers", str(WORKERS),
-                 "--log-level", "warning", "--grace", "0", "--fault-injection")  # fmt: skip
+                 "--log-level", "warning", "--grace", "0", "--fault-injection",
+                 *FAST_RETRY_FLAGS)  # fmt: skip
         return [ServerProcess(*flags, log_path=workdir / f"node{i}.log") for i in range(n)], dsn
     store = system.removeprefix("sqlq-")
     return [ServerProcess.engine(store=store, workers=WORKERS)], None

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from sqlq.common.backoff import after_failure, after_snooze, released
+from sqlq.common.backoff import Failure, after_failure, after_snooze, released
 from sqlq.common.errors import StoreError, TransitionError, UnencodableError
 from sqlq.common.models import JSON, Job, State, Transition
 from sqlq.common.store import Recovery
@@ -279,10 +279,14 @@ class ClaimsBase(Reach):
             return
         self._record(claim, self._carry(claim).complete(result, self._clock.time()))
 
-    def failed(self, claim: Claim, error: str) -> None:
+    def failed(self, claim: Claim, failure: Failure) -> None:
         if self._over(claim):
             return
-        self._record(claim, self._after_failure(self._carry(claim), error, self._clock.time()))
+        job, now = self._carry(claim), self._clock.time()
+        t = after_failure(job, failure.error, now, self._config.retry, self._rng,
+                          delay_s=failure.delay_s, retry=failure.retry,
+                          traceback=failure.traceback)  # fmt: skip
+        self._record(claim, t)
 
     def hung(self, claim: Claim, reason: str) -> None:
         if self._over(claim):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import traceback
 from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -69,7 +70,20 @@ class UnstorableResult(Exception):
 
 class Described(Exception):
     """A failure whose text is already the attempt's error (a handler's exception described
-    where it ran: a worker process), so ``describe`` passes it on unwrapped."""
+    where it ran: a worker process), so ``describe`` passes it on unwrapped, with the
+    traceback from there and whether the task's rules retry it (``TaskRetry.retries``)."""
+
+    def __init__(self, text: str, traceback: str | None = None, retry: bool = True) -> None:
+        super().__init__(text)
+        self.traceback, self.retry = traceback, retry
+
+
+def format_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as Python prints it (its causes too): what ``errors`` keeps of
+    where a handler failed (``sqlq.common.running.clean_traceback`` bounds it)."""
+    if isinstance(exc, Described):
+        return exc.traceback or ""
+    return "".join(traceback.format_exception(exc))
 
 
 def describe(exc: BaseException) -> str:

@@ -28,14 +28,23 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sqlq.common.backoff import NO_RULES, Failure
 from sqlq.common.clock import Clock
 from sqlq.common.models import JSON, Job
 from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.context import Channel, NotStarted, UnstorableResult
+from sqlq.runtime.context import (
+    Channel,
+    Described,
+    NotStarted,
+    UnstorableResult,
+    describe,
+    format_traceback,
+)
 from sqlq.runtime.cpu import CpuPool, cpu_kind
 from sqlq.runtime.kinds import JobContext, Kind, Registry, sleep_kind
 from sqlq.runtime.processes import Child, ProcessHandlers
+from sqlq.runtime.task import InvalidArgs
 from sqlq.runtime.threads import HandlerThreads
 
 if TYPE_CHECKING:
@@ -94,6 +103,19 @@ class Executor:
         return JobContext(job, self._rng, clock=self._clock, threads=self.threads, hb_timeout=hb,
                           timeout=timeout, claim=claim, channel=channel,
                           interruptible=interruptible)  # fmt: skip
+
+    def failure(self, job: Job, exc: BaseException) -> Failure:
+        """How an attempt of ``job`` that raised ``exc`` failed: its text, its traceback,
+        and its task's rules (``TaskRetry``): arguments that can never be its handler's are
+        final; the rest as the task says (a worker process's verdict comes with ``exc``)."""
+        kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
+        rules = NO_RULES if kind is None else kind.rules
+        if isinstance(exc, Described):
+            retried = exc.retry
+        else:
+            retried = not isinstance(exc, InvalidArgs) and rules.retries(exc)
+        tb = format_traceback(exc) or None
+        return rules.failure(describe(exc), tb, retried, job.attempts, self._rng)
 
     async def execute(self, job: Job, ctx: JobContext) -> JSON:
         """Run the job's handler; an unknown kind (its module not imported) or a result

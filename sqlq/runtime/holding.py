@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from sqlq.common.backoff import Failure
 from sqlq.common.models import JSON
 from sqlq.runtime.claim import Claim
 
@@ -26,8 +27,9 @@ class Holding(Protocol):
 
     def completed(self, claim: Claim, result: JSON) -> None: ...
 
-    def failed(self, claim: Claim, error: str) -> None:
-        """The attempt failed: retry with backoff, or dead-letter."""
+    def failed(self, claim: Claim, failure: Failure) -> None:
+        """The attempt failed: retry with backoff (the task's, or the holder's), or
+        dead-letter; its traceback goes with its error."""
         ...
 
     def hung(self, claim: Claim, reason: str) -> None:

@@ -8,19 +8,22 @@ test on a fake clock runs it at once).
 
 Built in: ``sleep`` (the fault injector of the experiments) and ``cpu`` (see
 ``sqlq.runtime.cpu``). User handlers register with the ``task`` decorator from a
-module that ``sqlq serve --import`` imports::
+module that ``sqlq serve --import`` (or ``sqlq worker --import``) imports; the handler's
+signature is its arguments' schema (``sqlq.runtime.task``)::
 
-    from sqlq import task
+    from sqlq import JobContext, task
 
-    @task(timeout=60)
-    async def resize(args, ctx):   # async: runs on the event loop
-        ...
+    @task(timeout=60, max_attempts=3, backoff=30)
+    async def resize(ctx: JobContext, url: str, width: int = 640) -> dict[str, bool]:
+        ...                        # async: runs on the event loop
         return {"ok": True}        # stored as the job's result
 
     @task(name="crunch")
-    def crunch(args, ctx):         # plain function: runs in the handler thread pool
-        ctx.beat()                 # optional; see hb_timeout below
-        return sum(args["xs"])
+    def crunch(xs: list[int]) -> int:   # plain function: runs in the handler thread pool
+        return sum(xs)
+
+A handler whose first parameter is named ``args`` is the older form: it takes the whole
+arguments dict (``fn(args)`` or ``fn(args, ctx)``), unchecked.
 
 Limits: an attempt that runs past ``timeout`` (default 300 s) is cut off, and
 with ``hb_timeout`` set, so is one silent for longer than that between
@@ -31,22 +34,25 @@ way the attempt fails and the job retries or dead-letters like any other
 failure. The built-in kinds beat every 10 ms and are judged by the server's
 ``--hb-timeout``.
 
-An exception fails the attempt; its message becomes ``last_error`` (and one entry of
-the job's ``errors``, the last ten failures).
+An exception fails the attempt; its message becomes ``last_error``, and it and its
+traceback one entry of the job's ``errors`` (the last ten failures). The task's own
+rules (``max_attempts``, ``backoff``, ``retry_on``, ``no_retry_on``) decide whether and
+when it runs again, else the server's (``--max-attempts``, ``--retry-base-ms``: 15 s,
+doubling to 6 h).
 
 Reaching the running job, through ``ctx`` (``sqlq.runtime.context``)::
 
-    @task()
-    def export(args, ctx):
+    @task
+    def export(ctx: JobContext, n: int) -> dict[str, int]:
         done = ctx.checkpoint_data or 0       # what an earlier attempt saved, or None
-        for i in range(done, args["n"]):
+        for i in range(done, n):
             ctx.raise_if_cancelled()          # or test ctx.cancelled and clean up
             ...
-            ctx.progress(100 * i / args["n"], f"row {i}")   # never blocks
+            ctx.progress(100 * i / n, f"row {i}")   # never blocks
             ctx.checkpoint(i + 1)             # durable when it returns (in a thread)
         if not ready():
             raise sqlq.Snooze(60)             # or: return sqlq.snooze(60)
-        return {"rows": args["n"]}
+        return {"rows": n}
 
 - ``ctx.progress(percent=None, message=None)``: only the latest counts; it is written
   at most once a second (``progress_every_s``) and always with the outcome, and shows
@@ -78,6 +84,7 @@ from typing import Annotated, Any, Concatenate, Literal, ParamSpec, Protocol, Ty
 
 import msgspec
 
+from sqlq.common.backoff import NO_RULES, RetryPolicy, TaskRetry
 from sqlq.common.errors import ValidationError, clip
 from sqlq.common.models import JSON
 from sqlq.common.schedule import ScheduleSpec, check_name, check_spec
@@ -98,6 +105,9 @@ DEFAULT_TASK_TIMEOUT_S = 300.0
 # A kind's heartbeat timeout: seconds, None (never judged by heartbeat), or
 # "server": the server's --hb-timeout, for kinds that beat every 10 ms.
 HbTimeout = float | Literal["server"] | None
+Exceptions = type[BaseException] | tuple[type[BaseException], ...]
+MAX_ATTEMPTS = 1000  # as a submission's max_attempts (``sqlq.common.specs``)
+MAX_BACKOFF_S = 86_400.0  # a first retry a day later is the most a backoff may ask
 
 
 Validate = Callable[[JSON], JSON]
@@ -112,6 +122,7 @@ class Kind:
     timeout_s: float | None = None  # an attempt running longer is cut off
     hb_timeout_s: HbTimeout = "server"  # an attempt silent longer is cut off
     interruptible: bool = True  # a cancel cancels its task (False: a thread, told by a flag)
+    rules: TaskRetry = NO_RULES  # the task's own retry rules (``@task(max_attempts=...)``)
 
 
 class Registry:
@@ -260,6 +271,10 @@ def task(
     every_s: int | None = None,
     tz: str = "UTC",
     args: JSON = None,
+    max_attempts: int | None = None,
+    backoff: float | RetryPolicy | None = None,
+    retry_on: Exceptions = (),
+    no_retry_on: Exceptions = (),
 ) -> _Decorate: ...
 
 
@@ -275,24 +290,39 @@ def task(
     every_s: int | None = None,
     tz: str = "UTC",
     args: JSON = None,
+    max_attempts: int | None = None,
+    backoff: float | RetryPolicy | None = None,
+    retry_on: Exceptions = (),
+    no_retry_on: Exceptions = (),
 ) -> Any:
     """Register a function as a job kind (default name: the function's name), as a
     ``Task`` (``sqlq.runtime.task``: its signature is its schema; ``.send`` makes a job).
     ``@task`` or ``@task(name=..., timeout=...)``.
 
-    It is called as ``fn(args)`` or, if it takes two parameters, ``fn(args, ctx)``.
-    Async functions run on the event loop; plain ones in the handler thread pool.
+    It is called with the job's arguments by name, and its context as the parameter
+    annotated ``JobContext`` (or named ``ctx``); the older form, a first parameter named
+    ``args``, as ``fn(args)`` or ``fn(args, ctx)``. Async functions run on the event
+    loop; plain ones in the handler thread pool.
     ``timeout``: seconds an attempt may run (None: no limit). ``hb_timeout``:
     seconds it may go without ``ctx.beat()`` (None: not judged by heartbeat).
 
     ``cron`` (5 fields, read in ``tz``) or ``every_s``: also a schedule of the same name
     that makes a job of this kind with ``args`` at each tick (``schedule`` takes the
     other options); ``sqlq serve`` upserts it at start.
+
+    Retries, the task's own (else the server's ``--max-attempts`` and ``--retry-*``):
+    ``max_attempts``, the attempts a job of it gets (``send`` asks for them, a server that
+    imports the task gives them to a job submitted without, and the worker that runs it
+    stops at them); ``backoff``, seconds before the second attempt, doubling up to 6 h,
+    or a ``RetryPolicy``; ``retry_on``, the exception types that are retried (others are
+    final), and ``no_retry_on``, those that are final at once (a job dead at its first
+    such failure). Arguments that can never be its arguments are final too.
     """
     for label, value in (("timeout", timeout), ("hb_timeout", hb_timeout)):
         if value is not None and not value > 0:
             raise ValueError(f"{label} must be a positive number of seconds or None")
     timing = cron is not None or every_s is not None
+    rules = _rules(max_attempts, backoff, retry_on, no_retry_on)
 
     def decorate(fn: Callable[..., Any]) -> Task[Any, Any]:
         kind_name = name or fn.__name__
@@ -320,14 +350,15 @@ def task(
                     return typing.cast(JSON, await asyncio.to_thread(call, args, ctx))
                 return typing.cast(JSON, await ctx.threads.run(lambda: call(args, ctx)))
 
-        kind = Kind(kind_name, validate, run, timeout, hb_timeout, interruptible=is_async)
+        kind = Kind(kind_name, validate, run, timeout, hb_timeout, interruptible=is_async,
+                    rules=rules)  # fmt: skip
         if timing:  # checked first: a bad schedule registers neither
             spec = _spec(kind.name, kind.name, {"cron": cron, "every_s": every_s, "tz": tz,
                                                 "args": {} if args is None else args})  # fmt: skip
         (registry or REGISTRY).register(kind)
         if timing:
             (registry or REGISTRY).schedules[kind.name] = spec
-        return Task(fn, kind.name, signature)
+        return Task(fn, kind.name, signature, {"max_attempts": max_attempts})
 
     if isinstance(fn, str):  # @task("name", ...): the older spelling of name=
         name, fn = fn, None
@@ -359,6 +390,36 @@ def _spec(name: str, kind: str, fields: dict[str, Any]) -> ScheduleSpec:
         raise ValueError(f"schedule {name!r}: {field}: {message}") from None
     except ValidationError as exc:
         raise ValueError(f"schedule {name!r}: {exc}") from None
+
+
+def _rules(
+    max_attempts: int | None,
+    backoff: float | RetryPolicy | None,
+    retry_on: Exceptions,
+    no_retry_on: Exceptions,
+) -> TaskRetry:
+    """A task's retry rules from ``@task``'s arguments; ``ValueError`` naming a bad one."""
+    if max_attempts is not None and not (
+        isinstance(max_attempts, int) and not isinstance(max_attempts, bool)
+        and 1 <= max_attempts <= MAX_ATTEMPTS
+    ):  # fmt: skip
+        raise ValueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS}")
+    if isinstance(backoff, int | float) and not isinstance(backoff, bool):
+        if not 0 <= backoff <= MAX_BACKOFF_S:
+            raise ValueError(f"backoff must be from 0 to {MAX_BACKOFF_S:g} seconds")
+        backoff = RetryPolicy(base_s=float(backoff))
+    elif backoff is not None and not isinstance(backoff, RetryPolicy):
+        raise ValueError("backoff must be seconds (the first retry's) or a RetryPolicy")
+    types_ = []
+    for label, given in (("retry_on", retry_on), ("no_retry_on", no_retry_on)):
+        given = given if isinstance(given, tuple | list) else (given,)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in given):
+            raise ValueError(f"{label} must be exception types")
+        types_.append(tuple(given))
+    if max_attempts is None and backoff is None and not any(types_):
+        return NO_RULES
+    return TaskRetry(max_attempts=max_attempts, backoff=backoff, retry_on=types_[0],
+                     no_retry_on=types_[1])  # fmt: skip
 
 
 def _any_json(args: JSON) -> JSON:

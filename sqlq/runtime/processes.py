@@ -45,6 +45,7 @@ from typing import Any, cast
 
 import msgspec
 
+from sqlq.common.backoff import NO_RULES, TaskRetry
 from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.errors import SqlqError
 from sqlq.common.models import JSON, Job
@@ -58,13 +59,16 @@ from sqlq.runtime.context import (
     Snooze,
     UnstorableResult,
     describe,
+    format_traceback,
 )
 from sqlq.runtime.kinds import REGISTRY
+from sqlq.runtime.task import InvalidArgs
 from sqlq.runtime.threads import HandlerThreads
 
 log = logging.getLogger("sqlq.worker")
 
 PROGRESS_EVERY_S = 0.2  # a child sends progress at most this often (the latest counts)
+MAX_LOG_LINE = 16 * 1024  # characters of one log record a child sends (its traceback too)
 KILL_AFTER_S = 2.0  # a child told to stop that still runs this long is killed
 READY_WITHIN_S = 120.0  # a child imports the handlers' modules within this, or start fails
 
@@ -163,8 +167,9 @@ def _outcome(job: Job, ctx: ChildContext) -> tuple[Any, ...]:
         return ("snooze", s.seconds, ctx.unsent())
     except AttemptFenced as exc:
         return ("fenced", str(exc), ctx.unsent())
-    except Exception as exc:
-        return ("error", describe(exc), ctx.unsent())
+    except Exception as exc:  # its traceback, and whether its task retries it, from here
+        retries = not isinstance(exc, InvalidArgs) and _rules(job.kind).retries(exc)
+        return ("error", describe(exc), ctx.unsent(), format_traceback(exc), retries)
     if type(result) is Snooze:
         return ("snooze", result.seconds, ctx.unsent())
     try:
@@ -175,6 +180,30 @@ def _outcome(job: Job, ctx: ChildContext) -> tuple[Any, ...]:
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
         return ("error", f"result is not JSON-serialisable: {exc}", ctx.unsent())
     return ("done", raw, ctx.unsent())
+
+
+def _rules(kind: str) -> TaskRetry:
+    return REGISTRY.get(kind).rules if kind in REGISTRY else NO_RULES
+
+
+class _ToParent(logging.Handler):
+    """A child's log records, sent to the parent, which logs them as its own, tagged with
+    the job that was running (``ProcessHandlers._log``): a handler's ``logging`` lines
+    would otherwise go nowhere (a spawned child has no handlers of its own)."""
+
+    def __init__(self, conn: Connection, lock: threading.Lock) -> None:
+        super().__init__(logging.DEBUG)
+        self._conn, self._lock = conn, lock
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            with self._lock:
+                self._conn.send(("log", record.name, record.levelno, text[:MAX_LOG_LINE]))
+        except Exception:  # a record that cannot go is dropped, never the job
+            pass
 
 
 def _die_with_parent() -> None:
@@ -190,7 +219,7 @@ def _die_with_parent() -> None:
 
 
 def child_main(conn: Connection, imports: Sequence[str], flags: Any, stamps: Any,
-               index: int) -> None:  # fmt: skip
+               index: int, level: int = logging.INFO) -> None:  # fmt: skip
     """A worker process: import the handlers, then run the jobs the parent sends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -202,6 +231,9 @@ def child_main(conn: Connection, imports: Sequence[str], flags: Any, stamps: Any
             conn.send(("failed", f"--import {name}: {describe(exc)}"))
             return
     lock, inline = threading.Lock(), _Inline()
+    root = logging.getLogger()
+    root.handlers[:] = [_ToParent(conn, lock)]
+    root.setLevel(level)
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -267,7 +299,8 @@ class ProcessHandlers:
     def _spawn(self, index: int) -> Child:
         mine, theirs = self._mp.Pipe()
         process = self._mp.Process(
-            target=child_main, args=(theirs, self.imports, self._flags, self._stamps, index),
+            target=child_main, args=(theirs, self.imports, self._flags, self._stamps, index,
+                                     logging.getLogger().getEffectiveLevel()),
             name=f"sqlq-worker-{index}", daemon=True,
         )  # fmt: skip
         process.start()
@@ -331,7 +364,8 @@ class ProcessHandlers:
             raise Snooze(reply[1])
         if what == "fenced":
             raise AttemptFenced(reply[1])
-        raise ChildFailed(reply[1])
+        raise ChildFailed(reply[1], reply[3] if len(reply) > 3 else None,
+                          reply[4] if len(reply) > 4 else True)  # fmt: skip
 
     def _readable(self, child: Child) -> None:
         try:
@@ -342,6 +376,9 @@ class ProcessHandlers:
 
     def _message(self, child: Child, message: tuple[Any, ...]) -> None:
         what = message[0]
+        if what == "log":
+            self._log(child, message[1], message[2], message[3])
+            return
         if what == "progress":
             if child.ctx is not None:
                 child.ctx.progress(message[1], message[2])
@@ -376,6 +413,15 @@ class ProcessHandlers:
         if not reply.done():
             reply.set_result(message)
         self._free.put_nowait(child)
+
+    def _log(self, child: Child, name: str, level: int, text: str) -> None:
+        """A child's log record, as this process's, with the job it ran (if any)."""
+        logger = logging.getLogger(name)
+        if isinstance(level, int) and logger.isEnabledFor(level):
+            ctx = child.ctx
+            job = f"job {ctx.job.id} ({ctx.job.kind}): " if ctx is not None else ""
+            logger.log(level, "%s%s", job, text, extra={"job_id": ctx and ctx.job.id,
+                                                        "worker_pid": child.pid})  # fmt: skip
 
     async def _save(self, child: Child, data: bytes) -> None:
         ctx = child.ctx

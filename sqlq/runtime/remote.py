@@ -573,7 +573,8 @@ class Remote:
                                      now)  # fmt: skip
             return job.complete(what.result, now)
         if isinstance(what, FailIn):
-            return self._failure(job, what.error, now, what.retry_in_s, retry=what.retry)
+            return self._failure(job, what.error, now, what.retry_in_s, retry=what.retry,
+                                 traceback=what.traceback)  # fmt: skip
         if isinstance(what, SnoozeIn):
             return after_snooze(job, what.delay_s, now, self._config.max_snoozes)
         if isinstance(what, CheckpointIn):
@@ -587,10 +588,11 @@ class Remote:
         raise ValueError(f"outcome: not an outcome: {type(what).__name__}")
 
     def _failure(
-        self, job: Job, error: str, now: float, delay_s: float | None = None, *, retry: bool = True
-    ) -> Transition:
+        self, job: Job, error: str, now: float, delay_s: float | None = None, *,
+        retry: bool = True, traceback: str | None = None,
+    ) -> Transition:  # fmt: skip
         return after_failure(job, error, now, self._config.retry, self._rng, delay_s=delay_s,
-                             retry=retry)  # fmt: skip
+                             retry=retry, traceback=traceback)  # fmt: skip
 
     async def _write_all(
         self, writes: list[tuple[int, Job, Transition, What]], now: float

@@ -60,10 +60,12 @@ class Submissions:
     def build(self, spec: JobSpec, now: float) -> Job:
         """A new job from a client's spec; raises ``ValidationError`` naming the field."""
         check_args(spec.args)  # HTTP checked the bytes; a spec built in Python is checked here
-        if self._is_remote(spec.queue):
+        kinds = self._kinds
+        if self._is_remote(spec.queue) and spec.kind not in kinds:
             args = spec.args  # a remote worker's kind: any name, any JSON object (bounded)
-        else:
-            args = self._kinds.get(spec.kind).validate(spec.args)
+        else:  # (a task this server imports is checked in a remote queue too)
+            args = kinds.get(spec.kind).validate(spec.args)
+        rules_max = kinds.get(spec.kind).rules.max_attempts if spec.kind in kinds else None
         if spec.delay_ms is not None and spec.run_at is not None:
             raise ValidationError("run_at", "give delay_ms or run_at, not both")
         ready_at = now
@@ -79,7 +81,7 @@ class Submissions:
             args=args,
             now=now,
             ready_at=ready_at,
-            max_attempts=spec.max_attempts or self._config.max_attempts,
+            max_attempts=spec.max_attempts or rules_max or self._config.max_attempts,
             priority=spec.priority,
             queue=spec.queue,
             idempotency_key=key,

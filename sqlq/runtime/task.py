@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import copy
+import functools
+import importlib
 import inspect
+import os
 import re
 import threading
+import types
 import typing
-import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import msgspec
@@ -69,45 +73,93 @@ class JobError(SqlqError):
         self.job = job
 
 
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range)
+
+
 class Signature:
-    """A typed handler's parameters as a msgspec struct (less its context parameter)."""
+    """A typed handler's parameters as a msgspec struct (less its context parameter).
+
+    Its type hints are read when first needed, not at decoration, so a module may import
+    ``JobContext`` under ``TYPE_CHECKING`` or name a class it defines below its task; a
+    hint that never resolves is a ``ValueError`` at the first send or job."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
-        params = list(inspect.signature(fn).parameters.values())
-        try:
-            hints = typing.get_type_hints(fn, include_extras=True)
-        except Exception as exc:  # a hint naming what the module cannot resolve
-            raise ValueError(f"task {fn.__name__}: its type hints do not resolve: {exc}") from None
-        self.ctx: str | None = None
-        fields: list[Any] = []
-        self.names: list[str] = []
-        for p in params:
-            if hints.get(p.name) is JobContext or (p.name == CTX_NAME and p.name not in hints):
-                self.ctx = p.name
-                continue
+        self.fn = fn
+        self._params = list(inspect.signature(fn).parameters.values())
+        for p in self._params:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 raise ValueError(f"task {fn.__name__}: *{p.name} cannot be a job's argument; "
                                  "name each parameter")  # fmt: skip
+        self._resolved = False
+        try:
+            self._resolve()
+        except _Unresolved:
+            pass  # (again at first use, once the module has defined what it names)
+
+    def _resolve(self) -> None:
+        fn, name = self.fn, self.fn.__name__
+        try:
+            hints = typing.get_type_hints(fn, include_extras=True)
+        except Exception as exc:  # a hint naming what the module cannot resolve (yet)
+            raise _Unresolved(f"task {name}: its type hints do not resolve: {exc}") from None
+        ctx: str | None = None
+        fields: list[Any] = []
+        names: list[str] = []
+        positional: list[str] = []
+        for p in self._params:
+            if _is_context(p.name, hints.get(p.name, inspect.Parameter.empty)):
+                ctx = p.name
+                continue
             typ = hints.get(p.name, Any)
-            self.names.append(p.name)
+            names.append(p.name)
+            if p.kind is p.POSITIONAL_ONLY:
+                positional.append(p.name)
             if p.default is p.empty:
                 fields.append((p.name, typ))
-            elif isinstance(p.default, list | dict | set):
-                fields.append((p.name, typ, msgspec.field(default_factory=type(p.default))))
-            else:
+                continue
+            try:  # a default that is not JSON would fail every job that omits it
+                msgspec.to_builtins(p.default)
+            except (TypeError, msgspec.EncodeError) as exc:
+                raise ValueError(f"task {name}: the default of {p.name} is not JSON: {exc}"
+                                 ) from None  # fmt: skip
+            if isinstance(p.default, _IMMUTABLE):
                 fields.append((p.name, typ, p.default))
-        self.struct: type[msgspec.Struct] = msgspec.defstruct(
-            f"{fn.__name__}_args", fields, kw_only=True, forbid_unknown_fields=True
+            else:  # each job its own copy, as a call's default would be if it were fresh
+                factory = functools.partial(copy.deepcopy, p.default)
+                fields.append((p.name, typ, msgspec.field(default_factory=factory)))
+        self._struct: type[msgspec.Struct] = msgspec.defstruct(
+            f"{name}_args", fields, kw_only=True, forbid_unknown_fields=True
         )
-        self.returns: Any = hints.get("return", Any)
-        self._bind = inspect.Signature([p for p in params if p.name != self.ctx])
+        self._ctx, self._names, self._positional = ctx, names, positional
+        self._returns: Any = hints.get("return", Any)
+        self._bind = inspect.Signature([p for p in self._params if p.name != ctx])
+        self._resolved = True
+
+    def _ready(self) -> None:
+        if not self._resolved:
+            try:
+                self._resolve()
+            except _Unresolved as exc:
+                raise ValueError(str(exc)) from None
+
+    @property
+    def ctx(self) -> str | None:
+        """The context parameter's name, if the handler takes one."""
+        self._ready()
+        return self._ctx
+
+    @property
+    def returns(self) -> Any:
+        self._ready()
+        return self._returns
 
     def check(self, args: JSON) -> msgspec.Struct:
         """``args`` as the struct, or ``ValidationError`` naming ``args.<field>``."""
+        self._ready()
         if not isinstance(args, dict):
             raise ValidationError("args", "must be a JSON object")
         try:
-            return msgspec.convert(args, self.struct)
+            return msgspec.convert(args, self._struct)
         except msgspec.ValidationError as exc:
             field, message = error_field(str(exc), "args")
             unknown = _UNKNOWN.match(message)
@@ -116,11 +168,17 @@ class Signature:
             raise ValidationError(field, message) from None
 
     def validate(self, args: JSON) -> JSON:
-        """A kind's ``validate``: the arguments checked, as JSON."""
-        return typing.cast(JSON, msgspec.to_builtins(self.check(args)))
+        """A kind's ``validate``: the arguments checked, as JSON (``ValidationError`` for
+        a value the hints admit but JSON cannot hold)."""
+        struct = self.check(args)
+        try:
+            return typing.cast(JSON, msgspec.to_builtins(struct))
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise ValidationError("args", f"not JSON: {exc}") from None
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """A call's arguments by name (positional ones named), less the context."""
+        self._ready()
         try:
             bound = self._bind.bind_partial(*args, **kwargs)
         except TypeError as exc:
@@ -128,12 +186,38 @@ class Signature:
         return dict(bound.arguments)
 
     def call(self, fn: Callable[..., R], args: JSON, ctx: JobContext) -> R:
-        """``fn`` called with the job's arguments by name (and its context)."""
-        struct = self.check(args)
-        kwargs = {name: getattr(struct, name) for name in self.names}
-        if self.ctx is not None:
-            kwargs[self.ctx] = ctx
-        return fn(**kwargs)
+        """``fn`` called with the job's arguments by name (positional-only ones in their
+        place), and its context; ``InvalidArgs`` if they can never be its arguments."""
+        try:
+            struct = self.check(args)
+        except ValidationError as exc:
+            raise InvalidArgs(exc.field, exc.message) from None
+        kwargs = {name: getattr(struct, name) for name in self._names}
+        if self._ctx is not None:
+            kwargs[self._ctx] = ctx
+        if not self._positional:
+            return fn(**kwargs)
+        return fn(*[kwargs.pop(name) for name in self._positional], **kwargs)
+
+
+class InvalidArgs(ValidationError):
+    """A job's arguments that are not its handler's: the attempt fails and is not retried
+    (the same arguments would fail the same way every time)."""
+
+
+class _Unresolved(Exception):
+    """A handler's hints name what its module has not defined (yet)."""
+
+
+def _is_context(name: str, hint: Any) -> bool:
+    """The parameter that takes the running job's context: annotated ``JobContext`` (or
+    ``JobContext | None``), or named ``ctx`` with no hint or ``Any``."""
+    if hint is JobContext:
+        return True
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        return members == [JobContext]
+    return name == CTX_NAME and (hint is inspect.Parameter.empty or hint is Any)
 
 
 def legacy(fn: Callable[..., Any]) -> bool:
@@ -151,11 +235,16 @@ class Task(Generic[P, R]):
         name: str,
         signature: Signature | None,
         options: Mapping[str, Any] | None = None,
+        base: Mapping[str, Any] | None = None,
     ) -> None:
         self.fn = fn
         self.name = name
         self.signature = signature
         self._options = dict(options or {})
+        # The decorated task's own options: ``.options(...)`` made the rest (``__reduce__``).
+        self._base_options = dict(base) if base is not None else {
+            k: v for k, v in self._options.items() if v is not None
+        }
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__qualname__ = getattr(fn, "__qualname__", name)
@@ -168,13 +257,22 @@ class Task(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<sqlq task {self.name!r}>"
 
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        """Pickled by reference, as a function is (a process pool sends a task to its
+        children by its module and name); with its options, less a client."""
+        options = {k: v for k, v in self._options.items() if k != "client" and v is not None}
+        if options == self._base_options:
+            return self.__qualname__
+        return (_named, (self.__module__, self.__qualname__, options))
+
     def options(self, **options: Any) -> Task[P, R]:
         """The same task, sent with ``options`` (``queue``, ``priority``, ``delay``
         seconds, ``max_attempts``, ``idempotency_key``, ``client``)."""
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
             raise TypeError(f"unknown option {unknown[0]!r}; options: {', '.join(sorted(OPTIONS))}")
-        return Task(self.fn, self.name, self.signature, {**self._options, **options})
+        return Task(self.fn, self.name, self.signature, {**self._options, **options},
+                    self._base_options)  # fmt: skip
 
     def _args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The job's ``args``: checked against the signature (``Invalid`` naming the field,
@@ -208,13 +306,21 @@ class Task(Generic[P, R]):
     async def asend(self, *args: P.args, **kwargs: P.kwargs) -> AsyncJobHandle[R]:
         """``send``, awaited, through an ``AsyncClient``."""
         body = self._args(args, kwargs)
-        client = self._options.get("client") or _default_async_client()
+        client = self._options.get("client") or await _default_async_client()
         job = await client.submit(self.name, body, **self._submit_options())
         return AsyncJobHandle(client, job.id, self.signature)
 
     def submit(self, client: Any, args: JSON = None, **options: Any) -> Any:
         """The older way: ``client.submit`` with this task's name."""
         return client.submit(self.name, args, **options)
+
+
+def _named(module: str, qualname: str, options: dict[str, Any]) -> Task[Any, Any]:
+    """The task ``module.qualname`` with ``options`` (``Task.__reduce__``)."""
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return typing.cast(Task[Any, Any], found).options(**options)
 
 
 def _result(job: JobView, signature: Signature | None, timeout: float) -> Any:
@@ -280,9 +386,27 @@ class AsyncJobHandle(_Handle["AsyncClient", R]):
 _UNFINISHED = frozenset({"scheduled", "running"})
 _lock = threading.Lock()
 _clients: dict[tuple[str, str | None], Client] = {}
-_async_clients: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str, str | None], AsyncClient]
-] = weakref.WeakKeyDictionary()
+
+
+class _LoopClients:
+    """The default ``AsyncClient``s of one event loop, and the async generator whose
+    ``finally`` closes them: the loop's ``shutdown_asyncgens`` (``asyncio.run``'s end)
+    runs it, the one hook asyncio gives for a loop that is finishing."""
+
+    def __init__(self) -> None:
+        self.clients: dict[tuple[str, str | None], AsyncClient] = {}
+        self.closer: AsyncGenerator[None, None] | None = None
+
+    async def closing(self) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            clients, self.clients = list(self.clients.values()), {}
+            for client in clients:
+                await client.aclose()
+
+
+_async_clients: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
 
 
 def close_default_clients() -> None:
@@ -295,7 +419,14 @@ def close_default_clients() -> None:
         client.close()
 
 
+def _forget_clients() -> None:
+    """In a forked child: the parent's clients and their sockets are the parent's."""
+    _clients.clear()
+    _async_clients.clear()
+
+
 atexit.register(close_default_clients)
+os.register_at_fork(after_in_child=_forget_clients)
 
 
 class ClientSource(typing.Protocol):
@@ -325,8 +456,9 @@ def _default_client() -> Client:
         return client
 
 
-def _default_async_client() -> AsyncClient:
-    """One ``AsyncClient`` per event loop and configured server."""
+async def _default_async_client() -> AsyncClient:
+    """One ``AsyncClient`` per event loop and configured server, closed as the loop
+    finishes (``_LoopClients``); a loop closed without that drops its clients here."""
     from sqlq.client import AsyncClient
 
     if _sources:
@@ -334,8 +466,18 @@ def _default_async_client() -> AsyncClient:
     from sqlq.defaults import client_token, client_url
 
     key = (client_url(None), client_token(None))
-    per_loop = _async_clients.setdefault(asyncio.get_running_loop(), {})
-    client = per_loop.get(key)
+    loop = asyncio.get_running_loop()
+    with _lock:
+        for closed in [other for other in _async_clients if other.is_closed()]:
+            del _async_clients[closed]
+        held = _async_clients.get(loop)
+        fresh = held is None
+        if held is None:
+            held = _async_clients[loop] = _LoopClients()
+    if fresh:
+        held.closer = held.closing()
+        await held.closer.asend(None)  # started: the loop now holds it to close it
+    client = held.clients.get(key)
     if client is None or client.closed:  # (one its user closed: another)
-        client = per_loop[key] = AsyncClient(key[0], token=key[1])
+        client = held.clients[key] = AsyncClient(key[0], token=key[1])
     return client

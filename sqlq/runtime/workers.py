@@ -30,16 +30,19 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from sqlq.common.backoff import Failure
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.common.lease import SKEW_MARGIN
+from sqlq.common.running import clean_error, clean_traceback
 from sqlq.runtime.claim import Claim
-from sqlq.runtime.context import JobContext, NotStarted, Snooze, describe
+from sqlq.runtime.context import JobContext, NotStarted, Snooze
 from sqlq.runtime.executor import Executor
 from sqlq.runtime.holding import Holding
 
 CANCELLED_WHILE = "cancelled: a cancel was asked for while it ran"
 
 log = logging.getLogger(__name__)
+jobs_log = logging.getLogger("sqlq.jobs")  # one line per attempt's end (``said``)
 
 
 @dataclass(eq=False, slots=True)
@@ -88,6 +91,26 @@ def _withdrawn(w: WorkerTask) -> bool:
         return False
     task = asyncio.current_task()
     return task is not None and task.uncancel() == 0
+
+
+def said(claim: Claim, what: str, took_s: float, failure: Failure | None = None) -> None:
+    """An attempt's end, logged once, where every attempt runs (the server's workers and
+    ``sqlq worker`` alike): its job, kind, attempt and run time; a failure at WARNING with
+    its traceback, and what becomes of its job (by the server's ``--retries`` too)."""
+    job = claim.job
+    if failure is None:
+        jobs_log.info("job %s (%s) attempt %d %s in %.3f s", job.id, job.kind, job.attempts,
+                      what, took_s)  # fmt: skip
+        return
+    if job.cancel_requested_at is not None:
+        verdict = "cancelled"
+    elif failure.retry and job.attempts < job.max_attempts:
+        verdict = "to be retried"
+    else:
+        verdict = "no attempts left" if failure.retry else "not to be retried"
+    tb = f"\n{clean_traceback(failure.traceback).rstrip()}" if failure.traceback else ""
+    jobs_log.warning("job %s (%s) attempt %d failed in %.3f s, %s: %s%s", job.id, job.kind,
+                     job.attempts, took_s, verdict, clean_error(failure.error), tb)  # fmt: skip
 
 
 def _settle_cancel(ctx: JobContext) -> None:
@@ -154,6 +177,7 @@ class WorkerPool:
                 continue
             ctx = executor.context(claim.job, claim, claims)
             w.ctx, w.claim = ctx, claim
+            began = self._clock.monotonic()
             try:
                 result = await executor.execute(claim.job, ctx)
             except NotStarted:  # a cancel, or the stop, came while it waited for a process
@@ -162,16 +186,23 @@ class WorkerPool:
             except asyncio.CancelledError:
                 if not (ctx.cancel_sent and _withdrawn(w)):
                     raise  # a stop, or a hang: not this worker's to record
-                claims.failed(claim, CANCELLED_WHILE)
+                claims.failed(claim, Failure(CANCELLED_WHILE))
+                said(claim, "cancelled while it ran", self._clock.monotonic() - began)
             except Snooze as s:
                 claims.snoozed(claim, s.seconds)
+                said(claim, f"snoozed {s.seconds:g} s", self._clock.monotonic() - began)
             except Exception as exc:
-                claims.failed(claim, describe(exc))
+                failure = executor.failure(claim.job, exc)
+                claims.failed(claim, failure)
+                said(claim, "", self._clock.monotonic() - began, failure)
             else:
                 if type(result) is Snooze:
                     claims.snoozed(claim, result.seconds)
+                    said(claim, f"snoozed {result.seconds:g} s", self._clock.monotonic() - began)
                 else:
                     claims.completed(claim, result)
+                    if jobs_log.isEnabledFor(logging.INFO):  # (the hot path: one test)
+                        said(claim, "completed", self._clock.monotonic() - began)
             if ctx.cancel_sent:  # the handler caught the cancel (or the task ended): its count
                 _settle_cancel(ctx)
             w.ctx = w.claim = None
