@@ -25,7 +25,6 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 REPO_PATH = re.compile(r"`((?:results|examples)/[\w./-]+|ARCHITECTURE\.md)`")
 
 
-@pytest.mark.slow  # a subprocess that imports mkdocs and Material, a few seconds
 def test_the_site_builds_strict(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)]
     env = {"NO_MKDOCS_2_WARNING": "1"}  # Material's notice about MkDocs 2, not ours
