@@ -257,6 +257,63 @@ def migrate(dsn: str) -> None:
 
 @main.command()
 @click.option(
+    "--store",
+    type=click.Choice(["sqlite", "walq"]),
+    required=True,
+    help="The engine whose files --data holds.",
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default="./sqlq-data",
+    show_default=True,
+    help="The data directory a server runs on (or ran on).",
+)
+@click.argument("out", type=click.Path(file_okay=False))
+def backup(store: str, data_dir: str, out: str) -> None:
+    """Copy a store's data directory into OUT, a new or empty directory, consistently,
+    while a server keeps running on it. Every job acknowledged before the backup began is
+    in the copy; `sqlq serve --store STORE --data OUT` restores it."""
+    from sqlq.backup import OutNotEmpty, take
+    from sqlq.engines.registry import engine
+
+    subdir = engine(store).subdir
+    assert subdir is not None
+    if store == "walq":
+        from sqlq.walq.backup import copy_store as walq_copy
+
+        copy: Any = walq_copy
+    else:
+        from sqlq.engines.sqlite.backup import copy_store as sqlite_copy
+
+        copy = sqlite_copy
+    try:
+        copied = take(data_dir, out, subdir, copy)
+    except OutNotEmpty as exc:
+        raise click.BadParameter(f"{exc}: a backup goes into a new or empty one",
+                                 param_hint="OUT") from None  # fmt: skip
+    except FileNotFoundError as exc:
+        raise click.BadParameter(f"no {store} store in {data_dir} ({exc.filename})",
+                                 param_hint="--data") from None  # fmt: skip
+    except SqlqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"{exc.filename or out}: {exc.strerror or exc}") from exc
+    what = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in _fields(copied).items())
+    click.echo(f"backed up {os.path.join(data_dir, subdir)} to {os.path.join(out, subdir)}: "
+               f"{what}")  # fmt: skip
+
+
+def _fields(copied: Any) -> dict[str, Any]:
+    """A copy's report as name: value, its file list apart (the names are the layout's)."""
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(copied).items() if k != "files"}
+
+
+@main.command()
+@click.option(
     "--data",
     "data_dir",
     type=click.Path(file_okay=False, exists=True),
