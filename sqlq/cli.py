@@ -9,10 +9,12 @@ commands plug in through the ``sqlq.commands`` entry points (the benchmark's
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import re
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, requires
 from typing import Any
 
 import click
@@ -22,12 +24,63 @@ from sqlq.common.errors import SqlqError
 from sqlq.settings import ServeSettings, options
 
 PLUGIN_GROUP = "sqlq.commands"
+BENCH_EXTRA = "bench"  # what sqlq's own plugin commands (the benchmark's) need
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
+
+
+def missing_from(extra: str, dist: str = "sqlq") -> list[str]:
+    """The distributions ``dist[extra]`` brings (through the extras of ``dist`` it names in
+    turn) that cannot be imported here; none if ``dist`` has no metadata (a bare tree:
+    then the import itself is the test). Import names are the distributions' (true of
+    every one the bench extra brings)."""
+    try:
+        wanted = requires(dist) or []
+    except PackageNotFoundError:
+        return []
+    missing: set[str] = set()
+    todo, seen = [extra], set()
+    while todo:
+        e = todo.pop()
+        if e in seen:
+            continue
+        seen.add(e)
+        for req in wanted:
+            spec, _, marker = req.partition(";")
+            named = _REQUIREMENT.match(spec)
+            if named is None or f'extra == "{e}"' not in marker.replace("'", '"'):
+                continue
+            name, extras = named.group(1), named.group(2) or ""
+            if name.lower() == dist:
+                todo.extend(x.strip() for x in extras.split(",") if x.strip())
+            elif _absent(name.lower().replace("-", "_")):
+                missing.add(name)
+    return sorted(missing)
+
+
+def _absent(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _needs(name: str, missing: str) -> click.ClickException:
+    return click.ClickException(
+        f"sqlq {name} is a benchmark command: it needs the {BENCH_EXTRA} extra, which this "
+        f"install lacks ({missing}): pip install 'sqlq[{BENCH_EXTRA}]'"
+    )
 
 
 class Commands(click.Group):
-    """The built-in commands, plus those other packages declare as ``sqlq.commands``."""
+    """The built-in commands, plus those other packages declare as ``sqlq.commands``.
 
-    def _plugins(self) -> dict[str, Any]:
+    ``--help`` lists the plugins under a heading of their own, apart from the commands a
+    user runs day to day: sqlq's own (the benchmark's ``bench``, ``loadgen``,
+    ``crashcheck``) under the extra that brings what they need, and listed without
+    being loaded when that extra is missing. Asked for by name without it, one is a
+    one-line message naming ``sqlq[bench]``, before its own code runs."""
+
+    def _plugins(self) -> dict[str, EntryPoint]:
         return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -40,15 +93,58 @@ class Commands(click.Group):
         ep = self._plugins().get(name)
         if ep is None:
             return None
+        if _ours(ep) and (missing := missing_from(BENCH_EXTRA)):
+            raise _needs(name, ", ".join(missing))
         try:
             loaded = ep.load()
         except ImportError as exc:  # a command of an extra not installed: say which
-            raise click.ClickException(
-                f"sqlq {name} needs what it was installed without ({exc.name or exc}): "
-                f"pip install 'sqlq[bench]'"
-            ) from None
+            raise _needs(name, str(exc.name or exc)) from None
         assert isinstance(loaded, click.Command), f"{ep.value} is not a click command"
         return loaded
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        own = [n for n in super().list_commands(ctx) if n not in self._plugins()]
+        plugins = sorted(self._plugins().items())
+        names = [*own, *(n for n, _ in plugins)]
+        if not names:
+            return
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = []
+        for name in own:
+            cmd = super().get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+        groups: dict[str, list[tuple[str, str]]] = {}
+        lacking = missing_from(BENCH_EXTRA)
+        for name, ep in plugins:
+            heading = (
+                f"Benchmark commands (the sqlq[{BENCH_EXTRA}] extra)"
+                if _ours(ep)
+                else f"Commands from {ep.dist.name if ep.dist else ep.module}"
+            )
+            groups.setdefault(heading, []).append((name, self._short_help(ep, limit, lacking)))
+        for heading, listed in groups.items():
+            with formatter.section(heading):
+                formatter.write_dl(listed)
+
+    @staticmethod
+    def _short_help(ep: EntryPoint, limit: int, lacking: list[str]) -> str:
+        """A plugin's line in --help; not loaded when what it needs is missing."""
+        needs = f"(not installed: pip install 'sqlq[{BENCH_EXTRA}]')"
+        if _ours(ep) and lacking:
+            return needs
+        try:
+            loaded = ep.load()
+        except ImportError:
+            return needs
+        return loaded.get_short_help_str(limit) if isinstance(loaded, click.Command) else ""
+
+
+def _ours(ep: EntryPoint) -> bool:
+    """Whether ``ep`` ships with sqlq (the benchmark's commands, which the extra serves)."""
+    return ep.dist is None or ep.dist.name.lower() == "sqlq"
 
 
 @click.group(

@@ -333,8 +333,9 @@ def submit(
     timeout: float | None,
     **options: Any,
 ) -> None:
-    """Submit one job of KIND with ARGS, a JSON object (e.g. '{"to": "a@b.c"}'), and
-    print it."""
+    """Submit one job of KIND and print it; ARGS, its args, is a JSON object.
+
+    For example: sqlq submit send_email '{"to": "a@example.com"}' --wait"""
     if args is not None and args_option is not None:
         raise click.UsageError("give the args as ARGS or as --args, not both")
     given, where = (args, "ARGS") if args is not None else (args_option or "{}", "--args")
