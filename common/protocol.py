@@ -251,6 +251,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     last_seen: float  # its latest claim, heartbeat or outcome, unix seconds
     held: int  # jobs it holds now, as this process knows (shared mode: 0, not counted)
     queues: list[str]  # the queues it claimed from lately
+    kinds: list[str] | None = None  # the kinds it runs, as its latest claim named them (None: any)
 
 
 class WorkerList(msgspec.Struct, kw_only=True):

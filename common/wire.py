@@ -116,8 +116,12 @@ class QueueView(msgspec.Struct):
     limit: int | None
     paused: bool
     remote: bool = False  # served by remote workers only (--remote-queue, --workers 0)
-    # Set while a remote queue has jobs waiting and no worker claimed from it lately.
+    # Set while a remote queue has jobs waiting and no worker claimed from it lately, or
+    # jobs of kinds none of its workers runs.
     warning: str | None = None
+    # Of a remote queue: kinds sent to it that no worker claimed since, past a while
+    # (``WORKER_SEEN_S``), and that no worker seen lately says it runs.
+    unclaimed_kinds: list[str] = msgspec.field(default_factory=list)
 
 
 class QueueList(msgspec.Struct):

@@ -82,6 +82,7 @@ def _info(info: QueueInfo) -> dict[str, Any]:
         "paused": info.paused,
         "remote": info.remote,
         "warning": info.warning,
+        "unclaimed_kinds": list(info.unclaimed),
     }
 
 

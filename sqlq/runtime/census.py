@@ -29,6 +29,7 @@ class RemoteQueues:
     is_remote: Callable[[str], bool]
     named: frozenset[str]
     served: set[str]
+    unclaimed: Callable[[str], list[str]] = lambda queue: []  # ``WorkersSeen.unclaimed``
 
 
 CENSUS_EVERY_S = 1.0  # how often the queue's counts (and pauses, and nodes) are read again
@@ -68,8 +69,10 @@ class Census:
         depth, running = self.of(queue)
         if remote is None or not remote.is_remote(queue):
             return QueueInfo(depth, running, limit=caps.get(queue), paused=queue in paused)
+        unclaimed = tuple(remote.unclaimed(queue)) if depth else ()
         return QueueInfo(depth, running, limit=caps.get(queue), paused=queue in paused,
-                         remote=True, warning=warning(depth, queue in remote.served))  # fmt: skip
+                         remote=True, warning=warning(depth, queue in remote.served, unclaimed),
+                         unclaimed=unclaimed)  # fmt: skip
 
     def view(
         self, caps: Mapping[str, int], paused: Collection[str], remote: RemoteQueues | None = None
@@ -107,9 +110,9 @@ class CensusViews:
         config = self._config
         if not config.every_queue_remote and not config.remote_queues:
             return None
-        return RemoteQueues(
-            config.is_remote, config.remote_queues, self._seen.served(self._clock.time())
-        )
+        now, seen = self._clock.time(), self._seen
+        return RemoteQueues(config.is_remote, config.remote_queues, seen.served(now),
+                            lambda queue: seen.unclaimed(queue, now))  # fmt: skip
 
     async def _refresh(self) -> None:
         self._paused = await self._census.refresh()

@@ -46,3 +46,5 @@ class QueueInfo:
     paused: bool
     remote: bool = False  # served by remote workers only (``sqlq.runtime.remote``)
     warning: str | None = None  # remote, jobs waiting, and no worker seen for it lately
+    # remote: kinds sent to it lately that no claim took since and no worker says it runs
+    unclaimed: tuple[str, ...] = ()

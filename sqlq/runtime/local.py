@@ -216,13 +216,15 @@ class LocalClaims(ClaimsBase):
         one's jobs are in its own lanes, and its running ones held by remote workers."""
         if served is not None and self._is_remote(name):
             depth = self._remote_lanes.depth(name)
+            unclaimed = tuple(self.parts.seen.unclaimed(name, self._clock.time())) if depth else ()
             return QueueInfo(
                 depth=depth,
                 running=self._live.census.get((State.RUNNING.value, name), 0),
                 limit=self._caps.get(name),
                 paused=name in self._paused,
                 remote=True,
-                warning=warning(depth, name in served),
+                warning=warning(depth, name in served, unclaimed),
+                unclaimed=unclaimed,
             )
         return QueueInfo(
             depth=self.scheduler.depth(name),

@@ -299,6 +299,7 @@ class Remote:
         side, clock = self._side, self._clock
         now = clock.time()
         self.seen.saw(req.worker, who, now, req.queues)
+        self.seen.runs(req.worker, req.kinds)
         holder = remote_holder(req.worker)
         self.counts["claims"] += 1
         jobs = await self._shielded(side.take(req, holder, now))
@@ -319,6 +320,7 @@ class Remote:
         self.counts["claimed"] += len(jobs)
         for job in jobs:
             self._events.record(Event.REMOTE_CLAIMED, job)
+            self.seen.claimed_kind(job.queue, job.kind)
         return granted
 
     async def _give_back_taken(self, jobs: list[Job]) -> None:

@@ -44,6 +44,8 @@ from sqlq.common.protocol import (
 from sqlq.common.roles import Principal
 
 MAX_QUEUES_SEEN = 10_000  # queues that remember their latest claim
+MAX_KINDS_WAITING = 10_000  # (queue, kind) pairs sent with no claim of them since
+MAX_KINDS_SHOWN = 10  # named in one warning
 
 
 @dataclass(slots=True)
@@ -52,6 +54,7 @@ class _Worker:
     role: str
     last_seen: float
     queues: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    kinds: tuple[str, ...] | None = None  # what its latest claim named (None: any kind)
 
 
 class WorkersSeen:
@@ -61,6 +64,10 @@ class WorkersSeen:
         self.held: Counter[str] = Counter()  # worker -> jobs it holds (``counts_held``)
         self.counts_held = True  # False in shared mode: another node may end a job
         self._claimed_from: OrderedDict[str, float] = OrderedDict()  # queue -> latest claim
+        # Remote queue -> kind -> since when a job of it was sent there with no claim of
+        # that kind since (``waiting_kind``): at most ``MAX_KINDS_WAITING`` in all.
+        self._unclaimed: dict[str, dict[str, float]] = {}
+        self._unclaimed_count = 0
 
     def saw(self, worker: str, who: Principal, now: float, queues: Sequence[str] = ()) -> None:
         """``worker`` was heard of at ``now`` (a claim names the ``queues`` it asked for);
@@ -84,6 +91,49 @@ class WorkersSeen:
             self._claimed_from.move_to_end(queue)
         while len(self._claimed_from) > MAX_QUEUES_SEEN:
             self._claimed_from.popitem(last=False)
+
+    def runs(self, worker: str, kinds: Sequence[str] | None) -> None:
+        """``worker``'s claim named the ``kinds`` it runs (None: any)."""
+        w = self._workers.get(worker)
+        if w is not None:
+            w.kinds = None if kinds is None else tuple(kinds)
+
+    def waiting_kind(self, queue: str, kind: str, now: float) -> None:
+        """A job of ``kind`` was sent to the remote ``queue`` at ``now``."""
+        kinds = self._unclaimed.get(queue)
+        if kinds is None:
+            if self._unclaimed_count >= MAX_KINDS_WAITING:
+                return  # full: a flag is a hint, never a cost without bound
+            kinds = self._unclaimed[queue] = {}
+        if kind not in kinds and self._unclaimed_count < MAX_KINDS_WAITING:
+            kinds[kind] = now
+            self._unclaimed_count += 1
+
+    def claimed_kind(self, queue: str, kind: str) -> None:
+        """A job of ``kind`` in ``queue`` was claimed: some worker runs that kind."""
+        kinds = self._unclaimed.get(queue)
+        if kinds is not None and kinds.pop(kind, None) is not None:
+            self._unclaimed_count -= 1
+            if not kinds:
+                del self._unclaimed[queue]
+
+    def unclaimed(self, queue: str, now: float) -> list[str]:
+        """Kinds sent to ``queue`` more than ``WORKER_SEEN_S`` ago with no claim of them
+        since, that no worker heard of lately says it runs: a misspelled kind, or a task
+        no worker imports. Its jobs wait for ever, so ``GET /queues`` says so."""
+        kinds = self._unclaimed.get(queue)
+        if not kinds:
+            return []
+        since = now - WORKER_SEEN_S
+        runs: set[str] = set()
+        for w in reversed(self._workers.values()):  # most recent first
+            if w.last_seen < since:
+                break
+            if queue in w.queues:
+                if w.kinds is None:
+                    return []  # a worker that runs any kind serves this queue
+                runs.update(w.kinds)
+        return sorted(k for k, at in kinds.items() if at <= since and k not in runs)
 
     def check(self, worker: str, who: Principal) -> None:
         """``WorkerNameTaken`` if ``worker`` is a name another principal's worker goes by."""
@@ -125,6 +175,7 @@ class WorkersSeen:
                     last_seen=w.last_seen,
                     held=self.held.get(name, 0),
                     queues=sorted(w.queues),
+                    kinds=None if w.kinds is None else sorted(w.kinds),
                 )
                 for name, w in reversed(self._workers.items())
             ]
@@ -159,10 +210,22 @@ class WorkersSeen:
         return out
 
 
-def warning(waiting: int, served: bool) -> str | None:
-    """What ``GET /queues`` says of a remote queue with ``waiting`` jobs, if anything."""
-    if waiting <= 0 or served:
+def warning(waiting: int, served: bool, unclaimed: Sequence[str] = ()) -> str | None:
+    """What ``GET /queues`` says of a remote queue with ``waiting`` jobs, if anything: no
+    worker for it lately, or kinds that none of its workers runs."""
+    if waiting <= 0:
         return None
-    return f"{waiting} jobs waiting and no worker seen for this queue in the last " + (
-        f"{WORKER_SEEN_S:.0f} s"
-    )
+    if not served:
+        return f"{waiting} jobs waiting and no worker seen for this queue in the last " + (
+            f"{WORKER_SEEN_S:.0f} s"
+        )
+    if unclaimed:
+        shown = ", ".join(unclaimed[:MAX_KINDS_SHOWN])
+        more = (
+            f" and {len(unclaimed) - MAX_KINDS_SHOWN} more"
+            if len(unclaimed) > MAX_KINDS_SHOWN
+            else ""
+        )
+        return (f"jobs of kinds no worker has claimed in the last {WORKER_SEEN_S:.0f} s: "
+                f"{shown}{more} (is the kind misspelled, or its task not imported?)")  # fmt: skip
+    return None

@@ -123,6 +123,8 @@ class Service:
             store, self.claims, self.view, config, all_kinds, self.events, clock
         )
         self.waiters = Waiters(self.claims, self.get, clock)
+        self._remote_queues = bool(config.every_queue_remote or config.remote_queues)
+        self._is_remote = config.remote_test()
         self.schedules = Schedules(store, self.claims, self.submissions, all_kinds, self.events,
                                    clock, self.get)  # fmt: skip
         self.ticker = Ticker(store, self.claims, self.schedules, all_kinds, self.events, clock,
@@ -207,7 +209,13 @@ class Service:
         """Validate, commit as one atomic change, then make claimable: the jobs (durable
         on return), and which are new (an idempotency key may return an existing job)."""
         self._check_accepting()
-        return await self.submissions.submit(specs, batch=batch)
+        jobs, new = await self.submissions.submit(specs, batch=batch)
+        if self._remote_queues:  # a kind sent to a remote queue: is it one a worker runs?
+            seen, now, is_remote = self.remote.seen, self.clock.time(), self._is_remote
+            for job, fresh in zip(jobs, new, strict=True):
+                if fresh and is_remote(job.queue):
+                    seen.waiting_kind(job.queue, job.kind, now)
+        return jobs, new
 
     async def get(self, job_id: str) -> Job | None:
         job = self.live.get(job_id)
