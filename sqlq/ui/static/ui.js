@@ -19,6 +19,28 @@
   document.addEventListener("htmx:beforeRequest", function () {
     sent += 1;
   });
+  // A refresh replaces the live region, folds and all: a traceback the reader opened (or
+  // closed) stays so. Each <details> with an id is put back as it was before the swap;
+  // one the swap brought new keeps the page's default.
+  var folds = null;
+  document.addEventListener("htmx:beforeSwap", function () {
+    folds = {};
+    document.querySelectorAll("details[id]").forEach(function (d) {
+      folds[d.id] = d.open;
+    });
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    if (folds === null) {
+      return;
+    }
+    var kept = folds;
+    folds = null;
+    document.querySelectorAll("details[id]").forEach(function (d) {
+      if (Object.prototype.hasOwnProperty.call(kept, d.id)) {
+        d.open = kept[d.id];
+      }
+    });
+  });
   document.addEventListener("visibilitychange", function () {
     if (!document.hidden) {
       tick();
