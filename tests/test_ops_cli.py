@@ -351,3 +351,13 @@ def test_get_shows_the_newest_traceback_whole_and_sums_up_the_older(
     assert "created_at  2026-05-28T20:26:40.500Z" in out
     show_job(_failed_view([None]), as_json=False)  # a server that keeps no traceback
     assert "Traceback" not in capsys.readouterr().out
+
+
+def test_get_shows_a_failed_jobs_traceback_from_the_server(server: ServerProcess) -> None:
+    job_id = dead_job(server)
+    code, out = run(server, "jobs", "get", job_id)
+    assert code == 0, out
+    tail = out.split("attempt 1 at ", 1)[1].splitlines()
+    assert tail[1].strip() == "Traceback (most recent call last):"
+    assert any(ln.strip().endswith(", in fails") for ln in tail)
+    assert tail[-1].strip() == "ValueError: nope"
