@@ -39,7 +39,10 @@ import httpx
 FLUSH_BYTES = 64 * 1024  # held writes past this go out at once (a large body, in parts)
 # httpx's default limits (``httpx.Limits()``): connections open at once, kept idle, and
 # how long an idle one is kept
-MAX_CONNECTIONS, MAX_IDLE, KEEPALIVE_S = 100, 20, 5.0
+MAX_CONNECTIONS, MAX_IDLE, KEEPALIVE_S = 100, 20, 5.0  # httpx's default limits
+# An answer waiting to be read past READ_HIGH bytes pauses reading until READ_LOW are left:
+# a slow reader of a large body holds at most about this much, not the whole body.
+READ_HIGH, READ_LOW = 256 * 1024, 64 * 1024
 
 # httpcore's errors as httpx's, the most specific first (as httpx's transport maps them)
 _ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
@@ -80,10 +83,25 @@ class _Inbox(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None  # a read waiting for data
         self.drained: asyncio.Future[None] | None = None  # a write waiting for room
         self.paused = False
+        self.transport: asyncio.BaseTransport | None = None
+        self.held = False  # reading paused: ``READ_HIGH`` bytes wait to be read
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         self.data += data
+        if len(self.data) > READ_HIGH and not self.held and self.transport is not None:
+            self.held = True  # a reader slower than the server: the kernel's buffer waits
+            self.transport.pause_reading()  # type: ignore[attr-defined]
         self._wake()
+
+    def taken(self) -> None:
+        """Some of ``data`` was read: reading goes on once little is left."""
+        if self.held and len(self.data) <= READ_LOW and self.transport is not None:
+            self.held = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()  # type: ignore[attr-defined]
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -181,6 +199,8 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         else:
             data = bytes(inbox.data[:max_bytes])
             del inbox.data[:max_bytes]
+        if inbox.held:
+            inbox.taken()
         return data
 
     async def aclose(self) -> None:
@@ -350,6 +370,10 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
             try:
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 await _within(waiter, left, httpcore.PoolTimeout)
+            except BaseException:  # a wake this request will not use goes to the next one
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._wake()
+                raise
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
@@ -365,7 +389,8 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
     async def _give(self, conn: httpcore.AsyncHTTPConnection, origin: httpcore.Origin) -> None:
         """``conn``'s answer is read: kept for the next request, if it may be."""
         idle = self._idle.setdefault((origin.scheme, origin.host, origin.port), [])
-        if not self._closed and conn.is_idle() and len(idle) < MAX_IDLE:
+        kept = sum(len(cs) for cs in self._idle.values())  # (httpx's limit: in all)
+        if not self._closed and conn.is_idle() and kept < MAX_IDLE:
             idle.append(conn)
             self._wake()
         else:
@@ -387,7 +412,12 @@ class AsyncioTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.AsyncByteStream)
         url = request.url
-        origin = httpcore.Origin(url.raw_scheme, url.raw_host, url.port or _PORTS[url.scheme])
+        port = url.port or _PORTS.get(url.scheme)
+        if port is None:  # (httpx's own transport says the same)
+            raise httpx.UnsupportedProtocol(
+                f"request URL has an unsupported protocol {url.scheme}://"
+            )
+        origin = httpcore.Origin(url.raw_scheme, url.raw_host, port)
         sent = httpcore.Request(
             method=request.method,
             url=httpcore.URL(

@@ -279,6 +279,60 @@ class _Wire(asyncio.Transport):
     def is_closing(self) -> bool:
         return False
 
+    reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+async def test_an_answer_read_slowly_pauses_reading_and_resumes_it_once_taken() -> None:
+    """Backpressure: past ``READ_HIGH`` bytes waiting, the connection stops reading (the
+    kernel's buffer, then the server, wait); once the reader is down to ``READ_LOW``, it
+    reads again."""
+    wire, inbox = _Wire(), http_asyncio._Inbox()
+    inbox.connection_made(wire)
+    stream = http_asyncio.AsyncioStream(wire, inbox)
+    inbox.data_received(b"x" * http_asyncio.READ_HIGH)
+    assert wire.reading
+    inbox.data_received(b"x")
+    assert not wire.reading
+    left = http_asyncio.READ_HIGH + 1
+    while left > http_asyncio.READ_LOW:
+        assert not wire.reading
+        left -= len(await stream.read(64 * 1024))
+    assert wire.reading
+
+
+async def test_a_wake_a_cancelled_request_cannot_use_goes_to_the_next() -> None:
+    """A connection given back wakes the first request waiting; if that one is cancelled
+    before it runs, the next one waiting is woken instead, not left to its pool timeout."""
+    transport = http_asyncio.AsyncioTransport()
+    taken = asyncio.ensure_future(_take_one(transport))
+    await asyncio.sleep(0)  # it waits, first in line
+    nxt = asyncio.get_running_loop().create_future()
+    transport._waiters.append(nxt)  # another request waiting behind it
+    transport._wake()  # a connection given back wakes the first ...
+    taken.cancel()  # ... which is cancelled before it runs: the wake passes on
+    with pytest.raises(asyncio.CancelledError):
+        await taken
+    assert nxt.done()
+
+
+async def _take_one(transport: http_asyncio.AsyncioTransport) -> None:
+    """A request that waits for a connection (none may open: the limit is reached)."""
+    transport._open.update(object() for _ in range(http_asyncio.MAX_CONNECTIONS))  # type: ignore[misc]
+    origin = httpcore.Origin(b"http", b"127.0.0.1", 9)
+    await transport._take(origin, {"pool": None})
+
+
+async def test_an_unknown_scheme_is_unsupported_protocol() -> None:
+    transport = http_asyncio.AsyncioTransport()
+    with pytest.raises(httpx.UnsupportedProtocol, match="ftp://"):
+        await transport.handle_async_request(httpx.Request("GET", "ftp://127.0.0.1/x"))
+
 
 async def test_a_requests_writes_go_out_as_one_at_its_first_read() -> None:
     """httpcore writes a request's head, body and end apart; the stream holds them and
