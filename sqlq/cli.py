@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, requires
 from typing import Any
 
@@ -376,14 +377,11 @@ def backup(store: str, data_dir: str, out: str) -> None:
 
     subdir = engine(store).subdir
     assert subdir is not None
-    if store == "walq":
-        from sqlq.walq.backup import copy_store as walq_copy
-
-        copy: Any = walq_copy
+    copy: Callable[[str, str], object]
+    if store == "walq":  # (each engine's copy imported only when asked for)
+        from sqlq.walq.backup import copy_store as copy
     else:
-        from sqlq.engines.sqlite.backup import copy_store as sqlite_copy
-
-        copy = sqlite_copy
+        from sqlq.engines.sqlite.backup import copy_store as copy
     try:
         copied = take(data_dir, out, subdir, copy)
     except OutNotEmpty as exc:
