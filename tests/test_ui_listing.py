@@ -76,3 +76,18 @@ async def test_a_failed_jobs_page_shows_each_attempts_traceback(ui: Client) -> N
         assert "in flaky" in text
         assert "KeyError: &#39;&lt;to&gt;&#39;" in text  # escaped, never markup
     assert "<to>" not in html
+
+
+async def test_the_dead_letters_page_pages_newest_first_and_order_is_no_filter(
+    ui: Client,
+) -> None:
+    c = await ui(kinds=TB_KINDS)
+    rt: Service = c.runtime
+    dead = sorted([(await final(rt, (await submit(rt, "flaky")).id)).id for _ in range(3)])
+    page = (await c.get("/ui/dead")).text
+    assert SHOWN.findall(page)[:3] == dead[::-1]
+    assert ">Retry all dead jobs</a>" in page
+    page = (await c.get("/ui/dead?order=asc")).text
+    assert SHOWN.findall(page)[:3] == dead
+    assert ">Retry all dead jobs</a>" in page  # the order is no filter: every dead job
+    assert ">Retry all dead jobs that match</a>" in (await c.get("/ui/dead?kind=flaky")).text
