@@ -26,6 +26,7 @@ import msgspec
 
 from sqlq.client import DEFAULT_URL, ApiError, Client, Job
 from sqlq.common.models import TERMINAL, State
+from sqlq.common.running import AttemptError
 from sqlq.common.specs import CancelSpec, error_field
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -115,12 +116,12 @@ def show_job(job: Job, as_json: bool) -> None:
             click.echo(f"{'':>23}{line}")
 
 
-def _traceback(error: Any, newest: bool) -> list[str]:
+def _traceback(error: AttemptError, newest: bool) -> list[str]:
     """An ``errors`` entry's traceback as lines to print: the newest entry's in full (the
     failure being diagnosed), an older one's as its size and last line (the same failure,
-    most often; ``--json`` has them all). None for an entry without one, as from a server
-    that stores none (read by name, so this works with and without the field)."""
-    text: str | None = getattr(error, "traceback", None)
+    most often; ``--json`` has them all). None for an entry without one (an older server's,
+    or one whose traceback gave way to newer ones under the job's bound)."""
+    text = error.traceback
     if not text:
         return []
     lines = text.rstrip("\n").splitlines()
