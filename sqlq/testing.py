@@ -10,8 +10,9 @@ Two things, neither needing a server, a port or a data directory:
 
       def test_add():
           with sqlq.testing.immediate() as q:
-              assert add.send(x=1, y=2).result() == 3
-              assert q.client.get(...).errors == ()
+              handle = add.send(x=1, y=2)     # it ran before send returned
+              assert handle.result() == 3
+              assert q.client.get(handle.id).attempts == 1
 
 - ``context()``: a ``JobContext`` double, to call a handler on its own and read what it
   did with its context (progress, checkpoints, a snooze), or to cancel it.
@@ -67,8 +68,11 @@ import httpx
 from sqlq.client import AsyncClient, Client
 from sqlq.client import Job as JobView
 from sqlq.common.clock import FakeClock
+from sqlq.common.errors import ValidationError
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS, JSON, Job, State, new_job_id
+from sqlq.common.query import wait_seconds
 from sqlq.common.running import Progress, check_checkpoint
+from sqlq.common.wire import MAX_WAIT_S
 from sqlq.engines.registry import make_store
 from sqlq.http.app import create_app
 from sqlq.runtime import task as tasks
@@ -83,7 +87,6 @@ __all__ = ["TestContext", "TestQueue", "context", "immediate"]
 T = TypeVar("T")
 BASE_URL = "http://localhost"  # (a loopback name: the guard's default lets it in)
 HORIZON_S = 30 * 86_400.0  # how far an eager send or run_until_idle runs the clock
-STOP_GRACE_S = 10.0  # a job still running at the exit: its grace, on the fake clock
 JOIN_S = 10.0  # real seconds a handler's thread may take to return after the exit
 HANDLER_THREADS = "sqlq-handler"  # (``HandlerThreads``' thread name prefix)
 # The server's defaults, except a fixed seed (the backoff's jitter is the same every run)
@@ -92,33 +95,32 @@ TEST_CONFIG: dict[str, Any] = {"seed": 0, "compact_every_s": 0.0}
 
 
 class _Clock(FakeClock):
-    """The queue's clock: a ``FakeClock`` whose loop jumps it only while somebody drives it
-    (``driving``), and which tells a waiter when that loop has gone idle (``idle``): the
-    moment its selector would have jumped it."""
+    """The queue's clock: a ``FakeClock`` that never jumps by itself, and tells a waiter when
+    its loop has gone idle (``idle``): the moment its selector would have jumped it. Who
+    waits there moves it (``TestQueue._run_until``), each in turn."""
 
     def __init__(self, start: float) -> None:
-        self.driving = 0  # callers running the clock (on the loop's thread only)
         self._idle: list[asyncio.Future[None]] = []
         super().__init__(start, autojump=True)
 
     @property
     def autojump(self) -> bool:
-        """What the loop's selector asks before it jumps: driven, or somebody waits for
-        the loop to go idle."""
-        return self.driving > 0 or bool(self._idle)
+        """What the loop's selector asks before it would jump: somebody waits for idle."""
+        return bool(self._idle)
 
     @autojump.setter
     def autojump(self, _: bool) -> None:
-        """(``FakeClock.__init__`` sets it; here it follows ``driving``.)"""
+        """(``FakeClock.__init__`` sets it; here it follows the waiters.)"""
 
     def jump(self) -> bool:
-        """The loop is idle: wake who waits for that, else jump if driven."""
-        while self._idle:  # one waiter a time: what it does there, it does alone
+        """The loop is idle: wake the first who waits for that (one a time: what it does
+        there, it does alone), instead of jumping."""
+        while self._idle:
             fut = self._idle.pop(0)
             if not fut.done():
                 fut.set_result(None)
                 return True
-        return self.driving > 0 and super().jump()
+        return False
 
     async def idle(self) -> None:
         """Return once everything runnable at this instant has run: nothing is ready on the
@@ -160,7 +162,7 @@ class TestQueue:
         self._sender = _EagerClient(self)
         self._async_sender = _EagerAsyncClient(self)
         self._source = _Source(self)
-        self._handlers: set[threading.Thread] = set()
+        self._before: set[threading.Thread] = set()  # the threads there were at the start
         self._on = False
 
     @property
@@ -185,20 +187,22 @@ class TestQueue:
         """Start the service on its own loop and thread, and take over ``.send()``."""
         if self._on:
             raise RuntimeError("this test queue is started already")
-        before = set(threading.enumerate())
-        self._thread.start()
+        self._before = set(threading.enumerate())
+        self._thread.start()  # (once: a queue is not started again)
         try:
             self._call(self._open())
         except BaseException:
             self._close_loop()
             raise
-        self._before = before
         self._on = True
         tasks._sources.append(self._source)
 
     def stop(self) -> None:
-        """Give ``.send()`` back, stop the service (a running job gets its grace on the fake
-        clock), and end every thread and loop the queue made; the clients close."""
+        """Give ``.send()`` back, stop the service, and end every thread and loop the queue
+        made; the clients close. A job still running is cancelled at once (``ctx.cancelled``;
+        an async handler's task cancelled), with no grace: a grace on a clock that cannot
+        move while a plain handler runs would never end, and nobody is left to see the job
+        finish."""
         if not self._on:
             return
         self._on = False
@@ -221,7 +225,7 @@ class TestQueue:
 
     async def _close(self) -> None:
         try:
-            await self._driven(self.service.stop(STOP_GRACE_S))
+            await self.service.stop(0.0)
         finally:
             for client in (self.async_client, self._async_sender):
                 await client.aclose()
@@ -327,14 +331,6 @@ class TestQueue:
         thread = threading.current_thread()
         return thread is self._thread or thread.name.startswith(HANDLER_THREADS)
 
-    async def _driven(self, step: Awaitable[T]) -> T:
-        """``step``, awaited with the clock jumping whenever the loop is idle."""
-        self.clock.driving += 1
-        try:
-            return await step
-        finally:
-            self.clock.driving -= 1
-
     # -- the loop's side of the clients -------------------------------------------------
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -356,16 +352,38 @@ class TestQueue:
         clock while it waits, as its server's time would pass."""
         if self._asgi is None or not self._on:
             raise httpx.ConnectError("the test queue is stopped", request=request)
-        response = await (
-            self._driven(self._asgi.handle_async_request(request))
-            if request.url.params.get("wait", "0") not in ("", "0")
-            else self._asgi.handle_async_request(request)
-        )
+        try:
+            wait = wait_seconds(request.url.params)  # (read as the server reads it)
+        except ValidationError:
+            wait = 0.0  # (the server's 422)
+        if wait > 0:
+            response = await self._long_poll(self._asgi.handle_async_request(request), wait)
+        else:
+            response = await self._asgi.handle_async_request(request)
         try:
             body = b"".join([chunk async for chunk in response.aiter_raw()])
         finally:
             await response.aclose()
         return response.status_code, response.headers.multi_items(), body
+
+    async def _long_poll(self, answer: Awaitable[T], wait: float) -> T:
+        """A ``?wait=`` request's answer, the clock moving meanwhile as ``_run_until`` moves
+        it, as the server's time would pass; once nothing more can happen, straight to the
+        end of the wait (``MAX_WAIT_S`` at most), where the server answers with the job as
+        it stands."""
+        clock = self.clock
+        task = asyncio.ensure_future(answer)
+        ends = clock.monotonic() + min(wait, MAX_WAIT_S)
+        try:
+            while not task.done():
+                await clock.idle()
+                if task.done():
+                    break
+                at = self._next_move()
+                clock.advance(max(0.0, min(ends if at is None else at, ends) - clock.monotonic()))
+            return await task
+        finally:
+            task.cancel()  # (a no-op once done: a caller gone stops its request)
 
 
 _Answer = tuple[int, list[tuple[str, str]], bytes]

@@ -204,6 +204,16 @@ def test_a_checkpoint_carries_across_a_retry() -> None:
     assert job.checkpoint is None  # cleared once the job completed
 
 
+def test_a_handles_wait_moves_the_clock_as_a_servers_time_would_pass() -> None:
+    with sqlq.testing.immediate(registry=reg, eager=False, max_attempts=3, retry=BACKOFF) as q:
+        began = q.clock.time()
+        handle = always_fails.send(to="bo@example.com")
+        assert q.client.get(handle.id).state in ("scheduled", "running")  # (sent, not run)
+        job = handle.wait()
+    assert (job.state, job.attempts) == ("dead", 3)
+    assert q.clock.time() - began >= 45.0
+
+
 def test_a_delayed_job_runs_when_the_clock_gets_there() -> None:
     with sqlq.testing.immediate(registry=reg, eager=False) as q:
         handle = add.options(delay=60).send(x=2, y=3)
@@ -256,11 +266,18 @@ def test_the_fixture_runs_the_default_registrys_tasks(
 
 
 def test_the_queue_leaves_no_thread_loop_or_client_behind() -> None:
+    """Not even a plain handler still running at the exit: it is told to stop, and its
+    thread joined."""
     before = set(threading.enumerate())
+    started.clear()
     with sqlq.testing.immediate(registry=reg) as q:
         add.send(x=1, y=1)  # a handler thread
         fans_out.send(n=2)
         handle = double.send(x=1)
+        q.eager = False
+        loops_until_cancelled.send()
+        sleeps_an_hour.send()
+        assert started.wait(30.0)
     assert set(threading.enumerate()) == before
     assert q.loop.is_closed()
     assert q.client.closed
