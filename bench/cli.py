@@ -21,7 +21,7 @@ def _need_bench_extra() -> None:
         import tqdm  # noqa: F401
     except ImportError as exc:
         raise click.ClickException(
-            f"{exc.name} is missing: install the benchmark extra, pip install -e '.[bench]'"
+            f"{exc.name} is missing: install the benchmark extra, pip install 'sqlq[bench]'"
         ) from exc
 
 

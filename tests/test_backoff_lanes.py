@@ -36,9 +36,12 @@ def test_the_default_starts_at_15_s_and_grows_to_hours(attempt: int, expected: f
 
 
 def test_a_bad_backoff_is_refused() -> None:
-    for bad in ({"base_s": -1.0}, {"cap_s": -1.0}, {"jitter": 1.5}):
-        with pytest.raises(ValueError, match="backoff needs"):
-            RetryPolicy(**bad)
+    with pytest.raises(ValueError, match="backoff needs"):
+        RetryPolicy(base_s=-1.0)
+    with pytest.raises(ValueError, match="backoff needs"):
+        RetryPolicy(cap_s=-1.0)
+    with pytest.raises(ValueError, match="backoff needs"):
+        RetryPolicy(jitter=1.5)
 
 
 def test_task_rules_decide_retry_and_delay() -> None:
