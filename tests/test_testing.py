@@ -145,7 +145,7 @@ def test_the_bar_a_tasks_own_policy_retries_to_dead_with_a_traceback_each_time()
     """#34's bar, with the task's own policy: ``@task(max_attempts=3, backoff=15.0)``."""
     own = Registry()
 
-    @task(registry=own, max_attempts=3, backoff=15.0)  # type: ignore[call-overload,unused-ignore]
+    @task(registry=own, max_attempts=3, backoff=15.0)
     def send_email(to: str) -> None:
         raise ConnectionError(f"smtp down for {to}")
 
