@@ -56,6 +56,7 @@ its timeout in real seconds (it is the client's), the clock running meanwhile.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import threading
 import time
@@ -65,9 +66,10 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
+from sqlq.calls import Invalid
 from sqlq.client import AsyncClient, Client
 from sqlq.client import Job as JobView
-from sqlq.common.clock import FakeClock
+from sqlq.common.clock import Clock, FakeClock
 from sqlq.common.errors import ValidationError
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS, JSON, Job, State, new_job_id
 from sqlq.common.query import wait_seconds
@@ -539,8 +541,9 @@ class TestContext(JobContext):
 
     def call(self, handler: Task[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``handler`` run as a worker runs it: its arguments (``args``/``kwargs``, else
-        the context's job's ``args``) checked by its signature, this context passed;
-        a ``Snooze`` it raises or returns is kept in ``snoozed`` (and returned)."""
+        the context's job's ``args``) checked by its signature (``sqlq.Invalid`` naming
+        the field, as at ``.send``), this context passed; a ``Snooze`` it raises or
+        returns is kept in ``snoozed`` (and returned)."""
         try:
             result = self._start(handler, args, kwargs)
         except Snooze as s:
@@ -559,19 +562,18 @@ class TestContext(JobContext):
         signature = handler.signature
         if signature is None:  # the older form: fn(args) or fn(args, ctx)
             given = args[0] if args else self.job.args
-            return handler.fn(given, self) if _takes_two(handler.fn) else handler.fn(given)
-        given = signature.arguments(args, kwargs) if args or kwargs else self.job.args
+            two = len(inspect.signature(handler.fn).parameters) >= 2
+            return handler.fn(given, self) if two else handler.fn(given)
+        try:  # (refused as .send refuses it: sqlq.Invalid, naming the field)
+            given = signature.arguments(args, kwargs) if args or kwargs else self.job.args
+            signature.check(given)
+        except ValidationError as exc:
+            raise Invalid(422, "invalid", exc.message, exc.field) from None
         return signature.call(handler.fn, given, self)
 
     def _snooze(self, s: Snooze) -> Snooze:
         self.snoozed = s.seconds
         return s
-
-
-def _takes_two(fn: Callable[..., Any]) -> bool:
-    import inspect
-
-    return len(inspect.signature(fn).parameters) >= 2
 
 
 def context(
@@ -582,7 +584,7 @@ def context(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     checkpoint_data: JSON = None,
     queue: str = "default",
-    clock: FakeClock | None = None,
+    clock: Clock | None = None,
     seed: int = 0,
     timeout: float | None = None,
 ) -> TestContext:

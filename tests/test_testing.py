@@ -16,7 +16,6 @@ import pytest
 import sqlq.testing
 from sqlq import Cancelled, Invalid, JobContext, JobError, Snooze, snooze, task
 from sqlq.common.backoff import RetryPolicy
-from sqlq.common.errors import ValidationError
 from sqlq.runtime import task as tasks
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.kinds import Registry
@@ -368,8 +367,9 @@ def test_the_double_refuses_what_the_server_refuses() -> None:
         ctx.progress(150)
     with pytest.raises(ValueError, match="None"):
         ctx.checkpoint(None)
-    with pytest.raises(ValidationError):
+    with pytest.raises(Invalid) as refused:
         ctx.call(export, rows="many")
+    assert refused.value.field == "args.rows"
     ctx.fence()
     with pytest.raises(AttemptFenced):
         ctx.checkpoint(1)
