@@ -49,8 +49,10 @@ be running when it is cancelled.
 What it cannot fake: a handler that waits on real time (``asyncio.sleep``, a socket) while
 the clock runs sees the clock jump meanwhile, as on any autojumping clock (its own
 timeout may pass); a handler waits a policy's time on ``ctx.clock``. A plain handler runs
-in a thread, and the clock holds still while it does. ``handle.wait(timeout)`` counts
-its timeout in real seconds (it is the client's), the clock running meanwhile.
+in a thread, and the clock holds still while it does (so one that waits for another
+job's result gets it only if that job needs no time to pass). ``handle.wait(timeout)``
+counts its timeout in real seconds (it is the client's), the clock running meanwhile. At
+the exit a job still running is cancelled at once, and its thread joined.
 """
 
 from __future__ import annotations
