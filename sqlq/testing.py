@@ -157,8 +157,8 @@ class TestQueue:
         self.clock = _Clock(time.time() if start is None else start)
         self._registry = registry
         self._config = RuntimeConfig(**{**TEST_CONFIG, **(config or {})})
-        self.loop = self.clock.new_event_loop()
-        self._thread = threading.Thread(target=self._run_loop, name="sqlq-testing", daemon=True)
+        self.loop: asyncio.AbstractEventLoop  # (made at the start: a loop never run is no leak)
+        self._thread: threading.Thread
         self._asgi: httpx.ASGITransport | None = None
         self._service: Service | None = None
         self.client = Client(BASE_URL, transport=_Transport(self))
@@ -167,7 +167,7 @@ class TestQueue:
         self._async_sender = _EagerAsyncClient(self)
         self._source = _Source(self)
         self._before: set[threading.Thread] = set()  # the threads there were at the start
-        self._on = False
+        self._on = self._started = False
 
     @property
     def service(self) -> Service:
@@ -189,10 +189,13 @@ class TestQueue:
 
     def start(self) -> None:
         """Start the service on its own loop and thread, and take over ``.send()``."""
-        if self._on:
-            raise RuntimeError("this test queue is started already")
+        if self._started:
+            raise RuntimeError("a test queue starts once (its clients close at its stop)")
+        self._started = True
         self._before = set(threading.enumerate())
-        self._thread.start()  # (once: a queue is not started again)
+        self.loop = self.clock.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="sqlq-testing", daemon=True)
+        self._thread.start()
         try:
             self._call(self._open())
         except BaseException:
