@@ -2,5 +2,3 @@
 repository's ``pytest`` runs them in CI: a user's suite, through ``sqlq.testing`` alone."""
 
 from examples.tested_app.test_tasks import *  # noqa: F403
-
-pytest_plugins = ["sqlq.pytest_plugin"]  # (until sqlq's pytest11 entry point is installed)

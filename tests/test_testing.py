@@ -20,8 +20,6 @@ from sqlq.runtime import task as tasks
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.kinds import Registry
 
-pytest_plugins = ["sqlq.pytest_plugin"]  # (until sqlq's pytest11 entry point is installed)
-
 reg = Registry()  # this module's tasks: every queue here runs these
 BACKOFF = RetryPolicy(base_s=15.0, cap_s=3600.0)  # the server's backoff, 15 s doubling
 started = threading.Event()  # a plain handler says it runs (the cancel of a thread)
