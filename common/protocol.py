@@ -149,9 +149,11 @@ class CompleteIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     result: Any = None
 
 
-class FailIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class FailIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
     """A failed attempt: through the retry policy (``retry_in_s`` instead of the backoff),
-    or dead-lettered at once with ``retry: false``."""
+    or dead-lettered at once with ``retry: false``. Sent without its defaults, so a
+    failure with no traceback reads as it did to a server older than the field (one with
+    a traceback needs a server that knows it: upgrade servers before workers)."""
 
     error: ErrorText = "failed"
     retry: bool = True

@@ -164,13 +164,9 @@ def clean_error(text: str) -> str:
     would fail the encode of the whole record. They become ``\\udcff`` escapes, and a
     NUL (which PostgreSQL's text cannot hold) becomes ``\\x00``.
     """
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        data = text.encode("utf-8", "backslashreplace")
+    text = _storable(text)
+    data = text.encode("utf-8")
     if len(data) <= MAX_ERROR_BYTES:
-        return data.decode("utf-8") if len(data) != len(text) else text
+        return text
     cut = data[: MAX_ERROR_BYTES - 16].decode("utf-8", "ignore")  # never split a character
     return cut + " ... (truncated)"

@@ -65,9 +65,14 @@ class JobView(msgspec.Struct, frozen=True):
     cancel_forced: bool = False  # a forced cancel holds that lease: it ends cancelled then
 
 
-def job_view(job: Job) -> JobView:
+def job_view(job: Job, *, tracebacks: bool = True) -> JobView:
     """``job`` as every route and page shows it; by position, in ``JobView``'s order
-    (tests/test_wire.py holds each field to the job's)."""
+    (tests/test_wire.py holds each field to the job's). ``tracebacks=False``: its errors
+    without them (a claim's grant: a worker reads why earlier attempts failed, never
+    where, and a job's 32 KiB of tracebacks would go with every claim of it)."""
+    errors = job.errors
+    if not tracebacks and any(e.traceback is not None for e in errors):
+        errors = tuple(AttemptError(attempt=e.attempt, error=e.error, at=e.at) for e in errors)
     made = schedule_of(job.idempotency_key)
     schedule, tick = (None, None) if made is None else made
     return JobView(
@@ -75,7 +80,7 @@ def job_view(job: Job) -> JobView:
         job.attempts, job.max_attempts, job.all_attempts, job.priority, job.epoch,
         job.started_at, job.last_error, job.result, job.queue, job.idempotency_key,
         job.cancel_requested_at is not None, job.cancel_requested_at, job.progress,
-        job.checkpoint, job.snoozes, job.errors, schedule, tick, job.holder, job.lease_until,
+        job.checkpoint, job.snoozes, errors, schedule, tick, job.holder, job.lease_until,
         job.cancel_forced,
     )  # fmt: skip
 

@@ -42,6 +42,7 @@ import msgspec
 from sqlq.calls import ApiError, FencedError, Invalid, RateLimited, Unavailable
 from sqlq.common.backoff import Failure
 from sqlq.common.clock import Clock, wait_event
+from sqlq.common.errors import ValidationError
 from sqlq.common.lease import SKEW_MARGIN, stop_before
 from sqlq.common.models import JSON
 from sqlq.common.protocol import (
@@ -407,8 +408,13 @@ class RemoteClaims:
             return
         try:
             self.registry.get(job.kind).validate(job.args)
-        except Exception as exc:  # (any: a validator that raises must not hold the job)
-            self._decide(a, failure(f"invalid job: {describe(exc)}", retry=False))
+        except ValidationError as exc:  # arguments that can never be its handler's: final
+            self._decide(a, failure(f"invalid job: {exc}", retry=False))
+            return
+        except Exception as exc:  # a validator's own fault (a hint that never resolves):
+            log.error("job %s (%s): its arguments could not be checked: %s", job.id,
+                      job.kind, describe(exc))  # fmt: skip
+            self._decide(a, failure(f"its arguments could not be checked: {describe(exc)}"))
             return
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -452,10 +458,10 @@ class RemoteClaims:
         if (a := self._of(claim)) is not None:
             self._decide(a, failed_with(failure))
 
-    def hung(self, claim: Claim, reason: str) -> None:
+    def hung(self, claim: Claim, failure: Failure) -> None:
         if (a := self._of(claim)) is not None:
             self.stats["cut_off"] += 1
-            self._decide(a, failure(reason))
+            self._decide(a, failed_with(failure))
 
     def snoozed(self, claim: Claim, delay_s: float) -> None:
         if (a := self._of(claim)) is not None:

@@ -256,7 +256,7 @@ class ServiceModel(ProcessRules):
         elif outcome == "fail":
             claims.failed(claim, Failure("failed on purpose"))
         elif outcome == "hang":
-            claims.hung(claim, "worker hung: no heartbeat for 201 ms")
+            claims.hung(claim, Failure("worker hung: no heartbeat for 201 ms"))
         else:  # a result JSON cannot hold: that attempt failed
             claims.completed(claim, {"bad": object()})
         await self._settle()

@@ -131,7 +131,7 @@ async def test_a_stale_single_outcome_raises_and_a_stale_batch_item_is_a_value()
         ("t3", "completed", None),
     ]
     assert [json.loads(r.content) for r in server.sent[1:5]] == [
-        {"token": "stale", "error": "boom", "retry": False, "retry_in_s": None, "traceback": None},
+        {"token": "stale", "error": "boom", "retry": False},
         {"token": "bad", "delay_s": 5},
         {"token": "t1", "data": [1, 2]},
         {"token": "t1"},

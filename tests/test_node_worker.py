@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
 from sqlq.engines.registry import DURABLE, ENGINES, SHARED
 from tests.helpers import ROOT, start_ready, unavailable, wait_for
 from tests.pgdb import fresh_database
@@ -70,6 +70,7 @@ async def _serve(serve_args: list[str], *more: str) -> ServerProcess:
     # --cancel-grace 0: a forced cancel ends a remote lease at once (the fenced case).
     return await start_ready(
         *serve_args, "--remote-queue", QUEUE, "--grace", "0", "--cancel-grace", "0",
+        *FAST_RETRY_FLAGS,
         "--log-level", "warning", *more,
     )  # fmt: skip
 

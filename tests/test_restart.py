@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
 from sqlq.engines.registry import ENGINES
 from tests.helpers import job_json, start_ready, wait_for
 from tests.pgdb import fresh_database
@@ -45,7 +45,7 @@ def serve_args(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> l
 
 
 async def _start(args: list[str]) -> ServerProcess:
-    return await start_ready(*args, "--log-level", "warning", "--grace", "0")
+    return await start_ready(*args, "--log-level", "warning", "--grace", "0", *FAST_RETRY_FLAGS)
 
 
 async def _kill_while_running(server: ServerProcess, job_id: str, attempt: int) -> None:

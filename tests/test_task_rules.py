@@ -222,6 +222,11 @@ async def test_a_tasks_rules_retry_it_on_its_backoff_to_dead_with_tracebacks(
         assert e.traceback is not None
         assert "in send_mail" in e.traceback
         assert "Outage: smtp down for ada" in e.traceback
+        # From the handler's own frame, its file named from its sys.path entry: neither
+        # the runtime's frames that led to it nor the server's absolute paths.
+        assert e.traceback.splitlines()[1].strip().startswith('File "tests/test_task_rules.py"')
+        assert "/work" not in e.traceback
+        assert "workers.py" not in e.traceback
     lines = [r for r in caplog.records if r.name == "sqlq.jobs" and job.id in r.getMessage()]
     assert [r.levelno for r in lines] == [logging.WARNING] * 3  # once each, not twice
     assert "attempt 3 failed" in lines[-1].getMessage()
@@ -275,3 +280,36 @@ async def test_arguments_that_can_never_fit_fail_once_not_retried(
     assert (dead.state, dead.attempts) == (State.DEAD, 1)
     assert dead.last_error is not None
     assert "args.x" in dead.last_error
+
+
+async def test_a_cut_off_attempt_is_ruled_as_a_timeout_by_the_tasks_rules(
+    services: ServiceFactory, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A timeout the holder enforces (``CutOff``, a ``TimeoutError``) goes through the
+    task's rules as one the handler raised: its backoff, its ``no_retry_on``."""
+    reg = Registry()
+
+    @task(registry=reg, timeout=1.0, backoff=RetryPolicy(base_s=7.0, jitter=0.0))
+    async def slow(ctx: Any) -> None:  # (ctx by its name: JobContext is TYPE_CHECKING's)
+        await ctx.clock.sleep(10)
+
+    @task(registry=reg, timeout=1.0, no_retry_on=TimeoutError)
+    async def slow_once(ctx: Any) -> None:
+        await ctx.clock.sleep(10)
+
+    rt = services(clock=fake_clock, kinds=reg, max_attempts=2, hb_timeout_s=1.0)
+    await rt.start()
+    with caplog.at_level(logging.INFO, logger="sqlq.jobs"):
+        a = await submit(rt, "slow", args={})
+        b = await submit(rt, "slow_once", args={})
+        first = await final(rt, a.id, within=600)
+        once = await final(rt, b.id, within=600)
+    assert (first.state, first.attempts) == (State.DEAD, 2)
+    e1, e2 = first.errors
+    assert e2.at - e1.at >= 7.0 + 1.0  # its backoff, then its second attempt's timeout
+    assert e1.traceback is None  # it raised nothing: the holder cut it off
+    assert (once.state, once.attempts) == (State.DEAD, 1)
+    cut = [r.getMessage() for r in caplog.records if b.id in r.getMessage()]
+    assert len(cut) == 1
+    assert "attempt 1 failed" in cut[0]
+    assert "not to be retried" in cut[0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlq.common.clock import FakeClock
 from sqlq.common.protocol import WORKER_SEEN_S
 from sqlq.common.roles import ADMIN, Principal, Role
-from sqlq.runtime.seen import MAX_KINDS_WAITING, WorkersSeen
+from sqlq.runtime.seen import MAX_KINDS_PER_QUEUE, MAX_KINDS_WAITING, WorkersSeen
 from tests.helpers import ServiceFactory, submit
 from tests.remote_helpers import claim, remote_service
 
@@ -44,13 +44,23 @@ def test_a_kind_a_live_worker_says_it_runs_is_not_flagged_while_it_is_busy() -> 
     assert seen.unclaimed("mail", WORKER_SEEN_S + 5) == []
 
 
-def test_the_memory_of_kinds_waiting_is_bounded() -> None:
+def test_the_memory_of_kinds_waiting_is_bounded_the_oldest_forgotten_first() -> None:
     seen = WorkersSeen()
-    for i in range(MAX_KINDS_WAITING + 50):
-        seen.waiting_kind(f"q{i % 7}", f"k{i}", 0.0)
-    assert sum(len(seen.unclaimed(f"q{i}", WORKER_SEEN_S + 1)) for i in range(7)) == (
-        MAX_KINDS_WAITING
+    seen.waiting_kind("mail", "send_emial", 0.0)
+    for i in range(MAX_KINDS_PER_QUEUE * 2):  # one queue's flood pushes out its own only
+        seen.waiting_kind("flood", f"k{i}", 1.0)
+    later = WORKER_SEEN_S + 2
+    assert seen.unclaimed("mail", later) == ["send_emial"]
+    assert len(seen.unclaimed("flood", later)) == MAX_KINDS_PER_QUEUE
+    assert "k0" not in seen.unclaimed("flood", later)  # the oldest went first
+    for i in range(MAX_KINDS_WAITING + 50):  # in all: the oldest queue's oldest go first
+        seen.waiting_kind(f"q{i // MAX_KINDS_PER_QUEUE}", f"k{i}", 1.0)
+    total = sum(
+        len(seen.unclaimed(q, later))
+        for q in ["mail", "flood", *(f"q{i}" for i in range(MAX_KINDS_WAITING // 10))]
     )
+    assert total == MAX_KINDS_WAITING
+    assert seen.unclaimed("mail", later) == []
 
 
 async def test_get_queues_flags_the_kind_and_get_workers_shows_what_each_runs(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sqlq import AsyncClient, State
-from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
 from tests.helpers import ROOT, spawn_server, wait_for
 from tests.worker_helpers import WorkerProcess
 
@@ -79,6 +79,7 @@ def handlers(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = tmp_path_factory.mktemp("remote_server")
     srv = spawn_server("--store", "walq", "--data", str(data), "--remote-queue", QUEUE,
+                       *FAST_RETRY_FLAGS,
                        "--log-level", "warning")  # fmt: skip
     try:
         srv.wait_ready(60)
@@ -115,7 +116,10 @@ async def test_complete_fail_with_retries_and_snooze(
         State.DEAD, 2, "RuntimeError: always")  # fmt: skip
     assert (got[2].state, got[2].result, got[2].snoozes) == (
         State.COMPLETED, {"snoozes": 1}, 1)  # fmt: skip
-    assert f"job {done.id} (shout) completed -> completed" in one.output
+    # Each attempt's end, once, in the worker's log; a failure with its traceback.
+    assert one.output.count(f"job {done.id} (shout) attempt 1 completed in ") == 1
+    assert one.output.count(f"job {dead.id} (boom) attempt 2 failed in ") == 1
+    assert "RuntimeError: always\nTraceback (most recent call last):" in one.output
 
 
 async def test_progress_shows_while_it_runs_and_a_cancel_stops_it(

@@ -19,6 +19,9 @@ the copy opens without a torn tail to cut (recovery would cut one anyway: the te
 holds it to that too). Damage before the end (a whole record after a bad one) is
 refused, as opening the log would refuse it.
 
+It holds the log in memory, as recovery does (``walq.store``), once unless its tail is
+torn: a backup costs about what a restart costs.
+
 The paused queues and the signing key are small files replaced atomically, read
 whole. Every file is written 0600 (``files.open_new``), synced, and the directory
 synced, before this returns.
@@ -65,7 +68,8 @@ def copy_store(src: str, dst: str, fs: FileOps = OS_FILES) -> Copied:
             continue
         _write(fs, os.path.join(dst, name), side)
         files.append(name)
-    _write(fs, os.path.join(dst, LOG_NAME), data[: found.valid_end])
+    whole = found.valid_end == len(data)  # (a torn tail is the only reason to copy it)
+    _write(fs, os.path.join(dst, LOG_NAME), data if whole else data[: found.valid_end])
     fs.fsync_dir(dst)
     return Copied(log_bytes=found.valid_end, records=found.records, files=(LOG_NAME, *files))
 

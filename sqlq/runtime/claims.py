@@ -288,10 +288,12 @@ class ClaimsBase(Reach):
                           traceback=failure.traceback)  # fmt: skip
         self._record(claim, t)
 
-    def hung(self, claim: Claim, reason: str) -> None:
+    def hung(self, claim: Claim, failure: Failure) -> None:
         if self._over(claim):
             return
-        t = self._after_failure(self._carry(claim), reason, self._clock.time())
+        job, now = self._carry(claim), self._clock.time()
+        t = after_failure(job, failure.error, now, self._config.retry, self._rng,
+                          delay_s=failure.delay_s, retry=failure.retry)  # fmt: skip
         self._record(claim, t, again=Event.REQUEUED_HUNG)
 
     def snoozed(self, claim: Claim, delay_s: float) -> None:

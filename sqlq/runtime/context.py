@@ -16,7 +16,10 @@ and is never cancelled costs nothing here beyond the slots of this object.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import sys
+import sysconfig
 import traceback
 from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -78,18 +81,79 @@ class Described(Exception):
         self.traceback, self.retry = traceback, retry
 
 
+class CutOff(TimeoutError):
+    """An attempt cut off by its holder (past its timeout, silent past its heartbeat
+    timeout): what it failed with, so a task's ``retry_on=(TimeoutError,)`` or
+    ``no_retry_on`` rules it as they would a timeout it raised. Its text is the reason."""
+
+
 def format_traceback(exc: BaseException) -> str:
-    """``exc``'s traceback as Python prints it (its causes too): what ``errors`` keeps of
-    where a handler failed (``sqlq.common.running.clean_traceback`` bounds it)."""
+    """``exc``'s traceback as Python prints it (its causes too), from the handler's own
+    frames: the runtime's and the standard library's frames that lead to it (the worker
+    loop, the executor, a thread pool) are left out, as where the attempt ran, not where
+    it failed. A file is named from its ``sys.path`` entry (``myapp/tasks.py``), never by
+    its absolute path, which is the server's to know (``sqlq.common.redact``). What
+    ``errors`` keeps of it is bounded by ``sqlq.common.running.clean_traceback``. A
+    ``CutOff`` raised nothing: none."""
     if isinstance(exc, Described):
         return exc.traceback or ""
-    return "".join(traceback.format_exception(exc))
+    if isinstance(exc, CutOff):
+        return ""
+    te = traceback.TracebackException.from_exception(exc)
+    for one in _chain(te):
+        frames = list(one.stack)
+        first = next((i for i, f in enumerate(frames) if not _runtime(f.filename)), 0)
+        for f in frames[first:]:
+            f.filename = _relative(f.filename)
+        one.stack = traceback.StackSummary.from_list(frames[first:])
+    return "".join(te.format())
+
+
+def _chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
+    out, seen = [], set()
+    todo: list[traceback.TracebackException | None] = [te]
+    while todo:
+        one = todo.pop()
+        if one is None or id(one) in seen:
+            continue
+        seen.add(id(one))
+        out.append(one)
+        todo += [one.__cause__, one.__context__]
+    return out
+
+
+_SQLQ = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package's folder
+_STDLIB = tuple(
+    os.path.abspath(p) for p in {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
+)
+
+
+def _runtime(filename: str) -> bool:
+    """A frame of sqlq's runtime or the standard library (or frozen: ``<frozen ...>``)."""
+    if filename.startswith("<"):
+        return True
+    path = os.path.abspath(filename)
+    return path.startswith(_SQLQ + os.sep) or (
+        path.startswith(_STDLIB) and "site-packages" not in path
+    )
+
+
+def _relative(filename: str) -> str:
+    """``filename`` from the longest ``sys.path`` entry it is under, else its base name."""
+    if filename.startswith("<") or not os.path.isabs(filename):
+        return filename
+    best = ""
+    for entry in sys.path:
+        root = os.path.abspath(entry or ".") + os.sep
+        if filename.startswith(root) and len(root) > len(best):
+            best = root
+    return filename[len(best) :] if best else os.path.basename(filename)
 
 
 def describe(exc: BaseException) -> str:
     """An exception as ``last_error`` text (``clean_error`` bounds and cleans it)."""
     text = str(exc)
-    if isinstance(exc, Described):
+    if isinstance(exc, Described | CutOff):
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

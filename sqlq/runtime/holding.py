@@ -32,8 +32,9 @@ class Holding(Protocol):
         dead-letter; its traceback goes with its error."""
         ...
 
-    def hung(self, claim: Claim, reason: str) -> None:
-        """The attempt was cut off (silent or past its timeout): like a failure."""
+    def hung(self, claim: Claim, failure: Failure) -> None:
+        """The attempt was cut off (silent or past its timeout): like a failure, by the
+        task's rules too (a ``CutOff``, a ``TimeoutError``, is what it raised)."""
         ...
 
     def snoozed(self, claim: Claim, delay_s: float) -> None:

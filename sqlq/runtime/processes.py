@@ -49,7 +49,7 @@ from sqlq.common.backoff import NO_RULES, TaskRetry
 from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.errors import SqlqError
 from sqlq.common.models import JSON, Job
-from sqlq.common.running import check_checkpoint, check_progress
+from sqlq.common.running import check_checkpoint, check_progress, clean_traceback
 from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.context import (
     AttemptFenced,
@@ -68,6 +68,7 @@ from sqlq.runtime.threads import HandlerThreads
 log = logging.getLogger("sqlq.worker")
 
 PROGRESS_EVERY_S = 0.2  # a child sends progress at most this often (the latest counts)
+PER_WAKE = 64  # messages read from a child before the loop runs anything else
 MAX_LOG_LINE = 16 * 1024  # characters of one log record a child sends (its traceback too)
 KILL_AFTER_S = 2.0  # a child told to stop that still runs this long is killed
 READY_WITHIN_S = 120.0  # a child imports the handlers' modules within this, or start fails
@@ -169,7 +170,8 @@ def _outcome(job: Job, ctx: ChildContext) -> tuple[Any, ...]:
         return ("fenced", str(exc), ctx.unsent())
     except Exception as exc:  # its traceback, and whether its task retries it, from here
         retries = not isinstance(exc, InvalidArgs) and _rules(job.kind).retries(exc)
-        return ("error", describe(exc), ctx.unsent(), format_traceback(exc), retries)
+        tb = clean_traceback(format_traceback(exc))  # (cut here: the pipe carries no more)
+        return ("error", describe(exc), ctx.unsent(), tb, retries)
     if type(result) is Snooze:
         return ("snooze", result.seconds, ctx.unsent())
     try:
@@ -368,8 +370,12 @@ class ProcessHandlers:
                           reply[4] if len(reply) > 4 else True)  # fmt: skip
 
     def _readable(self, child: Child) -> None:
+        """What ``child`` sent, at most ``PER_WAKE`` messages before the loop's other work
+        (a handler that logs a flood waits on its pipe, not the server on it)."""
         try:
-            while child.conn.poll():
+            for _ in range(PER_WAKE):
+                if not child.conn.poll():
+                    break
                 self._message(child, child.conn.recv())
         except (EOFError, OSError):
             self._died(child)

@@ -311,7 +311,8 @@ class Remote:
         try:
             granted = [Granted(token=sign(key, job.id, job.epoch, lease_s),
                                lease_until=job.lease_until or now + lease_s,
-                               job=job_view(job)) for job in jobs]  # fmt: skip
+                               job=job_view(job, tracebacks=False))
+                       for job in jobs]  # fmt: skip
         except Exception:  # a bug: the jobs are durably claimed, and nobody will hear of it
             log.exception("a claim's answer could not be built: its %d jobs go back", len(jobs))
             await self._shielded(self._give_back_taken(jobs))

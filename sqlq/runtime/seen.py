@@ -45,6 +45,7 @@ from sqlq.common.roles import Principal
 
 MAX_QUEUES_SEEN = 10_000  # queues that remember their latest claim
 MAX_KINDS_WAITING = 10_000  # (queue, kind) pairs sent with no claim of them since
+MAX_KINDS_PER_QUEUE = 100  # of them, in one queue
 MAX_KINDS_SHOWN = 10  # named in one warning
 
 
@@ -99,15 +100,27 @@ class WorkersSeen:
             w.kinds = None if kinds is None else tuple(kinds)
 
     def waiting_kind(self, queue: str, kind: str, now: float) -> None:
-        """A job of ``kind`` was sent to the remote ``queue`` at ``now``."""
+        """A job of ``kind`` was sent to the remote ``queue`` at ``now``. Bounded: at most
+        ``MAX_KINDS_PER_QUEUE`` a queue and ``MAX_KINDS_WAITING`` in all, the oldest
+        forgotten first (a flag is a hint; a flood of made-up kinds in one queue can push
+        out only that queue's own)."""
         kinds = self._unclaimed.get(queue)
         if kinds is None:
-            if self._unclaimed_count >= MAX_KINDS_WAITING:
-                return  # full: a flag is a hint, never a cost without bound
             kinds = self._unclaimed[queue] = {}
-        if kind not in kinds and self._unclaimed_count < MAX_KINDS_WAITING:
-            kinds[kind] = now
-            self._unclaimed_count += 1
+        elif kind in kinds:
+            return
+        if len(kinds) >= MAX_KINDS_PER_QUEUE:
+            del kinds[next(iter(kinds))]
+            self._unclaimed_count -= 1
+        kinds[kind] = now
+        self._unclaimed_count += 1
+        while self._unclaimed_count > MAX_KINDS_WAITING:
+            oldest_queue = next(iter(self._unclaimed))
+            oldest = self._unclaimed[oldest_queue]
+            del oldest[next(iter(oldest))]
+            self._unclaimed_count -= 1
+            if not oldest:
+                del self._unclaimed[oldest_queue]
 
     def claimed_kind(self, queue: str, kind: str) -> None:
         """A job of ``kind`` in ``queue`` was claimed: some worker runs that kind."""

@@ -242,9 +242,11 @@ class Task(Generic[P, R]):
         self.signature = signature
         self._options = dict(options or {})
         # The decorated task's own options: ``.options(...)`` made the rest (``__reduce__``).
-        self._base_options = dict(base) if base is not None else {
-            k: v for k, v in self._options.items() if v is not None
-        }
+        self._base_options = (
+            dict(base)
+            if base is not None
+            else {k: v for k, v in self._options.items() if v is not None}
+        )
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__qualname__ = getattr(fn, "__qualname__", name)

@@ -35,7 +35,7 @@ from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.common.lease import SKEW_MARGIN
 from sqlq.common.running import clean_error, clean_traceback
 from sqlq.runtime.claim import Claim
-from sqlq.runtime.context import JobContext, NotStarted, Snooze
+from sqlq.runtime.context import CutOff, JobContext, NotStarted, Snooze
 from sqlq.runtime.executor import Executor
 from sqlq.runtime.holding import Holding
 
@@ -260,13 +260,18 @@ class WorkerPool:
         self.declared_hung += 1
         if limit is Limit.TIMEOUT:
             self.timed_out += 1
-        log.warning("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
+        log.info("worker %d holding job %s: %s; replaced", w.wid, ctx.job.id, reason)
         ctx.cancelled = True  # a thread's handler that looks stops too
         self._executor.interrupt(ctx)
+        started = claim.job.started_at
+        took = 0.0 if started is None else max(0.0, self._clock.time() - started)
         if limit is Limit.LEASE:
             self._claims.lost(claim)
+            said(claim, f"lost with its lease ({reason}), not reported", took)
         else:
-            self._claims.hung(claim, reason)
+            failure = self._executor.failure(claim.job, CutOff(reason))
+            self._claims.hung(claim, failure)
+            said(claim, "", took, failure)
         if w.task is not None:
             w.task.cancel()  # an async handler stops; a thread is abandoned
         if not self._stopping:
