@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, requires
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -352,6 +352,15 @@ def migrate(dsn: str) -> None:
         click.echo(f"{where(dsn)}: schema migrated from version {before} to {after}")
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _data_dir(help_: str) -> Callable[[F], F]:
+    """``--data``, an existing data directory, as the commands that read one take it."""
+    return click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True),
+                        default="./sqlq-data", show_default=True, help=help_)  # fmt: skip
+
+
 @main.command()
 @click.option(
     "--store",
@@ -359,14 +368,7 @@ def migrate(dsn: str) -> None:
     required=True,
     help="The engine whose files --data holds.",
 )
-@click.option(
-    "--data",
-    "data_dir",
-    type=click.Path(file_okay=False, exists=True),
-    default="./sqlq-data",
-    show_default=True,
-    help="The data directory a server runs on (or ran on).",
-)
+@_data_dir("The data directory a server runs on (or ran on).")
 @click.argument("out", type=click.Path(file_okay=False))
 def backup(store: str, data_dir: str, out: str) -> None:
     """Copy a store's data directory into OUT, a new or empty directory, consistently,
@@ -407,14 +409,7 @@ def _fields(copied: Any) -> dict[str, Any]:
 
 
 @main.command()
-@click.option(
-    "--data",
-    "data_dir",
-    type=click.Path(file_okay=False, exists=True),
-    default="./sqlq-data",
-    show_default=True,
-    help="The data directory the walq engine uses (its log lives in DATA/walq).",
-)
+@_data_dir("The data directory the walq engine uses (its log lives in DATA/walq).")
 def repair(data_dir: str) -> None:
     """Cut a damaged walq log at its first bad record; the rest is kept aside, never deleted."""
     from sqlq.walq.repair import repair as repair_log

@@ -9,24 +9,16 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import ValidationError
 from sqlq.common.query import job_query
-from sqlq.http.app import create_app
 from sqlq.http.openapi import document
-from sqlq.runtime.config import RuntimeConfig
-from sqlq.runtime.service import Service
+from tests.app_helpers import app_clients
 
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1))
-    await rt.start()
-    app = create_app(rt, start_runtime=False)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-        yield c
-    await rt.stop(0)
+    async for make in app_clients(workers=0):
+        yield await make()
 
 
 def test_order_is_asc_by_default_desc_on_request_and_nothing_else() -> None:

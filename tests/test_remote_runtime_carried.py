@@ -151,7 +151,7 @@ async def test_a_claim_whose_answer_cannot_be_built_gives_its_jobs_back(
     nobody until the lease ran out."""
     rt = await remote_on(services, MemoryStore(clock=fake_clock), fake_clock, 2)
 
-    def broken(job: object) -> object:
+    def broken(job: object, **_: object) -> object:
         raise RuntimeError("a bug (test)")
 
     monkeypatch.setattr(remote_module, "job_view", broken)
