@@ -8,11 +8,19 @@ no-op jobs by single POST from 32 clients, 64 workers, ``--sync full`` (K's cpu
 part). The server's own CPU (all threads, from ``/stats``) over the jobs is the
 figure; the ratio is taken within a repeat, and the table shows medians.
 
-    python -m sqlq.bench.versus --other /path/to/other/tree/.venv/bin/python --out results
+    python -m sqlq.bench.versus --baseline d0c6235 --instructions --floor --out results
 
-``--other`` is the interpreter of the other tree's environment (an editable
-install of it); this tree's is the one running this script. Writes
-``versus.jsonl`` and ``versus.md``.
+``--baseline COMMIT`` is the other tree: a commit of this repository, checked out
+(``git worktree``) with an environment of its own under ``BASELINES`` the first time
+it is named, and reused after. A change is judged against a fixed baseline, not the
+commit before it: each capability's "within 5 % of before" passed, and their sum did
+not (#35 keeps ``BASELINE``, d0c6235). ``--other`` is the interpreter of any other
+tree's environment (an editable install of it) instead; this tree's is the one
+running this script. Writes ``versus.jsonl`` and ``versus.md``.
+
+``--floor`` adds the bare POST on the same stack (``sqlq.bench.trivial``: uvicorn,
+uvloop and httptools answering 201, no framework, no work), measured the same way,
+so each engine's row also reads as a multiple of what any request costs here.
 
 ``--instructions`` counts instructions instead of seconds: each server runs under
 valgrind's callgrind, whose counters are zeroed after ``WARM_JOBS`` jobs and read
@@ -44,7 +52,10 @@ from sqlq.bench.client.server import ServerProcess
 from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.engines.registry import ALL, engine
 
-THIS, OTHER = "this", "other"
+THIS, OTHER, FLOOR = "this", "other", "floor"
+BASELINE = "d0c6235"  # #35's: the tree before schedules, the running job and remote workers
+BASELINES = Path(tempfile.gettempdir()) / "sqlq-baselines"  # a worktree and venv each
+REPO = Path(__file__).resolve().parent.parent
 FIGURE = {False: "cpu_us_per_job", True: "instructions_per_job"}  # a row's figure, by mode
 UNIT = {False: "us/job", True: "instructions/job"}
 
@@ -127,14 +138,106 @@ def one(
         return callgrind_total(Path(f"{out}.1")) / jobs
 
 
+def baseline_python(commit: str) -> str:
+    """The interpreter of ``commit``'s own environment: its tree checked out under
+    ``BASELINES`` and installed (``.[bench]``) the first time, reused after."""
+    full = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+                          capture_output=True, text=True)  # fmt: skip
+    if full.returncode != 0:
+        raise SystemExit(f"--baseline {commit}: no such commit in {REPO}")
+    tree = BASELINES / full.stdout.strip()[:12]
+    python = tree / ".venv" / "bin" / "python"
+    if python.exists():
+        return str(python)
+    BASELINES.mkdir(parents=True, exist_ok=True)
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree),
+                        full.stdout.strip()], check=True, capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, "-m", "venv", str(tree / ".venv")], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", f"{tree}[bench]"],
+                   check=True)  # fmt: skip
+    return str(python)
+
+
+def floor_one(jobs: int, instructions: bool, warm: int = WARM_JOBS) -> float:
+    """The bare POST (``sqlq.bench.trivial``) as ``one`` measures a job: its CPU (us) or,
+    with ``instructions``, its instructions per request under callgrind after ``warm``."""
+    import uvloop
+
+    from sqlq.bench.client.loadgen import job_body, run_load
+    from sqlq.bench.client.server import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    body = job_body(0, 0.0, 0.0, "sleep", 0)
+    load: dict[str, Any] = {"concurrency": 32, "body": body, "drain": False}
+    with tempfile.TemporaryDirectory(prefix="sqlq-floor-") as d:
+        out = Path(d) / "callgrind.out"
+        cmd = [sys.executable, "-m", "sqlq.bench.trivial", str(port)]
+        if instructions:
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd]
+        proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+        try:
+            _answering(url, CALLGRIND_READY_S if instructions else 60.0)
+            if instructions:
+                uvloop.run(run_load(url, jobs=warm, **load))
+                subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True,
+                               capture_output=True)  # fmt: skip
+            else:
+                cpu0 = _cpu_s(proc.pid)
+            got = uvloop.run(run_load(url, jobs=jobs, **load))
+            if got["acknowledged"] != jobs:
+                raise RuntimeError(f"the floor answered {got['acknowledged']} of {jobs}")
+            if instructions:
+                subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True,
+                               capture_output=True)  # fmt: skip
+                return callgrind_total(Path(f"{out}.1")) / jobs
+            return 1e6 * (_cpu_s(proc.pid) - cpu0) / jobs
+        finally:
+            proc.terminate()
+            proc.wait()
+
+
+def _answering(url: str, within: float) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url + "/jobs", b"{}"), timeout=5)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (user + system, all threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(
-    other: str, stores: list[str], jobs: int, repeats: int, instructions: bool = False
+    other: str,
+    stores: list[str],
+    jobs: int,
+    repeats: int,
+    instructions: bool = False,
+    floor: bool = False,
 ) -> list[dict[str, Any]]:
     cluster = make_cluster() if any(engine(s).shared for s in stores) else None
     pythons = {THIS: sys.executable, OTHER: other}
     rows: list[dict[str, Any]] = []
     try:
         for repeat in range(repeats):
+            if floor:
+                got = floor_one(jobs, instructions)
+                rows.append({"store": FLOOR, "tree": FLOOR, "repeat": repeat, "jobs": jobs,
+                             FIGURE[instructions]: round(got, 2)})  # fmt: skip
+                print(f"repeat {repeat} {FLOOR:8} {'':5} {got:10.1f} {UNIT[instructions]}",
+                      flush=True)  # fmt: skip
             for store in stores:
                 order = (THIS, OTHER) if repeat % 2 == 0 else (OTHER, THIS)
                 for tree in order:
@@ -180,29 +283,49 @@ def report(rows: list[dict[str, Any]]) -> str:
             f"{info['repeats']} repeats; Python {info['python']} on {info['platform']}; "
             f"CPU: {info['cpu']}, {info['cores']} cores; data disk: {info['disk']}",
         ]
+    floors = {r["repeat"]: r[figure] for r in rows if r["store"] == FLOOR}
     lines += [
         "",
-        f"| engine | this {unit} | other {unit} | this / other |",
-        "|---|---:|---:|---:|",
+        f"| engine | this {unit} | other {unit} | this / other |"
+        + (" this / floor | other / floor |" if floors else ""),
+        "|---|---:|---:|---:|" + ("---:|---:|" if floors else ""),
     ]
-    for store in dict.fromkeys(r["store"] for r in rows):
+    if floors:
+        lines.append(
+            f"| floor: the bare POST (`sqlq.bench.trivial`) | {_spread(floors)} | | | 1.00 | |"
+        )
+    for store in dict.fromkeys(r["store"] for r in rows if r["store"] != FLOOR):
         mine = {r["repeat"]: r[figure] for r in rows if r["store"] == store
                 and r["tree"] == THIS}  # fmt: skip
         theirs = {r["repeat"]: r[figure] for r in rows if r["store"] == store
                   and r["tree"] == OTHER}  # fmt: skip
         ratio = statistics.median(mine[k] / theirs[k] for k in mine if k in theirs)
-        lines.append(
-            f"| {store} | {statistics.median(mine.values()):.1f} "
-            f"[{min(mine.values()):.1f}-{max(mine.values()):.1f}] | "
-            f"{statistics.median(theirs.values()):.1f} "
-            f"[{min(theirs.values()):.1f}-{max(theirs.values()):.1f}] | {ratio:.3f} |"
-        )
+        line = f"| {store} | {_spread(mine)} | {_spread(theirs)} | {ratio:.3f} |"
+        if floors:  # each a multiple of the floor measured in the same repeat
+            over = [mine[k] / floors[k] for k in mine if k in floors]
+            under = [theirs[k] / floors[k] for k in theirs if k in floors]
+            line += f" {statistics.median(over):.2f} | {statistics.median(under):.2f} |"
+        lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def _spread(by_repeat: dict[int, float]) -> str:
+    """A median with its range, as every row shows it."""
+    values = list(by_repeat.values())
+    return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--other", required=True, help="the other tree's environment's python")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--other", help="the other tree's environment's python")
+    which.add_argument(
+        "--baseline",
+        metavar="COMMIT",
+        help=f"the other tree: this repository at COMMIT (#35's: {BASELINE}), checked out and "
+        f"installed under {BASELINES} once",
+    )
+    p.add_argument("--floor", action="store_true", help="add the bare POST's row")
     p.add_argument("--engines", nargs="+", default=list(ALL), choices=list(ALL))
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--repeats", type=int, default=5)
@@ -215,10 +338,12 @@ def main() -> None:
     args = p.parse_args()
     if args.jobs < 1 or args.repeats < 1:
         p.error("--jobs and --repeats take a whole number of at least 1")
+    other = args.other or baseline_python(args.baseline)
     info = meta.collect()
-    info.update(this=tree_commit(sys.executable), other=tree_commit(args.other),
+    info.update(this=tree_commit(sys.executable), other=tree_commit(other),
                 repeats=args.repeats)  # fmt: skip
-    measured = measure(args.other, args.engines, args.jobs, args.repeats, args.instructions)
+    measured = measure(other, args.engines, args.jobs, args.repeats, args.instructions,
+                       args.floor)  # fmt: skip
     rows = [{**r, "meta": info} for r in measured]
     if args.out:
         out = Path(args.out)
@@ -227,7 +352,8 @@ def main() -> None:
         path = out / f"{name}.jsonl"
         if path.exists():  # the engines this run left out keep their last rows
             kept = [json.loads(line) for line in path.read_text().splitlines() if line]
-            rows = [r for r in kept if r["store"] not in args.engines] + rows
+            redone = {*args.engines, *([FLOOR] if args.floor else [])}
+            rows = [r for r in kept if r["store"] not in redone] + rows
         with open(path, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")

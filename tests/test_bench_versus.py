@@ -55,3 +55,31 @@ def test_a_count_over_jobs_that_did_not_all_finish_is_refused() -> None:
     for bad in ({**ok, "done": 8}, {**ok, "acknowledged": 9}, {**ok, "submit_errors": 1}):
         with pytest.raises(RuntimeError, match="10 jobs asked"):
             versus._all_done(bad, 10)
+
+
+def test_the_floor_row_makes_each_engine_a_multiple_of_the_bare_post() -> None:
+    rows = _rows("instructions_per_job")
+    meta = rows[0]["meta"]
+    rows += [{"store": versus.FLOOR, "tree": versus.FLOOR, "repeat": rep, "jobs": 100,
+              "instructions_per_job": value, "meta": meta}
+             for rep, value in enumerate([50.0, 45.0])]  # fmt: skip
+    counted = versus.report(rows)
+    assert "| floor: the bare POST (`sqlq.bench.trivial`) | 47.5 [45.0-50.0] | | | 1.00 | |" in (
+        counted
+    )
+    # walq's repeats: 110/50 and 99/45 over the floor (2.2 both), 100/50 and 90/45 (2.0 both)
+    assert "| walq | 104.5 [99.0-110.0] | 95.0 [90.0-100.0] | 1.100 | 2.20 | 2.00 |" in counted
+
+
+def test_a_baseline_that_is_no_commit_is_refused_naming_it() -> None:
+    with pytest.raises(SystemExit, match="--baseline nosuchcommit: no such commit"):
+        versus.baseline_python("nosuchcommit")
+
+
+@pytest.mark.slow  # the bare app under valgrind
+def test_the_floor_counts_the_bare_posts_instructions() -> None:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        unavailable("valgrind (Debian's valgrind: .ci/run installs it)")
+    per_request = versus.floor_one(50, instructions=True, warm=50)
+    assert 10_000 < per_request < 5_000_000  # the bare POST: ~134k here
+    assert versus.floor_one(200, instructions=False) > 0  # its CPU seconds, from /proc
