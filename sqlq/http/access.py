@@ -34,6 +34,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Scope
 
+from sqlq.common.models import Job
 from sqlq.common.roles import Principal, Role
 from sqlq.http.errors import Forbidden
 
@@ -135,3 +136,23 @@ def guarded(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
         endpoint = require(rule(method, route.path), method, route.path, route.endpoint)
         out.append(Route(route.path, endpoint, methods=[method], name=route.name))
     return out
+
+
+def may_submit(who: Principal, queues: list[tuple[str, str]]) -> None:
+    """A submitter whose token-file line names queues submits only to those (403 naming
+    the first field that names another); anyone else may submit anywhere."""
+    if who.queues is None:
+        return
+    for field, queue in queues:
+        if not who.serves(queue):
+            raise Forbidden(f"this token ({who.name}) submits only to its queues "
+                            f"({', '.join(sorted(who.queues))})", field)  # fmt: skip
+
+
+def may_read(who: Principal, job: Job | None) -> Job | None:
+    """The job, if ``who`` may read it: a submitter whose line names queues reads only
+    their jobs; another queue's job is as missing (404) as one that does not exist, so
+    the answer says nothing of it."""
+    if job is None or who.role is not Role.SUBMIT or who.serves(job.queue):
+        return job
+    return None

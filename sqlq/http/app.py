@@ -14,34 +14,30 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from sqlq import __version__
 from sqlq.common import query as params
 from sqlq.common.errors import JobNotFoundError, ValidationError
-from sqlq.common.models import Job, State
+from sqlq.common.models import State
 from sqlq.common.redact import redact_paths
-from sqlq.common.roles import Principal, Role
 from sqlq.common.specs import (
-    MAX_JOB_BYTES,
     CancelSpec,
     RetrySpec,
     decode,
-    decode_batch,
-    decode_job,
-    whole_number,
 )
 from sqlq.common.wire import CancelCounts, job_view
-from sqlq.http.access import guarded, principal, require, rule
+from sqlq.http.access import guarded, principal
 from sqlq.http.claims import routes as claim_routes
-from sqlq.http.errors import ERRORS, BodyTooLarge, Forbidden, JSONResponse, handler_for
+from sqlq.http.errors import ERRORS, JSONResponse
 from sqlq.http.guard import Guard, Security, Stamped
+from sqlq.http.lean import MAX_BATCH_BODY, MAX_BODY, Lean
+from sqlq.http.lean import read_body as read_scope_body
 from sqlq.http.openapi import document
 from sqlq.http.schedules import routes as schedule_routes
 from sqlq.runtime.claims import QueueInfo
@@ -51,24 +47,18 @@ from sqlq.runtime.service import Service
 from sqlq.ui.options import PREFIX as UI_PREFIX
 from sqlq.ui.options import UiOptions
 
-MAX_BODY = MAX_JOB_BYTES  # one job
-MAX_BATCH_BODY = 16 << 20  # a batch of up to MAX_BATCH jobs
 VERSION = __version__
 
 
+def _raw(answer: tuple[int, bytes]) -> Response:
+    """A lean route's answer, as a routed one's."""
+    status, body = answer
+    return Response(body, status_code=status, media_type="application/json")
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    size = None if declared is None else whole_number(declared)
-    if size is not None and size > limit:
-        raise BodyTooLarge(limit)
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """A routed request's body, bounded as a lean route's is (``sqlq.http.lean``)."""
+    return await read_scope_body(request.scope, request.receive, limit)
 
 
 view = job_view  # a job as every route shows it, with its schedule and tick
@@ -84,26 +74,6 @@ def _info(info: QueueInfo) -> dict[str, Any]:
         "warning": info.warning,
         "unclaimed_kinds": list(info.unclaimed),
     }
-
-
-def _may_submit(who: Principal, queues: list[tuple[str, str]]) -> None:
-    """A submitter whose token-file line names queues submits only to those (403 naming
-    the first field that names another); anyone else may submit anywhere."""
-    if who.queues is None:
-        return
-    for field, queue in queues:
-        if not who.serves(queue):
-            raise Forbidden(f"this token ({who.name}) submits only to its queues "
-                            f"({', '.join(sorted(who.queues))})", field)  # fmt: skip
-
-
-def _may_read(who: Principal, job: Job | None) -> Job | None:
-    """The job, if ``who`` may read it: a submitter whose line names queues reads only
-    their jobs; another queue's job is as missing (404) as one that does not exist, so
-    the answer says nothing of it."""
-    if job is None or who.role is not Role.SUBMIT or who.serves(job.queue):
-        return job
-    return None
 
 
 FORCE = {"1": True, "true": True, "0": False, "false": False}  # exactly these (OpenAPI's enum)
@@ -148,12 +118,15 @@ def create_app(
     security: Security | None = None,
     ui: UiOptions | None = UiOptions(),  # noqa: B008 (frozen)
     stamped: bool = True,
+    lean: bool = True,
 ) -> Starlette:
     """The ASGI app. Its lifespan stops the runtime (and starts it, unless the
     caller already did, as ``sqlq serve`` does so recovery finishes before the
     port opens). ``security`` defaults to a loopback server without a token;
     ``ui=None`` leaves the dashboard out (``--no-ui``). ``stamped=False``: the server
-    sends ``NOSNIFF`` with every answer itself (``sqlq serve``: ``SERVED_HEADERS``)."""
+    sends ``NOSNIFF`` with every answer itself (``sqlq serve``: ``SERVED_HEADERS``).
+    ``lean=False``: the job's own routes through the router too (``sqlq.http.lean``'s
+    other door: the tests hold the two to the same answers)."""
 
     api_document = document(VERSION)
     security = security or Security()
@@ -164,24 +137,16 @@ def create_app(
 
         dashboard = Dashboard(runtime, ui, token=people, clock=runtime.clock)
 
+    jobs = Lean(runtime)  # the job's own routes, ahead of the router (sqlq.http.lean)
+
     async def submit(request: Request) -> Response:
-        key = params.idempotency_key(request.headers.get("idempotency-key"))
-        spec = decode_job(await read_body(request, MAX_BODY))
-        _may_submit(principal(request.scope), [("queue", spec.queue)])
-        if key is not None:
-            if spec.idempotency_key not in (None, key):
-                raise ValidationError("idempotency_key", "differs from the Idempotency-Key header")
-            spec = msgspec.structs.replace(spec, idempotency_key=key)
-        [job], [created] = await runtime.submit([spec])
-        return JSONResponse(view(job), status_code=201 if created else 200)
+        body = await read_body(request, MAX_BODY)
+        key = request.headers.get("idempotency-key")
+        return _raw(await jobs.submit(principal(request.scope), key, body))
 
     async def submit_batch(request: Request) -> Response:
-        batch = decode_batch(await read_body(request, MAX_BATCH_BODY))
-        fields = [(f"jobs[{i}].queue", j.queue) for i, j in enumerate(batch.jobs)]
-        _may_submit(principal(request.scope), fields)
-        jobs, created = await runtime.submit(batch.jobs, batch=True)
-        body = {"ids": [j.id for j in jobs], "created": created}
-        return JSONResponse(body, status_code=201 if any(created) else 200)
+        body = await read_body(request, MAX_BATCH_BODY)
+        return _raw(await jobs.submit_batch(principal(request.scope), body))
 
     async def list_jobs(request: Request) -> Response:
         query = params.job_query(request.query_params)
@@ -194,18 +159,8 @@ def create_app(
         return JSONResponse(body)
 
     async def get_job(request: Request) -> Response:
-        job_id = _job_id(request)
-        wait = params.wait_seconds(request.query_params)
-        who = principal(request.scope)
-        if wait and who.queues is not None:  # may it read the job at all? (before waiting,
-            # or a submitter held to its queues would learn when another queue's job ends)
-            if _may_read(who, await runtime.get(job_id)) is None:
-                raise JobNotFoundError(job_id)
-        job = await (runtime.wait(job_id, wait) if wait else runtime.get(job_id))
-        job = _may_read(who, job)
-        if job is None:
-            raise JobNotFoundError(job_id)
-        return JSONResponse(view(job))
+        job_id: str = request.path_params["job_id"]
+        return _raw(await jobs.get(principal(request.scope), job_id, request.query_params))
 
     async def queues(_: Request) -> Response:
         infos = await runtime.queues()
@@ -260,19 +215,6 @@ def create_app(
     async def metrics(_: Request) -> Response:
         return Response(runtime.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
-    submit_checked = require(rule("POST", "/jobs"), "POST", "/jobs", submit)
-
-    async def submit_fast(scope: Scope, receive: Receive, send: Send) -> None:
-        """``submit`` without the router and exception middleware (see ``Guard``), behind
-        its rule as the routed one is; errors go through the same table as every other
-        route's."""
-        request = Request(scope, receive)
-        try:
-            response = await submit_checked(request)
-        except Exception as exc:
-            response = await handler_for(exc)(request, exc)
-        await response(scope, receive, send)
-
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         if start_runtime:
@@ -315,7 +257,7 @@ def create_app(
             Middleware(
                 Guard,
                 security=security,
-                fast={("POST", "/jobs"): submit_fast},
+                fast=jobs.route if lean else None,
                 delegated=() if dashboard is None else (UI_PREFIX,),
                 roster=people,
             )

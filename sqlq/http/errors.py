@@ -74,117 +74,101 @@ class ScheduleNotFoundError(SqlqError):
         self.name = name
 
 
-def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]  # status, JSON body, extra headers
+
+
+def _body(code: str, message: str, field: str | None = None) -> bytes:
     """Every error body: the message and the field clipped, whatever they quote."""
     body: dict[str, Any] = {"error": code, "message": clip(message)}
     if field is not None:
         body["field"] = clip(field, ECHO_LIMIT // 2)
-    return JSONResponse(body, status_code=status)
+    return msgspec.json.encode(body)
+
+
+def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
+    return JSONResponse(msgspec.Raw(_body(code, message, field)), status_code=status)
 
 
 error = _error  # for the routes that answer an error without raising one (a fenced outcome)
 
-
-async def _forbidden(request: Request, exc: Exception) -> Response:
-    """A known principal without the right: its role (``sqlq.http.access.RoleError``,
-    naming the roles needed) or a worker's queues (the runtime's). Logged with the
-    principal's name, which the message holds; never a secret."""
-    assert isinstance(exc, ForbiddenError)
-    log.info("refused (403): %s %s: %s", request.method, request.url.path, exc.message)
-    return _error(403, "forbidden", exc.message, getattr(exc, "field", None))
-
-
-async def _validation(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ValidationError)
-    return _error(422, "invalid", exc.message, exc.field)
-
-
-async def _unencodable(_: Request, exc: Exception) -> Response:
-    return _error(422, "invalid", f"cannot be stored as JSON: {exc}", "body")
-
-
-async def _queue_full(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, QueueFullError)
-    response = _error(429, "queue_full", str(exc))
-    response.headers["retry-after"] = str(exc.retry_after_s)
-    return response
-
-
-async def _bad_json(_: Request, exc: Exception) -> Response:
-    return _error(400, "bad_json", str(exc), "body")
-
-
-async def _too_large(_: Request, exc: Exception) -> Response:
-    return _error(413, "too_large", str(exc), "body")
-
-
-async def _not_found(_: Request, exc: Exception) -> Response:
-    return _error(404, "not_found", str(exc))
-
-
-async def _conflict(_: Request, exc: Exception) -> Response:
-    if isinstance(exc, WorkerNameTaken):
-        return _error(409, "worker_name_taken", str(exc), "worker")
-    code = "conflict"
-    if isinstance(exc, JobRunningError):
-        code = "running"
-    elif isinstance(exc, IdempotencyConflictError | DuplicateKeyError):
-        code = "idempotency_conflict"
-    elif isinstance(exc, ScheduleError):  # changed under the request: read it again
-        code = "schedule_conflict"
-    return _error(409, code, str(exc))
-
-
 UNAVAILABLE_RETRY_AFTER_S = 1  # a 503's Retry-After: the store may be back at once
 
 
-async def _unavailable(_: Request, exc: Exception) -> Response:
-    # The store failed, is out of reach, or the server is not ready: nothing was
-    # acknowledged, and the same request may be sent again.
-    response = _error(503, "unavailable", redact_paths(str(exc)))
-    response.headers["retry-after"] = str(UNAVAILABLE_RETRY_AFTER_S)
-    return response
-
-
-async def _http(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return _error(exc.status_code, "http", str(exc.detail))
-
-
-async def _unexpected(request: Request, exc: Exception) -> Response:
+def answer(exc: Exception, method: str, path: str) -> Answer:
+    """What ``exc``, raised by the route ``method path``, answers: the one table of
+    statuses and codes, for the routes Starlette serves (``ERRORS``) and the lean ones
+    (``sqlq.http.lean``) alike. A 403 and a 500 are logged here (a 500 with its request id,
+    which its answer names: the details go to the log only)."""
+    if isinstance(exc, ValidationError):
+        return 422, _body("invalid", exc.message, exc.field), []
+    if isinstance(exc, ForbiddenError):
+        # A known principal without the right: its role (``RoleError``, naming the roles
+        # needed) or a worker's queues. Logged with the principal's name, never a secret.
+        log.info("refused (403): %s %s: %s", method, path, exc.message)
+        return 403, _body("forbidden", exc.message, getattr(exc, "field", None)), []
+    if isinstance(exc, UnencodableError):
+        return 422, _body("invalid", f"cannot be stored as JSON: {exc}", "body"), []
+    if isinstance(exc, QueueFullError):
+        return (
+            429,
+            _body("queue_full", str(exc)),
+            [(b"retry-after", str(exc.retry_after_s).encode())],
+        )
+    if isinstance(exc, BadJSON):
+        return 400, _body("bad_json", str(exc), "body"), []
+    if isinstance(exc, BodyTooLarge):
+        return 413, _body("too_large", str(exc), "body"), []
+    if isinstance(exc, JobNotFoundError | ScheduleNotFoundError):
+        return 404, _body("not_found", str(exc)), []
+    if isinstance(exc, WorkerNameTaken):
+        return 409, _body("worker_name_taken", str(exc), "worker"), []
+    if isinstance(exc, TransitionError | IdempotencyConflictError | DuplicateKeyError
+                  | ScheduleError):  # fmt: skip
+        code = "conflict"
+        if isinstance(exc, JobRunningError):
+            code = "running"
+        elif isinstance(exc, IdempotencyConflictError | DuplicateKeyError):
+            code = "idempotency_conflict"
+        elif isinstance(exc, ScheduleError):  # changed under the request: read it again
+            code = "schedule_conflict"
+        return 409, _body(code, str(exc)), []
+    if isinstance(exc, StoreError):
+        # The store failed, is out of reach, or the server is not ready: nothing was
+        # acknowledged, and the same request may be sent again.
+        return (
+            503,
+            _body("unavailable", redact_paths(str(exc))),
+            [(b"retry-after", str(UNAVAILABLE_RETRY_AFTER_S).encode())],
+        )
+    if isinstance(exc, HTTPException):
+        return exc.status_code, _body("http", str(exc.detail)), []
     request_id = f"{_PROCESS_TAG}-{next(_request_ids)}"
-    log.error(
-        "internal error, request %s: %s %s", request_id, request.method, request.url.path,
-        exc_info=exc,
-    )  # fmt: skip
-    response = _error(500, "internal", f"internal error; request id {request_id}")
-    response.headers["x-request-id"] = request_id
+    log.error("internal error, request %s: %s %s", request_id, method, path, exc_info=exc)
+    return (
+        500,
+        _body("internal", f"internal error; request id {request_id}"),
+        [(b"x-request-id", request_id.encode())],
+    )
+
+
+async def _handle(request: Request, exc: Exception) -> Response:
+    """``answer`` as Starlette's exception handlers give it."""
+    status, body, extra = answer(exc, request.method, request.url.path)
+    response = JSONResponse(msgspec.Raw(body), status_code=status)
+    for name, value in extra:
+        response.headers[name.decode()] = value.decode()
     return response
 
 
 def handler_for(exc: Exception) -> Any:
-    """The ``ERRORS`` entry for ``exc``: its class's, or its nearest base's."""
-    for cls in type(exc).__mro__:
-        if cls in ERRORS:
-            return ERRORS[cls]
-    return _unexpected
+    """The handler of every error (``answer`` tells them apart)."""
+    return _handle
 
 
-ERRORS: dict[Any, Any] = {
-    ValidationError: _validation,
-    ForbiddenError: _forbidden,
-    UnencodableError: _unencodable,
-    QueueFullError: _queue_full,
-    BadJSON: _bad_json,
-    BodyTooLarge: _too_large,
-    JobNotFoundError: _not_found,
-    ScheduleNotFoundError: _not_found,
-    ScheduleError: _conflict,
-    TransitionError: _conflict,
-    IdempotencyConflictError: _conflict,
-    DuplicateKeyError: _conflict,
-    WorkerNameTaken: _conflict,
-    StoreError: _unavailable,
-    HTTPException: _http,
-    Exception: _unexpected,
-}
+# Starlette's exception middleware finds a handler by class (``Exception``'s is its
+# server-error layer's, which logs and raises again: only for what ``answer`` calls a 500).
+_ANSWERED = (ValidationError, ForbiddenError, UnencodableError, QueueFullError, BadJSON,
+             BodyTooLarge, JobNotFoundError, ScheduleNotFoundError, ScheduleError,
+             TransitionError, IdempotencyConflictError, DuplicateKeyError, WorkerNameTaken,
+             StoreError, HTTPException)  # fmt: skip
+ERRORS: dict[Any, Any] = {**dict.fromkeys(_ANSWERED, _handle), Exception: _handle}

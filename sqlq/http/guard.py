@@ -153,6 +153,10 @@ def _is_json(content_type: str) -> bool:
 Refusal = tuple[int, str, str, str, list[tuple[bytes, bytes]]]
 
 
+def _none(method: str, path: str) -> None:
+    """No fast route: every request goes to the app."""
+
+
 class Stamped:
     """``app`` with ``NOSNIFF`` on every HTTP answer it starts, where no server adds it
     (``sqlq serve``'s uvicorn does: ``SERVED_HEADERS``)."""
@@ -179,16 +183,16 @@ class Stamped:
 class Guard:
     """Every request's checks; then the app, or a route's fast path.
 
-    ``fast`` maps ``(method, path)`` to an ASGI app that answers that route
-    without the router and exception middleware between (the single submit, the
-    hot path: about 10 us of a request's CPU); it must answer every error itself.
+    ``fast`` gives, for ``(method, path)``, an ASGI app that answers that route
+    without the router and exception middleware between, or None (``sqlq.http.lean``:
+    the job's own routes, the hot path); it must answer every error itself.
     """
 
     def __init__(
         self,
         app: ASGIApp,
         security: Security,
-        fast: dict[tuple[str, str], ASGIApp] | None = None,
+        fast: Callable[[str, str], ASGIApp | None] | None = None,
         delegated: tuple[str, ...] = (),
         throttle: Throttle | None = None,
         roster: Roster | None = None,
@@ -197,7 +201,7 @@ class Guard:
         self.security = security
         self.throttle = throttle or Throttle()
         self._roster = roster if roster is not None else security.roster()
-        self._fast = fast or {}
+        self._fast = fast or _none
         self._delegated = delegated
 
     def _own_checks(self, path: str) -> bool:
@@ -210,7 +214,7 @@ class Guard:
             return
         refusal = self.check(scope)
         if refusal is None:
-            fast = self._fast.get((scope["method"], scope["path"]))
+            fast = self._fast(scope["method"], scope["path"])
             await (fast or self.app)(scope, receive, send)
             return
         status, code, message, header, extra = refusal
