@@ -247,3 +247,22 @@ async def test_reads_pauses_and_compactions_never_run_inside_a_batch(tmp_path: P
         assert recovery.paused_queues == ["held"]
     finally:
         await again.close()
+
+
+def test_none_and_bools_bind_through_the_registry_as_sqlite3_binds_them() -> None:
+    """The engine registers None and bool with sqlite3's adapters (a miss there formats an
+    AttributeError per value: ~100k instructions of a no-op job); they must bind exactly
+    as sqlite3 binds them unregistered: NULL, and 1 and 0."""
+    import sqlite3
+
+    import sqlq.engines.sqlite.store  # noqa: F401 (it registers them)
+
+    assert (type(None), sqlite3.PrepareProtocol) in sqlite3.adapters
+    assert (bool, sqlite3.PrepareProtocol) in sqlite3.adapters
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (a, b, c)")
+    db.execute("INSERT INTO t VALUES (?, ?, ?)", (None, True, False))
+    assert db.execute("SELECT a, b, c, typeof(a), typeof(b) FROM t").fetchall() == [
+        (None, 1, 0, "null", "integer")
+    ]
+    db.close()
