@@ -48,12 +48,13 @@ async def test_pragmas_as_set(tmp_path: Path, sync: SyncLevel, level: int) -> No
         await store.close()
 
 
-async def test_a_group_commit_batch_is_one_statement(
+async def test_a_group_commit_batch_is_a_statement_per_kind_of_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Many callers' commits in one batch are one call to the connection (one hop to its
-    thread: one statement, its own transaction), and every call of the run is a batch's:
-    the hops are paid per batch, not per job, and a batch pays one."""
+    """Many callers' moves in one batch are one UPDATE ... FROM VALUES (set-wise, through
+    no trigger), in a transaction of its own (BEGIN, it, COMMIT: a refused row rolls the
+    rest back), or alone when the batch has one move: the hops are paid per batch, not
+    per job."""
     store = SQLiteStore(tmp_path)
     await store.open()
     calls: list[str] = []
@@ -76,9 +77,12 @@ async def test_a_group_commit_batch_is_one_statement(
     finally:
         monkeypatch.undo()
         await store.close()
-    assert len(calls) == batches, calls
-    assert all(c.startswith("execute INSERT INTO batch_changes") for c in calls), calls
+    updates = [c for c in calls if c.startswith("execute UPDATE jobs")]
+    assert len(updates) == batches, calls
+    assert not any("batch_changes" in c for c in calls), calls
+    assert len(calls) <= 3 * batches, calls  # BEGIN, UPDATE, COMMIT at most
     assert batches < len(starts)  # the 50 callers shared batches
+    assert store.slow_batches == 0
     assert store.slow_batches == 0
 
 
@@ -266,3 +270,45 @@ def test_none_and_bools_bind_through_the_registry_as_sqlite3_binds_them() -> Non
         (None, 1, 0, "null", "integer")
     ]
     db.close()
+
+
+def test_the_plan_is_set_wise_unless_a_job_changes_twice() -> None:
+    from sqlq.engines.sqlite.batch import encode_rows, plan
+
+    def rows(changes: list[Any]) -> list[tuple[str, tuple[Any, ...]]]:
+        return [r for r in encode_rows(changes) if isinstance(r, tuple)]
+
+    jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(3)]
+    starts = [j.start(NOW + 1) for j in jobs]
+    fresh = Job.new(kind="noop", args={}, now=NOW)
+    [ins, upd] = plan([*rows([fresh]), *rows(starts)])
+    assert (ins.sql.split()[:3], ins.expect) == (["INSERT", "INTO", "jobs"], None)
+    assert (upd.sql.split()[:2], upd.expect) == (["UPDATE", "jobs"], 3)
+    done = Job.new(kind="noop", args={}, now=NOW)
+    ordered = plan(rows([done, done.start(NOW + 1)]))  # made and moved in one batch
+    assert [st.sql.split()[2] for st in ordered] == ["batch_changes"]
+    assert plan(rows([starts[0], starts[0]]))[0].sql.split()[2] == "batch_changes"
+
+
+async def test_a_refused_move_among_many_rolls_the_batch_back_and_fails_its_caller_only(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    try:
+        jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(5)]
+        await store.commit(jobs)
+        starts = [j.start(NOW + 1) for j in jobs]
+        stale = jobs[2].complete(None, NOW + 1)  # scheduled -> completed: the guard refuses
+        results = await asyncio.gather(
+            *(store.commit([t]) for i, t in enumerate(starts) if i != 2),
+            store.commit([stale]),
+            return_exceptions=True,
+        )
+        assert [r is None for r in results] == [True, True, True, True, False]
+        for i, j in enumerate(jobs):
+            got = await store.get(j.id)
+            assert got is not None
+            assert got.state.value == ("scheduled" if i == 2 else "running")
+    finally:
+        await store.close()

@@ -2,18 +2,21 @@
 
 Coroutines over an ``aiosqlite.Connection``, through its public API only: every
 call is one hop to the connection's own thread (aiosqlite queues each to it), and a
-hop costs the event loop a wake-up and the thread a GIL retake. So a batch is one
-statement: every change becomes a row of the TEMP view ``batch_changes``, whose
-INSTEAD OF triggers apply it (queries.sql), and ``write_batch`` inserts all the rows
-at once: one hop and one transaction, as the plain-thread engine's one call per batch
-was. ``plan`` builds that statement on the event loop's thread (the Python work).
-``write_one_by_one`` is the slow path that finds the caller at fault under savepoints,
-a hop per statement, and runs only when a guard refused a row.
+hop costs the event loop a wake-up and the thread a GIL retake. So a batch is few
+statements, set-wise (``plan``): its new jobs one INSERT, its moves one UPDATE ... FROM
+VALUES under the guards, which must change one row each (``Statement.expect``), in one
+transaction; a batch of one statement that applies whole or not at all (inserts alone,
+or one move) runs alone, its own transaction. A batch that changes one job twice (made
+and moved, or moved twice) needs its rows in order: each goes through the TEMP view
+``batch_changes``, whose INSTEAD OF triggers apply it (queries.sql; dearer per row: each
+statement's rows are written to an ephemeral table first). ``plan`` builds the
+statements on the event loop's thread (the Python work). ``write_one_by_one`` is the slow
+path that finds the caller at fault under savepoints, a hop per statement, and runs only
+when a guard refused a row or an insert collided.
 
-A schedule change is a statement of its own (schedules.py), not a row of the view: a
-batch that holds one (a tick, a put: rare, a few a minute) is ``steps``, its changes in
-order as several statements in one transaction, so that the view, its triggers and the
-width of its rows, which every other batch pays for, stay as they were.
+A schedule change is a statement of its own (schedules.py): a batch that holds one (a
+tick, a put: rare, a few a minute) is ``steps``, its changes in order as several
+statements in one transaction.
 """
 
 from __future__ import annotations
@@ -61,16 +64,28 @@ _MOVE_PICK = itemgetter(
 )
 
 
-def change_row(change: Change) -> tuple[Any, ...] | Statement:
-    """One change as a row of ``batch_changes``; a schedule change as its own statement."""
+INSERT, MOVE = "insert", "move"
+
+
+def change_row(change: Change) -> tuple[str, tuple[Any, ...]] | Statement:
+    """One change as its op and values (a new job's ``JOB_COLUMNS``, a move's
+    ``TRANSITION_COLUMNS``); a schedule change as its own statement."""
     if isinstance(change, Job):
-        return ("insert", *job_values(change), None)
+        return (INSERT, job_values(change))
     if not isinstance(change, Transition):
         return schedule_statement(change)
-    return ("move", *_MOVE_PICK((*transition_values(change), None)))
+    return (MOVE, transition_values(change))
 
 
-Row = tuple[Any, ...] | Statement
+def view_row(op: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An op and its values as a row of ``batch_changes`` (op, ``JOB_COLUMNS``,
+    expect_epoch)."""
+    if op == INSERT:
+        return (INSERT, *values, None)
+    return (MOVE, *_MOVE_PICK((*values, None)))
+
+
+Row = tuple[str, tuple[Any, ...]] | Statement
 
 
 class Steps(list[Row]):
@@ -78,7 +93,7 @@ class Steps(list[Row]):
 
 
 def encode_rows(changes: Sequence[Change]) -> list[Row]:
-    """One caller's changes as statement rows, on its own turn (see ``GroupCommitter``)."""
+    """One caller's changes as rows, on its own turn (see ``GroupCommitter``)."""
     rows = [change_row(c) for c in changes]
     if all(type(row) is tuple for row in rows):
         return rows
@@ -92,23 +107,47 @@ CHUNK_ROWS = 1000
 STATEMENT_CACHE = 256
 
 
-def plan(rows: list[tuple[Any, ...]]) -> list[Statement]:
-    """The batch as few statements as SQLite's parameter limit allows (one, unless it
-    has more than ``CHUNK_ROWS`` changes)."""
+def plan(rows: list[tuple[str, tuple[Any, ...]]]) -> list[Statement]:
+    """The batch set-wise: its new jobs as one INSERT, its moves as one UPDATE ... FROM
+    VALUES (each as few as SQLite's parameter limit allows: one, up to ``CHUNK_ROWS``).
+    A batch that moves a job twice, or moves a job it makes, needs its rows applied in
+    order: then every row goes through the view ``batch_changes`` (``in_order``)."""
+    inserts = [values for op, values in rows if op == INSERT]
+    moves = [values for op, values in rows if op == MOVE]
+    moved = {values[0] for values in moves}
+    if len(moved) != len(moves) or any(values[0] in moved for values in inserts):
+        return in_order(rows)
+    return [
+        *_chunked(Q["insert_jobs"], inserts, len(JOB_COLUMNS), counted=False),
+        *_chunked(Q["move_jobs"], moves, len(TRANSITION_COLUMNS), counted=True),
+    ]
+
+
+def _chunked(
+    template: str, rows: list[tuple[Any, ...]], width: int, *, counted: bool
+) -> list[Statement]:
     return [
         Statement(
-            batch_sql(Q["apply_changes"], len(chunk), ROW_WIDTH),
-            [value for row in chunk for value in row],
+            batch_sql(template, len(chunk), width),
+            [v for row in chunk for v in row],
+            expect=len(chunk) if counted else None,
         )
         for chunk in (rows[i : i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS))
     ]
+
+
+def in_order(rows: list[tuple[str, tuple[Any, ...]]]) -> list[Statement]:
+    """Every row through ``batch_changes``, in order: a guard refused aborts the
+    statement (an ``IntegrityError``, as a duplicate insert's)."""
+    return _chunked(Q["apply_changes"], [view_row(op, v) for op, v in rows], ROW_WIDTH,
+                    counted=False)  # fmt: skip
 
 
 def steps(rows: list[Row]) -> list[Statement]:
     """A batch that holds schedule changes, in order: each run of job rows between them as
     ``plan`` makes it, each schedule change as its own guarded statement."""
     out: list[Statement] = []
-    run: list[tuple[Any, ...]] = []
+    run: list[tuple[str, tuple[Any, ...]]] = []
     for row in rows:
         if isinstance(row, Statement):
             out.extend(plan(run))
@@ -141,21 +180,22 @@ async def write_batch(db: aiosqlite.Connection, plan: list[Statement]) -> bool:
     move or a schedule change, or an insert collided: the caller then redoes it one
     caller at a time.
 
-    A batch of one statement runs without BEGIN and COMMIT: a single statement is its
-    own transaction, all or nothing, and two statements fewer are two hops fewer. (A
-    guarded statement refused changed nothing: there is nothing to roll back.)
+    A batch of one statement that applies whole or not at all runs without BEGIN and
+    COMMIT: a single statement is its own transaction, and two statements fewer are two
+    hops fewer. (A statement that must change one row and was refused changed nothing:
+    there is nothing to roll back. One that must change more may have changed some.)
     """
-    if len(plan) == 1:
+    if len(plan) == 1 and plan[0].expect in (None, 1):
         try:
             cursor = await db.execute(plan[0].sql, plan[0].params)
         except sqlite3.IntegrityError:
             return False
-        return not plan[0].guarded or cursor.rowcount == 1
+        return plan[0].expect is None or cursor.rowcount == 1
     await db.execute("BEGIN IMMEDIATE")
     try:
         for st in plan:
             cursor = await db.execute(st.sql, st.params)
-            if st.guarded and cursor.rowcount != 1:
+            if st.expect is not None and cursor.rowcount != st.expect:
                 await db.rollback()
                 return False
     except sqlite3.IntegrityError:
@@ -217,11 +257,13 @@ async def apply_one(db: aiosqlite.Connection, change: Change) -> None:
     """One change, through the same statement as the batch; its error, precisely."""
     if not isinstance(change, Job | Transition):
         st = schedule_statement(change)
-        if (await db.execute(st.sql, st.params)).rowcount != 1 and st.guarded:
+        if (await db.execute(st.sql, st.params)).rowcount != 1 and st.expect is not None:
             await schedule_refused(db, change)
         return
     try:
-        await db.execute(batch_sql(Q["apply_changes"], 1, ROW_WIDTH), change_row(change))
+        row = change_row(change)
+        assert not isinstance(row, Statement)
+        await db.execute(batch_sql(Q["apply_changes"], 1, ROW_WIDTH), view_row(*row))
     except sqlite3.IntegrityError as exc:
         if isinstance(change, Job):
             raise duplicate(change, exc) from None

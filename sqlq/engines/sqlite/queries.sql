@@ -55,6 +55,34 @@ BEGIN
   SELECT RAISE(ABORT, 'sqlq: a guard refused a move') WHERE changes() = 0;
 END;
 
+-- name: insert_jobs
+-- A batch's new jobs, set-wise: one INSERT, all or none (a duplicate id or key fails it).
+INSERT INTO jobs ({job_columns}) VALUES {rows};
+
+-- name: move_jobs
+-- A batch's moves, set-wise, when no job moves twice in it (batch.plan): each row of the
+-- VALUES table is one transition ({t:NAME} is its column of that name,
+-- sqlq.engines.rows.TRANSITION_COLUMNS), under the same guards as move_change; a row a
+-- guard refuses changes nothing, so the caller compares the count and rolls back. The
+-- rows go through no trigger: INSTEAD OF a view, each row of a statement is written to an
+-- ephemeral table and runs the trigger's program (a b-tree made and zeroed each time:
+-- ~70k instructions of a no-op job's three writes, callgrind).
+UPDATE jobs
+   SET state = {t:state}, epoch = {t:epoch}, attempts = {t:attempts},
+       ready_at = {t:ready_at}, updated_at = {t:updated_at}, last_error = {t:last_error},
+       result = {t:result}, started_at = {t:started_at},
+       attempts_total = COALESCE({t:attempts_total}, jobs.attempts_total),
+       cancel_requested_at = {t:cancel_requested_at}, progress = {t:progress},
+       checkpoint = {t:checkpoint}, snoozes = {t:snoozes}, errors = {t:errors},
+       holder = {t:holder}, lease_until = {t:lease_until}, cancel_forced = {t:cancel_forced}
+  FROM (VALUES {rows}) AS t
+ WHERE jobs.id = {t:id}
+   AND jobs.epoch = {t:expect_epoch}
+   AND EXISTS (SELECT 1 FROM legal_transitions
+                WHERE from_state = jobs.state AND to_state = {t:state})
+   AND (jobs.state <> 'running' OR {t:state} <> 'running'
+        OR jobs.started_at IS {t:started_at});
+
 -- name: apply_changes
 -- Many rows in one statement: {rows} becomes one "(?, ...)" group per row (see
 -- sqlq.common.engine.sql.batch_sql); rows are applied in order, so two changes of one

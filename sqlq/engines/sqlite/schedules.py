@@ -6,7 +6,7 @@ whose WHERE clause is its compare-and-set (queries.sql): a put is fenced on the 
 (an INSERT that a taken name turns into nothing, for version 0), an advance on version,
 cursor and, for overlap ``skip``, on the previous job not being live; a drop is never
 refused. A refused statement changes no row, so "applied" is "its rowcount is 1"
-(``Statement.guarded``), and the batch is then redone one caller at a time, where
+(``Statement.expect``), and the batch is then redone one caller at a time, where
 ``schedule_refused`` reads the row inside that transaction and lets ``fold`` raise the precise
 error: the rule is written twice, but a disagreement can only move the error's text.
 """
@@ -53,13 +53,13 @@ def schedule_statement(change: ScheduleChange) -> Statement:
             "job": change.job,
             "idle": change.idle,
         }
-        return Statement(Q["advance_schedule"], params, guarded=True)
+        return Statement(Q["advance_schedule"], params, expect=1)
     s = change.schedule
     spec = _ENCODER.encode(s.spec).decode()
     record = (spec, s.version, s.cursor, s.last_job, s.created_at, s.updated_at)
     if change.expect_version == 0:
-        return Statement(Q["put_new_schedule"], (s.name, *record), guarded=True)
-    return Statement(Q["put_schedule"], (*record, s.name, change.expect_version), guarded=True)
+        return Statement(Q["put_new_schedule"], (s.name, *record), expect=1)
+    return Statement(Q["put_schedule"], (*record, s.name, change.expect_version), expect=1)
 
 
 def row_schedule(_: sqlite3.Cursor, row: tuple[Any, ...]) -> Schedule:
