@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -66,16 +67,7 @@ async def test_filtered_pages_hold_across_changes_compaction_and_retention(
         await s.compact()
         await listed.check_pages(JobQuery(state=State.SCHEDULED, after=page[-1].id))
         cursor = (await s.list_jobs(JobQuery(state=State.DEAD, limit=2)))[-1].id
-        # Past retention: every finished job so far is pruned, the cursor's among them.
-        clock.advance(120)
-        later = [job(1000 + i) for i in range(12)]
-        await listed.submit(later)
-        await listed.bury(later[::3], clock.time())
-        await s.compact()
-        cutoff = clock.time() - 60.0
-        listed.jobs = {
-            i: j for i, j in listed.jobs.items() if not (j.terminal and j.updated_at < cutoff)
-        }
+        later = await _pruned_then_more(s, listed, clock, job)  # the cursor's job too
         assert await s.get(cursor) is None
         for query in FILTERS:
             await listed.check_pages(query)
@@ -84,6 +76,23 @@ async def test_filtered_pages_hold_across_changes_compaction_and_retention(
                 await listed.check_pages(q)
     finally:
         await s.close()
+
+
+async def _pruned_then_more(
+    s: JobStore, listed: Listed, clock: FakeClock, job: Callable[[int], Job]
+) -> list[Job]:
+    """Past retention: every finished job so far pruned, in the store and in the model;
+    then twelve more jobs, a third of them dead."""
+    clock.advance(120)
+    later = [job(1000 + i) for i in range(12)]
+    await listed.submit(later)
+    await listed.bury(later[::3], clock.time())
+    await s.compact()
+    cutoff = clock.time() - 60.0
+    listed.jobs = {
+        i: j for i, j in listed.jobs.items() if not (j.terminal and j.updated_at < cutoff)
+    }
+    return later
 
 
 def _newest_first(listed: Listed, query: JobQuery) -> list[Job]:
@@ -148,15 +157,7 @@ async def test_pages_come_newest_first_with_filters_changes_and_retention(
         await s.compact()
         await _check_newest_first(listed, dataclasses.replace(q, after=page[-1].id))
         cursor = (await s.list_jobs(JobQuery(state=State.DEAD, limit=2, descending=True)))[-1].id
-        clock.advance(120)  # past retention: every finished job so far is pruned
-        later = [job(1000 + i) for i in range(12)]
-        await listed.submit(later)
-        await listed.bury(later[::3], clock.time())
-        await s.compact()
-        cutoff = clock.time() - 60.0
-        listed.jobs = {
-            i: j for i, j in listed.jobs.items() if not (j.terminal and j.updated_at < cutoff)
-        }
+        later = await _pruned_then_more(s, listed, clock, job)
         assert await s.get(cursor) is None
         for query in FILTERS:
             await _check_newest_first(listed, query)
