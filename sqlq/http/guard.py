@@ -203,10 +203,12 @@ class Guard:
         self._roster = roster if roster is not None else security.roster()
         self._fast = fast or _none
         self._delegated = delegated
+        self._delegated_paths = frozenset(delegated)
+        self._delegated_prefixes = tuple(p + "/" for p in delegated)  # (one C call a request)
 
     def _own_checks(self, path: str) -> bool:
         """Whether ``path`` is under a prefix that checks its own token and content type."""
-        return any(path == p or path.startswith(p + "/") for p in self._delegated)
+        return path in self._delegated_paths or path.startswith(self._delegated_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
