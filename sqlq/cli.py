@@ -29,16 +29,16 @@ BENCH_EXTRA = "bench"  # what sqlq's own plugin commands (the benchmark's) need
 _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
 
 
-def missing_from(extra: str, dist: str = "sqlq") -> list[str]:
-    """The distributions ``dist[extra]`` brings (through the extras of ``dist`` it names in
-    turn) that cannot be imported here; none if ``dist`` has no metadata (a bare tree:
-    then the import itself is the test). Import names are the distributions' (true of
-    every one the bench extra brings)."""
+def brings(extra: str, dist: str = "sqlq") -> set[str]:
+    """The distributions ``dist[extra]`` brings, through the extras of ``dist`` it names in
+    turn (``sqlq[test]`` names ``sqlq[bench]``, which names ``sqlq[postgres]``); none if
+    ``dist`` has no metadata (a bare tree). Read from the installed metadata's
+    requirements, with no parser beyond this one (the base install has no ``packaging``)."""
     try:
         wanted = requires(dist) or []
     except PackageNotFoundError:
-        return []
-    missing: set[str] = set()
+        return set()
+    found: set[str] = set()
     todo, seen = [extra], set()
     while todo:
         e = todo.pop()
@@ -53,9 +53,16 @@ def missing_from(extra: str, dist: str = "sqlq") -> list[str]:
             name, extras = named.group(1), named.group(2) or ""
             if name.lower() == dist:
                 todo.extend(x.strip() for x in extras.split(",") if x.strip())
-            elif _absent(name.lower().replace("-", "_")):
-                missing.add(name)
-    return sorted(missing)
+            else:
+                found.add(name)
+    return found
+
+
+def missing_from(extra: str, dist: str = "sqlq") -> list[str]:
+    """What ``dist[extra]`` brings that cannot be imported here (a bare tree: none, and the
+    import itself is the test). Import names are the distributions' (true of every one the
+    bench extra brings)."""
+    return sorted(n for n in brings(extra, dist) if _absent(n.lower().replace("-", "_")))
 
 
 def _absent(module: str) -> bool:

@@ -120,3 +120,13 @@ def assert_verdict(verdict: str | None, problem: str | None) -> None:
     else:
         assert verdict is not None
         assert problem in verdict
+
+
+def without_module(tmp_path: Path, module: str) -> dict[str, str]:
+    """An environment for a subprocess in which ``import module`` fails, as on an install
+    without the extra that brings it (a ``sitecustomize`` sets it to None)."""
+    site = tmp_path / f"without-{module}"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}

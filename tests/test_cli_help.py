@@ -3,7 +3,6 @@ entry points and say which extra they need when it is missing (#34, item 8)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.cli import main, missing_from
+from tests.helpers import without_module
 
 BENCH = ("bench", "crashcheck", "loadgen")
 
@@ -42,11 +42,7 @@ def test_the_benchmarks_commands_have_a_heading_of_their_own() -> None:
 @pytest.fixture
 def no_matplotlib(tmp_path: Path) -> dict[str, str]:
     """An environment in which ``import matplotlib`` fails, as on a base install."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text('import sys\nsys.modules["matplotlib"] = None\n')
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path}
+    return without_module(tmp_path, "matplotlib")
 
 
 def _sqlq(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

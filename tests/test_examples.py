@@ -118,6 +118,33 @@ def started() -> Iterator[list[AppProcess | WorkerProcess]]:
     assert workers_exited == [0] * len(workers_exited)  # a worker given SIGTERM exits 0
 
 
+def start_app(
+    started: list[AppProcess | WorkerProcess], queue: Queue, tmp_path: Path, cwd: Path,
+    env: dict[str, str], ready_path: str, *args: str,
+) -> AppProcess:  # fmt: skip
+    """The recipe's web app (``python ARGS`` in ``cwd``; ``{port}`` its port), sending to
+    ``queue`` with the app's token, once it answers ``ready_path``."""
+    app = AppProcess([sys.executable, *args], cwd=cwd, log=tmp_path / "app.log",
+                     env={**env, "SQLQ_URL": queue.url, "SQLQ_TOKEN": queue.app_token})  # fmt: skip
+    started.append(app)
+    app.wait_answering(ready_path)
+    return app
+
+
+def until_finished(
+    http: httpx.Client, path: str, state: Callable[[dict[str, Any]], str], what: str
+) -> dict[str, Any]:
+    """``GET path`` (a 200 each time) until the job ``state`` reads from its body is
+    finished; that body."""
+
+    def body() -> dict[str, Any]:
+        r = http.get(path)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    return poll(body, lambda b: state(b) not in ("scheduled", "running"), what)
+
+
 def poll(fetch: Callable[[], T], done: Callable[[T], bool], what: str,
          within: float = WITHIN) -> T:  # fmt: skip
     """``fetch()`` again until ``done(value)`` holds; that value (AssertionError past
@@ -154,24 +181,13 @@ def test_fastapi_routes_send_typed_tasks_and_read_their_results(
     queue: Queue, started: list[AppProcess | WorkerProcess], tmp_path: Path
 ) -> None:
     w = start_worker(started, queue, "tasks", FASTAPI_APP, tmp_path / "worker.log", {})
-    app = AppProcess(
-        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", "{port}"],
-        cwd=FASTAPI_APP, env={"SQLQ_URL": queue.url, "SQLQ_TOKEN": queue.app_token},
-        log=tmp_path / "app.log",
-    )  # fmt: skip
-    started.append(app)
-    app.wait_answering("/openapi.json")
+    serve = ("-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", "{port}")
+    app = start_app(started, queue, tmp_path, FASTAPI_APP, {}, "/openapi.json", *serve)
     with httpx.Client(base_url=app.url, timeout=WITHIN) as http:
         sent = http.post("/signups", json={"email": "ada@example.com"})
         assert sent.status_code == 202, sent.text
         job_id = sent.json()["job_id"]
-
-        def state() -> dict[str, Any]:
-            r = http.get(f"/jobs/{job_id}")
-            assert r.status_code == 200, r.text
-            return dict(r.json())
-
-        job = poll(state, lambda j: j["state"] not in ("scheduled", "running"), "the signup")
+        job = until_finished(http, f"/jobs/{job_id}", lambda j: j["state"], "the signup")
         assert job == {"id": job_id, "kind": "send_welcome", "state": "completed",
                        "result": "welcome sent to ada@example.com", "error": None}  # fmt: skip
 
@@ -198,25 +214,14 @@ def test_django_view_sends_a_task_whose_orm_write_lands(
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
     w = start_worker(started, queue, "mysite.worker", DJANGO_PROJECT, tmp_path / "worker.log",
                      env)  # fmt: skip
-    app = AppProcess(
-        [sys.executable, "manage.py", "runserver", "127.0.0.1:{port}", "--noreload"],
-        cwd=DJANGO_PROJECT, env={**env, "SQLQ_URL": queue.url, "SQLQ_TOKEN": queue.app_token},
-        log=tmp_path / "app.log",
-    )  # fmt: skip
-    started.append(app)
-    app.wait_answering("/signups/0/")
+    app = start_app(started, queue, tmp_path, DJANGO_PROJECT, env, "/signups/0/",
+                    "manage.py", "runserver", "127.0.0.1:{port}", "--noreload")  # fmt: skip
     with httpx.Client(base_url=app.url, timeout=WITHIN) as http:
         sent = http.post("/signups/", data={"email": "grace@example.com"})
         assert sent.status_code == 201, sent.text
         signup_id, job_id = sent.json()["signup"], sent.json()["job"]
-
-        def page() -> dict[str, Any]:
-            r = http.get(f"/signups/{signup_id}/")
-            assert r.status_code == 200, r.text
-            return dict(r.json())
-
-        shown = poll(page, lambda p: p["job"]["state"] not in ("scheduled", "running"),
-                     "the welcome job")  # fmt: skip
+        shown = until_finished(http, f"/signups/{signup_id}/", lambda p: p["job"]["state"],
+                               "the welcome job")  # fmt: skip
     assert shown["job"] == {"id": job_id, "state": "completed", "result": "grace@example.com"}
     assert shown["welcomed_at"] is not None
     # The row as the worker left it, read from the database file itself.

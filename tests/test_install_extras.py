@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sqlq.cli import brings
 from sqlq.engines import registry
-from tests.helpers import ROOT
+from tests.helpers import ROOT, without_module
 
 
 def requirements() -> list[Requirement]:
@@ -27,22 +27,9 @@ def requirements() -> list[Requirement]:
 
 
 def pulls(extra: str) -> set[str]:
-    """The distributions ``sqlq[extra]`` adds, through the extras it names in turn."""
-    found: set[str] = set()
-    todo, seen = [extra], set()
-    while todo:
-        e = todo.pop()
-        if e in seen:
-            continue
-        seen.add(e)
-        for r in requirements():
-            if r.marker is None or not r.marker.evaluate({"extra": e}):
-                continue
-            if canonicalize_name(r.name) == "sqlq":
-                todo.extend(r.extras)
-            else:
-                found.add(canonicalize_name(r.name))
-    return found
+    """The distributions ``sqlq[extra]`` adds, through the extras it names in turn: the
+    CLI's own walk (``sqlq.cli.brings``), which names the extra a command lacks."""
+    return {canonicalize_name(n) for n in brings(extra)}
 
 
 def test_the_base_install_has_no_driver_and_no_uvicorn_standard() -> None:
@@ -71,11 +58,7 @@ def test_what_the_registry_repeats_matches_the_engines() -> None:
 @pytest.fixture
 def no_asyncpg(tmp_path: Path) -> dict[str, str]:
     """An environment in which ``import asyncpg`` fails, as on an install without the extra."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text('import sys\nsys.modules["asyncpg"] = None\n')
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path}
+    return without_module(tmp_path, "asyncpg")
 
 
 def run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
