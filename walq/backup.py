@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from sqlq.common.errors import CorruptLogError
 from sqlq.walq import log
-from sqlq.walq.files import OS_FILES, FileOps
+from sqlq.walq.files import OS_FILES, FileOps, write_new
 from sqlq.walq.queues import QUEUES_NAME
 from sqlq.walq.signing import KEY_NAME
 from sqlq.walq.store import LOG_NAME
@@ -66,18 +66,9 @@ def copy_store(src: str, dst: str, fs: FileOps = OS_FILES) -> Copied:
             side = fs.read(os.path.join(src, name))
         except FileNotFoundError:
             continue
-        _write(fs, os.path.join(dst, name), side)
+        write_new(fs, os.path.join(dst, name), side)
         files.append(name)
     whole = found.valid_end == len(data)  # (a torn tail is the only reason to copy it)
-    _write(fs, os.path.join(dst, LOG_NAME), data if whole else data[: found.valid_end])
+    write_new(fs, os.path.join(dst, LOG_NAME), data if whole else data[: found.valid_end])
     fs.fsync_dir(dst)
     return Copied(log_bytes=found.valid_end, records=found.records, files=(LOG_NAME, *files))
-
-
-def _write(fs: FileOps, path: str, data: bytes) -> None:
-    fd = fs.open_new(path)
-    try:
-        fs.write(fd, data)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)

@@ -99,3 +99,14 @@ class OsFileOps:
 
 
 OS_FILES = OsFileOps()
+
+
+def write_new(fs: FileOps, path: str, data: bytes) -> None:
+    """``data`` as the new file ``path`` (0600, ``open_new``), synced before this returns;
+    its directory is the caller's to sync (after a rename, or after several files)."""
+    fd = fs.open_new(path)
+    try:
+        fs.write(fd, data)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)

@@ -16,7 +16,7 @@ import os
 
 from sqlq.common.errors import StoreError
 from sqlq.common.tokens import KEY_BYTES
-from sqlq.walq.files import FileOps
+from sqlq.walq.files import FileOps, write_new
 
 KEY_NAME = "signing.key"
 
@@ -33,12 +33,7 @@ def load_or_make(fs: FileOps, path: str) -> bytes:
             raise StoreError(f"{path}: holds {len(key)} bytes, not a {KEY_BYTES}-byte key")
         return key
     key = os.urandom(KEY_BYTES)
-    fd = fs.open_new(tmp)
-    try:
-        fs.write(fd, key)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
+    write_new(fs, tmp, key)
     fs.replace(tmp, path)
     fs.fsync_dir(os.path.dirname(path) or ".")
     return key

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
-from sqlq.walq.files import FileOps
+from sqlq.walq.files import FileOps, write_new
 
 logger = logging.getLogger(__name__)
 
@@ -25,12 +25,7 @@ def cut_tail(fs: FileOps, log_path: str, data: bytes, offset: int) -> str:
     only in memory.
     """
     aside = broken_path(fs, log_path)
-    fd = fs.open_new(aside)
-    try:
-        fs.write(fd, data[offset:])
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
+    write_new(fs, aside, data[offset:])
     fs.fsync_dir(os.path.dirname(log_path) or ".")
     fd = fs.open_append(log_path)
     try:
