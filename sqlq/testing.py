@@ -315,7 +315,7 @@ class TestQueue:
         paused queue): nothing moves it."""
         clock = self.clock
         service = self.service
-        if service.live.counts[State.RUNNING.value]:
+        if service.live.counts[State.RUNNING]:
             return clock.next_deadline()
         now = clock.time()
         due_at = [j.ready_at for j in service.live.jobs.values()

@@ -11,11 +11,11 @@ rule (``sqlq.http.access``: the table of who may call what).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
@@ -99,14 +99,22 @@ def _job_id(request: Request) -> str:
 
 
 class _App(Starlette):
-    """Starlette with ``Stamped`` around its whole stack (unless its server sends
-    ``NOSNIFF`` itself): outside its server-error layer too, which answers a 500 outside
-    every middleware it is given."""
+    """Starlette with the ``Guard`` and then ``Stamped`` (unless its server sends
+    ``NOSNIFF`` itself) around its whole stack: outside its server-error layer too, which
+    answers a 500 outside every middleware it is given.
+
+    The guard sits outside that layer so that a lean route (``sqlq.http.lean``, which
+    answers every error itself, a 500 included) runs with no Starlette layer between it
+    and the server: the layer wraps ``send`` in a closure of its own, two calls a request
+    on the hot path. Every routed request still passes through it, after the guard."""
 
     stamped = True
+    guard: Callable[[ASGIApp], ASGIApp] | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
         app = super().build_middleware_stack()
+        if self.guard is not None:
+            app = self.guard(app)
         return Stamped(app) if self.stamped else app
 
 
@@ -253,15 +261,13 @@ def create_app(
         routes=guarded(routes),
         exception_handlers=ERRORS,
         lifespan=lifespan,
-        middleware=[
-            Middleware(
-                Guard,
-                security=security,
-                fast=jobs.route if lean else None,
-                delegated=() if dashboard is None else (UI_PREFIX,),
-                roster=people,
-            )
-        ],
     )
-    app.stamped = stamped  # (before the first request, which builds the stack)
+    app.guard = partial(
+        Guard,
+        security=security,
+        fast=jobs.route if lean else None,
+        delegated=() if dashboard is None else (UI_PREFIX,),
+        roster=people,
+    )
+    app.stamped = stamped  # (both before the first request, which builds the stack)
     return app

@@ -163,7 +163,7 @@ class QueueHome(Claims, ClaimsView, Protocol):
 
 ROOM_SAMPLE = 64  # past max_outcomes: the writes a claim waits on the first of
 
-LIVE_STATES = (State.SCHEDULED.value, State.RUNNING.value)
+LIVE_STATES = (State.SCHEDULED, State.RUNNING)
 
 
 class ClaimsBase(Reach):
@@ -257,7 +257,7 @@ class ClaimsBase(Reach):
 
     def live_counts(self) -> dict[str, int]:
         counts = self._live.counts
-        return {state: counts[state] for state in LIVE_STATES}
+        return {state.value: counts[state] for state in LIVE_STATES}
 
     def live_queues(self) -> Collection[str]:
         return self._live.queues  # (no zero entries)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable
 from operator import attrgetter
 from typing import TypeVar
 
-from sqlq.common.models import TERMINAL, Job, Transition
+from sqlq.common.models import TERMINAL, Job, State, Transition
 from sqlq.runtime.events import Events
 
 _STATE_QUEUE = attrgetter("state", "queue")
@@ -28,11 +28,14 @@ K = TypeVar("K", bound=Hashable)
 class LiveJobs:
     def __init__(self, events: Events | None = None) -> None:
         self.jobs: dict[str, Job] = {}
-        self.counts: Counter[str] = Counter()  # live jobs by state
+        # Keyed by the ``State`` itself, never its ``.value``: the enum's property is a Python
+        # call, paid three times a transition here; a ``StrEnum`` hashes and compares as its
+        # value, so a lookup by the string finds the same entry.
+        self.counts: Counter[State] = Counter()  # live jobs by state
         self.events = events or Events()
         self.on_finished: Callable[[Job], None] | None = None  # told of every job that ends
         self.queues: Counter[str] = Counter()  # live jobs by queue; no zero entries
-        self.census: Counter[tuple[str, str]] = Counter()  # by (state, queue); no zero entries
+        self.census: Counter[tuple[State, str]] = Counter()  # by (state, queue); no zero entries
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -49,9 +52,9 @@ class LiveJobs:
         self.jobs.update(zip(map(attrgetter("id"), jobs), jobs, strict=True))
         census = Counter(map(_STATE_QUEUE, jobs))
         for (state, queue), n in census.items():
-            self.counts[state.value] += n
+            self.counts[state] += n
             self.queues[queue] += n
-            self.census[state.value, queue] += n
+            self.census[state, queue] += n
 
     def applied(self, job: Job, t: Transition) -> Job:
         """``job`` after the durable transition ``t``; finished jobs leave the view."""
@@ -59,19 +62,24 @@ class LiveJobs:
         self._publish(new, job)
         return new
 
+    def replaced(self, old: Job, new: Job) -> None:
+        """``applied``, for a caller that made ``new`` of ``old`` already (a claim, which
+        hands the running job to its worker before the claim is durable)."""
+        self._publish(new, old)
+
     def _publish(self, new: Job, old: Job | None = None) -> None:
         was_live = old is not None and old.state not in TERMINAL  # (a revived one was not)
         live = new.state not in TERMINAL
         moved = not (was_live and live and old is not None and old.queue == new.queue)
         if old is not None and was_live:
-            self.counts[old.state.value] -= 1
-            _uncount(self.census, (old.state.value, old.queue))
+            self.counts[old.state] -= 1
+            _uncount(self.census, (old.state, old.queue))
             if moved:
                 _uncount(self.queues, old.queue)
         if live:
             self.jobs[new.id] = new
-            self.counts[new.state.value] += 1
-            self.census[new.state.value, new.queue] += 1
+            self.counts[new.state] += 1
+            self.census[new.state, new.queue] += 1
             if moved:
                 self.queues[new.queue] += 1
         else:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
+from functools import partial
 from typing import Any
 
 from sqlq.common.errors import (
@@ -209,7 +210,8 @@ class LocalClaims(ClaimsBase):
         return len(self._live)
 
     def census(self) -> dict[tuple[str, str], int]:
-        return dict(self._live.census)  # kept as the view changes: no walk over the jobs
+        # kept as the view changes: no walk over the jobs
+        return {(state.value, queue): n for (state, queue), n in self._live.census.items()}
 
     def _info(self, name: str, served: set[str] | None = None) -> QueueInfo:
         """One queue's state; a queue nobody has used is empty, uncapped and running. A remote
@@ -219,7 +221,7 @@ class LocalClaims(ClaimsBase):
             unclaimed = tuple(self.parts.seen.unclaimed(name, self._clock.time())) if depth else ()
             return QueueInfo(
                 depth=depth,
-                running=self._live.census.get((State.RUNNING.value, name), 0),
+                running=self._live.census.get((State.RUNNING, name), 0),
                 limit=self._caps.get(name),
                 paused=name in self._paused,
                 remote=True,
@@ -342,21 +344,37 @@ class LocalClaims(ClaimsBase):
         t = job.start(self._clock.time())
         self._claiming.add(job_id)
         self._metrics.queue_wait.observe(max(0.0, t.updated_at - job.ready_at))  # due -> started
-        claimed = asyncio.ensure_future(self._commit_claim(job, t))
-        return Claim(job.apply(t), claimed)
+        running = job.apply(t)
+        claimed: asyncio.Future[ClaimResult] = asyncio.get_running_loop().create_future()
+        commit = asyncio.ensure_future(self._store.commit([t]))  # (a future: as it is)
+        commit.add_done_callback(partial(self._committed, job, running, claimed))
+        return Claim(running, claimed)
 
-    async def _commit_claim(self, job: Job, t: Transition) -> ClaimResult:
-        try:
-            await self._store.commit([t])
-        except TransitionError:
-            return ClaimResult.REFUSED
-        except StoreError as exc:
+    def _committed(
+        self,
+        job: Job,
+        running: Job,
+        claimed: asyncio.Future[ClaimResult],
+        commit: asyncio.Future[None],
+    ) -> None:
+        """The claim's commit ended: settle whether it held. A callback on the commit's
+        own future, not a task awaiting it: a task a claim is the larger part of a claim's
+        cost on a no-op job, for nothing a callback cannot do."""
+        self._claiming.discard(job.id)
+        if commit.cancelled():
+            claimed.cancel()
+            return
+        exc = commit.exception()
+        if exc is None:
+            self._live.replaced(job, running)
+            claimed.set_result(ClaimResult.CLAIMED)
+        elif isinstance(exc, TransitionError):
+            claimed.set_result(ClaimResult.REFUSED)
+        elif isinstance(exc, StoreError):
             log.error("could not claim job %s: %s", job.id, exc)
-            return ClaimResult.FAILED
-        finally:
-            self._claiming.discard(job.id)
-        self._live.applied(job, t)
-        return ClaimResult.CLAIMED
+            claimed.set_result(ClaimResult.FAILED)
+        else:
+            claimed.set_exception(exc)
 
     def _release(self, queue: str) -> None:
         super()._release(queue)

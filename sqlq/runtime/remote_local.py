@@ -65,7 +65,7 @@ EXPIRY_RETRY_S = 1.0  # an expiry the store failed to write is tried again after
 # What a commit refuses as a value, applying none of its changes (the store contract): a
 # call's claims or outcomes refused so go one by one, and only the refused one fails.
 REFUSED = (TransitionError, JobNotFoundError, UnencodableError)
-_RUNNING = State.RUNNING.value
+_RUNNING = State.RUNNING
 
 
 class LocalSide:
