@@ -12,7 +12,7 @@ Reads (``get``) only ever see committed changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -161,8 +161,13 @@ class JobStore(Protocol):
         """
         ...
 
-    async def commit(self, changes: Sequence[Change]) -> None:
-        """Apply ``changes`` atomically; return once durable at ``sync``.
+    def commit(self, changes: Sequence[Change]) -> Awaitable[None]:
+        """Apply ``changes`` atomically; the awaitable is done once durable at ``sync``.
+
+        An awaitable, not necessarily a coroutine: a group-committed engine hands back the
+        batch's future itself (the call joins the batch at once; no frames wrap the wait),
+        which is a commit on every transition of every job. Either way nothing is raised
+        by the call itself: every error below comes out of the await.
 
         A ``Job`` is inserted (``DuplicateJobError`` if its id exists). A
         ``Transition`` is applied only if the job exists (``JobNotFoundError``),

@@ -233,8 +233,8 @@ async def test_reads_pauses_and_compactions_never_run_inside_a_batch(tmp_path: P
     # A move at an epoch the job has left is refused from now on.
     stale = msgspec.structs.replace(start, expect_epoch=start.expect_epoch - 1)
     jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(3000)]
-    batch = asyncio.create_task(store.commit(jobs))
-    refused = asyncio.create_task(store.commit([stale]))  # rolls its batch back
+    batch = asyncio.ensure_future(store.commit(jobs))
+    refused = asyncio.ensure_future(store.commit([stale]))  # rolls its batch back
     for _ in range(3):
         await asyncio.sleep(0)  # both are on the connection's thread now
     await store.get(jobs[-1].id)  # a read while both batches are on the thread: it waits

@@ -29,7 +29,7 @@ import contextlib
 import gc
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -140,10 +140,15 @@ class DurableStore(Committing):
             ) from committer.failure
         return committer
 
-    async def commit(self, changes: Sequence[Change]) -> None:
-        committer = self._live()
-        if changes:
-            await committer.submit(changes)
+    def commit(self, changes: Sequence[Change]) -> Awaitable[None]:
+        committer = self._committer
+        if committer is None or not changes:
+            return self._nothing()  # (closed: the error out of the await, as the protocol says)
+        return committer.submit(changes)  # the batch's future itself (``JobStore.commit``)
+
+    async def _nothing(self) -> None:
+        """An empty commit: nothing to write, but a closed store still says so."""
+        self._live()
 
     async def close(self) -> None:
         if self._committer is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
@@ -62,7 +62,19 @@ class MemoryStore:
         self._open = self._opened_once = True
         return Recovery(jobs=[], running=[], records=0)
 
-    async def commit(self, changes: Sequence[Change]) -> None:
+    def commit(self, changes: Sequence[Change]) -> Awaitable[None]:
+        """Applied at the call, and a future already done (or failed) handed back: as a
+        group commit's, never a coroutine a claim must wrap in a task to run."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._commit(changes)
+        except Exception as exc:  # every error out of the await, as a coroutine's would be
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        return done
+
+    def _commit(self, changes: Sequence[Change]) -> None:
         if not self._open:  # closed first, then empty: as every engine checks
             raise StoreClosedError("memory store is not open")
         if not changes:
