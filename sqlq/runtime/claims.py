@@ -23,6 +23,7 @@ import itertools
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Collection, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sqlq.common.backoff import Failure, after_failure, after_snooze, released
@@ -191,7 +192,7 @@ class ClaimsBase(Reach):
         self._caps = dict(parts.config.queue_caps)
         self._paused: set[str] = set()  # paused queues
         self._running: Counter[str] = Counter()  # attempts started here and not yet over, by queue
-        self._background: set[asyncio.Task[Any]] = set()  # outcomes (and touches) being written
+        self._background: set[asyncio.Future[Any]] = set()  # outcomes (and touches) being written
         self._setup()
 
     def _setup(self) -> None:
@@ -350,10 +351,73 @@ class ClaimsBase(Reach):
     ) -> None:
         """Write the outcome ``t`` in the background, while the worker takes its next job.
         ``again``: what to count if it is due again, besides ``retried`` (unless ``retried``
-        is False: a snooze, a claim given back)."""
-        task = asyncio.create_task(self._outcome(claim, t, again, retried))
+        is False: a snooze, a claim given back).
+
+        The usual end (nothing of the attempt waits to be written before it) runs on
+        callbacks: once the claim is known to have held, the write starts, and the
+        write's future, settled, finishes it (``_wrote``). Anything else, and any write
+        that failed, goes through ``_outcome``, the one place each case is handled. A
+        task per outcome was a fifth of what a no-op job cost the loop, for a wait a
+        callback can do."""
+        if claim.last is not None:
+            self._outcome_task(claim, t, again, retried)
+            return
+        claimed = claim.claimed
+        if not claimed.done():  # (a durable engine: the claim's sync is still under way)
+            self._background.add(claimed)  # (an outcome in flight, for settle and the bound)
+            claimed.add_done_callback(partial(self._then_write, claim, t, again, retried))
+            return
+        self._write_outcome(claim, t, again, retried)
+
+    def _then_write(
+        self, claim: Claim, t: Transition, again: Event | None, retried: bool, _: Any
+    ) -> None:
+        self._write_outcome(claim, t, again, retried)
+        self._background.discard(claim.claimed)  # (after: ``_background`` never empties between)
+
+    def _write_outcome(
+        self, claim: Claim, t: Transition, again: Event | None, retried: bool
+    ) -> None:
+        if claim.last is not None or not self._stood_already(claim):
+            self._outcome_task(claim, t, again, retried)
+            return
+        at = self._clock.time()
+        write = asyncio.ensure_future(self._write(t, at))  # (a future: as it is)
+        self._background.add(write)
+        write.add_done_callback(partial(self._wrote, claim, t, again, retried, at))
+
+    def _wrote(
+        self,
+        claim: Claim,
+        t: Transition,
+        again: Event | None,
+        retried: bool,
+        at: float,
+        write: asyncio.Future[Any],
+    ) -> None:
+        if write.cancelled() or write.exception() is not None:
+            self._outcome_task(claim, t, again, retried, (write, at))
+        else:
+            self._let_go(claim)
+            self._landed(claim.job, t, again, retried)
+        self._background.discard(write)
+
+    def _outcome_task(
+        self,
+        claim: Claim,
+        t: Transition,
+        again: Event | None,
+        retried: bool,
+        written: tuple[asyncio.Future[Any], float] | None = None,
+    ) -> None:
+        task = asyncio.create_task(self._outcome(claim, t, again, retried, written))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _stood_already(self, claim: Claim) -> bool:
+        """Whether ``claim`` is known, now, to have held (False: not known yet, or it did
+        not; ``_stood`` waits, and says which)."""
+        return False
 
     async def _make_room(self) -> None:
         """Before a claim, with ``max_outcomes`` outcomes being written: wait until half of
@@ -373,18 +437,29 @@ class ClaimsBase(Reach):
         return len(self._background)
 
     async def _outcome(
-        self, claim: Claim, t: Transition, again: Event | None, retried: bool
+        self,
+        claim: Claim,
+        t: Transition,
+        again: Event | None,
+        retried: bool,
+        written: tuple[asyncio.Future[Any], float] | None = None,
     ) -> None:
+        """The outcome's whole way, or (``written``: a write started, and failed) the rest
+        of it from there."""
         events, job = self._events, claim.job
         try:
-            if not await self._stood(claim):
-                return
-            if claim.last is not None:  # its progress, checkpoint or cancel first
-                await self._settled(claim)
-            at = self._clock.time()
+            if written is None:
+                if not await self._stood(claim):
+                    return
+                if claim.last is not None:  # its progress, checkpoint or cancel first
+                    await self._settled(claim)
+                at = self._clock.time()
+                write: Awaitable[None] = self._write(t, at)
+            else:
+                write, at = written
             try:
                 try:
-                    await self._write(t, at)
+                    await write
                 except UnencodableError as exc:
                     # The handler returned something JSON cannot hold: that attempt
                     # failed, like any other failure; the store is untouched.
@@ -402,6 +477,12 @@ class ClaimsBase(Reach):
                 return
         finally:
             self._let_go(claim)
+        self._landed(job, t, again, retried)
+
+    def _landed(self, job: Job, t: Transition, again: Event | None, retried: bool) -> None:
+        """The outcome ``t`` of ``job``'s attempt is durable: the view, the counts, and the
+        lanes if it is due again."""
+        events = self._events
         after = self.applied(job, t)
         if after.state is State.SCHEDULED:
             if retried:

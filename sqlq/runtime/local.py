@@ -131,6 +131,15 @@ class LocalClaims(ClaimsBase):
             self._events.record(Event.CLAIM_FAILED, claim.job)
         return result is ClaimResult.CLAIMED
 
+    def _stood_already(self, claim: Claim) -> bool:
+        claimed = claim.claimed
+        return (
+            claimed.done()
+            and not claimed.cancelled()
+            and claimed.exception() is None
+            and claimed.result() is ClaimResult.CLAIMED
+        )
+
     def _write(self, t: Transition, at: float) -> Awaitable[None]:
         return self._store.commit([t])
 

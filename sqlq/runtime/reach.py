@@ -78,7 +78,7 @@ class Reach:
     """The claims' side of a running attempt (a mixin of ``ClaimsBase``)."""
 
     # What ClaimsBase has (set in its __init__):
-    _background: set[asyncio.Task[Any]]
+    _background: set[asyncio.Future[Any]]
     _clock: Clock
     _config: RuntimeConfig
     _events: Events

@@ -71,6 +71,10 @@ class Scheduler:
         self._taken = taken  # called before the next gate check, so a cap counts it at once
         self._current = current
         self._queues: dict[str, QueueLanes[Job]] = {}  # only queues whose lanes hold an entry
+        # The one queue's lanes, emptied by the one-queue path (``_pop``), kept for the next
+        # job of any queue: with no backlog every job empties them, and making them anew
+        # was a dataclass and five containers a job.
+        self._spare: QueueLanes[Job] | None = None
         self._heaped = False  # the heaps are kept while more than one queue holds jobs
         self._due: list[tuple[int, int, str]] = []  # (-priority, turn, queue)
         self._timers: list[tuple[float, str]] = []  # (earliest ready_at, queue)
@@ -106,7 +110,7 @@ class Scheduler:
         now = self._clock.time()
         q = self._queues.get(job.queue)
         if q is None:
-            q = self._queues[job.queue] = QueueLanes(job.queue, self._current)
+            q = self._queues[job.queue] = self._new_lanes(job.queue)
             if not self._heaped and len(self._queues) > 1:
                 self._rebuild(now)  # a second queue holds jobs: from now on, choose
         ready_at = job.ready_at
@@ -233,6 +237,8 @@ class Scheduler:
             job = lanes.pop(now)
             if not lanes.due and not lanes.delayed:
                 self._queues = {}  # (a fresh dict: see _drop_if_empty)
+                if not (lanes.stale_ready or lanes.stale_delayed):
+                    self._spare = q  # empty: as good as new (``_new_lanes``)
             if job is None:
                 return None
             self._taken(name)
@@ -300,6 +306,14 @@ class Scheduler:
             q.lanes.promote(now)
             self._arm(q)
             self._offer(q)
+
+    def _new_lanes(self, name: str) -> QueueLanes[Job]:
+        spare = self._spare
+        if spare is None:
+            return QueueLanes(name, self._current)
+        self._spare = None
+        spare.name, spare.turn, spare.prio, spare.timer, spare.closed = name, -1, 0, None, False
+        return spare
 
     def _drop_if_empty(self, q: QueueLanes[Job]) -> None:
         if q.lanes.entries or self._queues.get(q.name) is not q:

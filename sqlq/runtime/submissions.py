@@ -62,9 +62,11 @@ class Submissions:
         kinds = self._kinds
         if self._is_remote(spec.queue) and spec.kind not in kinds:
             args = spec.args  # a remote worker's kind: any name, any JSON object (bounded)
+            rules_max = None
         else:  # (a task this server imports is checked in a remote queue too)
-            args = kinds.get(spec.kind).validate(spec.args)
-        rules_max = kinds.get(spec.kind).rules.max_attempts if spec.kind in kinds else None
+            kind = kinds.get(spec.kind)  # (``ValidationError`` naming an unknown kind)
+            args = kind.validate(spec.args)
+            rules_max = kind.rules.max_attempts
         if spec.delay_ms is not None and spec.run_at is not None:
             raise ValidationError("run_at", "give delay_ms or run_at, not both")
         ready_at = now
