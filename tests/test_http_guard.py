@@ -11,7 +11,7 @@ import pytest
 
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.http.app import create_app
-from sqlq.http.guard import Security, is_loopback
+from sqlq.http.guard import HOSTS_REMEMBERED, Guard, Security, is_loopback
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.service import Service
 from sqlq.throttle import MAX_FAILURES
@@ -94,6 +94,29 @@ async def test_allowed_host_adds_a_name(make_client: Client) -> None:
     assert r.status_code == 201
     r = await c.post("/jobs", json={"kind": "sleep"}, headers={"host": "other.internal"})
     assert r.status_code == 421
+
+
+async def test_the_host_verdicts_kept_are_bounded_and_stay_right(make_client: Client) -> None:
+    """The guard remembers each ``Host`` header's verdict; a flood of made-up names only
+    empties that memory (``HOSTS_REMEMBERED``), and every verdict stays as it was."""
+    c = await make_client()
+    assert (await c.get("/healthz")).status_code == 200  # (the stack is built at the first)
+    guard = _guard_of(c)
+    for n in range(3 * HOSTS_REMEMBERED):
+        r = await c.get("/healthz", headers={"host": f"made-up-{n}.example"})
+        assert r.status_code == 421
+        assert len(guard._hosts) <= HOSTS_REMEMBERED
+        if n % 50 == 0:
+            assert (await c.get("/healthz", headers={"host": "localhost:8080"})).status_code == 200
+    assert (await c.get("/healthz", headers={"host": "localhost:8080"})).status_code == 200
+    assert (await c.get("/healthz", headers={"host": "made-up-0.example"})).status_code == 421
+
+
+def _guard_of(c: httpx.AsyncClient) -> Guard:
+    stack = c._transport.app.middleware_stack  # type: ignore[attr-defined]
+    while not isinstance(stack, Guard):
+        stack = stack.app
+    return stack
 
 
 async def test_a_non_loopback_binding_does_not_check_host(make_client: Client) -> None:

@@ -67,27 +67,23 @@ class MemoryStore:
         group commit's, never a coroutine a claim must wrap in a task to run."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
-            self._commit(changes)
+            if not self._open:  # closed first, then empty: as every engine checks
+                raise StoreClosedError("memory store is not open")
+            if changes:
+                try:
+                    # Nothing is stored as bytes here, but a value a durable engine would
+                    # refuse must be refused here too, or the fake hides the failure.
+                    msgspec.json.encode(changes)
+                except ENCODE_ERRORS as exc:
+                    raise UnencodableError(describe_unencodable(exc)) from exc
+                self._index.apply(changes)
+                self._commits += 1
+                self._changes += len(changes)
         except Exception as exc:  # every error out of the await, as a coroutine's would be
             done.set_exception(exc)
         else:
             done.set_result(None)
         return done
-
-    def _commit(self, changes: Sequence[Change]) -> None:
-        if not self._open:  # closed first, then empty: as every engine checks
-            raise StoreClosedError("memory store is not open")
-        if not changes:
-            return
-        try:
-            # Nothing is stored as bytes here, but a value a durable engine would
-            # refuse must be refused here too, or the fake hides the failure.
-            msgspec.json.encode(changes)
-        except ENCODE_ERRORS as exc:
-            raise UnencodableError(describe_unencodable(exc)) from exc
-        self._index.apply(changes)
-        self._commits += 1
-        self._changes += len(changes)
 
     async def get(self, job_id: str) -> Job | None:
         if not self._open:

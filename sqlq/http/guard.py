@@ -128,6 +128,9 @@ class Security:
         return roster(self.token, self.principals)
 
 
+HOSTS_REMEMBERED = 64  # distinct ``Host`` headers whose verdict is kept (then forgotten)
+
+
 def _host_name(value: str) -> str:
     """``Host`` without its port: ``[::1]:8080`` -> ``[::1]``, ``a:80`` -> ``a``."""
     value = value.strip().lower()
@@ -205,6 +208,19 @@ class Guard:
         self._delegated = delegated
         self._delegated_paths = frozenset(delegated)
         self._delegated_prefixes = tuple(p + "/" for p in delegated)  # (one C call a request)
+        self._hosts: dict[bytes, bool] = {}  # ``Host`` headers seen: allowed or not
+
+    def _host_allowed(self, raw: bytes, host: str) -> bool:
+        """Whether ``Host`` names this server (``--allowed-host``), remembered by the raw
+        header: every request asks, and clients send one or two names."""
+        known = self._hosts
+        allowed = known.get(raw)
+        if allowed is None:
+            allowed = _host_name(host) in (self.security.allowed_hosts or ())
+            if len(known) >= HOSTS_REMEMBERED:  # (made-up names can only empty it)
+                known.clear()
+            known[raw] = allowed
+        return allowed
 
     def _own_checks(self, path: str) -> bool:
         """Whether ``path`` is under a prefix that checks its own token and content type."""
@@ -246,8 +262,9 @@ class Guard:
         for k, v in scope["headers"]:
             headers.setdefault(k, v)  # the first of a repeated header
         sec = self.security
-        host = headers.get(b"host", b"").decode("latin-1")
-        if sec.allowed_hosts is not None and _host_name(host) not in sec.allowed_hosts:
+        raw_host = headers.get(b"host", b"")
+        host = raw_host.decode("latin-1")
+        if sec.allowed_hosts is not None and not self._host_allowed(raw_host, host):
             return (
                 421,
                 "misdirected",

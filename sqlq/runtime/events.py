@@ -159,10 +159,6 @@ class Events:
         """``schedule`` was deleted: its series go, as a gone queue's do."""
         self.ticks.pop(schedule, None)
 
-    def ended(self, job: Job) -> None:
-        """``job`` reached a terminal state (and left the live view)."""
-        self.record(ENDED[job.state], job)
-
     def prune(self) -> None:
         """Drop the series of queues with no live job."""
         live = self.live_queues()

@@ -19,7 +19,7 @@ from operator import attrgetter
 from typing import TypeVar
 
 from sqlq.common.models import TERMINAL, Job, State, Transition
-from sqlq.runtime.events import Events
+from sqlq.runtime.events import ENDED, Events
 
 _STATE_QUEUE = attrgetter("state", "queue")
 K = TypeVar("K", bound=Hashable)
@@ -89,7 +89,7 @@ class LiveJobs:
     def ended(self, job: Job) -> None:
         """``job`` is finished (here, or on another node in shared mode): count it, and
         tell whoever waits on it."""
-        self.events.ended(job)
+        self.events.record(ENDED[job.state], job)
         if self.on_finished is not None:
             self.on_finished(job)
 
