@@ -22,7 +22,7 @@ import asyncio
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -357,13 +357,9 @@ class ClaimsBase(Reach):
         callbacks: once the claim is known to have held, the write starts, and the
         write's future, settled, finishes it (``_wrote``). Anything else, and any write
         that failed, goes through ``_outcome``, the one place each case is handled. A
-        task per outcome was a fifth of what a no-op job cost the loop, for a wait a
-        callback can do."""
-        if claim.last is not None:
-            self._outcome_task(claim, t, again, retried)
-            return
+        task per outcome did nothing but wait, which callbacks do for less."""
         claimed = claim.claimed
-        if not claimed.done():  # (a durable engine: the claim's sync is still under way)
+        if claim.last is None and not claimed.done():  # (durable: its sync is under way)
             self._background.add(claimed)  # (an outcome in flight, for settle and the bound)
             claimed.add_done_callback(partial(self._then_write, claim, t, again, retried))
             return
@@ -379,7 +375,7 @@ class ClaimsBase(Reach):
         self, claim: Claim, t: Transition, again: Event | None, retried: bool
     ) -> None:
         if claim.last is not None or not self._stood_already(claim):
-            self._outcome_task(claim, t, again, retried)
+            self._spawn(self._outcome(claim, t, again, retried))
             return
         at = self._clock.time()
         write = asyncio.ensure_future(self._write(t, at))  # (a future: as it is)
@@ -396,21 +392,15 @@ class ClaimsBase(Reach):
         write: asyncio.Future[Any],
     ) -> None:
         if write.cancelled() or write.exception() is not None:
-            self._outcome_task(claim, t, again, retried, (write, at))
+            self._spawn(self._outcome(claim, t, again, retried, (write, at)))
         else:
             self._let_go(claim)
             self._landed(claim.job, t, again, retried)
         self._background.discard(write)
 
-    def _outcome_task(
-        self,
-        claim: Claim,
-        t: Transition,
-        again: Event | None,
-        retried: bool,
-        written: tuple[asyncio.Future[Any], float] | None = None,
-    ) -> None:
-        task = asyncio.create_task(self._outcome(claim, t, again, retried, written))
+    def _spawn(self, outcome: Coroutine[Any, Any, None]) -> None:
+        """Run ``outcome`` (``_outcome``) as a task, in flight until it ends."""
+        task = asyncio.create_task(outcome)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
