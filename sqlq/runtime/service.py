@@ -208,7 +208,8 @@ class Service:
     ) -> tuple[list[Job], list[bool]]:
         """Validate, commit as one atomic change, then make claimable: the jobs (durable
         on return), and which are new (an idempotency key may return an existing job)."""
-        self._check_accepting()
+        if self.state is not RuntimeState.READY:  # (``_check_accepting``, inline: every job)
+            self._check_accepting()
         jobs, new = await self.submissions.submit(specs, batch=batch)
         if self._remote_queues:  # a kind sent to a remote queue: is it one a worker runs?
             seen, now, is_remote = self.remote.seen, self.clock.time(), self._is_remote

@@ -110,7 +110,10 @@ class Submissions:
         new) if it asks for the same thing, and ``IdempotencyConflictError``
         otherwise.
         """
-        keyed = {i: s.idempotency_key for i, s in enumerate(specs) if s.idempotency_key}
+        keyed: dict[int, str] = {}
+        for i, s in enumerate(specs):  # (a loop, not a comprehension: no frame a submission)
+            if s.idempotency_key:
+                keyed[i] = s.idempotency_key
         if not keyed:
             return (jobs := await self._submit_new(specs, batch)), [True] * len(jobs)
         seen: dict[str, int] = {}
