@@ -73,7 +73,10 @@ class LiveJobs:
         moved = not (was_live and live and old is not None and old.queue == new.queue)
         if old is not None and was_live:
             self.counts[old.state] -= 1
-            _uncount(self.census, (old.state, old.queue))
+            census, key = self.census, (old.state, old.queue)
+            n = census.pop(key, 0)  # (``_uncount``, inline: two transitions a job come here)
+            if n > 1:
+                census[key] = n - 1
             if moved:
                 _uncount(self.queues, old.queue)
         if live:
