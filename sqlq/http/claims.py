@@ -84,6 +84,10 @@ LOOK_AFTER_S = 0.1
 assert MAX_OUTCOME_BODY >= 6 * MAX_ERROR + 1024, "a failure's error must fit a /claims/fail body"
 
 ReadBody = Callable[[Request, int], Awaitable[bytes]]
+Gone = Callable[[], Awaitable[bool]]  # whether the request's client went away (a look)
+Answer = tuple[int, bytes]  # status, JSON body
+
+_encode = msgspec.json.Encoder().encode
 
 
 # Each single form: its body's struct, what it says without the token, and its limit.
@@ -93,6 +97,13 @@ SINGLE: dict[str, tuple[type[Any], type[Any], int]] = {
     "snooze": (SnoozeBody, SnoozeIn, MAX_OUTCOME_BODY),
     "checkpoint": (CheckpointBody, CheckpointIn, MAX_CHECKPOINT_BODY),
     "release": (ReleaseBody, ReleaseIn, MAX_OUTCOME_BODY),
+}
+# Every /claims call's limit, by path: what either door reads of a body at most.
+LIMITS: dict[str, int] = {
+    "/claims": MAX_CLAIM_BODY,
+    "/claims/heartbeat": MAX_HEARTBEAT_BODY,
+    **{f"/claims/{name}": limit for name, (_, _, limit) in SINGLE.items()},
+    "/claims/outcomes": MAX_OUTCOMES_BODY,
 }
 
 
@@ -105,69 +116,88 @@ def _what(body: Any, said: type[Any]) -> What:
     return what
 
 
-def answer(reported: Reported) -> Response:
+def answer(reported: Reported) -> Answer:
     """A single outcome's answer: 200 ``Reported``, or its refusal as an error body."""
     if reported.error is None:
-        return JSONResponse(reported)
+        return 200, _encode(reported)
     detail = reported.detail or reported.error
     if reported.error == FENCED:
-        return error(409, FENCED, detail or "fenced", "token")
-    if reported.error == "forbidden":
-        return error(403, "forbidden", detail)
-    field, sep, message = detail.partition(": ")  # the runtime's "<field>: why"
-    if not sep or " " in field:  # a detail that names no field
-        field, message = "body", detail
-    return error(422, "invalid", message, field)
+        refused = error(409, FENCED, detail or "fenced", "token")
+    elif reported.error == "forbidden":
+        refused = error(403, "forbidden", detail)
+    else:
+        field, sep, message = detail.partition(": ")  # the runtime's "<field>: why"
+        if not sep or " " in field:  # a detail that names no field
+            field, message = "body", detail
+        refused = error(422, "invalid", message, field)
+    return refused.status_code, bytes(refused.body)  # (the one table's body, as made)
 
 
-def routes(service: Service, read_body: ReadBody) -> list[Route]:
-    """The routes over ``service.remote``; ``read_body`` is the app's bounded reader."""
+class ClaimCalls:
+    """The work of every ``/claims`` call over ``service.remote``, from a body's bytes to
+    an answer's: one piece of code, whichever door the request came in by (the lean
+    one, ``sqlq.http.lean``, or the router's, ``routes``). Errors are raised, for the
+    one error table (``sqlq.http.errors``) to answer."""
 
-    def who(request: Request) -> Principal:
-        return principal(request.scope)
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        self.calls: dict[str, Callable[[Principal, bytes, Gone], Awaitable[Answer]]] = {
+            "/claims": self.claim,
+            "/claims/heartbeat": self.heartbeat,
+            **{f"/claims/{name}": self._single(name) for name in SINGLE},
+            "/claims/outcomes": self.outcomes,
+        }
 
-    async def claim(request: Request) -> Response:
-        req = decode(await read_body(request, MAX_CLAIM_BODY), ClaimRequest)
+    async def claim(self, who: Principal, body: bytes, gone: Gone) -> Answer:
+        remote = self._service.remote
+        req = decode(body, ClaimRequest)
         came = time.monotonic()
-        answer = await service.remote.claim(req, who(request))
-        if (
-            answer.claims
-            and time.monotonic() - came > LOOK_AFTER_S
-            and await request.is_disconnected()
-        ):  # (a long poll's) fmt: skip
-            await service.remote.give_back(answer, who(request))
-            answer = ClaimAnswer(claims=[], outcomes=answer.outcomes)  # (nobody reads it)
-        return JSONResponse(answer)
+        got = await remote.claim(req, who)
+        if got.claims and time.monotonic() - came > LOOK_AFTER_S and await gone():
+            # (a long poll's client went away meanwhile)
+            await remote.give_back(got, who)
+            got = ClaimAnswer(claims=[], outcomes=got.outcomes)  # (nobody reads it)
+        return 200, _encode(got)
 
-    async def heartbeat(request: Request) -> Response:
-        req = check_heartbeat(
-            decode(await read_body(request, MAX_HEARTBEAT_BODY), HeartbeatRequest)
-        )
-        return JSONResponse(await service.remote.heartbeat(req, who(request)))
+    async def heartbeat(self, who: Principal, body: bytes, gone: Gone) -> Answer:
+        req = check_heartbeat(decode(body, HeartbeatRequest))
+        return 200, _encode(await self._service.remote.heartbeat(req, who))
 
-    def single(name: str) -> Callable[[Request], Awaitable[Response]]:
-        struct, said, limit = SINGLE[name]
+    def _single(self, name: str) -> Callable[[Principal, bytes, Gone], Awaitable[Answer]]:
+        struct, said, _ = SINGLE[name]
 
-        async def report(request: Request) -> Response:
-            body = decode(await read_body(request, limit), struct)
-            what = _what(body, said)
-            reported = await service.remote.report(body.token, what, who(request))
-            return answer(reported)
+        async def report(who: Principal, body: bytes, gone: Gone) -> Answer:
+            got = decode(body, struct)
+            return answer(await self._service.remote.report(got.token, _what(got, said), who))
 
         report.__name__ = f"report_{name}"
         return report
 
-    async def outcomes(request: Request) -> Response:
-        req = decode(await read_body(request, MAX_OUTCOMES_BODY), OutcomesRequest)
-        return JSONResponse(await service.remote.outcomes(req, who(request)))
+    async def outcomes(self, who: Principal, body: bytes, gone: Gone) -> Answer:
+        req = decode(body, OutcomesRequest)
+        return 200, _encode(await self._service.remote.outcomes(req, who))
+
+
+def routes(service: Service, read_body: ReadBody, calls: ClaimCalls | None = None) -> list[Route]:
+    """The router's door: the routes over ``calls`` (``service``'s, by default), each a thin
+    one; ``read_body`` is the app's bounded reader."""
+    work = calls or ClaimCalls(service)
+
+    def door(path: str) -> Callable[[Request], Awaitable[Response]]:
+        call, limit = work.calls[path], LIMITS[path]
+
+        async def route(request: Request) -> Response:
+            body = await read_body(request, limit)
+            status, out = await call(principal(request.scope), body, request.is_disconnected)
+            return Response(out, status_code=status, media_type="application/json")
+
+        route.__name__ = path.strip("/").replace("/", "_")
+        return route
 
     async def workers(_: Request) -> Response:
         return JSONResponse(msgspec.to_builtins(service.remote.workers()))
 
     return [
-        Route("/claims", claim, methods=["POST"]),
-        Route("/claims/heartbeat", heartbeat, methods=["POST"]),
-        *(Route(f"/claims/{name}", single(name), methods=["POST"]) for name in SINGLE),
-        Route("/claims/outcomes", outcomes, methods=["POST"]),
+        *(Route(path, door(path), methods=["POST"]) for path in work.calls),
         Route("/workers", workers, methods=["GET"]),
     ]

@@ -1,5 +1,6 @@
-"""The job's own routes as plain ASGI: ``POST /jobs``, ``POST /jobs/batch`` and ``GET
-/jobs/{id}``, answered ahead of Starlette's router.
+"""The job's own routes as plain ASGI: ``POST /jobs``, ``POST /jobs/batch``, ``GET
+/jobs/{id}`` and the pull protocol's ``POST /claims`` calls, answered ahead of Starlette's
+router.
 
 A no-op job's HTTP cost was mostly the framework's, not the queue's: a ``Request`` and
 its header map, a router walking every route, the exception middleware, a ``Response``
@@ -11,7 +12,12 @@ routed handlers': the ``Guard`` ran first (host, token, origin, content type: on
 (``sqlq.http.access.RULES``), a submitter's queues from ``may_submit`` and
 ``may_read``, and an error answers through the one table (``sqlq.http.errors.answer``).
 The router keeps these routes too (a ``HEAD``, say, comes that way), each a thin door onto
-the same work (``submit``, ``submit_batch``, ``get``): one piece of code either way.
+the same work (``submit``, ``submit_batch``, ``get``; ``sqlq.http.claims.ClaimCalls`` for
+``/claims``): one piece of code either way.
+
+A claim that long-polled looks whether its client is still there before it hands its jobs
+over (``sqlq.http.claims``); here that look is ``client_gone``: the ASGI ``receive`` run
+up to its first wait and no further, as Starlette's ``Request.is_disconnected`` runs it.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from urllib.parse import parse_qsl
 
+import anyio
 import msgspec
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from sqlq.common import query as params
 from sqlq.common.errors import JobNotFoundError, ValidationError
@@ -28,6 +35,7 @@ from sqlq.common.roles import Principal
 from sqlq.common.specs import MAX_JOB_BYTES, decode_batch, decode_job, whole_number
 from sqlq.common.wire import job_view
 from sqlq.http.access import RoleError, may_read, may_submit, principal, rule
+from sqlq.http.claims import LIMITS, ClaimCalls
 from sqlq.http.errors import BodyTooLarge, answer
 from sqlq.runtime.service import Service
 
@@ -87,16 +95,19 @@ class Lean:
     """The lean routes over ``runtime``: ``route(method, path)`` is the handler that
     answers it, or None (the router's, then)."""
 
-    def __init__(self, runtime: Service) -> None:
+    def __init__(self, runtime: Service, claims: ClaimCalls | None = None) -> None:
         self._runtime = runtime
+        self.claims = claims or ClaimCalls(runtime)
         self._roles = {
             ("POST", "/jobs"): rule("POST", "/jobs"),
             ("POST", "/jobs/batch"): rule("POST", "/jobs/batch"),
             ("GET", "/jobs/{job_id}"): rule("GET", "/jobs/{job_id}"),
+            **{("POST", path): rule("POST", path) for path in self.claims.calls},
         }
         self._exact: dict[tuple[str, str], Handler] = {
             ("POST", "/jobs"): self._submit,
             ("POST", "/jobs/batch"): self._submit_batch,
+            **{("POST", path): self._claims for path in self.claims.calls},
         }
 
     def route(self, method: str, path: str) -> Handler | None:
@@ -192,6 +203,29 @@ class Lean:
             await self._answer(scope, send, exc)
             return
         await _send(send, status, out)
+
+    async def _claims(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        try:
+            self._allowed(scope, "POST", path)
+            body = await read_body(scope, receive, LIMITS[path])
+            status, out = await self.claims.calls[path](
+                principal(scope), body, lambda: client_gone(receive)
+            )
+        except Exception as exc:
+            await self._answer(scope, send, exc)
+            return
+        await _send(send, status, out)
+
+
+async def client_gone(receive: Receive) -> bool:
+    """Whether the client went away: ``receive`` run to its first wait, not past it (the
+    server answers a disconnect at once; else there is nothing to read yet)."""
+    message: Message = {}
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        message = await receive()
+    return message.get("type") == "http.disconnect"
 
 
 def _query(raw: bytes) -> dict[str, str]:
