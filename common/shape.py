@@ -69,6 +69,12 @@ def measure(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEM
     walked as the builtins they encode to. What msgspec cannot encode at all is
     left to the encoder, which fails the attempt itself.
     """
+    if type(value) is dict and len(value) < max_items // 2 and max_depth > 0:  # the usual:
+        for v in value.values():  # one object of scalars, counted without the walk's lists
+            if type(v) not in _SCALARS:
+                break
+        else:
+            return 1 + 2 * len(value)  # itself, and each key and value
     items = 0
     depth = 0  # levels that held an object or array: the value's nesting
     level = [value]

@@ -78,3 +78,15 @@ def test_other_containers_are_walked_as_what_they_encode_to() -> None:
     with pytest.raises(ShapeError):
         measure((_nested(MAX_DEPTH),))
     assert measure({"x": object()}) == 3  # left to the encoder, which refuses it
+
+
+def test_an_object_of_scalars_counts_as_the_walk_counts_it_up_to_the_limits() -> None:
+    """The usual args and results (one object of scalars) skip the walk's lists: the count,
+    and both limits, are still the walk's."""
+    flat = {str(i): i for i in range(10)}
+    assert measure(flat) == reference(flat)[1]
+    with pytest.raises(ShapeError, match="nested deeper than 0"):
+        measure(flat, max_depth=0)
+    measure({str(i): i for i in range(MAX_ITEMS // 2 - 1)})  # 1 + 2n items: within
+    with pytest.raises(ShapeError, match=f"more than {MAX_ITEMS}"):
+        measure({str(i): i for i in range(MAX_ITEMS // 2)})
