@@ -217,3 +217,46 @@ def test_the_last_live_entry_popped_takes_the_stale_ones_with_it() -> None:
     assert lanes.pop(100.0) == "now"
     assert lanes.entries == 0
     assert lanes.next_wakeup() is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_delayed_lane_hands_out_in_due_then_arrival_order_in_or_out_of_order(
+    seed: int,
+) -> None:
+    """The delayed lane keeps entries that come in order as columns and the rest in a heap;
+    whatever the mix (a batch delayed alike, then one due sooner, ties, pops between pushes,
+    a purge), what comes out is what one heap on (ready_at, arrival) would give."""
+    import heapq
+
+    rng = random.Random(seed)
+    lanes: Lanes[str] = Lanes()
+    model: list[tuple[float, int, str]] = []
+    now, n, out, expected = 0.0, 0, [], []
+    for _ in range(400):
+        roll = rng.random()
+        if roll < 0.6:  # mostly in order, sometimes a tie, sometimes earlier than the last
+            at = now + rng.choice([50.0, 50.0, rng.uniform(1, 100)])
+            name = f"j{n}"
+            assert lanes.push(name, at, 0, now)
+            heapq.heappush(model, (at, n, name))
+            n += 1
+        elif roll < 0.9:
+            now += rng.uniform(0, 20)
+            while (got := lanes.pop(now)) is not None:
+                out.append(got)
+            while model and model[0][0] <= now:
+                expected.append(heapq.heappop(model)[2])
+        else:  # drop every third of what waits: the lane keeps the rest in order
+            gone = {name for _, k, name in model if k % 3 == 0}
+            lanes.current = lambda item, gone=gone: item not in gone  # type: ignore[misc]
+            lanes.purge()
+            model = [e for e in model if e[2] not in gone]
+            heapq.heapify(model)
+        assert len(lanes) == len(model)
+        assert lanes.next_wakeup() == (model[0][0] if model else None)
+    now += 1000
+    while (got := lanes.pop(now)) is not None:
+        out.append(got)
+    expected.extend(heapq.heappop(model)[2] for _ in range(len(model)))
+    assert out == expected
+    assert len(lanes) == 0
