@@ -103,6 +103,18 @@ def _step(job_id: str, cur: JobFacts, t: dict[str, Any]) -> None:
     cur.history.append((cur.state, cur.epoch))
 
 
+def _patch(job_id: str, cur: JobFacts, p: dict[str, Any]) -> None:
+    """A walq patch folded into ``cur``: running -> running at its epoch, and only what it
+    carries (absent: its default) changed."""
+    if cur.state != "running" or p["expect_epoch"] != cur.epoch:
+        raise VerifyError(f"job {job_id}: patch at epoch {p['expect_epoch']} of {cur.state} "
+                          f"at {cur.epoch}")  # fmt: skip
+    cur.cancel_requested_at = p.get("cancel_requested_at")
+    cur.progress = p.get("progress")
+    cur.lease_until = p.get("lease_until")
+    cur.history.append((cur.state, cur.epoch))
+
+
 def _json(text: Any) -> Any:
     """A JSON column's value: text as stored (NULL: None); a driver that decodes jsonb
     itself hands over the value."""
@@ -177,6 +189,13 @@ def read_walq(path: Path) -> dict[str, JobFacts]:
         assert expect_seq is not None
         expect_seq += 1
         for op in rec["ops"]:
+            if "patch" in op:  # a running job's progress, cancel asked or lease: the rest kept
+                p = op["patch"]
+                cur = jobs.get(p["id"])
+                if cur is None:
+                    raise VerifyError(f"patch of unknown job {p['id']}")
+                _patch(p["id"], cur, p)
+                continue
             if not ("put" in op or "set" in op):  # a schedule's change: offline_schedules
                 continue
             if "put" in op:

@@ -11,10 +11,12 @@ ten errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.models import Job, State, Transition
@@ -165,3 +167,88 @@ async def test_a_torn_tail_and_repair_keep_the_new_fields_of_the_prefix(tmp_path
     assert (report.kept_bytes, report.moved_to is not None) == (len(good), True)
     got: dict[str, Any] = await reopened(tmp_path, whole.id)
     assert got == {whole.id: whole}
+
+
+def ops_of(path: Path) -> list[str]:
+    """The op names of every change record in the log, in order."""
+    names: list[str] = []
+    for line in path.read_bytes().splitlines()[1:]:
+        record = log.unframe(line)
+        names.extend(next(iter(op)) for op in record.get("ops", ()))
+    return names
+
+
+async def test_a_progress_write_is_a_patch_of_what_changed_not_the_checkpoint_again(
+    tmp_path: Path,
+) -> None:
+    """A running job holding a 64 KiB checkpoint reports progress, then is asked to cancel:
+    each is a patch of a few hundred bytes, and the job read back after a reopen, and after
+    a compaction, is the job the full transitions make."""
+    store = WalStore(tmp_path, clock=FakeClock(NOW), fs=NoSyncFiles())
+    await store.open()
+    job = Job.new(kind="sleep", args={}, now=NOW, job_id="e" * 32)
+    await store.commit([job])
+    steps: list[Callable[[Job], Transition]] = [
+        lambda j: j.start(NOW + 1),
+        lambda j: j.touch(NOW + 2, checkpoint=check_checkpoint(BIG)),
+        lambda j: j.touch(NOW + 3, progress=Progress(percent=10.0, message="10", at=NOW + 3)),
+        lambda j: j.touch(NOW + 4, progress=Progress(percent=20.0, message=None, at=NOW + 4)),
+        lambda j: j.request_cancel(NOW + 5),
+    ]
+    sizes: list[int] = []
+    for step in steps:
+        t = step(job)
+        job = job.apply(t)
+        before = store.log_bytes()
+        await store.commit([t])
+        sizes.append(store.log_bytes() - before)
+        assert await store.get(job.id) == job
+    await store.close()
+    assert ops_of(log_path(tmp_path)) == ["put", "set", "set", "patch", "patch", "patch"]
+    assert sizes[1] > MAX_CHECKPOINT_BYTES  # the checkpoint, once
+    assert max(sizes[2:]) < 400  # then only what changed
+    assert (job.progress, job.cancel_requested_at) == (
+        Progress(percent=20.0, message=None, at=NOW + 4), NOW + 5,
+    )  # fmt: skip
+    assert await reopened(tmp_path, job.id) == {job.id: job}
+
+    store = WalStore(tmp_path, clock=FakeClock(NOW + 100), fs=NoSyncFiles())
+    await store.open()
+    await store.compact()
+    await store.close()
+    assert ops_of(log_path(tmp_path)) == []  # the snapshot holds it
+    assert await reopened(tmp_path, job.id) == {job.id: job}
+
+
+async def test_a_patch_made_stale_in_its_batch_is_written_whole(tmp_path: Path) -> None:
+    """Two calls in one batch: a new checkpoint, then a progress change built from the job
+    before it (a writer that did not wait). Against the committed job the second is a
+    patch; against the job as staged before it, it would put the old checkpoint back, so it
+    is written whole: what recovery folds is what the store served."""
+    store = WalStore(tmp_path, clock=FakeClock(NOW), fs=NoSyncFiles())
+    await store.open()
+    job = Job.new(kind="sleep", args={}, now=NOW, job_id="d" * 32)
+    t = job.start(NOW + 1)
+    job = job.apply(t)
+    await store.commit([job])
+    await store.commit([t])
+    saved = job.touch(NOW + 2, checkpoint={"page": 2})
+    stale = job.touch(NOW + 3, progress=Progress(percent=50.0, message=None, at=NOW + 3))
+    first, second = store.commit([saved]), store.commit([stale])  # one batch
+    await first
+    await second
+    served = await store.get(job.id)
+    assert served == job.apply(saved).apply(stale)
+    assert served is not None
+    assert served.checkpoint is None  # the whole transition's
+    await store.close()
+    assert ops_of(log_path(tmp_path))[-2:] == ["set", "set"]
+    assert await reopened(tmp_path, job.id) == {job.id: served}
+
+
+def test_a_patch_is_refused_at_recovery_on_a_job_that_does_not_run() -> None:
+    """A patch never starts an attempt: on a scheduled job it does not fold."""
+    job = Job.new(kind="sleep", args={}, now=NOW, job_id="c" * 32)
+    patch = log.Patch(job_id=job.id, expect_epoch=0, updated_at=NOW)
+    with pytest.raises(ValueError, match="scheduled"):
+        patch.transition(job)

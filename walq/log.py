@@ -15,9 +15,12 @@ and any JSON parser can still read the line. Records, in file order:
 3. change records ``{"seq":N,"ops":[<op>, ...]}`` with ``N`` = S, S+1, S+2, ...
    and no gaps. One record is one ``commit`` call, so a torn write can never
    apply half of a call. An op is ``{"put":<job>}`` (a submission),
-   ``{"set":<transition>}`` (a state change, fields of ``Transition.to_dict``), or
+   ``{"set":<transition>}`` (a state change, fields of ``Transition.to_dict``),
+   ``{"patch":<Patch>}`` (a running job's change of only what its attempt reports:
+   progress, a cancel asked for, a remote lease; the rest of it as it was), or
    a schedule change: ``{"sput":<PutSchedule>}``, ``{"sdrop":<DropSchedule>}``,
-   ``{"sadv":<AdvanceSchedule>}`` (``walq.records``).
+   ``{"sadv":<AdvanceSchedule>}`` (``walq.records``). A log without patches is read
+   as it always was; a release before patches refuses one that has them (an unknown op).
 
 The state is the fold: start from the snapshot, apply each op in order. Then a
 schedule's cursor is the later of its own and the newest tick among its jobs
@@ -47,14 +50,19 @@ from typing import Any
 
 import msgspec
 
-from sqlq.common.models import Job, Transition
+from sqlq.common.models import Job, State, Transition
+from sqlq.common.running import Progress
 
 MAGIC = "walq"
 VERSION = 1
 
 _PREFIX = b'{"crc":"'
 _MIDDLE = b'","rec":'
-_REC_START = len(_PREFIX) + 8 + len(_MIDDLE)  # 24
+_CRC_END = len(_PREFIX) + 8  # 16
+_REC_START = _CRC_END + len(_MIDDLE)  # 24
+_CLOSE = ord("}")
+_SEQ_START = b'{"seq":'  # how a change record starts, as ``change_record`` writes it
+_SNAP_START = b'{"snap":'  # ... and a job's snapshot record, as compaction writes it
 _MIN_LINE = _REC_START + 3  # '{}' + '}'
 
 
@@ -91,14 +99,54 @@ class ForeignVersion(BadLine):
 # structs: no dict per record, no conversion after. Any other line (the header, or
 # a record these do not fit, even a damaged one) takes the generic path, which
 # keeps every check and error message it had.
+class Patch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
+    """A running -> running change of only what an attempt reports, at the same epoch: the
+    job's progress, a cancel asked for, a remote holder's lease (and whether a forced cancel
+    holds it), and when. Every other field stays as the job has it, so the record is a few
+    hundred bytes where the whole transition carries the checkpoint too (up to 64 KiB). The
+    writer writes one only where it is exactly the transition it stands for on the job as it
+    then is (``walq.records.patch_of``); recovery folds it as that transition."""
+
+    job_id: str = msgspec.field(name="id")
+    expect_epoch: int
+    updated_at: float
+    progress: Progress | None = None
+    cancel_requested_at: float | None = None
+    lease_until: float | None = None
+    cancel_forced: bool = False
+
+    def transition(self, job: Job) -> Transition:
+        """The transition this patch stands for on ``job`` as it is (``ValueError`` unless it
+        runs: a patch never starts an attempt); ``Job.apply`` checks the rest."""
+        if job.state is not State.RUNNING:
+            raise ValueError(f"a patch of job {job.id}, which is {job.state.value}")
+        return Transition(
+            job_id=self.job_id, expect_epoch=self.expect_epoch, state=State.RUNNING,
+            epoch=self.expect_epoch, attempts=job.attempts, ready_at=job.ready_at,
+            updated_at=self.updated_at, last_error=job.last_error, result=job.result,
+            started_at=job.started_at, cancel_requested_at=self.cancel_requested_at,
+            progress=self.progress, checkpoint=job.checkpoint, snoozes=job.snoozes,
+            errors=job.errors, holder=job.holder, lease_until=self.lease_until,
+            cancel_forced=self.cancel_forced,
+        )  # fmt: skip
+
+
 class Op(msgspec.Struct, forbid_unknown_fields=True):
     put: Job | None = None
     set: Transition | None = None
+    patch: Patch | None = None
 
-    def change(self) -> Job | Transition:
-        if (self.put is None) == (self.set is None):
-            raise ValueError("an op holds exactly one of put and set")
-        return self.put if self.put is not None else self.set  # type: ignore[return-value]
+    def change(self) -> Job | Transition | Patch:
+        put, set_, patch = self.put, self.set, self.patch
+        if put is not None:
+            if set_ is None and patch is None:
+                return put
+        elif set_ is not None:
+            if patch is None:
+                return set_
+        elif patch is not None:
+            return patch
+        raise ValueError("an op holds exactly one of put, set and patch")
 
 
 class ChangeRecord(msgspec.Struct, forbid_unknown_fields=True):
@@ -231,43 +279,63 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
     expect_seq = 0
     valid_end = 0
     records = 0
-    for offset, line, complete in lines(data):
+    snapshots = -1  # while no change record came yet: the header's start_seq
+    # The fast path reads each line in place (a view, no copies): framing, CRC, then the
+    # record decoded typed by its first bytes (``{"seq":`` or, before any change record,
+    # ``{"snap":``). Any line it does not take whole goes the generic way below, which
+    # keeps every check and error message it had.
+    emit = add if fold is None else fold  # (the fold itself: one call fewer a record)
+    view = memoryview(data)
+    find, at, crc32 = data.find, data.startswith, zlib.crc32
+    size, pos = len(data), 0
+    while pos < size:
+        offset = pos
+        nl = find(b"\n", pos)
+        if nl < 0:
+            line, complete, pos = data[offset:], False, size
+        else:
+            pos = nl + 1
+            if (
+                head is not None
+                and nl - offset >= _MIN_LINE
+                and at(_PREFIX, offset)
+                and at(_MIDDLE, offset + _CRC_END)
+                and data[nl - 1] == _CLOSE
+            ):
+                body = view[offset + _REC_START : nl - 1]
+                if data[offset + len(_PREFIX) : offset + _CRC_END] == b"%08x" % crc32(body):
+                    if at(_SEQ_START, offset + _REC_START):
+                        try:
+                            rec = _CHANGE.decode(body)
+                        except msgspec.DecodeError:
+                            pass
+                        else:
+                            if rec.seq == expect_seq:
+                                emit(offset, False, rec)
+                                expect_seq += 1
+                                records += 1
+                                valid_end = pos
+                                continue
+                    elif expect_seq == snapshots and at(_SNAP_START, offset + _REC_START):
+                        try:
+                            snap = _SNAP.decode(body)
+                        except msgspec.DecodeError:
+                            pass
+                        else:
+                            emit(offset, True, snap.snap)
+                            records += 1
+                            valid_end = pos
+                            continue
+            line, complete = data[offset:nl], True
         bad: BadLine | None = None
         record: dict[str, Any] = {}
         if not complete:
             bad = BadLine("no newline at end of file")
         else:
             try:
-                body = body_of(line)
+                record = _decode(body_of(line))
             except BadLine as exc:
                 bad = exc
-            else:
-                if head is not None:  # the fast path: a typed record in its place
-                    try:
-                        rec = _CHANGE.decode(body)
-                    except msgspec.DecodeError:
-                        pass
-                    else:
-                        if rec.seq == expect_seq:
-                            add(offset, False, rec)
-                            expect_seq += 1
-                            records += 1
-                            valid_end = offset + len(line) + 1
-                            continue
-                    if expect_seq == int(head["start_seq"]):  # no change record yet
-                        try:
-                            snap = _SNAP.decode(body)
-                        except msgspec.DecodeError:
-                            pass
-                        else:
-                            add(offset, True, snap.snap)
-                            records += 1
-                            valid_end = offset + len(line) + 1
-                            continue
-                try:
-                    record = _decode(body)
-                except BadLine as exc:
-                    bad = exc
         if bad is None:
             started = head is not None and expect_seq != int(head["start_seq"])
             bad = _place(record, head, started, expect_seq)
@@ -285,7 +353,7 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
             )
         if head is None:
             head = record
-            expect_seq = int(record["start_seq"])
+            expect_seq = snapshots = int(record["start_seq"])
         elif "snap" in record:
             add(offset, True, record["snap"])
             records += 1
@@ -296,7 +364,7 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
             add(offset, False, record)
             expect_seq += 1
             records += 1
-        valid_end = offset + len(line) + 1
+        valid_end = pos
     return Scan(
         header=head,
         snapshot=snapshot,

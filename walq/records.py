@@ -6,6 +6,12 @@ The writer encodes each commit call's ops on the caller's turn
 encode (``op_change``). ``walq.log`` owns the framing and the record types;
 ``walq.store`` drives both directions.
 
+A running job's change of only what its attempt reports (progress, a cancel asked for, a
+remote lease) is a ``patch`` op (``log.Patch``), not the whole transition: the writer
+makes one only where it is exactly that transition on the job it applies to
+(``patch_of``), checked on the caller's turn against the committed job and again in the
+batch against the job as staged before it; otherwise the call is encoded whole.
+
 A schedule change is an op of its own kind (``sput``, ``sdrop``, ``sadv``) in
 the same record as the rest of its call, so a tick (its cursor's advance and its
 job) is one CRC-framed line: a torn tail drops both or neither. A compaction
@@ -21,7 +27,7 @@ from typing import Any
 import msgspec
 
 from sqlq.common.engine.index import Staged
-from sqlq.common.models import Job, Transition
+from sqlq.common.models import Job, State, Transition
 from sqlq.common.schedule import AdvanceSchedule, DropSchedule, PutSchedule, Schedule
 from sqlq.common.store import Change
 from sqlq.walq import log
@@ -80,6 +86,53 @@ def encode_ops(changes: Sequence[Change]) -> bytes:
     return ScheduleOps(b",".join(ops)) if scheduled else b",".join(ops)
 
 
+class PatchOps(bytes):
+    """The encoded op of a call that is one ``patch``: the writer checks it again against
+    the job as staged before it in the batch (``patch_of``), and encodes the call whole if
+    another change came between."""
+
+    __slots__ = ()
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether a transition's field leaves the job's as it is: the very value (what
+    ``Job._to`` copies), or an equal one of the same type (never 1 for True)."""
+    return a is b or (type(a) is type(b) and a == b)
+
+
+def patch_of(job: Job, t: Transition) -> log.Patch | None:
+    """``t`` as a patch, if on ``job`` (as it is before ``t``) it changes nothing but what
+    a patch carries; else None. The checkpoint, result and errors must be the job's own
+    values (the very objects; the runtime's transitions carry them so), not equal copies:
+    comparing two 64 KiB values would cost what the patch saves."""
+    if not (
+        t.state is State.RUNNING
+        and job.state is State.RUNNING
+        and t.expect_epoch == t.epoch == job.epoch
+        and t.checkpoint is job.checkpoint
+        and t.result is job.result
+        and t.errors is job.errors
+        and t.attempts == job.attempts
+        and t.snoozes == job.snoozes
+        and t.attempts_total in (None, job.attempts_total)
+        and _same(t.ready_at, job.ready_at)
+        and _same(t.started_at, job.started_at)
+        and _same(t.last_error, job.last_error)
+        and _same(t.holder, job.holder)
+    ):
+        return None
+    return log.Patch(
+        job_id=t.job_id, expect_epoch=t.expect_epoch, updated_at=t.updated_at,
+        progress=t.progress, cancel_requested_at=t.cancel_requested_at,
+        lease_until=t.lease_until, cancel_forced=t.cancel_forced,
+    )  # fmt: skip
+
+
+def encode_patch(patch: log.Patch) -> PatchOps:
+    """A patch's op."""
+    return PatchOps(b'{"patch":%s}' % msgspec.json.encode(patch))
+
+
 def jobs_of(staged: Staged) -> dict[str, Job]:
     """The jobs of a staged batch that changed a schedule (the rest of it are schedules, and
     None for a dropped one)."""
@@ -91,16 +144,21 @@ def change_record(seq: int, ops: bytes) -> bytes:
     return log.frame(b'{"seq":%d,"ops":[%s]}' % (seq, ops))
 
 
-def compacted(change: Change) -> Change:
+def compacted(change: Change | log.Patch) -> Change | log.Patch:
     return change.compact() if isinstance(change, Job) else change
 
 
-def op_change(op: dict[str, Any]) -> Change:
-    """One op of a change record as the change it encodes."""
+def op_change(op: dict[str, Any]) -> Change | log.Patch:
+    """One op of a change record as the change it encodes (a patch as itself: it becomes a
+    transition on the job as it then is, ``log.Patch.transition``)."""
     if "put" in op:
         return Job.from_dict(op["put"])
     if "set" in op:
         return Transition.from_dict(op["set"])
+    if "patch" in op:
+        if len(op) != 1:
+            raise ValueError(f"an op holds exactly one change, not {sorted(op)}")
+        return msgspec.convert(op["patch"], log.Patch)
     if len(op) != 1:
         raise ValueError(f"an op holds exactly one change, not {sorted(op)}")
     ((name, body),) = op.items()

@@ -17,27 +17,38 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
 from sqlq.common.engine.base import DurableStore
-from sqlq.common.engine.groupcommit import Pending
+from sqlq.common.engine.groupcommit import ENCODE_ERRORS, Pending, describe_unencodable
 from sqlq.common.engine.index import JobIndex, Staged, expired
-from sqlq.common.errors import CorruptLogError, SqlqError, StoreError
-from sqlq.common.models import TERMINAL, Job, State
+from sqlq.common.engine.trim import release_freed
+from sqlq.common.errors import (
+    CorruptLogError,
+    JobNotFoundError,
+    SqlqError,
+    StoreError,
+    UnencodableError,
+)
+from sqlq.common.models import TERMINAL, Job, State, Transition
 from sqlq.common.schedule import AdvanceSchedule, Schedule
-from sqlq.common.store import CompactionReport, JobQuery, Recovery, StoreStats
+from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery, StoreStats
 from sqlq.walq import log, tail
 from sqlq.walq.compact import Compactor, Snapshot, SnapshotState, create_fresh
 from sqlq.walq.files import OS_FILES, FileOps
 from sqlq.walq.queues import QUEUES_NAME, read_paused, write_paused
 from sqlq.walq.records import (
+    PatchOps,
+    ScheduleOps,
     change_record,
     compacted,
     encode_ops,
+    encode_patch,
     jobs_of,
     op_change,
+    patch_of,
     snapshot_change,
 )
 from sqlq.walq.schedules import cursor_fixes, fix_note
@@ -135,6 +146,7 @@ class WalStore(DurableStore):
         self._finished = deque(finished)
         self._fd = fs.open_append(self.path)
         notes.extend(self._fix_cursors(fixes) if fixes else ())
+        release_freed()  # what the fold made and dropped between the jobs it keeps
         return Recovery(
             jobs=live,
             running=[j.id for j in live if j.state is State.RUNNING],
@@ -174,20 +186,37 @@ class WalStore(DurableStore):
         return notes
 
     def _fold(self, offset: int, is_snapshot: bool, record: Any) -> None:
-        """One record of the log into the state (``JobIndex.replay``: ``Job.apply`` checks),
-        as ``log.scan`` reads it."""
+        """One record of the log into the state (``JobIndex.replay``: ``Job.apply`` checks; a
+        snapshot's job ``JobIndex.insert``, the same checks), as ``log.scan`` reads it."""
         replay = self._index.replay
         try:
-            if is_snapshot:  # a job typed, as read (a typed decode failed), or a schedule
-                replay([record.compact() if isinstance(record, Job) else snapshot_change(record)])
+            if is_snapshot and type(record) is Job:  # (nearly every record of a snapshot)
+                self._index.insert(record.compact())
+                self._snapshot_jobs += 1
+            elif is_snapshot:  # a job as read (its typed decode failed), or a schedule
+                replay([snapshot_change(record)])
                 self._snapshot_jobs += 1
             elif isinstance(record, log.ChangeRecord):
-                replay([compacted(op.change()) for op in record.ops])
+                self._replay([compacted(op.change()) for op in record.ops])
             else:
-                replay([compacted(op_change(op)) for op in record["ops"]])
+                self._replay([compacted(op_change(op)) for op in record["ops"]])
         except (KeyError, TypeError, ValueError, SqlqError) as exc:
             what = "bad snapshot record" if is_snapshot else "record does not fold"
             raise CorruptLogError(self.path, offset, f"{what}: {exc!r}") from exc
+
+    def _replay(self, changes: list[Change | log.Patch]) -> None:
+        """A change record's changes into the state, in order; a patch as the transition it
+        stands for on its job as it then is."""
+        if not any(type(c) is log.Patch for c in changes):
+            self._index.replay(changes)  # type: ignore[arg-type]  # (no patch among them)
+            return
+        for change in changes:
+            if isinstance(change, log.Patch):
+                job = self._index.get(change.job_id)
+                if job is None:
+                    raise JobNotFoundError(change.job_id)
+                change = change.transition(job)
+            self._index.replay([change])
 
     async def _release(self) -> None:
         await self.compactor.close()
@@ -197,7 +226,31 @@ class WalStore(DurableStore):
 
     # -- commits -------------------------------------------------------------------
 
-    _encode = staticmethod(encode_ops)  # on the caller's turn (see ``GroupCommitter``)
+    def _encode(self, changes: Sequence[Change]) -> bytes:
+        """A call's ops, on the caller's turn (see ``GroupCommitter``): a running job's
+        change of only what its attempt reports, alone in its call, as a patch (checked here
+        against the committed job, and again in the batch: ``_flush``)."""
+        if len(changes) == 1:
+            t = changes[0]
+            if type(t) is Transition and t.state is State.RUNNING:  # (a start is too: cheap)
+                job = self._index.jobs.get(t.job_id)
+                patch = None if job is None else patch_of(job, t)
+                if patch is not None:
+                    return encode_patch(patch)
+        return encode_ops(changes)
+
+    def _checked(self, pending: Pending, staged: Staged) -> bytes:
+        """A patch's op if it still is exactly its transition on the job as staged before
+        it in this batch; else the call encoded whole (``UnencodableError`` if it cannot)."""
+        t = pending.changes[0]
+        assert isinstance(t, Transition)
+        before = staged[t.job_id] if t.job_id in staged else self._index.get(t.job_id)
+        if isinstance(before, Job) and patch_of(before, t) is not None:
+            return bytes(pending.encoded)
+        try:
+            return encode_ops(pending.changes)
+        except ENCODE_ERRORS as exc:
+            raise UnencodableError(describe_unencodable(exc)) from exc
 
     async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
         staged: Staged = {}
@@ -207,18 +260,21 @@ class WalStore(DurableStore):
         seq = self._seq
         scheduled = False  # whether a call changed a schedule: then not every value is a job
         for pending in batch:
+            encoded = pending.encoded
             try:
+                if type(encoded) is PatchOps:
+                    encoded = self._checked(pending, staged)
                 mine = self._index.stage(pending.changes, staged, staged_keys)
             except SqlqError as exc:
                 outcomes.append(exc)
                 continue
             staged.update(mine)
             jobs: dict[str, Job] = mine  # type: ignore[assignment]  # all jobs, unless:
-            if type(pending.encoded) is not bytes:  # a schedule changed (``ScheduleOps``)
+            if type(encoded) is ScheduleOps:  # a schedule changed: not every value is a job
                 scheduled, jobs = True, jobs_of(mine)
             staged_keys.update(j.idempotency_key for j in jobs.values() if j.idempotency_key)
             seq += 1
-            lines.append(change_record(seq, pending.encoded))
+            lines.append(change_record(seq, encoded))
             outcomes.append(None)
         if lines:
             data = b"".join(lines)
