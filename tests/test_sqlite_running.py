@@ -108,3 +108,44 @@ async def test_the_slow_path_writes_the_running_fields_whole(tmp_path: Path) -> 
         assert got.cancel_requested_at == job.cancel_requested_at  # carried by the move
     finally:
         await store.close()
+
+
+async def test_a_progress_write_rewrites_a_page_not_the_checkpoint(tmp_path: Path) -> None:
+    """A running job holding a 64 KiB checkpoint reports progress: SQLite overwrites the
+    row in place (its progress padded to its slot keeps the record's size), so the WAL grows
+    by a page or two a write (after the first), not by the checkpoint's overflow pages; the
+    job reads back
+    whole (the padding is JSON's whitespace), after a reopen too."""
+    from sqlq.common.running import MAX_CHECKPOINT_BYTES, check_checkpoint
+
+    store = SQLiteStore(tmp_path, sync="os")
+    await store.open()
+    job = Job.new(kind="noop", args={}, now=NOW)
+    await store.commit([job])
+    big = check_checkpoint({"blob": "x" * (MAX_CHECKPOINT_BYTES - 11)})
+    for t in (job.start(NOW + 1),):
+        await store.commit([t])
+        job = job.apply(t)
+    t = job.touch(NOW + 2, checkpoint=big)
+    await store.commit([t])
+    job = job.apply(t)
+    wal = Path(store.path + "-wal")
+    grew = []
+    for i in range(1, 30):  # "report 1" ... "report 29": lengths change, slots mostly not
+        t = job.touch(NOW + 2 + i, progress=check_progress(i, f"report {i}", NOW + 2 + i))
+        before = wal.stat().st_size
+        await store.commit([t])
+        grew.append(wal.stat().st_size - before)
+        job = job.apply(t)
+        assert await store.get(job.id) == job
+    await store.close()
+    # The first progress is a new value (NULL before): the record grows, and is written
+    # whole once. Every later one is a page or two (and their frame headers).
+    assert grew[0] > MAX_CHECKPOINT_BYTES
+    assert max(grew[1:]) <= 2 * (4096 + 24)
+    reopened = SQLiteStore(tmp_path, sync="os")
+    recovery = await reopened.open()
+    try:
+        assert recovery.jobs == [job]
+    finally:
+        await reopened.close()
