@@ -155,10 +155,17 @@ class RemoteClaims:
         # keep the processes busy meanwhile), and lets outcomes gather for a moment.
         self._processes = processes
         self._refill = max(1, (concurrency - processes) // 2) if processes else 1
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("claimed", "completed", "failed", "snoozed", "released", "fenced", "cut_off",
+             "lease_lost", "claims", "outcome_calls", "heartbeats", "undelivered"), 0)  # fmt: skip
         self._outbox = Outbox(client, clock=clock, rng=rng, backoff=backoff,
                               answered=self._answered, before=self._flush,
-                              linger_s=PROCESS_LINGER_S if processes else 0.0)  # fmt: skip
+                              linger_s=PROCESS_LINGER_S if processes else 0.0,
+                              counts=self.stats)  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
+        # every remote claim's fate, known before the pool sees it: one future, settled once
+        # and shared (awaited, never changed), not one made and settled a job
+        self._held_ok: asyncio.Future[ClaimResult] | None = None
         self._held: dict[str, Attempt] = {}  # claimed, end not decided: takes a slot
         self._leased: dict[str, Attempt] = {}  # claimed, end not answered: heartbeated
         self._by_claim: dict[int, Attempt] = {}  # id(claim) -> its attempt (the pool's)
@@ -179,9 +186,6 @@ class RemoteClaims:
         self._saves: set[asyncio.Task[None]] = set()  # checkpoints being written
         self._claims_out: set[asyncio.Event] = set()  # each set when its claim answers
         self.fatal: ApiError | None = None  # why the server refused this worker for good
-        self.stats: dict[str, int] = dict.fromkeys(
-            ("claimed", "completed", "failed", "snoozed", "released", "fenced", "cut_off",
-             "lease_lost", "claims", "heartbeats", "undelivered"), 0)  # fmt: skip
 
     def attach(self, attempts: Attempts) -> None:
         """The pool whose attempts a heartbeat's answer reaches (a cancel, a fence)."""
@@ -337,8 +341,9 @@ class RemoteClaims:
         if carried:
             self._refused_carries = 0
         self._draining = len(granted) == n  # a full answer: there may be more
+        late = self._clock.monotonic() - asked > self._lease_s * SKEW_MARGIN
         for g in granted:
-            self._granted(g, asked)
+            self._granted(g, asked, late)
         if not granted and not carried:  # a long poll that came back at once: not a spin
             self._claim_after = max(self._claim_after, asked + IDLE_POLL_S)
 
@@ -385,15 +390,17 @@ class RemoteClaims:
             if not call.done():
                 call.cancel()
 
-    def _granted(self, g: Granted, asked: float) -> None:
-        """A job granted by a claim sent at ``asked`` (monotonic): its lease runs from then.
-        Checked here, as the server cannot check a remote queue's jobs; then a worker's."""
-        loop = asyncio.get_running_loop()
+    def _granted(self, g: Granted, asked: float, late: bool) -> None:
+        """A job granted by a claim sent at ``asked`` (monotonic): its lease runs from then
+        (``late``: its answer came past the lease's margin). Checked here, as the server
+        cannot check a remote queue's jobs; then a worker's."""
+        claimed = self._held_ok
+        if claimed is None:
+            claimed = self._held_ok = asyncio.get_running_loop().create_future()
+            claimed.set_result(ClaimResult.CLAIMED)
         job = job_of(g.job)
-        claimed: asyncio.Future[ClaimResult] = loop.create_future()
-        claimed.set_result(ClaimResult.CLAIMED)
         a = Attempt(g.token, job, Claim(job, claimed), asked + self._lease_s)
-        if self._clock.monotonic() - asked > self._lease_s * SKEW_MARGIN:  # a late answer:
+        if late:  # a late answer:
             self._progressed.add(a)  # renewed with the next progress beat, not a lease third
             self._beat_now.set()  # later (its lease ran from the claim's sending)
         self.stats["claimed"] += 1

@@ -70,6 +70,7 @@ class Outbox:
         answered: Callable[[Attempt, Reported | None], None],
         before: Callable[[list[Attempt]], Awaitable[None]],
         linger_s: float = 0.0,
+        counts: dict[str, int] | None = None,
     ) -> None:
         self._linger = linger_s  # a lone outcome waits this long for others to share its call
         self._client = client
@@ -84,6 +85,7 @@ class Outbox:
         self._changed = asyncio.Event()  # an item was answered, or a hurry came
         self.failures = 0  # calls failed in a row
         self.batches = 0
+        self.counts = counts if counts is not None else {"outcome_calls": 0}  # its own calls
         self.rounds = 0  # calls made, answered or failed
         self._out: set[str] = set()  # tokens in a call now
         self._resume_at = 0.0  # monotonic: after a failed call, no new one before this
@@ -162,6 +164,7 @@ class Outbox:
         saving = [a.saving for a in batch if a.saving is not None and not a.saving.done()]
         if saving:
             await asyncio.gather(*saving, return_exceptions=True)
+        self.counts["outcome_calls"] += 1  # (the claims that carry outcomes are not its)
         try:
             answers = await self._client.outcomes([msgspec.Raw(a.body) for a in batch])
         except Invalid as exc:  # the body as a whole refused (too large, say): one by one
