@@ -6,8 +6,9 @@ against the same jobs run in the server's process, side by side in one run (issu
   ``sqlq serve --workers 0`` (every queue remote), which claim and report in batches, and
   by the same two with ``WIDE_SLOTS`` each (a claim's largest batch). Jobs/s to the last
   durable completion (``p_runs``), beside the rate of decided outcomes, and server CPU
-  per job (the workers' beside it). Bar: remote (as many slots)
-  >= 0.50x in-process.
+  per job (the workers' beside it). Bars: remote (as many slots) >= 0.50x in-process;
+  #35's, for workers with enough slots (the wide row): >= 0.90x in-process, with server
+  CPU per job at most in-process's.
 - **cpu**: ``CPU_JOBS`` jobs of ``sqlq.bench.spinkind.spin`` (pure-Python arithmetic,
   ~20-50 ms here) on SQLite: in the server's thread pool (``--workers 2``: one GIL), by
   ``sqlq worker --processes 1`` and ``--processes 2``, and by huey's process consumer
@@ -46,6 +47,10 @@ CPU_JOBS, QUICK_CPU_JOBS = 360, 6  # ~4 s a drain on 2 processes: steadier on a 
 LATENCY_JOBS, QUICK_LATENCY_JOBS = 100, 5
 CPU_STORE = "sqlite"  # storage does not matter for 30 ms of CPU a job (experiment F)
 NOOP_BAR = 0.50  # remote no-op jobs/s over in-process (as many slots as workers)
+# #35's bars, for a worker with enough slots (the wide row): its no-op jobs/s over
+# in-process, and the server's CPU a job over in-process (at most the same)
+ENOUGH_BAR = 0.9
+CPU_BAR = 1.0
 WIDE_SLOTS = MAX_CLAIM  # the wide remote row: a claim's largest batch, each worker
 SCALE_BAR = 1.8  # --processes 2 over --processes 1
 PEER_BAR = 1.0  # sqlq --processes 2 over huey -w 2
@@ -227,6 +232,27 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
                 f"{med(x):.2f}x",
                 med(x) >= NOOP_BAR,
                 f"bar >= {NOOP_BAR:.2f}x",
+            )
+        if WIDE_SLOTS == WORKERS // REMOTE_WORKERS:
+            continue
+        wide = _slots(WIDE_SLOTS * REMOTE_WORKERS)
+        x = ratios(by_store[store], wide, _is("local"))
+        if x:
+            rep.check(
+                f"P: {store}, no-op jobs/s through remote workers with a full claim's slots "
+                "over in-process",
+                f"{med(x):.2f}x",
+                med(x) >= ENOUGH_BAR,
+                f"bar >= {ENOUGH_BAR:.2f}x",
+            )
+        cpu = _cpu_ratios(by_store[store], wide)
+        if cpu:
+            rep.check(
+                f"P: {store}, server CPU a no-op job with remote workers (a full claim's "
+                "slots) over in-process",
+                f"{med(cpu):.2f}x",
+                med(cpu) <= CPU_BAR,
+                f"bar <= {CPU_BAR:.2f}x",
             )
 
 
