@@ -245,13 +245,13 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
                 med(x) >= ENOUGH_BAR,
                 f"bar >= {ENOUGH_BAR:.2f}x",
             )
-        cpu = _cpu_ratios(by_store[store], wide)
-        if cpu:
+        cpus = _cpu_ratios(by_store[store], wide)
+        if cpus:
             rep.check(
                 f"P: {store}, server CPU a no-op job with remote workers (a full claim's "
                 "slots) over in-process",
-                f"{med(cpu):.2f}x",
-                med(cpu) <= CPU_BAR,
+                f"{med(cpus):.2f}x",
+                med(cpus) <= CPU_BAR,
                 f"bar <= {CPU_BAR:.2f}x",
             )
 
