@@ -235,8 +235,8 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
             )
         if WIDE_SLOTS == WORKERS // REMOTE_WORKERS:
             continue
-        wide = _slots(WIDE_SLOTS * REMOTE_WORKERS)
-        x = ratios(by_store[store], wide, _is("local"))
+        enough = _slots(WIDE_SLOTS * REMOTE_WORKERS)
+        x = ratios(by_store[store], enough, _is("local"))
         if x:
             rep.check(
                 f"P: {store}, no-op jobs/s through remote workers with a full claim's slots "
@@ -245,7 +245,7 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
                 med(x) >= ENOUGH_BAR,
                 f"bar >= {ENOUGH_BAR:.2f}x",
             )
-        cpus = _cpu_ratios(by_store[store], wide)
+        cpus = _cpu_ratios(by_store[store], enough)
         if cpus:
             rep.check(
                 f"P: {store}, server CPU a no-op job with remote workers (a full claim's "
