@@ -1,7 +1,9 @@
 """The job kind of experiment O (``sqlq.bench.experiments.o_progress``), imported by its
 server (``sqlq serve --import sqlq.bench.progresskind``): a job that reports progress
 every ``every_ms`` for ``seconds`` (``every_ms`` 0: the same job reporting nothing), so
-the store writes its reports cost are the difference between the two."""
+the store writes its reports cost are the difference between the two. ``checkpoint_kib``
+(0: none): the job first saves a checkpoint of about that size, which every write of the
+job then carries unless the store writes only what changed."""
 
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ KIND = "bench.progress"
 @task(name=KIND, timeout=3600)
 async def reporting(args: Any, ctx: JobContext) -> Any:
     every, seconds = int(args["every_ms"]) / 1000, float(args["seconds"])
+    kib = int(args.get("checkpoint_kib", 0))
+    if kib:  # JSON of exactly ``kib`` KiB: {"blob":"xxx..."} is 11 bytes besides the x's
+        await ctx.checkpoint({"blob": "x" * (kib * 1024 - 11)})
     clock = ctx.clock
     start = clock.monotonic()
     end = start + seconds
