@@ -54,10 +54,14 @@ def test_quick_o_runs_on_every_durable_engine_within_the_bar(tmp_path: Path) -> 
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in (tmp_path / "O.jsonl").read_text().splitlines()]
-    assert sorted(row["store"] for row in rows) == sorted(DURABLE)
+    for kib in (0, o_progress.CHECKPOINT_KIB):  # without a checkpoint, then holding one
+        assert sorted(row["store"] for row in rows if row["checkpoint_kib"] == kib) == sorted(
+            DURABLE
+        )
     for row in rows:
         assert row["reports"] > 100  # every 10 ms for 2 s
         assert row["last_percent"] == 100.0
+        assert row["bytes_progress"] >= 0  # (0 where the files are in memory: tmpfs)
         writes = row["commits_progress"] - row["commits_silent"]
         assert 1 <= writes <= row["seconds"] + 1, row
     assert "## O. Progress costs" in (tmp_path / "REPORT.md").read_text()
