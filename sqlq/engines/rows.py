@@ -102,7 +102,7 @@ def job_values(job: Job) -> tuple[Any, ...]:
         job.id,
         job.kind,
         msgspec.json.encode(job.args).decode(),
-        job.state.value,
+        job.state._value_,  # (not ``.value``: the enum's property is a Python call a row)
         job.attempts,
         job.max_attempts,
         job.ready_at,
@@ -129,7 +129,7 @@ def transition_values(t: Transition) -> tuple[Any, ...]:
     return (
         t.job_id,
         t.expect_epoch,
-        t.state.value,
+        t.state._value_,
         t.epoch,
         t.attempts,
         t.ready_at,

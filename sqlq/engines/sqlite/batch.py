@@ -115,11 +115,16 @@ class Steps(list[Row]):
 
 
 def encode_rows(changes: Sequence[Change]) -> list[Row]:
-    """One caller's changes as rows, on its own turn (see ``GroupCommitter``)."""
-    rows = [change_row(c) for c in changes]
-    if all(type(row) is tuple for row in rows):
-        return rows
-    return Steps(rows)
+    """One caller's changes as rows, on its own turn (see ``GroupCommitter``). A loop, not
+    comprehensions: a claim's or an outcome's call is one change, and their frames cost it
+    more than its row."""
+    rows: list[Row] = []
+    plain = True
+    for change in changes:
+        row = change_row(change)
+        plain = plain and type(row) is tuple
+        rows.append(row)
+    return rows if plain else Steps(rows)
 
 
 # Rows per statement: SQLite allows 32,766 parameters in one statement.
