@@ -96,7 +96,8 @@ def change_row(change: Change) -> tuple[str, tuple[Any, ...]] | Statement:
         return (INSERT, job_values(change))
     if not isinstance(change, Transition):
         return schedule_statement(change)
-    return (MOVE, _slotted(transition_values(change)))
+    values = transition_values(change)
+    return (MOVE, values if values[_PROGRESS] is None else _slotted(values))  # (most: none)
 
 
 def view_row(op: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
