@@ -3,6 +3,8 @@
 ``--transitions N``: jobs go submit -> start -> complete in commits of 1,000
 changes; about 1 in 30 transitions is a job left scheduled, so recovery has
 live work to find. ``--live N``: N jobs delayed by a day, all live at restart.
+``--compact``: the engine compacts once the jobs are in (walq: its log becomes the
+snapshot a restart reads, one record a job).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ async def fill(store_name: str, data: str, transitions: int) -> None:
     await store.close()
 
 
-async def fill_live(store_name: str, data: str, jobs: int) -> None:
+async def fill_live(store_name: str, data: str, jobs: int, compact: bool = False) -> None:
     store = make_store(store_name, data, sync="os")
     await store.open()
     now = time.time()
@@ -50,6 +52,8 @@ async def fill_live(store_name: str, data: str, jobs: int) -> None:
             [Job.new(kind="sleep", args={"work_ms": 0}, now=now, ready_at=now + 86400)
              for _ in range(min(CHUNK, jobs - start))]
         )  # fmt: skip
+    if compact:
+        await store.compact()
     await store.close()
 
 
@@ -60,9 +64,10 @@ def main() -> None:
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--transitions", type=int)
     how.add_argument("--live", type=int)
+    p.add_argument("--compact", action="store_true")
     a = p.parse_args()
     if a.live is not None:
-        asyncio.run(fill_live(a.store, a.data, a.live))
+        asyncio.run(fill_live(a.store, a.data, a.live, a.compact))
     else:
         asyncio.run(fill(a.store, a.data, a.transitions))
 
