@@ -18,20 +18,14 @@ import pstats
 from collections import Counter
 from pathlib import Path
 
-# Where a function's file is, as the table names it: the project's files by their path in
-# it, libraries by their package, the standard library by its module.
-_ROOTS = ("/site-packages/", "/lib/python3.11/", "/sqlq/", "/bench/", "/walq/", "/common/")
-
 
 def where(file: str) -> str:
-    """``file`` as the table shows it: the part after the project's or the library's root."""
+    """``file`` as the table names it: its last folder and its name (``runtime/live.py``),
+    the same in every tree whatever its layout (an older tree's package root was
+    ``common/``; this one's is ``sqlq/``), so one function's rows line up across trees."""
     if file == "~":
         return "builtins"
-    for root in _ROOTS:
-        if root in file:
-            tail = file.rsplit(root, 1)[1]
-            return tail if root in ("/site-packages/", "/lib/python3.11/") else root[1:] + tail
-    return file
+    return "/".join(file.rsplit("/", 2)[-2:])
 
 
 def per_job(path: Path, jobs: int) -> tuple[Counter[str], Counter[str], float]:
