@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -119,3 +120,26 @@ def test_a_truncated_header() -> None:
     assert recovery.jobs == []  # type: ignore[attr-defined]
     assert (d / "walq.log.broken-1").read_bytes() == DATA[:10]
     shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("twice", ["id", "idempotency_key"])
+def test_a_snapshot_holding_a_job_or_a_key_twice_fails_the_open(tmp_path: Path, twice: str) -> None:
+    """A snapshot's jobs fold through ``JobIndex.insert``, with replay's checks: a second job
+    of the same id, or of the same key, is damage, named at its record."""
+    first = Job.new(kind="k", args={}, now=NOW, job_id="1" * 32, idempotency_key="key")
+    second = Job.new(kind="k", args={}, now=NOW, job_id="1" * 32 if twice == "id" else "2" * 32,
+                     idempotency_key="key")  # fmt: skip
+    d = tmp_path / "walq"
+    d.mkdir()
+    snaps = [log.frame(b'{"snap":%s}' % msgspec.json.encode(j)) for j in (first, second)]
+    path = d / "walq.log"
+    path.write_bytes(log.header(1, NOW) + b"".join(snaps))
+
+    async def go() -> None:
+        store = WalStore(d, clock=FakeClock(NOW), fs=NoSyncFiles())
+        with pytest.raises(CorruptLogError) as err:
+            await store.open()
+        assert str(len(log.header(1, NOW)) + len(snaps[0])) in str(err.value)
+        assert "Duplicate" in str(err.value)
+
+    asyncio.run(go())
