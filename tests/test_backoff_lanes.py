@@ -260,3 +260,21 @@ def test_the_delayed_lane_hands_out_in_due_then_arrival_order_in_or_out_of_order
     expected.extend(heapq.heappop(model)[2] for _ in range(len(model)))
     assert out == expected
     assert len(lanes) == 0
+
+
+def test_loading_jobs_already_in_due_order_hands_them_out_as_pushing_does() -> None:
+    """Recovery's jobs mostly come in due order (no sort then): due ones, ties, delayed ones."""
+    now = 100.0
+    times = [90.0, 95.0, 95.0, 100.0, 150.0, 150.0, 160.0, 200.0]
+    jobs = [(f"j{i}", t, i % 2) for i, t in enumerate(times)]
+    pushed: Lanes[str] = Lanes()
+    loaded: Lanes[str] = Lanes()
+    for job_id, ready_at, priority in jobs:
+        pushed.push(job_id, ready_at, priority, now)
+    ids, due, priorities = (list(column) for column in zip(*jobs, strict=True))
+    loaded.load(ids, due, priorities, now)
+    assert loaded.sizes() == pushed.sizes() == {"immediate": 4, "delayed": 4}
+    out = [[lanes.pop(t) for t in (now, now, now, now, 155.0, 155.0, 300.0, 300.0, 300.0)]
+           for lanes in (pushed, loaded)]  # fmt: skip
+    assert out[0] == out[1]
+    assert out[0][-1] is None

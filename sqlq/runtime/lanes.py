@@ -30,6 +30,7 @@ import bisect
 import heapq
 import itertools
 import math
+import operator
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -202,19 +203,23 @@ class Lanes(Generic[T]):
         delayed ones into the delayed lane as one run; every pass a C loop. Nearly sorted
         already (ids and times grow together), so about linear."""
         self._promote(now)
-        order = sorted(range(len(items)), key=due.__getitem__)
-        at = list(map(due.__getitem__, order))
+        if all(map(operator.le, due, itertools.islice(due, 1, None))):  # in order already
+            at, ordered, ranked = due, items, priorities  # (a batch delayed alike: no sort)
+        else:
+            order = sorted(range(len(items)), key=due.__getitem__)
+            at = list(map(due.__getitem__, order))
+            ordered = list(map(items.__getitem__, order))
+            ranked = list(map(priorities.__getitem__, order))
         now_due = bisect.bisect_right(at, self.seen)
-        for n in order[:now_due]:
-            self._make_due(items[n], priorities[n])
+        for n in range(now_due):
+            self._make_due(ordered[n], ranked[n])
         if now_due == len(items):
             return
-        later = order[now_due:]
+        later = len(items) - now_due
         first = next(self._arrival)  # their arrivals: first, first + 1, ... in this order
-        self._arrival = itertools.count(first + len(later))
-        self.delayed.extend(at[now_due:], list(range(first, first + len(later))),
-                            list(map(priorities.__getitem__, later)),
-                            list(map(items.__getitem__, later)))  # fmt: skip
+        self._arrival = itertools.count(first + later)
+        self.delayed.extend(at[now_due:], list(range(first, first + later)), ranked[now_due:],
+                            ordered[now_due:])  # fmt: skip
 
     def next_wakeup(self) -> float | None:
         """When the earliest delayed entry becomes due; None if the heap is empty."""
