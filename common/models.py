@@ -429,15 +429,28 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         """This job, decoded from storage, made to share what many jobs hold alike: its kind
         and queue names (interned), and its times with other jobs' equal ones (jobs made in
         one batch share their ``created_at``, often their ``ready_at``). In place (the job
-        is new and not yet shared); a million queued jobs keep ~150 bytes each less."""
-        set_ = msgspec.structs.force_setattr
+        is new and not yet shared); a million queued jobs keep ~150 bytes each less. Once a
+        job at recovery: the lookups are written out, not calls (~200 ns a job fewer)."""
+        set_, times = msgspec.structs.force_setattr, _TIMES
         set_(self, "kind", sys.intern(self.kind))
         set_(self, "queue", sys.intern(self.queue))
-        created = _shared(self.created_at)
+        t = self.created_at
+        created = times.get(t)
+        if created is None:
+            created = _kept(t)
         set_(self, "created_at", created)
-        updated, ready = self.updated_at, self.ready_at
-        set_(self, "updated_at", created if updated == created else _shared(updated))
-        set_(self, "ready_at", created if ready == created else _shared(ready))
+        t = self.updated_at
+        if t == created:
+            set_(self, "updated_at", created)
+        else:
+            shared = times.get(t)
+            set_(self, "updated_at", _kept(t) if shared is None else shared)
+        t = self.ready_at
+        if t == created:
+            set_(self, "ready_at", created)
+        else:
+            shared = times.get(t)
+            set_(self, "ready_at", _kept(t) if shared is None else shared)
         return self
 
 
@@ -445,12 +458,10 @@ _TIMES: dict[float, float] = {}  # recent times decoded, each kept once (``Job.c
 _TIMES_KEPT = 4096  # then forgotten at once: jobs sharing a time are decoded together
 
 
-def _shared(t: float) -> float:
-    """The float equal to ``t`` that an earlier decoded job holds, else ``t`` itself (kept for
-    the next). A float is 24 bytes, and two or three of them a job."""
-    got = _TIMES.get(t)
-    if got is None:
-        if len(_TIMES) >= _TIMES_KEPT:
-            _TIMES.clear()
-        _TIMES[t] = got = t
-    return got
+def _kept(t: float) -> float:
+    """``t``, kept for the next decoded job with an equal time (a float is 24 bytes, and two
+    or three of them a job)."""
+    if len(_TIMES) >= _TIMES_KEPT:
+        _TIMES.clear()
+    _TIMES[t] = t
+    return t
