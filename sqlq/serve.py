@@ -24,6 +24,7 @@ from types import FrameType
 
 import uvicorn
 
+from sqlq.common.engine.trim import release_freed
 from sqlq.common.roles import ADMIN, describe
 from sqlq.common.store import JobStore
 from sqlq.http.app import create_app
@@ -104,6 +105,7 @@ async def serve(runtime: Service, opts: ServeOptions) -> None:
     app = create_app(runtime, start_runtime=False, grace_s=opts.grace_s,
                      security=opts.security, ui=opts.ui, stamped=False)  # fmt: skip
     tune_gc()
+    release_freed()  # what the runtime's start made and dropped loading the live view
     log.info(
         "recovered %d live jobs (%d were running) from %d records in %.3f s; torn bytes: %d",
         len(recovery.jobs),
