@@ -29,6 +29,7 @@ from sqlq.bench.experiments import (
     n_schedules,
     o_progress,
     p_remote,
+    q_redis,
 )
 from sqlq.bench.experiments.answer import answer
 from sqlq.bench.experiments.base import BenchRun
@@ -43,6 +44,7 @@ MODULES = (
     n_schedules,
     o_progress,
     p_remote,
+    q_redis,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so

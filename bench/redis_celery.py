@@ -1,0 +1,46 @@
+"""Experiment Q's Celery 5.7 on a Redis broker: the task, its enqueue, the app its worker runs.
+
+``celery -A sqlq.bench.redis_celery worker`` (``sqlq.bench.redispeers``). Results are
+ignored (no backend: the no-op job's cost is the broker's). Acks are Celery's default,
+early (a message is acknowledged as its worker takes it, before it runs), unless
+``ACKS_LATE_ENV`` is ``1``: then ``task_acks_late`` with ``task_reject_on_worker_lost``,
+the settings Celery documents for a job that must survive its worker.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+
+from celery import Celery, group  # type: ignore[import-untyped]  # no py.typed
+
+from sqlq.bench.redispeers import ACKS_LATE_ENV, BATCH, REDIS_ENV, mark
+
+late = os.environ.get(ACKS_LATE_ENV) == "1"
+app = Celery("sqlq-bench-q", broker=os.environ.get(REDIS_ENV, "redis://127.0.0.1:6379/0"))
+app.conf.update(
+    task_ignore_result=True,
+    task_acks_late=late,
+    task_reject_on_worker_lost=late,
+    broker_connection_retry_on_startup=True,
+)
+
+
+@app.task(name="work")  # type: ignore[untyped-decorator]  # celery is read as Any
+def work(i: int, sleep_s: float) -> None:
+    if sleep_s:
+        time.sleep(sleep_s)
+    mark(i)
+
+
+def enqueue(ids: Iterable[int], sleep_s: float) -> None:
+    """A ``group`` of ``BATCH`` signatures a call, sent through one producer."""
+    chunk: list[int] = []
+    for i in ids:
+        chunk.append(i)
+        if len(chunk) == BATCH:
+            group(work.s(j, sleep_s) for j in chunk).apply_async()
+            chunk = []
+    if chunk:
+        group(work.s(j, sleep_s) for j in chunk).apply_async()
