@@ -106,7 +106,9 @@ class _App(Starlette):
     The guard sits outside that layer so that a lean route (``sqlq.http.lean``, which
     answers every error itself, a 500 included) runs with no Starlette layer between it
     and the server: the layer wraps ``send`` in a closure of its own, two calls a request
-    on the hot path. Every routed request still passes through it, after the guard."""
+    on the hot path. Every routed request still passes through it, after the guard. What
+    that gives up: a fault in the guard's own checks, or in a lean route's sending of its
+    answer, reaches the server as it is (uvicorn logs it and answers a plain 500)."""
 
     stamped = True
     guard: Callable[[ASGIApp], ASGIApp] | None = None

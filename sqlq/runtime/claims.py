@@ -254,7 +254,9 @@ class ClaimsBase(Reach):
 
     async def settle(self) -> None:
         while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+            # ``wait``, not ``gather``: a cancel of this waiter must never reach the writes it
+            # waits on (other jobs' outcomes, and the store's own futures).
+            await asyncio.wait(list(self._background))
 
     def live_counts(self) -> dict[str, int]:
         counts = self._live.counts
@@ -368,8 +370,10 @@ class ClaimsBase(Reach):
     def _then_write(
         self, claim: Claim, t: Transition, again: Event | None, retried: bool, _: Any
     ) -> None:
-        self._write_outcome(claim, t, again, retried)
-        self._background.discard(claim.claimed)  # (after: ``_background`` never empties between)
+        try:
+            self._write_outcome(claim, t, again, retried)
+        finally:  # (after: ``_background`` never empties between; and whatever happened)
+            self._background.discard(claim.claimed)
 
     def _write_outcome(
         self, claim: Claim, t: Transition, again: Event | None, retried: bool
@@ -391,12 +395,14 @@ class ClaimsBase(Reach):
         at: float,
         write: asyncio.Future[Any],
     ) -> None:
-        if write.cancelled() or write.exception() is not None:
-            self._spawn(self._outcome(claim, t, again, retried, (write, at)))
-        else:
-            self._let_go(claim)
-            self._landed(claim.job, t, again, retried)
-        self._background.discard(write)
+        try:
+            if write.cancelled() or write.exception() is not None:
+                self._spawn(self._outcome(claim, t, again, retried, (write, at)))
+            else:
+                self._let_go(claim)
+                self._landed(claim.job, t, again, retried)
+        finally:  # (a bug above must not leave it in flight for good: ``settle`` would spin)
+            self._background.discard(write)
 
     def _spawn(self, outcome: Coroutine[Any, Any, None]) -> None:
         """Run ``outcome`` (``_outcome``) as a task, in flight until it ends."""

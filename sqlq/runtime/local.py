@@ -284,7 +284,7 @@ class LocalClaims(ClaimsBase):
                 return await self.cancel_scheduled(job)
             # Running, and no worker holds it: its outcome is being written. Once it is, the
             # job is finished, due again (cancel that), or (its write failed) still running.
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+            await asyncio.wait(list(self._background))  # (never cancels them: see ``settle``)
             job = self._live.get(job_id)
             if job is not None and job.state is State.RUNNING:
                 if self._attempts.holding(job_id) is None:
@@ -367,8 +367,8 @@ class LocalClaims(ClaimsBase):
         commit: asyncio.Future[None],
     ) -> None:
         """The claim's commit ended: settle whether it held. A callback on the commit's
-        own future, not a task awaiting it: a task a claim is the larger part of a claim's
-        cost on a no-op job, for nothing a callback cannot do."""
+        own future, not a task that only awaits it. ``claimed`` may have been cancelled
+        meanwhile (a stop): the view still follows the store."""
         self._claiming.discard(job.id)
         if commit.cancelled():
             claimed.cancel()
@@ -376,14 +376,18 @@ class LocalClaims(ClaimsBase):
         exc = commit.exception()
         if exc is None:
             self._live.replaced(job, running)
-            claimed.set_result(ClaimResult.CLAIMED)
+            result = ClaimResult.CLAIMED
         elif isinstance(exc, TransitionError):
-            claimed.set_result(ClaimResult.REFUSED)
+            result = ClaimResult.REFUSED
         elif isinstance(exc, StoreError):
             log.error("could not claim job %s: %s", job.id, exc)
-            claimed.set_result(ClaimResult.FAILED)
+            result = ClaimResult.FAILED
         else:
-            claimed.set_exception(exc)
+            if not claimed.done():
+                claimed.set_exception(exc)
+            return
+        if not claimed.done():
+            claimed.set_result(result)
 
     def _release(self, queue: str) -> None:
         super()._release(queue)

@@ -313,6 +313,7 @@ class Scheduler:
             return QueueLanes(name, self._current)
         self._spare = None
         spare.name, spare.turn, spare.prio, spare.timer, spare.closed = name, -1, 0, None, False
+        spare.lanes.seen = -math.inf  # (what a new queue's lanes have seen: nothing yet)
         return spare
 
     def _drop_if_empty(self, q: QueueLanes[Job]) -> None:
