@@ -54,7 +54,8 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
         # walq: remote at 0.70x and 0.40x of in-process (median 0.55: met)
         _noop("walq", "local", 0, 0.07, 0.10), _noop("walq", "remote", 0, 0.10, 0.08),
         _noop("walq", "local", 1, 0.20, 0.10), _noop("walq", "remote", 1, 0.50, 0.12),
-        # sqlite: remote at 0.25x (not met); with 200 slots at 0.50x (its own row, no bar)
+        # sqlite: remote at 0.25x (not met); with a full claim's slots at 0.50x (not met, bar
+        # 0.90x) and server CPU 0.90x of in-process (met, bar 1.00x)
         _noop("sqlite", "local", 0, 0.10, 0.10), _noop("sqlite", "remote", 0, 0.40, 0.10),
         _noop("sqlite", "remote", 0, 0.20, 0.09, workers=200),
         # cpu: p2 over p1 1.95x and 1.75x (median 1.85: met); p2 over huey w2 0.95x (not met)
@@ -71,6 +72,10 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
         "P: walq, no-op jobs/s through a remote worker over in-process: 0.55x (bar >= 0.50x: met)",
         "P: sqlite, no-op jobs/s through a remote worker over in-process: 0.25x "
         "(bar >= 0.50x: NOT met)",
+        "P: sqlite, no-op jobs/s through remote workers with a full claim's slots "
+        "over in-process: 0.50x (bar >= 0.90x: NOT met)",
+        "P: sqlite, server CPU a no-op job with remote workers (a full claim's "
+        "slots) over in-process: 0.90x (bar <= 1.00x: met)",
         "P: CPU-bound handler, `sqlq worker --processes 2` over `--processes 1`: 1.85x "
         "(bar >= 1.8x: met)",
         "P: CPU-bound handler, `sqlq worker --processes 2` over huey `-k process -w 2`: "
