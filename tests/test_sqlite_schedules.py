@@ -22,6 +22,7 @@ from sqlq.common.schedule import (
     Schedule,
 )
 from sqlq.common.store import JobQuery
+from sqlq.engines.sqlite.batch import on_thread
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
 from tests.schedule_records import CREATED, advance, record, tick_job
@@ -38,20 +39,15 @@ def connection(store: SQLiteStore) -> aiosqlite.Connection:
     return db
 
 
-def spy(db: aiosqlite.Connection, calls: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Record every call the engine makes to its connection (each one hop to its thread)."""
-    for name in ("execute", "executemany", "executescript", "commit", "rollback"):
-        method = getattr(db, name)
-
-        def record_call(*args: Any, _name: str = name, _method: Any = method) -> Any:
-            calls.append(f"{_name} {args[0].split()[0] if args else ''}".strip())
-            return _method(*args)
-
-        monkeypatch.setattr(db, name, record_call)
+async def spy(db: aiosqlite.Connection, calls: list[str] | None) -> None:
+    """Record the first word of every statement the connection runs (or stop, with
+    None): sqlite3's trace, set on the connection's own thread."""
+    record = None if calls is None else (lambda sql: calls.append(sql.split()[0]))
+    await on_thread(db, lambda conn: conn.set_trace_callback(record))
 
 
 async def test_a_batch_without_a_schedule_change_is_still_set_wise(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """With schedules in the store and ticks committed beside it, every batch that holds
     none is its INSERT and its UPDATE, at most, in one transaction: the schedules cost it
@@ -66,7 +62,7 @@ async def test_a_batch_without_a_schedule_change_is_still_set_wise(
         await store.commit([move, first])
         jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(30)]
         await store.commit(jobs)
-        spy(connection(store), seen, monkeypatch)
+        await spy(connection(store), seen)
         before = store.stats().batches
         starts = [j.start(NOW + 1) for j in jobs]
         more = [Job.new(kind="noop", args={}, now=NOW) for _ in range(30)]
@@ -74,21 +70,21 @@ async def test_a_batch_without_a_schedule_change_is_still_set_wise(
             *(store.commit([t]) for t in starts), *(store.commit([j]) for j in more)
         )
         batches = store.stats().batches - before
+        await spy(connection(store), None)
     finally:
-        monkeypatch.undo()
         await store.close()
-    assert seen.count("execute BEGIN") <= batches
-    assert {c for c in seen} <= {"execute BEGIN", "execute INSERT", "execute UPDATE", "commit"}
-    assert seen.count("execute INSERT") + seen.count("execute UPDATE") >= batches
+    assert seen.count("BEGIN") <= batches
+    assert set(seen) <= {"BEGIN", "INSERT", "UPDATE", "COMMIT"}
+    assert seen.count("INSERT") + seen.count("UPDATE") >= batches
     assert batches < len(starts) + len(more)  # the callers shared batches
     assert store.slow_batches == 0
 
 
 async def test_a_tick_is_one_transaction_of_its_statements_in_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """A tick (the advance, then its job) is BEGIN, the guarded UPDATE, the job's row and
-    COMMIT: four hops, paid once a tick, and no slow path when nothing is refused."""
+    COMMIT: one hop, paid once a tick, and no slow path when nothing is refused."""
     seen: list[str] = []
     store = SQLiteStore(tmp_path)
     await store.open()
@@ -96,17 +92,16 @@ async def test_a_tick_is_one_transaction_of_its_statements_in_order(
         s = record()
         await store.commit([PutSchedule(schedule=s, expect_version=0)])
         move, job = tick(s, CREATED + 60)
-        spy(connection(store), seen, monkeypatch)
+        await spy(connection(store), seen)
         await store.commit([move, job])
-        monkeypatch.undo()
+        await spy(connection(store), None)
         got = await store.get_schedule(s.name)
         assert got is not None
         assert (got.cursor, got.last_job) == (CREATED + 60, job.id)
         assert await store.get(job.id) == job
     finally:
-        monkeypatch.undo()
         await store.close()
-    assert seen == ["execute BEGIN", "execute UPDATE", "execute INSERT", "commit"]
+    assert seen == ["BEGIN", "UPDATE", "INSERT", "COMMIT"]
     assert store.slow_batches == 0
 
 
