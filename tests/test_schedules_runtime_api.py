@@ -38,7 +38,7 @@ async def test_trigger_makes_a_job_now_outside_the_ticks(
     assert job.ready_at == fake_clock.time()
     made = schedule_of(job.idempotency_key)
     assert made == ("t", None)
-    assert job.args == {"work_ms": 5, "fail_prob": 0.0, "hang_prob": 0.0}
+    assert job.args == {"work_ms": 5}  # stored without the kind's defaults
     done = await final(rt, job.id)
     assert done.state is State.COMPLETED
     assert await cursor_of(store, "t") == int(NOW)  # the ticks are untouched

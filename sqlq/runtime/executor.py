@@ -30,7 +30,7 @@ import msgspec
 
 from sqlq.common.backoff import NO_RULES, Failure
 from sqlq.common.clock import Clock
-from sqlq.common.models import JSON, Job
+from sqlq.common.models import JSON, NO_ARGS, Job
 from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.context import (
@@ -124,7 +124,10 @@ class Executor:
         procs = self.processes
         if procs is not None and not kind.interruptible:  # a plain handler: in a process
             return await self._in_process(procs, job, ctx)
-        result = await kind.run(job.args, ctx)
+        args = job.args
+        if args is NO_ARGS:  # the one shared empty dict: a handler gets its own to write into
+            args = {}
+        result = await kind.run(args, ctx)
         try:
             measure(result)
         except ShapeError as exc:
