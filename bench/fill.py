@@ -15,8 +15,13 @@ import time
 
 from sqlq.common.models import Job
 from sqlq.engines.registry import make_store
+from sqlq.runtime.kinds import sleep_kind
 
 CHUNK = 1000
+# A no-op job's arguments as ``sqlq serve`` stores them (the sleep kind's own validate: its
+# defaults left out, so ``{}``, the shared empty dict), not as a client writes them: a
+# restart then reads what a server that took these jobs would have written.
+NOOP_ARGS = sleep_kind(fault_injection=False).validate({"work_ms": 0})
 
 
 async def fill(store_name: str, data: str, transitions: int) -> None:
@@ -27,8 +32,7 @@ async def fill(store_name: str, data: str, transitions: int) -> None:
     done = (transitions - live) // 3
     for start in range(0, done, CHUNK):
         jobs = [
-            Job.new(kind="sleep", args={"work_ms": 0}, now=now)
-            for _ in range(min(CHUNK, done - start))
+            Job.new(kind="sleep", args=NOOP_ARGS, now=now) for _ in range(min(CHUNK, done - start))
         ]
         await store.commit(jobs)
         starts = [j.start(now) for j in jobs]
@@ -49,7 +53,7 @@ async def fill_live(store_name: str, data: str, jobs: int, compact: bool = False
     now = time.time()
     for start in range(0, jobs, CHUNK):
         await store.commit(
-            [Job.new(kind="sleep", args={"work_ms": 0}, now=now, ready_at=now + 86400)
+            [Job.new(kind="sleep", args=NOOP_ARGS, now=now, ready_at=now + 86400)
              for _ in range(min(CHUNK, jobs - start))]
         )  # fmt: skip
     if compact:
