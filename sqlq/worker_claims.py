@@ -64,7 +64,7 @@ from sqlq.common.protocol import (
 )
 from sqlq.runtime.claim import Claim, ClaimResult
 from sqlq.runtime.context import AttemptFenced, describe
-from sqlq.runtime.kinds import Registry
+from sqlq.runtime.kinds import Registry, Validate
 from sqlq.runtime.reach import Attempts, Nobody
 from sqlq.worker_attempt import Attempt, describe_what, failed_with, failure, job_of
 from sqlq.worker_outbox import RETRYABLE, Backoff, Outbox
@@ -184,6 +184,7 @@ class RemoteClaims:
         self._claim_after = 0.0  # monotonic: no new claim before (a backoff)
         self._claim_failures = 0
         self._saves: set[asyncio.Task[None]] = set()  # checkpoints being written
+        self._checks: dict[str, Validate] = {}  # each kind's argument check, once looked up
         self._claims_out: set[asyncio.Event] = set()  # each set when its claim answers
         self.fatal: ApiError | None = None  # why the server refused this worker for good
 
@@ -342,8 +343,8 @@ class RemoteClaims:
             self._refused_carries = 0
         self._draining = len(granted) == n  # a full answer: there may be more
         late = self._clock.monotonic() - asked > self._lease_s * SKEW_MARGIN
-        for g in granted:
-            self._granted(g, asked, late)
+        if granted:
+            self._granted(granted, asked, late)
         if not granted and not carried:  # a long poll that came back at once: not a spin
             self._claim_after = max(self._claim_after, asked + IDLE_POLL_S)
 
@@ -390,45 +391,55 @@ class RemoteClaims:
             if not call.done():
                 call.cancel()
 
-    def _granted(self, g: Granted, asked: float, late: bool) -> None:
-        """A job granted by a claim sent at ``asked`` (monotonic): its lease runs from then
-        (``late``: its answer came past the lease's margin). Checked here, as the server
-        cannot check a remote queue's jobs; then a worker's."""
+    def _granted(self, granted: Sequence[Granted], asked: float, late: bool) -> None:
+        """The jobs a claim sent at ``asked`` (monotonic) granted: each lease runs from then
+        (``late``: its answer came past the lease's margin). Each is checked here, as the
+        server cannot check a remote queue's jobs; then a worker's. (A claim's jobs at once:
+        a busy worker takes a hundred a call, and what they share is looked up once.)"""
         claimed = self._held_ok
         if claimed is None:
             claimed = self._held_ok = asyncio.get_running_loop().create_future()
             claimed.set_result(ClaimResult.CLAIMED)
-        job = job_of(g.job)
-        a = Attempt(g.token, job, Claim(job, claimed), asked + self._lease_s)
-        if late:  # a late answer:
-            self._progressed.add(a)  # renewed with the next progress beat, not a lease third
-            self._beat_now.set()  # later (its lease ran from the claim's sending)
-        self.stats["claimed"] += 1
-        self._held[a.token] = a
-        self._leased[a.token] = a
-        self._by_claim[id(a.claim)] = a
-        if self._stop.is_set() or job.cancel_requested_at is not None:
-            self._decide(a, ReleaseIn())  # given back: no attempt (cancelled, if asked)
-            return
-        if job.kind not in self.registry:  # (not asked for: a server that ignored ``kinds``)
-            self._decide(a, ReleaseIn())
-            return
-        try:
-            self.registry.get(job.kind).validate(job.args)
-        except ValidationError as exc:  # arguments that can never be its handler's: final
-            self._decide(a, failure(f"invalid job: {exc}", retry=False))
-            return
-        except Exception as exc:  # a validator's own fault (a hint that never resolves):
-            log.error("job %s (%s): its arguments could not be checked: %s", job.id,
-                      job.kind, describe(exc))  # fmt: skip
-            self._decide(a, failure(f"its arguments could not be checked: {describe(exc)}"))
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(a)
-                return
-        self._ready.append(a)
+        lease_end = asked + self._lease_s
+        stopping = self._stop.is_set()
+        checks, registry = self._checks, self.registry
+        held, leased, by_claim = self._held, self._leased, self._by_claim
+        waiters, ready = self._waiters, self._ready
+        self.stats["claimed"] += len(granted)
+        for g in granted:
+            job = job_of(g.job)
+            a = Attempt(g.token, job, Claim(job, claimed), lease_end)
+            if late:  # a late answer:
+                self._progressed.add(a)  # renewed with the next progress beat, not a lease
+                self._beat_now.set()  # third later (its lease ran from the claim's sending)
+            held[a.token] = leased[a.token] = a
+            by_claim[id(a.claim)] = a
+            if stopping or job.cancel_requested_at is not None:
+                self._decide(a, ReleaseIn())  # given back: no attempt (cancelled, if asked)
+                continue
+            check = checks.get(job.kind)
+            if check is None:
+                if job.kind not in registry:  # (not asked for: a server that ignored ``kinds``)
+                    self._decide(a, ReleaseIn())
+                    continue
+                check = checks[job.kind] = registry.get(job.kind).validate
+            try:
+                check(job.args)
+            except ValidationError as exc:  # arguments that can never be its handler's: final
+                self._decide(a, failure(f"invalid job: {exc}", retry=False))
+                continue
+            except Exception as exc:  # a validator's own fault (a hint that never resolves):
+                log.error("job %s (%s): its arguments could not be checked: %s", job.id,
+                          job.kind, describe(exc))  # fmt: skip
+                self._decide(a, failure(f"its arguments could not be checked: {describe(exc)}"))
+                continue
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(a)
+                    break
+            else:
+                ready.append(a)
 
     # -- the pool's verbs (``sqlq.runtime.holding.Holding``) --------------------------------
 
@@ -692,8 +703,9 @@ class RemoteClaims:
                         describe_what(what) if what else "?", answer.error)  # fmt: skip
             return
         self.stats[_COUNTED.get(type(what), "failed")] += 1
-        log.debug("job %s (%s) %s -> %s", job.id, job.kind,
-                 describe_what(what) if what else "?", answer.state)  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):  # (every job: its words only when asked for)
+            log.debug("job %s (%s) %s -> %s", job.id, job.kind,
+                      describe_what(what) if what else "?", answer.state)  # fmt: skip
 
 
 _COUNTED: dict[type[Any], str] = {CompleteIn: "completed", SnoozeIn: "snoozed",
