@@ -85,21 +85,12 @@ class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omi
     outcomes: Annotated[list[Outcome], msgspec.Meta(max_length=MAX_ITEMS)] | None = None
 
 
-class GrantedJob(JobView, frozen=True, omit_defaults=True):
-    """A claimed job, as ``GET /jobs/{id}`` shows it less every field at its default
-    (null, 0, false, empty, the ``default`` queue): the fields a decoder fills in by
-    itself (``JobView``'s defaults, which are ``Job``'s). A grant carried ~700 bytes of
-    a no-op job, mostly nulls, each one encoded, sent, buffered and decoded on every
-    claim; without them it is ~450 (a JSON client reads an absent field as its default,
-    as ``sqlq.Worker`` and ``examples/worker.mjs`` do)."""
-
-
 class Granted(msgspec.Struct, kw_only=True):
     """One claimed job: the token to report it with, and when its lease runs out."""
 
     token: str
     lease_until: float  # unix seconds
-    job: GrantedJob
+    job: JobView
 
 
 class ClaimAnswer(msgspec.Struct, kw_only=True, omit_defaults=True):

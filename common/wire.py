@@ -7,8 +7,6 @@ responses with them, so neither imports the other.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, overload
-
 import msgspec
 
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS, JSON, Job, State
@@ -67,26 +65,17 @@ class JobView(msgspec.Struct, frozen=True):
     cancel_forced: bool = False  # a forced cancel holds that lease: it ends cancelled then
 
 
-V = TypeVar("V", bound=JobView)
-
-
-@overload
-def job_view(job: Job, *, tracebacks: bool = True) -> JobView: ...
-@overload
-def job_view(job: Job, *, tracebacks: bool = True, view: type[V]) -> V: ...
-def job_view(job: Job, *, tracebacks: bool = True, view: type[Any] = JobView) -> Any:
+def job_view(job: Job, *, tracebacks: bool = True) -> JobView:
     """``job`` as every route and page shows it; by position, in ``JobView``'s order
     (tests/test_wire.py holds each field to the job's). ``tracebacks=False``: its errors
     without them (a claim's grant: a worker reads why earlier attempts failed, never
-    where, and a job's 32 KiB of tracebacks would go with every claim of it). ``view``:
-    the struct it is made as, ``JobView`` or one that only encodes it otherwise (a
-    grant's ``GrantedJob``, sent without its defaults)."""
+    where, and a job's 32 KiB of tracebacks would go with every claim of it)."""
     errors = job.errors
     if not tracebacks and any(e.traceback is not None for e in errors):
         errors = tuple(AttemptError(attempt=e.attempt, error=e.error, at=e.at) for e in errors)
     made = schedule_of(job.idempotency_key)
     schedule, tick = (None, None) if made is None else made
-    return view(
+    return JobView(
         job.id, job.kind, job.args, job.ready_at, job.created_at, job.updated_at, job.state,
         job.attempts, job.max_attempts, job.all_attempts, job.priority, job.epoch,
         job.started_at, job.last_error, job.result, job.queue, job.idempotency_key,

@@ -337,6 +337,11 @@ async def test_claim_heartbeat_complete_and_a_stale_report_is_409(served: Make) 
     [granted] = await _claim(c, lease_s=30)
     assert granted["job"]["id"] == job_id
     assert granted["job"]["holder"] == "worker:box-1"
+    # every field a job shows, nulls and defaults too: a JSON client reads them by name
+    # (the crash tests' worker reads ``epoch``, 0 here), so none is left out to save bytes
+    shown = (await c.get(f"/jobs/{job_id}", headers=auth("ops"))).json()
+    assert set(granted["job"]) == set(shown)
+    assert (granted["job"]["epoch"], granted["job"]["last_error"]) == (0, None)
     token = granted["token"]
     r = await c.post("/claims/heartbeat", headers=auth("w-mail"),
                      json={"items": [{"token": token, "progress": {"percent": 40}}]})  # fmt: skip

@@ -35,13 +35,13 @@ from sqlq.common.protocol import (
     CompleteIn,
     FailIn,
     Granted,
-    GrantedJob,
     Outcome,
     ReleaseIn,
     Reported,
     SnoozeIn,
 )
 from sqlq.common.running import Progress
+from sqlq.common.wire import JobView
 
 
 @dataclass
@@ -187,12 +187,12 @@ class FakeServer:
         granted = await self.claim(queues, worker=worker, kinds=kinds, max=max, lease_s=lease_s)
         return ClaimAnswer(claims=granted, outcomes=reported)
 
-    def _view(self, j: FakeJob) -> GrantedJob:
-        return GrantedJob(id=j.id, kind=j.kind, args=j.args, ready_at=0.0, created_at=0.0,
-                          updated_at=0.0, state=j.state, attempts=j.attempts,
-                          max_attempts=j.max_attempts, attempts_total=j.attempts, epoch=j.epoch,
-                          checkpoint=j.checkpoint, cancel_requested=j.cancel,
-                          cancel_requested_at=1.0 if j.cancel else None, queue=j.queue)  # fmt: skip
+    def _view(self, j: FakeJob) -> JobView:
+        return JobView(id=j.id, kind=j.kind, args=j.args, ready_at=0.0, created_at=0.0,
+                       updated_at=0.0, state=j.state, attempts=j.attempts,
+                       max_attempts=j.max_attempts, attempts_total=j.attempts, epoch=j.epoch,
+                       checkpoint=j.checkpoint, cancel_requested=j.cancel,
+                       cancel_requested_at=1.0 if j.cancel else None, queue=j.queue)  # fmt: skip
 
     async def heartbeat(self, items: Sequence[str | BeatItem]) -> list[Beat]:
         beats = [BeatItem(token=i) if isinstance(i, str) else i for i in items]

@@ -84,7 +84,6 @@ from sqlq.common.protocol import (
     CompleteIn,
     FailIn,
     Granted,
-    GrantedJob,
     HeartbeatAnswer,
     HeartbeatRequest,
     Outcome,
@@ -347,7 +346,7 @@ class Remote:
         try:
             granted = [Granted(token=issued.sign(key, job.id, job.epoch, lease_s),
                                lease_until=job.lease_until or now + lease_s,
-                               job=job_view(job, tracebacks=False, view=GrantedJob))
+                               job=job_view(job, tracebacks=False))
                        for job in jobs]  # fmt: skip
         except Exception:  # a bug: the jobs are durably claimed, and nobody will hear of it
             log.exception("a claim's answer could not be built: its %d jobs go back", len(jobs))
