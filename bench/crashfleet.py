@@ -57,6 +57,10 @@ class Fleet:
                     raise ServerError(f"worker {name} did not start")
                 time.sleep(0.01)
 
+    def alive(self) -> bool:
+        """Whether any worker still runs."""
+        return any(proc.poll() is None for proc in self.procs.values())
+
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
         proc.kill()

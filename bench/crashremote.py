@@ -113,10 +113,12 @@ async def chaos(trial: RemoteTrial, rng: random.Random, srv: list[ServerProcess]
         raise ServerError("the server did not come back")
 
 
-async def drain(pool: HttpPool, within: float = 120.0) -> bool:
-    """Resume the queues the operator paused; wait until nothing is scheduled or running."""
+async def drain(pool: HttpPool, fleet: Fleet, within: float = 120.0) -> bool:
+    """Resume the queues the operator paused; wait until nothing is scheduled or running.
+    Not once every worker has exited: nothing would run the rest, and the trial ends with
+    the workers' own words (``Fleet.stop``) rather than a wait to the bound."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and fleet.alive():
         try:
             for q in QUEUES:
                 await pool.json("POST", f"/queues/{q}/resume")
@@ -158,8 +160,8 @@ def run_remote_trial(trial: RemoteTrial, workdir: Path) -> dict[str, Any]:
                 await chaos(trial, rng, srv, fleet, problems, pool)
                 stop.set()  # the load ends with the chaos (or at its budget, if sooner)
                 await submitting
-                if not await drain(pool):
-                    problems.append("not drained within 120 s")
+                if not await drain(pool, fleet):
+                    problems.append("not drained within 120 s, or with no worker left")
 
         uvloop.run(life())
     except ServerError as exc:
