@@ -45,6 +45,10 @@ class Recovery:
     seconds: float = 0.0  # wall time the recovery took
     notes: list[str] = field(default_factory=list)  # what else recovery had to say
     paused_queues: list[str] = field(default_factory=list)  # paused, durably, before the stop
+    # ``jobs`` by id, where the engine holds them so (walq: its index, copied whole at C
+    # speed): the live view takes it as its own. Built from ``jobs`` a job at a time, a
+    # million ids cost 0.36 s of the start; copied, 0.05.
+    by_id: dict[str, Job] | None = None
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -54,6 +54,9 @@ async def test_close_and_reopen_keeps_everything(durable_factory: StoreFactory) 
             assert await again.get(job_id) == job
         live = {j.id: j for j in recovery.jobs}
         assert live == {i: j for i, j in expect.items() if not j.terminal}
+        if recovery.by_id is not None:  # the same live jobs, as the engine keyed them
+            assert recovery.by_id == live
+            assert list(recovery.by_id.values()) == [live[i] for i in recovery.by_id]
         # jobs 7, 8 were left running: their worker died with the process
         assert sorted(recovery.running) == sorted(
             i for i, j in expect.items() if j.state is State.RUNNING

@@ -143,6 +143,9 @@ class WalStore(DurableStore):
         self._seq = sc.last_seq if sc.header is not None else 0
         fixes = cursor_fixes(self._index.schedules, self._index.keys)  # before any is forgotten
         live, finished = self._sort_out()
+        by_id = dict(self._index.jobs)  # (a copy of the table: no per-job work for the live)
+        for _, job_id in finished:
+            del by_id[job_id]
         self._finished = deque(finished)
         self._fd = fs.open_append(self.path)
         notes.extend(self._fix_cursors(fixes) if fixes else ())
@@ -150,6 +153,7 @@ class WalStore(DurableStore):
         return Recovery(
             jobs=live,
             running=[j.id for j in live if j.state is State.RUNNING],
+            by_id=by_id,
             records=sc.records,
             torn_bytes=torn,
             seconds=time.perf_counter() - t0,

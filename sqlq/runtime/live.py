@@ -47,9 +47,13 @@ class LiveJobs:
         """A job that is now durable: submitted, or found at recovery."""
         self._publish(job)
 
-    def load(self, jobs: list[Job]) -> None:
-        """What recovery found, at once (counted by C loops, not one ``add`` per job)."""
-        self.jobs.update(zip(map(attrgetter("id"), jobs), jobs, strict=True))
+    def load(self, jobs: list[Job], by_id: dict[str, Job] | None = None) -> None:
+        """What recovery found, at once (counted by C loops, not one ``add`` per job);
+        ``by_id``: the same jobs by id, taken as the view's own (``Recovery.by_id``)."""
+        if by_id is not None and not self.jobs:
+            self.jobs = by_id
+        else:
+            self.jobs.update(zip(map(attrgetter("id"), jobs), jobs, strict=True))
         census = Counter(map(_STATE_QUEUE, jobs))
         for (state, queue), n in census.items():
             self.counts[state] += n

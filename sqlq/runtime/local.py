@@ -84,7 +84,7 @@ class LocalClaims(ClaimsBase):
         self._loop = asyncio.get_running_loop()
         self._paused.update(recovery.paused_queues)
         live = self._live
-        live.load(recovery.jobs)
+        live.load(recovery.jobs, recovery.by_id)
         now = self._clock.time()
         found = [live.jobs[job_id] for job_id in recovery.running]
         # A remote worker's claim stays running under its lease (its outcome may come yet);
