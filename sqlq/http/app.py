@@ -230,12 +230,12 @@ def create_app(
         if start_runtime:
             await runtime.start()
         if dashboard is not None:
-            dashboard.sampler.start()
+            dashboard.start()
         try:
             yield
         finally:
             if dashboard is not None:
-                await dashboard.sampler.stop()
+                await dashboard.stop()
             await runtime.stop(grace_s)
 
     routes = [  # every route behind its role's rule (sqlq.http.access.guarded)
