@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sqlq.common.clock import FakeClock
@@ -159,3 +160,23 @@ async def test_failed_append_is_fatal_and_nothing_unsynced_is_acked(
     await store.close()
     got = await read_state(tmp_path, [j.id for j in acked])
     assert got == {j.id: j for j in acked}
+
+
+async def test_a_snapshot_job_the_index_refuses_is_damage_at_its_offset(tmp_path: Path) -> None:
+    """A compacted log's jobs go from the scan straight into the index (``scan``'s ``job``):
+    one it refuses, a job twice, still fails the open naming that record's byte offset."""
+    a, b = (Job.new(kind="sleep", args={}, now=NOW + n) for n in range(2))
+    snap = [log.encode({"snap": msgspec.to_builtins(j)}) for j in (a, a, b)]
+    head = log.header(1, NOW)
+    log_path(tmp_path).write_bytes(head + b"".join(snap))
+    with pytest.raises(CorruptLogError) as err:
+        await WalStore(tmp_path).open()
+    assert err.value.offset == len(head) + len(snap[0])
+    assert "bad snapshot record" in err.value.reason
+    assert "DuplicateJobError" in err.value.reason
+    # whole, the same jobs open as written
+    log_path(tmp_path).write_bytes(head + snap[0] + snap[2])
+    store = WalStore(tmp_path)
+    recovery = await store.open()
+    assert recovery.by_id == {a.id: a, b.id: b}
+    await store.close()
