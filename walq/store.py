@@ -142,7 +142,7 @@ class WalStore(DurableStore):
             self._job_bytes = max(100.0, sc.valid_end / max(1, sc.records))
         self._seq = sc.last_seq if sc.header is not None else 0
         fixes = cursor_fixes(self._index.schedules, self._index.keys)  # before any is forgotten
-        live, finished = self._sort_out()
+        live, running, finished = self._sort_out()
         by_id = dict(self._index.jobs)  # (a copy of the table: no per-job work for the live)
         for _, job_id in finished:
             del by_id[job_id]
@@ -152,7 +152,7 @@ class WalStore(DurableStore):
         release_freed()  # what the fold made and dropped between the jobs it keeps
         return Recovery(
             jobs=live,
-            running=[j.id for j in live if j.state is State.RUNNING],
+            running=running,
             by_id=by_id,
             records=sc.records,
             torn_bytes=torn,
@@ -160,16 +160,21 @@ class WalStore(DurableStore):
             notes=notes,
         )
 
-    def _sort_out(self) -> tuple[list[Job], list[tuple[float, str]]]:
+    def _sort_out(self) -> tuple[list[Job], list[str], list[tuple[float, str]]]:
         """In one pass over the recovered jobs: forget those past retention, and return the
-        live ones and the finished ones' (updated_at, id) in age order (for ``_expire``)."""
+        live ones, the running ones' ids, and the finished ones' (updated_at, id) in age
+        order (for ``_expire``)."""
         cutoff = self._cutoff()
         live: list[Job] = []
+        running: list[str] = []
         finished: list[tuple[float, str]] = []
         doomed: list[str] = []
         for job in self._index.jobs.values():
-            if job.state not in TERMINAL:
+            state = job.state
+            if state not in TERMINAL:
                 live.append(job)
+                if state is State.RUNNING:
+                    running.append(job.id)
             elif expired(job, cutoff):
                 doomed.append(job.id)
             else:
@@ -177,7 +182,7 @@ class WalStore(DurableStore):
         for job_id in doomed:
             self._index.forget(job_id)
         finished.sort()
-        return live, finished
+        return live, running, finished
 
     def _fix_cursors(self, fixes: list[AdvanceSchedule]) -> list[str]:
         """Fold the recovery rule's advances and append them as one record, durable before

@@ -102,7 +102,10 @@ class LocalClaims(ClaimsBase):
             # it): the view drops it and counts it so, so it is counted from ``job``.
             live.applied(job, t)
             self._events.record(_AT_RECOVERY[t.state], job)
-        scheduled = [job for job in live.jobs.values() if job.state is State.SCHEDULED]
+        if live.counts[State.SCHEDULED] == len(live.jobs):  # (nothing else: the list at once)
+            scheduled = list(live.jobs.values())
+        else:
+            scheduled = [job for job in live.jobs.values() if job.state is State.SCHEDULED]
         if self._all_remote:
             self._remote_lanes.load(scheduled)
         elif self._remote_names:
