@@ -230,12 +230,12 @@ def create_app(
         if start_runtime:
             await runtime.start()
         if dashboard is not None:
-            dashboard.start()
+            dashboard.sampler.start()
         try:
             yield
         finally:
             if dashboard is not None:
-                await dashboard.stop()
+                await dashboard.sampler.stop()
             await runtime.stop(grace_s)
 
     routes = [  # every route behind its role's rule (sqlq.http.access.guarded)

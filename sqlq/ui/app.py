@@ -17,7 +17,6 @@ header with a link or a JSON body with a form.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -38,7 +37,7 @@ from sqlq.ui.actions import ACTIONS, Action
 from sqlq.ui.gate import HEADERS, Refused, next_path, read_form
 from sqlq.ui.options import PREFIX, UiOptions
 from sqlq.ui.overview import Sampler, overview
-from sqlq.ui.render import ShownArgs, ago, compile_all, environment, pretty, static_files
+from sqlq.ui.render import ShownArgs, ago, environment, pretty, static_files
 from sqlq.ui.schedules import page as schedule_page
 from sqlq.ui.session import COOKIE, SESSION_S, NotForTheDashboard, Sessions
 
@@ -65,17 +64,6 @@ class Dashboard:
         self.shown_args = ShownArgs()
         self.env = environment()
         self.static = static_files()
-        self._compiling: asyncio.Future[None] | None = None
-
-    def start(self) -> None:
-        """With the app: the chart's sampler, and the templates compiled off the loop."""
-        self.sampler.start()
-        self._compiling = asyncio.get_running_loop().run_in_executor(None, compile_all, self.env)
-
-    async def stop(self) -> None:
-        await self.sampler.stop()
-        if self._compiling is not None:  # (a thread: it ends by itself, within ~0.2 s)
-            await asyncio.gather(self._compiling, return_exceptions=True)
 
     def routes(self) -> list[BaseRoute]:
         page, act = self._page, self._action
