@@ -40,7 +40,7 @@ from typing import Any
 
 from sqlq.bench.client.loadgen import run
 from sqlq.bench.client.server import ServerProcess
-from sqlq.bench.experiments.base import Run
+from sqlq.bench.experiments.base import Run, compiled
 from sqlq.bench.experiments.rows import CodedRow
 from sqlq.bench.report import Report, med
 from sqlq.engines.registry import DURABLE
@@ -135,17 +135,6 @@ def plain_read(store: str, data: str) -> float:
     out = subprocess.run([sys.executable, "-c", PLAIN_SCRIPT, store, path], check=True,
                          capture_output=True, text=True)  # fmt: skip
     return float(out.stdout)
-
-
-def compiled() -> None:
-    """sqlq's bytecode written beside its sources, as pip writes it at an install: a
-    machine that sets ``PYTHONDONTWRITEBYTECODE`` (this one does) would have every server
-    start compile sqlq from source, ~0.13 s of each ready time that no deployment pays."""
-    import compileall
-
-    import sqlq
-
-    compileall.compile_dir(str(Path(sqlq.__file__).parent), quiet=1)
 
 
 @dataclass(frozen=True, kw_only=True)

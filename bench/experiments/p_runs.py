@@ -33,7 +33,7 @@ import msgspec
 
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerProcess
-from sqlq.bench.experiments.base import Run
+from sqlq.bench.experiments.base import Run, compiled
 from sqlq.bench.spinkind import HUEY_DB_ENV, IMPORT, LOG_ENV, NOOP, SPIN, read_log
 from sqlq.bench.stats import percentile
 
@@ -155,6 +155,28 @@ async def _drained(
         await asyncio.sleep(min(0.05, max(0.005, (time.perf_counter() - started) / 100)))
 
 
+async def _polling(pool: HttpPool, children: list[Child]) -> None:
+    """Once every worker in ``children`` is up: seen by the server, and as many claims
+    long-polling as there are workers (the queue is paused, so each waits), within the cap."""
+    deadline = time.perf_counter() + DRAIN_CAP_S
+    while True:
+        stats = await _stats(pool)
+        status, seen = await pool.json("GET", "/workers")
+        if status != 200:
+            raise RunFailed(f"GET /workers answered {status}: {seen}")
+        names = {w["name"] for w in seen["workers"]}
+        if stats["remote"]["claims_waiting"] >= len(children) and all(
+            c.cmd[c.cmd.index("--name") + 1] in names for c in children
+        ):
+            return
+        for c in children:
+            c.check()
+        if time.perf_counter() > deadline:
+            tail = "".join(c.tail() for c in children)
+            raise RunFailed(f"workers not polling after {DRAIN_CAP_S:g} s\n{tail}")
+        await asyncio.sleep(0.02)
+
+
 async def _logged(log: Path, jobs: int, child: Child | None) -> None:
     """Until the handlers' log has ``jobs`` lines, read every 20 ms, within the cap."""
     deadline = time.perf_counter() + DRAIN_CAP_S
@@ -191,6 +213,7 @@ class PRun(Run):
     def execute(self) -> dict[str, Any]:
         """The run's row, with the machine's 1-minute load average before and after it: on
         a shared 2-core machine, what else ran says how far a rate can be read."""
+        compiled()
         before = os.getloadavg()[0]
         row = self.measure()
         return {**row, "load_before": round(before, 2), "load_after": round(os.getloadavg()[0], 2)}
@@ -229,20 +252,23 @@ class NoopRun(PRun):
         async with HttpPool(url, 2) as pool:
             try:
                 local = self.mode in ("local", "serve")
-                if local:
-                    await pool.request("POST", "/queues/default/pause")
+                # every mode alike: the queue paused while the jobs go in and the workers
+                # come up (in-process ones are up with the server; remote ones start here
+                # and long-poll), then resumed, so the drain times workers, not start-ups
+                await pool.request("POST", "/queues/default/pause")
                 await _submit(pool, self.jobs, {"kind": NOOP, "args": {}})
-                before = await _stats(pool)
-                t0 = time.perf_counter()
-                if local:
-                    await pool.request("POST", "/queues/default/resume")
-                else:
+                if not local:
                     for i in range(REMOTE_WORKERS):
                         cmd = worker_cmd(url, concurrency=slots, processes=0, name=f"p-noop{i}")
                         children.append(Child(cmd, d / f"worker{i}.log", dict(os.environ)))
+                    await _polling(pool, children)
+                started_cpu = sum(cpu_of_tree(c.proc.pid) for c in children)
+                before = await _stats(pool)
+                t0 = time.perf_counter()
+                await pool.request("POST", "/queues/default/resume")
                 after, done_at = await _drained(pool, self.jobs, children)
                 wall_s = time.perf_counter() - t0
-                worker_cpu = sum(cpu_of_tree(c.proc.pid) for c in children)
+                worker_cpu = sum(cpu_of_tree(c.proc.pid) for c in children) - started_cpu
             finally:
                 for c in children:
                     c.stop()
@@ -253,7 +279,7 @@ class NoopRun(PRun):
             "drain_s": round(last - first, 4), "done_s": round(done_at - first, 4),
             "wall_s": round(wall_s, 4),
             "server_cpu_s": round(after["process_cpu_s"] - before["process_cpu_s"], 4),
-            "worker_cpu_s": round(worker_cpu, 4),
+            "worker_cpu_s": round(worker_cpu, 4), "worker_start_cpu_s": round(started_cpu, 4),
             "workers": WORKERS if local else slots * len(children),
             "remote_workers": len(children), "command": children[0].cmd[1:] if children else [],
         }  # fmt: skip
