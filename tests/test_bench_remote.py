@@ -54,10 +54,12 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
         # walq: remote at 0.70x and 0.40x of in-process (median 0.55: met)
         _noop("walq", "local", 0, 0.07, 0.10), _noop("walq", "remote", 0, 0.10, 0.08),
         _noop("walq", "local", 1, 0.20, 0.10), _noop("walq", "remote", 1, 0.50, 0.12),
-        # sqlite: remote at 0.25x (not met); with a full claim's slots at 0.50x (not met, bar
-        # 0.90x) and server CPU 0.90x of in-process (met, bar 1.00x)
+        # sqlite: remote at 0.25x (not met); with two full claims' slots at 0.50x (not met,
+        # bar 0.90x) and server CPU 0.90x of in-process (met, bar 1.00x); a full claim's
+        # slots is a row beside it, with no bar
         _noop("sqlite", "local", 0, 0.10, 0.10), _noop("sqlite", "remote", 0, 0.40, 0.10),
-        _noop("sqlite", "remote", 0, 0.20, 0.09, workers=200),
+        _noop("sqlite", "remote", 0, 0.20, 0.09, workers=400),
+        _noop("sqlite", "remote", 0, 0.25, 0.09, workers=200),
         # cpu: p2 over p1 1.95x and 1.75x (median 1.85: met); p2 over huey w2 0.95x (not met)
         _cpu("remote", 1, 0, 3.9), _cpu("remote", 2, 0, 2.0), _cpu("huey", 2, 0, 1.9),
         _cpu("remote", 1, 1, 3.5), _cpu("remote", 2, 1, 2.0), _cpu("huey", 2, 1, 1.9),
@@ -72,9 +74,9 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
         "P: walq, no-op jobs/s through a remote worker over in-process: 0.55x (bar >= 0.50x: met)",
         "P: sqlite, no-op jobs/s through a remote worker over in-process: 0.25x "
         "(bar >= 0.50x: NOT met)",
-        "P: sqlite, no-op jobs/s through remote workers with a full claim's slots "
+        "P: sqlite, no-op jobs/s through remote workers with two full claims' slots "
         "over in-process: 0.50x (bar >= 0.90x: NOT met)",
-        "P: sqlite, server CPU a no-op job with remote workers (a full claim's "
+        "P: sqlite, server CPU a no-op job with remote workers (two full claims' "
         "slots) over in-process: 0.90x (bar <= 1.00x: met)",
         "P: CPU-bound handler, `sqlq worker --processes 2` over `--processes 1`: 1.85x "
         "(bar >= 1.8x: met)",
@@ -87,8 +89,10 @@ def test_bars_come_from_the_ratios_within_each_repeat(tmp_path: Path) -> None:
     # the remote row carries the per-repeat ratios: median [min-max]
     walq = [ln for ln in rep.lines if ln.startswith("| walq | sqlq worker, 2 x 32 slots")]
     assert walq
+    enough = next(ln for ln in rep.lines if ln.startswith("| sqlite | sqlq worker, 2 x 200 slots"))
+    assert enough.endswith("| 0.50 | 0.90 |")
     wide = next(ln for ln in rep.lines if ln.startswith("| sqlite | sqlq worker, 2 x 100 slots"))
-    assert wide.endswith("| 0.50 | 0.90 |")
+    assert wide.endswith("| 0.40 | 0.90 |")
     assert "| 0.55 [0.40-0.70] |" in walq[0]
     # server CPU per job, remote over in-process: 0.8x and 1.2x
     assert walq[0].endswith("| 1.00 [0.80-1.20] |")
