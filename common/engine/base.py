@@ -16,26 +16,25 @@ This class does the rest the same way for every engine:
 - ``stats`` fills the fields every engine reports; a failure's text without its
   absolute paths (a client reads it; the log has the whole of it).
 
-One I/O thread per engine, a plain single-thread executor: all of an engine's
-blocking calls (write, fdatasync, opening its files) run there in order, and the
-event loop never blocks on them. SQLite's statements run on the thread of its
+One I/O thread per engine (``IoThread``): all of an engine's blocking calls (write,
+fdatasync, opening its files) run there in order, and the event loop never blocks on
+them. SQLite's statements run on the thread of its
 aiosqlite connection instead, in order too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.datadir import DirLock, prepare_dir
 from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
+from sqlq.common.engine.iothread import IoThread
 from sqlq.common.errors import StoreError, StoreFailedError
 from sqlq.common.redact import redact_paths
 from sqlq.common.store import DEFAULT_RETENTION_S, Change, Recovery, StoreStats, SyncLevel
@@ -80,7 +79,7 @@ class DurableStore(Committing):
         self._group = group_commit
         self._sync_delay = sync_delay_s  # emulated disk latency, benchmark only
         self._lock = DirLock(self.dir, self.lock_name)
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-io")
+        self._io = IoThread(f"{self.name}-io")
         self._committer: GroupCommitter | None = None
         self._observer: BatchObserver | None = None
         self._opened = False
@@ -119,7 +118,7 @@ class DurableStore(Committing):
                 recovery = await self._recover()
         except BaseException:
             await self._release()
-            self._io.shutdown(wait=True)
+            self._io.shutdown()
             self._lock.release()
             raise
         self._committer = GroupCommitter(
@@ -156,11 +155,11 @@ class DurableStore(Committing):
             self._committer = None
         if self._opened:
             await self._release()
-            self._io.shutdown(wait=True)
+            self._io.shutdown()
             self._lock.release()
 
     async def _on_io(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+        return await self._io.run(fn, *args)
 
     def _synced(self) -> None:
         """After a real sync, on the I/O thread: count it, and pay any emulated delay."""
