@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -227,6 +228,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # anyio imports its asyncio backend as its first scope is made (~10 ms here): made
+        # here, at the start, not in the first long-poll claim answered (``client_gone``)
+        anyio.CancelScope()
         if start_runtime:
             await runtime.start()
         if dashboard is not None:
