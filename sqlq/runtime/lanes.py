@@ -33,7 +33,7 @@ import math
 import operator
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
@@ -93,7 +93,7 @@ class Delayed(Generic[T]):
         if ready_at < self.first:
             self.first = ready_at
 
-    def extend(self, at: list[float], arrivals: list[int], priorities: list[int],
+    def extend(self, at: list[float], arrivals: Sequence[int], priorities: list[int],
                items: list[T]) -> None:  # fmt: skip
         """Many entries, already in ``(ready_at, arrival)`` order (recovery's load)."""
         if not items:
@@ -218,8 +218,9 @@ class Lanes(Generic[T]):
         later = len(items) - now_due
         first = next(self._arrival)  # their arrivals: first, first + 1, ... in this order
         self._arrival = itertools.count(first + later)
-        self.delayed.extend(at[now_due:], list(range(first, first + later)), ranked[now_due:],
-                            ordered[now_due:])  # fmt: skip
+        if now_due:  # (none due, as at a restart behind delayed jobs: no copies of a million)
+            at, ranked, ordered = at[now_due:], ranked[now_due:], ordered[now_due:]
+        self.delayed.extend(at, range(first, first + later), ranked, ordered)
 
     def next_wakeup(self) -> float | None:
         """When the earliest delayed entry becomes due; None if the heap is empty."""
