@@ -46,7 +46,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from itertools import repeat
+from operator import eq, getitem
+from typing import Any, cast
 
 import msgspec
 
@@ -288,7 +290,15 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
     view = memoryview(data)
     find, at, crc32 = data.find, data.startswith, zlib.crc32
     size, pos = len(data), 0
+    bulk_after = 0  # the snapshot's runs are read whole from here on (``_snapshot_run``)
     while pos < size:
+        if head is not None and expect_seq == snapshots and pos >= bulk_after:
+            taken, end = _snapshot_run(data, pos, emit)
+            if taken:
+                records += taken
+                pos = valid_end = end
+                continue
+            bulk_after = end  # a run not taken whole: its lines one by one, below
         offset = pos
         nl = find(b"\n", pos)
         if nl < 0:
@@ -376,6 +386,47 @@ def scan(data: bytes, fold: Fold | None = None) -> Scan:
         last_seq=expect_seq - 1,
         records=records,
     )
+
+
+# A snapshot's lines, a run at a time (``_snapshot_run``): about 10,000 of a no-op job's.
+SNAPSHOT_RUN_BYTES = 1 << 22
+_RUN_BODY = slice(_REC_START, -1)
+_RUN_CRC = slice(len(_PREFIX), _CRC_END)
+_RUN_MIDDLE = slice(_CRC_END, _REC_START)
+_HEX = b"%08x".__mod__
+
+
+def _snapshot_run(data: bytes, start: int, emit: Fold) -> tuple[int, int]:
+    """The whole lines in ``data[start:start + SNAPSHOT_RUN_BYTES]``, each checked as the
+    line-by-line reader checks a job's snapshot record (framing, CRC, ``{"snap":`` and its
+    typed decode) and handed to ``emit``, if every one of them passes: ``(lines, where the
+    next starts)``. Else nothing is handed over and ``(0, where the run ends)``: its lines
+    go one by one, the way that finds and names what is wrong. The checks are C loops
+    (``map``) over the run's lines, not bytecode a line: the scan of a million no-op jobs'
+    snapshot took 2.3 s that way, 1.9 s this (experiment K's restart)."""
+    stop = data.rfind(b"\n", start, start + SNAPSHOT_RUN_BYTES)
+    if stop < start:
+        return 0, start
+    lines = data[start:stop].split(b"\n")
+    bodies = cast(list[bytes], list(map(getitem, lines, repeat(_RUN_BODY))))
+    whole = (
+        all(map(bytes.startswith, lines, repeat(_PREFIX)))
+        and all(map(bytes.endswith, lines, repeat(b"}")))
+        and all(map(eq, map(getitem, lines, repeat(_RUN_MIDDLE)), repeat(_MIDDLE)))
+        and all(map(bytes.startswith, bodies, repeat(_SNAP_START)))
+        and all(map(eq, map(getitem, lines, repeat(_RUN_CRC)), map(_HEX, map(zlib.crc32, bodies))))
+    )
+    if not whole:
+        return 0, stop + 1
+    try:
+        records = list(map(_SNAP.decode, bodies))
+    except msgspec.DecodeError:
+        return 0, stop + 1
+    offset = start
+    for line, record in zip(lines, records, strict=True):
+        emit(offset, True, record.snap)
+        offset += len(line) + 1
+    return len(lines), stop + 1
 
 
 def _place(
