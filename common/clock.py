@@ -207,7 +207,7 @@ class _JumpingSelector(selectors.BaseSelector):
 
 
 class AutojumpLoop(asyncio.SelectorEventLoop):
-    """A selector loop that jumps ``clock`` when idle, counting its executor work for that."""
+    """A selector loop that jumps ``clock`` when idle, counting work on threads for that."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
@@ -218,9 +218,14 @@ class AutojumpLoop(asyncio.SelectorEventLoop):
         self, executor: Executor | None, func: Callable[..., T], *args: Any
     ) -> asyncio.Future[T]:
         fut = super().run_in_executor(executor, func, *args)
+        self.hold(fut)
+        return fut
+
+    def hold(self, fut: asyncio.Future[Any]) -> None:
+        """Hold the clock still until ``fut``, a call on some thread, is answered: an
+        engine's own I/O thread (``IoThread``) counts as the executor does."""
         self._in_threads += 1
         fut.add_done_callback(self._thread_done)
-        return fut
 
     def _thread_done(self, _: object) -> None:
         self._in_threads -= 1

@@ -52,10 +52,11 @@ async def fake_clock() -> FakeClock:
     nothing runs in the loop's executor), it jumps to its next deadline, so a test of a
     60 s delay, a lease or a heartbeat timeout finishes at once and never waits in real time.
 
-    For the memory engine and engines whose I/O goes through ``run_in_executor``. A reply
-    awaited on a socket (PostgreSQL) or from a thread of its own looks like idleness: the
-    clock may jump while it is in flight. A test that needs time to stand still while a
-    thread works stuck on purpose moves the clock by hand (``advance``)."""
+    For the memory engine and engines whose I/O goes through ``run_in_executor`` or their
+    ``IoThread`` (walq). A reply awaited on a socket (PostgreSQL) or from a thread the loop
+    does not see (aiosqlite's) looks like idleness: the clock may jump while it is in
+    flight. A test that needs time to stand still while a thread works stuck on purpose
+    moves the clock by hand (``advance``)."""
     loop = asyncio.get_running_loop()
     assert isinstance(loop, AutojumpLoop), "fake_clock runs only on the autojump loop"
     return loop.clock

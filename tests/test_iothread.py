@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import pytest
 
+from sqlq.common.clock import FakeClock
 from sqlq.common.engine.iothread import IoThread
 
 
@@ -42,7 +44,7 @@ async def test_an_error_reaches_its_caller_alone() -> None:
         io.shutdown()
 
 
-async def test_a_call_whose_caller_was_cancelled_still_runs_and_later_calls_follow() -> None:
+async def test_a_queued_call_whose_caller_was_cancelled_still_runs_in_its_place() -> None:
     io = IoThread("t-io")
     started, release = threading.Event(), threading.Event()
     ran: list[str] = []
@@ -51,17 +53,59 @@ async def test_a_call_whose_caller_was_cancelled_still_runs_and_later_calls_foll
         started.set()
         release.wait(10)
         ran.append("slow")
-        return "dropped"
+        return "first"
 
     try:
-        first = asyncio.ensure_future(io.run(slow))
-        second = io.run(ran.append, "next")
+        first = io.run(slow)
+        queued = asyncio.ensure_future(io.run(ran.append, "queued"))
+        last = io.run(ran.append, "last")
         await asyncio.to_thread(started.wait, 10)
-        first.cancel()
+        queued.cancel()  # (still in the queue: the thread is held in ``slow``)
+        await asyncio.sleep(0)
         release.set()
-        await second
-        assert ran == ["slow", "next"]  # never skipped, never reordered
-        assert first.cancelled()
+        assert await first == "first"
+        await last
+        assert ran == ["slow", "queued", "last"]  # never skipped, never reordered
+        assert queued.cancelled()
+    finally:
+        io.shutdown()
+
+
+def test_an_io_thread_dropped_unclosed_ends_its_thread() -> None:
+    async def use() -> threading.Thread:
+        io = IoThread("t-io-dropped")
+        assert await io.run(lambda: 1) == 1
+        thread = io._thread
+        assert thread is not None
+        assert thread.is_alive()
+        del io
+        return thread
+
+    thread = asyncio.run(use())
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+async def test_the_autojump_clock_stands_still_while_a_call_is_on_the_thread(
+    fake_clock: FakeClock,
+) -> None:
+    io = IoThread("t-io-clock")
+    release = threading.Event()
+    try:
+        call = io.run(release.wait, 10)
+        sleeper = asyncio.ensure_future(fake_clock.sleep(60))  # a deadline to jump to
+        before = fake_clock.monotonic()
+        loop = asyncio.get_running_loop()
+        for _ in range(20):  # idle waits of the loop: each would jump, were nothing held
+            woken = loop.create_future()
+            threading.Timer(0.002, loop.call_soon_threadsafe, (woken.set_result, None)).start()
+            await woken
+        assert fake_clock.monotonic() == before
+        release.set()
+        await call
+        await sleeper  # only now may it jump
+        assert fake_clock.monotonic() - before >= 60.0
     finally:
         io.shutdown()
 

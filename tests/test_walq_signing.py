@@ -1,7 +1,8 @@
 """walq's signing key (``walq.signing``): a 0600 file beside the log, made once and
 durably (temporary file, sync, rename, directory sync: through ``FileOps``, so a power
 cut at any of those calls leaves no key or the whole one, and a key handed out survives),
-read on later opens, never shown."""
+read on later opens, never shown. And the other small file beside the log, the paused
+queues, whose write a cancelled caller cannot leave behind the set in memory."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import logging
 import random
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,31 @@ async def test_an_io_error_making_the_key_fails_that_call_only(tmp_path: Path) -
         await store.close()
     assert (tmp_path / KEY_NAME).read_bytes() == key
     assert not (tmp_path / (KEY_NAME + ".tmp")).exists()
+
+
+async def test_a_pause_whose_caller_was_cancelled_is_in_memory_as_on_disk(tmp_path: Path) -> None:
+    """The pause file's write runs even if its caller is cancelled (the I/O thread never
+    skips a call asked for), so the set the store serves must follow it, not stay behind
+    until the next pause writes the file from it."""
+    store = WalStore(tmp_path, clock=FakeClock(NOW))
+    await store.open()
+    held, release = asyncio.Event(), threading.Event()
+    loop = asyncio.get_running_loop()
+    try:
+        blocker = asyncio.ensure_future(
+            store.on_io(lambda: (loop.call_soon_threadsafe(held.set), release.wait(10)))
+        )
+        await held.wait()  # the I/O thread is busy: the pause's write waits in its queue
+        pausing = asyncio.ensure_future(store.set_queue_paused("mail", True))
+        await asyncio.sleep(0)
+        pausing.cancel()
+        release.set()
+        await blocker
+        with pytest.raises(asyncio.CancelledError):
+            await pausing
+        await store.set_queue_paused("reports", True)  # built on the set in memory
+    finally:
+        await store.close()
+    again = WalStore(tmp_path, clock=FakeClock(NOW))
+    assert (await again.open()).paused_queues == ["mail", "reports"]
+    await again.close()

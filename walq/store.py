@@ -97,6 +97,7 @@ class WalStore(DurableStore):
         self.compactor = Compactor(self)
         self.queues_path = os.path.join(self.dir, QUEUES_NAME)
         self._paused: set[str] = set()
+        self._pausing = asyncio.Lock()
         self._key: bytes | None = None
 
     # -- open / recovery ---------------------------------------------------------
@@ -333,12 +334,19 @@ class WalStore(DurableStore):
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         self._writable()
-        names = (self._paused | {queue}) if paused else (self._paused - {queue})
-        try:
-            await self._on_io(write_paused, self.fs, self.queues_path, sorted(names))
-        except OSError as exc:
-            raise StoreError(f"{self.queues_path}: {exc.strerror or exc}") from exc
-        self._paused = names
+        # Shielded: the write runs even if the caller is cancelled (the I/O thread skips no
+        # call), so the set in memory follows it whatever happens to the caller; one change
+        # at a time, each built on the last one's set.
+        await asyncio.shield(self._set_paused(queue, paused))
+
+    async def _set_paused(self, queue: str, paused: bool) -> None:
+        async with self._pausing:
+            names = (self._paused | {queue}) if paused else (self._paused - {queue})
+            try:
+                await self._on_io(write_paused, self.fs, self.queues_path, sorted(names))
+            except OSError as exc:
+                raise StoreError(f"{self.queues_path}: {exc.strerror or exc}") from exc
+            self._paused = names
 
     async def signing_key(self) -> bytes:
         """``signing.key`` in the data directory (``walq.signing``), read once per open."""

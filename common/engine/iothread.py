@@ -11,7 +11,13 @@ same way.
 
 The thread is a daemon: a store that is never closed must not hold the interpreter's exit.
 A call cut short by that exit was never answered, so nothing it wrote was acknowledged,
-and recovery reads a torn tail as walq reads any kill -9's.
+and recovery reads a torn tail as walq reads any kill -9's. The thread holds only the
+queue, never the ``IoThread``: one dropped unclosed is collected, and its finalizer ends
+the thread after the calls already asked for.
+
+The autojump test loop (``sqlq.common.clock``) holds its clock still while a call is on
+this thread, as it does for its executor's work: a commit in flight never sees a lease or
+a timeout expire under it.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from sqlq.common.clock import AutojumpLoop
 
 T = TypeVar("T")
 
@@ -48,6 +57,8 @@ class IoThread:
             return future
         if self._thread is None:
             self._start()
+        if type(loop) is AutojumpLoop:
+            loop.hold(future)
         self._calls.put((loop, future, fn, args))
         return future
 
@@ -63,21 +74,27 @@ class IoThread:
     def _start(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                calls = self._calls
+                self._thread = threading.Thread(
+                    target=_work, args=(calls,), name=self._name, daemon=True
+                )
                 self._thread.start()
+                weakref.finalize(self, calls.put, None)
 
-    def _work(self) -> None:
-        while (call := self._calls.get()) is not None:
-            loop, future, fn, args = call
-            try:
-                result, error = fn(*args), None
-            except BaseException as exc:  # (the awaiting task gets it, as an executor's would)
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:  # the loop is closed: nobody waits for this answer
-                pass
-            del call, loop, future, fn, args, result, error  # (nothing kept alive)
+
+def _work(calls: queue.SimpleQueue[Call | None]) -> None:
+    """The thread's loop: it sees the queue alone, so it keeps no ``IoThread`` alive."""
+    while (call := calls.get()) is not None:
+        loop, future, fn, args = call
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:  # (the awaiting task gets it, as an executor's would)
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(_settle, future, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits for this answer
+            pass
+        del call, loop, future, fn, args, result, error  # (nothing kept alive)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
