@@ -10,6 +10,7 @@ rule (``sqlq.http.access``: the table of who may call what).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable
@@ -125,7 +126,8 @@ class _App(Starlette):
 @functools.cache
 def _document() -> dict[str, Any]:
     """The OpenAPI document, made at its first request: making it walks every type's schema
-    (~65 ms), which a restart would otherwise wait for before /readyz (experiment K)."""
+    (~65 ms), which a restart would otherwise wait for before /readyz (experiment K). Made
+    on a thread (``openapi``), so the event loop never stops for it."""
     return document(VERSION)
 
 
@@ -228,7 +230,7 @@ def create_app(
         return JSONResponse(runtime.stats())
 
     async def openapi(_: Request) -> Response:
-        return JSONResponse(_document())
+        return JSONResponse(await asyncio.to_thread(_document))
 
     async def metrics(_: Request) -> Response:
         return Response(runtime.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
@@ -240,13 +242,17 @@ def create_app(
         anyio.CancelScope()
         if start_runtime:
             await runtime.start()
+        warming: asyncio.Task[None] | None = None
         if dashboard is not None:
             dashboard.sampler.start()
+            warming = asyncio.create_task(asyncio.to_thread(dashboard.compile_templates))
         try:
             yield
         finally:
             if dashboard is not None:
                 await dashboard.sampler.stop()
+            if warming is not None:
+                await warming  # (a thread: it cannot be cut short, and takes ~65 ms at most)
             await runtime.stop(grace_s)
 
     routes = [  # every route behind its role's rule (sqlq.http.access.guarded)

@@ -65,6 +65,13 @@ class Dashboard:
         self.env = environment()
         self.static = static_files()
 
+    def compile_templates(self) -> None:
+        """Every page's template compiled, on a thread the app starts once it serves: not
+        before /readyz (~65 ms of every restart), and not on the event loop at a first
+        page view (~25 ms). A page asked for meanwhile compiles its own; both are the same."""
+        for name in self.env.list_templates():
+            self.env.get_template(name)
+
     def routes(self) -> list[BaseRoute]:
         page, act = self._page, self._action
         return [

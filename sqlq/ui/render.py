@@ -1,8 +1,9 @@
 """How the dashboard draws: the Jinja2 environment with its filters, a job's JSON as the
 job page shows it, and the static files.
 
-Templates are autoescaped, compiled once at start and never reloaded (they are package
-data), so a page costs its render and nothing else on the event loop.
+Templates are autoescaped, compiled once by a thread after the app starts and never
+reloaded (they are package data), so a page costs its render and nothing else on the event
+loop.
 """
 
 from __future__ import annotations
@@ -96,9 +97,9 @@ class ShownArgs:
 
 
 def environment() -> Environment:
-    """The templates, each compiled at its first render (then kept: ``auto_reload`` off).
-    Compiling them all here cost every start ~65 ms before /readyz (experiment K's restart);
-    at its first render a page costs ~25 ms more, once."""
+    """The templates, each compiled once (then kept: ``auto_reload`` off), by a thread after
+    the app starts (``Dashboard.compile_templates``). Compiling them all here cost every start
+    ~65 ms before /readyz (experiment K's restart)."""
     env = Environment(
         loader=PackageLoader("sqlq.ui", "templates"),
         autoescape=True,

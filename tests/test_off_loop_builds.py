@@ -1,0 +1,70 @@
+"""What a server makes once, at first use, it makes on a thread: the OpenAPI document
+(~65 ms, at the first ``/openapi.json``) and the dashboard's templates (~65 ms, by a
+thread the app starts). Neither waits before /readyz, and neither stops the event loop."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.http import app as app_module
+from sqlq.http.app import create_app
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.service import Service
+from sqlq.ui.app import Dashboard
+
+
+async def test_the_openapi_document_is_made_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    made_on: list[threading.Thread] = []
+    real = app_module._document
+
+    def spy() -> dict[str, Any]:
+        made_on.append(threading.current_thread())
+        return real()
+
+    monkeypatch.setattr(app_module, "_document", spy)
+    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1))
+    await rt.start()
+    try:
+        app = create_app(rt, start_runtime=False, ui=None)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            r = await http.get("/openapi.json")
+        assert r.status_code == 200
+        assert r.json()["openapi"].startswith("3.")
+    finally:
+        await rt.stop(0)
+    assert len(made_on) == 1
+    assert made_on[0] is not threading.main_thread()
+
+
+async def test_the_templates_are_compiled_by_a_thread_once_the_app_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[threading.Thread, Dashboard]] = []
+    real = Dashboard.compile_templates
+
+    def spy(self: Dashboard) -> None:
+        assert not self.env.cache  # (nothing compiled before the app started)
+        real(self)
+        seen.append((threading.current_thread(), self))
+
+    monkeypatch.setattr(Dashboard, "compile_templates", spy)
+    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1))
+    await rt.start()
+    try:
+        app = create_app(rt, start_runtime=False)
+        async with app.router.lifespan_context(app):
+            pass  # (its stop waits for the thread)
+    finally:
+        await rt.stop(0)
+    assert len(seen) == 1
+    thread, dashboard = seen[0]
+    assert thread is not threading.main_thread()
+    cache = dashboard.env.cache
+    assert cache is not None
+    assert {key[1] for key in cache} == set(dashboard.env.list_templates())
