@@ -1,7 +1,9 @@
 """A child process for the kill -9 tests: appends forever, printing what was acked.
 
-Each line on stdout is printed only after the commit returned, so every line the
-parent reads names a change the engine acknowledged as durable.
+Each ``S``/``R``/``C`` line on stdout is printed only after the commit returned, so every
+such line the parent reads names a change the engine acknowledged as durable. A ``K n``
+line says walq has compacted n times (checked every 50 ms), so the parent can wait for
+a compaction before it kills, instead of hoping one happened.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from sqlq.common.models import Job
 from sqlq.engines.registry import make_store
 
 
-def _report_compactions(store: object) -> None:
-    stats = store.stats().detail  # type: ignore[attr-defined]
-    sys.stderr.write(f"compactions={stats['compactions']}\n")
-    asyncio.get_running_loop().call_later(0.05, _report_compactions, store)
+def _report_compactions(store: object, told: int = 0) -> None:
+    count = store.stats().detail["compactions"]  # type: ignore[attr-defined]
+    if count > told:
+        sys.stdout.write(f"K {count}\n")
+        sys.stdout.flush()
+    asyncio.get_running_loop().call_later(0.05, _report_compactions, store, count)
 
 
 async def main() -> None:

@@ -189,25 +189,24 @@ def test_kill9_loses_no_acknowledged_transition(
     submitted: set[str] = set()
     started: set[str] = set()
     completed: set[str] = set()
-    sets = {"S": submitted, "R": started, "C": completed}
+    compacted: set[str] = set()  # walq's compaction counts as the child told them ("K n")
+    sets = {"S": submitted, "R": started, "C": completed, "K": compacted}
     try:
         assert child.stdout.readline().strip() == "READY"
-        while len(started) < 1500:
+        # Killed once 1,500 jobs have started and (walq) a compaction has finished, so the
+        # kill lands while it compacts again and again: waited for, never assumed.
+        while len(started) < 1500 or (engine == "walq" and not compacted):
             line = child.stdout.readline()
             assert line, "appender died on its own"
             tag, job_id = line.split()
             sets[tag].add(job_id)
+            assert len(started) < 100_000, "walq never compacted"  # (its log far past 32 KiB)
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
         for line in child.stdout:  # lines printed before the kill were acknowledged too
             if line.endswith("\n"):
                 tag, job_id = line.split()
                 sets[tag].add(job_id)
-        assert child.stderr is not None
-        compactions = [ln for ln in child.stderr.read().splitlines() if "compactions=" in ln]
-        if engine == "walq":
-            assert compactions, "the child never reported its compaction count"
-            assert int(compactions[-1].split("=")[1]) > 0, "walq never compacted"
     finally:
         if child.poll() is None:
             child.kill()
