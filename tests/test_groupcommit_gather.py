@@ -52,8 +52,8 @@ async def test_callers_a_few_turns_away_join_the_same_batch() -> None:
 async def test_a_lone_caller_is_written_after_the_quiet_turns() -> None:
     recorder = Recorder()
     committer = await _started(recorder)
-    # A caller QUIET_TURNS + 2 turns behind the first is not waited for: the loop had
-    # nothing to run for QUIET_TURNS turns in a row, so the first batch was written.
+    # A caller QUIET_TURNS + 2 turns behind the first is not waited for: QUIET_TURNS
+    # turns in a row added no caller, so the first batch was written.
     await asyncio.gather(committer.submit([]), _later(committer, QUIET_TURNS + 2))
     await committer.close()
     assert recorder.sizes == [1, 1]
@@ -63,28 +63,32 @@ async def test_a_busy_loop_cannot_hold_a_batch_for_ever() -> None:
     recorder = Recorder()
     committer = await _started(recorder)
     first = committer.submit([])
-    stop = asyncio.Event()
     joined = 0
 
-    async def every_turn() -> None:  # a new caller on every turn, without end
+    async def every_turn() -> None:  # a new caller on every turn, far past the bound
         nonlocal joined
-        while not stop.is_set():
+        for _ in range(10 * MAX_GATHER_TURNS):
             committer.submit([])
             joined += 1
             await asyncio.sleep(0)
 
-    feeder = asyncio.create_task(every_turn())
-    await first
-    stop.set()
-    await feeder
+    await every_turn()
     await committer.close()
-    assert recorder.sizes[0] <= MAX_GATHER_TURNS + 2
+    assert first.done()
+    # The first batch was taken after at most MAX_GATHER_TURNS turns of newcomers (an
+    # unbounded gathering would take all 10 x of them, once the feeder stopped).
+    assert recorder.sizes[0] <= MAX_GATHER_TURNS + 2  # and those pending when it began
     assert sum(recorder.sizes) == joined + 1
 
 
-async def test_without_group_commit_every_caller_is_its_own_batch() -> None:
-    recorder = Recorder()
-    committer = await _started(recorder, group=False)
-    await asyncio.gather(committer.submit([]), *(_later(committer, t) for t in (1, 2, 3)))
-    await committer.close()
-    assert recorder.sizes == [1, 1, 1, 1]
+async def test_without_group_commit_a_caller_is_written_without_gathering() -> None:
+    for group, gathered in ((False, False), (True, True)):
+        recorder = Recorder()
+        committer = await _started(recorder, group=group)
+        future = committer.submit([])
+        for _ in range(2):  # the writer's turn, then the write's
+            await asyncio.sleep(0)
+        assert future.done() is not gathered
+        await future
+        await committer.close()
+        assert recorder.sizes == [1]
