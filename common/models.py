@@ -20,6 +20,7 @@ import msgspec
 
 from sqlq.common.errors import IllegalTransitionError, StaleEpochError
 from sqlq.common.running import AttemptError, Progress, clean_error, with_error
+from sqlq.common.workflow import CancelReason, Ended, Flow, Verdict, after_parent, settles_failure
 
 JSON = Any  # a value msgspec.json can encode: dict, list, str, int, float, bool, None
 
@@ -30,6 +31,7 @@ class State(StrEnum):
     COMPLETED = "completed"  # finished; result stored (terminal)
     DEAD = "dead"  # attempts used up, dead-lettered (terminal)
     CANCELLED = "cancelled"  # withdrawn: before it ran, or while it ran at a request (terminal)
+    WAITING = "waiting"  # a workflow member whose parents have not settled: not claimable
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {
@@ -45,6 +47,9 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # dead or cancelled -> scheduled: an operator retries it, with a fresh attempt budget.
     State.DEAD: frozenset({State.SCHEDULED}),
     State.CANCELLED: frozenset({State.SCHEDULED}),
+    # waiting -> waiting: a parent settled, others have not (``Job.after_parent``);
+    # -> scheduled: the last one did; -> cancelled: the child's policy, or a user.
+    State.WAITING: frozenset({State.SCHEDULED, State.CANCELLED, State.WAITING}),
 }
 
 _RUNNING = State.RUNNING  # (a module global: the enum's attribute costs a lookup per use)
@@ -124,6 +129,7 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     holder: str | None = None
     lease_until: float | None = None
     cancel_forced: bool = False  # ``Job.cancel_forced``; omitted when False (old records)
+    flow: Flow | None = None  # a workflow member's new ``Job.flow``; None: unchanged
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -170,6 +176,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # counted as cut off. Stored, so a restart or another node holds it too; False once the
     # job leaves running, and in every record older than it.
     cancel_forced: bool = False
+    # A workflow member's place in its graph (``sqlq.common.workflow``); None outside every
+    # workflow, which costs such a job one pointer.
+    flow: Flow | None = None
 
     @property
     def all_attempts(self) -> int:
@@ -227,6 +236,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             job = msgspec.structs.replace(
                 job, holder=t.holder, lease_until=t.lease_until, cancel_forced=t.cancel_forced
             )
+        if t.flow is not None:
+            job = msgspec.structs.replace(job, flow=t.flow)
         return job
 
     # -- pure constructors of transitions (the runtime's vocabulary) -------------
@@ -341,8 +352,35 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         )
 
     def cancel(self, now: float) -> Transition:
-        """scheduled -> cancelled: it never ran (a running job is asked, ``request_cancel``)."""
-        return self._to(State.CANCELLED, now)
+        """scheduled or waiting -> cancelled: it never ran (a running job is asked,
+        ``request_cancel``); a workflow member's reason is ``user``."""
+        if self.flow is None:
+            return self._to(State.CANCELLED, now)
+        flow = msgspec.structs.replace(self.flow, cancel_reason=CancelReason.USER)
+        return self._to(State.CANCELLED, now, flow=flow)
+
+    def after_parent(self, ended: Ended | None, now: float) -> Transition | None:
+        """What one parent's end does to this waiting child (``ended``; None: the parent
+        was revived from dead or cancelled), by ``sqlq.common.workflow``'s rule: waiting
+        with a new count, released (scheduled, due at the latest of its own time and now),
+        or cancelled with a reason. None: nothing changes (not waiting, or nothing to do).
+        The engine writes it in the parent's own commit (``JobIndex.stage``)."""
+        flow = self.flow
+        if flow is None or self.state is not State.WAITING:
+            return None
+        if ended is None:  # a revived parent: unsettle what its failure settled
+            if not settles_failure(flow):
+                return None
+            flow = msgspec.structs.replace(
+                flow, deps_pending=flow.deps_pending + 1, failed=flow.failed - 1
+            )
+            return self._to(State.WAITING, now, flow=flow)
+        flow, verdict = after_parent(flow, ended)
+        if verdict is Verdict.RELEASE:
+            return self._to(State.SCHEDULED, now, ready_at=max(self.ready_at, now), flow=flow)
+        if verdict is Verdict.CANCEL:
+            return self._to(State.CANCELLED, now, flow=flow)
+        return None if flow is self.flow else self._to(State.WAITING, now, flow=flow)
 
     def request_cancel(self, now: float) -> Transition:
         """running -> running, same epoch: a cancel is asked for. Its handler is told; what
@@ -416,7 +454,17 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         queue: str = "default",
         idempotency_key: str | None = None,
         request_hash: str | None = None,
+        flow: Flow | None = None,
     ) -> Job:
+        """A new job: scheduled, or waiting if it is a workflow member with parents."""
+        if flow is not None:
+            return cls(
+                id=job_id or new_job_id(now), kind=sys.intern(kind), args=args,
+                state=State.WAITING if flow.deps_pending else State.SCHEDULED,
+                max_attempts=max_attempts, ready_at=now if ready_at is None else ready_at,
+                priority=priority, created_at=now, updated_at=now, queue=sys.intern(queue),
+                idempotency_key=idempotency_key, request_hash=request_hash, flow=flow,
+            )  # fmt: skip
         return cls(
             id=job_id or new_job_id(now),
             kind=sys.intern(kind),

@@ -35,6 +35,7 @@ import msgspec.inspect as mi
 
 from sqlq.common.errors import ValidationError
 from sqlq.common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
+from sqlq.common.workflow import MAX_PARENTS, MAX_REF, OnParentFailure, RunIf
 
 MAX_BATCH = 10_000
 MAX_JOB_BYTES = 1 << 20  # one job's JSON: the body of POST /jobs, the args of a batch's job
@@ -68,6 +69,7 @@ _NUL_ESCAPE = b"\\u0000"  # how a JSON body spells a NUL
 
 Queue = Annotated[str, msgspec.Meta(pattern=QUEUE_PATTERN)]
 IdempotencyKey = Annotated[str, msgspec.Meta(pattern=KEY_PATTERN)]
+Ref = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REF)]
 
 
 class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -79,11 +81,30 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] = 0  # higher first
     queue: Queue = "default"
     idempotency_key: IdempotencyKey | None = None  # in a batch; a single POST uses the header
+    # A workflow member's (a batch with ``workflow``; ``sqlq.common.workflow``): its name in
+    # the batch, the refs of its parents there, and its two policies.
+    ref: Ref | None = None
+    depends_on: Annotated[list[Ref], msgspec.Meta(max_length=MAX_PARENTS)] = msgspec.field(
+        default_factory=list
+    )
+    on_parent_failure: OnParentFailure = OnParentFailure.CANCEL
+    run_if: RunIf = RunIf.ALL_COMPLETED
+
+    def in_graph(self) -> bool:
+        """Whether it says anything only a workflow's member may."""
+        return (
+            self.ref is not None
+            or bool(self.depends_on)
+            or self.on_parent_failure is not OnParentFailure.CANCEL
+            or self.run_if is not RunIf.ALL_COMPLETED
+        )
 
     def request_hash(self) -> str:
         """What the client asked for, without the key: a replay hashes the same."""
-        asked = (self.kind, self.args, self.delay_ms, self.run_at, self.max_attempts,
-                 self.priority, self.queue)  # fmt: skip
+        asked: tuple[Any, ...] = (self.kind, self.args, self.delay_ms, self.run_at,
+                                  self.max_attempts, self.priority, self.queue)  # fmt: skip
+        if self.in_graph():  # (only then: a plain job hashes as it always did)
+            asked += (self.ref, self.depends_on, self.on_parent_failure, self.run_if)
         return hashlib.sha256(msgspec.json.encode(asked)).hexdigest()[:32]
 
 
@@ -107,6 +128,8 @@ class CancelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class BatchSpec(msgspec.Struct, forbid_unknown_fields=True):
     jobs: Annotated[list[JobSpec], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+    # True: the jobs are a new workflow, a graph by their ``ref`` and ``depends_on``.
+    workflow: bool = False
 
 
 # The same fields, args left raw: what a batch is decoded into first (see the docstring).
@@ -118,6 +141,8 @@ _RawJob = msgspec.defstruct(
         else (f.name, f.type)
         if f.required
         else (f.name, f.type, f.default)
+        if f.default_factory is msgspec.NODEFAULT
+        else (f.name, f.type, msgspec.field(default_factory=f.default_factory))
         for f in msgspec.structs.fields(JobSpec)
     ],
     kw_only=True,
@@ -125,7 +150,10 @@ _RawJob = msgspec.defstruct(
 )
 _RawBatch = msgspec.defstruct(
     "_RawBatch",
-    [("jobs", Annotated[list[_RawJob], msgspec.Meta(min_length=1, max_length=MAX_BATCH)])],  # type: ignore[valid-type]
+    [
+        ("jobs", Annotated[list[_RawJob], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]),  # type: ignore[valid-type]
+        ("workflow", bool, False),
+    ],
     forbid_unknown_fields=True,
 )
 _FIELDS = tuple(f.name for f in msgspec.structs.fields(JobSpec) if f.name != "args")
@@ -221,7 +249,7 @@ def decode_batch(body: bytes) -> BatchSpec:
                 "submit fewer jobs at a time"
             )  # fmt: skip
         jobs.append(_spec(job, args))
-    return BatchSpec(jobs)
+    return BatchSpec(jobs, raw.workflow)
 
 
 def _spec(job: Any, args: dict[str, Any]) -> JobSpec:
@@ -230,12 +258,14 @@ def _spec(job: Any, args: dict[str, Any]) -> JobSpec:
     return JobSpec(
         kind=job.kind, args=args, delay_ms=job.delay_ms, run_at=job.run_at,
         max_attempts=job.max_attempts, priority=job.priority, queue=job.queue,
-        idempotency_key=job.idempotency_key,
+        idempotency_key=job.idempotency_key, ref=job.ref, depends_on=job.depends_on,
+        on_parent_failure=job.on_parent_failure, run_if=job.run_if,
     )  # fmt: skip
 
 
 assert _FIELDS == ("kind", "delay_ms", "run_at", "max_attempts", "priority", "queue",
-                   "idempotency_key"), "a JobSpec field _spec does not copy"  # fmt: skip
+                   "idempotency_key", "ref", "depends_on", "on_parent_failure",
+                   "run_if"), "a JobSpec field _spec does not copy"  # fmt: skip
 
 
 def no_nul(field: str, value: str) -> str:

@@ -32,6 +32,9 @@ SyncLevel = Literal["full", "os"]
 DEFAULT_RETENTION_S = 3600.0  # how long finished jobs stay readable
 
 Change = Job | Transition | PutSchedule | DropSchedule | AdvanceSchedule
+# Told, once durable, of the transitions a commit made on its own: a workflow member's end
+# moving its waiting children (``JobStore.observe_cascade``).
+CascadeObserver = Callable[[Sequence[Transition]], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +223,16 @@ class JobStore(Protocol):
     def observe_batches(self, observer: Callable[[int, float], None]) -> None:
         """Call ``observer(commit calls, seconds)`` for every batch written (metrics).
         An engine that writes no batches (memory) never calls it."""
+        ...
+
+    # Whether the engine stores a workflow member's ``Job.flow`` (memory and walq so far);
+    # a workflow submitted to one that does not is refused, naming the field.
+    workflows: bool
+
+    def observe_cascade(self, observer: CascadeObserver) -> None:
+        """Call ``observer(transitions)`` once a commit is durable with what it moved on its
+        own: a workflow member's end moving its waiting children (``JobIndex.stage``), in
+        the same commit. The caller's own changes are never among them."""
         ...
 
     async def compact(self) -> CompactionReport:

@@ -12,6 +12,7 @@ import msgspec
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS, JSON, Job, State
 from sqlq.common.running import AttemptError, Progress
 from sqlq.common.schedule import ScheduleSpec, schedule_of
+from sqlq.common.workflow import Flow
 
 MAX_WAIT_S = 60  # seconds: the longest GET /jobs/{id}?wait= the server holds a request for
 
@@ -63,6 +64,9 @@ class JobView(msgspec.Struct, frozen=True):
     holder: str | None = None  # a running job's remote worker (``worker:<name>``) or node
     lease_until: float | None = None  # when that holder's lease runs out unless renewed
     cancel_forced: bool = False  # a forced cancel holds that lease: it ends cancelled then
+    # A workflow member's place in its graph: its workflow, ref, parents, how many of them
+    # have not settled, its two policies, and why it was cancelled (null outside workflows)
+    flow: Flow | None = None
 
 
 def job_view(job: Job, *, tracebacks: bool = True) -> JobView:
@@ -81,7 +85,7 @@ def job_view(job: Job, *, tracebacks: bool = True) -> JobView:
         job.started_at, job.last_error, job.result, job.queue, job.idempotency_key,
         job.cancel_requested_at is not None, job.cancel_requested_at, job.progress,
         job.checkpoint, job.snoozes, errors, schedule, tick, job.holder, job.lease_until,
-        job.cancel_forced,
+        job.cancel_forced, job.flow,
     )  # fmt: skip
 
 

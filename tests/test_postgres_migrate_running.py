@@ -89,7 +89,9 @@ async def _migrated(dsn: str) -> None:
 async def test_every_job_and_schedule_reads_back_with_the_new_fields_at_defaults(
     pg_dsn: str,
 ) -> None:
-    assert {j.state for j in OLD_JOBS} == set(State)  # the data covers every state
+    assert {j.state for j in OLD_JOBS} == set(State) - {
+        State.WAITING
+    }  # the data covers every state
     await _migrated(pg_dsn)
     store = PostgresStore(pg_dsn)
     await store.open()

@@ -155,8 +155,9 @@ async def test_transition_table_is_in_the_database(tmp_path: Path) -> None:
     # Exactly the Python table: every legal move, and nothing else.
     assert pairs == {(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt}
     # 5 moves of the lifecycle, an operator retry from dead or cancelled, running -> running
-    # (progress, a checkpoint, a cancel asked for) and running -> cancelled.
-    assert len(pairs) == 9
+    # (progress, a checkpoint, a cancel asked for), running -> cancelled, and a workflow
+    # member's three out of waiting.
+    assert len(pairs) == 12
 
 
 V1_TABLE = """CREATE TABLE jobs (

@@ -42,7 +42,7 @@ def test_the_file_is_what_version_3_wrote() -> None:
     db = DATA / "sqlite_v3.db"
     assert FACTS["schema_version"] == "3" == version(db)
     assert not set(RUNNING_COLUMNS) & set(columns(db))
-    assert {j.state for j in WRITTEN.values()} == set(State)
+    assert {j.state for j in WRITTEN.values()} == set(State) - {State.WAITING}
     assert len(raw(db, "SELECT id FROM jobs")) == len(WRITTEN)
 
 

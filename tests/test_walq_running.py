@@ -28,6 +28,7 @@ from sqlq.common.running import (
     Progress,
     check_checkpoint,
 )
+from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
 from sqlq.walq import log, records
 from sqlq.walq.repair import repair
 from sqlq.walq.store import WalStore
@@ -51,6 +52,11 @@ def full_job(job_id: str = "f" * 32) -> Job:
         progress=Progress(percent=62.5, message="62 of 100", at=NOW + 2.5),
         checkpoint=check_checkpoint(BIG), snoozes=3, errors=errors,
         holder="worker:w-1", lease_until=NOW + 30, cancel_forced=True,
+        flow=Flow(
+            workflow_id="c" * 32, ref="crunch-1", parents=("d" * 32,), deps_pending=1,
+            failed=1, on_parent_failure=OnParentFailure.RUN, run_if=RunIf.ANY_FAILED,
+            cancel_reason=CancelReason.USER,
+        ),
     )  # fmt: skip
     plain = Job(id="0" * 32, kind="k", args=None, ready_at=0.0, created_at=0.0, updated_at=0.0)
     for name in msgspec.structs.fields(Job):
@@ -67,6 +73,7 @@ def full_transition(job: Job) -> Transition:
         cancel_requested_at=NOW + 6, progress=Progress(percent=99.0, message=None, at=NOW + 5),
         checkpoint={"page": 99}, snoozes=4, errors=job.errors[1:],
         holder="worker:w-2", lease_until=NOW + 60, cancel_forced=True,
+        flow=Flow(workflow_id="c" * 32, ref="crunch-1", parents=("d" * 32,), failed=1),
     )  # fmt: skip
     for name in msgspec.structs.fields(Transition):
         value = getattr(t, name.name)

@@ -66,6 +66,7 @@ COMPACT_RATIO = 4.0
 
 class WalStore(DurableStore):
     name = "walq"
+    workflows = True
     lock_name = LOCK_NAME
 
     def __init__(
@@ -269,13 +270,18 @@ class WalStore(DurableStore):
         lines: list[bytes] = []
         seq = self._seq
         scheduled = False  # whether a call changed a schedule: then not every value is a job
+        cascaded: list[Transition] = []
         for pending in batch:
             encoded = pending.encoded
+            before = len(cascaded)
             try:
                 if type(encoded) is PatchOps:
                     encoded = self._checked(pending, staged)
-                mine = self._index.stage(pending.changes, staged, staged_keys)
+                mine = self._index.stage(pending.changes, staged, staged_keys, cascaded)
+                if len(cascaded) > before:  # a workflow's children: in the parent's record
+                    encoded = encode_ops([*pending.changes, *cascaded[before:]])
             except SqlqError as exc:
+                del cascaded[before:]  # (what a refused call's stage had moved)
                 outcomes.append(exc)
                 continue
             staged.update(mine)
@@ -298,6 +304,8 @@ class WalStore(DurableStore):
             self._finished.extend((j.updated_at, j.id) for j in jobs.values() if j.terminal)
             if self._should_compact():
                 self.compactor.request()
+            if cascaded and self._cascade is not None:
+                self._cascade(cascaded)
         return outcomes
 
     def _append(self, data: bytes) -> None:

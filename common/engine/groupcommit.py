@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlq.common.errors import StoreClosedError, StoreError, StoreFailedError, UnencodableError
-from sqlq.common.store import Change, StoreStats
+from sqlq.common.store import CascadeObserver, Change, StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -261,11 +261,16 @@ class Committing:
     name: str
     _committer: GroupCommitter | None
     _observer: BatchObserver | None
+    workflows = False  # ``JobStore.workflows``: until the engine stores a job's flow
+    _cascade: CascadeObserver | None = None
 
     def observe_batches(self, observer: BatchObserver) -> None:
         self._observer = observer
         if self._committer is not None:
             self._committer.observer = observer
+
+    def observe_cascade(self, observer: CascadeObserver) -> None:
+        self._cascade = observer
 
     def _live(self) -> GroupCommitter:
         """The committer of an open store; ``StoreClosedError`` otherwise."""

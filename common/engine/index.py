@@ -21,6 +21,7 @@ from sqlq.common.errors import DuplicateJobError, DuplicateKeyError, JobNotFound
 from sqlq.common.models import LIVE, TERMINAL, Job, State, Transition
 from sqlq.common.schedule import PutSchedule, Schedule, fold, key_range
 from sqlq.common.store import Change, JobQuery
+from sqlq.common.workflow import Ended, ending
 
 
 def expired(job: Job, cutoff: float) -> bool:
@@ -111,6 +112,9 @@ class JobIndex:
         self.jobs: dict[str, Job] = {}
         self.keys: dict[str, str] = {}  # idempotency key -> job id
         self.schedules: dict[str, Schedule] = {}  # by name
+        # A workflow member's children, by the parent's id: who ``cascade`` visits when it
+        # ends. Kept while the parent is (``forget``); a child that left waiting is passed.
+        self.children: dict[str, list[str]] = {}
         self._buckets: dict[Key, SortedIds] = {}  # every built family's buckets
         self._masks: list[int] = []  # the families built
         # Changed since the last page: job id -> what the buckets list it under (None: not
@@ -133,9 +137,14 @@ class JobIndex:
         changes: Sequence[Change],
         staged: Staged,
         staged_keys: set[str] | frozenset[str] = frozenset(),
+        cascaded: list[Transition] | None = None,
     ) -> Staged:
         """The jobs and schedules ``changes`` produce on top of ``staged`` (whose new jobs
-        hold ``staged_keys``); raises, changing nothing."""
+        hold ``staged_keys``); raises, changing nothing.
+
+        A workflow member's end also changes its waiting children, in the same call
+        (``cascade``); those transitions are added to ``cascaded``, for the engine to
+        write in the same record and to tell the runtime of."""
         mine: Staged = {}
         my_keys: set[str] = set()
         for change in changes:
@@ -152,7 +161,9 @@ class JobIndex:
                 current = self._current(change.job_id, mine, staged)
                 if current is None:
                     raise JobNotFoundError(change.job_id)
-                mine[change.job_id] = current.apply(change)
+                new = mine[change.job_id] = current.apply(change)
+                if new.flow is not None and new.state is not current.state:
+                    self._cascade(current, new, mine, staged, cascaded)
             else:
                 name = change.schedule.name if isinstance(change, PutSchedule) else change.name
                 idle = getattr(change, "idle", None)
@@ -160,6 +171,35 @@ class JobIndex:
                 live = idle_job is not None and idle_job.state in LIVE
                 mine[SCHEDULE + name] = fold(self._schedule(name, mine, staged), change, live)
         return mine
+
+    def _cascade(
+        self, old: Job, new: Job, mine: Staged, staged: Staged, out: list[Transition] | None
+    ) -> None:
+        """What a workflow member's move from ``old`` to ``new`` does to its waiting children,
+        and theirs in turn (a cancel goes down the cone), staged into ``mine`` and added to
+        ``out``. Only an end (into completed, dead or cancelled) or a revival (out of dead
+        or cancelled) moves anything; the rule is ``Job.after_parent``'s."""
+        work = [(old, new)]
+        while work:
+            old, new = work.pop()
+            if new.state in TERMINAL and old.state not in TERMINAL:
+                ended: Ended | None = ending(new.state.value, new.flow)
+            elif old.state in TERMINAL and new.state not in TERMINAL:
+                ended = None  # revived
+            else:
+                continue
+            for child_id in self.children.get(new.id, ()):
+                child = self._current(child_id, mine, staged)
+                if child is None:
+                    continue
+                t = child.after_parent(ended, new.updated_at)
+                if t is None:
+                    continue
+                moved = mine[child_id] = child.apply(t)
+                if out is not None:
+                    out.append(t)
+                if moved.state is State.CANCELLED:
+                    work.append((child, moved))
 
     def _current(self, job_id: str, mine: Staged, staged: Staged) -> Job | None:
         for layer in (mine, staged):
@@ -188,6 +228,8 @@ class JobIndex:
             if old is None:
                 if job.idempotency_key is not None:
                     keys[job.idempotency_key] = job_id
+                if job.flow is not None and job.flow.parents:
+                    self._adopt(job)
                 if pending is not None:
                     pending.setdefault(job_id, None)
             elif pending is not None and job_id not in pending:
@@ -196,9 +238,20 @@ class JobIndex:
         if pending is not None:
             self._bound()
 
-    def apply(self, changes: Sequence[Change]) -> None:
-        """Stage and publish at once: recovery's fold, and the memory engine's commit."""
-        self.publish(self.stage(changes, {}))
+    def _adopt(self, job: Job) -> None:
+        """Note ``job`` as a child of each of its parents."""
+        assert job.flow is not None
+        children = self.children
+        for parent in job.flow.parents:
+            kids = children.get(parent)
+            if kids is None:
+                children[parent] = [job.id]
+            else:
+                kids.append(job.id)
+
+    def apply(self, changes: Sequence[Change], cascaded: list[Transition] | None = None) -> None:
+        """Stage and publish at once: the memory engine's commit."""
+        self.publish(self.stage(changes, {}, cascaded=cascaded))
 
     def insert(self, job: Job) -> None:
         """Recovery's fold of one new job (a snapshot's): the checks ``replay`` makes of it,
@@ -211,6 +264,8 @@ class JobIndex:
                 del self.jobs[job.id]  # (refused whole: ``replay`` checks the key first)
                 raise DuplicateKeyError(key)
             self.keys[key] = job.id
+        if job.flow is not None and job.flow.parents:
+            self._adopt(job)
         if self._masks:  # recovery comes before any listing
             self._drop()
 
@@ -218,7 +273,8 @@ class JobIndex:
         """Recovery's fold: each change straight into the state, checked as ``stage`` checks
         (``Job.apply`` for a transition), without staging. Not atomic: a change that is
         refused raises with the ones before it applied, which only recovery may afford,
-        because a refused change there fails the whole recovery."""
+        because a refused change there fails the whole recovery. A workflow's cascade is
+        not derived again: the record holds it, written out (``stage``'s ``cascaded``)."""
         jobs, keys = self.jobs, self.keys
         for change in changes:
             if isinstance(change, Job):
@@ -230,6 +286,8 @@ class JobIndex:
                         raise DuplicateKeyError(key)
                     keys[key] = change.id
                 jobs[change.id] = change
+                if change.flow is not None and change.flow.parents:
+                    self._adopt(change)
             elif isinstance(change, Transition):
                 job = jobs.get(change.job_id)
                 if job is None:
@@ -243,6 +301,7 @@ class JobIndex:
     def forget(self, job_id: str) -> None:
         """Drop a job past retention, and its idempotency key with it."""
         job = self.jobs.pop(job_id, None)
+        self.children.pop(job_id, None)
         if job is not None:
             if (self._masks or self._since is not None) and job_id not in self._pending:
                 self._pending[job_id] = (job.state, job.queue, job.kind)

@@ -18,10 +18,11 @@ from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
 from sqlq.common.engine.index import JobIndex
 from sqlq.common.errors import StoreClosedError, StoreError, UnencodableError
-from sqlq.common.models import Job
+from sqlq.common.models import Job, Transition
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import (
     DEFAULT_RETENTION_S,
+    CascadeObserver,
     Change,
     CompactionReport,
     JobQuery,
@@ -38,6 +39,7 @@ class MemoryStore:
     name = "memory"
     durable = False
     shared = False
+    workflows = True
 
     def __init__(
         self,
@@ -76,9 +78,12 @@ class MemoryStore:
                     msgspec.json.encode(changes)
                 except ENCODE_ERRORS as exc:
                     raise UnencodableError(describe_unencodable(exc)) from exc
-                self._index.apply(changes)
+                cascaded: list[Transition] = []
+                self._index.apply(changes, cascaded)
                 self._commits += 1
-                self._changes += len(changes)
+                self._changes += len(changes) + len(cascaded)
+                if cascaded and self._cascade is not None:
+                    self._cascade(cascaded)
         except Exception as exc:  # every error out of the await, as a coroutine's would be
             done.set_exception(exc)
         else:
@@ -112,6 +117,11 @@ class MemoryStore:
 
     def observe_batches(self, observer: Callable[[int, float], None]) -> None:
         pass  # nothing is written, so there are no batches to report
+
+    _cascade: CascadeObserver | None = None
+
+    def observe_cascade(self, observer: CascadeObserver) -> None:
+        self._cascade = observer
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         if not self._open:

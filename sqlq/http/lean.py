@@ -151,7 +151,7 @@ class Lean:
         """``POST /jobs/batch``: every job in one durable commit, or none."""
         batch = decode_batch(body)
         may_submit(who, [(f"jobs[{i}].queue", j.queue) for i, j in enumerate(batch.jobs)])
-        jobs, created = await self._runtime.submit(batch.jobs, batch=True)
+        jobs, created = await self._runtime.submit(batch.jobs, batch=True, workflow=batch.workflow)
         return 201 if any(created) else 200, _encode({"ids": [j.id for j in jobs],
                                                       "created": created})  # fmt: skip
 

@@ -164,7 +164,7 @@ class QueueHome(Claims, ClaimsView, Protocol):
 
 ROOM_SAMPLE = 64  # past max_outcomes: the writes a claim waits on the first of
 
-LIVE_STATES = (State.SCHEDULED, State.RUNNING)
+LIVE_STATES = (State.SCHEDULED, State.RUNNING, State.WAITING)
 
 
 class ClaimsBase(Reach):

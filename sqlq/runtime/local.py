@@ -82,6 +82,7 @@ class LocalClaims(ClaimsBase):
 
     async def start(self, recovery: Recovery) -> None:
         self._loop = asyncio.get_running_loop()
+        self._store.observe_cascade(self.cascaded)
         self._paused.update(recovery.paused_queues)
         live = self._live
         live.load(recovery.jobs, recovery.by_id)
@@ -181,7 +182,19 @@ class LocalClaims(ClaimsBase):
     def submitted(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self._live.add(job)
-            self.due(job)
+            if job.state is State.SCHEDULED:  # (not a workflow member that waits)
+                self.due(job)
+
+    def cascaded(self, moves: Sequence[Transition]) -> None:
+        """What a workflow member's end did to its waiting children, in its commit
+        (``JobStore.observe_cascade``): the view follows, and a released child is due."""
+        live = self._live
+        for t in moves:
+            job = live.get(t.job_id)
+            if job is not None:
+                moved = live.applied(job, t)
+                if moved.state is State.SCHEDULED:
+                    self.due(moved)
 
     def current(self, entry: Job) -> bool:
         """Is the scheduler's ``entry`` still this job as scheduled? (Not once cancelled,
@@ -285,6 +298,8 @@ class LocalClaims(ClaimsBase):
                 )
             if job.state is State.SCHEDULED:
                 return await self.cancel_scheduled(job)
+            if job.state is State.WAITING:
+                return await self._cancel_waiting(job)
             # Running, and no worker holds it: its outcome is being written. Once it is, the
             # job is finished, due again (cancel that), or (its write failed) still running.
             await asyncio.wait(list(self._background))  # (never cancels them: see ``settle``)
@@ -293,6 +308,18 @@ class LocalClaims(ClaimsBase):
                 if self._attempts.holding(job_id) is None:
                     return await self._request_unheld(job)
         raise IllegalTransitionError(job_id, "the job kept changing while it was cancelled")
+
+    async def _cancel_waiting(self, job: Job) -> Job:
+        """A workflow member that waits for its parents, cancelled (its own waiting children
+        by their policies, in the same commit). A parent's end may have released it
+        meanwhile: the view's job then leaves its lanes too."""
+        t = job.cancel(self._clock.time())
+        await self._store.commit([t])
+        now = self._live.get(job.id) or job
+        cancelled = self._live.applied(now, t)
+        if now.state is State.SCHEDULED:
+            self._discard(now)
+        return cancelled
 
     async def _request_unheld(self, job: Job) -> Job:
         """Ask for the cancel of a running job no attempt here holds (its outcome failed

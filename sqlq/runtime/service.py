@@ -204,13 +204,14 @@ class Service:
     # -- the API the HTTP layer uses -----------------------------------------------------
 
     async def submit(
-        self, specs: Sequence[JobSpec], *, batch: bool = False
+        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool = False
     ) -> tuple[list[Job], list[bool]]:
         """Validate, commit as one atomic change, then make claimable: the jobs (durable
-        on return), and which are new (an idempotency key may return an existing job)."""
+        on return), and which are new (an idempotency key may return an existing job).
+        ``workflow``: the jobs are a new workflow's graph (``sqlq.common.workflow``)."""
         if self.state is not RuntimeState.READY:  # (``_check_accepting``, inline: every job)
             self._check_accepting()
-        jobs, new = await self.submissions.submit(specs, batch=batch)
+        jobs, new = await self.submissions.submit(specs, batch=batch, workflow=workflow)
         if self._remote_queues:  # a kind sent to a remote queue: is it one a worker runs?
             seen, now, is_remote = self.remote.seen, self.clock.time(), self._is_remote
             for job, fresh in zip(jobs, new, strict=True):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from sqlq.common.clock import Clock
 from sqlq.common.errors import (
@@ -24,9 +25,10 @@ from sqlq.common.errors import (
     QueueFullError,
     ValidationError,
 )
-from sqlq.common.models import Job
+from sqlq.common.models import Job, new_job_id
 from sqlq.common.specs import MAX_DELAY_MS, JobSpec, check_args
 from sqlq.common.store import JobStore
+from sqlq.common.workflow import Flow, GraphError, plan_graph
 from sqlq.runtime.claims import Claims, ClaimsView
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.events import Event, Events
@@ -56,8 +58,11 @@ class Submissions:
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
         self._is_remote = config.remote_test()  # (``RuntimeConfig.is_remote``)
 
-    def build(self, spec: JobSpec, now: float) -> Job:
-        """A new job from a client's spec; raises ``ValidationError`` naming the field."""
+    def build(
+        self, spec: JobSpec, now: float, *, job_id: str | None = None, flow: Flow | None = None
+    ) -> Job:
+        """A new job from a client's spec (a workflow member: its id, made beforehand, and
+        its ``flow``); raises ``ValidationError`` naming the field."""
         check_args(spec.args)  # HTTP checked the bytes; a spec built in Python is checked here
         kinds = self._kinds
         if self._is_remote(spec.queue) and spec.kind not in kinds:
@@ -87,21 +92,62 @@ class Submissions:
             queue=spec.queue,
             idempotency_key=key,
             request_hash=None if key is None else spec.request_hash(),
+            job_id=job_id,
+            flow=flow,
         )
 
-    def _build_all(self, specs: Sequence[JobSpec], now: float, batch: bool) -> list[Job]:
+    def _build_all(
+        self, specs: Sequence[JobSpec], now: float, batch: bool, workflow: bool = False
+    ) -> list[Job]:
+        members = self._members(specs, now) if workflow else [None] * len(specs)
         jobs = []
         for i, spec in enumerate(specs):
             try:
-                jobs.append(self.build(spec, now))
+                member = members[i]
+                if member is None and spec.in_graph():
+                    field = "depends_on" if spec.depends_on else "ref"
+                    raise ValidationError(field, "only a workflow's job has one: submit "
+                                          "them in a batch with \"workflow\": true")  # fmt: skip
+                if member is None:
+                    jobs.append(self.build(spec, now))
+                else:
+                    jobs.append(self.build(spec, now, job_id=member.job_id, flow=member.flow))
             except ValidationError as exc:
                 if not batch:
                     raise
                 raise ValidationError(f"jobs[{i}].{exc.field}", exc.message) from None
         return jobs
 
+    def _members(self, specs: Sequence[JobSpec], now: float) -> list[_Member | None]:
+        """Each job's place in the new workflow ``specs`` make: its id and ``Flow``."""
+        if not self._store.workflows:
+            raise ValidationError(
+                "workflow", f"the {self._store.name} engine does not run workflows yet; "
+                "serve with --store wal (or memory)"
+            )  # fmt: skip
+        for i, spec in enumerate(specs):
+            if spec.idempotency_key is not None:
+                raise ValidationError(
+                    f"jobs[{i}].idempotency_key", "a workflow's jobs take no key yet"
+                )
+        try:
+            parents = plan_graph([s.ref for s in specs], [s.depends_on for s in specs])
+        except GraphError as exc:
+            raise ValidationError(f"jobs[{exc.index}].{exc.field}", str(exc)) from None
+        workflow_id = new_job_id(now)
+        ids = [new_job_id(now) for _ in specs]
+        members: list[_Member | None] = []
+        for i, (spec, mine) in enumerate(zip(specs, parents, strict=True)):
+            flow = Flow(
+                workflow_id=workflow_id, ref=spec.ref, parents=tuple(ids[p] for p in mine),
+                deps_pending=len(mine), on_parent_failure=spec.on_parent_failure,
+                run_if=spec.run_if,
+            )  # fmt: skip
+            members.append(_Member(ids[i], flow))
+        return members
+
     async def submit(
-        self, specs: Sequence[JobSpec], *, batch: bool = False
+        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool = False
     ) -> tuple[list[Job], list[bool]]:
         """Validate, commit as one atomic change, then make claimable: the jobs (durable on
         return), and which are new.
@@ -110,6 +156,8 @@ class Submissions:
         new) if it asks for the same thing, and ``IdempotencyConflictError``
         otherwise.
         """
+        if workflow:  # (its jobs take no idempotency key yet: ``_members``)
+            return (jobs := await self._submit_new(specs, batch, True)), [True] * len(jobs)
         keyed: dict[int, str] = {}
         for i, s in enumerate(specs):  # (a loop, not a comprehension: no frame a submission)
             if s.idempotency_key:
@@ -156,8 +204,10 @@ class Submissions:
             self._keys[k] = reservation
         return reservation
 
-    async def _submit_new(self, specs: Sequence[JobSpec], batch: bool) -> list[Job]:
-        jobs = self._build_all(specs, self._clock.time(), batch)
+    async def _submit_new(
+        self, specs: Sequence[JobSpec], batch: bool, workflow: bool = False
+    ) -> list[Job]:
+        jobs = self._build_all(specs, self._clock.time(), batch, workflow)
         with self.admission(jobs, batch):
             await self._store.commit(jobs)
         self._claims.submitted(jobs)
@@ -215,6 +265,13 @@ class Submissions:
                 field, f"would be one more than --max-queues ({limit}) queues with live jobs "
                 "or paused; use an existing queue, or wait for one to empty",
             )  # fmt: skip
+
+
+class _Member(NamedTuple):
+    """A workflow member's id, made before its job, and its place in the graph."""
+
+    job_id: str
+    flow: Flow
 
 
 class _Admitted:

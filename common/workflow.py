@@ -1,0 +1,200 @@
+"""Workflows: a graph of jobs, and the one rule of what a parent's end does to a child.
+
+A workflow member with parents starts ``waiting`` and holds a ``Flow``: its workflow,
+its parents, how many of them have not settled (``deps_pending``) and its two
+policies. When a parent ends, ``after_parent`` says what becomes of each child, and
+the engine writes that in the parent's own commit (``JobIndex.stage`` for memory and
+walq), so a child is never released early, twice, or never: there is no resolver
+that could lag or fire again, only the fenced end of the parent's attempt, which
+happens once.
+
+The rule, for each child of a parent that ended:
+
+- the parent **completed**: one fewer pending;
+- the parent ended **dead or cancelled**: if the child runs whatever its parents did
+  (``run_if`` is ``all_finished`` or ``any_failed``) or its policy is ``run``, the
+  parent counts as settled and failed; else ``cancel`` cancels the child (reason
+  ``upstream_dead`` or ``upstream_cancelled``), and its own children in turn, down
+  the whole cone; and ``wait`` leaves it waiting (its workflow then reads ``stuck``
+  until the parent is retried);
+- when none is pending, ``run_if`` decides: ``any_failed`` releases the child only
+  if some parent failed (else it is cancelled, ``condition_false``); the others
+  release it.
+
+Pure, and importing nothing of the job model, which imports it: the runtime, the
+engines and the tests reach this rule only through ``Job.after_parent``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum, StrEnum
+
+import msgspec
+
+MAX_PARENTS = 10_000  # a job's fan-in
+# The edges of one submitted graph in all: a 1 -> 10,000 -> 1 graph has 20,000; a batch
+# of 10,000 jobs each naming 10,000 parents would be 10^8, a gigabyte of ids.
+MAX_EDGES = 100_000
+MAX_REF = 128  # a ref's length
+
+
+class OnParentFailure(StrEnum):
+    CANCEL = "cancel"  # cancel this job and its cone (the default)
+    RUN = "run"  # the failed parent counts as settled; the job gets its error
+    WAIT = "wait"  # stay waiting (the workflow reads ``stuck``) until it is retried
+
+
+class RunIf(StrEnum):
+    ALL_COMPLETED = "all_completed"  # the default: every parent completed
+    ALL_FINISHED = "all_finished"  # every parent ended, however (a batch's ``on complete``)
+    ANY_FAILED = "any_failed"  # every parent ended, and one or more failed (an ``on failure``)
+
+
+class CancelReason(StrEnum):
+    USER = "user"
+    UPSTREAM_DEAD = "upstream_dead"
+    UPSTREAM_CANCELLED = "upstream_cancelled"
+    CONDITION_FALSE = "condition_false"
+
+
+class Flow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
+    """What a workflow member holds besides a job's fields (``Job.flow``; None on a job
+    outside every workflow, so those pay one pointer for it)."""
+
+    workflow_id: str
+    ref: str | None = None  # its name in the graph it was submitted in
+    parents: tuple[str, ...] = ()  # job ids
+    deps_pending: int = 0  # parents not settled yet
+    failed: int = 0  # parents that ended dead or cancelled and counted as settled
+    on_parent_failure: OnParentFailure = OnParentFailure.CANCEL
+    run_if: RunIf = RunIf.ALL_COMPLETED
+    cancel_reason: CancelReason | None = None  # why it was cancelled, if it was
+
+
+class Ended(Enum):
+    """How a parent ended, as ``after_parent`` reads it."""
+
+    COMPLETED = "completed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+class Verdict(Enum):
+    """What becomes of a waiting child."""
+
+    WAIT = "wait"  # still waiting (its flow may have changed)
+    RELEASE = "release"  # scheduled, due now
+    CANCEL = "cancel"  # cancelled, with the flow's ``cancel_reason``
+
+
+def ending(state: str, flow: Flow | None) -> Ended:
+    """How a parent that ended in ``state`` (a terminal state's value) ended, for its
+    children: a job cancelled because its cone's root died passes that on, so the whole
+    cone of a dead job reads ``upstream_dead``."""
+    if state != "cancelled":
+        return Ended(state)
+    dead_above = flow is not None and flow.cancel_reason is CancelReason.UPSTREAM_DEAD
+    return Ended.DEAD if dead_above else Ended.CANCELLED
+
+
+def settles_failure(flow: Flow) -> bool:
+    """Whether a parent that ended dead or cancelled counts, for this child, as settled
+    (and failed): it runs whatever its parents did, or its policy is ``run``. A parent
+    retried later is then unsettled again (``Job.after_parent``)."""
+    return flow.run_if is not RunIf.ALL_COMPLETED or flow.on_parent_failure is OnParentFailure.RUN
+
+
+def after_parent(flow: Flow, ended: Ended) -> tuple[Flow, Verdict]:
+    """A waiting child's flow and fate after one of its parents ended (the module's rule)."""
+    if ended is not Ended.COMPLETED:
+        if not settles_failure(flow):
+            if flow.on_parent_failure is OnParentFailure.WAIT:
+                return flow, Verdict.WAIT
+            dead = ended is Ended.DEAD
+            reason = CancelReason.UPSTREAM_DEAD if dead else CancelReason.UPSTREAM_CANCELLED
+            return msgspec.structs.replace(flow, cancel_reason=reason), Verdict.CANCEL
+        flow = msgspec.structs.replace(
+            flow, deps_pending=flow.deps_pending - 1, failed=flow.failed + 1
+        )
+    else:
+        flow = msgspec.structs.replace(flow, deps_pending=flow.deps_pending - 1)
+    if flow.deps_pending > 0:
+        return flow, Verdict.WAIT
+    if flow.run_if is RunIf.ANY_FAILED and flow.failed == 0:
+        return msgspec.structs.replace(flow, cancel_reason=CancelReason.CONDITION_FALSE), (
+            Verdict.CANCEL
+        )
+    return flow, Verdict.RELEASE
+
+
+class GraphError(ValueError):
+    """A submitted graph that cannot be: ``index`` names the job, ``field`` its field."""
+
+    def __init__(self, index: int, field: str, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.field = field
+
+
+def plan_graph(refs: Sequence[str | None], depends_on: Sequence[Sequence[str]]) -> list[list[int]]:
+    """Each job's parents, as indexes into the batch, from its ``ref`` and ``depends_on``
+    (refs of jobs in the same batch); a ``GraphError`` for a duplicate ref, an unknown
+    one, a job named twice as a parent, a fan-in past ``MAX_PARENTS``, more than
+    ``MAX_EDGES`` edges, or a cycle (naming a job on it).
+
+    Iterative (Kahn's algorithm), so no depth of graph reaches the stack's."""
+    by_ref: dict[str, int] = {}
+    for i, ref in enumerate(refs):
+        if ref is not None:
+            if ref in by_ref:
+                raise GraphError(i, "ref", f"ref {ref!r} is given to jobs[{by_ref[ref]}] too")
+            by_ref[ref] = i
+    parents: list[list[int]] = []
+    edges = 0
+    for i, names in enumerate(depends_on):
+        if len(names) > MAX_PARENTS:
+            raise GraphError(i, "depends_on", f"more than {MAX_PARENTS} parents")
+        edges += len(names)
+        if edges > MAX_EDGES:
+            raise GraphError(i, "depends_on", f"the graph has more than {MAX_EDGES} edges")
+        mine: list[int] = []
+        seen: set[int] = set()
+        for name in names:
+            j = by_ref.get(name)
+            if j is None:
+                raise GraphError(i, "depends_on", f"no job in this batch has the ref {name!r}")
+            if j in seen:
+                raise GraphError(i, "depends_on", f"{name!r} is named twice")
+            if j == i:
+                raise GraphError(i, "depends_on", "a job cannot depend on itself")
+            seen.add(j)
+            mine.append(j)
+        parents.append(mine)
+    _acyclic(parents)
+    return parents
+
+
+def _acyclic(parents: list[list[int]]) -> None:
+    """Raise a ``GraphError`` naming a job on a cycle, if there is one."""
+    n = len(parents)
+    children: list[list[int]] = [[] for _ in range(n)]
+    pending = [len(p) for p in parents]
+    for child, mine in enumerate(parents):
+        for parent in mine:
+            children[parent].append(child)
+    ready = [i for i in range(n) if pending[i] == 0]
+    done = 0
+    while ready:
+        i = ready.pop()
+        done += 1
+        for child in children[i]:
+            pending[child] -= 1
+            if pending[child] == 0:
+                ready.append(child)
+    if done < n:  # every job left has a parent left: walk up them until one repeats
+        on, seen = next(i for i in range(n) if pending[i] > 0), set()
+        while on not in seen:
+            seen.add(on)
+            on = next(p for p in parents[on] if pending[p] > 0)
+        raise GraphError(on, "depends_on", "the graph has a cycle through this job")

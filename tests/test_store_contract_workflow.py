@@ -1,0 +1,284 @@
+"""The JobStore contract for workflows: a parent's end moves its waiting children in its own
+commit, once, by each child's policy, and a reopen finds exactly what was committed.
+
+Over the engines that store a job's flow (``JobStore.workflows``): memory and walq. SQLite
+and PostgreSQL refuse a workflow's submission (``test_workflow_runtime``) until they store
+one; each then joins these parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from sqlq.common.clock import FakeClock
+from sqlq.common.errors import IllegalTransitionError
+from sqlq.common.models import Job, State, Transition, new_job_id
+from sqlq.common.store import JobStore
+from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
+from tests.conftest import _factory
+from tests.helpers import NOW, StoreFactory
+from tests.store_contract_helpers import assert_reopened_holds
+
+WORKFLOW_ENGINES = ("memory", "walq")
+
+
+@pytest.fixture(params=WORKFLOW_ENGINES)
+def wf_factory(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> StoreFactory:
+    return _factory(str(request.param), tmp_path, clock, request)
+
+
+class Graph:
+    """Jobs made as a workflow's submission makes them, by ref."""
+
+    def __init__(self) -> None:
+        self.workflow_id = new_job_id(NOW)
+        self.jobs: dict[str, Job] = {}
+
+    def add(
+        self,
+        ref: str,
+        after: Sequence[str] = (),
+        on_parent_failure: OnParentFailure = OnParentFailure.CANCEL,
+        run_if: RunIf = RunIf.ALL_COMPLETED,
+        max_attempts: int = 3,
+    ) -> Job:
+        flow = Flow(
+            workflow_id=self.workflow_id, ref=ref,
+            parents=tuple(self.jobs[p].id for p in after), deps_pending=len(after),
+            on_parent_failure=on_parent_failure, run_if=run_if,
+        )  # fmt: skip
+        job = Job.new(kind="sleep", args={}, now=NOW, flow=flow, max_attempts=max_attempts)
+        self.jobs[ref] = job
+        return job
+
+
+def diamond(**policy: object) -> Graph:
+    g = Graph()
+    g.add("a")
+    g.add("b", ["a"])
+    g.add("c", ["a"])
+    g.add("d", ["b", "c"], **policy)  # type: ignore[arg-type]
+    return g
+
+
+class Seen:
+    """What the store told of its cascades."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.moves: list[Transition] = []
+        store.observe_cascade(self.moves.extend)
+
+
+async def _get(store: JobStore, job: Job) -> Job:
+    got = await store.get(job.id)
+    assert got is not None
+    return got
+
+
+async def _run(store: JobStore, job: Job, at: float) -> Job:
+    """Start ``job`` (as stored) at ``at``; the running job."""
+    job = await _get(store, job)
+    t = job.start(at)
+    await store.commit([t])
+    return job.apply(t)
+
+
+async def _complete(store: JobStore, job: Job, at: float) -> Transition:
+    running = await _run(store, job, at)
+    t = running.complete({"ref": running.flow and running.flow.ref}, at + 1)
+    await store.commit([t])
+    return t
+
+
+async def _die(store: JobStore, job: Job, at: float) -> None:
+    running = await _run(store, job, at)
+    await store.commit([running.bury("boom", at + 1)])
+
+
+async def _states(store: JobStore, g: Graph) -> dict[str, str]:
+    return {ref: (await _get(store, job)).state.value for ref, job in g.jobs.items()}
+
+
+async def test_a_diamond_releases_each_child_in_its_last_parents_commit(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    seen = Seen(store)
+    g = diamond()
+    await store.commit(list(g.jobs.values()))
+    assert await _states(store, g) == {
+        "a": "scheduled", "b": "waiting", "c": "waiting", "d": "waiting"
+    }  # fmt: skip
+    await _complete(store, g.jobs["a"], NOW + 1)
+    assert await _states(store, g) == {
+        "a": "completed", "b": "scheduled", "c": "scheduled", "d": "waiting"
+    }  # fmt: skip
+    assert sorted(t.job_id for t in seen.moves) == sorted([g.jobs["b"].id, g.jobs["c"].id])
+    assert all(t.state is State.SCHEDULED for t in seen.moves)
+    released = await _get(store, g.jobs["b"])
+    assert released.ready_at == NOW + 2  # due at the parent's commit, not at its submission
+    await _complete(store, g.jobs["b"], NOW + 3)
+    d = await _get(store, g.jobs["d"])
+    assert (d.state, d.flow and d.flow.deps_pending) == (State.WAITING, 1)
+    await _complete(store, g.jobs["c"], NOW + 5)
+    d = await _get(store, g.jobs["d"])
+    assert (d.state, d.flow and d.flow.deps_pending) == (State.SCHEDULED, 0)
+    assert [t.job_id for t in seen.moves].count(g.jobs["d"].id) == 2
+    await store.close()
+
+
+async def test_a_second_completion_of_the_same_attempt_is_refused_and_releases_nothing(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    g = Graph()
+    g.add("a")
+    g.add("b")
+    g.add("c", ["a", "b"])
+    await store.commit(list(g.jobs.values()))
+    done = await _complete(store, g.jobs["a"], NOW + 1)
+    seen = Seen(store)
+    with pytest.raises(IllegalTransitionError):
+        await store.commit([done])
+    c = await _get(store, g.jobs["c"])
+    assert (c.state, c.flow and c.flow.deps_pending) == (State.WAITING, 1)
+    assert seen.moves == []
+    await store.close()
+
+
+async def test_a_dead_parent_cancels_its_whole_cone_as_upstream_dead(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    g = diamond()
+    await store.commit(list(g.jobs.values()))
+    await _die(store, g.jobs["a"], NOW + 1)
+    assert await _states(store, g) == {
+        "a": "dead", "b": "cancelled", "c": "cancelled", "d": "cancelled"
+    }  # fmt: skip
+    for ref in "bcd":
+        flow = (await _get(store, g.jobs[ref])).flow
+        assert flow is not None
+        assert flow.cancel_reason is CancelReason.UPSTREAM_DEAD
+    await store.close()
+
+
+async def test_a_cancelled_member_cancels_its_cone_as_upstream_cancelled(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    g = diamond()
+    await store.commit(list(g.jobs.values()))
+    b = await _get(store, g.jobs["b"])
+    await store.commit([b.cancel(NOW + 1)])
+    assert await _states(store, g) == {
+        "a": "scheduled", "b": "cancelled", "c": "waiting", "d": "cancelled"
+    }  # fmt: skip
+    reasons = {ref: (await _get(store, g.jobs[ref])).flow for ref in "bd"}
+    assert reasons["b"] is not None
+    assert reasons["b"].cancel_reason is CancelReason.USER
+    assert reasons["d"] is not None
+    assert reasons["d"].cancel_reason is CancelReason.UPSTREAM_CANCELLED
+    await store.close()
+
+
+async def test_wait_holds_the_child_until_its_parent_is_retried_and_completes(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    g = Graph()
+    g.add("a")
+    g.add("b", ["a"], on_parent_failure=OnParentFailure.WAIT)
+    await store.commit(list(g.jobs.values()))
+    await _die(store, g.jobs["a"], NOW + 1)
+    b = await _get(store, g.jobs["b"])
+    assert (b.state, b.flow and b.flow.deps_pending) == (State.WAITING, 1)
+    dead = await _get(store, g.jobs["a"])
+    await store.commit([dead.revive(NOW + 3)])
+    assert (await _get(store, g.jobs["b"])).state is State.WAITING
+    await _complete(store, g.jobs["a"], NOW + 4)
+    assert (await _get(store, g.jobs["b"])).state is State.SCHEDULED
+    await store.close()
+
+
+async def test_run_and_all_finished_count_a_failed_parent_as_settled(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    g = Graph()
+    g.add("a")
+    g.add("b")
+    g.add("runs", ["a"], on_parent_failure=OnParentFailure.RUN)
+    g.add("finally", ["a", "b"], run_if=RunIf.ALL_FINISHED)
+    g.add("on_failure", ["a", "b"], run_if=RunIf.ANY_FAILED)
+    g.add("on_success", ["b"], run_if=RunIf.ANY_FAILED)
+    await store.commit(list(g.jobs.values()))
+    await _die(store, g.jobs["a"], NOW + 1)
+    await _complete(store, g.jobs["b"], NOW + 3)
+    states = await _states(store, g)
+    assert states == {
+        "a": "dead", "b": "completed", "runs": "scheduled", "finally": "scheduled",
+        "on_failure": "scheduled", "on_success": "cancelled",
+    }  # fmt: skip
+    runs = (await _get(store, g.jobs["runs"])).flow
+    assert runs is not None
+    assert runs.failed == 1
+    cond = (await _get(store, g.jobs["on_success"])).flow
+    assert cond is not None
+    assert cond.cancel_reason is CancelReason.CONDITION_FALSE
+    await store.close()
+
+
+async def test_a_revived_parent_unsettles_the_children_its_failure_settled(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    g = Graph()
+    g.add("a")
+    g.add("b")
+    g.add("finally", ["a", "b"], run_if=RunIf.ALL_FINISHED)
+    await store.commit(list(g.jobs.values()))
+    await _die(store, g.jobs["a"], NOW + 1)
+    fin = (await _get(store, g.jobs["finally"])).flow
+    assert fin is not None
+    assert (fin.deps_pending, fin.failed) == (1, 1)
+    await store.commit([(await _get(store, g.jobs["a"])).revive(NOW + 3)])
+    fin = (await _get(store, g.jobs["finally"])).flow
+    assert fin is not None
+    assert (fin.deps_pending, fin.failed) == (2, 0)
+    await _complete(store, g.jobs["a"], NOW + 4)
+    await _complete(store, g.jobs["b"], NOW + 6)
+    done = await _get(store, g.jobs["finally"])
+    assert done.state is State.SCHEDULED
+    assert done.flow is not None
+    assert done.flow.failed == 0
+    await store.close()
+
+
+async def test_the_cascade_is_in_the_parents_record_and_survives_a_reopen(
+    tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """walq writes the children's moves in the parent's own record: recovery folds them as
+    written, deriving nothing (a reopen after each step finds the same jobs)."""
+    factory = _factory("walq", tmp_path, clock, request)
+    store = factory()
+    await store.open()
+    g = diamond()
+    await store.commit(list(g.jobs.values()))
+    await _complete(store, g.jobs["a"], NOW + 1)
+    await _complete(store, g.jobs["b"], NOW + 3)
+    expect = {job.id: await _get(store, job) for job in g.jobs.values()}
+    await store.close()
+    await assert_reopened_holds(factory(), expect)
+    log = b"".join(p.read_bytes() for p in sorted(tmp_path.rglob("*.log")))
+    assert log.count(g.jobs["b"].id.encode()) >= 3  # put, released in a's record, started...

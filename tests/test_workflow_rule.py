@@ -1,0 +1,128 @@
+"""The pure parts of workflows: a submitted graph's checks, and ``after_parent``'s rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from sqlq.common.workflow import (
+    MAX_EDGES,
+    MAX_PARENTS,
+    CancelReason,
+    Ended,
+    Flow,
+    GraphError,
+    OnParentFailure,
+    RunIf,
+    Verdict,
+    after_parent,
+    plan_graph,
+)
+
+
+def test_a_diamond_plans_each_jobs_parents() -> None:
+    refs = ["a", "b", "c", "d"]
+    deps: list[list[str]] = [[], ["a"], ["a"], ["b", "c"]]
+    assert plan_graph(refs, deps) == [[], [0], [0], [1, 2]]
+
+
+def test_jobs_without_refs_may_depend_and_be_free() -> None:
+    assert plan_graph([None, "x", None], [[], [], ["x"]]) == [[], [], [1]]
+
+
+@pytest.mark.parametrize(
+    ("refs", "deps", "index", "field", "words"),
+    [
+        (["a", "a"], [[], []], 1, "ref", "jobs[0] too"),
+        (["a", "b"], [[], ["z"]], 1, "depends_on", "'z'"),
+        (["a", "b"], [[], ["a", "a"]], 1, "depends_on", "twice"),
+        (["a"], [["a"]], 0, "depends_on", "itself"),
+        (["a", "b"], [["b"], ["a"]], 0, "depends_on", "cycle"),
+    ],
+)
+def test_a_bad_graph_names_the_job_and_field(
+    refs: list[str | None], deps: list[list[str]], index: int, field: str, words: str
+) -> None:
+    with pytest.raises(GraphError) as caught:
+        plan_graph(refs, deps)
+    assert (caught.value.index, caught.value.field) == (index, field)
+    assert words in str(caught.value)
+
+
+def test_a_cycle_is_named_at_a_job_on_it_not_one_behind_it() -> None:
+    # 0 -> 1 -> 2 -> 1 (a cycle of 1 and 2), and 3 behind it
+    refs = ["r0", "r1", "r2", "r3"]
+    deps: list[list[str]] = [[], ["r0", "r2"], ["r1"], ["r2"]]
+    with pytest.raises(GraphError) as caught:
+        plan_graph(refs, deps)
+    assert caught.value.index in (1, 2)
+
+
+def test_a_chain_deeper_than_the_stack_plans() -> None:
+    n = 50_000
+    refs = [f"j{i}" for i in range(n)]
+    deps = [[] if i == 0 else [f"j{i - 1}"] for i in range(n)]
+    assert plan_graph(refs, deps)[-1] == [n - 2]
+
+
+def test_fan_in_and_edges_are_bounded() -> None:
+    refs = [f"p{i}" for i in range(MAX_PARENTS + 1)] + ["child"]
+    deps: list[list[str]] = [[] for _ in range(MAX_PARENTS + 1)] + [refs[:-1]]
+    with pytest.raises(GraphError, match="more than 10000 parents") as caught:
+        plan_graph(refs, deps)
+    assert caught.value.index == MAX_PARENTS + 1
+    fan = MAX_EDGES // MAX_PARENTS + 1  # children of all MAX_PARENTS parents each
+    refs = [f"p{i}" for i in range(MAX_PARENTS)] + [f"c{i}" for i in range(fan)]
+    deps = [[] for _ in range(MAX_PARENTS)] + [refs[:MAX_PARENTS] for _ in range(fan)]
+    with pytest.raises(GraphError, match="edges"):
+        plan_graph(refs, deps)
+
+
+def _flow(pending: int, **policy: object) -> Flow:
+    return Flow(workflow_id="w", parents=("p",) * pending, deps_pending=pending, **policy)  # type: ignore[arg-type]
+
+
+def test_the_last_completed_parent_releases_the_child_and_not_before() -> None:
+    flow, verdict = after_parent(_flow(2), Ended.COMPLETED)
+    assert (flow.deps_pending, verdict) == (1, Verdict.WAIT)
+    flow, verdict = after_parent(flow, Ended.COMPLETED)
+    assert (flow.deps_pending, flow.failed, verdict) == (0, 0, Verdict.RELEASE)
+
+
+@pytest.mark.parametrize(
+    ("ended", "reason"),
+    [(Ended.DEAD, CancelReason.UPSTREAM_DEAD), (Ended.CANCELLED, CancelReason.UPSTREAM_CANCELLED)],
+)
+def test_a_failed_parent_cancels_by_default_with_its_reason(
+    ended: Ended, reason: CancelReason
+) -> None:
+    flow, verdict = after_parent(_flow(2), ended)
+    assert (verdict, flow.cancel_reason) == (Verdict.CANCEL, reason)
+
+
+def test_wait_keeps_the_child_waiting_with_nothing_settled() -> None:
+    before = _flow(1, on_parent_failure=OnParentFailure.WAIT)
+    assert after_parent(before, Ended.DEAD) == (before, Verdict.WAIT)
+
+
+def test_run_settles_a_failed_parent_and_runs() -> None:
+    flow, verdict = after_parent(_flow(1, on_parent_failure=OnParentFailure.RUN), Ended.DEAD)
+    assert (flow.deps_pending, flow.failed, verdict) == (0, 1, Verdict.RELEASE)
+
+
+@pytest.mark.parametrize("policy", list(OnParentFailure))
+def test_all_finished_runs_whatever_the_parents_did(policy: OnParentFailure) -> None:
+    flow = _flow(2, run_if=RunIf.ALL_FINISHED, on_parent_failure=policy)
+    flow, verdict = after_parent(flow, Ended.CANCELLED)
+    assert verdict is Verdict.WAIT
+    flow, verdict = after_parent(flow, Ended.COMPLETED)
+    assert (verdict, flow.failed) == (Verdict.RELEASE, 1)
+
+
+def test_any_failed_runs_only_if_a_parent_failed() -> None:
+    hook = _flow(2, run_if=RunIf.ANY_FAILED)
+    flow, _ = after_parent(hook, Ended.COMPLETED)
+    flow, verdict = after_parent(flow, Ended.DEAD)
+    assert verdict is Verdict.RELEASE
+    flow, _ = after_parent(hook, Ended.COMPLETED)
+    flow, verdict = after_parent(flow, Ended.COMPLETED)
+    assert (verdict, flow.cancel_reason) == (Verdict.CANCEL, CancelReason.CONDITION_FALSE)

@@ -1,0 +1,176 @@
+"""Workflows through the service and the HTTP API: a graph submitted in one batch runs each
+job once, after its parents; a bad graph is a 422 naming the job; an engine that does not
+store a workflow yet refuses one, naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.errors import ValidationError
+from sqlq.common.models import Job, State
+from sqlq.common.specs import JobSpec
+from sqlq.common.workflow import CancelReason
+from sqlq.engines.registry import make_store
+from sqlq.http.app import create_app
+from sqlq.runtime.config import RuntimeConfig
+from sqlq.runtime.kinds import JobContext, Registry, task
+from sqlq.runtime.service import Service
+from tests.helpers import ServiceFactory, final
+
+Started = list[str]
+
+
+def _recording(started: Started) -> Registry:
+    kinds = Registry()
+
+    @task("step", registry=kinds)
+    async def step(args: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        started.append(args["name"])
+        if args.get("fail"):
+            raise RuntimeError(f"{args['name']} failed")
+        return {"name": args["name"]}
+
+    return kinds
+
+
+def _spec(name: str, *after: str, **more: Any) -> JobSpec:
+    fail = more.pop("fail", False)
+    args = {"name": name, "fail": fail}
+    return JobSpec(kind="step", args=args, ref=name, depends_on=list(after), **more)
+
+
+DIAMOND = [_spec("a"), _spec("b", "a"), _spec("c", "a"), _spec("d", "b", "c")]
+
+
+async def _finals(rt: Service, jobs: list[Job]) -> dict[str, Job]:
+    return {j.flow.ref if j.flow and j.flow.ref else j.id: await final(rt, j.id) for j in jobs}
+
+
+async def test_a_diamond_runs_each_job_once_after_its_parents(services: ServiceFactory) -> None:
+    started: Started = []
+    rt = services(kinds=_recording(started), workers=4)
+    await rt.start()
+    jobs, _ = await rt.submit(DIAMOND, batch=True, workflow=True)
+    assert [j.state for j in jobs] == [State.SCHEDULED] + [State.WAITING] * 3
+    done = await _finals(rt, jobs)
+    assert {ref: j.state for ref, j in done.items()} == dict.fromkeys("abcd", State.COMPLETED)
+    assert sorted(started) == ["a", "b", "c", "d"]  # each once
+    assert started[0] == "a"
+    assert started[-1] == "d"
+    d_started = done["d"].started_at
+    assert d_started is not None
+    assert d_started >= max(done["b"].updated_at, done["c"].updated_at)
+    assert rt.stats()["jobs"]["completed"] == 4
+
+
+async def test_a_dead_root_cancels_the_diamond_as_upstream_dead(services: ServiceFactory) -> None:
+    started: Started = []
+    rt = services(kinds=_recording(started), workers=4)
+    await rt.start()
+    specs = [_spec("a", fail=True, max_attempts=1), *DIAMOND[1:]]
+    jobs, _ = await rt.submit(specs, batch=True, workflow=True)
+    done = await _finals(rt, jobs)
+    assert done["a"].state is State.DEAD
+    for ref in "bcd":
+        assert done[ref].state is State.CANCELLED
+        flow = done[ref].flow
+        assert flow is not None
+        assert flow.cancel_reason is CancelReason.UPSTREAM_DEAD
+    assert started == ["a"]
+    assert rt.stats()["jobs"].get("waiting", 0) == 0
+
+
+async def test_cancelling_a_waiting_member_cancels_its_cone(services: ServiceFactory) -> None:
+    rt = services(workers=0)
+    await rt.start()
+    jobs, _ = await rt.submit(DIAMOND, batch=True, workflow=True)
+    cancelled = await rt.cancel(jobs[1].id)
+    assert cancelled.state is State.CANCELLED
+    d = await rt.get(jobs[3].id)
+    assert d is not None
+    assert d.state is State.CANCELLED
+    assert d.flow is not None
+    assert d.flow.cancel_reason is CancelReason.UPSTREAM_CANCELLED
+    c = await rt.get(jobs[2].id)
+    assert c is not None
+    assert c.state is State.WAITING
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1))
+    await rt.start()
+    app = create_app(rt, start_runtime=False)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+        yield c
+    await rt.stop(0)
+
+
+async def test_a_workflow_batch_over_http_shows_each_members_flow(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {
+        "workflow": True,
+        "jobs": [
+            {"kind": "sleep", "ref": "a"},
+            {"kind": "sleep", "ref": "b", "depends_on": ["a"], "on_parent_failure": "run"},
+            {"kind": "sleep", "depends_on": ["a", "b"], "run_if": "all_finished"},
+        ],
+    }
+    r = await client.post("/jobs/batch", json=body)
+    assert r.status_code == 201, r.text
+    ids = r.json()["ids"]
+    views = [(await client.get(f"/jobs/{i}")).json() for i in ids]
+    assert [v["state"] for v in views] == ["scheduled", "waiting", "waiting"]
+    flows = [v["flow"] for v in views]
+    assert len({f["workflow_id"] for f in flows}) == 1
+    assert flows[1]["parents"] == [ids[0]]
+    assert flows[1]["on_parent_failure"] == "run"
+    assert flows[2]["parents"] == ids[:2]
+    assert (flows[2]["deps_pending"], flows[2]["run_if"]) == (2, "all_finished")
+
+
+@pytest.mark.parametrize(
+    ("jobs", "field", "words"),
+    [
+        ([{"kind": "sleep", "ref": "a", "depends_on": ["b"]},
+          {"kind": "sleep", "ref": "b", "depends_on": ["a"]}], "jobs[0].depends_on", "cycle"),
+        ([{"kind": "sleep", "depends_on": ["nope"]}], "jobs[0].depends_on", "nope"),
+        ([{"kind": "sleep", "ref": "a"}, {"kind": "sleep", "ref": "a"}], "jobs[1].ref", "too"),
+        ([{"kind": "sleep", "ref": "a", "idempotency_key": "k1"}],
+         "jobs[0].idempotency_key", "no key"),
+        ([{"kind": "sleep", "run_if": "sometimes"}], "jobs[0].run_if", "sometimes"),
+    ],
+)  # fmt: skip
+async def test_a_bad_graph_is_a_422_naming_the_job(
+    client: httpx.AsyncClient, jobs: list[dict[str, Any]], field: str, words: str
+) -> None:
+    r = await client.post("/jobs/batch", json={"workflow": True, "jobs": jobs})
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == field
+    assert words in r.json()["message"]
+    assert (await client.get("/stats")).json()["submitted"] == 0
+
+
+async def test_a_graph_outside_a_workflow_is_a_422(client: httpx.AsyncClient) -> None:
+    r = await client.post("/jobs", json={"kind": "sleep", "depends_on": ["a"]})
+    assert (r.status_code, r.json()["field"]) == (422, "depends_on")
+    r = await client.post("/jobs/batch", json={"jobs": [{"kind": "sleep", "ref": "a"}]})
+    assert (r.status_code, r.json()["field"]) == (422, "jobs[0].ref")
+
+
+async def test_an_engine_without_workflows_refuses_one_naming_the_field(
+    services: ServiceFactory, tmp_path: Path
+) -> None:
+    rt = services(make_store("sqlite", tmp_path), workers=0)
+    await rt.start()
+    with pytest.raises(ValidationError, match="sqlite engine does not run workflows") as caught:
+        await rt.submit(DIAMOND[:1], batch=True, workflow=True)
+    assert caught.value.field == "workflow"
