@@ -229,6 +229,11 @@ class JobStore(Protocol):
     # a workflow submitted to one that does not is refused, naming the field.
     workflows: bool
 
+    async def workflow(self, workflow_id: str) -> list[Job]:
+        """A workflow's members still kept (none: no such workflow), in submission order.
+        An engine that stores no flow (``workflows`` False) has none."""
+        ...
+
     def observe_cascade(self, observer: CascadeObserver) -> None:
         """Call ``observer(transitions)`` once a commit is durable with what it moved on its
         own: a workflow member's end moving its waiting children (``JobIndex.stage``), in

@@ -12,7 +12,7 @@ import msgspec
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS, JSON, Job, State
 from sqlq.common.running import AttemptError, Progress
 from sqlq.common.schedule import ScheduleSpec, schedule_of
-from sqlq.common.workflow import Flow
+from sqlq.common.workflow import CancelReason, Flow, Overall, blocked_by, overall
 
 MAX_WAIT_S = 60  # seconds: the longest GET /jobs/{id}?wait= the server holds a request for
 
@@ -94,6 +94,49 @@ _SHOWN = {f.name for f in msgspec.structs.fields(JobView)} - {"cancel_requested"
 assert _SHOWN == {f.name for f in msgspec.structs.fields(Job)} - {"request_hash"}, (
     "a stored field JobView neither shows nor leaves out on purpose"
 )
+
+
+class WorkflowMember(msgspec.Struct, frozen=True):
+    """A workflow's member as ``GET /workflows/{id}`` shows it: its edges, and while it
+    waits, the parents it waits for (``blocked_by``)."""
+
+    id: str
+    kind: str
+    state: State
+    ref: str | None = None
+    parents: tuple[str, ...] = ()
+    blocked_by: list[str] = msgspec.field(default_factory=list)
+    cancel_reason: CancelReason | None = None
+
+
+class WorkflowView(msgspec.Struct, frozen=True):
+    """A workflow: its overall state (``sqlq.common.workflow.overall``), its members'
+    counts by state, and each member."""
+
+    id: str
+    state: Overall
+    counts: dict[str, int]
+    jobs: list[WorkflowMember]
+
+
+def workflow_view(workflow_id: str, jobs: list[Job]) -> WorkflowView:
+    """The view of a workflow from its members (as the store keeps them)."""
+    states = {j.id: j.state.value for j in jobs}
+    state_of = states.get
+    members = []
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j.state.value] = counts.get(j.state.value, 0) + 1
+        flow = j.flow
+        if flow is None:  # (every member has one)
+            members.append(WorkflowMember(j.id, j.kind, j.state))
+            continue
+        waits = blocked_by(flow, state_of) if j.state is State.WAITING else []
+        members.append(WorkflowMember(
+            j.id, j.kind, j.state, flow.ref, flow.parents, waits, flow.cancel_reason
+        ))  # fmt: skip
+    state = overall(((j.state.value, j.flow) for j in jobs), state_of)
+    return WorkflowView(workflow_id, state, counts, members)
 
 
 class JobPage(msgspec.Struct):

@@ -27,7 +27,7 @@ engines and the tests reach this rule only through ``Job.after_parent``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum, StrEnum
 
 import msgspec
@@ -126,6 +126,59 @@ def after_parent(flow: Flow, ended: Ended) -> tuple[Flow, Verdict]:
             Verdict.CANCEL
         )
     return flow, Verdict.RELEASE
+
+
+class Overall(StrEnum):
+    """A workflow's state, read from its members (``overall``)."""
+
+    RUNNING = "running"  # some member is live, and none is stuck
+    STUCK = "stuck"  # a member waits behind a parent that failed (its policy: ``wait``)
+    COMPLETED = "completed"  # every member ended, and none failed or was cancelled for it
+    FAILED = "failed"  # every member ended, and one died (or was cancelled because one did)
+    CANCELLED = "cancelled"  # every member ended, and a user's cancel stopped some
+
+
+_FAILED_ENDS = frozenset({"dead", "cancelled"})
+
+
+def blocked_by(flow: Flow, state_of: Callable[[str], str | None]) -> list[str]:
+    """The parents a waiting member still waits for: every one not completed (None: a
+    parent no longer kept, which blocks it too)."""
+    return [p for p in flow.parents if state_of(p) != "completed"]
+
+
+def overall(
+    members: Iterable[tuple[str, Flow | None]], state_of: Callable[[str], str | None]
+) -> Overall:
+    """A workflow's state from its members' (state, flow): ``stuck`` if a waiting member has
+    a parent that ended dead or cancelled (only ``wait`` leaves one so), else ``running``
+    while any member is live; once all ended, ``failed`` if one died or was cancelled
+    because one did, ``cancelled`` if a user's cancel stopped one, else ``completed``
+    (a hook cancelled as ``condition_false`` is no failure)."""
+    live = failed = cancelled = False
+    for state, flow in members:
+        if state in ("scheduled", "running", "waiting"):
+            live = True
+            if (
+                state == "waiting"
+                and flow is not None
+                and not settles_failure(flow)
+                and any(state_of(p) in _FAILED_ENDS for p in flow.parents)
+            ):
+                return Overall.STUCK
+        elif state == "dead":
+            failed = True
+        elif state == "cancelled":
+            reason = None if flow is None else flow.cancel_reason
+            if reason is CancelReason.UPSTREAM_DEAD:
+                failed = True
+            elif reason is not CancelReason.CONDITION_FALSE:
+                cancelled = True
+    if live:
+        return Overall.RUNNING
+    if failed:
+        return Overall.FAILED
+    return Overall.CANCELLED if cancelled else Overall.COMPLETED
 
 
 class GraphError(ValueError):

@@ -231,6 +231,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("GET", "/jobs/{job_id}"): {A, S, R},
     ("DELETE", "/jobs/{job_id}"): {A},
     ("GET", "/queues"): {A, R},
+    ("GET", "/workflows/{workflow_id}"): {A, R},
     ("POST", "/queues/{queue}/pause"): {A},
     ("POST", "/queues/{queue}/resume"): {A},
     ("GET", "/schedules"): {A, R},
@@ -301,7 +302,12 @@ async def test_every_role_meets_its_boundary_on_every_route(
     addresses = itertools.count(1)
     job = await c.post("/jobs", json={"kind": "sleep", "delay_ms": 60_000}, headers=auth("ops"))
     assert job.status_code == 201
-    fill = {"job_id": job.json()["id"], "queue": "default", "name": "nightly"}
+    fill = {
+        "job_id": job.json()["id"],
+        "queue": "default",
+        "name": "nightly",
+        "workflow_id": "0" * 32,
+    }
     for (method, template), allowed in sorted(EXPECTED.items()):
         path = template.format(**fill)
         body = BODIES.get((method, template))

@@ -12,9 +12,12 @@ from sqlq.common.workflow import (
     Flow,
     GraphError,
     OnParentFailure,
+    Overall,
     RunIf,
     Verdict,
     after_parent,
+    blocked_by,
+    overall,
     plan_graph,
 )
 
@@ -126,3 +129,23 @@ def test_any_failed_runs_only_if_a_parent_failed() -> None:
     flow, _ = after_parent(hook, Ended.COMPLETED)
     flow, verdict = after_parent(flow, Ended.COMPLETED)
     assert (verdict, flow.cancel_reason) == (Verdict.CANCEL, CancelReason.CONDITION_FALSE)
+
+
+def test_overall_reads_stuck_running_and_each_end() -> None:
+    parents = {"p": "dead", "q": "completed", "x": "cancelled"}
+    wait = Flow(workflow_id="w", parents=("p",), deps_pending=1,
+                on_parent_failure=OnParentFailure.WAIT)  # fmt: skip
+    settled = Flow(workflow_id="w", parents=("p",), deps_pending=1, run_if=RunIf.ALL_FINISHED)
+    assert overall([("waiting", wait)], parents.get) is Overall.STUCK
+    assert overall([("waiting", settled), ("dead", None)], parents.get) is Overall.RUNNING
+    assert overall([("completed", None), ("running", None)], parents.get) is Overall.RUNNING
+    hook = Flow(workflow_id="w", cancel_reason=CancelReason.CONDITION_FALSE)
+    assert overall([("completed", None), ("cancelled", hook)], parents.get) is Overall.COMPLETED
+    cone = Flow(workflow_id="w", cancel_reason=CancelReason.UPSTREAM_DEAD)
+    assert overall([("dead", None), ("cancelled", cone)], parents.get) is Overall.FAILED
+    user = Flow(workflow_id="w", cancel_reason=CancelReason.USER)
+    assert overall([("completed", None), ("cancelled", user)], parents.get) is Overall.CANCELLED
+    assert blocked_by(Flow(workflow_id="w", parents=("p", "q", "gone")), parents.get) == [
+        "p",
+        "gone",
+    ]

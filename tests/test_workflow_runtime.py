@@ -14,8 +14,8 @@ import pytest
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import ValidationError
 from sqlq.common.models import Job, State
-from sqlq.common.specs import JobSpec
-from sqlq.common.workflow import CancelReason
+from sqlq.common.specs import MemberSpec
+from sqlq.common.workflow import CancelReason, OnParentFailure
 from sqlq.engines.registry import make_store
 from sqlq.http.app import create_app
 from sqlq.runtime.config import RuntimeConfig
@@ -39,10 +39,10 @@ def _recording(started: Started) -> Registry:
     return kinds
 
 
-def _spec(name: str, *after: str, **more: Any) -> JobSpec:
+def _spec(name: str, *after: str, **more: Any) -> MemberSpec:
     fail = more.pop("fail", False)
     args = {"name": name, "fail": fail}
-    return JobSpec(kind="step", args=args, ref=name, depends_on=list(after), **more)
+    return MemberSpec(kind="step", args=args, ref=name, depends_on=after, **more)
 
 
 DIAMOND = [_spec("a"), _spec("b", "a"), _spec("c", "a"), _spec("d", "b", "c")]
@@ -161,7 +161,8 @@ async def test_a_bad_graph_is_a_422_naming_the_job(
 
 async def test_a_graph_outside_a_workflow_is_a_422(client: httpx.AsyncClient) -> None:
     r = await client.post("/jobs", json={"kind": "sleep", "depends_on": ["a"]})
-    assert (r.status_code, r.json()["field"]) == (422, "depends_on")
+    assert (r.status_code, r.json()["field"]) == (422, "body")  # an unknown field: its object
+    assert "depends_on" in r.json()["message"]
     r = await client.post("/jobs/batch", json={"jobs": [{"kind": "sleep", "ref": "a"}]})
     assert (r.status_code, r.json()["field"]) == (422, "jobs[0].ref")
 
@@ -174,3 +175,55 @@ async def test_an_engine_without_workflows_refuses_one_naming_the_field(
     with pytest.raises(ValidationError, match="sqlite engine does not run workflows") as caught:
         await rt.submit(DIAMOND[:1], batch=True, workflow=True)
     assert caught.value.field == "workflow"
+
+
+async def test_a_workflow_reads_back_with_its_state_counts_and_what_blocks_each_job(
+    client: httpx.AsyncClient,
+) -> None:
+    jobs = [
+        {"kind": "sleep", "ref": "a"},
+        {"kind": "sleep", "ref": "b", "depends_on": ["a"]},
+        {"kind": "sleep", "ref": "c", "depends_on": ["a"]},
+        {"kind": "sleep", "ref": "d", "depends_on": ["b", "c"]},
+    ]
+    r = await client.post("/jobs/batch", json={"workflow": True, "jobs": jobs})
+    a, b, c, d = ids = r.json()["ids"]
+    workflow_id = (await client.get(f"/jobs/{a}")).json()["flow"]["workflow_id"]
+    r = await client.get(f"/workflows/{workflow_id}")
+    assert r.status_code == 200, r.text
+    view = r.json()
+    assert (view["id"], view["state"]) == (workflow_id, "running")
+    assert view["counts"] == {"scheduled": 1, "waiting": 3}
+    assert [m["id"] for m in view["jobs"]] == ids
+    members = {m["ref"]: m for m in view["jobs"]}
+    assert members["d"]["parents"] == [b, c]
+    assert members["d"]["blocked_by"] == [b, c]
+    assert members["a"]["blocked_by"] == []
+    assert (await client.delete(f"/jobs/{a}")).status_code == 200
+    view = (await client.get(f"/workflows/{workflow_id}")).json()
+    assert (view["state"], view["counts"]) == ("cancelled", {"cancelled": 4})
+    assert {m["ref"]: m["cancel_reason"] for m in view["jobs"]} == {
+        "a": "user", "b": "upstream_cancelled", "c": "upstream_cancelled",
+        "d": "upstream_cancelled",
+    }  # fmt: skip
+    for missing in ("0" * 32, "not-an-id", d):  # (a job's id names no workflow)
+        r = await client.get(f"/workflows/{missing}")
+        assert (r.status_code, r.json()["error"]) == (404, "not_found")
+
+
+async def test_a_member_waiting_behind_a_dead_parent_reads_stuck(services: ServiceFactory) -> None:
+    started: Started = []
+    rt = services(kinds=_recording(started), workers=2)
+    await rt.start()
+    specs = [
+        _spec("a", fail=True, max_attempts=1),
+        _spec("b", "a", on_parent_failure=OnParentFailure.WAIT),
+    ]
+    jobs, _ = await rt.submit(specs, batch=True, workflow=True)
+    assert (await final(rt, jobs[0].id)).state is State.DEAD
+    flow = jobs[0].flow
+    assert flow is not None
+    view = await rt.workflow(flow.workflow_id)
+    assert view is not None
+    assert view.state == "stuck"
+    assert view.jobs[1].blocked_by == [jobs[0].id]

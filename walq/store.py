@@ -375,6 +375,10 @@ class WalStore(DurableStore):
         self._live()
         return self._index.by_key(key)
 
+    async def workflow(self, workflow_id: str) -> list[Job]:
+        self._live()
+        return self._index.workflow(workflow_id)
+
     async def list_schedules(self) -> list[Schedule]:
         self._live()
         return sorted(self._index.schedules.values(), key=attrgetter("name"))

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlq.common.errors import StoreClosedError, StoreError, StoreFailedError, UnencodableError
+from sqlq.common.models import Job
 from sqlq.common.store import CascadeObserver, Change, StoreStats
 
 log = logging.getLogger(__name__)
@@ -271,6 +272,11 @@ class Committing:
 
     def observe_cascade(self, observer: CascadeObserver) -> None:
         self._cascade = observer
+
+    async def workflow(self, workflow_id: str) -> list[Job]:
+        """No members: an engine that stores no flow has no workflow (``workflows``)."""
+        self._live()
+        return []
 
     def _live(self) -> GroupCommitter:
         """The committer of an open store; ``StoreClosedError`` otherwise."""

@@ -115,6 +115,8 @@ class JobIndex:
         # A workflow member's children, by the parent's id: who ``cascade`` visits when it
         # ends. Kept while the parent is (``forget``); a child that left waiting is passed.
         self.children: dict[str, list[str]] = {}
+        # Each workflow's members, in the order they were stored (dicts as ordered sets).
+        self.members: dict[str, dict[str, None]] = {}
         self._buckets: dict[Key, SortedIds] = {}  # every built family's buckets
         self._masks: list[int] = []  # the families built
         # Changed since the last page: job id -> what the buckets list it under (None: not
@@ -228,7 +230,7 @@ class JobIndex:
             if old is None:
                 if job.idempotency_key is not None:
                     keys[job.idempotency_key] = job_id
-                if job.flow is not None and job.flow.parents:
+                if job.flow is not None:
                     self._adopt(job)
                 if pending is not None:
                     pending.setdefault(job_id, None)
@@ -239,8 +241,13 @@ class JobIndex:
             self._bound()
 
     def _adopt(self, job: Job) -> None:
-        """Note ``job`` as a child of each of its parents."""
+        """Note ``job`` as its workflow's member, and a child of each of its parents."""
         assert job.flow is not None
+        workflow = self.members.get(job.flow.workflow_id)
+        if workflow is None:
+            self.members[job.flow.workflow_id] = {job.id: None}
+        else:
+            workflow[job.id] = None
         children = self.children
         for parent in job.flow.parents:
             kids = children.get(parent)
@@ -248,6 +255,16 @@ class JobIndex:
                 children[parent] = [job.id]
             else:
                 kids.append(job.id)
+
+    def _disown(self, job: Job) -> None:
+        """Forget ``job`` as its workflow's member and as a parent (``_adopt`` undone)."""
+        assert job.flow is not None
+        self.children.pop(job.id, None)
+        workflow = self.members.get(job.flow.workflow_id)
+        if workflow is not None:
+            workflow.pop(job.id, None)
+            if not workflow:
+                del self.members[job.flow.workflow_id]
 
     def apply(self, changes: Sequence[Change], cascaded: list[Transition] | None = None) -> None:
         """Stage and publish at once: the memory engine's commit."""
@@ -264,7 +281,7 @@ class JobIndex:
                 del self.jobs[job.id]  # (refused whole: ``replay`` checks the key first)
                 raise DuplicateKeyError(key)
             self.keys[key] = job.id
-        if job.flow is not None and job.flow.parents:
+        if job.flow is not None:
             self._adopt(job)
         if self._masks:  # recovery comes before any listing
             self._drop()
@@ -286,7 +303,7 @@ class JobIndex:
                         raise DuplicateKeyError(key)
                     keys[key] = change.id
                 jobs[change.id] = change
-                if change.flow is not None and change.flow.parents:
+                if change.flow is not None:
                     self._adopt(change)
             elif isinstance(change, Transition):
                 job = jobs.get(change.job_id)
@@ -301,13 +318,19 @@ class JobIndex:
     def forget(self, job_id: str) -> None:
         """Drop a job past retention, and its idempotency key with it."""
         job = self.jobs.pop(job_id, None)
-        self.children.pop(job_id, None)
         if job is not None:
+            if job.flow is not None:
+                self._disown(job)
             if (self._masks or self._since is not None) and job_id not in self._pending:
                 self._pending[job_id] = (job.state, job.queue, job.kind)
                 self._bound()
             if job.idempotency_key is not None:
                 self.keys.pop(job.idempotency_key, None)
+
+    def workflow(self, workflow_id: str) -> list[Job]:
+        """A workflow's members still kept, in the order they were stored."""
+        ids = self.members.get(workflow_id, ())
+        return [self.jobs[i] for i in ids]
 
     def by_key(self, key: str) -> Job | None:
         job_id = self.keys.get(key)

@@ -100,6 +100,11 @@ class MemoryStore:
             raise StoreClosedError("memory store is not open")
         return await self._index.page_async(query, asyncio.to_thread)  # a build: off the loop
 
+    async def workflow(self, workflow_id: str) -> list[Job]:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        return self._index.workflow(workflow_id)
+
     async def find_key(self, key: str) -> Job | None:
         if not self._open:
             raise StoreClosedError("memory store is not open")

@@ -52,6 +52,7 @@ RULES: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/jobs/{job_id}"): frozenset({A, S, R}),
     ("DELETE", "/jobs/{job_id}"): frozenset({A}),
     ("GET", "/queues"): frozenset({A, R}),
+    ("GET", "/workflows/{workflow_id}"): frozenset({A, R}),
     ("POST", "/queues/{queue}/pause"): frozenset({A}),
     ("POST", "/queues/{queue}/resume"): frozenset({A}),
     ("GET", "/schedules"): frozenset({A, R}),

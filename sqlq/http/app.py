@@ -37,7 +37,7 @@ from sqlq.common.specs import (
 from sqlq.common.wire import CancelCounts, job_view
 from sqlq.http.access import guarded, principal
 from sqlq.http.claims import routes as claim_routes
-from sqlq.http.errors import ERRORS, JSONResponse
+from sqlq.http.errors import ERRORS, JSONResponse, WorkflowNotFoundError
 from sqlq.http.guard import Guard, Security, Stamped
 from sqlq.http.lean import MAX_BATCH_BODY, MAX_BODY, Lean
 from sqlq.http.lean import read_body as read_scope_body
@@ -182,6 +182,13 @@ def create_app(
         job_id: str = request.path_params["job_id"]
         return _raw(await jobs.get(principal(request.scope), job_id, request.query_params))
 
+    async def get_workflow(request: Request) -> Response:
+        workflow_id: str = request.path_params["workflow_id"]
+        found = await runtime.workflow(workflow_id)
+        if found is None:
+            raise WorkflowNotFoundError(workflow_id)
+        return JSONResponse(found)
+
     async def queues(_: Request) -> Response:
         infos = await runtime.queues()
         return JSONResponse({"queues": [{"name": q, **_info(i)} for q, i in infos.items()]})
@@ -263,6 +270,7 @@ def create_app(
         Route("/jobs/cancel", cancel_matching, methods=["POST"]),
         Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
         Route("/queues", queues, methods=["GET"]),
+        Route("/workflows/{workflow_id}", get_workflow, methods=["GET"]),
         Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
         Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
         Route("/jobs/{job_id}", get_job, methods=["GET"]),

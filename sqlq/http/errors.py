@@ -74,6 +74,14 @@ class ScheduleNotFoundError(SqlqError):
         self.name = name
 
 
+class WorkflowNotFoundError(SqlqError):
+    """No workflow of that id with a member still kept (404, as a missing job is)."""
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(f"workflow {workflow_id} not found")
+        self.workflow_id = workflow_id
+
+
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]  # status, JSON body, extra headers
 
 
@@ -118,7 +126,7 @@ def answer(exc: Exception, method: str, path: str) -> Answer:
         return 400, _body("bad_json", str(exc), "body"), []
     if isinstance(exc, BodyTooLarge):
         return 413, _body("too_large", str(exc), "body"), []
-    if isinstance(exc, JobNotFoundError | ScheduleNotFoundError):
+    if isinstance(exc, JobNotFoundError | ScheduleNotFoundError | WorkflowNotFoundError):
         return 404, _body("not_found", str(exc)), []
     if isinstance(exc, WorkerNameTaken):
         return 409, _body("worker_name_taken", str(exc), "worker"), []
@@ -168,7 +176,8 @@ def handler_for(exc: Exception) -> Any:
 # Starlette's exception middleware finds a handler by class (``Exception``'s is its
 # server-error layer's, which logs and raises again: only for what ``answer`` calls a 500).
 _ANSWERED = (ValidationError, ForbiddenError, UnencodableError, QueueFullError, BadJSON,
-             BodyTooLarge, JobNotFoundError, ScheduleNotFoundError, ScheduleError,
+             BodyTooLarge, JobNotFoundError, ScheduleNotFoundError, WorkflowNotFoundError,
+             ScheduleError,
              TransitionError, IdempotencyConflictError, DuplicateKeyError, WorkerNameTaken,
              StoreError, HTTPException)  # fmt: skip
 ERRORS: dict[Any, Any] = {**dict.fromkeys(_ANSWERED, _handle), Exception: _handle}

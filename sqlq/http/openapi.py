@@ -60,6 +60,7 @@ from sqlq.common.wire import (
     Retried,
     ScheduleList,
     ScheduleView,
+    WorkflowView,
 )
 from sqlq.http.access import OPEN, RULES
 
@@ -91,7 +92,8 @@ class Operation:
 JOB_ID = Param("job_id", "path", {"type": "string"}, "a job id", True)
 SCHEDULE = Param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "a schedule", True)
 QUEUE = Param("queue", "path", {"type": "string", "pattern": QUEUE_PATTERN}, "a queue", True)
-STATES = ["scheduled", "running", "completed", "dead", "cancelled"]
+WORKFLOW_ID = Param("workflow_id", "path", {"type": "string"}, "a workflow's id", True)
+STATES = ["scheduled", "running", "completed", "dead", "cancelled", "waiting"]
 OPS = (
     Operation(
         "post",
@@ -190,6 +192,14 @@ OPS = (
     ),
     Operation(
         "get", "/queues", "Each queue's depth, running count, cap and pause", {200: QueueList}
+    ),
+    Operation(
+        "get",
+        "/workflows/{workflow_id}",
+        "A workflow: its state (running, completed, failed, cancelled or stuck), its "
+        "members' counts by state, and each member with its parents and what blocks it",
+        {200: WorkflowView},
+        params=(WORKFLOW_ID,),
     ),
     Operation(
         "post",

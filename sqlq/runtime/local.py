@@ -52,6 +52,7 @@ from sqlq.runtime.scheduler import Scheduler
 from sqlq.runtime.seen import warning
 
 log = logging.getLogger(__name__)
+_SCHEDULED = State.SCHEDULED  # (a module global: the enum's attribute costs a lookup per use)
 
 # What an attempt interrupted by a stop became at recovery, as counted.
 _AT_RECOVERY = {
@@ -182,7 +183,7 @@ class LocalClaims(ClaimsBase):
     def submitted(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self._live.add(job)
-            if job.state is State.SCHEDULED:  # (not a workflow member that waits)
+            if job.state is _SCHEDULED:  # (not a workflow member that waits)
                 self.due(job)
 
     def cascaded(self, moves: Sequence[Transition]) -> None:

@@ -35,9 +35,10 @@ from sqlq.common.errors import (
     TransitionError,
     ValidationError,
 )
-from sqlq.common.models import RETRYABLE, Job, State
+from sqlq.common.models import RETRYABLE, Job, State, is_job_id
 from sqlq.common.specs import CancelSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, JobQuery, JobStore, Recovery
+from sqlq.common.wire import WorkflowView, workflow_view
 from sqlq.runtime import report
 from sqlq.runtime.claims import Claims, ClaimsView, QueueInfo
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig, RuntimeState
@@ -218,6 +219,14 @@ class Service:
                 if fresh and is_remote(job.queue):
                     seen.waiting_kind(job.queue, job.kind, now)
         return jobs, new
+
+    async def workflow(self, workflow_id: str) -> WorkflowView | None:
+        """A workflow's view (``GET /workflows/{id}``), or None if none of its members is
+        kept (a workflow's id has a job id's shape: anything else names none)."""
+        if not is_job_id(workflow_id):
+            return None
+        jobs = await self.store.workflow(workflow_id)
+        return workflow_view(workflow_id, jobs) if jobs else None
 
     async def get(self, job_id: str) -> Job | None:
         job = self.live.get(job_id)

@@ -26,7 +26,7 @@ from sqlq.common.errors import (
     ValidationError,
 )
 from sqlq.common.models import Job, new_job_id
-from sqlq.common.specs import MAX_DELAY_MS, JobSpec, check_args
+from sqlq.common.specs import MAX_DELAY_MS, JobSpec, MemberSpec, check_args
 from sqlq.common.store import JobStore
 from sqlq.common.workflow import Flow, GraphError, plan_graph
 from sqlq.runtime.claims import Claims, ClaimsView
@@ -99,26 +99,30 @@ class Submissions:
     def _build_all(
         self, specs: Sequence[JobSpec], now: float, batch: bool, workflow: bool = False
     ) -> list[Job]:
-        members = self._members(specs, now) if workflow else [None] * len(specs)
+        if workflow:
+            return self._build_members(specs, now)
         jobs = []
         for i, spec in enumerate(specs):
             try:
-                member = members[i]
-                if member is None and spec.in_graph():
-                    field = "depends_on" if spec.depends_on else "ref"
-                    raise ValidationError(field, "only a workflow's job has one: submit "
-                                          "them in a batch with \"workflow\": true")  # fmt: skip
-                if member is None:
-                    jobs.append(self.build(spec, now))
-                else:
-                    jobs.append(self.build(spec, now, job_id=member.job_id, flow=member.flow))
+                if type(spec) is not JobSpec:  # (a MemberSpec outside a workflow)
+                    _outside(spec)
+                jobs.append(self.build(spec, now))
             except ValidationError as exc:
                 if not batch:
                     raise
                 raise ValidationError(f"jobs[{i}].{exc.field}", exc.message) from None
         return jobs
 
-    def _members(self, specs: Sequence[JobSpec], now: float) -> list[_Member | None]:
+    def _build_members(self, specs: Sequence[JobSpec], now: float) -> list[Job]:
+        jobs = []
+        for i, (spec, member) in enumerate(zip(specs, self._members(specs, now), strict=True)):
+            try:
+                jobs.append(self.build(spec, now, job_id=member.job_id, flow=member.flow))
+            except ValidationError as exc:
+                raise ValidationError(f"jobs[{i}].{exc.field}", exc.message) from None
+        return jobs
+
+    def _members(self, specs: Sequence[JobSpec], now: float) -> list[_Member]:
         """Each job's place in the new workflow ``specs`` make: its id and ``Flow``."""
         if not self._store.workflows:
             raise ValidationError(
@@ -130,14 +134,15 @@ class Submissions:
                 raise ValidationError(
                     f"jobs[{i}].idempotency_key", "a workflow's jobs take no key yet"
                 )
+        graph = [s if isinstance(s, MemberSpec) else MemberSpec(kind=s.kind) for s in specs]
         try:
-            parents = plan_graph([s.ref for s in specs], [s.depends_on for s in specs])
+            parents = plan_graph([s.ref for s in graph], [s.depends_on for s in graph])
         except GraphError as exc:
             raise ValidationError(f"jobs[{exc.index}].{exc.field}", str(exc)) from None
         workflow_id = new_job_id(now)
         ids = [new_job_id(now) for _ in specs]
-        members: list[_Member | None] = []
-        for i, (spec, mine) in enumerate(zip(specs, parents, strict=True)):
+        members: list[_Member] = []
+        for i, (spec, mine) in enumerate(zip(graph, parents, strict=True)):
             flow = Flow(
                 workflow_id=workflow_id, ref=spec.ref, parents=tuple(ids[p] for p in mine),
                 deps_pending=len(mine), on_parent_failure=spec.on_parent_failure,
@@ -265,6 +270,15 @@ class Submissions:
                 field, f"would be one more than --max-queues ({limit}) queues with live jobs "
                 "or paused; use an existing queue, or wait for one to empty",
             )  # fmt: skip
+
+
+def _outside(spec: JobSpec) -> None:
+    """Refuse what only a workflow's member may say, naming the field."""
+    field = spec.in_graph() if isinstance(spec, MemberSpec) else None
+    if field is not None:
+        raise ValidationError(
+            field, 'only a workflow\'s job has one: submit them in a batch with "workflow": true'
+        )
 
 
 class _Member(NamedTuple):
