@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import re
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -20,7 +21,16 @@ import msgspec
 
 from sqlq.common.errors import IllegalTransitionError, StaleEpochError
 from sqlq.common.running import AttemptError, Progress, clean_error, with_error
-from sqlq.common.workflow import CancelReason, Ended, Flow, Verdict, after_parent, settles_failure
+from sqlq.common.workflow import (
+    UPSTREAM,
+    CancelReason,
+    Ended,
+    Flow,
+    Verdict,
+    after_parent,
+    recount,
+    settles_failure,
+)
 
 JSON = Any  # a value msgspec.json can encode: dict, list, str, int, float, bool, None
 
@@ -46,7 +56,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.COMPLETED: frozenset(),
     # dead or cancelled -> scheduled: an operator retries it, with a fresh attempt budget.
     State.DEAD: frozenset({State.SCHEDULED}),
-    State.CANCELLED: frozenset({State.SCHEDULED}),
+    # cancelled -> waiting: a workflow member cancelled for its parent, revived with it.
+    State.CANCELLED: frozenset({State.SCHEDULED, State.WAITING}),
     # waiting -> waiting: a parent settled, others have not (``Job.after_parent``);
     # -> scheduled: the last one did; -> cancelled: the child's policy, or a user.
     State.WAITING: frozenset({State.SCHEDULED, State.CANCELLED, State.WAITING}),
@@ -359,14 +370,25 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         flow = msgspec.structs.replace(self.flow, cancel_reason=CancelReason.USER)
         return self._to(State.CANCELLED, now, flow=flow)
 
-    def after_parent(self, ended: Ended | None, now: float) -> Transition | None:
+    def after_parent(
+        self, ended: Ended | None, now: float, state_of: Callable[[str], str | None]
+    ) -> Transition | None:
         """What one parent's end does to this waiting child (``ended``; None: the parent
         was revived from dead or cancelled), by ``sqlq.common.workflow``'s rule: waiting
         with a new count, released (scheduled, due at the latest of its own time and now),
-        or cancelled with a reason. None: nothing changes (not waiting, or nothing to do).
-        The engine writes it in the parent's own commit (``JobIndex.stage``)."""
+        or cancelled with a reason. A revived parent also revives a child its end had
+        cancelled (``upstream_dead`` or ``upstream_cancelled``): waiting again, a new
+        epoch, its count made afresh from its parents' states (``state_of``, by id), unless
+        another parent it cannot run after still failed. None: nothing changes. The engine
+        writes it in the parent's own commit (``JobIndex.stage``)."""
         flow = self.flow
-        if flow is None or self.state is not State.WAITING:
+        if flow is None:
+            return None
+        if self.state is not State.WAITING:
+            if ended is None and self.state is State.CANCELLED and flow.cancel_reason in UPSTREAM:
+                again = recount(flow, state_of)
+                if again is not None:
+                    return self._to(State.WAITING, now, epoch=self.epoch + 1, flow=again)
             return None
         if ended is None:  # a revived parent: unsettle what its failure settled
             if not settles_failure(flow):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import msgspec
 
@@ -32,9 +32,19 @@ SyncLevel = Literal["full", "os"]
 DEFAULT_RETENTION_S = 3600.0  # how long finished jobs stay readable
 
 Change = Job | Transition | PutSchedule | DropSchedule | AdvanceSchedule
-# Told, once durable, of the transitions a commit made on its own: a workflow member's end
-# moving its waiting children (``JobStore.observe_cascade``).
-CascadeObserver = Callable[[Sequence[Transition]], None]
+
+
+class Cascaded(NamedTuple):
+    """A change a commit made on its own (a workflow member's end moving a child): the job
+    before it, the job after it, and the transition, which the engine writes."""
+
+    before: Job
+    after: Job
+    change: Transition
+
+
+# Told, once durable, of what a commit moved on its own (``JobStore.observe_cascade``).
+CascadeObserver = Callable[[Sequence[Cascaded]], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,9 +245,10 @@ class JobStore(Protocol):
         ...
 
     def observe_cascade(self, observer: CascadeObserver) -> None:
-        """Call ``observer(transitions)`` once a commit is durable with what it moved on its
-        own: a workflow member's end moving its waiting children (``JobIndex.stage``), in
-        the same commit. The caller's own changes are never among them."""
+        """Call ``observer(moves)`` once a commit is durable with what it moved on its own: a
+        workflow member's end moving its waiting children, or a revival its cancelled ones
+        (``JobIndex.stage``), in the same commit. The caller's own changes are never among
+        them."""
         ...
 
     async def compact(self) -> CompactionReport:

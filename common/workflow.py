@@ -98,6 +98,33 @@ def ending(state: str, flow: Flow | None) -> Ended:
     return Ended.DEAD if dead_above else Ended.CANCELLED
 
 
+UPSTREAM = frozenset({CancelReason.UPSTREAM_DEAD, CancelReason.UPSTREAM_CANCELLED})
+
+
+def recount(flow: Flow, state_of: Callable[[str], str | None]) -> Flow | None:
+    """A member's flow made afresh from its parents' states (by id; None: not kept), as a
+    revival of its cancelled cone makes it: completed parents settled, failed ones settled
+    (and failed) if it counts them so, the rest pending. None: a failed parent it could not
+    run after (its policy is ``cancel`` and it runs only after all completed) stays failed,
+    so it stays cancelled."""
+    settles = settles_failure(flow)
+    pending = failed = 0
+    for parent in flow.parents:
+        state = state_of(parent)
+        if state == "completed":
+            continue
+        if state in ("dead", "cancelled"):
+            if not settles:
+                if flow.on_parent_failure is OnParentFailure.CANCEL:
+                    return None
+                pending += 1  # ``wait``: it waits for that parent
+                continue
+            failed += 1
+            continue
+        pending += 1
+    return msgspec.structs.replace(flow, deps_pending=pending, failed=failed, cancel_reason=None)
+
+
 def settles_failure(flow: Flow) -> bool:
     """Whether a parent that ended dead or cancelled counts, for this child, as settled
     (and failed): it runs whatever its parents did, or its policy is ``run``. A parent

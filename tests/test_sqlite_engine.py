@@ -156,8 +156,8 @@ async def test_transition_table_is_in_the_database(tmp_path: Path) -> None:
     assert pairs == {(a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt}
     # 5 moves of the lifecycle, an operator retry from dead or cancelled, running -> running
     # (progress, a checkpoint, a cancel asked for), running -> cancelled, and a workflow
-    # member's three out of waiting.
-    assert len(pairs) == 12
+    # member's three out of waiting, and cancelled -> waiting (its cone revived).
+    assert len(pairs) == 13
 
 
 V1_TABLE = """CREATE TABLE jobs (

@@ -16,7 +16,7 @@ import pytest
 from sqlq.common.clock import FakeClock
 from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import Job, State, Transition, new_job_id
-from sqlq.common.store import JobStore
+from sqlq.common.store import Cascaded, JobStore
 from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
 from tests.conftest import _factory
 from tests.helpers import NOW, StoreFactory
@@ -69,7 +69,14 @@ class Seen:
 
     def __init__(self, store: JobStore) -> None:
         self.moves: list[Transition] = []
-        store.observe_cascade(self.moves.extend)
+        self.jobs: list[tuple[Job, Job]] = []
+        store.observe_cascade(self._told)
+
+    def _told(self, moves: Sequence[Cascaded]) -> None:
+        for before, after, change in moves:
+            assert before.apply(change) == after
+            self.moves.append(change)
+            self.jobs.append((before, after))
 
 
 async def _get(store: JobStore, job: Job) -> Job:
@@ -282,3 +289,48 @@ async def test_the_cascade_is_in_the_parents_record_and_survives_a_reopen(
     await assert_reopened_holds(factory(), expect)
     log = b"".join(p.read_bytes() for p in sorted(tmp_path.rglob("*.log")))
     assert log.count(g.jobs["b"].id.encode()) >= 3  # put, released in a's record, started...
+
+
+async def test_retrying_a_dead_root_revives_its_cancelled_cone_and_the_graph_completes(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    seen = Seen(store)
+    g = diamond()
+    await store.commit(list(g.jobs.values()))
+    await _die(store, g.jobs["a"], NOW + 1)
+    await store.commit([(await _get(store, g.jobs["a"])).revive(NOW + 3)])
+    assert await _states(store, g) == {
+        "a": "scheduled", "b": "waiting", "c": "waiting", "d": "waiting"
+    }  # fmt: skip
+    for ref, pending in (("b", 1), ("c", 1), ("d", 2)):
+        job = await _get(store, g.jobs[ref])
+        assert job.flow is not None
+        assert (job.flow.deps_pending, job.flow.cancel_reason) == (pending, None)
+        assert job.epoch == 1  # a new epoch: whatever held the cancelled one is fenced
+    revived = [after.id for before, after in seen.jobs if before.state is State.CANCELLED]
+    assert sorted(revived) == sorted(g.jobs[r].id for r in "bcd")
+    for ref in "abcd":
+        await _complete(store, g.jobs[ref], NOW + 10 + ord(ref))
+    assert await _states(store, g) == dict.fromkeys("abcd", "completed")
+    await store.close()
+
+
+async def test_a_revival_leaves_what_a_user_cancelled_and_what_it_cannot_run_after(
+    wf_factory: StoreFactory,
+) -> None:
+    store = wf_factory()
+    await store.open()
+    g = diamond()
+    await store.commit(list(g.jobs.values()))
+    await store.commit([(await _get(store, g.jobs["b"])).cancel(NOW + 1)])  # d: upstream
+    await _die(store, g.jobs["a"], NOW + 2)  # c: upstream_dead
+    await store.commit([(await _get(store, g.jobs["a"])).revive(NOW + 4)])
+    assert await _states(store, g) == {
+        "a": "scheduled", "b": "cancelled", "c": "waiting", "d": "cancelled"
+    }  # fmt: skip
+    b = await _get(store, g.jobs["b"])
+    assert b.flow is not None
+    assert b.flow.cancel_reason is CancelReason.USER
+    await store.close()

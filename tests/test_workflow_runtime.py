@@ -26,13 +26,15 @@ from tests.helpers import ServiceFactory, final
 Started = list[str]
 
 
-def _recording(started: Started) -> Registry:
+def _recording(started: Started, failing: set[str] | None = None) -> Registry:
+    """A kind ``step`` that records each start; it fails if its args say ``fail``, or while
+    its name is in ``failing``."""
     kinds = Registry()
 
     @task("step", registry=kinds)
     async def step(args: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         started.append(args["name"])
-        if args.get("fail"):
+        if args.get("fail") or (failing is not None and args["name"] in failing):
             raise RuntimeError(f"{args['name']} failed")
         return {"name": args["name"]}
 
@@ -84,6 +86,26 @@ async def test_a_dead_root_cancels_the_diamond_as_upstream_dead(services: Servic
         assert flow.cancel_reason is CancelReason.UPSTREAM_DEAD
     assert started == ["a"]
     assert rt.stats()["jobs"].get("waiting", 0) == 0
+
+
+async def test_retrying_the_dead_root_runs_the_whole_diamond_to_completed(
+    services: ServiceFactory,
+) -> None:
+    started: Started = []
+    failing = {"a"}
+    rt = services(kinds=_recording(started, failing), workers=4)
+    await rt.start()
+    specs = [_spec("a", max_attempts=1), *DIAMOND[1:]]
+    jobs, _ = await rt.submit(specs, batch=True, workflow=True)
+    assert (await final(rt, jobs[3].id)).state is State.CANCELLED
+    assert (await final(rt, jobs[0].id)).state is State.DEAD
+    failing.clear()  # fixed
+    assert (await rt.retry(jobs[0].id)).state is State.SCHEDULED
+    done = await _finals(rt, jobs)
+    assert {ref: j.state for ref, j in done.items()} == dict.fromkeys("abcd", State.COMPLETED)
+    assert started == ["a", "a", *started[2:4], "d"]
+    assert sorted(started[2:4]) == ["b", "c"]
+    assert rt.stats()["jobs"]["waiting"] == 0
 
 
 async def test_cancelling_a_waiting_member_cancels_its_cone(services: ServiceFactory) -> None:

@@ -34,7 +34,7 @@ from sqlq.common.errors import (
 )
 from sqlq.common.models import TERMINAL, Job, State, Transition
 from sqlq.common.schedule import AdvanceSchedule, Schedule
-from sqlq.common.store import Change, CompactionReport, JobQuery, Recovery, StoreStats
+from sqlq.common.store import Cascaded, Change, CompactionReport, JobQuery, Recovery, StoreStats
 from sqlq.walq import log, tail
 from sqlq.walq.compact import Compactor, Snapshot, SnapshotState, create_fresh
 from sqlq.walq.files import OS_FILES, FileOps
@@ -270,7 +270,7 @@ class WalStore(DurableStore):
         lines: list[bytes] = []
         seq = self._seq
         scheduled = False  # whether a call changed a schedule: then not every value is a job
-        cascaded: list[Transition] = []
+        cascaded: list[Cascaded] = []
         for pending in batch:
             encoded = pending.encoded
             before = len(cascaded)
@@ -279,7 +279,7 @@ class WalStore(DurableStore):
                     encoded = self._checked(pending, staged)
                 mine = self._index.stage(pending.changes, staged, staged_keys, cascaded)
                 if len(cascaded) > before:  # a workflow's children: in the parent's record
-                    encoded = encode_ops([*pending.changes, *cascaded[before:]])
+                    encoded = encode_ops([*pending.changes, *(c.change for c in cascaded[before:])])
             except SqlqError as exc:
                 del cascaded[before:]  # (what a refused call's stage had moved)
                 outcomes.append(exc)

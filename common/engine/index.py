@@ -20,7 +20,7 @@ from sqlq.common.engine.sortedids import SortedIds
 from sqlq.common.errors import DuplicateJobError, DuplicateKeyError, JobNotFoundError
 from sqlq.common.models import LIVE, TERMINAL, Job, State, Transition
 from sqlq.common.schedule import PutSchedule, Schedule, fold, key_range
-from sqlq.common.store import Change, JobQuery
+from sqlq.common.store import Cascaded, Change, JobQuery
 from sqlq.common.workflow import Ended, ending
 
 
@@ -139,13 +139,13 @@ class JobIndex:
         changes: Sequence[Change],
         staged: Staged,
         staged_keys: set[str] | frozenset[str] = frozenset(),
-        cascaded: list[Transition] | None = None,
+        cascaded: list[Cascaded] | None = None,
     ) -> Staged:
         """The jobs and schedules ``changes`` produce on top of ``staged`` (whose new jobs
         hold ``staged_keys``); raises, changing nothing.
 
         A workflow member's end also changes its waiting children, in the same call
-        (``cascade``); those transitions are added to ``cascaded``, for the engine to
+        (``cascade``); those moves are added to ``cascaded``, for the engine to
         write in the same record and to tell the runtime of."""
         mine: Staged = {}
         my_keys: set[str] = set()
@@ -175,12 +175,17 @@ class JobIndex:
         return mine
 
     def _cascade(
-        self, old: Job, new: Job, mine: Staged, staged: Staged, out: list[Transition] | None
+        self, old: Job, new: Job, mine: Staged, staged: Staged, out: list[Cascaded] | None
     ) -> None:
         """What a workflow member's move from ``old`` to ``new`` does to its waiting children,
         and theirs in turn (a cancel goes down the cone), staged into ``mine`` and added to
         ``out``. Only an end (into completed, dead or cancelled) or a revival (out of dead
         or cancelled) moves anything; the rule is ``Job.after_parent``'s."""
+
+        def state_of(job_id: str) -> str | None:
+            job = self._current(job_id, mine, staged)
+            return None if job is None else job.state.value
+
         work = [(old, new)]
         while work:
             old, new = work.pop()
@@ -194,14 +199,14 @@ class JobIndex:
                 child = self._current(child_id, mine, staged)
                 if child is None:
                     continue
-                t = child.after_parent(ended, new.updated_at)
+                t = child.after_parent(ended, new.updated_at, state_of)
                 if t is None:
                     continue
                 moved = mine[child_id] = child.apply(t)
                 if out is not None:
-                    out.append(t)
-                if moved.state is State.CANCELLED:
-                    work.append((child, moved))
+                    out.append(Cascaded(child, moved, t))
+                if moved.state is State.CANCELLED or child.state is State.CANCELLED:
+                    work.append((child, moved))  # down the cone: cancelled, or revived
 
     def _current(self, job_id: str, mine: Staged, staged: Staged) -> Job | None:
         for layer in (mine, staged):
@@ -266,7 +271,7 @@ class JobIndex:
             if not workflow:
                 del self.members[job.flow.workflow_id]
 
-    def apply(self, changes: Sequence[Change], cascaded: list[Transition] | None = None) -> None:
+    def apply(self, changes: Sequence[Change], cascaded: list[Cascaded] | None = None) -> None:
         """Stage and publish at once: the memory engine's commit."""
         self.publish(self.stage(changes, {}, cascaded=cascaded))
 

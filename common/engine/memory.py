@@ -18,10 +18,11 @@ from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
 from sqlq.common.engine.index import JobIndex
 from sqlq.common.errors import StoreClosedError, StoreError, UnencodableError
-from sqlq.common.models import Job, Transition
+from sqlq.common.models import Job
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import (
     DEFAULT_RETENTION_S,
+    Cascaded,
     CascadeObserver,
     Change,
     CompactionReport,
@@ -78,7 +79,7 @@ class MemoryStore:
                     msgspec.json.encode(changes)
                 except ENCODE_ERRORS as exc:
                     raise UnencodableError(describe_unencodable(exc)) from exc
-                cascaded: list[Transition] = []
+                cascaded: list[Cascaded] = []
                 self._index.apply(changes, cascaded)
                 self._commits += 1
                 self._changes += len(changes) + len(cascaded)

@@ -43,7 +43,7 @@ from sqlq.common.errors import (
 )
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import remote_worker
-from sqlq.common.store import Recovery
+from sqlq.common.store import Cascaded, Recovery
 from sqlq.runtime.claims import Claim, ClaimResult, ClaimsBase, QueueInfo
 from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
@@ -186,16 +186,15 @@ class LocalClaims(ClaimsBase):
             if job.state is _SCHEDULED:  # (not a workflow member that waits)
                 self.due(job)
 
-    def cascaded(self, moves: Sequence[Transition]) -> None:
-        """What a workflow member's end did to its waiting children, in its commit
-        (``JobStore.observe_cascade``): the view follows, and a released child is due."""
+    def cascaded(self, moves: Sequence[Cascaded]) -> None:
+        """What a workflow member's end (or revival) did to its children, in its commit
+        (``JobStore.observe_cascade``): the view follows (a revived child joins it), and a
+        released child is due."""
         live = self._live
-        for t in moves:
-            job = live.get(t.job_id)
-            if job is not None:
-                moved = live.applied(job, t)
-                if moved.state is State.SCHEDULED:
-                    self.due(moved)
+        for before, after, _ in moves:
+            live.replaced(live.get(after.id) or before, after)
+            if after.state is _SCHEDULED:
+                self.due(after)
 
     def current(self, entry: Job) -> bool:
         """Is the scheduler's ``entry`` still this job as scheduled? (Not once cancelled,
