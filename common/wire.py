@@ -147,6 +147,7 @@ class JobPage(msgspec.Struct):
 class BatchResult(msgspec.Struct):
     ids: list[str]
     created: list[bool]  # false: an idempotency key returned an existing job
+    workflow_id: str | None = None  # a batch with ``workflow``: the new workflow's id
 
 
 class Retried(msgspec.Struct):

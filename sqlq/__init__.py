@@ -28,6 +28,7 @@ __version__ = "0.2.0"
 
 from sqlq.common.models import Job, State
 from sqlq.defaults import configure
+from sqlq.graph import Workflow, chain, chord, group, workflow
 from sqlq.runtime.context import AttemptFenced, Cancelled, JobContext, JobFailed, Snooze, snooze
 from sqlq.runtime.kinds import schedule, task
 from sqlq.runtime.task import JobError, Task
@@ -86,9 +87,14 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Worker",
+    "Workflow",
     "__version__",
+    "chain",
+    "chord",
     "configure",
+    "group",
     "schedule",
     "snooze",
     "task",
+    "workflow",
 ]

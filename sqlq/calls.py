@@ -56,6 +56,7 @@ from sqlq.common.wire import (
     Retried,
     ScheduleList,
     ScheduleView,
+    WorkflowView,
 )
 from sqlq.common.wire import JobView as Job  # the client's job: as the API shows it
 
@@ -290,6 +291,20 @@ class Requests:
     ) -> Plan[int]:
         body = {k: v for k, v in {"state": state, "kind": kind, "queue": queue}.items() if v}
         return (yield from Call("POST", "/jobs/retry", Retried, body)).retried
+
+    @staticmethod
+    def submit_workflow(jobs: Sequence[Mapping[str, Any]]) -> Plan[BatchResult]:
+        """Submit a new workflow: ``jobs`` shaped like ``POST /jobs/batch``'s, with their
+        ``ref``, ``depends_on`` and policies, in one atomic batch. Not retried: a
+        workflow's jobs take no idempotency key yet, so a second try could make a second
+        workflow."""
+        return (yield from Call("POST", "/jobs/batch", BatchResult,
+                                {"workflow": True, "jobs": list(jobs)}))  # fmt: skip
+
+    @staticmethod
+    def workflow(workflow_id: str) -> Plan[WorkflowView]:
+        """A workflow: its state, its members' counts by state, and each member."""
+        return (yield from Call("GET", f"/workflows/{workflow_id}", WorkflowView, retry=True))
 
     @staticmethod
     def queues() -> Plan[builtins.list[QueueView]]:

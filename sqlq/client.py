@@ -253,6 +253,8 @@ class Client(_Base):
 
     submit = _blocking(Requests.submit)
     submit_many = _blocking(Requests.submit_many)
+    submit_workflow = _blocking(Requests.submit_workflow)
+    workflow = _blocking(Requests.workflow)
     get = _blocking(Requests.get)
     wait = _blocking(Requests.wait)
     list = _blocking(Requests.list)
@@ -395,6 +397,8 @@ class AsyncClient(_Base):
 
     submit = _awaited(Requests.submit)
     submit_many = _awaited(Requests.submit_many)
+    submit_workflow = _awaited(Requests.submit_workflow)
+    workflow = _awaited(Requests.workflow)
     get = _awaited(Requests.get)
     wait = _awaited(Requests.wait)
     list = _awaited(Requests.list)

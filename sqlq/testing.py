@@ -76,7 +76,7 @@ from sqlq.common.errors import ValidationError
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS, JSON, Job, State, new_job_id
 from sqlq.common.query import wait_seconds
 from sqlq.common.running import Progress, check_checkpoint
-from sqlq.common.wire import MAX_WAIT_S
+from sqlq.common.wire import MAX_WAIT_S, BatchResult
 from sqlq.engines.registry import make_store
 from sqlq.http.app import create_app
 from sqlq.runtime import task as tasks
@@ -442,6 +442,11 @@ class _EagerClient(Client):
         self._queue._call(self._queue._settle())
         return job
 
+    def submit_workflow(self, *args: Any, **kwargs: Any) -> BatchResult:
+        done = super().submit_workflow(*args, **kwargs)
+        self._queue._call(self._queue._settle())
+        return done
+
 
 class _EagerAsyncClient(AsyncClient):
     """``asend``'s client while eager."""
@@ -454,6 +459,11 @@ class _EagerAsyncClient(AsyncClient):
         job = await super().submit(*args, **kwargs)
         await self._queue._acall(self._queue._settle())
         return job
+
+    async def submit_workflow(self, *args: Any, **kwargs: Any) -> BatchResult:
+        done = await super().submit_workflow(*args, **kwargs)
+        await self._queue._acall(self._queue._settle())
+        return done
 
 
 class _Source:

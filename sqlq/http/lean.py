@@ -23,6 +23,7 @@ up to its first wait and no further, as Starlette's ``Request.is_disconnected`` 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 from urllib.parse import parse_qsl
 
 import anyio
@@ -152,8 +153,10 @@ class Lean:
         batch = decode_batch(body)
         may_submit(who, [(f"jobs[{i}].queue", j.queue) for i, j in enumerate(batch.jobs)])
         jobs, created = await self._runtime.submit(batch.jobs, batch=True, workflow=batch.workflow)
-        return 201 if any(created) else 200, _encode({"ids": [j.id for j in jobs],
-                                                      "created": created})  # fmt: skip
+        answer: dict[str, Any] = {"ids": [j.id for j in jobs], "created": created}
+        if batch.workflow and jobs and jobs[0].flow is not None:
+            answer["workflow_id"] = jobs[0].flow.workflow_id
+        return 201 if any(created) else 200, _encode(answer)
 
     async def get(self, who: Principal, job_id: str, query: Mapping[str, str]) -> Answer:
         """``GET /jobs/{id}`` (``?wait=``: once finished, or as it stands after that)."""

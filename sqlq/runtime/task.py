@@ -297,6 +297,11 @@ class Task(Generic[P, R]):
             o["delay_ms"] = round(1000 * o.pop("delay"))
         return o
 
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Step[R]:
+        """A job of this task not sent yet, its arguments checked now: a workflow's step
+        (``sqlq.workflow``; Celery's signature)."""
+        return Step(self.name, self._args(args, kwargs), self._submit_options(), self.signature)
+
     def send(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle[R]:
         """Submit a job of this task (the client: ``.options(client=...)``, else the
         default one, ``sqlq.configure`` / ``SQLQ_URL``); its handle."""
@@ -315,6 +320,22 @@ class Task(Generic[P, R]):
     def submit(self, client: Any, args: JSON = None, **options: Any) -> Any:
         """The older way: ``client.submit`` with this task's name."""
         return client.submit(self.name, args, **options)
+
+
+class Step(Generic[R]):
+    """A job not sent yet (``Task.s``): its kind, its checked arguments, the options it is
+    sent with, and its task's signature (what its handle's ``result`` is typed by)."""
+
+    def __init__(
+        self, kind: str, args: dict[str, Any], options: dict[str, Any], signature: Signature | None
+    ) -> None:
+        self.kind = kind
+        self.args = args
+        self.options = options
+        self.signature = signature
+
+    def __repr__(self) -> str:
+        return f"<sqlq step {self.kind}({self.args!r})>"
 
 
 def _named(module: str, qualname: str, options: dict[str, Any]) -> Task[Any, Any]:
@@ -385,7 +406,7 @@ class AsyncJobHandle(_Handle["AsyncClient", R]):
         return typing.cast(R, _result(await self.wait(timeout), self._signature, timeout))
 
 
-_UNFINISHED = frozenset({"scheduled", "running"})
+_UNFINISHED = frozenset({"scheduled", "running", "waiting"})
 _lock = threading.Lock()
 _clients: dict[tuple[str, str | None], Client] = {}
 

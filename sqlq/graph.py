@@ -1,0 +1,163 @@
+"""Workflows from Python: a graph of steps (``Task.s``), sent as one atomic batch.
+
+    wf = sqlq.workflow()
+    a = wf.add(fetch.s(url="https://example.com/1"))
+    b = wf.add(fetch.s(url="https://example.com/2"))
+    wf.add(merge.s(), after=[a, b])
+    sent = wf.send()          # or: await wf.asend()
+    sent.jobs[a].result()     # each step's JobHandle, by its ref
+
+``chain``, ``group`` and ``chord`` make the shapes Celery users know. The server does
+the rest (``docs/workflows.md``): each step starts once its parents have finished, by
+its policies, released in its last parent's commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlq.common.workflow import OnParentFailure, RunIf
+from sqlq.runtime.task import (
+    AsyncJobHandle,
+    JobHandle,
+    Step,
+    _default_async_client,
+    _default_client,
+)
+
+if TYPE_CHECKING:
+    from sqlq.client import AsyncClient, Client
+    from sqlq.common.wire import WorkflowView
+
+
+class Workflow:
+    """A graph being built: ``add`` each step after its parents (by the refs ``add``
+    returned), then ``send`` it."""
+
+    def __init__(self) -> None:
+        self._jobs: list[dict[str, Any]] = []
+        self._steps: list[Step[Any]] = []
+        self._refs: set[str] = set()
+
+    def add(
+        self,
+        step: Step[Any],
+        *,
+        after: Iterable[str] = (),
+        ref: str | None = None,
+        on_parent_failure: OnParentFailure | str = OnParentFailure.CANCEL,
+        run_if: RunIf | str = RunIf.ALL_COMPLETED,
+    ) -> str:
+        """Add ``step`` after the steps ``after`` names; its ref (``ref``, or one made)."""
+        if not isinstance(step, Step):
+            raise TypeError(f"add takes a step (task.s(...)), not {type(step).__name__}")
+        parents = list(after)
+        for parent in parents:
+            if parent not in self._refs:
+                raise ValueError(f"after: {parent!r} is no step of this workflow (add it first)")
+        if ref is None:
+            ref = f"{step.kind}#{len(self._jobs)}"
+        if ref in self._refs:
+            raise ValueError(f"ref {ref!r} is taken in this workflow")
+        job: dict[str, Any] = {"kind": step.kind, "args": step.args, **step.options, "ref": ref}
+        if parents:
+            job["depends_on"] = parents
+        if on_parent_failure != OnParentFailure.CANCEL:
+            job["on_parent_failure"] = str(OnParentFailure(on_parent_failure))
+        if run_if != RunIf.ALL_COMPLETED:
+            job["run_if"] = str(RunIf(run_if))
+        self._jobs.append(job)
+        self._steps.append(step)
+        self._refs.add(ref)
+        return ref
+
+    @property
+    def refs(self) -> list[str]:
+        """Every step's ref, in the order they were added."""
+        return [job["ref"] for job in self._jobs]
+
+    def send(self, client: Client | None = None) -> SentWorkflow:
+        """Submit the graph in one atomic batch (``client``, else the default one)."""
+        client = client or _default_client()
+        done = client.submit_workflow(self._checked())
+        return SentWorkflow(client, done.workflow_id or "", self._handles(client, done.ids))
+
+    async def asend(self, client: AsyncClient | None = None) -> AsyncSentWorkflow:
+        """``send``, awaited, through an ``AsyncClient``."""
+        client = client or await _default_async_client()
+        done = await client.submit_workflow(self._checked())
+        jobs: dict[str, AsyncJobHandle[Any]] = {
+            job["ref"]: AsyncJobHandle(client, job_id, step.signature)
+            for job, job_id, step in zip(self._jobs, done.ids, self._steps, strict=True)
+        }
+        return AsyncSentWorkflow(client, done.workflow_id or "", jobs)
+
+    def _checked(self) -> list[dict[str, Any]]:
+        if not self._jobs:
+            raise ValueError("a workflow needs a step: add one")
+        return self._jobs
+
+    def _handles(self, client: Client, ids: Sequence[str]) -> dict[str, JobHandle[Any]]:
+        return {
+            job["ref"]: JobHandle(client, job_id, step.signature)
+            for job, job_id, step in zip(self._jobs, ids, self._steps, strict=True)
+        }
+
+
+class SentWorkflow:
+    """A workflow sent: its ``id``, and each step's ``JobHandle`` by its ref (``jobs``)."""
+
+    def __init__(self, client: Client, workflow_id: str, jobs: dict[str, JobHandle[Any]]) -> None:
+        self.client = client
+        self.id = workflow_id
+        self.jobs = jobs
+
+    def get(self) -> WorkflowView:
+        """The workflow as it stands: its state, counts and members."""
+        return self.client.workflow(self.id)
+
+
+class AsyncSentWorkflow:
+    """``SentWorkflow``, awaited."""
+
+    def __init__(
+        self, client: AsyncClient, workflow_id: str, jobs: dict[str, AsyncJobHandle[Any]]
+    ) -> None:
+        self.client = client
+        self.id = workflow_id
+        self.jobs = jobs
+
+    async def get(self) -> WorkflowView:
+        return await self.client.workflow(self.id)
+
+
+def workflow() -> Workflow:
+    """A new, empty graph to ``add`` steps to."""
+    return Workflow()
+
+
+def chain(*steps: Step[Any]) -> Workflow:
+    """Each step after the one before it."""
+    wf, previous = Workflow(), None
+    for step in steps:
+        previous = wf.add(step, after=[] if previous is None else [previous])
+    return wf
+
+
+def group(*steps: Step[Any]) -> Workflow:
+    """Steps that run side by side, none waiting for another."""
+    wf = Workflow()
+    for step in steps:
+        wf.add(step)
+    return wf
+
+
+def chord(
+    header: Iterable[Step[Any]], body: Step[Any], *, run_if: RunIf | str = RunIf.ALL_COMPLETED
+) -> Workflow:
+    """``body`` once every step of ``header`` has finished: by default only if all
+    completed (Celery's chord); ``run_if="all_finished"`` runs it however they ended."""
+    wf = group(*header)
+    wf.add(body, after=wf.refs, run_if=run_if)
+    return wf

@@ -1,0 +1,88 @@
+"""Workflows from Python (``sqlq.workflow``, ``chain``, ``group``, ``chord``), run by
+``sqlq.testing`` on the real service: each step after its parents, by its policies."""
+
+from __future__ import annotations
+
+import pytest
+
+import sqlq.testing
+from sqlq import JobError, chain, chord, group, task, workflow
+from sqlq.runtime.kinds import Registry
+
+reg = Registry()
+ran: list[str] = []
+
+
+@task(registry=reg)
+def step(name: str) -> str:
+    ran.append(name)
+    return name
+
+
+@task(registry=reg)
+def boom(name: str) -> None:
+    ran.append(name)
+    raise RuntimeError(name)
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    ran.clear()
+
+
+def test_a_diamond_built_in_python_runs_in_its_order() -> None:
+    with sqlq.testing.immediate(registry=reg) as q:
+        wf = workflow()
+        a = wf.add(step.s(name="a"))
+        b = wf.add(step.s(name="b"), after=[a])
+        c = wf.add(step.s(name="c"), after=[a])
+        d = wf.add(step.s(name="d"), after=[b, c], ref="last")
+        assert d == "last"
+        sent = wf.send()
+        assert sent.jobs["last"].result() == "d"
+        view = sent.get()
+        assert (view.id, view.state) == (sent.id, "completed")
+        assert q.client.get(sent.jobs[a].id).flow is not None
+    assert ran[0] == "a"
+    assert ran[-1] == "d"
+    assert sorted(ran[1:3]) == ["b", "c"]
+
+
+def test_chain_group_and_chord() -> None:
+    with sqlq.testing.immediate(registry=reg):
+        sent = chain(step.s(name="1"), step.s(name="2"), step.s(name="3")).send()
+        assert [h.result() for h in sent.jobs.values()] == ["1", "2", "3"]
+        assert ran == ["1", "2", "3"]
+        ran.clear()
+        group(step.s(name="x"), step.s(name="y")).send()
+        assert sorted(ran) == ["x", "y"]
+        ran.clear()
+        sent = chord([step.s(name="p"), step.s(name="q")], step.s(name="after")).send()
+        assert ran[-1] == "after"
+        assert sent.get().state == "completed"
+
+
+def test_a_chord_whose_header_fails_cancels_its_body_unless_it_runs_if_all_finished() -> None:
+    with sqlq.testing.immediate(registry=reg, max_attempts=1):
+        sent = chord([boom.s(name="p"), step.s(name="q")], step.s(name="body")).send()
+        body = list(sent.jobs.values())[-1]
+        with pytest.raises(JobError) as ended:
+            body.result()
+        assert ended.value.job.state == "cancelled"
+        assert sent.get().state == "failed"
+        assert "body" not in ran
+        sent = chord([boom.s(name="p2")], step.s(name="finally"), run_if="all_finished").send()
+        assert list(sent.jobs.values())[-1].result() == "finally"
+
+
+def test_a_step_must_come_from_a_task_and_after_must_name_an_added_step() -> None:
+    wf = workflow()
+    with pytest.raises(TypeError, match=r"task\.s"):
+        wf.add(step)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no step of this workflow"):
+        wf.add(step.s(name="a"), after=["nope"])
+    a = wf.add(step.s(name="a"), ref="a")
+    with pytest.raises(ValueError, match="taken"):
+        wf.add(step.s(name="b"), ref=a)
+    with pytest.raises(ValueError, match="needs a step"):
+        workflow().send()
