@@ -132,7 +132,7 @@ class CancelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cancelled; for a running one a cancel is asked for (its attempt decides how it ends).
     No state: both."""
 
-    state: Literal["scheduled", "running"] | None = None
+    state: Literal["scheduled", "running", "waiting"] | None = None
     kind: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KIND)] | None = None
     queue: Queue | None = None
 

@@ -307,6 +307,12 @@ class Requests:
         return (yield from Call("GET", f"/workflows/{workflow_id}", WorkflowView, retry=True))
 
     @staticmethod
+    def cancel_workflow(workflow_id: str) -> Plan[CancelCounts]:
+        """Cancel a workflow's members that have not started; ask its running ones to stop."""
+        return (yield from Call("POST", f"/workflows/{workflow_id}/cancel", CancelCounts,
+                                retry=True))  # fmt: skip
+
+    @staticmethod
     def queues() -> Plan[builtins.list[QueueView]]:
         return (yield from Call("GET", "/queues", QueueList, retry=True)).queues
 

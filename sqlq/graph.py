@@ -28,7 +28,7 @@ from sqlq.runtime.task import (
 
 if TYPE_CHECKING:
     from sqlq.client import AsyncClient, Client
-    from sqlq.common.wire import WorkflowView
+    from sqlq.common.wire import CancelCounts, WorkflowView
 
 
 class Workflow:
@@ -117,6 +117,10 @@ class SentWorkflow:
         """The workflow as it stands: its state, counts and members."""
         return self.client.workflow(self.id)
 
+    def cancel(self) -> CancelCounts:
+        """Cancel its members that have not started, and ask its running ones to stop."""
+        return self.client.cancel_workflow(self.id)
+
 
 class AsyncSentWorkflow:
     """``SentWorkflow``, awaited."""
@@ -130,6 +134,9 @@ class AsyncSentWorkflow:
 
     async def get(self) -> WorkflowView:
         return await self.client.workflow(self.id)
+
+    async def cancel(self) -> CancelCounts:
+        return await self.client.cancel_workflow(self.id)
 
 
 def workflow() -> Workflow:

@@ -151,7 +151,8 @@ def jobs() -> None:
 @jobs.command("list")
 @connection
 @click.option(
-    "--state", type=click.Choice(["scheduled", "running", "completed", "dead", "cancelled"])
+    "--state",
+    type=click.Choice(["scheduled", "running", "completed", "dead", "cancelled", "waiting"]),
 )
 @click.option("--kind")
 @click.option("--queue")
@@ -255,7 +256,9 @@ def retry_jobs(
 @connection
 @click.argument("job_id", required=False)
 @click.option("--force", is_flag=True, help="A running job: cut it off after the grace too.")
-@click.option("--state", type=click.Choice(["scheduled", "running"]), help="Bulk: these only.")
+@click.option(
+    "--state", type=click.Choice(["scheduled", "running", "waiting"]), help="Bulk: these only."
+)
 @click.option("--kind", help="Bulk: jobs of this kind.")
 @click.option("--queue", help="Bulk: jobs of this queue.")
 @click.option("--all", "everything", is_flag=True, help="Bulk: every live job (no filter).")

@@ -232,6 +232,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("DELETE", "/jobs/{job_id}"): {A},
     ("GET", "/queues"): {A, R},
     ("GET", "/workflows/{workflow_id}"): {A, R},
+    ("POST", "/workflows/{workflow_id}/cancel"): {A},
     ("POST", "/queues/{queue}/pause"): {A},
     ("POST", "/queues/{queue}/resume"): {A},
     ("GET", "/schedules"): {A, R},

@@ -249,3 +249,35 @@ async def test_a_member_waiting_behind_a_dead_parent_reads_stuck(services: Servi
     assert view is not None
     assert view.state == "stuck"
     assert view.jobs[1].blocked_by == [jobs[0].id]
+
+
+async def test_cancelling_a_workflow_cancels_what_has_not_started_and_asks_the_rest() -> None:
+    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1, remote_queues=frozenset({"r"})))
+    await rt.start()
+    app = create_app(rt, start_runtime=False)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            jobs = [
+                {"kind": "k", "queue": "r", "ref": "a"},
+                {"kind": "k", "queue": "r", "ref": "b", "depends_on": ["a"]},
+                {"kind": "k", "queue": "r", "ref": "c", "depends_on": ["b"]},
+                {"kind": "k", "queue": "r", "ref": "side"},
+            ]
+            r = await c.post("/jobs/batch", json={"workflow": True, "jobs": jobs})
+            workflow_id = r.json()["workflow_id"]
+            ids = r.json()["ids"]
+            claim = {"queues": ["r"], "worker": "w1", "max": 1, "wait_s": 0}
+            [held] = (await c.post("/claims", json=claim)).json()["claims"]
+            assert held["job"]["id"] == ids[0]  # a runs; b and c wait; side is scheduled
+            r = await c.post(f"/workflows/{workflow_id}/cancel")
+            assert r.status_code == 200, r.text
+            assert r.json() == {"cancelled": 3, "requested": 1}
+            states = [(await c.get(f"/jobs/{i}")).json()["state"] for i in ids]
+            assert states == ["running", "cancelled", "cancelled", "cancelled"]
+            a = (await c.get(f"/jobs/{ids[0]}")).json()
+            assert a["cancel_requested"] is True
+            r = await c.post(f"/workflows/{'0' * 32}/cancel")
+            assert r.status_code == 404
+    finally:
+        await rt.stop(0)

@@ -189,6 +189,15 @@ def create_app(
             raise WorkflowNotFoundError(workflow_id)
         return JSONResponse(found)
 
+    async def cancel_workflow(request: Request) -> Response:
+        """Every member not started cancelled (their cones with them), every running one
+        asked to stop: ``{"cancelled", "requested"}``."""
+        workflow_id: str = request.path_params["workflow_id"]
+        counts = await runtime.cancel_workflow(workflow_id)
+        if counts is None:
+            raise WorkflowNotFoundError(workflow_id)
+        return JSONResponse(CancelCounts(cancelled=counts[0], requested=counts[1]))
+
     async def queues(_: Request) -> Response:
         infos = await runtime.queues()
         return JSONResponse({"queues": [{"name": q, **_info(i)} for q, i in infos.items()]})
@@ -271,6 +280,7 @@ def create_app(
         Route("/jobs/{job_id}/retry", retry_job, methods=["POST"]),
         Route("/queues", queues, methods=["GET"]),
         Route("/workflows/{workflow_id}", get_workflow, methods=["GET"]),
+        Route("/workflows/{workflow_id}/cancel", cancel_workflow, methods=["POST"]),
         Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
         Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
         Route("/jobs/{job_id}", get_job, methods=["GET"]),

@@ -203,6 +203,14 @@ OPS = (
     ),
     Operation(
         "post",
+        "/workflows/{workflow_id}/cancel",
+        "Cancel every member of a workflow that has not started (their cones with them) and "
+        "ask every running one to stop",
+        {200: CancelCounts},
+        params=(WORKFLOW_ID,),
+    ),
+    Operation(
+        "post",
         "/queues/{queue}/pause",
         "Stop starting jobs of a queue (durable)",
         {200: QueueView},

@@ -299,7 +299,9 @@ class Service:
         nor does a running one whose cancel was asked for before. Page by page: what it
         holds at once is one page, whatever the number of matches."""
         self._check_accepting()
-        states = [State(spec.state)] if spec.state else [State.SCHEDULED, State.RUNNING]
+        states = (
+            [State(spec.state)] if spec.state else [State.SCHEDULED, State.WAITING, State.RUNNING]
+        )
         cancelled = requested = 0
         for state in states:  # scheduled first: one that starts meanwhile is asked next
             query = JobQuery(state=state, kind=spec.kind, queue=spec.queue)
@@ -310,19 +312,46 @@ class Service:
                     chunk = [
                         j for j in page[i : i + CANCEL_AT_ONCE] if j.cancel_requested_at is None
                     ]
-                    outcomes = await asyncio.gather(
-                        *(self.claims.cancel(j.id) for j in chunk), return_exceptions=True
-                    )
-                    for outcome in outcomes:
-                        if isinstance(outcome, Job):
-                            if outcome.state is State.CANCELLED:
-                                cancelled += 1
-                            else:
-                                requested += 1
-                        elif not isinstance(outcome, TransitionError | JobNotFoundError):
-                            raise outcome  # the store failed: the client hears of it
+                    done, asked = await self._cancel_all(chunk)
+                    cancelled, requested = cancelled + done, requested + asked
                 if len(page) < MAX_PAGE:
                     break
+        return cancelled, requested
+
+    async def _cancel_all(self, jobs: Sequence[Job]) -> tuple[int, int]:
+        """Cancel ``jobs`` at once (group-committed): (cancelled, asked to stop). One that
+        finished or moved on meanwhile (a workflow's cone cancelled with its parent) counts
+        in neither; a store's failure is raised."""
+        cancelled = requested = 0
+        outcomes = await asyncio.gather(
+            *(self.claims.cancel(j.id) for j in jobs), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, Job):
+                if outcome.state is State.CANCELLED:
+                    cancelled += 1
+                else:
+                    requested += 1
+            elif not isinstance(outcome, TransitionError | JobNotFoundError):
+                raise outcome  # the store failed: the client hears of it
+        return cancelled, requested
+
+    async def cancel_workflow(self, workflow_id: str) -> tuple[int, int] | None:
+        """Cancel every member of a workflow that has not started, and ask every running
+        one to stop: (cancelled, requested), counting the members a cancel's cascade took
+        too; None if none of its members is kept. The cancels go at once, so the group
+        commit writes them together, a chunk at a time."""
+        self._check_accepting()
+        jobs = await self.store.workflow(workflow_id) if is_job_id(workflow_id) else []
+        if not jobs:
+            return None
+        live = [j for j in jobs if not j.terminal and j.cancel_requested_at is None]
+        requested = 0
+        for i in range(0, len(live), CANCEL_AT_ONCE):
+            requested += (await self._cancel_all(live[i : i + CANCEL_AT_ONCE]))[1]
+        after = {j.id: j.state for j in await self.store.workflow(workflow_id)}
+        unstarted = (j for j in live if j.state is not State.RUNNING)
+        cancelled = sum(1 for j in unstarted if after.get(j.id) is State.CANCELLED)
         return cancelled, requested
 
     def _check_accepting(self) -> None:
