@@ -26,6 +26,7 @@ from sqlq.common.workflow import (
     CancelReason,
     Ended,
     Flow,
+    FlowChange,
     Verdict,
     after_parent,
     recount,
@@ -140,7 +141,7 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     holder: str | None = None
     lease_until: float | None = None
     cancel_forced: bool = False  # ``Job.cancel_forced``; omitted when False (old records)
-    flow: Flow | None = None  # a workflow member's new ``Job.flow``; None: unchanged
+    flow: FlowChange | None = None  # a workflow member's new counts (``FlowChange``); None: as is
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -248,7 +249,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
                 job, holder=t.holder, lease_until=t.lease_until, cancel_forced=t.cancel_forced
             )
         if t.flow is not None:
-            job = msgspec.structs.replace(job, flow=t.flow)
+            job = msgspec.structs.replace(job, flow=t.flow.onto(job.flow))
         return job
 
     # -- pure constructors of transitions (the runtime's vocabulary) -------------
@@ -368,7 +369,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         if self.flow is None:
             return self._to(State.CANCELLED, now)
         flow = msgspec.structs.replace(self.flow, cancel_reason=CancelReason.USER)
-        return self._to(State.CANCELLED, now, flow=flow)
+        return self._to(State.CANCELLED, now, flow=FlowChange.of(flow))
 
     def after_parent(
         self, ended: Ended | None, now: float, state_of: Callable[[str], str | None]
@@ -388,7 +389,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             if ended is None and self.state is State.CANCELLED and flow.cancel_reason in UPSTREAM:
                 again = recount(flow, state_of)
                 if again is not None:
-                    return self._to(State.WAITING, now, epoch=self.epoch + 1, flow=again)
+                    return self._to(
+                        State.WAITING, now, epoch=self.epoch + 1, flow=FlowChange.of(again)
+                    )
             return None
         if ended is None:  # a revived parent: unsettle what its failure settled
             if not settles_failure(flow):
@@ -396,13 +399,15 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             flow = msgspec.structs.replace(
                 flow, deps_pending=flow.deps_pending + 1, failed=flow.failed - 1
             )
-            return self._to(State.WAITING, now, flow=flow)
+            return self._to(State.WAITING, now, flow=FlowChange.of(flow))
         flow, verdict = after_parent(flow, ended)
         if verdict is Verdict.RELEASE:
-            return self._to(State.SCHEDULED, now, ready_at=max(self.ready_at, now), flow=flow)
+            return self._to(
+                State.SCHEDULED, now, ready_at=max(self.ready_at, now), flow=FlowChange.of(flow)
+            )
         if verdict is Verdict.CANCEL:
-            return self._to(State.CANCELLED, now, flow=flow)
-        return None if flow is self.flow else self._to(State.WAITING, now, flow=flow)
+            return self._to(State.CANCELLED, now, flow=FlowChange.of(flow))
+        return None if flow is self.flow else self._to(State.WAITING, now, flow=FlowChange.of(flow))
 
     def request_cancel(self, now: float) -> Transition:
         """running -> running, same epoch: a cancel is asked for. Its handler is told; what

@@ -36,11 +36,14 @@ Change = Job | Transition | PutSchedule | DropSchedule | AdvanceSchedule
 
 class Cascaded(NamedTuple):
     """A change a commit made on its own (a workflow member's end moving a child): the job
-    before it, the job after it, and the transition, which the engine writes."""
+    before it, the job after it, the transition, which the engine writes, and the index of
+    the caller's change it followed from (the engine writes it right after that one, so a
+    later change of the same call replays on top of it, as it was staged)."""
 
     before: Job
     after: Job
     change: Transition
+    cause: int
 
 
 # Told, once durable, of what a commit moved on its own (``JobStore.observe_cascade``).

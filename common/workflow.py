@@ -72,6 +72,33 @@ class Flow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=Fal
     cancel_reason: CancelReason | None = None  # why it was cancelled, if it was
 
 
+class FlowChange(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
+    """What a transition changes of a member's flow (``Transition.flow``): its counts and
+    why it was cancelled, never its parents, which every decrement of a fan-in would
+    otherwise write again (10,000 parents: 350 KB a decrement, measured)."""
+
+    deps_pending: int = 0
+    failed: int = 0
+    cancel_reason: CancelReason | None = None
+
+    @classmethod
+    def of(cls, flow: Flow) -> FlowChange:
+        return cls(
+            deps_pending=flow.deps_pending, failed=flow.failed, cancel_reason=flow.cancel_reason
+        )
+
+    def onto(self, flow: Flow | None) -> Flow | None:
+        """``flow`` with this change (None stays None: a job outside every workflow)."""
+        if flow is None:
+            return None
+        return msgspec.structs.replace(
+            flow,
+            deps_pending=self.deps_pending,
+            failed=self.failed,
+            cancel_reason=self.cancel_reason,
+        )
+
+
 class Ended(Enum):
     """How a parent ended, as ``after_parent`` reads it."""
 
@@ -169,8 +196,8 @@ _FAILED_ENDS = frozenset({"dead", "cancelled"})
 
 
 def blocked_by(flow: Flow, state_of: Callable[[str], str | None]) -> list[str]:
-    """The parents a waiting member still waits for: every one not completed (None: a
-    parent no longer kept, which blocks it too)."""
+    """The parents a waiting member still waits for: every one not completed (a parent
+    no longer kept is listed too: from here it cannot be told how it ended)."""
     return [p for p in flow.parents if state_of(p) != "completed"]
 
 

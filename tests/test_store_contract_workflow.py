@@ -73,7 +73,7 @@ class Seen:
         store.observe_cascade(self._told)
 
     def _told(self, moves: Sequence[Cascaded]) -> None:
-        for before, after, change in moves:
+        for before, after, change, _ in moves:
             assert before.apply(change) == after
             self.moves.append(change)
             self.jobs.append((before, after))
@@ -334,3 +334,44 @@ async def test_a_revival_leaves_what_a_user_cancelled_and_what_it_cannot_run_aft
     assert b.flow is not None
     assert b.flow.cancel_reason is CancelReason.USER
     await store.close()
+
+
+async def test_a_member_retried_on_its_own_is_refused_until_its_parents_completed(
+    wf_factory: StoreFactory,
+) -> None:
+    """Its parent is dead: the retry names that parent (which revives this one itself)."""
+    store = wf_factory()
+    await store.open()
+    g = diamond()
+    await store.commit(list(g.jobs.values()))
+    await _die(store, g.jobs["a"], NOW + 1)
+    d = await _get(store, g.jobs["d"])
+    with pytest.raises(IllegalTransitionError, match=f"its parent {g.jobs['b'].id} is cancelled"):
+        await store.commit([d.revive(NOW + 2)])
+    assert (await _get(store, g.jobs["d"])).state is State.CANCELLED
+    await store.close()
+
+
+async def test_a_fan_in_writes_each_decrement_without_the_parents(
+    tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """A decrement's record carries the child's counts, never its 1,000 parents' ids."""
+    factory = _factory("walq", tmp_path, clock, request)
+    store = factory()
+    await store.open()
+    g = Graph()
+    parents = [f"p{i}" for i in range(1000)]
+    for p in parents:
+        g.add(p)
+    g.add("child", parents)
+    await store.commit(list(g.jobs.values()))
+    log = next(iter(sorted(tmp_path.rglob("*.log"))))
+    before = log.stat().st_size
+    await _complete(store, g.jobs["p0"], NOW + 1)
+    grew = log.stat().st_size - before
+    assert grew < 4096, grew  # the start, the completion and one decrement
+    child = await _get(store, g.jobs["child"])
+    assert child.flow is not None
+    assert (child.flow.deps_pending, len(child.flow.parents)) == (999, 1000)
+    await store.close()
+    await assert_reopened_holds(factory(), {child.id: child})

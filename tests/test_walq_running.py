@@ -28,7 +28,7 @@ from sqlq.common.running import (
     Progress,
     check_checkpoint,
 )
-from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
+from sqlq.common.workflow import CancelReason, Flow, FlowChange, OnParentFailure, RunIf
 from sqlq.walq import log, records
 from sqlq.walq.repair import repair
 from sqlq.walq.store import WalStore
@@ -73,7 +73,7 @@ def full_transition(job: Job) -> Transition:
         cancel_requested_at=NOW + 6, progress=Progress(percent=99.0, message=None, at=NOW + 5),
         checkpoint={"page": 99}, snoozes=4, errors=job.errors[1:],
         holder="worker:w-2", lease_until=NOW + 60, cancel_forced=True,
-        flow=Flow(workflow_id="c" * 32, ref="crunch-1", parents=("d" * 32,), failed=1),
+        flow=FlowChange(deps_pending=2, failed=1, cancel_reason=CancelReason.UPSTREAM_DEAD),
     )  # fmt: skip
     for name in msgspec.structs.fields(Transition):
         value = getattr(t, name.name)

@@ -12,16 +12,16 @@ import httpx
 import pytest
 
 from sqlq.common.engine.memory import MemoryStore
-from sqlq.common.errors import ValidationError
+from sqlq.common.errors import IllegalTransitionError, ValidationError
 from sqlq.common.models import Job, State
-from sqlq.common.specs import MemberSpec
-from sqlq.common.workflow import CancelReason, OnParentFailure
+from sqlq.common.specs import MemberSpec, RetrySpec
+from sqlq.common.workflow import CancelReason, Flow, OnParentFailure
 from sqlq.engines.registry import make_store
 from sqlq.http.app import create_app
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
-from tests.helpers import ServiceFactory, final
+from tests.helpers import NOW, ServiceFactory, final
 
 Started = list[str]
 
@@ -281,3 +281,47 @@ async def test_cancelling_a_workflow_cancels_what_has_not_started_and_asks_the_r
             assert r.status_code == 404
     finally:
         await rt.stop(0)
+
+
+async def test_a_bulk_retry_of_cancelled_jobs_revives_a_cone_through_its_root(
+    services: ServiceFactory,
+) -> None:
+    """The root a user cancelled is retried; its cone, cancelled for it, comes back with it
+    (not by its own retry, which would run it before its parents)."""
+    started: Started = []
+    rt = services(kinds=_recording(started), workers=0)
+    await rt.start()
+    jobs, _ = await rt.submit(DIAMOND, batch=True, workflow=True)
+    await rt.cancel(jobs[0].id)
+    assert [(await final(rt, j.id)).state for j in jobs] == [State.CANCELLED] * 4
+    assert await rt.retry_matching(RetrySpec(state="cancelled")) == 1  # the root alone
+    states = [(await rt.get(j.id)) for j in jobs]
+    assert [j.state if j else None for j in states] == [State.SCHEDULED] + [State.WAITING] * 3
+    with pytest.raises(IllegalTransitionError, match="it is waiting"):
+        await rt.retry(jobs[3].id)  # d waits: it is no dead or cancelled job to retry now
+
+
+@pytest.mark.parametrize("remote", [False, True])
+async def test_a_child_released_at_recovery_is_due_once(
+    services: ServiceFactory, tmp_path: Path, remote: bool
+) -> None:
+    """A parent that was running on its last attempt is buried at recovery, in a commit
+    whose cascade releases its child (``run``): the child is due once, not twice."""
+    queue = "r" if remote else "default"
+    store = make_store("walq", tmp_path)
+    await store.open()
+    parent_flow = Flow(workflow_id="f" * 32, ref="p")
+    parent = Job.new(kind="step", args={"name": "p"}, now=NOW, max_attempts=1, queue=queue,
+                     flow=parent_flow)  # fmt: skip
+    child_flow = Flow(workflow_id="f" * 32, ref="c", parents=(parent.id,), deps_pending=1,
+                      on_parent_failure=OnParentFailure.RUN)  # fmt: skip
+    child = Job.new(kind="step", args={"name": "c"}, now=NOW, queue=queue, flow=child_flow)
+    await store.commit([parent, child])
+    await store.commit([parent.start(NOW + 1)])
+    await store.close()  # as a kill leaves it: the parent running
+    config: dict[str, Any] = {"remote_queues": frozenset({queue})} if remote else {}
+    rt = services(make_store("walq", tmp_path), kinds=_recording([]), workers=0, **config)
+    await rt.start()
+    assert (await rt.get(parent.id)).state is State.DEAD  # type: ignore[union-attr]
+    assert (await rt.get(child.id)).state is State.SCHEDULED  # type: ignore[union-attr]
+    assert (await rt.queues())[queue].depth == 1

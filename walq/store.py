@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlq.common.engine.base import DurableStore
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, Pending, describe_unencodable
-from sqlq.common.engine.index import JobIndex, Staged, expired
+from sqlq.common.engine.index import JobIndex, Staged, expired, tell
 from sqlq.common.engine.trim import release_freed
 from sqlq.common.errors import (
     CorruptLogError,
@@ -62,6 +62,15 @@ LOCK_NAME = "walq.lock"
 # Compact once the log exceeds both this size and this many times its live size.
 COMPACT_FLOOR_BYTES = 64 << 20
 COMPACT_RATIO = 4.0
+
+
+def _interleaved(changes: Sequence[Change], moves: Sequence[Cascaded]) -> list[Change]:
+    """A call's changes with each one's cascade right after it, as ``stage`` applied them."""
+    ops: list[Change] = []
+    for i, change in enumerate(changes):
+        ops.append(change)
+        ops.extend(m.change for m in moves if m.cause == i)
+    return ops
 
 
 class WalStore(DurableStore):
@@ -279,7 +288,7 @@ class WalStore(DurableStore):
                     encoded = self._checked(pending, staged)
                 mine = self._index.stage(pending.changes, staged, staged_keys, cascaded)
                 if len(cascaded) > before:  # a workflow's children: in the parent's record
-                    encoded = encode_ops([*pending.changes, *(c.change for c in cascaded[before:])])
+                    encoded = encode_ops(_interleaved(pending.changes, cascaded[before:]))
             except SqlqError as exc:
                 del cascaded[before:]  # (what a refused call's stage had moved)
                 outcomes.append(exc)
@@ -304,8 +313,7 @@ class WalStore(DurableStore):
             self._finished.extend((j.updated_at, j.id) for j in jobs.values() if j.terminal)
             if self._should_compact():
                 self.compactor.request()
-            if cascaded and self._cascade is not None:
-                self._cascade(cascaded)
+            tell(self._cascade, cascaded)
         return outcomes
 
     def _append(self, data: bytes) -> None:

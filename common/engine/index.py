@@ -10,6 +10,7 @@ in the batch go through, and lets readers see only durable state.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
@@ -17,11 +18,28 @@ from itertools import islice
 from typing import cast
 
 from sqlq.common.engine.sortedids import SortedIds
-from sqlq.common.errors import DuplicateJobError, DuplicateKeyError, JobNotFoundError
+from sqlq.common.errors import (
+    DuplicateJobError,
+    DuplicateKeyError,
+    IllegalTransitionError,
+    JobNotFoundError,
+)
 from sqlq.common.models import LIVE, TERMINAL, Job, State, Transition
 from sqlq.common.schedule import PutSchedule, Schedule, fold, key_range
-from sqlq.common.store import Cascaded, Change, JobQuery
-from sqlq.common.workflow import Ended, ending
+from sqlq.common.store import Cascaded, CascadeObserver, Change, JobQuery
+from sqlq.common.workflow import Ended, ending, settles_failure
+
+log = logging.getLogger(__name__)
+
+
+def tell(observer: CascadeObserver | None, moves: list[Cascaded]) -> None:
+    """Tell ``observer`` of a durable commit's cascade. What it raises is logged, never
+    raised: the commit is durable, and its callers must hear so."""
+    if moves and observer is not None:
+        try:
+            observer(moves)
+        except Exception:
+            log.exception("the cascade's observer failed; the commit stands")
 
 
 def expired(job: Job, cutoff: float) -> bool:
@@ -163,9 +181,14 @@ class JobIndex:
                 current = self._current(change.job_id, mine, staged)
                 if current is None:
                     raise JobNotFoundError(change.job_id)
-                new = mine[change.job_id] = current.apply(change)
+                new = current.apply(change)
                 if new.flow is not None and new.state is not current.state:
-                    self._cascade(current, new, mine, staged, cascaded)
+                    if current.state in TERMINAL and new.flow.parents:
+                        self._check_revival(new, mine, staged)
+                    mine[change.job_id] = new
+                    self._cascade(current, new, mine, staged, cascaded, changes, change)
+                else:
+                    mine[change.job_id] = new
             else:
                 name = change.schedule.name if isinstance(change, PutSchedule) else change.name
                 idle = getattr(change, "idle", None)
@@ -174,8 +197,34 @@ class JobIndex:
                 mine[SCHEDULE + name] = fold(self._schedule(name, mine, staged), change, live)
         return mine
 
+    def _check_revival(self, job: Job, mine: Staged, staged: Staged) -> None:
+        """A workflow member revived on its own (an operator's retry) may run only if every
+        parent has settled for it (``recount``); else it is refused, naming the parent to
+        retry instead. (A revived parent revives its cancelled cone itself: ``_cascade``.)"""
+        assert job.flow is not None
+        for parent_id in job.flow.parents:
+            parent = self._current(parent_id, mine, staged)
+            state = None if parent is None else parent.state
+            if state is State.COMPLETED or (
+                state in (State.DEAD, State.CANCELLED) and settles_failure(job.flow)
+            ):
+                continue
+            if state in (State.DEAD, State.CANCELLED):
+                then = "retry that one, and this job runs after it"
+            else:
+                then = "a workflow's job runs only once its parents have completed"
+            what = "gone" if state is None else state.value
+            raise IllegalTransitionError(job.id, f"its parent {parent_id} is {what}: {then}")
+
     def _cascade(
-        self, old: Job, new: Job, mine: Staged, staged: Staged, out: list[Cascaded] | None
+        self,
+        old: Job,
+        new: Job,
+        mine: Staged,
+        staged: Staged,
+        out: list[Cascaded] | None,
+        changes: Sequence[Change] = (),
+        cause: Change | None = None,
     ) -> None:
         """What a workflow member's move from ``old`` to ``new`` does to its waiting children,
         and theirs in turn (a cancel goes down the cone), staged into ``mine`` and added to
@@ -186,6 +235,7 @@ class JobIndex:
             job = self._current(job_id, mine, staged)
             return None if job is None else job.state.value
 
+        at = next((i for i, c in enumerate(changes) if c is cause), 0)
         work = [(old, new)]
         while work:
             old, new = work.pop()
@@ -204,7 +254,7 @@ class JobIndex:
                     continue
                 moved = mine[child_id] = child.apply(t)
                 if out is not None:
-                    out.append(Cascaded(child, moved, t))
+                    out.append(Cascaded(child, moved, t, at))
                 if moved.state is State.CANCELLED or child.state is State.CANCELLED:
                     work.append((child, moved))  # down the cone: cancelled, or revived
 

@@ -16,7 +16,7 @@ import msgspec
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
-from sqlq.common.engine.index import JobIndex
+from sqlq.common.engine.index import JobIndex, tell
 from sqlq.common.errors import StoreClosedError, StoreError, UnencodableError
 from sqlq.common.models import Job
 from sqlq.common.schedule import Schedule
@@ -83,8 +83,7 @@ class MemoryStore:
                 self._index.apply(changes, cascaded)
                 self._commits += 1
                 self._changes += len(changes) + len(cascaded)
-                if cascaded and self._cascade is not None:
-                    self._cascade(cascaded)
+                tell(self._cascade, cascaded)
         except Exception as exc:  # every error out of the await, as a coroutine's would be
             done.set_exception(exc)
         else:

@@ -71,6 +71,7 @@ class LocalClaims(ClaimsBase):
         )
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
+        self._lanes_loaded = False  # until ``start`` loads them, a released child waits for it
         self._skipped: set[str] = set()  # taken by a worker while its cancel was in flight
         config = self._config
         self._all_remote = config.every_queue_remote
@@ -116,6 +117,7 @@ class LocalClaims(ClaimsBase):
             self.scheduler.load([job for job in scheduled if not remote(job.queue)])
         else:
             self.scheduler.load(scheduled)
+        self._lanes_loaded = True
         self.scheduler.start()
 
     async def stop(self) -> None:
@@ -191,9 +193,9 @@ class LocalClaims(ClaimsBase):
         (``JobStore.observe_cascade``): the view follows (a revived child joins it), and a
         released child is due."""
         live = self._live
-        for before, after, _ in moves:
+        for before, after, *_ in moves:
             live.replaced(live.get(after.id) or before, after)
-            if after.state is _SCHEDULED:
+            if after.state is _SCHEDULED and self._lanes_loaded:  # (at recovery: the load's)
                 self.due(after)
 
     def current(self, entry: Job) -> bool:

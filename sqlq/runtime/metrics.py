@@ -12,7 +12,7 @@ in one process (the tests) never share a metric.
 
     sqlq_jobs_total{event, kind, queue}   submitted, completed, retried, dead, fenced,
                                           requeued (hung, at recovery, expired lease)
-    sqlq_jobs_live{state, queue}          scheduled and running jobs now
+    sqlq_jobs_live{state, queue}          scheduled, running and waiting jobs now
     sqlq_queue_wait_seconds               ready to started, per attempt
     sqlq_run_seconds                      started to outcome, per attempt
     sqlq_store_commit_seconds             one group-commit batch, write to durable
