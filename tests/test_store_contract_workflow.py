@@ -375,3 +375,49 @@ async def test_a_fan_in_writes_each_decrement_without_the_parents(
     assert (child.flow.deps_pending, len(child.flow.parents)) == (999, 1000)
     await store.close()
     await assert_reopened_holds(factory(), {child.id: child})
+
+
+async def test_retention_prunes_a_workflow_as_a_unit_never_a_parent_under_a_live_child(
+    wf_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = wf_factory(retention=10.0)
+    await store.open()
+    g = Graph()
+    g.add("a")
+    g.add("b")
+    g.add("c", ["a", "b"])
+    other = Job.new(kind="sleep", args={}, now=NOW)  # outside every workflow
+    await store.commit([*g.jobs.values(), other])
+    await _complete(store, g.jobs["a"], NOW + 1)
+    await store.commit([other.cancel(NOW + 1)])
+    clock.advance(NOW + 100 - clock.time())
+    await store.compact()
+    await store.commit([])  # (walq forgets what expired between batches)
+    assert await store.get(other.id) is None  # past retention, alone: pruned
+    assert await store.get(g.jobs["a"].id) is not None  # c still waits on b: a stays
+    await _complete(store, g.jobs["b"], NOW + 101)
+    await _complete(store, g.jobs["c"], NOW + 103)
+    clock.advance(NOW + 200 - clock.time())
+    await store.compact()
+    await store.commit([])
+    for job in g.jobs.values():
+        assert await store.get(job.id) is None, job.flow
+    await store.close()
+
+
+async def test_recovery_keeps_a_finished_parent_while_its_workflow_lives(
+    tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    factory = _factory("walq", tmp_path, clock, request)
+    store = factory(retention=10.0)
+    await store.open()
+    g = Graph()
+    g.add("a")
+    g.add("b")
+    g.add("c", ["a", "b"])
+    await store.commit(list(g.jobs.values()))
+    await _complete(store, g.jobs["a"], NOW + 1)
+    expect = {job.id: await _get(store, job) for job in g.jobs.values()}
+    await store.close()
+    clock.advance(NOW + 100 - clock.time())  # a is past retention; its workflow is not
+    await assert_reopened_holds(factory(retention=10.0), expect)

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from sqlq.common.engine.index import expired
+from sqlq.common.engine.index import retired
 from sqlq.common.errors import StoreClosedError, StoreError, StoreFailedError
 from sqlq.common.models import Job
 from sqlq.common.schedule import Schedule
@@ -66,6 +66,7 @@ class SnapshotState(NamedTuple):
     next_seq: int
     cutoff: float  # the retention cutoff
     now: float
+    held: frozenset[str] = frozenset()  # workflows none of whose members goes yet (``retired``)
 
 
 def create_fresh(fs: FileOps, tmp_path: str, path: str, start_seq: int, now: float) -> None:
@@ -89,6 +90,7 @@ def write_snapshot(
     next_seq: int,
     cutoff: float,
     now: float,
+    held: frozenset[str] = frozenset(),
 ) -> Snapshot:
     if fs.exists(tmp_path):  # left by a compaction that failed after creating it
         fs.remove(tmp_path)
@@ -99,7 +101,7 @@ def write_snapshot(
         kept = pruned = 0
         size = sum(len(c) for c in chunks)
         for job in jobs:
-            if expired(job, cutoff):
+            if retired(job, cutoff, held):
                 pruned += 1
                 continue
             line = log.frame(b'{"snap":%s}' % msgspec.json.encode(job))

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlq.common.engine.base import DurableStore
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, Pending, describe_unencodable
-from sqlq.common.engine.index import JobIndex, Staged, expired, tell
+from sqlq.common.engine.index import JobIndex, Staged, expired, retired, tell
 from sqlq.common.engine.trim import release_freed
 from sqlq.common.errors import (
     CorruptLogError,
@@ -176,6 +176,7 @@ class WalStore(DurableStore):
         live ones, the running ones' ids, and the finished ones' (updated_at, id) in age
         order (for ``_expire``)."""
         cutoff = self._cutoff()
+        held = self._index.held_workflows(cutoff)
         live: list[Job] = []
         running: list[str] = []
         finished: list[tuple[float, str]] = []
@@ -186,7 +187,7 @@ class WalStore(DurableStore):
                 live.append(job)
                 if state is State.RUNNING:
                     running.append(job.id)
-            elif expired(job, cutoff):
+            elif retired(job, cutoff, held):
                 doomed.append(job.id)
             else:
                 finished.append((job.updated_at, job.id))
@@ -330,12 +331,25 @@ class WalStore(DurableStore):
     def _expire(self) -> None:
         """Forget finished jobs past retention (the snapshot would leave them out)."""
         cutoff = self._cutoff()
-        jobs = self._index.jobs
+        index = self._index
+        jobs = index.jobs
+        gone: dict[str, bool] = {}  # a workflow's verdict, once a pass
         while self._finished and self._finished[0][0] < cutoff:
             updated_at, job_id = self._finished.popleft()
             job = jobs.get(job_id)
-            if job is not None and expired(job, cutoff) and job.updated_at == updated_at:
-                self._index.forget(job_id)
+            if job is None or not expired(job, cutoff) or job.updated_at != updated_at:
+                continue
+            if job.flow is None:
+                index.forget(job_id)
+                continue
+            # A member goes with its whole workflow: when the last of them expires (each
+            # finished member is in ``_finished``, the last one latest), every one goes.
+            workflow_id = job.flow.workflow_id
+            if workflow_id not in gone:
+                gone[workflow_id] = index.workflow_expired(workflow_id, cutoff)
+                if gone[workflow_id]:
+                    for member in [j.id for j in index.workflow(workflow_id)]:
+                        index.forget(member)
 
     def _should_compact(self) -> bool:
         if self.compactor.running or self._log_bytes < self._floor:
@@ -410,7 +424,9 @@ class WalStore(DurableStore):
         # Jobs and schedules are immutable: the lists of references are the snapshot.
         index = self._index
         jobs, schedules = list(index.jobs.values()), list(index.schedules.values())
-        return SnapshotState(jobs, schedules, self._seq + 1, now - self.retention, now)
+        cutoff = now - self.retention
+        held = index.held_workflows(cutoff)
+        return SnapshotState(jobs, schedules, self._seq + 1, cutoff, now, held)
 
     def switched(self, snap: Snapshot, carried: int) -> int:
         old, self._fd = self._fd, snap.fd

@@ -43,8 +43,16 @@ def tell(observer: CascadeObserver | None, moves: list[Cascaded]) -> None:
 
 
 def expired(job: Job, cutoff: float) -> bool:
-    """The retention rule, in one place: finished, and last updated before ``cutoff``."""
+    """The retention rule, in one place: finished, and last updated before ``cutoff``. A
+    workflow's member is pruned only with its whole workflow (``retired``)."""
     return job.state in TERMINAL and job.updated_at < cutoff
+
+
+def retired(job: Job, cutoff: float, held: frozenset[str]) -> bool:
+    """Past retention and to be pruned: ``expired``, and not a member of a workflow in
+    ``held`` (``JobIndex.held_workflows``: one with a member that has not expired). A
+    workflow goes as a unit, never a parent under a live child."""
+    return expired(job, cutoff) and (job.flow is None or job.flow.workflow_id not in held)
 
 
 # What ``stage`` returns: jobs by id, and schedules (None: dropped) by ``SCHEDULE`` + name.
@@ -382,6 +390,23 @@ class JobIndex:
             if job.idempotency_key is not None:
                 self.keys.pop(job.idempotency_key, None)
 
+    def held_workflows(self, cutoff: float) -> frozenset[str]:
+        """The workflows with a member that has not expired at ``cutoff``: none of their
+        members is pruned (``retired``). One pass over the members, none without any."""
+        if not self.members:
+            return frozenset()
+        jobs = self.jobs
+        return frozenset(
+            workflow_id
+            for workflow_id, ids in self.members.items()
+            if any(not expired(jobs[i], cutoff) for i in ids if i in jobs)
+        )
+
+    def workflow_expired(self, workflow_id: str, cutoff: float) -> bool:
+        """Whether every member of a workflow has expired at ``cutoff``."""
+        jobs = self.jobs
+        return all(expired(jobs[i], cutoff) for i in self.members.get(workflow_id, ()) if i in jobs)
+
     def workflow(self, workflow_id: str) -> list[Job]:
         """A workflow's members still kept, in the order they were stored."""
         ids = self.members.get(workflow_id, ())
@@ -504,8 +529,9 @@ class JobIndex:
         self._generation += 1
 
     def prune(self, cutoff: float) -> int:
-        """Forget the jobs ``expired`` at ``cutoff``; returns how many."""
-        doomed = [j.id for j in self.jobs.values() if expired(j, cutoff)]
+        """Forget the jobs ``retired`` at ``cutoff``; returns how many."""
+        held = self.held_workflows(cutoff)
+        doomed = [j.id for j in self.jobs.values() if retired(j, cutoff, held)]
         for job_id in doomed:
             self.forget(job_id)
         return len(doomed)
