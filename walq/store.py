@@ -314,7 +314,8 @@ class WalStore(DurableStore):
             self._finished.extend((j.updated_at, j.id) for j in jobs.values() if j.terminal)
             if self._should_compact():
                 self.compactor.request()
-            tell(self._cascade, cascaded)
+            if cascaded:
+                tell(self._cascade, cascaded)
         return outcomes
 
     def _append(self, data: bytes) -> None:

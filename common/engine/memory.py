@@ -83,7 +83,8 @@ class MemoryStore:
                 self._index.apply(changes, cascaded)
                 self._commits += 1
                 self._changes += len(changes) + len(cascaded)
-                tell(self._cascade, cascaded)
+                if cascaded:
+                    tell(self._cascade, cascaded)
         except Exception as exc:  # every error out of the await, as a coroutine's would be
             done.set_exception(exc)
         else:
