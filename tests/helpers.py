@@ -7,9 +7,10 @@ A plain module, imported by name; ``conftest.py`` holds only fixtures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from sqlq.bench.client.server import ServerProcess
 from sqlq.common.models import Job
 from sqlq.common.specs import JobSpec
 from sqlq.common.store import JobStore
+from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.service import Service
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
@@ -36,6 +38,22 @@ def unavailable(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"CI must provide this: {reason}")
     pytest.skip(reason)
+
+
+@contextlib.asynccontextmanager
+async def app_client(config: RuntimeConfig) -> AsyncIterator[httpx.AsyncClient]:
+    """The HTTP API in-process, over a started service on the memory engine."""
+    from sqlq.common.engine.memory import MemoryStore
+    from sqlq.http.app import create_app
+
+    rt = Service(MemoryStore(), config)
+    await rt.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(rt, start_runtime=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            yield c
+    finally:
+        await rt.stop(0)
 
 
 async def wait_for(

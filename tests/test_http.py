@@ -8,24 +8,18 @@ from typing import Any
 import httpx
 import pytest
 
-from sqlq.common.engine.memory import MemoryStore
 from sqlq.http.app import create_app
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.service import Service
-from tests.helpers import wait_for
+from tests.helpers import app_client, wait_for
 
 JSON_TYPE = {"content-type": "application/json"}
 
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    rt = Service(MemoryStore(), RuntimeConfig(workers=2, seed=1))
-    await rt.start()
-    app = create_app(rt, start_runtime=False)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+    async with app_client(RuntimeConfig(workers=2, seed=1)) as c:
         yield c
-    await rt.stop(0)
 
 
 async def test_submit_then_read_back(client: httpx.AsyncClient) -> None:

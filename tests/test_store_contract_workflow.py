@@ -8,7 +8,7 @@ one; each then joins these parameters.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,14 @@ WORKFLOW_ENGINES = ("memory", "walq")
 @pytest.fixture(params=WORKFLOW_ENGINES)
 def wf_factory(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> StoreFactory:
     return _factory(str(request.param), tmp_path, clock, request)
+
+
+@pytest.fixture
+async def store(wf_factory: StoreFactory) -> AsyncIterator[JobStore]:
+    s = wf_factory()
+    await s.open()
+    yield s
+    await s.close()
 
 
 class Graph:
@@ -85,6 +93,13 @@ async def _get(store: JobStore, job: Job) -> Job:
     return got
 
 
+async def _flow(store: JobStore, job: Job) -> Flow:
+    """``job``'s flow as stored (a member has one)."""
+    flow = (await _get(store, job)).flow
+    assert flow is not None
+    return flow
+
+
 async def _run(store: JobStore, job: Job, at: float) -> Job:
     """Start ``job`` (as stored) at ``at``; the running job."""
     job = await _get(store, job)
@@ -110,10 +125,8 @@ async def _states(store: JobStore, g: Graph) -> dict[str, str]:
 
 
 async def test_a_diamond_releases_each_child_in_its_last_parents_commit(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     seen = Seen(store)
     g = diamond()
     await store.commit(list(g.jobs.values()))
@@ -135,14 +148,11 @@ async def test_a_diamond_releases_each_child_in_its_last_parents_commit(
     d = await _get(store, g.jobs["d"])
     assert (d.state, d.flow and d.flow.deps_pending) == (State.SCHEDULED, 0)
     assert [t.job_id for t in seen.moves].count(g.jobs["d"].id) == 2
-    await store.close()
 
 
 async def test_a_second_completion_of_the_same_attempt_is_refused_and_releases_nothing(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     g = Graph()
     g.add("a")
     g.add("b")
@@ -155,14 +165,11 @@ async def test_a_second_completion_of_the_same_attempt_is_refused_and_releases_n
     c = await _get(store, g.jobs["c"])
     assert (c.state, c.flow and c.flow.deps_pending) == (State.WAITING, 1)
     assert seen.moves == []
-    await store.close()
 
 
 async def test_a_dead_parent_cancels_its_whole_cone_as_upstream_dead(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     g = diamond()
     await store.commit(list(g.jobs.values()))
     await _die(store, g.jobs["a"], NOW + 1)
@@ -170,17 +177,13 @@ async def test_a_dead_parent_cancels_its_whole_cone_as_upstream_dead(
         "a": "dead", "b": "cancelled", "c": "cancelled", "d": "cancelled"
     }  # fmt: skip
     for ref in "bcd":
-        flow = (await _get(store, g.jobs[ref])).flow
-        assert flow is not None
+        flow = await _flow(store, g.jobs[ref])
         assert flow.cancel_reason is CancelReason.UPSTREAM_DEAD
-    await store.close()
 
 
 async def test_a_cancelled_member_cancels_its_cone_as_upstream_cancelled(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     g = diamond()
     await store.commit(list(g.jobs.values()))
     b = await _get(store, g.jobs["b"])
@@ -193,14 +196,11 @@ async def test_a_cancelled_member_cancels_its_cone_as_upstream_cancelled(
     assert reasons["b"].cancel_reason is CancelReason.USER
     assert reasons["d"] is not None
     assert reasons["d"].cancel_reason is CancelReason.UPSTREAM_CANCELLED
-    await store.close()
 
 
 async def test_wait_holds_the_child_until_its_parent_is_retried_and_completes(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     g = Graph()
     g.add("a")
     g.add("b", ["a"], on_parent_failure=OnParentFailure.WAIT)
@@ -213,14 +213,11 @@ async def test_wait_holds_the_child_until_its_parent_is_retried_and_completes(
     assert (await _get(store, g.jobs["b"])).state is State.WAITING
     await _complete(store, g.jobs["a"], NOW + 4)
     assert (await _get(store, g.jobs["b"])).state is State.SCHEDULED
-    await store.close()
 
 
 async def test_run_and_all_finished_count_a_failed_parent_as_settled(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     g = Graph()
     g.add("a")
     g.add("b")
@@ -236,32 +233,25 @@ async def test_run_and_all_finished_count_a_failed_parent_as_settled(
         "a": "dead", "b": "completed", "runs": "scheduled", "finally": "scheduled",
         "on_failure": "scheduled", "on_success": "cancelled",
     }  # fmt: skip
-    runs = (await _get(store, g.jobs["runs"])).flow
-    assert runs is not None
+    runs = await _flow(store, g.jobs["runs"])
     assert runs.failed == 1
-    cond = (await _get(store, g.jobs["on_success"])).flow
-    assert cond is not None
+    cond = await _flow(store, g.jobs["on_success"])
     assert cond.cancel_reason is CancelReason.CONDITION_FALSE
-    await store.close()
 
 
 async def test_a_revived_parent_unsettles_the_children_its_failure_settled(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     g = Graph()
     g.add("a")
     g.add("b")
     g.add("finally", ["a", "b"], run_if=RunIf.ALL_FINISHED)
     await store.commit(list(g.jobs.values()))
     await _die(store, g.jobs["a"], NOW + 1)
-    fin = (await _get(store, g.jobs["finally"])).flow
-    assert fin is not None
+    fin = await _flow(store, g.jobs["finally"])
     assert (fin.deps_pending, fin.failed) == (1, 1)
     await store.commit([(await _get(store, g.jobs["a"])).revive(NOW + 3)])
-    fin = (await _get(store, g.jobs["finally"])).flow
-    assert fin is not None
+    fin = await _flow(store, g.jobs["finally"])
     assert (fin.deps_pending, fin.failed) == (2, 0)
     await _complete(store, g.jobs["a"], NOW + 4)
     await _complete(store, g.jobs["b"], NOW + 6)
@@ -269,7 +259,6 @@ async def test_a_revived_parent_unsettles_the_children_its_failure_settled(
     assert done.state is State.SCHEDULED
     assert done.flow is not None
     assert done.flow.failed == 0
-    await store.close()
 
 
 async def test_the_cascade_is_in_the_parents_record_and_survives_a_reopen(
@@ -292,10 +281,8 @@ async def test_the_cascade_is_in_the_parents_record_and_survives_a_reopen(
 
 
 async def test_retrying_a_dead_root_revives_its_cancelled_cone_and_the_graph_completes(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     seen = Seen(store)
     g = diamond()
     await store.commit(list(g.jobs.values()))
@@ -314,14 +301,11 @@ async def test_retrying_a_dead_root_revives_its_cancelled_cone_and_the_graph_com
     for ref in "abcd":
         await _complete(store, g.jobs[ref], NOW + 10 + ord(ref))
     assert await _states(store, g) == dict.fromkeys("abcd", "completed")
-    await store.close()
 
 
 async def test_a_revival_leaves_what_a_user_cancelled_and_what_it_cannot_run_after(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
-    store = wf_factory()
-    await store.open()
     g = diamond()
     await store.commit(list(g.jobs.values()))
     await store.commit([(await _get(store, g.jobs["b"])).cancel(NOW + 1)])  # d: upstream
@@ -333,7 +317,6 @@ async def test_a_revival_leaves_what_a_user_cancelled_and_what_it_cannot_run_aft
     b = await _get(store, g.jobs["b"])
     assert b.flow is not None
     assert b.flow.cancel_reason is CancelReason.USER
-    await store.close()
 
 
 async def test_a_member_retried_on_its_own_is_refused_until_its_parents_completed(

@@ -11,17 +11,15 @@ from typing import Any
 import httpx
 import pytest
 
-from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import IllegalTransitionError, ValidationError
 from sqlq.common.models import Job, State
 from sqlq.common.specs import MemberSpec, RetrySpec
 from sqlq.common.workflow import CancelReason, Flow, OnParentFailure
 from sqlq.engines.registry import make_store
-from sqlq.http.app import create_app
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
-from tests.helpers import NOW, ServiceFactory, final
+from tests.helpers import NOW, ServiceFactory, app_client, final
 
 Started = list[str]
 
@@ -126,13 +124,8 @@ async def test_cancelling_a_waiting_member_cancels_its_cone(services: ServiceFac
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1))
-    await rt.start()
-    app = create_app(rt, start_runtime=False)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+    async with app_client(RuntimeConfig(workers=0, seed=1)) as c:
         yield c
-    await rt.stop(0)
 
 
 async def test_a_workflow_batch_over_http_shows_each_members_flow(
@@ -252,35 +245,28 @@ async def test_a_member_waiting_behind_a_dead_parent_reads_stuck(services: Servi
 
 
 async def test_cancelling_a_workflow_cancels_what_has_not_started_and_asks_the_rest() -> None:
-    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1, remote_queues=frozenset({"r"})))
-    await rt.start()
-    app = create_app(rt, start_runtime=False)
-    transport = httpx.ASGITransport(app=app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            jobs = [
-                {"kind": "k", "queue": "r", "ref": "a"},
-                {"kind": "k", "queue": "r", "ref": "b", "depends_on": ["a"]},
-                {"kind": "k", "queue": "r", "ref": "c", "depends_on": ["b"]},
-                {"kind": "k", "queue": "r", "ref": "side"},
-            ]
-            r = await c.post("/jobs/batch", json={"workflow": True, "jobs": jobs})
-            workflow_id = r.json()["workflow_id"]
-            ids = r.json()["ids"]
-            claim = {"queues": ["r"], "worker": "w1", "max": 1, "wait_s": 0}
-            [held] = (await c.post("/claims", json=claim)).json()["claims"]
-            assert held["job"]["id"] == ids[0]  # a runs; b and c wait; side is scheduled
-            r = await c.post(f"/workflows/{workflow_id}/cancel")
-            assert r.status_code == 200, r.text
-            assert r.json() == {"cancelled": 3, "requested": 1}
-            states = [(await c.get(f"/jobs/{i}")).json()["state"] for i in ids]
-            assert states == ["running", "cancelled", "cancelled", "cancelled"]
-            a = (await c.get(f"/jobs/{ids[0]}")).json()
-            assert a["cancel_requested"] is True
-            r = await c.post(f"/workflows/{'0' * 32}/cancel")
-            assert r.status_code == 404
-    finally:
-        await rt.stop(0)
+    async with app_client(RuntimeConfig(workers=0, seed=1, remote_queues=frozenset({"r"}))) as c:
+        jobs = [
+            {"kind": "k", "queue": "r", "ref": "a"},
+            {"kind": "k", "queue": "r", "ref": "b", "depends_on": ["a"]},
+            {"kind": "k", "queue": "r", "ref": "c", "depends_on": ["b"]},
+            {"kind": "k", "queue": "r", "ref": "side"},
+        ]
+        r = await c.post("/jobs/batch", json={"workflow": True, "jobs": jobs})
+        workflow_id = r.json()["workflow_id"]
+        ids = r.json()["ids"]
+        claim = {"queues": ["r"], "worker": "w1", "max": 1, "wait_s": 0}
+        [held] = (await c.post("/claims", json=claim)).json()["claims"]
+        assert held["job"]["id"] == ids[0]  # a runs; b and c wait; side is scheduled
+        r = await c.post(f"/workflows/{workflow_id}/cancel")
+        assert r.status_code == 200, r.text
+        assert r.json() == {"cancelled": 3, "requested": 1}
+        states = [(await c.get(f"/jobs/{i}")).json()["state"] for i in ids]
+        assert states == ["running", "cancelled", "cancelled", "cancelled"]
+        a = (await c.get(f"/jobs/{ids[0]}")).json()
+        assert a["cancel_requested"] is True
+        r = await c.post(f"/workflows/{'0' * 32}/cancel")
+        assert r.status_code == 404
 
 
 async def test_a_bulk_retry_of_cancelled_jobs_revives_a_cone_through_its_root(
