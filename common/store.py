@@ -43,7 +43,7 @@ class Cascaded(NamedTuple):
     before: Job
     after: Job
     change: Transition
-    cause: int
+    cause: Change  # the caller's change it followed from (the very object)
 
 
 # Told, once durable, of what a commit moved on its own (``JobStore.observe_cascade``).

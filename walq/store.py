@@ -66,10 +66,13 @@ COMPACT_RATIO = 4.0
 
 def _interleaved(changes: Sequence[Change], moves: Sequence[Cascaded]) -> list[Change]:
     """A call's changes with each one's cascade right after it, as ``stage`` applied them."""
+    after: dict[int, list[Change]] = {}
+    for m in moves:
+        after.setdefault(id(m.cause), []).append(m.change)
     ops: list[Change] = []
-    for i, change in enumerate(changes):
+    for change in changes:
         ops.append(change)
-        ops.extend(m.change for m in moves if m.cause == i)
+        ops.extend(after.get(id(change), ()))
     return ops
 
 
@@ -281,13 +284,14 @@ class WalStore(DurableStore):
         seq = self._seq
         scheduled = False  # whether a call changed a schedule: then not every value is a job
         cascaded: list[Cascaded] = []
+        cutoff = self._cutoff()  # (a job past it is gone: a snapshot in flight left it out)
         for pending in batch:
             encoded = pending.encoded
             before = len(cascaded)
             try:
                 if type(encoded) is PatchOps:
                     encoded = self._checked(pending, staged)
-                mine = self._index.stage(pending.changes, staged, staged_keys, cascaded)
+                mine = self._index.stage(pending.changes, staged, staged_keys, cascaded, cutoff)
                 if len(cascaded) > before:  # a workflow's children: in the parent's record
                     encoded = encode_ops(_interleaved(pending.changes, cascaded[before:]))
             except SqlqError as exc:

@@ -166,13 +166,16 @@ class JobIndex:
         staged: Staged,
         staged_keys: set[str] | frozenset[str] = frozenset(),
         cascaded: list[Cascaded] | None = None,
+        cutoff: float | None = None,
     ) -> Staged:
         """The jobs and schedules ``changes`` produce on top of ``staged`` (whose new jobs
         hold ``staged_keys``); raises, changing nothing.
 
         A workflow member's end also changes its waiting children, in the same call
         (``cascade``); those moves are added to ``cascaded``, for the engine to
-        write in the same record and to tell the runtime of."""
+        write in the same record and to tell the runtime of. Given a retention ``cutoff``,
+        a finished job ``retired`` at it is as gone as a pruned one (``JobNotFoundError``),
+        though it may still be kept: a snapshot in flight has left it out."""
         mine: Staged = {}
         my_keys: set[str] = set()
         for change in changes:
@@ -187,14 +190,16 @@ class JobIndex:
                 mine[change.id] = change
             elif isinstance(change, Transition):
                 current = self._current(change.job_id, mine, staged)
-                if current is None:
+                if current is None or (
+                    cutoff is not None and current.state in TERMINAL and self._gone(current, cutoff)
+                ):
                     raise JobNotFoundError(change.job_id)
                 new = current.apply(change)
                 if new.flow is not None and new.state is not current.state:
                     if current.state in TERMINAL and new.flow.parents:
                         self._check_revival(new, mine, staged)
                     mine[change.job_id] = new
-                    self._cascade(current, new, mine, staged, cascaded, changes, change)
+                    self._cascade(current, new, mine, staged, cascaded, change)
                 else:
                     mine[change.job_id] = new
             else:
@@ -204,6 +209,12 @@ class JobIndex:
                 live = idle_job is not None and idle_job.state in LIVE
                 mine[SCHEDULE + name] = fold(self._schedule(name, mine, staged), change, live)
         return mine
+
+    def _gone(self, job: Job, cutoff: float) -> bool:
+        """Whether the finished ``job`` is past retention at ``cutoff`` (``retired``)."""
+        if not expired(job, cutoff):
+            return False
+        return job.flow is None or self.workflow_expired(job.flow.workflow_id, cutoff)
 
     def _check_revival(self, job: Job, mine: Staged, staged: Staged) -> None:
         """A workflow member revived on its own (an operator's retry) may run only if every
@@ -218,7 +229,7 @@ class JobIndex:
             ):
                 continue
             if state in (State.DEAD, State.CANCELLED):
-                then = "retry that one, and this job runs after it"
+                then = "a workflow's job runs only after its parents: retry that one first"
             else:
                 then = "a workflow's job runs only once its parents have completed"
             what = "gone" if state is None else state.value
@@ -231,7 +242,6 @@ class JobIndex:
         mine: Staged,
         staged: Staged,
         out: list[Cascaded] | None,
-        changes: Sequence[Change] = (),
         cause: Change | None = None,
     ) -> None:
         """What a workflow member's move from ``old`` to ``new`` does to its waiting children,
@@ -243,7 +253,6 @@ class JobIndex:
             job = self._current(job_id, mine, staged)
             return None if job is None else job.state.value
 
-        at = next((i for i, c in enumerate(changes) if c is cause), 0)
         work = [(old, new)]
         while work:
             old, new = work.pop()
@@ -262,7 +271,7 @@ class JobIndex:
                     continue
                 moved = mine[child_id] = child.apply(t)
                 if out is not None:
-                    out.append(Cascaded(child, moved, t, at))
+                    out.append(Cascaded(child, moved, t, cause or new))
                 if moved.state is State.CANCELLED or child.state is State.CANCELLED:
                     work.append((child, moved))  # down the cone: cancelled, or revived
 
@@ -405,7 +414,9 @@ class JobIndex:
     def workflow_expired(self, workflow_id: str, cutoff: float) -> bool:
         """Whether every member of a workflow has expired at ``cutoff``."""
         jobs = self.jobs
-        return all(expired(jobs[i], cutoff) for i in self.members.get(workflow_id, ()) if i in jobs)
+        ids = self.members.get(workflow_id, {})
+        # (newest first: a live member, if any, is most likely among the last stored)
+        return all(expired(jobs[i], cutoff) for i in reversed(ids) if i in jobs)
 
     def workflow(self, workflow_id: str) -> list[Job]:
         """A workflow's members still kept, in the order they were stored."""

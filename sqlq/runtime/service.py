@@ -39,7 +39,6 @@ from sqlq.common.models import RETRYABLE, Job, State, is_job_id
 from sqlq.common.specs import CancelSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, JobQuery, JobStore, Recovery
 from sqlq.common.wire import WorkflowView, workflow_view
-from sqlq.common.workflow import UPSTREAM
 from sqlq.runtime import report
 from sqlq.runtime.claims import Claims, ClaimsView, QueueInfo
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig, RuntimeState
@@ -64,17 +63,10 @@ CANCEL_AT_ONCE = 100  # cancels in flight at once in a bulk cancel
 
 def _retried_alone(jobs: list[Job]) -> list[Job]:
     """Of the jobs a bulk retry matched, those it puts back itself: not a workflow member
-    cancelled for its parent (the parent's revival revives it, or it stays), nor one whose
-    parent is among them (it may run only once that parent completes)."""
-    if all(j.flow is None for j in jobs):
-        return jobs
-    ids = {j.id for j in jobs}
-    return [
-        j
-        for j in jobs
-        if j.flow is None
-        or (j.flow.cancel_reason not in UPSTREAM and not ids.intersection(j.flow.parents))
-    ]
+    with parents. Its parent's revival revives it if it was cancelled for that parent, and
+    one retried on its own may run only once its parents have settled, which the store
+    checks (a refusal would fail the whole bulk commit): ``POST /jobs/{id}/retry`` it."""
+    return [j for j in jobs if j.flow is None or not j.flow.parents]
 
 
 def _next_page(query: JobQuery, seen: list[Job]) -> JobQuery:
