@@ -8,7 +8,7 @@ one; each then joins these parameters.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -26,16 +26,9 @@ WORKFLOW_ENGINES = ("memory", "walq")
 
 
 @pytest.fixture(params=WORKFLOW_ENGINES)
-def wf_factory(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> StoreFactory:
-    return _factory(str(request.param), tmp_path, clock, request)
-
-
-@pytest.fixture
-async def store(wf_factory: StoreFactory) -> AsyncIterator[JobStore]:
-    s = wf_factory()
-    await s.open()
-    yield s
-    await s.close()
+def engine(request: pytest.FixtureRequest) -> str:
+    """The engines that store a flow: conftest's ``factory`` and ``store`` run over these."""
+    return str(request.param)
 
 
 class Graph:
@@ -69,6 +62,21 @@ def diamond(**policy: object) -> Graph:
     g.add("b", ["a"])
     g.add("c", ["a"])
     g.add("d", ["b", "c"], **policy)  # type: ignore[arg-type]
+    return g
+
+
+async def _submitted(store: JobStore, g: Graph) -> Graph:
+    """``g``'s jobs committed as one submission."""
+    await store.commit(list(g.jobs.values()))
+    return g
+
+
+def fan_in() -> Graph:
+    """a and b, then c after both."""
+    g = Graph()
+    g.add("a")
+    g.add("b")
+    g.add("c", ["a", "b"])
     return g
 
 
@@ -128,8 +136,7 @@ async def test_a_diamond_releases_each_child_in_its_last_parents_commit(
     store: JobStore,
 ) -> None:
     seen = Seen(store)
-    g = diamond()
-    await store.commit(list(g.jobs.values()))
+    g = await _submitted(store, diamond())
     assert await _states(store, g) == {
         "a": "scheduled", "b": "waiting", "c": "waiting", "d": "waiting"
     }  # fmt: skip
@@ -153,11 +160,8 @@ async def test_a_diamond_releases_each_child_in_its_last_parents_commit(
 async def test_a_second_completion_of_the_same_attempt_is_refused_and_releases_nothing(
     store: JobStore,
 ) -> None:
-    g = Graph()
-    g.add("a")
-    g.add("b")
-    g.add("c", ["a", "b"])
-    await store.commit(list(g.jobs.values()))
+    g = fan_in()
+    await _submitted(store, g)
     done = await _complete(store, g.jobs["a"], NOW + 1)
     seen = Seen(store)
     with pytest.raises(IllegalTransitionError):
@@ -170,8 +174,7 @@ async def test_a_second_completion_of_the_same_attempt_is_refused_and_releases_n
 async def test_a_dead_parent_cancels_its_whole_cone_as_upstream_dead(
     store: JobStore,
 ) -> None:
-    g = diamond()
-    await store.commit(list(g.jobs.values()))
+    g = await _submitted(store, diamond())
     await _die(store, g.jobs["a"], NOW + 1)
     assert await _states(store, g) == {
         "a": "dead", "b": "cancelled", "c": "cancelled", "d": "cancelled"
@@ -184,8 +187,7 @@ async def test_a_dead_parent_cancels_its_whole_cone_as_upstream_dead(
 async def test_a_cancelled_member_cancels_its_cone_as_upstream_cancelled(
     store: JobStore,
 ) -> None:
-    g = diamond()
-    await store.commit(list(g.jobs.values()))
+    g = await _submitted(store, diamond())
     b = await _get(store, g.jobs["b"])
     await store.commit([b.cancel(NOW + 1)])
     assert await _states(store, g) == {
@@ -204,7 +206,7 @@ async def test_wait_holds_the_child_until_its_parent_is_retried_and_completes(
     g = Graph()
     g.add("a")
     g.add("b", ["a"], on_parent_failure=OnParentFailure.WAIT)
-    await store.commit(list(g.jobs.values()))
+    await _submitted(store, g)
     await _die(store, g.jobs["a"], NOW + 1)
     b = await _get(store, g.jobs["b"])
     assert (b.state, b.flow and b.flow.deps_pending) == (State.WAITING, 1)
@@ -225,7 +227,7 @@ async def test_run_and_all_finished_count_a_failed_parent_as_settled(
     g.add("finally", ["a", "b"], run_if=RunIf.ALL_FINISHED)
     g.add("on_failure", ["a", "b"], run_if=RunIf.ANY_FAILED)
     g.add("on_success", ["b"], run_if=RunIf.ANY_FAILED)
-    await store.commit(list(g.jobs.values()))
+    await _submitted(store, g)
     await _die(store, g.jobs["a"], NOW + 1)
     await _complete(store, g.jobs["b"], NOW + 3)
     states = await _states(store, g)
@@ -246,7 +248,7 @@ async def test_a_revived_parent_unsettles_the_children_its_failure_settled(
     g.add("a")
     g.add("b")
     g.add("finally", ["a", "b"], run_if=RunIf.ALL_FINISHED)
-    await store.commit(list(g.jobs.values()))
+    await _submitted(store, g)
     await _die(store, g.jobs["a"], NOW + 1)
     fin = await _flow(store, g.jobs["finally"])
     assert (fin.deps_pending, fin.failed) == (1, 1)
@@ -269,8 +271,7 @@ async def test_the_cascade_is_in_the_parents_record_and_survives_a_reopen(
     factory = _factory("walq", tmp_path, clock, request)
     store = factory()
     await store.open()
-    g = diamond()
-    await store.commit(list(g.jobs.values()))
+    g = await _submitted(store, diamond())
     await _complete(store, g.jobs["a"], NOW + 1)
     await _complete(store, g.jobs["b"], NOW + 3)
     expect = {job.id: await _get(store, job) for job in g.jobs.values()}
@@ -284,8 +285,7 @@ async def test_retrying_a_dead_root_revives_its_cancelled_cone_and_the_graph_com
     store: JobStore,
 ) -> None:
     seen = Seen(store)
-    g = diamond()
-    await store.commit(list(g.jobs.values()))
+    g = await _submitted(store, diamond())
     await _die(store, g.jobs["a"], NOW + 1)
     await store.commit([(await _get(store, g.jobs["a"])).revive(NOW + 3)])
     assert await _states(store, g) == {
@@ -306,8 +306,7 @@ async def test_retrying_a_dead_root_revives_its_cancelled_cone_and_the_graph_com
 async def test_a_revival_leaves_what_a_user_cancelled_and_what_it_cannot_run_after(
     store: JobStore,
 ) -> None:
-    g = diamond()
-    await store.commit(list(g.jobs.values()))
+    g = await _submitted(store, diamond())
     await store.commit([(await _get(store, g.jobs["b"])).cancel(NOW + 1)])  # d: upstream
     await _die(store, g.jobs["a"], NOW + 2)  # c: upstream_dead
     await store.commit([(await _get(store, g.jobs["a"])).revive(NOW + 4)])
@@ -320,19 +319,15 @@ async def test_a_revival_leaves_what_a_user_cancelled_and_what_it_cannot_run_aft
 
 
 async def test_a_member_retried_on_its_own_is_refused_until_its_parents_completed(
-    wf_factory: StoreFactory,
+    store: JobStore,
 ) -> None:
     """Its parent is dead: the retry names that parent (which revives this one itself)."""
-    store = wf_factory()
-    await store.open()
-    g = diamond()
-    await store.commit(list(g.jobs.values()))
+    g = await _submitted(store, diamond())
     await _die(store, g.jobs["a"], NOW + 1)
     d = await _get(store, g.jobs["d"])
     with pytest.raises(IllegalTransitionError, match=f"its parent {g.jobs['b'].id} is cancelled"):
         await store.commit([d.revive(NOW + 2)])
     assert (await _get(store, g.jobs["d"])).state is State.CANCELLED
-    await store.close()
 
 
 async def test_a_fan_in_writes_each_decrement_without_the_parents(
@@ -347,7 +342,7 @@ async def test_a_fan_in_writes_each_decrement_without_the_parents(
     for p in parents:
         g.add(p)
     g.add("child", parents)
-    await store.commit(list(g.jobs.values()))
+    await _submitted(store, g)
     log = next(iter(sorted(tmp_path.rglob("*.log"))))
     before = log.stat().st_size
     await _complete(store, g.jobs["p0"], NOW + 1)
@@ -361,14 +356,11 @@ async def test_a_fan_in_writes_each_decrement_without_the_parents(
 
 
 async def test_retention_prunes_a_workflow_as_a_unit_never_a_parent_under_a_live_child(
-    wf_factory: StoreFactory, clock: FakeClock
+    factory: StoreFactory, clock: FakeClock
 ) -> None:
-    store = wf_factory(retention=10.0)
+    store = factory(retention=10.0)
     await store.open()
-    g = Graph()
-    g.add("a")
-    g.add("b")
-    g.add("c", ["a", "b"])
+    g = fan_in()
     other = Job.new(kind="sleep", args={}, now=NOW)  # outside every workflow
     await store.commit([*g.jobs.values(), other])
     await _complete(store, g.jobs["a"], NOW + 1)
@@ -394,11 +386,8 @@ async def test_recovery_keeps_a_finished_parent_while_its_workflow_lives(
     factory = _factory("walq", tmp_path, clock, request)
     store = factory(retention=10.0)
     await store.open()
-    g = Graph()
-    g.add("a")
-    g.add("b")
-    g.add("c", ["a", "b"])
-    await store.commit(list(g.jobs.values()))
+    g = fan_in()
+    await _submitted(store, g)
     await _complete(store, g.jobs["a"], NOW + 1)
     expect = {job.id: await _get(store, job) for job in g.jobs.values()}
     await store.close()
