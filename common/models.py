@@ -278,6 +278,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             if self.cancel_forced:
                 held["cancel_forced"] = True
             changes = {**held, **changes}
+        if self.flow is not None and "flow" not in changes:  # a member's move carries its
+            # flow as it stands, so an engine that keeps the flow apart (SQLite) knows whose
+            # end may move children, without a look in its tables for every other job's
+            changes = {**changes, "flow": FlowChange.of(self.flow)}
         return msgspec.structs.replace(base, **changes) if changes else base
 
     def start(

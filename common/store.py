@@ -238,7 +238,7 @@ class JobStore(Protocol):
         An engine that writes no batches (memory) never calls it."""
         ...
 
-    # Whether the engine stores a workflow member's ``Job.flow`` (memory and walq so far);
+    # Whether the engine stores a workflow member's ``Job.flow`` (all but PostgreSQL so far);
     # a workflow submitted to one that does not is refused, naming the field.
     workflows: bool
 

@@ -57,7 +57,7 @@ async def test_a_version_5_database_opens_with_no_job_forced(tmp_path: Path) -> 
             assert got.cancel_forced is False
     finally:
         await store.close()
-    assert version(db) == "6"
+    assert version(db) == "7"
     assert columns(db)[-1] == "cancel_forced"
     assert raw(db, "SELECT DISTINCT cancel_forced FROM jobs") == [(0,)]
 
@@ -113,5 +113,5 @@ async def test_a_migration_that_fails_midway_leaves_version_5(tmp_path: Path) ->
     store = SQLiteStore(tmp_path)
     await store.open()
     await store.close()
-    assert version(db) == "6"
+    assert version(db) == "7"
     assert columns(db)[-1] == "cancel_forced"

@@ -1,9 +1,9 @@
 """The JobStore contract for workflows: a parent's end moves its waiting children in its own
 commit, once, by each child's policy, and a reopen finds exactly what was committed.
 
-Over the engines that store a job's flow (``JobStore.workflows``): memory and walq. SQLite
-and PostgreSQL refuse a workflow's submission (``test_workflow_runtime``) until they store
-one; each then joins these parameters.
+Over the engines that store a job's flow (``JobStore.workflows``): memory, walq and SQLite.
+PostgreSQL refuses a workflow's submission (``test_workflow_runtime``) until it stores one;
+it then joins these parameters.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sqlq.common.clock import FakeClock
@@ -22,7 +23,7 @@ from tests.conftest import _factory
 from tests.helpers import NOW, StoreFactory
 from tests.store_contract_helpers import assert_reopened_holds
 
-WORKFLOW_ENGINES = ("memory", "walq")
+WORKFLOW_ENGINES = ("memory", "walq", "sqlite")
 
 
 @pytest.fixture(params=WORKFLOW_ENGINES)
@@ -263,22 +264,53 @@ async def test_a_revived_parent_unsettles_the_children_its_failure_settled(
     assert done.flow.failed == 0
 
 
-async def test_the_cascade_is_in_the_parents_record_and_survives_a_reopen(
-    tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+@pytest.mark.parametrize("durable", ["walq", "sqlite"])
+async def test_the_cascade_is_in_the_parents_commit_and_survives_a_reopen(
+    tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest, durable: str
 ) -> None:
-    """walq writes the children's moves in the parent's own record: recovery folds them as
-    written, deriving nothing (a reopen after each step finds the same jobs)."""
-    factory = _factory("walq", tmp_path, clock, request)
+    """The children's moves are durable with the parent's (walq: in its own record, which
+    recovery folds as written, deriving nothing; SQLite: in its transaction), so a reopen
+    finds the same jobs, the waiting one with its flow and parents whole."""
+    factory = _factory(durable, tmp_path, clock, request)
     store = factory()
     await store.open()
     g = await _submitted(store, diamond())
     await _complete(store, g.jobs["a"], NOW + 1)
     await _complete(store, g.jobs["b"], NOW + 3)
     expect = {job.id: await _get(store, job) for job in g.jobs.values()}
+    submitted = g.jobs["d"].flow
+    assert submitted is not None
+    assert expect[g.jobs["d"].id].flow == msgspec.structs.replace(submitted, deps_pending=1)
     await store.close()
+    reopened = factory()
+    recovery = await reopened.open()
+    live = {job.id: job for job in recovery.jobs}
+    assert live[g.jobs["d"].id] == expect[g.jobs["d"].id]  # waiting: in the live view
+    await reopened.close()
     await assert_reopened_holds(factory(), expect)
-    log = b"".join(p.read_bytes() for p in sorted(tmp_path.rglob("*.log")))
-    assert log.count(g.jobs["b"].id.encode()) >= 3  # put, released in a's record, started...
+    if durable == "walq":
+        log = b"".join(p.read_bytes() for p in sorted(tmp_path.rglob("*.log")))
+        assert log.count(g.jobs["b"].id.encode()) >= 3  # put, released in a's record, ...
+
+
+async def test_a_refused_caller_in_a_members_batch_moves_nothing_and_the_others_commit(
+    store: JobStore,
+) -> None:
+    """Two callers in one batch: a's completion releases b and c; a stale completion of
+    the same attempt is refused alone, and its cascade (none) with it."""
+    seen = Seen(store)
+    g = await _submitted(store, diamond())
+    running = await _run(store, g.jobs["a"], NOW + 1)
+    done = running.complete(None, NOW + 2)
+    stale = running.complete(None, NOW + 3)
+    first, second = store.commit([done]), store.commit([stale])
+    await first
+    with pytest.raises(IllegalTransitionError):
+        await second
+    assert await _states(store, g) == {
+        "a": "completed", "b": "scheduled", "c": "scheduled", "d": "waiting"
+    }  # fmt: skip
+    assert sorted(m.job_id for m in seen.moves) == sorted(g.jobs[r].id for r in "bc")
 
 
 async def test_retrying_a_dead_root_revives_its_cancelled_cone_and_the_graph_completes(

@@ -1,8 +1,8 @@
-"""A workflow through kill -9, on a real ``sqlq serve --store wal`` and its files.
+"""A workflow through kill -9, on a real ``sqlq serve`` (walq and SQLite) and its files.
 
 A remote queue makes each completion a step the test takes (``/claims``): a diamond
 a -> (b, c) -> d is driven to b completed and c running, the server is killed with
-SIGKILL, and a new one recovers from the log. d must still wait for c, then run once.
+SIGKILL, and a new one recovers from the files. d must still wait for c, then run once.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ async def _states(http: httpx.AsyncClient, ids: list[str]) -> list[str]:
     return [(await http.get(f"/jobs/{i}")).json()["state"] for i in ids]
 
 
+@pytest.mark.parametrize("engine", ["wal", "sqlite"])
 async def test_a_diamond_across_a_kill_between_its_two_middle_completions(
-    tmp_path: Path,
+    tmp_path: Path, engine: str
 ) -> None:
-    args = ("--store", "wal", "--data", str(tmp_path / "data"), "--remote-queue", "flow")
+    args = ("--store", engine, "--data", str(tmp_path / "data"), "--remote-queue", "flow")
     server: ServerProcess = await start_ready(*args)
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:

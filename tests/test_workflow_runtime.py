@@ -15,6 +15,7 @@ from sqlq.common.errors import IllegalTransitionError, ValidationError
 from sqlq.common.models import Job, State
 from sqlq.common.specs import MemberSpec, RetrySpec
 from sqlq.common.workflow import CancelReason, Flow, OnParentFailure
+from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.registry import make_store
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, task
@@ -183,11 +184,11 @@ async def test_a_graph_outside_a_workflow_is_a_422(client: httpx.AsyncClient) ->
 
 
 async def test_an_engine_without_workflows_refuses_one_naming_the_field(
-    services: ServiceFactory, tmp_path: Path
+    services: ServiceFactory, pg_db: str
 ) -> None:
-    rt = services(make_store("sqlite", tmp_path), workers=0)
+    rt = services(PostgresStore(pg_db), workers=0)
     await rt.start()
-    with pytest.raises(ValidationError, match="sqlite engine does not run workflows") as caught:
+    with pytest.raises(ValidationError, match="postgres engine does not run workflows") as caught:
         await rt.submit(DIAMOND[:1], batch=True, workflow=True)
     assert caught.value.field == "workflow"
 

@@ -22,8 +22,9 @@ from operator import attrgetter
 from typing import Any
 
 from sqlq.common.engine.base import DurableStore
+from sqlq.common.engine.cascade import tell
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, Pending, describe_unencodable
-from sqlq.common.engine.index import JobIndex, Staged, expired, retired, tell
+from sqlq.common.engine.index import JobIndex, Staged, expired, retired
 from sqlq.common.engine.trim import release_freed
 from sqlq.common.errors import (
     CorruptLogError,

@@ -10,36 +10,22 @@ in the batch go through, and lets readers see only durable state.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
 from typing import cast
 
+from sqlq.common.engine.cascade import check_revival, revived_alone, walk
 from sqlq.common.engine.sortedids import SortedIds
 from sqlq.common.errors import (
     DuplicateJobError,
     DuplicateKeyError,
-    IllegalTransitionError,
     JobNotFoundError,
 )
 from sqlq.common.models import LIVE, TERMINAL, Job, State, Transition
 from sqlq.common.schedule import PutSchedule, Schedule, fold, key_range
-from sqlq.common.store import Cascaded, CascadeObserver, Change, JobQuery
-from sqlq.common.workflow import Ended, ending, settles_failure
-
-log = logging.getLogger(__name__)
-
-
-def tell(observer: CascadeObserver | None, moves: list[Cascaded]) -> None:
-    """Tell ``observer`` of a durable commit's cascade. What it raises is logged, never
-    raised: the commit is durable, and its callers must hear so."""
-    if moves and observer is not None:
-        try:
-            observer(moves)
-        except Exception:
-            log.exception("the cascade's observer failed; the commit stands")
+from sqlq.common.store import Cascaded, Change, JobQuery
 
 
 def expired(job: Job, cutoff: float) -> bool:
@@ -196,8 +182,8 @@ class JobIndex:
                     raise JobNotFoundError(change.job_id)
                 new = current.apply(change)
                 if new.flow is not None and new.state is not current.state:
-                    if current.state in TERMINAL and new.flow.parents:
-                        self._check_revival(new, mine, staged)
+                    if revived_alone(current, new):
+                        check_revival(new, partial(self._current, mine=mine, staged=staged))
                     mine[change.job_id] = new
                     self._cascade(current, new, mine, staged, cascaded, change)
                 else:
@@ -216,25 +202,6 @@ class JobIndex:
             return False
         return job.flow is None or self.workflow_expired(job.flow.workflow_id, cutoff)
 
-    def _check_revival(self, job: Job, mine: Staged, staged: Staged) -> None:
-        """A workflow member revived on its own (an operator's retry) may run only if every
-        parent has settled for it (``recount``); else it is refused, naming the parent to
-        retry instead. (A revived parent revives its cancelled cone itself: ``_cascade``.)"""
-        assert job.flow is not None
-        for parent_id in job.flow.parents:
-            parent = self._current(parent_id, mine, staged)
-            state = None if parent is None else parent.state
-            if state is State.COMPLETED or (
-                state in (State.DEAD, State.CANCELLED) and settles_failure(job.flow)
-            ):
-                continue
-            if state in (State.DEAD, State.CANCELLED):
-                then = "a workflow's job runs only after its parents: retry that one first"
-            else:
-                then = "a workflow's job runs only once its parents have completed"
-            what = "gone" if state is None else state.value
-            raise IllegalTransitionError(job.id, f"its parent {parent_id} is {what}: {then}")
-
     def _cascade(
         self,
         old: Job,
@@ -242,38 +209,20 @@ class JobIndex:
         mine: Staged,
         staged: Staged,
         out: list[Cascaded] | None,
-        cause: Change | None = None,
+        cause: Change,
     ) -> None:
-        """What a workflow member's move from ``old`` to ``new`` does to its waiting children,
-        and theirs in turn (a cancel goes down the cone), staged into ``mine`` and added to
-        ``out``. Only an end (into completed, dead or cancelled) or a revival (out of dead
-        or cancelled) moves anything; the rule is ``Job.after_parent``'s."""
+        """``cascade.walk`` over what is committed, ``staged`` and ``mine``: each child's
+        move staged into ``mine`` and added to ``out``."""
 
-        def state_of(job_id: str) -> str | None:
-            job = self._current(job_id, mine, staged)
-            return None if job is None else job.state.value
+        def put(child: Job, moved: Job, t: Transition) -> None:
+            mine[child.id] = moved
+            if out is not None:
+                out.append(Cascaded(child, moved, t, cause))
 
-        work = [(old, new)]
-        while work:
-            old, new = work.pop()
-            if new.state in TERMINAL and old.state not in TERMINAL:
-                ended: Ended | None = ending(new.state.value, new.flow)
-            elif old.state in TERMINAL and new.state not in TERMINAL:
-                ended = None  # revived
-            else:
-                continue
-            for child_id in self.children.get(new.id, ()):
-                child = self._current(child_id, mine, staged)
-                if child is None:
-                    continue
-                t = child.after_parent(ended, new.updated_at, state_of)
-                if t is None:
-                    continue
-                moved = mine[child_id] = child.apply(t)
-                if out is not None:
-                    out.append(Cascaded(child, moved, t, cause or new))
-                if moved.state is State.CANCELLED or child.state is State.CANCELLED:
-                    work.append((child, moved))  # down the cone: cancelled, or revived
+        walk(old, new, self._children, partial(self._current, mine=mine, staged=staged), put)
+
+    def _children(self, job_id: str) -> list[str]:
+        return self.children.get(job_id, [])
 
     def _current(self, job_id: str, mine: Staged, staged: Staged) -> Job | None:
         for layer in (mine, staged):

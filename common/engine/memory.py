@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import msgspec
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
+from sqlq.common.engine.cascade import tell
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
-from sqlq.common.engine.index import JobIndex, tell
+from sqlq.common.engine.index import JobIndex
 from sqlq.common.errors import StoreClosedError, StoreError, UnencodableError
 from sqlq.common.models import Job
 from sqlq.common.schedule import Schedule

@@ -127,7 +127,7 @@ class Submissions:
         if not self._store.workflows:
             raise ValidationError(
                 "workflow", f"the {self._store.name} engine does not run workflows yet; "
-                "serve with --store wal (or memory)"
+                "serve with --store wal or sqlite (or memory)"
             )  # fmt: skip
         for i, spec in enumerate(specs):
             if spec.idempotency_key is not None:

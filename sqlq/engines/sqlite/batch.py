@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Sequence
+from functools import partial
 from operator import itemgetter
 from typing import Any, TypeVar, cast
 
@@ -39,7 +40,7 @@ from sqlq.common.errors import (
     SqlqError,
 )
 from sqlq.common.models import Job, Transition
-from sqlq.common.store import Change
+from sqlq.common.store import Cascaded, Change
 from sqlq.engines.rows import (
     JOB_COLUMNS,
     TRANSITION_COLUMNS,
@@ -47,6 +48,7 @@ from sqlq.engines.rows import (
     row_job,
     transition_values,
 )
+from sqlq.engines.sqlite.flows import Flows
 from sqlq.engines.sqlite.queries import Q, Statement
 from sqlq.engines.sqlite.schedules import schedule_refused, schedule_statement
 
@@ -98,7 +100,12 @@ def change_row(change: Change) -> tuple[str, tuple[Any, ...]] | Statement:
         return (INSERT, job_values(change))
     if not isinstance(change, Transition):
         return schedule_statement(change)
-    values = transition_values(change)
+    return move_row(change)
+
+
+def move_row(t: Transition) -> tuple[str, tuple[Any, ...]]:
+    """A move's op and values, its progress in its slot."""
+    values = transition_values(t)
     return (MOVE, values if values[_PROGRESS] is None else _slotted(values))  # (most: none)
 
 
@@ -117,16 +124,27 @@ class Steps(list[Row]):
     """A caller's rows that hold a schedule change: its batch is written as ``steps``."""
 
 
+class Members(list[Row]):
+    """A caller's rows that make or move a workflow member: its batch is written change by
+    change (``one_by_one``), where each member's end moves its children (flows.py)."""
+
+
 def encode_rows(changes: Sequence[Change]) -> list[Row]:
     """One caller's changes as rows, on its own turn (see ``GroupCommitter``). A loop, not
     comprehensions: a claim's or an outcome's call is one change, and their frames cost it
     more than its row."""
     rows: list[Row] = []
     plain = True
+    member = False
     for change in changes:
         row = change_row(change)
-        plain = plain and type(row) is tuple
+        if type(row) is tuple:
+            member = member or change.flow is not None  # type: ignore[union-attr]  # a job's
+        else:
+            plain = False
         rows.append(row)
+    if member:
+        return Members(rows)
     return rows if plain else Steps(rows)
 
 
@@ -195,16 +213,6 @@ def decode_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Job:
     return row_job(row)
 
 
-async def select_jobs(
-    db: aiosqlite.Connection, sql: str, params: tuple[Any, ...] | dict[str, Any]
-) -> list[Job]:
-    """The jobs ``sql`` selects, decoded on the connection's thread (two hops: the first
-    step, then the fetch; sqlite3 makes each row at the fetch, through the factory)."""
-    cursor = await db.execute(sql, params)
-    cursor.row_factory = decode_row  # type: ignore[assignment]  # aiosqlite types it as a type
-    return cast(list[Job], await cursor.fetchall())
-
-
 async def write_batch(db: aiosqlite.Connection, plan: list[Statement]) -> bool:
     """The whole batch in one transaction, in one hop to the connection's thread
     (``on_thread``); False (nothing written) if a guard refused a move or a schedule
@@ -254,49 +262,63 @@ def apply_plan(conn: sqlite3.Connection, plan: list[Statement]) -> bool:
     except BaseException:
         conn.rollback()  # after the statement: a no-op if none
         raise
+    _commit(conn)
+    return True
+
+
+def fetch_jobs(conn: sqlite3.Connection, sql: str, params: Any, members: bool) -> list[Job]:
+    """On the connection's thread: the jobs ``sql`` selects, each with its flow if the
+    database holds workflows (``members``), decoded there, off the event loop."""
+    jobs = [row_job(row) for row in conn.execute(sql, params)]
+    return Flows(conn).attach(jobs) if members and jobs else jobs
+
+
+def one_by_one(
+    conn: sqlite3.Connection, batch: list[Sequence[Change]]
+) -> tuple[list[BaseException | None], list[Cascaded]]:
+    """On the connection's thread, one transaction: each caller's changes one by one under a
+    savepoint, so only the guilty caller rolls back, with what each member's end moved
+    (``Flows.moved``). The slow path of a plain batch a guard refused, and the path of
+    every batch that makes or moves a workflow member."""
+    outcomes: list[BaseException | None] = []
+    cascaded: list[Cascaded] = []
+    flows = Flows(conn)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for changes in batch:
+            conn.execute("SAVEPOINT caller")
+            before = len(cascaded)
+            try:
+                for change in changes:
+                    apply_one(conn, change, flows, cascaded)
+            except SqlqError as exc:
+                conn.execute("ROLLBACK TO caller")
+                del cascaded[before:]
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+            conn.execute("RELEASE caller")
+    except BaseException:
+        conn.rollback()
+        raise
+    _commit(conn)
+    return outcomes, cascaded
+
+
+def _commit(conn: sqlite3.Connection) -> None:
+    """COMMIT; if it fails, roll back (SQLite may leave the transaction open after an I/O
+    error), so no later read on this connection sees the batch that was never durable."""
     try:
         conn.commit()
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
             conn.rollback()
         raise
-    return True
 
 
 async def commit(db: aiosqlite.Connection) -> None:
-    """COMMIT; if it fails, roll back (SQLite may leave the transaction open after an
-    I/O error), so no later read on this connection sees the batch that was never durable."""
-    try:
-        await db.commit()
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            await db.rollback()
-        raise
-
-
-async def write_one_by_one(
-    db: aiosqlite.Connection, batch: list[list[Change]]
-) -> list[BaseException | None]:
-    """The slow path: one savepoint per caller, so only the guilty caller rolls back."""
-    outcomes: list[BaseException | None] = []
-    await db.execute("BEGIN IMMEDIATE")
-    try:
-        for changes in batch:
-            await db.execute("SAVEPOINT caller")
-            try:
-                for change in changes:
-                    await apply_one(db, change)
-            except SqlqError as exc:
-                await db.execute("ROLLBACK TO caller")
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-            await db.execute("RELEASE caller")
-    except BaseException:
-        await db.rollback()
-        raise
-    await commit(db)
-    return outcomes
+    """``_commit`` through aiosqlite."""
+    await on_thread(db, _commit)
 
 
 def duplicate(job: Job, exc: sqlite3.IntegrityError) -> SqlqError:
@@ -308,26 +330,46 @@ def duplicate(job: Job, exc: sqlite3.IntegrityError) -> SqlqError:
     return DuplicateJobError(job.id)
 
 
-async def apply_one(db: aiosqlite.Connection, change: Change) -> None:
-    """One change, through the same statement as the batch; its error, precisely."""
+def apply_one(
+    conn: sqlite3.Connection, change: Change, flows: Flows, cascaded: list[Cascaded]
+) -> None:
+    """One change, through the same statement as the batch; its error, precisely. A
+    member's flow is written after its row, and its end moves its children."""
     if not isinstance(change, Job | Transition):
         st = schedule_statement(change)
-        if (await db.execute(st.sql, st.params)).rowcount != 1 and st.expect is not None:
-            await schedule_refused(db, change)
+        if conn.execute(st.sql, st.params).rowcount != 1 and st.expect is not None:
+            schedule_refused(conn, change)
         return
-    try:
-        row = change_row(change)
-        assert not isinstance(row, Statement)
-        await db.execute(batch_sql(Q["apply_changes"], 1, ROW_WIDTH), view_row(*row))
-    except sqlite3.IntegrityError as exc:
-        if isinstance(change, Job):
+    if isinstance(change, Job):
+        try:
+            conn.execute(
+                batch_sql(Q["apply_changes"], 1, ROW_WIDTH), view_row(INSERT, job_values(change))
+            )
+        except sqlite3.IntegrityError as exc:
             raise duplicate(change, exc) from None
-        await refused(db, change)
+        if change.flow is not None:
+            flows.inserted(change)
+        return
+    if change.flow is None:
+        move(conn, change)
+        return
+    old = flows.job(change.job_id)
+    move(conn, change)
+    assert old is not None  # (moved: so it was there)
+    flows.moved(old, change, cascaded, change, partial(move, conn))
 
 
-async def refused(db: aiosqlite.Connection, move: Transition) -> None:
+def move(conn: sqlite3.Connection, t: Transition) -> None:
+    """One transition through the batch's guarded statement; refused: the precise error."""
+    try:
+        conn.execute(batch_sql(Q["apply_changes"], 1, ROW_WIDTH), view_row(*move_row(t)))
+    except sqlite3.IntegrityError:
+        refused(conn, t)
+
+
+def refused(conn: sqlite3.Connection, move: Transition) -> None:
     """Why the guard refused ``move``: the job is missing, or ``Job.check`` says why."""
-    jobs = await select_jobs(db, Q["get_job"], (move.job_id,))
+    jobs = fetch_jobs(conn, Q["get_job"], (move.job_id,), False)
     if not jobs:
         raise JobNotFoundError(move.job_id)
     jobs[0].check(move)  # raises the precise TransitionError
@@ -338,6 +380,9 @@ async def prune(db: aiosqlite.Connection, cutoff: float) -> tuple[int, int]:
     await db.execute("BEGIN IMMEDIATE")
     try:
         pruned = (await db.execute(Q["prune_terminal"], (cutoff,))).rowcount
+        if pruned:  # a workflow goes whole (prune_terminal): its flows and edges with it
+            await db.execute(Q["prune_flows"])
+            await db.execute(Q["prune_edges"])
     except BaseException:
         await db.rollback()
         raise

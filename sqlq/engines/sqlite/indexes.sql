@@ -14,3 +14,6 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_key ON jobs (idempotency_key)
 DROP INDEX IF EXISTS jobs_state_id;
 CREATE INDEX IF NOT EXISTS jobs_retryable ON jobs (state, id)
     WHERE state IN ('dead', 'cancelled');
+-- A workflow's members that wait for their parents, read at recovery (the live view holds
+-- them): few, and no other index lists them.
+CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs (state) WHERE state = 'waiting';

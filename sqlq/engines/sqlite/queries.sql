@@ -193,8 +193,66 @@ SELECT 1 FROM jobs WHERE id = ? AND state IN ('scheduled', 'running');
 SELECT name FROM pragma_table_info('jobs');
 
 -- name: prune_terminal
+-- sqlq.common.engine.index.retired: finished before the cutoff, and a workflow's member only
+-- with its whole workflow (none of its members live or newer), never a parent under a live
+-- child. A job outside every workflow costs one miss on flows' key.
 DELETE FROM jobs
- WHERE state IN ('completed', 'dead', 'cancelled') AND updated_at < ?;
+ WHERE state IN ('completed', 'dead', 'cancelled') AND updated_at < ?1
+   AND NOT EXISTS (
+       SELECT 1 FROM flows AS f
+         JOIN flows AS g ON g.workflow_id = f.workflow_id
+         JOIN jobs AS k ON k.id = g.job_id
+        WHERE f.job_id = jobs.id
+          AND (k.state NOT IN ('completed', 'dead', 'cancelled') OR k.updated_at >= ?1));
+
+-- name: prune_flows
+DELETE FROM flows WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = flows.job_id);
+
+-- name: prune_edges
+DELETE FROM edges WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = edges.child);
+
+-- name: flow_columns
+workflow_id, ref, deps_pending, failed, on_parent_failure, run_if, cancel_reason
+
+-- name: insert_flow
+INSERT INTO flows (job_id, {flow_columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: insert_edge
+INSERT INTO edges (parent, child, n) VALUES (?, ?, ?);
+
+-- name: update_flow
+UPDATE flows SET deps_pending = ?, failed = ?, cancel_reason = ? WHERE job_id = ?;
+
+-- name: get_flows
+-- {ids} becomes one "?" per id (sqlq.engines.sqlite.flows).
+SELECT job_id, {flow_columns} FROM flows WHERE job_id IN ({ids});
+
+-- name: any_flow
+SELECT EXISTS (SELECT 1 FROM flows);
+
+-- name: live_flows
+-- Recovery's: the flows of the live members (the live view holds their flows whole).
+SELECT f.job_id, {flow_columns}
+  FROM flows AS f JOIN jobs AS j ON j.id = f.job_id
+ WHERE j.state IN ('waiting', 'scheduled', 'running');
+
+-- name: waiting_jobs
+SELECT {job_columns}
+  FROM jobs WHERE state = 'waiting';
+
+-- name: parents_of
+SELECT parent FROM edges WHERE child = ? ORDER BY n;
+
+-- name: children_of
+SELECT child FROM edges WHERE parent = ?;
+
+-- name: workflow_jobs
+-- A workflow's members, in the order they were stored.
+SELECT {job_columns}
+  FROM jobs WHERE id IN (SELECT job_id FROM flows WHERE workflow_id = ?);
+
+-- name: workflow_order
+SELECT job_id FROM flows WHERE workflow_id = ? ORDER BY rowid;
 
 -- name: count_jobs
 SELECT count(*) FROM jobs;

@@ -62,7 +62,7 @@ def schedule_statement(change: ScheduleChange) -> Statement:
     return Statement(Q["put_schedule"], (*record, s.name, change.expect_version), expect=1)
 
 
-def row_schedule(_: sqlite3.Cursor, row: tuple[Any, ...]) -> Schedule:
+def row_schedule(_: sqlite3.Cursor | None, row: tuple[Any, ...]) -> Schedule:
     """A cursor's ``row_factory``: the schedule of a row of ``schedule_columns``, made as
     sqlite3 fetches it, on the connection's thread (10,000 of them are not decoded on the
     event loop)."""
@@ -87,13 +87,14 @@ async def select_schedules(
     return cast(list[Schedule], await cursor.fetchall())
 
 
-async def schedule_refused(db: aiosqlite.Connection, change: ScheduleChange) -> None:
+def schedule_refused(conn: sqlite3.Connection, change: ScheduleChange) -> None:
     """Why the guard refused ``change``, read in the slow path's own transaction (so after
-    the changes before it): the stored row and the idle job, through ``fold``."""
+    the changes before it), on the connection's thread: the stored row and the idle job,
+    through ``fold``."""
     name = change.schedule.name if isinstance(change, PutSchedule) else change.name
-    found = await select_schedules(db, Q["get_schedule"], (name,))
+    found = [row_schedule(None, r) for r in conn.execute(Q["get_schedule"], (name,))]
     idle = change.idle if isinstance(change, AdvanceSchedule) else None
-    live = idle is not None and bool(await db.execute_fetchall(Q["job_is_live"], (idle,)))
+    live = idle is not None and conn.execute(Q["job_is_live"], (idle,)).fetchone() is not None
     fold(found[0] if found else None, change, live)  # raises the precise ScheduleError
     raise StaleScheduleError(name, "refused by the database guard")
 

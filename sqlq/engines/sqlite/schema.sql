@@ -1,12 +1,13 @@
--- sqlq SQLite schema, version 6 (3 added the schedules table, 4 the running columns, 5 a
--- running job's holder and lease and the secrets table, 6 cancel_forced; every
+-- sqlq SQLite schema, version 7 (3 added the schedules table, 4 the running columns, 5 a
+-- running job's holder and lease and the secrets table, 6 cancel_forced, 7 the flows and
+-- edges tables of workflows; every
 -- statement here runs at every open, IF NOT EXISTS, so an older database gains the tables it
 -- lacks, and migrate_v*.sql the columns). Readable with the stdlib sqlite3 module and plain SQL.
 CREATE TABLE IF NOT EXISTS jobs (
     id           TEXT PRIMARY KEY,
     kind         TEXT NOT NULL,
     args         TEXT NOT NULL,            -- JSON
-    state        TEXT NOT NULL,            -- scheduled | running | completed | dead | cancelled
+    state        TEXT NOT NULL,            -- waiting | scheduled | running | completed | dead | cancelled
     attempts     INTEGER NOT NULL,
     max_attempts INTEGER NOT NULL,
     ready_at     REAL NOT NULL,            -- unix seconds
@@ -80,3 +81,29 @@ CREATE TABLE IF NOT EXISTS schedules (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
 ) WITHOUT ROWID;
+
+-- A workflow member's place in its graph (sqlq.common.workflow.Flow), one row per member,
+-- apart from its job's row: a child's counts change at each parent's end, and a jobs row
+-- that changes size is written again whole, its checkpoint too. A job outside every
+-- workflow has no row here. The rowid is the order members were stored in. Version 7.
+CREATE TABLE IF NOT EXISTS flows (
+    job_id            TEXT PRIMARY KEY,
+    workflow_id       TEXT NOT NULL,
+    ref               TEXT,
+    deps_pending      INTEGER NOT NULL,    -- parents not settled yet
+    failed            INTEGER NOT NULL,    -- parents that failed and count as settled
+    on_parent_failure TEXT NOT NULL,       -- cancel | run | wait
+    run_if            TEXT NOT NULL,       -- all_completed | all_finished | any_failed
+    cancel_reason     TEXT                 -- user | upstream_dead | upstream_cancelled | condition_false
+);
+CREATE INDEX IF NOT EXISTS flows_workflow ON flows (workflow_id);
+
+-- A workflow's edges, by parent (whom a parent's end visits), and by child in the order
+-- its parents were named (n: 0, 1, ...). Written once, with the child; never changed.
+CREATE TABLE IF NOT EXISTS edges (
+    parent TEXT NOT NULL,
+    child  TEXT NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (parent, child)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS edges_child ON edges (child, n);

@@ -32,6 +32,7 @@ from typing import Any
 import aiosqlite
 
 from sqlq.common.engine.base import DurableStore
+from sqlq.common.engine.cascade import tell
 from sqlq.common.engine.datadir import open_private
 from sqlq.common.engine.groupcommit import Pending
 from sqlq.common.engine.trim import release_freed
@@ -43,6 +44,7 @@ from sqlq.common.errors import (
 from sqlq.common.models import Job, State
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import (
+    Cascaded,
     CompactionReport,
     JobQuery,
     Recovery,
@@ -53,16 +55,19 @@ from sqlq.common.tokens import KEY_BYTES
 from sqlq.engines.listing import sqlite_params, sqlite_shape, sqlite_statements
 from sqlq.engines.sqlite.batch import (
     STATEMENT_CACHE,
+    Members,
     Steps,
     decode_row,
     encode_rows,
+    fetch_jobs,
+    on_thread,
+    one_by_one,
     plan,
     prune,
-    select_jobs,
     steps,
     write_batch,
-    write_one_by_one,
 )
+from sqlq.engines.sqlite.flows import Flows
 from sqlq.engines.sqlite.migrate import SCHEMA_VERSION, prepare
 from sqlq.engines.sqlite.queries import Q
 from sqlq.engines.sqlite.schedules import schedule_listing, select_schedules
@@ -106,6 +111,7 @@ SYNC_PRAGMAS: dict[SyncLevel, dict[str, str | int]] = {
 class SQLiteStore(DurableStore):
     name = "sqlite"
     lock_name = LOCK_NAME
+    workflows = True
 
     def __init__(self, data_dir: str | os.PathLike[str], **options: Any) -> None:
         super().__init__(data_dir, **options)
@@ -121,6 +127,9 @@ class SQLiteStore(DurableStore):
         self.slow_batches = 0
         self.compactions = 0
         self._key: bytes | None = None
+        # Whether the database holds a workflow's member: until it does, a read looks for
+        # no flow (every job's would miss), and no commit's path changes (flows.py).
+        self._members = False
 
     @property
     def pragmas(self) -> dict[str, str | int]:
@@ -173,6 +182,10 @@ class SQLiteStore(DurableStore):
         cursor.row_factory = decode_row  # type: ignore[assignment]  # typed as a type
         while rows := list(await cursor.fetchmany(10_000)):
             jobs.extend(rows)  # type: ignore[arg-type]  # Jobs, made by decode_row
+        self._members = bool(next(iter(await db.execute_fetchall(Q["any_flow"])))[0])
+        if self._members:  # the members that wait, and every live member's flow
+            jobs.extend(await on_thread(db, fetch_jobs, Q["waiting_jobs"], (), False))
+            jobs = await on_thread(db, lambda conn: Flows(conn).live(jobs))
         # Every page that read went through SQLite's page cache (up to ``cache_size``, 16
         # MiB): read once, kept for nothing, ~16 bytes of RSS per job at a million. Let it
         # go; the pages commits and reads touch come back as they are used.
@@ -197,23 +210,27 @@ class SQLiteStore(DurableStore):
 
     async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
         rows = [row for pending in batch for row in pending.encoded]
-        # Here: Python work off the I/O thread. A schedule change is rare (a tick, a put).
+        # Here: Python work off the I/O thread. A schedule change is rare (a tick, a put), a
+        # workflow's member rarer than a plain job: each makes the batch change by change.
+        members = any(type(pending.encoded) is Members for pending in batch)
         stepped = any(type(pending.encoded) is Steps for pending in batch)
-        statements = steps(rows) if stepped else plan(rows)
+        cascaded: list[Cascaded] = []
         try:
             async with self._turn:
                 db = self._conn()
                 outcomes: list[BaseException | None] = [None] * len(batch)
-                if not await write_batch(db, statements):
-                    self.slow_batches += 1
-                    outcomes = await write_one_by_one(db, [list(p.changes) for p in batch])
+                if members or not await write_batch(db, steps(rows) if stepped else plan(rows)):
+                    self.slow_batches += not members
+                    outcomes, cascaded = await on_thread(db, one_by_one, [p.changes for p in batch])
+                    self._members = self._members or members
             await self._durably()
         except sqlite3.Error as exc:
             # The failure is shown in /stats and on the dashboard: the base name there.
             logger.error("sqlite: writing %s failed: %s", self.path, exc)
             raise StoreFailedError(f"{DB_NAME}: {exc}") from exc
         self.commits += 1
-        self.rows += len(rows)
+        self.rows += len(rows) + len(cascaded)
+        tell(self._cascade, cascaded)
         return outcomes
 
     async def _durably(self) -> None:
@@ -288,11 +305,22 @@ class SQLiteStore(DurableStore):
         return rows[0] if rows else None
 
     async def _select(self, sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[Job]:
-        """The jobs ``sql`` selects, decoded on the connection's thread as recovery decodes
-        them: off the event loop, and on that thread's shallow stack, not a request's."""
+        """The jobs ``sql`` selects, each with its flow, decoded on the connection's thread
+        as recovery decodes them: off the event loop, and on that thread's shallow stack,
+        not a request's; one hop."""
         try:
             async with self._turn:  # never a batch's rows before its COMMIT
-                return await select_jobs(self._conn(), sql, params)
+                return await on_thread(self._conn(), fetch_jobs, sql, params, self._members)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+
+    async def workflow(self, workflow_id: str) -> list[Job]:
+        self._live()
+        if not self._members:
+            return []
+        try:
+            async with self._turn:
+                return await on_thread(self._conn(), lambda c: Flows(c).workflow(workflow_id))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 

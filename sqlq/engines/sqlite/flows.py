@@ -1,0 +1,161 @@
+"""Workflows in the SQLite engine: a member's flow in the ``flows`` and ``edges`` tables,
+and the cascade of a parent's end, run in the parent's own transaction.
+
+Everything here runs on the connection's thread (``batch.on_thread``), inside the
+transaction of the commit it serves, so it reads what that commit wrote before it. The
+rule and the walk are the ones every engine runs (``Job.after_parent``,
+``sqlq.common.engine.cascade``); only the reads and writes are SQLite's. A job outside
+every workflow never comes here: its changes carry no flow (``Job._to``), and its reads
+look in ``flows`` only once the database holds a workflow.
+
+A child's parents are read from ``edges`` once per commit (``Flows`` keeps them: they never
+change), so a parent's end costs its children's rows and not their fan-ins again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable
+from itertools import islice
+from typing import Any
+
+import msgspec
+
+from sqlq.common.engine.cascade import check_revival, revived_alone, walk
+from sqlq.common.models import Job, Transition
+from sqlq.common.store import Cascaded, Change
+from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
+from sqlq.engines.rows import row_job
+from sqlq.engines.sqlite.queries import Q
+
+Move = Callable[[Transition], None]  # a child's row moved, by the batch's guarded statement
+IDS_PER_STATEMENT = 500  # ids bound in one ``get_flows`` (SQLite allows 32,766 parameters)
+
+
+def flow_values(job_id: str, flow: Flow) -> tuple[object, ...]:
+    """A ``flows`` row, in ``insert_flow``'s order."""
+    return (
+        job_id,
+        flow.workflow_id,
+        flow.ref,
+        flow.deps_pending,
+        flow.failed,
+        flow.on_parent_failure.value,
+        flow.run_if.value,
+        None if flow.cancel_reason is None else flow.cancel_reason.value,
+    )
+
+
+class Flows:
+    """The flows a commit (or a read) touches, on the connection's thread."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self._parents: dict[str, tuple[str, ...]] = {}  # by child: never changes
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def parents(self, job_id: str) -> tuple[str, ...]:
+        found = self._parents.get(job_id)
+        if found is None:
+            rows = self.conn.execute(Q["parents_of"], (job_id,))
+            found = self._parents[job_id] = tuple(r[0] for r in rows)
+        return found
+
+    def _flow(self, row: tuple[Any, ...]) -> tuple[str, Flow]:
+        job_id, workflow_id, ref, pending, failed, policy, run_if, reason = row
+        flow = Flow(
+            workflow_id=workflow_id,
+            ref=ref,
+            parents=self.parents(job_id),
+            deps_pending=pending,
+            failed=failed,
+            on_parent_failure=OnParentFailure(policy),
+            run_if=RunIf(run_if),
+            cancel_reason=None if reason is None else CancelReason(reason),
+        )
+        return job_id, flow
+
+    def attach(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` with each member's flow (read from ``flows``, in slices of ids)."""
+        flows: dict[str, Flow] = {}
+        it = iter(job.id for job in jobs)
+        while ids := list(islice(it, IDS_PER_STATEMENT)):
+            sql = Q["get_flows"].replace("{ids}", ", ".join("?" * len(ids)))
+            flows.update(self._flow(row) for row in self.conn.execute(sql, ids))
+        return self.with_flows(jobs, flows)
+
+    def live(self, jobs: list[Job]) -> list[Job]:
+        """Recovery's: the live ``jobs`` with their flows (every live member's in one read)."""
+        flows = dict(self._flow(row) for row in self.conn.execute(Q["live_flows"]))
+        return self.with_flows(jobs, flows)
+
+    @staticmethod
+    def with_flows(jobs: list[Job], flows: dict[str, Flow]) -> list[Job]:
+        if not flows:
+            return jobs
+        return [
+            job if (flow := flows.get(job.id)) is None else msgspec.structs.replace(job, flow=flow)
+            for job in jobs
+        ]
+
+    def job(self, job_id: str) -> Job | None:
+        """A job as it stands in this transaction, with its flow."""
+        rows = [row_job(r) for r in self.conn.execute(Q["get_job"], (job_id,))]
+        return self.attach(rows)[0] if rows else None
+
+    def children(self, job_id: str) -> Iterable[str]:
+        return [r[0] for r in self.conn.execute(Q["children_of"], (job_id,))]
+
+    def workflow(self, workflow_id: str) -> list[Job]:
+        """A workflow's members kept, in the order they were stored."""
+        by_id = {
+            job.id: job
+            for job in (row_job(r) for r in self.conn.execute(Q["workflow_jobs"], (workflow_id,)))
+        }
+        order = [r[0] for r in self.conn.execute(Q["workflow_order"], (workflow_id,))]
+        return self.attach([by_id[i] for i in order if i in by_id])
+
+    # -- writes (after the job's own row, in the same transaction) -----------------------
+
+    def inserted(self, job: Job) -> None:
+        """A new member's flow and its edges."""
+        assert job.flow is not None
+        self.conn.execute(Q["insert_flow"], flow_values(job.id, job.flow))
+        if job.flow.parents:
+            self.conn.executemany(
+                Q["insert_edge"], ((p, job.id, n) for n, p in enumerate(job.flow.parents))
+            )
+        self._parents[job.id] = job.flow.parents
+
+    def moved(
+        self,
+        old: Job,
+        t: Transition,
+        cascaded: list[Cascaded],
+        cause: Change,
+        move: Move,
+    ) -> None:
+        """A member's move ``t`` from ``old``, its row written already: its counts, and, if
+        it ended or was revived, what that does to its children, down the cone (each
+        child's row through ``move``, the batch's own guarded statement)."""
+        new = old.apply(t)
+        self._write(t)
+        if new.state is old.state:
+            return
+        if revived_alone(old, new):
+            check_revival(new, self.job)
+
+        def put(child: Job, moved: Job, ct: Transition) -> None:
+            move(ct)
+            self._write(ct)
+            cascaded.append(Cascaded(child, moved, ct, cause))
+
+        walk(old, new, self.children, self.job, put)
+
+    def _write(self, t: Transition) -> None:
+        change = t.flow
+        if change is None:
+            return
+        reason = None if change.cancel_reason is None else change.cancel_reason.value
+        self.conn.execute(Q["update_flow"], (change.deps_pending, change.failed, reason, t.job_id))
