@@ -20,9 +20,11 @@ from typing import Annotated, Any
 import msgspec
 
 from sqlq.common.errors import ValidationError
+from sqlq.common.models import State
 from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE, MAX_SNOOZE_S
 from sqlq.common.specs import CLEANED, MAX_KIND, Queue
 from sqlq.common.wire import JobView
+from sqlq.common.workflow import MAX_PARENTS
 
 MAX_CLAIM = 100  # jobs one claim may take
 MAX_WAIT_CLAIM_S = 30.0  # the longest a claim long-polls
@@ -263,3 +265,32 @@ class WorkerList(msgspec.Struct, kw_only=True):
 FENCED = "fenced"
 UNAVAILABLE = "unavailable"  # a batch item the store did not take while others landed: again
 CHECKPOINT_LIMIT = MAX_CHECKPOINT_BYTES  # (re-exported for the worker's own check)
+
+
+class ParentsBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /claims/parents``: a page of the claimed job's parents, from the ``start``-th
+    (in the order they were named; the first page's answer says where the next starts)."""
+
+    token: Token
+    start: Annotated[int, msgspec.Meta(ge=0, le=MAX_PARENTS)] = 0
+
+
+class ParentView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One parent of a workflow member, as its handler reads it (``ctx.parents``): its
+    state, and its result (completed) or its last error (dead or cancelled). A parent no
+    longer kept reads ``state`` None."""
+
+    job_id: str
+    ref: str | None = None
+    state: State | None = None
+    result: Any = None
+    error: str | None = None
+
+
+class ParentsPage(msgspec.Struct, kw_only=True):
+    """A page of a member's parents: ``next`` is where the next page starts (None: this
+    was the last), ``total`` how many it has."""
+
+    parents: list[ParentView]
+    next: int | None
+    total: int

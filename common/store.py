@@ -210,6 +210,12 @@ class JobStore(Protocol):
         """The committed job, or ``None`` if there is none (or it was pruned)."""
         ...
 
+    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
+        """The committed jobs of ``ids``, in their order (None where there is none), in one
+        read: a workflow member's parents (``ctx.parents``); on a shared store, what a
+        remote worker's heartbeat or outcomes are fenced against."""
+        ...
+
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         """Committed jobs matching ``query`` with ids after ``query.after``, in id order, at
         most ``query.limit``: live jobs and finished ones still within retention."""
@@ -419,11 +425,6 @@ class SharedStore(JobStore, Protocol):
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         """The jobs among ``ids`` that are finished (completed, dead or cancelled), in one
         statement: how a node's waiters (``GET /jobs/{id}?wait=``) hear of other nodes'."""
-        ...
-
-    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
-        """The committed jobs of ``ids``, in their order (None where there is none), in one
-        statement: what a remote worker's heartbeat or outcomes are fenced against."""
         ...
 
     async def nodes(self, now: float) -> list[dict[str, Any]]:

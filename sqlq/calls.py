@@ -40,6 +40,8 @@ from sqlq.common.protocol import (
     HeartbeatRequest,
     Outcome,
     OutcomesAnswer,
+    ParentsBody,
+    ParentsPage,
     ReleaseBody,
     Reported,
     SnoozeBody,
@@ -452,6 +454,15 @@ class Requests:
     def checkpoint(token: str, data: Any) -> Plan[Reported]:
         """Save ``data`` durably for the claimed job's next attempt; it stays running."""
         return (yield from _report("checkpoint", CheckpointBody(token=token, data=data)))
+
+    @staticmethod
+    def parents(token: str, start: int = 0) -> Plan[ParentsPage]:
+        """A page of the claimed job's parents from the ``start``-th: their states, results
+        and errors (a workflow member's ``ctx.parents``). ``FencedError`` if the token is
+        stale."""
+        body = _encode(ParentsBody(token=token, start=start))
+        return (yield from Call("POST", "/claims/parents", ParentsPage, content=body,
+                                retry=True))  # fmt: skip
 
     @staticmethod
     def release(token: str) -> Plan[Reported]:

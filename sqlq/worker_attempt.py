@@ -53,7 +53,7 @@ def job_of(view: JobView) -> Job:
         attempts_total=max(0, view.attempts_total - view.attempts),
         cancel_requested_at=view.cancel_requested_at, progress=view.progress,
         checkpoint=view.checkpoint, snoozes=view.snoozes, errors=view.errors,
-        holder=view.holder, lease_until=view.lease_until,
+        holder=view.holder, lease_until=view.lease_until, flow=view.flow,
     )  # fmt: skip
 
 

@@ -56,6 +56,7 @@ from sqlq.common.protocol import (
     CompleteIn,
     Granted,
     Outcome,
+    ParentsPage,
     ProgressIn,
     ReleaseIn,
     Reported,
@@ -108,6 +109,8 @@ class PullClient(Protocol):
     async def heartbeat(self, items: Sequence[str | BeatItem]) -> list[Beat]: ...
 
     async def checkpoint(self, token: str, data: Any) -> Reported: ...
+
+    async def parents(self, token: str, start: int = 0) -> ParentsPage: ...
 
     async def outcomes(self, items: Sequence[Outcome | msgspec.Raw]) -> list[Reported]: ...
 
@@ -542,6 +545,17 @@ class RemoteClaims:
         if not self._progressed:
             self._beat_now.set()
         self._progressed.add(a)
+
+    async def parents(self, claim: Claim, start: int) -> ParentsPage:
+        """``Holding.parents`` over ``POST /claims/parents``, fenced on the claim's token."""
+        a = self._of(claim)
+        if a is None:
+            raise AttemptFenced("this attempt is over")
+        try:
+            return await self.client.parents(a.token, start)
+        except FencedError:
+            self._fenced(a)
+            raise AttemptFenced("the server fenced this attempt's claim") from None
 
     def save(self, claim: Claim, data: Any) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()

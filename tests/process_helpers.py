@@ -45,13 +45,18 @@ def until_cancelled(args, ctx):
 def stuck(args, ctx):
     time.sleep(3600)
 
+@task()
+def gather(args, ctx):
+    return {"pid": os.getpid(), "parents": {ref: p.result for ref, p in ctx.parents.items()},
+            "complete": ctx.parents.complete}
+
 @task(timeout=1.5)
 def nap(args, ctx):
     time.sleep(args["s"])
     return os.getpid()
 """
 TIMEOUTS = {"crunch": 300.0, "broken": 300.0, "until_cancelled": 300.0, "stuck": 1.0,
-            "nap": 1.5}  # fmt: skip
+            "nap": 1.5, "gather": 300.0}  # fmt: skip
 
 
 def parent_kinds() -> Registry:

@@ -291,7 +291,7 @@ def test_no_claims_route_takes_a_parameter_so_no_token_is_ever_in_a_url() -> Non
     claims = {p: ops for p, ops in paths.items() if p.startswith("/claims") or p == "/workers"}
     assert set(claims) == {"/claims", "/claims/heartbeat", "/claims/complete", "/claims/fail",
                            "/claims/snooze", "/claims/checkpoint", "/claims/release",
-                           "/claims/outcomes", "/workers"}  # fmt: skip
+                           "/claims/outcomes", "/claims/parents", "/workers"}  # fmt: skip
     for path, ops in claims.items():
         for op in ops.values():
             assert "parameters" not in op, path
@@ -328,6 +328,38 @@ async def _claim(c: httpx.AsyncClient, who: str = "w-mail", **req: Any) -> list[
     assert r.status_code == 200, r.text
     claims: list[dict[str, Any]] = r.json()["claims"]
     return claims
+
+
+async def test_a_claimed_members_parents_over_http_and_a_stale_token_is_409(
+    served: Make,
+) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    batch = {"workflow": True, "jobs": [
+        {"kind": "k", "queue": "mail", "ref": "a"},
+        {"kind": "k", "queue": "mail", "ref": "b", "depends_on": ["a"]},
+    ]}  # fmt: skip
+    r = await c.post("/jobs/batch", json=batch, headers=auth("ops"))
+    assert r.status_code == 201, r.text
+    a_id, _ = r.json()["ids"]
+    [a] = await _claim(c)
+    r = await c.post("/claims/parents", json={"token": a["token"]}, headers=auth("w-mail"))
+    assert r.json() == {"parents": [], "next": None, "total": 0}  # a root has none
+    r = await c.post("/claims/complete", json={"token": a["token"], "result": [1]},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.status_code == 200, r.text
+    [b] = await _claim(c)
+    r = await c.post("/claims/parents", json={"token": b["token"], "start": 0},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json() == {"parents": [{"job_id": a_id, "ref": "a", "state": "completed",
+                                     "result": [1]}], "next": None, "total": 1}  # fmt: skip
+    r = await c.post("/claims/parents", json={"token": a["token"]}, headers=auth("w-mail"))
+    assert r.status_code == 409, r.text  # a's attempt is over: its token reads nothing
+    assert (r.json()["error"], r.json()["field"]) == ("fenced", "token")
+    r = await c.post("/claims/parents", json={"token": b["token"], "start": -1},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert (r.status_code, r.json()["field"]) == (422, "start")
 
 
 async def test_claim_heartbeat_complete_and_a_stale_report_is_409(served: Make) -> None:

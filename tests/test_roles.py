@@ -250,6 +250,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("POST", "/claims/checkpoint"): {A, W},
     ("POST", "/claims/release"): {A, W},
     ("POST", "/claims/outcomes"): {A, W},
+    ("POST", "/claims/parents"): {A, W},
     ("GET", "/workers"): {A, R},
     ("GET", "/healthz"): OPEN,
     ("GET", "/readyz"): OPEN,
@@ -272,6 +273,7 @@ BODIES: dict[tuple[str, str], object] = {
     ("POST", "/claims/checkpoint"): {"token": TOKEN_SHAPED, "data": {"page": 2}},
     ("POST", "/claims/release"): {"token": TOKEN_SHAPED},
     ("POST", "/claims/outcomes"): {"outcomes": [{"token": TOKEN_SHAPED, "release": {}}]},
+    ("POST", "/claims/parents"): {"token": TOKEN_SHAPED},
 }
 
 

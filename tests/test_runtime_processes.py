@@ -121,3 +121,22 @@ async def test_a_cancel_while_it_waits_for_a_process_gives_it_back_unstarted(
     assert still.state is State.RUNNING  # (the process is still its)
     await rt.cancel(holder.id)
     assert (await final(rt, holder.id, within=60)).state is State.CANCELLED
+
+
+async def test_a_workflow_members_parents_cross_to_the_process(
+    services: ServiceFactory, handlers: str
+) -> None:
+    from sqlq.common.specs import MemberSpec
+
+    rt = await started(services, handlers)
+    specs = [
+        MemberSpec(kind="crunch", args={"n": 10}, ref="a"),
+        MemberSpec(kind="crunch", args={"n": 20}, ref="b"),
+        MemberSpec(kind="gather", args={}, ref="g", depends_on=("a", "b")),
+    ]
+    jobs, _ = await rt.submit(specs, batch=True, workflow=True)
+    a, b, g = [await final(rt, j.id, within=60) for j in jobs]
+    assert g.state is State.COMPLETED
+    assert g.result["pid"] != os.getpid()
+    assert g.result["parents"] == {"a": a.result, "b": b.result}
+    assert g.result["complete"] is True

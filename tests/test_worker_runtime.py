@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
+import pytest
 
 from sqlq import JobContext, Snooze, task
 from sqlq.calls import FencedError, Invalid, Unavailable
@@ -30,6 +31,7 @@ from sqlq.common.protocol import (
     HeartbeatRequest,
     Outcome,
     OutcomesRequest,
+    ParentsPage,
     Reported,
 )
 from sqlq.common.roles import ADMIN
@@ -104,6 +106,14 @@ class Direct:
         if reported.error is not None:
             raise Invalid(422, reported.error, reported.detail or "")
         return reported
+
+    async def parents(self, token: str, start: int = 0) -> ParentsPage:
+        got = await self.rt.remote.parents(token, start, ADMIN)
+        if isinstance(got, ParentsPage):
+            return got
+        if got.error == "fenced":
+            raise FencedError(409, "fenced", "stale")
+        raise Invalid(422, got.error or "invalid", got.detail or "")
 
     async def outcomes(self, items: Sequence[Outcome | msgspec.Raw]) -> list[Reported]:
         said = [i if isinstance(i, Outcome) else _decode_outcome(bytes(i)) for i in items]
@@ -233,3 +243,37 @@ async def test_a_stop_releases_what_it_had_not_started(
         assert job is not None
         assert (job.state, job.attempts, job.holder) == (State.SCHEDULED, 0, None)
     assert worker.stats["released"] == 3
+
+
+async def test_a_remote_workers_member_reads_its_parents_as_a_servers_would(
+    services: ServiceFactory, fake_clock: FakeClock
+) -> None:
+    """``ctx.parents`` through ``POST /claims/parents``'s work: the same page, fenced on the
+    claim's token (a stale one is refused, and so is a token this server never signed)."""
+    from sqlq.common.specs import MemberSpec
+
+    reg = Registry()
+    seen: dict[str, Any] = {}
+
+    @task(registry=reg)
+    async def step(args: Any, ctx: JobContext) -> Any:
+        seen[args["n"]] = {ref: (p.state, p.result) for ref, p in ctx.parents.items()}
+        return args["n"] * 2
+
+    rt = await remote_service(services, fake_clock)
+
+    def spec(n: str, *after: str) -> MemberSpec:
+        return MemberSpec(kind="step", queue="r", args={"n": n}, ref=n, depends_on=after)
+
+    jobs, _ = await rt.submit([spec("a"), spec("b", "a"), spec("c", "a"), spec("d", "b", "c")],
+                              batch=True, workflow=True)  # fmt: skip
+    async with working(rt, reg, fake_clock) as (_, direct):
+        done = [await final(rt, j.id, 3600) for j in jobs]
+        assert [j.state for j in done] == [State.COMPLETED] * 4
+        assert seen["a"] == {}
+        assert seen["b"] == {"a": (State.COMPLETED, "aa")}
+        assert seen["d"] == {"b": (State.COMPLETED, "bb"), "c": (State.COMPLETED, "cc")}
+        granted = await direct.claim(["r"], worker="w2")
+        assert granted == []
+        with pytest.raises(Invalid):
+            await direct.parents("not-a-token")

@@ -36,6 +36,7 @@ from sqlq.common.protocol import (
     FailIn,
     Granted,
     Outcome,
+    ParentsPage,
     ReleaseIn,
     Reported,
     SnoozeIn,
@@ -219,6 +220,12 @@ class FakeServer:
             raise FencedError(409, "fenced", "stale token")
         job.checkpoint = data
         return Reported(token=token, state="running")
+
+    async def parents(self, token: str, start: int = 0) -> ParentsPage:
+        self._record("parents", {"token": token, "start": start})
+        if self._held(token) is None:
+            raise FencedError(409, "fenced", "stale token")
+        return ParentsPage(parents=[], next=None, total=0)  # (its jobs are in no workflow)
 
     async def outcomes(self, items: Sequence[Outcome | msgspec.Raw]) -> list[Reported]:
         decoded = [i if isinstance(i, Outcome) else msgspec.json.decode(bytes(i), type=Outcome)

@@ -368,6 +368,10 @@ class WalStore(DurableStore):
         self._live()
         return self._index.get(job_id)
 
+    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
+        self._live()
+        return [self._index.get(i) for i in ids]
+
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         self._writable()
         # Shielded: the write runs even if the caller is cancelled (the I/O thread skips no

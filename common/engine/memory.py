@@ -97,6 +97,11 @@ class MemoryStore:
             raise StoreClosedError("memory store is not open")
         return self._index.get(job_id)
 
+    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        return [self._index.get(i) for i in ids]
+
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         if not self._open:
             raise StoreClosedError("memory store is not open")

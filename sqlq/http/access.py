@@ -71,6 +71,7 @@ RULES: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/claims/checkpoint"): frozenset({A, W}),
     ("POST", "/claims/release"): frozenset({A, W}),
     ("POST", "/claims/outcomes"): frozenset({A, W}),
+    ("POST", "/claims/parents"): frozenset({A, W}),
     ("GET", "/workers"): frozenset({A, R}),
     ("GET", "/healthz"): OPEN,
     ("GET", "/readyz"): OPEN,

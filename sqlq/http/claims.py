@@ -51,6 +51,7 @@ from sqlq.common.protocol import (
     FailIn,
     HeartbeatRequest,
     OutcomesRequest,
+    ParentsBody,
     ReleaseBody,
     ReleaseIn,
     Reported,
@@ -75,6 +76,7 @@ MAX_OUTCOME_BODY = MAX_JOB_BYTES  # one outcome: a result as large as a job (1 M
 # A checkpoint is held to MAX_CHECKPOINT_BYTES as the server encodes it (the runtime's
 # check); a client's encoder may escape every character (Python's json.dumps does).
 MAX_CHECKPOINT_BODY = 6 * MAX_CHECKPOINT_BYTES + 6 * MAX_TOKEN + 1024
+MAX_PARENTS_BODY = 6 * MAX_TOKEN + 1024  # a token and where the page starts
 MAX_OUTCOMES_BODY = 16 << 20  # up to MAX_ITEMS outcomes, as /jobs/batch's limit
 MAX_CLAIM_BODY = MAX_OUTCOMES_BODY  # a claim may carry a batch of outcomes
 # A claim answered sooner than this after it came had its client a moment ago: only one
@@ -104,6 +106,7 @@ LIMITS: dict[str, int] = {
     "/claims/heartbeat": MAX_HEARTBEAT_BODY,
     **{f"/claims/{name}": limit for name, (_, _, limit) in SINGLE.items()},
     "/claims/outcomes": MAX_OUTCOMES_BODY,
+    "/claims/parents": MAX_PARENTS_BODY,
 }
 
 
@@ -146,6 +149,7 @@ class ClaimCalls:
             "/claims/heartbeat": self.heartbeat,
             **{f"/claims/{name}": self._single(name) for name in SINGLE},
             "/claims/outcomes": self.outcomes,
+            "/claims/parents": self.parents,
         }
 
     async def claim(self, who: Principal, body: bytes, gone: Gone) -> Answer:
@@ -172,6 +176,11 @@ class ClaimCalls:
 
         report.__name__ = f"report_{name}"
         return report
+
+    async def parents(self, who: Principal, body: bytes, gone: Gone) -> Answer:
+        req = decode(body, ParentsBody)
+        got = await self._service.remote.parents(req.token, req.start, who)
+        return answer(got) if isinstance(got, Reported) else (200, _encode(got))
 
     async def outcomes(self, who: Principal, body: bytes, gone: Gone) -> Answer:
         req = decode(body, OutcomesRequest)

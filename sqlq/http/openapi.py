@@ -29,6 +29,8 @@ from sqlq.common.protocol import (
     HeartbeatRequest,
     OutcomesAnswer,
     OutcomesRequest,
+    ParentsBody,
+    ParentsPage,
     ReleaseBody,
     Reported,
     SnoozeBody,
@@ -328,6 +330,14 @@ OPS = (
         "single form's (`state`, or `error`: fenced, invalid, forbidden)",
         {200: OutcomesAnswer},
         OutcomesRequest,
+    ),
+    Operation(
+        "post",
+        "/claims/parents",
+        "A page of a claimed workflow job's parents from `start`: each one's state, and "
+        "its result or error; `next` is where the next page starts (409 `fenced`)",
+        {200: ParentsPage},
+        ParentsBody,
     ),
     Operation(
         "get",

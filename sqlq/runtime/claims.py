@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from sqlq.common.backoff import Failure, after_failure, after_snooze, released
 from sqlq.common.errors import StoreError, TransitionError, UnencodableError
 from sqlq.common.models import JSON, Job, State, Transition
+from sqlq.common.protocol import ParentsPage
 from sqlq.common.store import Recovery
 from sqlq.runtime.claim import Claim as Claim  # (re-exported: where the claims speak of it)
 from sqlq.runtime.claim import ClaimResult as ClaimResult
 from sqlq.runtime.claim import QueueInfo as QueueInfo
 from sqlq.runtime.events import Event
 from sqlq.runtime.holding import Holding
+from sqlq.runtime.parents import page as parents_page
 from sqlq.runtime.parts import Parts
 from sqlq.runtime.reach import Attempts, Reach
 
@@ -197,6 +199,10 @@ class ClaimsBase(Reach):
 
     def _setup(self) -> None:
         """A subclass's own state, made at the end of ``__init__``."""
+
+    async def parents(self, claim: Claim, start: int) -> ParentsPage:
+        """``Holding.parents``: the page, read from the store (the parents are finished)."""
+        return await parents_page(self._store.get_many, claim.job, start)
 
     @property
     def caps(self) -> Mapping[str, int]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.models import JSON, Job
 from sqlq.common.running import Progress, check_checkpoint, check_progress, check_snooze
+from sqlq.runtime.parents import NO_PARENTS, Parents
 from sqlq.runtime.threads import HandlerThreads
 
 if TYPE_CHECKING:
@@ -209,6 +210,7 @@ class JobContext:
         "interruptible",
         "job",
         "last_beat",
+        "parents",
         "rng",
         "threads",
     )
@@ -240,6 +242,9 @@ class JobContext:
         self.cancelled = False  # a cancel of this job was asked for (the handler reads it)
         self.cancel_sent = False  # its task was cancelled for it (not for a stop or a hang)
         self.forced = False  # the cancel was forced: ``deadline`` is the grace's end
+        # A workflow member's parents, by ref: their states, results and errors (the worker
+        # pool loads the first page before the handler starts; ``sqlq.runtime.parents``).
+        self.parents: Parents = NO_PARENTS
 
     @property
     def clock(self) -> Clock:

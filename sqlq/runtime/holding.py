@@ -11,6 +11,7 @@ from typing import Protocol
 
 from sqlq.common.backoff import Failure
 from sqlq.common.models import JSON
+from sqlq.common.protocol import ParentsPage
 from sqlq.runtime.claim import Claim
 
 
@@ -65,6 +66,12 @@ class Holding(Protocol):
     def lost(self, claim: Claim) -> None:
         """The holder's lease on ``claim`` ran out unrenewed: the attempt is over here and
         reports nothing (the job is whoever rescues it's)."""
+        ...
+
+    async def parents(self, claim: Claim, start: int) -> ParentsPage:
+        """A page of ``claim``'s job's parents from the ``start``-th (``ctx.parents``):
+        every holder serves the same ``sqlq.runtime.parents.page``. ``AttemptFenced`` if
+        the claim no longer holds."""
         ...
 
     # What an attempt's context writes through (``sqlq.runtime.context.Channel``).

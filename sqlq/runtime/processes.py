@@ -20,6 +20,8 @@ What a handler's ``ctx`` does in a child:
   the call blocks until it is durable, as in a thread (``AttemptFenced`` if fenced).
 - ``beat()``: a timestamp in shared memory, which the health loop reads (``hb_timeout``).
 - ``job``, ``checkpoint_data``, ``rng``, ``clock`` (the system's) as in the server.
+- ``parents``: a workflow member's first page of them (up to 1,000), as in the server;
+  ``complete`` is False past it, and ``rest()`` reads no more from a process.
 
 An attempt cut off (timeout, fenced, stopping past the grace) raises its flag; a child
 still running ``KILL_AFTER_S`` later is killed and replaced, so a stuck handler frees
@@ -49,6 +51,7 @@ from sqlq.common.backoff import NO_RULES, TaskRetry
 from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.errors import SqlqError
 from sqlq.common.models import JSON, Job
+from sqlq.common.protocol import ParentsPage
 from sqlq.common.running import check_checkpoint, check_progress, clean_traceback
 from sqlq.common.shape import ShapeError, measure
 from sqlq.runtime.context import (
@@ -62,6 +65,7 @@ from sqlq.runtime.context import (
     format_traceback,
 )
 from sqlq.runtime.kinds import REGISTRY
+from sqlq.runtime.parents import Parents
 from sqlq.runtime.task import InvalidArgs
 from sqlq.runtime.threads import HandlerThreads
 
@@ -76,6 +80,7 @@ READY_WITHIN_S = 120.0  # a child imports the handlers' modules within this, or 
 _encode = msgspec.json.Encoder().encode
 _pack = msgspec.msgpack.Encoder().encode
 _unpack = msgspec.msgpack.Decoder(Job).decode
+_unpack_parents = msgspec.msgpack.Decoder(ParentsPage | None).decode
 _RNG = random.Random()  # a child's handlers' ``ctx.rng``
 
 
@@ -244,8 +249,11 @@ def child_main(conn: Connection, imports: Sequence[str], flags: Any, stamps: Any
             return  # the parent is gone
         if message[0] != "run":
             return
-        job = _unpack(message[1])
-        reply = _outcome(job, ChildContext(job, conn, lock, flags, stamps, index, inline))
+        job, first = _unpack(message[1]), _unpack_parents(message[2])
+        ctx = ChildContext(job, conn, lock, flags, stamps, index, inline)
+        if first is not None:  # a workflow member's first page (no more is read from here)
+            ctx.parents = Parents(first)
+        reply = _outcome(job, ctx)
         try:
             with lock:
                 conn.send(reply)
@@ -350,7 +358,7 @@ class ProcessHandlers:
         if ctx.cancelled:
             self._flags[child.index] = 1
         try:
-            child.conn.send(("run", _pack(job)))
+            child.conn.send(("run", _pack(job), _pack(ctx.parents.first)))
             reply = await asyncio.shield(child.reply)  # (a cancel leaves it to the child)
         except asyncio.CancelledError:
             self._flags[child.index] = 1

@@ -89,6 +89,7 @@ from sqlq.common.protocol import (
     Outcome,
     OutcomesAnswer,
     OutcomesRequest,
+    ParentsPage,
     ReleaseIn,
     Reported,
     SnoozeIn,
@@ -104,6 +105,7 @@ from sqlq.common.shape import ShapeError, measure
 from sqlq.common.tokens import BadToken, Ticket, sign, verify
 from sqlq.common.wire import job_view
 from sqlq.runtime.events import Event
+from sqlq.runtime.parents import page as parents_page
 from sqlq.runtime.parts import Parts
 from sqlq.runtime.serial import Serial
 
@@ -506,6 +508,26 @@ class Remote:
         (``detail``: ``"<field>: why"``) or forbidden."""
         [answer] = await self._shielded(self._report([(token, what)], who))
         return answer
+
+    async def parents(self, token: str, start: int, who: Principal) -> ParentsPage | Reported:
+        """A page of the claimed job's parents (``POST /claims/parents``), as the server's
+        own holders read it (``sqlq.runtime.parents.page``), while the token holds the job;
+        else its refusal, as a single outcome's (fenced, invalid, forbidden)."""
+        key = await self._signing_key()
+        try:
+            ticket = self._issued.read(key, token)
+        except BadToken as exc:
+            self.counts[INVALID] += 1
+            return Reported(token=token, error=INVALID, detail=f"token: {exc}")
+        [job] = await self._side.current([ticket.job_id])
+        if job is not None and not who.serves(job.queue):
+            self.counts[FORBIDDEN] += 1
+            return Reported(token=token, error=FORBIDDEN,
+                            detail=f"{who.name} may not read queue {job.queue!r}")  # fmt: skip
+        why = fence(job, ticket, self._clock.time())
+        if job is None or why is not None:
+            return self._fenced(token, job, why)
+        return await parents_page(self._store.get_many, job, start)
 
     async def give_back(self, answer: ClaimAnswer, who: Principal) -> None:
         """Release what a claim granted but could not hand over (its client went away before

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import itertools
 import logging
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from sqlq.runtime.claim import Claim
 from sqlq.runtime.context import CutOff, JobContext, NotStarted, Snooze
 from sqlq.runtime.executor import Executor
 from sqlq.runtime.holding import Holding
+from sqlq.runtime.parents import Parents
 
 CANCELLED_WHILE = "cancelled: a cancel was asked for while it ran"
 
@@ -179,6 +181,10 @@ class WorkerPool:
             w.ctx, w.claim = ctx, claim
             began = self._clock.monotonic()
             try:
+                flow = claim.job.flow
+                if flow is not None and flow.parents:  # a member's parents, before it runs
+                    got = await claims.parents(claim, 0)
+                    ctx.parents = Parents(got, functools.partial(claims.parents, claim))
                 result = await executor.execute(claim.job, ctx)
             except NotStarted:  # a cancel, or the stop, came while it waited for a process
                 if not claim.over:  # (the stop gave it back already)

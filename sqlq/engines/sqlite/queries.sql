@@ -97,6 +97,11 @@ SELECT {job_columns}
 SELECT {job_columns}
   FROM jobs WHERE state IN ('scheduled', 'running');
 
+-- name: get_many
+-- {ids} becomes one "?" per id (SQLiteStore.get_many, in slices).
+SELECT {job_columns}
+  FROM jobs WHERE id IN ({ids});
+
 -- name: find_key
 SELECT {job_columns}
   FROM jobs WHERE idempotency_key = ?;

@@ -27,6 +27,7 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import aiosqlite
@@ -67,7 +68,7 @@ from sqlq.engines.sqlite.batch import (
     steps,
     write_batch,
 )
-from sqlq.engines.sqlite.flows import Flows
+from sqlq.engines.sqlite.flows import IDS_PER_STATEMENT, Flows
 from sqlq.engines.sqlite.migrate import SCHEMA_VERSION, prepare
 from sqlq.engines.sqlite.queries import Q
 from sqlq.engines.sqlite.schedules import schedule_listing, select_schedules
@@ -247,6 +248,15 @@ class SQLiteStore(DurableStore):
         self._live()
         jobs = await self._select(Q["get_job"], (job_id,))
         return jobs[0] if jobs else None
+
+    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
+        self._live()
+        found: dict[str, Job] = {}
+        for at in range(0, len(ids), IDS_PER_STATEMENT):
+            chunk = ids[at : at + IDS_PER_STATEMENT]
+            sql = Q["get_many"].replace("{ids}", ", ".join("?" * len(chunk)))
+            found.update((j.id, j) for j in await self._select(sql, tuple(chunk)))
+        return [found.get(i) for i in ids]
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         self._writable()
