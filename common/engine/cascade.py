@@ -3,14 +3,18 @@
 ``Job.after_parent`` is the rule for one child; this is the walk around it, written once
 for every engine that stores a flow: the memory engine and walq walk their ``JobIndex``
 (what a batch staged, over what is committed), SQLite its own tables inside the parent's
-transaction. An engine gives three things: a job's children, a job as it stands now
-(what the same commit wrote before included), and what to do with a child's move.
+transaction on the connection's thread, PostgreSQL its tables inside the outcome's
+transaction, awaited. So the walk does no I/O itself (``walk`` is a generator): it asks
+for a parent's children as they stand in the commit, for the states of a revived
+child's parents, and hands over each move to write, and an engine answers with its own
+reads and writes (``run`` in a thread, ``run_async`` on the event loop).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any, NamedTuple, cast
 
 from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import TERMINAL, Job, State, Transition
@@ -19,32 +23,49 @@ from sqlq.common.workflow import Ended, ending, settles_failure
 
 log = logging.getLogger(__name__)
 
+_ENDED_FAILED = ("dead", "cancelled")
+
 Current = Callable[[str], Job | None]  # a job by id as it stands in the commit; None: gone
-Put = Callable[[Job, Job, Transition], None]  # a child before, after, and the move between
+StateOf = Callable[[str], str | None]  # a job's state's value by id; None: gone
 
 
-def state_of(current: Current) -> Callable[[str], str | None]:
-    """The state's value of a job by id, as ``after_parent`` and ``recount`` read it."""
+class Children(NamedTuple):
+    """The walk asks for ``parent``'s children as they stand in the commit (with their
+    flows; an engine that locks rows locks them here), in the order they are to be met."""
 
-    def of(job_id: str) -> str | None:
-        job = current(job_id)
-        return None if job is None else job.state.value
-
-    return of
+    parent: str
 
 
-def walk(
-    old: Job,
-    new: Job,
-    children: Callable[[str], Iterable[str]],
-    current: Current,
-    put: Put,
-) -> None:
+class States(NamedTuple):
+    """The walk asks for the states of ``ids`` (a revived child's parents, to count
+    afresh): their values by id, a job gone left out."""
+
+    ids: tuple[str, ...]
+
+
+class Move(NamedTuple):
+    """The walk moved a child: write ``change`` (``before`` to ``after``) before answering,
+    so that what the walk asks next sees it."""
+
+    before: Job
+    after: Job
+    change: Transition
+
+
+Ask = Children | States | Move
+Walk = Generator[Ask, Any, None]
+
+
+def _nobody(_: str) -> str | None:
+    return None
+
+
+def walk(old: Job, new: Job) -> Walk:
     """What a workflow member's move from ``old`` to ``new`` does to its waiting children,
-    and theirs in turn (a cancel goes down the cone), each move handed to ``put`` as it
-    is made, so ``current`` sees it next. Only an end (into completed, dead or cancelled)
-    or a revival (out of dead or cancelled) moves anything."""
-    of = state_of(current)
+    and theirs in turn (a cancel goes down the cone): each read it needs and each move it
+    makes, yielded for the engine to answer (``run``, ``run_async``), so the one walk serves
+    an engine that reads in memory, on a thread or over a network. Only an end (into
+    completed, dead or cancelled) or a revival (out of dead or cancelled) moves anything."""
     work = [(old, new)]
     while work:
         old, new = work.pop()
@@ -54,36 +75,79 @@ def walk(
             ended = None  # revived
         else:
             continue
-        for child_id in children(new.id):
-            child = current(child_id)
-            if child is None:
-                continue
-            t = child.after_parent(ended, new.updated_at, of)
+        children: list[Job] = yield Children(new.id)
+        for child in children:
+            state_of: StateOf = _nobody
+            if ended is None and child.flow is not None and child.state is State.CANCELLED:
+                states: dict[str, str] = yield States(child.flow.parents)  # (to count afresh)
+                state_of = states.get
+            t = child.after_parent(ended, new.updated_at, state_of)
             if t is None:
                 continue
             moved = child.apply(t)
-            put(child, moved, t)
+            yield Move(child, moved, t)
             if moved.state is State.CANCELLED or child.state is State.CANCELLED:
                 work.append((child, moved))  # down the cone: cancelled, or revived
 
 
-def check_revival(job: Job, current: Current) -> None:
+def run(
+    steps: Walk,
+    children: Callable[[str], list[Job]],
+    states: Callable[[tuple[str, ...]], dict[str, str]],
+    put: Callable[[Move], None],
+) -> None:
+    """Drive ``walk``'s ``steps`` with an engine's reads and writes, in this thread."""
+    answer: Any = None
+    while True:
+        try:
+            ask = steps.send(answer)
+        except StopIteration:
+            return
+        if type(ask) is Children:
+            answer = children(ask.parent)
+        elif type(ask) is States:
+            answer = states(ask.ids)
+        else:
+            put(cast(Move, ask))
+            answer = None
+
+
+async def run_async(
+    steps: Walk,
+    children: Callable[[str], Awaitable[list[Job]]],
+    states: Callable[[tuple[str, ...]], Awaitable[dict[str, str]]],
+    put: Callable[[Move], Awaitable[None]],
+) -> None:
+    """``run``, for an engine whose reads and writes are awaited (PostgreSQL)."""
+    answer: Any = None
+    while True:
+        try:
+            ask = steps.send(answer)
+        except StopIteration:
+            return
+        if type(ask) is Children:
+            answer = await children(ask.parent)
+        elif type(ask) is States:
+            answer = await states(ask.ids)
+        else:
+            await put(cast(Move, ask))
+            answer = None
+
+
+def check_revival(job: Job, state_of: StateOf) -> None:
     """A workflow member revived on its own (an operator's retry) may run only if every
     parent has settled for it (``recount``); else it is refused, naming the parent to
     retry instead. (A revived parent revives its cancelled cone itself: ``walk``.)"""
     assert job.flow is not None
     for parent_id in job.flow.parents:
-        parent = current(parent_id)
-        state = None if parent is None else parent.state
-        if state is State.COMPLETED or (
-            state in (State.DEAD, State.CANCELLED) and settles_failure(job.flow)
-        ):
+        state = state_of(parent_id)
+        if state == "completed" or (state in _ENDED_FAILED and settles_failure(job.flow)):
             continue
-        if state in (State.DEAD, State.CANCELLED):
+        if state in _ENDED_FAILED:
             then = "a workflow's job runs only after its parents: retry that one first"
         else:
             then = "a workflow's job runs only once its parents have completed"
-        what = "gone" if state is None else state.value
+        what = "gone" if state is None else state
         raise IllegalTransitionError(job.id, f"its parent {parent_id} is {what}: {then}")
 
 

@@ -16,7 +16,7 @@ from functools import partial
 from itertools import islice
 from typing import cast
 
-from sqlq.common.engine.cascade import check_revival, revived_alone, walk
+from sqlq.common.engine.cascade import Move, check_revival, revived_alone, run, walk
 from sqlq.common.engine.sortedids import SortedIds
 from sqlq.common.errors import (
     DuplicateJobError,
@@ -183,7 +183,7 @@ class JobIndex:
                 new = current.apply(change)
                 if new.flow is not None and new.state is not current.state:
                     if revived_alone(current, new):
-                        check_revival(new, partial(self._current, mine=mine, staged=staged))
+                        check_revival(new, partial(self._state_of, mine=mine, staged=staged))
                     mine[change.job_id] = new
                     self._cascade(current, new, mine, staged, cascaded, change)
                 else:
@@ -214,15 +214,25 @@ class JobIndex:
         """``cascade.walk`` over what is committed, ``staged`` and ``mine``: each child's
         move staged into ``mine`` and added to ``out``."""
 
-        def put(child: Job, moved: Job, t: Transition) -> None:
-            mine[child.id] = moved
+        current = partial(self._current, mine=mine, staged=staged)
+
+        def children(parent: str) -> list[Job]:
+            kids = (current(c) for c in self.children.get(parent, ()))
+            return [k for k in kids if k is not None]
+
+        def states(ids: tuple[str, ...]) -> dict[str, str]:
+            return {i: j.state.value for i in ids if (j := current(i)) is not None}
+
+        def put(move: Move) -> None:
+            mine[move.after.id] = move.after
             if out is not None:
-                out.append(Cascaded(child, moved, t, cause))
+                out.append(Cascaded(move.before, move.after, move.change, cause))
 
-        walk(old, new, self._children, partial(self._current, mine=mine, staged=staged), put)
+        run(walk(old, new), children, states, put)
 
-    def _children(self, job_id: str) -> list[str]:
-        return self.children.get(job_id, [])
+    def _state_of(self, job_id: str, mine: Staged, staged: Staged) -> str | None:
+        job = self._current(job_id, mine, staged)
+        return None if job is None else job.state.value
 
     def _current(self, job_id: str, mine: Staged, staged: Staged) -> Job | None:
         for layer in (mine, staged):

@@ -15,20 +15,20 @@ change), so a parent's end costs its children's rows and not their fan-ins again
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
 import msgspec
 
-from sqlq.common.engine.cascade import check_revival, revived_alone, walk
+from sqlq.common.engine.cascade import Move, check_revival, revived_alone, run, walk
 from sqlq.common.models import Job, Transition
 from sqlq.common.store import Cascaded, Change
 from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
 from sqlq.engines.rows import row_job
 from sqlq.engines.sqlite.queries import Q
 
-Move = Callable[[Transition], None]  # a child's row moved, by the batch's guarded statement
+Write = Callable[[Transition], None]  # a child's row moved, by the batch's guarded statement
 IDS_PER_STATEMENT = 500  # ids bound in one ``get_flows`` (SQLite allows 32,766 parameters)
 
 
@@ -104,8 +104,19 @@ class Flows:
         rows = [row_job(r) for r in self.conn.execute(Q["get_job"], (job_id,))]
         return self.attach(rows)[0] if rows else None
 
-    def children(self, job_id: str) -> Iterable[str]:
-        return [r[0] for r in self.conn.execute(Q["children_of"], (job_id,))]
+    def children(self, job_id: str) -> list[Job]:
+        """``job_id``'s children as they stand in this transaction, with their flows."""
+        rows = self.conn.execute(Q["children_of"], (job_id,))
+        return self.attach([row_job(r) for r in rows])
+
+    def states(self, ids: tuple[str, ...]) -> dict[str, str]:
+        """The states of the jobs ``ids`` that are kept, by id."""
+        out: dict[str, str] = {}
+        it = iter(ids)
+        while chunk := list(islice(it, IDS_PER_STATEMENT)):
+            sql = Q["states_of"].replace("{ids}", ", ".join("?" * len(chunk)))
+            out.update(self.conn.execute(sql, chunk))
+        return out
 
     def workflow(self, workflow_id: str) -> list[Job]:
         """A workflow's members kept, in the order they were stored."""
@@ -134,7 +145,7 @@ class Flows:
         t: Transition,
         cascaded: list[Cascaded],
         cause: Change,
-        move: Move,
+        move: Write,
     ) -> None:
         """A member's move ``t`` from ``old``, its row written already: its counts, and, if
         it ended or was revived, what that does to its children, down the cone (each
@@ -144,14 +155,14 @@ class Flows:
         if new.state is old.state:
             return
         if revived_alone(old, new):
-            check_revival(new, self.job)
+            check_revival(new, self.states(new.flow.parents if new.flow else ()).get)
 
-        def put(child: Job, moved: Job, ct: Transition) -> None:
-            move(ct)
-            self._write(ct)
-            cascaded.append(Cascaded(child, moved, ct, cause))
+        def put(m: Move) -> None:
+            move(m.change)
+            self._write(m.change)
+            cascaded.append(Cascaded(m.before, m.after, m.change, cause))
 
-        walk(old, new, self.children, self.job, put)
+        run(walk(old, new), self.children, self.states, put)
 
     def _write(self, t: Transition) -> None:
         change = t.flow

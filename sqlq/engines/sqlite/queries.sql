@@ -249,7 +249,14 @@ SELECT {job_columns}
 SELECT parent FROM edges WHERE child = ? ORDER BY n;
 
 -- name: children_of
-SELECT child FROM edges WHERE parent = ?;
+-- A parent's children, in their ids' order (one order for every engine's walk).
+SELECT {job_columns}
+  FROM jobs WHERE id IN (SELECT child FROM edges WHERE parent = ?)
+ ORDER BY id;
+
+-- name: states_of
+-- {ids} becomes one "?" per id (sqlq.engines.sqlite.flows).
+SELECT id, state FROM jobs WHERE id IN ({ids});
 
 -- name: workflow_jobs
 -- A workflow's members, in the order they were stored.
