@@ -244,10 +244,6 @@ class JobStore(Protocol):
         An engine that writes no batches (memory) never calls it."""
         ...
 
-    # Whether the engine stores a workflow member's ``Job.flow`` (all but PostgreSQL so far);
-    # a workflow submitted to one that does not is refused, naming the field.
-    workflows: bool
-
     async def workflow(self, workflow_id: str) -> list[Job]:
         """A workflow's members still kept (none: no such workflow), in submission order.
         An engine that stores no flow (``workflows`` False) has none."""

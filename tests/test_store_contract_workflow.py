@@ -1,9 +1,7 @@
 """The JobStore contract for workflows: a parent's end moves its waiting children in its own
 commit, once, by each child's policy, and a reopen finds exactly what was committed.
 
-Over the engines that store a job's flow (``JobStore.workflows``): memory, walq and SQLite.
-PostgreSQL refuses a workflow's submission (``test_workflow_runtime``) until it stores one;
-it then joins these parameters.
+Over every engine.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from tests.conftest import _factory
 from tests.helpers import NOW, StoreFactory
 from tests.store_contract_helpers import assert_reopened_holds
 
-WORKFLOW_ENGINES = ("memory", "walq", "sqlite")
+WORKFLOW_ENGINES = ("memory", "walq", "sqlite", "postgres")
 
 
 @pytest.fixture(params=WORKFLOW_ENGINES)

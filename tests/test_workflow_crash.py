@@ -1,8 +1,9 @@
-"""A workflow through kill -9, on a real ``sqlq serve`` (walq and SQLite) and its files.
+"""A workflow through kill -9, on a real ``sqlq serve`` (walq, SQLite and PostgreSQL).
 
 A remote queue makes each completion a step the test takes (``/claims``): a diamond
 a -> (b, c) -> d is driven to b completed and c running, the server is killed with
-SIGKILL, and a new one recovers from the files. d must still wait for c, then run once.
+SIGKILL, and a new one recovers from the files (PostgreSQL: the database). d must still
+wait for c, then run once.
 """
 
 from __future__ import annotations
@@ -47,11 +48,15 @@ async def _states(http: httpx.AsyncClient, ids: list[str]) -> list[str]:
     return [(await http.get(f"/jobs/{i}")).json()["state"] for i in ids]
 
 
-@pytest.mark.parametrize("engine", ["wal", "sqlite"])
+@pytest.mark.parametrize("engine", ["wal", "sqlite", "postgres"])
 async def test_a_diamond_across_a_kill_between_its_two_middle_completions(
-    tmp_path: Path, engine: str
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
 ) -> None:
-    args = ("--store", engine, "--data", str(tmp_path / "data"), "--remote-queue", "flow")
+    if engine == "postgres":  # a real PostgreSQL, its own database
+        where = ("--dsn", str(request.getfixturevalue("pg_db")))
+    else:
+        where = ("--data", str(tmp_path / "data"))
+    args = ("--store", engine, *where, "--remote-queue", "flow")
     server: ServerProcess = await start_ready(*args)
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:

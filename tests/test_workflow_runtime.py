@@ -1,6 +1,5 @@
 """Workflows through the service and the HTTP API: a graph submitted in one batch runs each
-job once, after its parents; a bad graph is a 422 naming the job; an engine that does not
-store a workflow yet refuses one, naming the field."""
+job once, after its parents; a bad graph is a 422 naming the job."""
 
 from __future__ import annotations
 
@@ -11,11 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from sqlq.common.errors import IllegalTransitionError, ValidationError
+from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import Job, State
 from sqlq.common.specs import MemberSpec, RetrySpec
 from sqlq.common.workflow import CancelReason, Flow, OnParentFailure
-from sqlq.engines.postgres.store import PostgresStore
 from sqlq.engines.registry import make_store
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, task
@@ -181,16 +179,6 @@ async def test_a_graph_outside_a_workflow_is_a_422(client: httpx.AsyncClient) ->
     assert "depends_on" in r.json()["message"]
     r = await client.post("/jobs/batch", json={"jobs": [{"kind": "sleep", "ref": "a"}]})
     assert (r.status_code, r.json()["field"]) == (422, "jobs[0].ref")
-
-
-async def test_an_engine_without_workflows_refuses_one_naming_the_field(
-    services: ServiceFactory, pg_db: str
-) -> None:
-    rt = services(PostgresStore(pg_db), workers=0)
-    await rt.start()
-    with pytest.raises(ValidationError, match="postgres engine does not run workflows") as caught:
-        await rt.submit(DIAMOND[:1], batch=True, workflow=True)
-    assert caught.value.field == "workflow"
 
 
 async def test_a_workflow_reads_back_with_its_state_counts_and_what_blocks_each_job(

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlq.common.errors import StoreClosedError, StoreError, StoreFailedError, UnencodableError
-from sqlq.common.models import Job
 from sqlq.common.store import CascadeObserver, Change, StoreStats
 
 log = logging.getLogger(__name__)
@@ -262,7 +261,6 @@ class Committing:
     name: str
     _committer: GroupCommitter | None
     _observer: BatchObserver | None
-    workflows = False  # ``JobStore.workflows``: until the engine stores a job's flow
     _cascade: CascadeObserver | None = None
 
     def observe_batches(self, observer: BatchObserver) -> None:
@@ -272,11 +270,6 @@ class Committing:
 
     def observe_cascade(self, observer: CascadeObserver) -> None:
         self._cascade = observer
-
-    async def workflow(self, workflow_id: str) -> list[Job]:
-        """No members: an engine that stores no flow has no workflow (``workflows``)."""
-        self._live()
-        return []
 
     def _live(self) -> GroupCommitter:
         """The committer of an open store; ``StoreClosedError`` otherwise."""

@@ -41,7 +41,6 @@ class MemoryStore:
     name = "memory"
     durable = False
     shared = False
-    workflows = True
 
     def __init__(
         self,

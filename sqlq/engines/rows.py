@@ -60,9 +60,8 @@ TRANSITION_COLUMNS = (
 )
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)  # for a statement's column list
 # The rows below are the models' fields in order: say so where it can be checked once. All
-# but a workflow member's ``flow``, last: SQLite keeps it in tables of its own
-# (sqlite/flows.py), and PostgreSQL refuses a workflow
-# (``JobStore.workflows``) until they store it.
+# but a workflow member's ``flow``, last, which each engine keeps its own way: SQLite in
+# tables of its own (sqlite/flows.py), PostgreSQL in a column and a table (postgres/flows.py).
 if (*JOB_COLUMNS, "flow") != Job.__struct_encode_fields__:
     raise AssertionError(f"JOB_COLUMNS are not Job's fields: {Job.__struct_encode_fields__}")
 if (*TRANSITION_COLUMNS, "flow") != Transition.__struct_encode_fields__:

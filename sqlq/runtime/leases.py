@@ -87,7 +87,8 @@ async def rescue_expired(
 async def cancel_in_store(
     store: SharedStore, job_id: str, clock: Clock, grace_s: float | None = None
 ) -> tuple[Job, Transition | None]:
-    """Cancel ``job_id`` if it is scheduled (the job before, and the durable cancel), or ask
+    """Cancel ``job_id`` if it is scheduled or waiting (a workflow's: its cone with it, in
+    the same commit) (the job before, and the durable cancel), or ask
     for the cancel of it running on any node (the job as it now stands, None); ``grace_s``:
     forced, so a remote worker's lease is held to now + ``grace_s`` (``request_cancel``).
     A job that moves on meanwhile is looked at again; a finished one:
@@ -99,7 +100,7 @@ async def cancel_in_store(
             raise JobNotFoundError(job_id)
         now = clock.time()
         state = job.state.value
-        if job.state is State.SCHEDULED:
+        if job.state is State.SCHEDULED or job.state is State.WAITING:
             t = job.cancel(now)
             try:
                 await store.commit([t])

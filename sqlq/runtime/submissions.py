@@ -124,11 +124,6 @@ class Submissions:
 
     def _members(self, specs: Sequence[JobSpec], now: float) -> list[_Member]:
         """Each job's place in the new workflow ``specs`` make: its id and ``Flow``."""
-        if not self._store.workflows:
-            raise ValidationError(
-                "workflow", f"the {self._store.name} engine does not run workflows yet; "
-                "serve with --store wal or sqlite (or memory)"
-            )  # fmt: skip
         for i, spec in enumerate(specs):
             if spec.idempotency_key is not None:
                 raise ValidationError(

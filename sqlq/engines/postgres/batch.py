@@ -34,7 +34,8 @@ from sqlq.common.errors import (
     UnencodableError,
 )
 from sqlq.common.models import TRANSITIONS, Job, State, Transition
-from sqlq.common.store import Change, Fence
+from sqlq.common.store import Cascaded, Change, Fence
+from sqlq.engines.postgres import flows
 from sqlq.engines.postgres.connections import DEADLINE_S
 from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
 from sqlq.engines.postgres.schedule_rows import Step, steps
@@ -42,7 +43,6 @@ from sqlq.engines.rows import (
     JOB_COLUMNS,
     LEASE_COLUMNS,
     job_values,
-    row_job,
     transition_values,
 )
 
@@ -80,7 +80,7 @@ class Encoded:
     a call of jobs and transitions only (a batch of those is one statement); a call
     that changes a schedule is applied step by step, in order (``schedules.py``)."""
 
-    __slots__ = ("fence", "ids", "jobs", "moves", "steps", "wakes")
+    __slots__ = ("fence", "ids", "jobs", "members", "moves", "steps", "wakes")
 
     def __init__(self, changes: Sequence[Change], fence: Fence = NO_FENCE) -> None:
         self.fence = fence
@@ -100,6 +100,8 @@ class Encoded:
         self.wakes = bool(self.jobs) or any(
             isinstance(c, Transition) and c.state is State.SCHEDULED for c in changes
         )
+        # A workflow member made or moved: written one by one, with its cascade (flows.py).
+        self.members = any(c.flow is not None for c in changes if isinstance(c, Job | Transition))
 
 
 def columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
@@ -137,32 +139,51 @@ async def write_batch(conn: asyncpg.Connection, encoded: Sequence[Encoded]) -> b
 
 async def write_one_by_one(
     conn: asyncpg.Connection, batch: Sequence[Pending], pool: asyncpg.Pool,
-    deadline_s: float = DEADLINE_S,
+    deadline_s: float = DEADLINE_S, cascaded: list[Cascaded] | None = None,
 ) -> list[BaseException | None]:  # fmt: skip
     """Each caller's changes in a transaction of their own, change by change, so that
     the caller at fault hears why (read on ``pool``, taken within ``deadline_s``) and the
-    others commit."""
-    return [await one_caller(conn, p, pool, deadline_s) for p in batch]
+    others commit; what their members' ends moved is added to ``cascaded``."""
+    out = [] if cascaded is None else cascaded
+    return [await one_caller(conn, p, pool, deadline_s, out) for p in batch]
 
 
 async def one_caller(
     conn: asyncpg.Connection, pending: Pending, pool: asyncpg.Pool,
-    deadline_s: float = DEADLINE_S,
+    deadline_s: float = DEADLINE_S, cascaded: list[Cascaded] | None = None,
 ) -> BaseException | None:  # fmt: skip
     e: Encoded = pending.encoded
     jobs = [c for c in pending.changes if isinstance(c, Job)]
     moves = [c for c in pending.changes if isinstance(c, Transition)]
+    out = [] if cascaded is None else cascaded
+    before = len(out)
     try:
         async with conn.transaction():
             for job, row in zip(jobs, e.jobs, strict=True):
                 await insert_one(conn, job, row, e.wakes)
+                if job.flow is not None:
+                    await flows.inserted(conn, job)
             for t, row in zip(moves, e.moves, strict=True):
+                if t.flow is None:
+                    await move_one(conn, t, row, e, pool, deadline_s)
+                    continue
+                old = await flows.locked(conn, t.job_id)
                 await move_one(conn, t, row, e, pool, deadline_s)
+                assert old is not None  # (it moved: it was there)
+
+                async def move_row(ct: Transition, fence: Fence, wakes: bool) -> None:
+                    one = Encoded([ct], fence)
+                    await move_one(conn, ct, one.moves[0], one, pool, deadline_s, wakes)
+
+                await flows.moved(conn, old, t, out, t, move_row)
     except SqlqError as exc:
+        del out[before:]
         return exc
     except asyncpg.DataError as exc:
+        del out[before:]
         return unencodable(exc)
     except asyncpg.TransactionRollbackError as exc:
+        del out[before:]
         # A deadlock again, now in this caller's own transaction: rolled back, nothing of
         # it written; the caller may write it again, as after a lost connection.
         return StoreUnavailableError(f"PostgreSQL rolled the write back: {type(exc).__name__}")
@@ -191,11 +212,12 @@ def collision(exc: asyncpg.UniqueViolationError, job: Job) -> SqlqError:
 
 async def move_one(
     conn: asyncpg.Connection, t: Transition, row: tuple[Any, ...], e: Encoded,
-    pool: asyncpg.Pool, deadline_s: float = DEADLINE_S,
+    pool: asyncpg.Pool, deadline_s: float = DEADLINE_S, wakes: bool | None = None,
 ) -> None:  # fmt: skip
     """Apply one guarded transition, naming the guard that refused it."""
     try:
-        await conn.fetchrow(Q["write_batch"], *job_args([], [row], e.wakes))
+        await conn.fetchrow(Q["write_batch"], *job_args([], [row], e.wakes if wakes is None
+                                                        else wakes))  # fmt: skip
     except asyncpg.PostgresError as exc:
         if exc.sqlstate != REFUSED:
             raise
@@ -217,10 +239,10 @@ async def why(
         return JobNotFoundError(t.job_id)
     values = tuple(found)
     try:
-        row_job(values[:JOB_WIDTH]).check(t)
+        flows.job_of(values[: flows.ROW_WIDTH]).check(t)
     except TransitionError as exc:
         return exc
-    node, lease = values[JOB_WIDTH:]
+    node, lease = values[flows.ROW_WIDTH :]
     refusal = fence_refusal(fence, node, lease)
     return StaleEpochError(t.job_id, refusal or "the job changed while the change was written")
 

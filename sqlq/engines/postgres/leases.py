@@ -19,8 +19,8 @@ import msgspec
 from sqlq.common.models import Job
 from sqlq.common.running import Progress
 from sqlq.common.store import Extended, Lease
+from sqlq.engines.postgres.flows import job_of
 from sqlq.engines.postgres.queries import Q
-from sqlq.engines.rows import row_job
 
 CAP_LOCK = 0x5371_6C73  # with the queue's hash: one node at a time claims from a capped queue
 encode = msgspec.json.Encoder().encode  # progress, as rows.py writes it
@@ -57,7 +57,7 @@ async def claim(
                 Q["claim_capped"], now, n - len(rows), lease_until, queue, holder, caps[queue],
                 kind_list,
             )  # fmt: skip
-    jobs = [row_job(r) for r in rows]
+    jobs = [job_of(r) for r in rows]
     jobs.sort(key=lambda j: (-j.priority, j.ready_at, j.id))
     return jobs
 

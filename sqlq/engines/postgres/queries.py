@@ -22,7 +22,17 @@ from sqlq.engines.rows import JOB_COLUMNS, LEASE_COLUMNS, TRANSITION_COLUMNS
 
 COLUMN_OF = {"holder": "node"}  # a job field stored under another name: the table's
 TABLE_COLUMNS = tuple(COLUMN_OF.get(c, c) for c in JOB_COLUMNS)
-SELECT_LIST = ", ".join(c if c not in COLUMN_OF else f"{COLUMN_OF[c]} AS {c}" for c in JOB_COLUMNS)
+# A job's select list: its columns, then a workflow member's flow and its parents in the
+# order named (NULL for a job outside every workflow: no edge is read for it). ``job_of``
+# (flows.py) reads a row of it.
+SELECT_LIST = ", ".join(
+    [
+        *(c if c not in COLUMN_OF else f"{COLUMN_OF[c]} AS {c}" for c in JOB_COLUMNS),
+        "flow",
+        "CASE WHEN flow IS NULL THEN NULL ELSE ARRAY("
+        "SELECT e.parent FROM edges e WHERE e.child = id ORDER BY e.n) END AS parents",
+    ]
+)
 # A guarded transition (write_batch's ``u``): the transition's row with the states it may
 # come from after its expected epoch, without its holder and lease (the claim's and the
 # renewals', never a transition's: write_batch), and the fence it must also pass at the

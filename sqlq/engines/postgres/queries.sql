@@ -328,15 +328,66 @@ SELECT pg_try_advisory_lock($1);
 SELECT pg_advisory_unlock($1);
 
 -- name: prune
--- Finished jobs past retention, and nodes not seen for as long.
+-- Finished jobs past retention, and nodes not seen for as long. A workflow's member goes
+-- only with its whole workflow (sqlq.common.engine.index.retired: none of its members
+-- live or newer), never a parent under a live child; its edges and membership with it.
 WITH pruned AS (
     DELETE FROM jobs
      WHERE state IN ('completed', 'dead', 'cancelled') AND updated_at < $1
-    RETURNING 1
+       AND (flow IS NULL OR NOT EXISTS (
+            SELECT 1 FROM members m JOIN members o ON o.workflow_id = m.workflow_id
+              JOIN jobs k ON k.id = o.job_id
+             WHERE m.job_id = jobs.id
+               AND (k.state NOT IN ('completed', 'dead', 'cancelled') OR k.updated_at >= $1)))
+    RETURNING id, flow IS NOT NULL AS member
+), unlisted AS (
+    DELETE FROM members WHERE job_id IN (SELECT id FROM pruned WHERE member) RETURNING 1
+), unlinked AS (
+    DELETE FROM edges WHERE child IN (SELECT id FROM pruned WHERE member) RETURNING 1
 ), forgotten AS (
     DELETE FROM nodes WHERE seen_at < $1 RETURNING 1
 )
-SELECT (SELECT count(*) FROM pruned), (SELECT count(*) FROM forgotten);
+SELECT (SELECT count(*) FROM pruned), (SELECT count(*) FROM forgotten),
+       (SELECT count(*) FROM unlisted) + (SELECT count(*) FROM unlinked);
+
+-- name: set_flow
+-- A new member's flow (its parents are edges: add_edges).
+WITH listed AS (
+    INSERT INTO members (job_id, workflow_id) VALUES ($1, $3) RETURNING 1
+)
+UPDATE jobs SET flow = $2::jsonb WHERE id = $1 AND (SELECT count(*) FROM listed) = 1;
+
+-- name: add_edges
+-- A new member's parents ($1, in the order named) as edges to it ($2).
+INSERT INTO edges (parent, child, n)
+SELECT p, $2, (i - 1)::int FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i);
+
+-- name: merge_flow
+-- A member's new counts and cancel reason (sqlq.common.workflow.FlowChange), over its flow.
+UPDATE jobs SET flow = flow || $2::jsonb WHERE id = $1 AND flow IS NOT NULL;
+
+-- name: locked
+-- A job as it stands, its row locked until the transaction ends: a member's own before its
+-- move, so no other node's outcome moves it between this read and that write.
+SELECT {job_columns} FROM jobs WHERE id = $1 FOR UPDATE;
+
+-- name: children
+-- A parent's children, each row locked (in id order, one order for every node, so two
+-- parents' outcomes lock a shared child in turn and never in a cycle): the second of two
+-- nodes completing a fan-in's last two parents waits here, then reads the first's count.
+SELECT {job_columns} FROM jobs
+ WHERE id IN (SELECT child FROM edges WHERE parent = $1)
+ ORDER BY id
+   FOR UPDATE;
+
+-- name: states
+SELECT id, state FROM jobs WHERE id = ANY($1::text[]);
+
+-- name: workflow
+-- A workflow's members kept, in the order they were stored.
+SELECT {job_columns} FROM members m JOIN jobs ON jobs.id = m.job_id
+ WHERE m.workflow_id = $1
+ ORDER BY m.seq;
 
 -- name: live
 SELECT count(*) FROM jobs WHERE state IN ('scheduled', 'running');

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
+from sqlq.common.engine.cascade import tell
 from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
 from sqlq.common.errors import StoreError, StoreUnavailableError, ValidationError
 from sqlq.common.models import Job, State
@@ -37,6 +38,7 @@ from sqlq.common.running import Progress
 from sqlq.common.schedule import Schedule, key_range
 from sqlq.common.store import (
     DEFAULT_RETENTION_S,
+    Cascaded,
     Change,
     CompactionReport,
     Extended,
@@ -50,13 +52,13 @@ from sqlq.common.store import (
     SyncLevel,
 )
 from sqlq.engines.listing import postgres_args, postgres_shape
-from sqlq.engines.postgres import leases, signing
+from sqlq.engines.postgres import flows, leases, signing
 from sqlq.engines.postgres.batch import Encoded, fast_path_safe, write_batch, write_one_by_one
 from sqlq.engines.postgres.connections import DEADLINE_S, UNAVAILABLE, Connections
+from sqlq.engines.postgres.flows import ROW_WIDTH, job_of
 from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
 from sqlq.engines.postgres.schedule_rows import row_schedule
 from sqlq.engines.postgres.schedules import flush
-from sqlq.engines.rows import JOB_COLUMNS, row_job
 
 T = TypeVar("T")
 PRUNE_LOCK = 0x5371_6C72  # one node at a time prunes
@@ -157,12 +159,17 @@ class PostgresStore(Committing):
                 )
                 self.syncs, self.slow_batches = self.syncs + syncs, self.slow_batches + slow
                 return outcomes
-            if fast_path_safe(encoded) and await write_batch(conn, encoded):
+            members = any(e.members for e in encoded)  # (a workflow's: one by one, cascaded)
+            if not members and fast_path_safe(encoded) and await write_batch(conn, encoded):
                 self.syncs += 1
                 return [None] * len(batch)
-            self.slow_batches += 1
-            outcomes = await write_one_by_one(conn, batch, self._db.pool, self._db.deadline_s)
+            self.slow_batches += not members
+            cascaded: list[Cascaded] = []
+            outcomes = await write_one_by_one(
+                conn, batch, self._db.pool, self._db.deadline_s, cascaded
+            )
             self.syncs += 1
+            tell(self._cascade, cascaded)
             return outcomes
         except UNAVAILABLE as exc:
             # The answer was lost: each caller hears so, and the next batch reconnects.
@@ -206,11 +213,11 @@ class PostgresStore(Committing):
 
     async def get(self, job_id: str) -> Job | None:
         row = await self._read(lambda c: c.fetchrow(Q["get"], job_id), "job_id")
-        return None if row is None else row_job(row)
+        return None if row is None else job_of(row)
 
     async def find_key(self, key: str) -> Job | None:
         row = await self._read(lambda c: c.fetchrow(Q["find_key"], key), "idempotency_key")
-        return None if row is None else row_job(row)
+        return None if row is None else job_of(row)
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         shape, args = postgres_shape(query), postgres_args(query)
@@ -220,7 +227,7 @@ class PostgresStore(Committing):
         else:  # the one free-text filter: state, queue and the cursor are checked shapes
             sql, field = LIST_STATEMENTS[shape], "kind"
         rows = await self._read(lambda c: c.fetch(sql, *args), field, listing=True)
-        return [row_job(r) for r in rows]
+        return [job_of(r) for r in rows]
 
     async def list_schedules(self) -> list[Schedule]:
         rows = await self._read(lambda c: c.fetch(SQ["schedules"]))
@@ -238,11 +245,14 @@ class PostgresStore(Committing):
 
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         rows = await self._read(lambda c: c.fetch(Q["finished"], list(ids)))
-        return [row_job(r) for r in rows]
+        return [job_of(r) for r in rows]
+
+    async def workflow(self, workflow_id: str) -> list[Job]:
+        return await self._read(lambda c: flows.workflow(c, workflow_id), "workflow_id")
 
     async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
         rows = await self._read(lambda c: c.fetch(Q["get_many"], list(ids)), "job_id")
-        found = {job.id: job for job in map(row_job, rows)}
+        found = {job.id: job for job in map(job_of, rows)}
         return [found.get(i) for i in ids]
 
     async def claim(
@@ -299,11 +309,11 @@ class PostgresStore(Committing):
         )
         if row is None:  # not running, or asked already: read as it is now, in a new snapshot
             return await self.get(job_id)
-        return row_job(tuple(row)[: len(JOB_COLUMNS)])
+        return job_of(tuple(row)[:ROW_WIDTH])
 
     async def expired(self, now: float, limit: int) -> list[Job]:
         rows = await self._read(lambda c: c.fetch(Q["expired"], now, limit))
-        return [row_job(r) for r in rows]
+        return [job_of(r) for r in rows]
 
     async def release(self, now: float) -> int:
         released: int = await self._read(lambda c: c.fetchval(Q["release"], self.node, now))
@@ -338,7 +348,7 @@ class PostgresStore(Committing):
             if await conn.fetchval(Q["prune_lock"], PRUNE_LOCK):
                 try:
                     horizon = self.clock.time() - self.retention
-                    pruned, _nodes = await conn.fetchrow(Q["prune"], horizon)
+                    pruned, _nodes, _graph = await conn.fetchrow(Q["prune"], horizon)
                 finally:
                     await conn.execute(Q["prune_unlock"], PRUNE_LOCK)
             after = int(await conn.fetchval(Q["size"]))

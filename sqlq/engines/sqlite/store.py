@@ -112,7 +112,6 @@ SYNC_PRAGMAS: dict[SyncLevel, dict[str, str | int]] = {
 class SQLiteStore(DurableStore):
     name = "sqlite"
     lock_name = LOCK_NAME
-    workflows = True
 
     def __init__(self, data_dir: str | os.PathLike[str], **options: Any) -> None:
         super().__init__(data_dir, **options)

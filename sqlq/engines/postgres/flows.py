@@ -1,0 +1,112 @@
+"""Workflows in the PostgreSQL engine: a member's flow on its row, its edges, and the
+cascade of a parent's end in the outcome's own transaction.
+
+A member's change never goes in the one-statement batch (``write_batch``): its caller's
+changes are written one by one in a transaction of their own (``batch.one_caller``), and
+there a member's move locks its row first (``locked``), is written by the batch's own
+guarded statement, and is read back as written (the statement may land a move out of
+running as cancelled: a cancel another node asked for). Then the walk every engine
+shares (``sqlq.common.engine.cascade``) runs against the tables, awaited: each parent's
+children are read and locked in id order (``children``), so two nodes completing a
+fan-in's last two parents take the child in turn, and the second reads the first's
+count, not the count its snapshot began with. A child's move is the same guarded
+statement, with its counts merged into its flow; a child released wakes the claimers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from sqlq.common.engine.cascade import Move, check_revival, revived_alone, run_async, walk
+from sqlq.common.models import Job, State, Transition
+from sqlq.common.store import Cascaded, Change, Fence
+from sqlq.common.workflow import Flow
+from sqlq.engines.postgres.queries import Q
+from sqlq.engines.rows import JOB_COLUMNS, row_job
+
+JOB_WIDTH = len(JOB_COLUMNS)
+ROW_WIDTH = JOB_WIDTH + 2  # a job's select list: its columns, its flow, its parents
+_FLOW = msgspec.json.Decoder(Flow)
+_encode = msgspec.json.encode
+
+
+def job_of(row: Any) -> Job:
+    """The job of a row of the select list (``queries.SELECT_LIST``): its columns, then a
+    member's flow (jsonb, as text) and its parents (an array), both NULL for any other."""
+    values = tuple(row)
+    job = row_job(values[:JOB_WIDTH])
+    flow = values[JOB_WIDTH]
+    if flow is None:
+        return job
+    parents = tuple(values[JOB_WIDTH + 1] or ())
+    return msgspec.structs.replace(job, flow=msgspec.structs.replace(_FLOW.decode(flow),
+                                                                     parents=parents))  # fmt: skip
+
+
+def flow_text(flow: Flow) -> str:
+    """A flow as its row keeps it: without its parents, which are edges."""
+    return _encode(msgspec.structs.replace(flow, parents=())).decode()
+
+
+def change_text(t: Transition) -> str:
+    """A move's new counts and reason, every key given (``merge_flow`` merges them)."""
+    assert t.flow is not None
+    reason = t.flow.cancel_reason
+    return _encode(
+        {"deps_pending": t.flow.deps_pending, "failed": t.flow.failed,
+         "cancel_reason": None if reason is None else reason.value}
+    ).decode()  # fmt: skip
+
+
+async def inserted(conn: asyncpg.Connection, job: Job) -> None:
+    """A new member's flow, membership and edges, after its row (same transaction)."""
+    assert job.flow is not None
+    await conn.execute(Q["set_flow"], job.id, flow_text(job.flow), job.flow.workflow_id)
+    if job.flow.parents:
+        await conn.execute(Q["add_edges"], list(job.flow.parents), job.id)
+
+
+async def locked(conn: asyncpg.Connection, job_id: str) -> Job | None:
+    row = await conn.fetchrow(Q["locked"], job_id)
+    return None if row is None else job_of(row)
+
+
+async def moved(
+    conn: asyncpg.Connection,
+    old: Job,
+    t: Transition,
+    cascaded: list[Cascaded],
+    cause: Change,
+    move_row: Any,
+) -> None:
+    """A member's move ``t`` from ``old`` (locked, then written by the guarded statement):
+    its counts, and, if it ended or was revived, its children's moves down the cone
+    (``move_row(t, fence)``: the batch's guarded statement for one transition)."""
+    await conn.execute(Q["merge_flow"], t.job_id, change_text(t))
+    new = await locked(conn, t.job_id)
+    assert new is not None  # (its row is locked: it is there)
+    if new.state is old.state:
+        return
+    if revived_alone(old, new):
+        check_revival(new, (await states(conn, new.flow.parents if new.flow else ())).get)
+
+    async def children(parent: str) -> list[Job]:
+        return [job_of(r) for r in await conn.fetch(Q["children"], parent)]
+
+    async def put(m: Move) -> None:
+        await move_row(m.change, Fence(), m.change.state is State.SCHEDULED)
+        await conn.execute(Q["merge_flow"], m.change.job_id, change_text(m.change))
+        cascaded.append(Cascaded(m.before, m.after, m.change, cause))
+
+    await run_async(walk(old, new), children, lambda ids: states(conn, ids), put)
+
+
+async def states(conn: asyncpg.Connection, ids: tuple[str, ...] | list[str]) -> dict[str, str]:
+    return {r[0]: r[1] for r in await conn.fetch(Q["states"], list(ids))}
+
+
+async def workflow(conn: asyncpg.Connection, workflow_id: str) -> list[Job]:
+    return [job_of(r) for r in await conn.fetch(Q["workflow"], workflow_id)]
