@@ -195,6 +195,23 @@ class Overall(StrEnum):
 _FAILED_ENDS = frozenset({"dead", "cancelled"})
 
 
+def retried(
+    members: Iterable[tuple[str, str, Flow | None]], state_of: Callable[[str], str | None]
+) -> list[str]:
+    """The members a workflow's retry revives, from each one's (id, state, flow): every dead
+    one whose parents all completed. Each comes back with the cone its death cancelled
+    (``Job.after_parent``); one a user cancelled stays so, and so does one that died after
+    a parent it ran after failed (``run``): reviving it would run it beside that parent's
+    next attempt, so it waits for a retry of its own once that parent has settled."""
+    out = []
+    for job_id, state, flow in members:
+        if state == "dead" and (
+            flow is None or all(state_of(p) == "completed" for p in flow.parents)
+        ):
+            out.append(job_id)
+    return out
+
+
 def blocked_by(flow: Flow, state_of: Callable[[str], str | None]) -> list[str]:
     """The parents a waiting member still waits for: every one not completed (a parent
     no longer kept is listed too: from here it cannot be told how it ended)."""

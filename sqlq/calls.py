@@ -315,6 +315,12 @@ class Requests:
                                 retry=True))  # fmt: skip
 
     @staticmethod
+    def retry_workflow(workflow_id: str) -> Plan[int]:
+        """Revive a workflow's dead members (with what their deaths cancelled): how many."""
+        done = yield from Call("POST", f"/workflows/{workflow_id}/retry", Retried)
+        return done.retried
+
+    @staticmethod
     def queues() -> Plan[builtins.list[QueueView]]:
         return (yield from Call("GET", "/queues", QueueList, retry=True)).queues
 

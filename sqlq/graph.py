@@ -121,6 +121,10 @@ class SentWorkflow:
         """Cancel its members that have not started, and ask its running ones to stop."""
         return self.client.cancel_workflow(self.id)
 
+    def retry(self) -> int:
+        """Revive its dead members (with what their deaths cancelled): how many."""
+        return self.client.retry_workflow(self.id)
+
 
 class AsyncSentWorkflow:
     """``SentWorkflow``, awaited."""
@@ -137,6 +141,9 @@ class AsyncSentWorkflow:
 
     async def cancel(self) -> CancelCounts:
         return await self.client.cancel_workflow(self.id)
+
+    async def retry(self) -> int:
+        return await self.client.retry_workflow(self.id)
 
 
 def workflow() -> Workflow:

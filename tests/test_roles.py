@@ -233,6 +233,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("GET", "/queues"): {A, R},
     ("GET", "/workflows/{workflow_id}"): {A, R},
     ("POST", "/workflows/{workflow_id}/cancel"): {A},
+    ("POST", "/workflows/{workflow_id}/retry"): {A},
     ("POST", "/queues/{queue}/pause"): {A},
     ("POST", "/queues/{queue}/resume"): {A},
     ("GET", "/schedules"): {A, R},

@@ -19,6 +19,7 @@ from sqlq.common.workflow import (
     blocked_by,
     overall,
     plan_graph,
+    retried,
 )
 
 
@@ -149,3 +150,21 @@ def test_overall_reads_stuck_running_and_each_end() -> None:
         "p",
         "gone",
     ]
+
+
+def test_a_retry_revives_the_dead_whose_parents_completed_and_no_other() -> None:
+    """a died (b and c cancelled for it); x completed and y, which ran after a failed
+    parent (``run``), died too: a comes back, y waits for its own retry once its parent
+    settles, and a cancelled member is never picked (it comes back with its cone)."""
+    state = {"a": "dead", "b": "cancelled", "c": "cancelled", "x": "completed", "y": "dead",
+             "z": "dead"}  # fmt: skip
+    flows = {
+        "a": Flow(workflow_id="w"),
+        "b": Flow(workflow_id="w", parents=("a",)),
+        "c": Flow(workflow_id="w", parents=("b",)),
+        "x": Flow(workflow_id="w"),
+        "y": Flow(workflow_id="w", parents=("z",), on_parent_failure=OnParentFailure.RUN),
+        "z": Flow(workflow_id="w", parents=("x",)),
+    }
+    members = [(i, state[i], flows[i]) for i in state]
+    assert retried(members, state.get) == ["a", "z"]

@@ -105,6 +105,33 @@ async def test_retrying_the_dead_root_runs_the_whole_diamond_to_completed(
     assert rt.stats()["jobs"]["waiting"] == 0
 
 
+async def test_a_workflow_retry_revives_its_dead_and_their_cones_and_leaves_the_users() -> None:
+    """Over HTTP: a dies (max_attempts 1) and its cone is cancelled; e, which a user
+    cancelled (its queue paused, so it never started), stays so after the retry."""
+    config = RuntimeConfig(workers=2, seed=1, fault_injection=True)
+    async with app_client(config) as client:
+        assert (await client.post("/queues/held/pause")).status_code == 200
+        fail = {"kind": "sleep", "ref": "a", "args": {"fail_prob": 1}, "max_attempts": 1}
+        jobs = [fail, {"kind": "sleep", "ref": "b", "depends_on": ["a"]},
+                {"kind": "sleep", "ref": "e", "queue": "held"}]  # fmt: skip
+        r = await client.post("/jobs/batch", json={"workflow": True, "jobs": jobs})
+        a, b, e = r.json()["ids"]
+        workflow_id = r.json()["workflow_id"]
+        assert (await client.delete(f"/jobs/{e}")).json()["state"] == "cancelled"
+        assert (await client.get(f"/jobs/{b}?wait=30")).json()["state"] == "cancelled"
+        assert (await client.get(f"/jobs/{a}?wait=30")).json()["state"] == "dead"
+        r = await client.post(f"/workflows/{workflow_id}/retry")
+        assert (r.status_code, r.json()) == (200, {"retried": 1})
+        b_now = (await client.get(f"/jobs/{b}")).json()  # waiting for a again (or, a having
+        # failed again already, as it always does here, cancelled for it again)
+        assert (b_now["state"], b_now["flow"]["deps_pending"]) in (("waiting", 1), ("cancelled", 0))
+        assert (await client.get(f"/jobs/{a}?wait=30")).json()["attempts_total"] == 2
+        e_now = (await client.get(f"/jobs/{e}")).json()
+        assert (e_now["state"], e_now["flow"]["cancel_reason"]) == ("cancelled", "user")
+        r = await client.post(f"/workflows/{'0' * 32}/retry")
+        assert (r.status_code, r.json()["error"]) == (404, "not_found")
+
+
 async def test_cancelling_a_waiting_member_cancels_its_cone(services: ServiceFactory) -> None:
     rt = services(workers=0)
     await rt.start()

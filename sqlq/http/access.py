@@ -54,6 +54,7 @@ RULES: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/queues"): frozenset({A, R}),
     ("GET", "/workflows/{workflow_id}"): frozenset({A, R}),
     ("POST", "/workflows/{workflow_id}/cancel"): frozenset({A}),
+    ("POST", "/workflows/{workflow_id}/retry"): frozenset({A}),
     ("POST", "/queues/{queue}/pause"): frozenset({A}),
     ("POST", "/queues/{queue}/resume"): frozenset({A}),
     ("GET", "/schedules"): frozenset({A, R}),

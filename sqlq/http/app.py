@@ -34,7 +34,7 @@ from sqlq.common.specs import (
     RetrySpec,
     decode,
 )
-from sqlq.common.wire import CancelCounts, job_view
+from sqlq.common.wire import CancelCounts, Retried, job_view
 from sqlq.http.access import guarded, principal
 from sqlq.http.claims import routes as claim_routes
 from sqlq.http.errors import ERRORS, JSONResponse, WorkflowNotFoundError
@@ -198,6 +198,15 @@ def create_app(
             raise WorkflowNotFoundError(workflow_id)
         return JSONResponse(CancelCounts(cancelled=counts[0], requested=counts[1]))
 
+    async def retry_workflow(request: Request) -> Response:
+        """Every dead member whose parents completed revived, with the cone its death
+        cancelled, in one commit: ``{"retried": n}``."""
+        workflow_id: str = request.path_params["workflow_id"]
+        retried = await runtime.retry_workflow(workflow_id)
+        if retried is None:
+            raise WorkflowNotFoundError(workflow_id)
+        return JSONResponse(Retried(retried=retried))
+
     async def queues(_: Request) -> Response:
         infos = await runtime.queues()
         return JSONResponse({"queues": [{"name": q, **_info(i)} for q, i in infos.items()]})
@@ -281,6 +290,7 @@ def create_app(
         Route("/queues", queues, methods=["GET"]),
         Route("/workflows/{workflow_id}", get_workflow, methods=["GET"]),
         Route("/workflows/{workflow_id}/cancel", cancel_workflow, methods=["POST"]),
+        Route("/workflows/{workflow_id}/retry", retry_workflow, methods=["POST"]),
         Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
         Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
         Route("/jobs/{job_id}", get_job, methods=["GET"]),

@@ -213,6 +213,14 @@ OPS = (
     ),
     Operation(
         "post",
+        "/workflows/{workflow_id}/retry",
+        "Revive every dead member of a workflow whose parents completed, with the members "
+        "its death cancelled, in one commit; a member a user cancelled stays cancelled",
+        {200: Retried},
+        params=(WORKFLOW_ID,),
+    ),
+    Operation(
+        "post",
         "/queues/{queue}/pause",
         "Stop starting jobs of a queue (durable)",
         {200: QueueView},

@@ -39,6 +39,7 @@ from sqlq.common.models import RETRYABLE, Job, State, is_job_id
 from sqlq.common.specs import CancelSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, JobQuery, JobStore, Recovery
 from sqlq.common.wire import WorkflowView, workflow_view
+from sqlq.common.workflow import retried
 from sqlq.runtime import report
 from sqlq.runtime.claims import Claims, ClaimsView, QueueInfo
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig, RuntimeState
@@ -362,6 +363,28 @@ class Service:
         unstarted = (j for j in live if j.state is not State.RUNNING)
         cancelled = sum(1 for j in unstarted if after.get(j.id) is State.CANCELLED)
         return cancelled, requested
+
+    async def retry_workflow(self, workflow_id: str) -> int | None:
+        """Revive a workflow's dead members whose parents completed, with the cones their
+        deaths cancelled, in one durable commit (``sqlq.common.workflow.retried``): the
+        graph then runs on as if they had never failed. How many were revived (their
+        cones not counted); None if none of its members is kept."""
+        self._check_accepting()
+        for _ in range(3):  # a member that changed meanwhile fails the commit: look again
+            jobs = await self.store.workflow(workflow_id) if is_job_id(workflow_id) else []
+            if not jobs:
+                return None
+            states = {j.id: j.state.value for j in jobs}
+            ids = set(retried(((j.id, j.state.value, j.flow) for j in jobs), states.get))
+            dead = [j for j in jobs if j.id in ids]
+            if not dead:
+                return 0
+            try:
+                with self.submissions.admission(dead, batch=False):
+                    return len(await self.claims.retry(dead))
+            except TransitionError:
+                continue
+        raise IllegalTransitionError(workflow_id, "the workflow kept changing; try again")
 
     def _check_accepting(self) -> None:
         if self.state is not RuntimeState.READY:
