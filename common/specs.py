@@ -34,6 +34,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from sqlq.common.errors import ValidationError
+from sqlq.common.models import JOB_ID_LENGTH
 from sqlq.common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
 from sqlq.common.workflow import MAX_PARENTS, MAX_REF, OnParentFailure, RunIf
 
@@ -137,10 +138,16 @@ class CancelSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     queue: Queue | None = None
 
 
+# A workflow's id, as a batch names one to append to: a job id's shape.
+WorkflowId = Annotated[str, msgspec.Meta(pattern=f"^[0-9a-f]{{{JOB_ID_LENGTH}}}$")]
+
+
 class BatchSpec(msgspec.Struct, forbid_unknown_fields=True):
     jobs: Annotated[list[MemberSpec], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
-    # True: the jobs are a new workflow, a graph by their ``ref`` and ``depends_on``.
-    workflow: bool = False
+    # True: the jobs are a new workflow, a graph by their ``ref`` and ``depends_on``; a
+    # workflow's id: they join it, each ``depends_on`` naming refs of this batch or the ids
+    # of its members.
+    workflow: bool | WorkflowId = False
 
 
 # The same fields, args left raw: what a batch is decoded into first (see the docstring).
@@ -161,7 +168,7 @@ _RawBatch = msgspec.defstruct(
     "_RawBatch",
     [
         ("jobs", Annotated[list[_RawJob], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]),  # type: ignore[valid-type]
-        ("workflow", bool, False),
+        ("workflow", bool | WorkflowId, False),
     ],
     forbid_unknown_fields=True,
 )

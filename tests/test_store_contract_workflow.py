@@ -423,3 +423,29 @@ async def test_recovery_keeps_a_finished_parent_while_its_workflow_lives(
     await store.close()
     clock.advance(NOW + 100 - clock.time())  # a is past retention; its workflow is not
     await assert_reopened_holds(factory(retention=10.0), expect)
+
+
+async def test_a_member_counted_against_parents_that_moved_since_is_refused(
+    store: JobStore,
+) -> None:
+    """An append joins a workflow counted against its parents as read: a parent that
+    completed before the commit makes the count wrong, and the store refuses it (the
+    runtime counts again); counted right, it waits or is due at once."""
+    g = await _submitted(store, fan_in())
+    await _complete(store, g.jobs["a"], NOW + 1)
+    a, b = g.jobs["a"].id, g.jobs["b"].id
+
+    def member(pending: int) -> Job:
+        flow = Flow(workflow_id=g.workflow_id, ref="late", parents=(a, b), deps_pending=pending)
+        return Job.new(kind="sleep", args={}, now=NOW + 2, flow=flow)
+
+    with pytest.raises(IllegalTransitionError, match="moved while it was added"):
+        await store.commit([member(2)])  # read before a completed: stale
+    late = member(1)
+    await store.commit([late])
+    assert (await _get(store, late)).state is State.WAITING
+    await _complete(store, g.jobs["b"], NOW + 3)  # b's end releases it, as it does c
+    assert (await _get(store, late)).state is State.SCHEDULED
+    flow = Flow(workflow_id=g.workflow_id, parents=(a, "0" * 32))
+    with pytest.raises(IllegalTransitionError, match="is not kept"):
+        await store.commit([Job.new(kind="sleep", args={}, now=NOW + 4, flow=flow)])

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sqlq.common.errors import IllegalTransitionError
+from sqlq.common.errors import IllegalTransitionError, ValidationError
 from sqlq.common.models import Job, State
 from sqlq.common.specs import MemberSpec, RetrySpec
 from sqlq.common.workflow import CancelReason, Flow, OnParentFailure
@@ -327,3 +327,68 @@ async def test_a_child_released_at_recovery_is_due_once(
     assert (await rt.get(parent.id)).state is State.DEAD  # type: ignore[union-attr]
     assert (await rt.get(child.id)).state is State.SCHEDULED  # type: ignore[union-attr]
     assert (await rt.queues())[queue].depth == 1
+
+
+async def test_appending_to_a_workflow_counts_each_parent_as_it_stands(
+    services: ServiceFactory,
+) -> None:
+    """x joins after a while a runs: it waits, and a's end releases it; y joins after a
+    completed: due at once. A parent that failed and a member it could not run after is
+    refused (409), and so is a name that is no ref here and no member's id (422)."""
+    import asyncio
+
+    gate = asyncio.Event()
+    kinds = Registry()
+
+    @task("held", registry=kinds)
+    async def held(args: dict[str, Any], ctx: JobContext) -> str:
+        if args.get("fail"):
+            raise RuntimeError("no")
+        await gate.wait()
+        return "ok"
+
+    rt = services(kinds=kinds, workers=2)
+    await rt.start()
+    (a,), _ = await rt.submit([MemberSpec(kind="held", ref="a")], batch=True, workflow=True)
+    assert a.flow is not None
+    wf = a.flow.workflow_id
+    (x,), _ = await rt.submit(
+        [MemberSpec(kind="sleep", ref="x", depends_on=(a.id,))], batch=True, workflow=wf
+    )
+    assert x.flow is not None
+    assert (x.state, x.flow.deps_pending, x.flow.workflow_id) == (State.WAITING, 1, wf)
+    gate.set()
+    assert (await final(rt, x.id)).state is State.COMPLETED
+    (y, z), _ = await rt.submit(
+        [MemberSpec(kind="sleep", ref="y", depends_on=(a.id, x.id)),
+         MemberSpec(kind="sleep", ref="z", depends_on=("y",))],
+        batch=True, workflow=wf,
+    )  # fmt: skip
+    assert (y.state, z.state) == (State.SCHEDULED, State.WAITING)
+    assert (await final(rt, z.id)).state is State.COMPLETED
+    view = await rt.workflow(wf)
+    assert view is not None
+    assert ([m.ref for m in view.jobs], view.state) == (["a", "x", "y", "z"], "completed")
+    (bad,), _ = await rt.submit(
+        [MemberSpec(kind="held", args={"fail": True}, ref="bad", max_attempts=1)],
+        batch=True, workflow=wf,
+    )  # fmt: skip
+    assert (await final(rt, bad.id)).state is State.DEAD
+    with pytest.raises(IllegalTransitionError, match="has failed; retry it first"):
+        await rt.submit([MemberSpec(kind="sleep", depends_on=(bad.id,))], batch=True, workflow=wf)
+    with pytest.raises(ValidationError, match="nor the workflow a member") as caught:
+        await rt.submit([MemberSpec(kind="sleep", depends_on=("q",))], batch=True, workflow=wf)
+    assert caught.value.field == "jobs[0].depends_on"
+    with pytest.raises(ValidationError, match="no workflow") as caught:
+        await rt.submit([MemberSpec(kind="sleep")], batch=True, workflow="0" * 32)
+    assert caught.value.field == "workflow"
+
+
+async def test_appending_over_http_answers_the_workflows_id(client: httpx.AsyncClient) -> None:
+    r = await client.post("/jobs/batch", json={"workflow": True, "jobs": [{"kind": "sleep"}]})
+    wf, (root,) = r.json()["workflow_id"], r.json()["ids"]
+    more = {"workflow": wf, "jobs": [{"kind": "sleep", "depends_on": [root]}]}
+    r = await client.post("/jobs/batch", json=more)
+    assert (r.status_code, r.json()["workflow_id"]) == (201, wf)
+    r = await client.post("/jobs/batch", json={**more, "workflow": "not-an-id"})
+    assert (r.status_code, r.json()["field"]) == (422, "workflow")

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import Job, State
 from sqlq.common.specs import MemberSpec
 from sqlq.common.store import Cascaded, Fence
@@ -198,3 +199,47 @@ async def test_cancelling_a_waiting_member_on_a_node_cancels_its_cone(nodes: Nod
     assert c_now.flow is not None
     assert (b_now.state, b_now.flow.cancel_reason) == (State.CANCELLED, "user")
     assert (c_now.state, c_now.flow.cancel_reason) == (State.CANCELLED, "upstream_cancelled")
+
+
+def _child(parent: Job, round_: int, pending: int) -> Job:
+    """The appended child of ``parent``, counted as ``pending``, with an id of its own."""
+    assert parent.flow is not None
+    flow = Flow(workflow_id=parent.flow.workflow_id, parents=(parent.id,), deps_pending=pending)
+    return Job.new(kind="sleep", args={}, now=NOW, flow=flow, job_id=f"{round_:031x}c")
+
+
+async def test_an_append_racing_its_parents_completion_is_counted_once(stores: Any) -> None:
+    """Node a completes p while node b appends c after p, counted from a read made while p
+    ran (pending 1), each sent first in turn. Whichever commits first, c is released once:
+    after the append, by p's end; or, p first, the append is refused and counted again
+    (pending 0: due at once). (Here the completion, whose first statement locks p, has won
+    every run measured; the append taking p first is the contract suite's sequential case,
+    and its FOR SHARE then holds the completion until the edge is there to be found.)"""
+    a, b = await stores(), await stores()
+    released: list[str] = []
+    a.observe_cascade(lambda moves: released.extend(m.after.id for m in moves))
+    orders: Counter[str] = Counter()
+    for round_ in range(25):
+        p = Job.new(kind="sleep", args={}, now=NOW, flow=Flow(workflow_id=f"{round_:032x}"))
+        await a.commit([p])
+        [held] = await a.claim(1, NOW, NOW + 60, {})
+        sides = [_done(a, held, NOW + 1), b.commit([_child(p, round_, 1)])]
+        if round_ % 2:  # each side sent first in turn
+            sides.reverse()
+        ends: list[BaseException | None] = await asyncio.gather(*sides, return_exceptions=True)
+        done, appended = ends if round_ % 2 == 0 else ends[::-1]
+        assert done is None
+        if isinstance(appended, IllegalTransitionError):
+            orders["completed first"] += 1
+            await b.commit([_child(p, round_, 0)])  # counted again, as the runtime does
+        else:
+            assert appended is None
+            orders["appended first"] += 1
+        got = await b.get(f"{round_:031x}c")
+        assert got is not None
+        assert got.flow is not None
+        assert (got.state, got.flow.deps_pending) == (State.SCHEDULED, 0), round_
+        assert released.count(got.id) == (1 if appended is None else 0), round_
+        [c] = await b.claim(1, NOW + 2, NOW + 60, {})
+        await _done(b, c, NOW + 3)
+    assert sum(orders.values()) == 25, orders

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, cast
 from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import TERMINAL, Job, State, Transition
 from sqlq.common.store import Cascaded, CascadeObserver
-from sqlq.common.workflow import Ended, ending, settles_failure
+from sqlq.common.workflow import Ended, ending, recount, settles_failure
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,38 @@ def check_revival(job: Job, state_of: StateOf) -> None:
             then = "a workflow's job runs only once its parents have completed"
         what = "gone" if state is None else state
         raise IllegalTransitionError(job.id, f"its parent {parent_id} is {what}: {then}")
+
+
+def check_member(job: Job, state_of: StateOf) -> None:
+    """A new member's counts against its parents as they stand in the commit that stores it
+    (a parent stored in the same commit reads as pending): every parent kept, and its
+    pending and failed counts what they make (``recount``). The runtime counts them from
+    what it read; a parent that ended between that read and this commit makes them
+    disagree, and the submission is refused (``IllegalTransitionError``), for the runtime
+    to count again, so no parent's end is missed or counted twice. One whose failed parent
+    it cannot run after is refused, naming the parent to retry."""
+    flow = job.flow
+    assert flow is not None
+    for parent in flow.parents:
+        if state_of(parent) is None:
+            raise IllegalTransitionError(job.id, f"its parent {parent} is not kept")
+    again = recount(flow, state_of)
+    if again is None:
+        failed = next(p for p in flow.parents if state_of(p) in _ENDED_FAILED)
+        raise IllegalTransitionError(
+            job.id, f"its parent {failed} has failed and it would never run: retry that one"
+        )
+    if (again.deps_pending, again.failed) != (flow.deps_pending, flow.failed):
+        raise IllegalTransitionError(job.id, MOVED)
+
+
+# What a submission makes a member (``Job.new``): only such a one is counted against its
+# parents (``check_member``); one stored in any other state is stored as given.
+FRESH = frozenset({State.WAITING, State.SCHEDULED})
+
+# The refusal of a member counted against parents that moved since (``check_member``): the
+# runtime reads them again and counts afresh.
+MOVED = "its parents moved while it was added"
 
 
 def revived_alone(old: Job, new: Job) -> bool:

@@ -16,7 +16,15 @@ from functools import partial
 from itertools import islice
 from typing import cast
 
-from sqlq.common.engine.cascade import Move, check_revival, revived_alone, run, walk
+from sqlq.common.engine.cascade import (
+    FRESH,
+    Move,
+    check_member,
+    check_revival,
+    revived_alone,
+    run,
+    walk,
+)
 from sqlq.common.engine.sortedids import SortedIds
 from sqlq.common.errors import (
     DuplicateJobError,
@@ -164,6 +172,7 @@ class JobIndex:
         though it may still be kept: a snapshot in flight has left it out."""
         mine: Staged = {}
         my_keys: set[str] = set()
+        members: list[Job] = []  # new workflow members with parents
         for change in changes:
             if isinstance(change, Job):
                 if change.id in mine or change.id in staged or change.id in self.jobs:
@@ -174,6 +183,8 @@ class JobIndex:
                         raise DuplicateKeyError(key)
                     my_keys.add(key)
                 mine[change.id] = change
+                if change.flow is not None and change.flow.parents and change.state in FRESH:
+                    members.append(change)
             elif isinstance(change, Transition):
                 current = self._current(change.job_id, mine, staged)
                 if current is None or (
@@ -194,6 +205,10 @@ class JobIndex:
                 idle_job = None if idle is None else self._current(idle, mine, staged)
                 live = idle_job is not None and idle_job.state in LIVE
                 mine[SCHEDULE + name] = fold(self._schedule(name, mine, staged), change, live)
+        if members:  # each new member's counts, once the call's other jobs are in
+            state_of = partial(self._state_of, mine=mine, staged=staged)
+            for job in members:
+                check_member(job, state_of)
         return mine
 
     def _gone(self, job: Job, cutoff: float) -> bool:

@@ -214,11 +214,12 @@ class Service:
     # -- the API the HTTP layer uses -----------------------------------------------------
 
     async def submit(
-        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool = False
+        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool | str = False
     ) -> tuple[list[Job], list[bool]]:
         """Validate, commit as one atomic change, then make claimable: the jobs (durable
         on return), and which are new (an idempotency key may return an existing job).
-        ``workflow``: the jobs are a new workflow's graph (``sqlq.common.workflow``)."""
+        ``workflow``: the jobs are a new workflow's graph (``sqlq.common.workflow``), or,
+        a workflow's id, join it."""
         if self.state is not RuntimeState.READY:  # (``_check_accepting``, inline: every job)
             self._check_accepting()
         jobs, new = await self.submissions.submit(specs, batch=batch, workflow=workflow)

@@ -19,20 +19,24 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from sqlq.common.clock import Clock
+from sqlq.common.engine.cascade import MOVED
 from sqlq.common.errors import (
     DuplicateKeyError,
     IdempotencyConflictError,
+    IllegalTransitionError,
     QueueFullError,
     ValidationError,
 )
 from sqlq.common.models import Job, new_job_id
 from sqlq.common.specs import MAX_DELAY_MS, JobSpec, MemberSpec, check_args
 from sqlq.common.store import JobStore
-from sqlq.common.workflow import Flow, GraphError, plan_graph
+from sqlq.common.workflow import MAX_EDGES, Flow, GraphError, plan_graph, recount
 from sqlq.runtime.claims import Claims, ClaimsView
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.events import Event, Events
 from sqlq.runtime.kinds import Registry
+
+APPEND_ATTEMPTS = 3  # an append counted again because a parent moved meanwhile, at most
 
 
 class Submissions:
@@ -97,10 +101,11 @@ class Submissions:
         )
 
     def _build_all(
-        self, specs: Sequence[JobSpec], now: float, batch: bool, workflow: bool = False
-    ) -> list[Job]:
+        self, specs: Sequence[JobSpec], now: float, batch: bool, workflow: bool | str = False,
+        members: Sequence[Job] = (),
+    ) -> list[Job]:  # fmt: skip
         if workflow:
-            return self._build_members(specs, now)
+            return self._build_members(specs, now, workflow, members)
         jobs = []
         for i, spec in enumerate(specs):
             try:
@@ -113,41 +118,73 @@ class Submissions:
                 raise ValidationError(f"jobs[{i}].{exc.field}", exc.message) from None
         return jobs
 
-    def _build_members(self, specs: Sequence[JobSpec], now: float) -> list[Job]:
+    def _build_members(
+        self, specs: Sequence[JobSpec], now: float, workflow: bool | str, members: Sequence[Job]
+    ) -> list[Job]:
         jobs = []
-        for i, (spec, member) in enumerate(zip(specs, self._members(specs, now), strict=True)):
+        placed = self._members(specs, now, workflow, members)
+        for i, (spec, member) in enumerate(zip(specs, placed, strict=True)):
             try:
                 jobs.append(self.build(spec, now, job_id=member.job_id, flow=member.flow))
             except ValidationError as exc:
                 raise ValidationError(f"jobs[{i}].{exc.field}", exc.message) from None
         return jobs
 
-    def _members(self, specs: Sequence[JobSpec], now: float) -> list[_Member]:
-        """Each job's place in the new workflow ``specs`` make: its id and ``Flow``."""
+    def _members(
+        self, specs: Sequence[JobSpec], now: float, workflow: bool | str, kept: Sequence[Job]
+    ) -> list[_Member]:
+        """Each job's place in the workflow ``specs`` make (``workflow`` True) or join (its
+        id; ``kept``: its members as read): its id and ``Flow``, counted against its
+        parents as read (a parent of this batch is pending). The store checks the counts
+        in the commit (``cascade.check_member``): a parent that moved since fails it."""
         for i, spec in enumerate(specs):
             if spec.idempotency_key is not None:
                 raise ValidationError(
                     f"jobs[{i}].idempotency_key", "a workflow's jobs take no key yet"
                 )
         graph = [s if isinstance(s, MemberSpec) else MemberSpec(kind=s.kind) for s in specs]
+        refs = {s.ref for s in graph if s.ref is not None}
+        existing = {j.id: j.state.value for j in kept}
+        outside = [[p for p in s.depends_on if p not in refs] for s in graph]  # kept members'
+        edges = 0
+        for i, named in enumerate(outside):
+            edges += len(named)
+            for p in named:
+                if p not in existing:
+                    also = ", nor the workflow a member with that id" if kept else ""
+                    raise ValidationError(
+                        f"jobs[{i}].depends_on", f"no job in this batch has the ref {p!r}{also}"
+                    )
+            if len(set(named)) < len(named):
+                raise ValidationError(f"jobs[{i}].depends_on", "a parent is named twice")
+        if edges > MAX_EDGES:  # (plan_graph bounds the batch's own edges; these are more)
+            raise ValidationError("jobs", f"the graph has more than {MAX_EDGES} edges")
+        inside = [[p for p in s.depends_on if p in refs] for s in graph]
         try:
-            parents = plan_graph([s.ref for s in graph], [s.depends_on for s in graph])
+            parents = plan_graph([s.ref for s in graph], inside)
         except GraphError as exc:
             raise ValidationError(f"jobs[{exc.index}].{exc.field}", str(exc)) from None
-        workflow_id = new_job_id(now)
+        workflow_id = workflow if isinstance(workflow, str) else new_job_id(now)
         ids = [new_job_id(now) for _ in specs]
+        state_of = {**existing, **dict.fromkeys(ids, "waiting")}.get
         members: list[_Member] = []
         for i, (spec, mine) in enumerate(zip(graph, parents, strict=True)):
             flow = Flow(
-                workflow_id=workflow_id, ref=spec.ref, parents=tuple(ids[p] for p in mine),
-                deps_pending=len(mine), on_parent_failure=spec.on_parent_failure,
-                run_if=spec.run_if,
+                workflow_id=workflow_id, ref=spec.ref,
+                parents=(*(ids[p] for p in mine), *outside[i]),
+                on_parent_failure=spec.on_parent_failure, run_if=spec.run_if,
             )  # fmt: skip
-            members.append(_Member(ids[i], flow))
+            counted = recount(flow, state_of)
+            if counted is None:
+                failed = next(p for p in outside[i] if state_of(p) in ("dead", "cancelled"))
+                raise IllegalTransitionError(
+                    failed, f"jobs[{i}] would never run after it: it has failed; retry it first"
+                )
+            members.append(_Member(ids[i], counted))
         return members
 
     async def submit(
-        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool = False
+        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool | str = False
     ) -> tuple[list[Job], list[bool]]:
         """Validate, commit as one atomic change, then make claimable: the jobs (durable on
         return), and which are new.
@@ -156,6 +193,8 @@ class Submissions:
         new) if it asks for the same thing, and ``IdempotencyConflictError``
         otherwise.
         """
+        if isinstance(workflow, str):
+            return (jobs := await self._append(specs, workflow)), [True] * len(jobs)
         if workflow:  # (its jobs take no idempotency key yet: ``_members``)
             return (jobs := await self._submit_new(specs, batch, True)), [True] * len(jobs)
         keyed: dict[int, str] = {}
@@ -204,10 +243,25 @@ class Submissions:
             self._keys[k] = reservation
         return reservation
 
+    async def _append(self, specs: Sequence[JobSpec], workflow_id: str) -> list[Job]:
+        """``specs`` joining the workflow ``workflow_id``, counted against its members as
+        read; counted again if one of their parents moved before the commit."""
+        for attempt in range(1, APPEND_ATTEMPTS + 1):
+            members = await self._store.workflow(workflow_id)
+            if not members:
+                raise ValidationError("workflow", f"no workflow {workflow_id} is kept")
+            try:
+                return await self._submit_new(specs, True, workflow_id, members)
+            except IllegalTransitionError as exc:
+                if MOVED not in str(exc) or attempt == APPEND_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
     async def _submit_new(
-        self, specs: Sequence[JobSpec], batch: bool, workflow: bool = False
-    ) -> list[Job]:
-        jobs = self._build_all(specs, self._clock.time(), batch, workflow)
+        self, specs: Sequence[JobSpec], batch: bool, workflow: bool | str = False,
+        members: Sequence[Job] = (),
+    ) -> list[Job]:  # fmt: skip
+        jobs = self._build_all(specs, self._clock.time(), batch, workflow, members)
         with self.admission(jobs, batch):
             await self._store.commit(jobs)
         self._claims.submitted(jobs)

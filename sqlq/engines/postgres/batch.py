@@ -163,6 +163,8 @@ async def one_caller(
                 await insert_one(conn, job, row, e.wakes)
                 if job.flow is not None:
                     await flows.inserted(conn, job)
+            if e.members:
+                await flows.check_members(conn, jobs)
             for t, row in zip(moves, e.moves, strict=True):
                 if t.flow is None:
                     await move_one(conn, t, row, e, pool, deadline_s)

@@ -20,7 +20,15 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from sqlq.common.engine.cascade import Move, check_revival, revived_alone, run_async, walk
+from sqlq.common.engine.cascade import (
+    FRESH,
+    Move,
+    check_member,
+    check_revival,
+    revived_alone,
+    run_async,
+    walk,
+)
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.store import Cascaded, Change, Fence
 from sqlq.common.workflow import Flow
@@ -67,6 +75,21 @@ async def inserted(conn: asyncpg.Connection, job: Job) -> None:
     await conn.execute(Q["set_flow"], job.id, flow_text(job.flow), job.flow.workflow_id)
     if job.flow.parents:
         await conn.execute(Q["add_edges"], list(job.flow.parents), job.id)
+
+
+async def check_members(conn: asyncpg.Connection, jobs: list[Job]) -> None:
+    """Each new member's counts against its parents (``cascade.check_member``), their rows
+    held ``FOR SHARE`` until this transaction ends: a parent's outcome (which locks its row
+    first, ``locked``) waits for this append, then finds its edges; or this waits for it,
+    and reads the parent as it ended."""
+    members = [j for j in jobs if j.flow is not None and j.flow.parents and j.state in FRESH]
+    if not members:
+        return
+    parents = sorted({p for job in members if job.flow for p in job.flow.parents})
+    rows = await conn.fetch(Q["states_shared"], parents)
+    state_of = {r[0]: r[1] for r in rows}.get
+    for job in members:
+        check_member(job, state_of)
 
 
 async def locked(conn: asyncpg.Connection, job_id: str) -> Job | None:

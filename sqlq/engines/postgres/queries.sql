@@ -383,6 +383,10 @@ SELECT {job_columns} FROM jobs
 -- name: states
 SELECT id, state FROM jobs WHERE id = ANY($1::text[]);
 
+-- name: states_shared
+-- New members' parents, each row held FOR SHARE (in id order) until the append commits.
+SELECT id, state FROM jobs WHERE id = ANY($1::text[]) ORDER BY id FOR SHARE;
+
 -- name: workflow
 -- A workflow's members kept, in the order they were stored.
 SELECT {job_columns} FROM members m JOIN jobs ON jobs.id = m.job_id

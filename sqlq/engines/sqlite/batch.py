@@ -291,6 +291,7 @@ def one_by_one(
             try:
                 for change in changes:
                     apply_one(conn, change, flows, cascaded)
+                flows.check_members(changes)
             except SqlqError as exc:
                 conn.execute("ROLLBACK TO caller")
                 del cascaded[before:]

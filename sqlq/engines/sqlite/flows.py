@@ -15,13 +15,21 @@ change), so a parent's end costs its children's rows and not their fan-ins again
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any
 
 import msgspec
 
-from sqlq.common.engine.cascade import Move, check_revival, revived_alone, run, walk
+from sqlq.common.engine.cascade import (
+    FRESH,
+    Move,
+    check_member,
+    check_revival,
+    revived_alone,
+    run,
+    walk,
+)
 from sqlq.common.models import Job, Transition
 from sqlq.common.store import Cascaded, Change
 from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
@@ -163,6 +171,20 @@ class Flows:
             cascaded.append(Cascaded(m.before, m.after, m.change, cause))
 
         run(walk(old, new), self.children, self.states, put)
+
+    def check_members(self, changes: Sequence[Change]) -> None:
+        """Each new member's counts against its parents as this transaction holds them
+        (``cascade.check_member``), once the caller's jobs are all in."""
+        members = [
+            c
+            for c in changes
+            if isinstance(c, Job) and c.flow and c.flow.parents and c.state in FRESH
+        ]
+        if members:
+            parents = {p for job in members if job.flow for p in job.flow.parents}
+            state_of = self.states(tuple(parents)).get
+            for job in members:
+                check_member(job, state_of)
 
     def _write(self, t: Transition) -> None:
         change = t.flow
