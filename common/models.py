@@ -278,10 +278,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             if self.cancel_forced:
                 held["cancel_forced"] = True
             changes = {**held, **changes}
-        if self.flow is not None and "flow" not in changes:  # a member's move carries its
-            # flow as it stands, so an engine that keeps the flow apart (SQLite) knows whose
-            # end may move children, without a look in its tables for every other job's
-            changes = {**changes, "flow": FlowChange.of(self.flow)}
+        if self.flow is not None and "flow" not in changes:  # a member's move says so (its
+            # reason, not its counts, which the store keeps), so an engine that keeps the flow
+            # apart knows whose end may move children without a look for every other job's
+            changes = {**changes, "flow": FlowChange.reason(self.flow.cancel_reason)}
         return msgspec.structs.replace(base, **changes) if changes else base
 
     def start(
@@ -372,8 +372,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         ``request_cancel``); a workflow member's reason is ``user``."""
         if self.flow is None:
             return self._to(State.CANCELLED, now)
-        flow = msgspec.structs.replace(self.flow, cancel_reason=CancelReason.USER)
-        return self._to(State.CANCELLED, now, flow=FlowChange.of(flow))
+        return self._to(State.CANCELLED, now, flow=FlowChange.reason(CancelReason.USER))
 
     def after_parent(
         self, ended: Ended | None, now: float, state_of: Callable[[str], str | None]

@@ -80,17 +80,28 @@ class FlowChange(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     deps_pending: int = 0
     failed: int = 0
     cancel_reason: CancelReason | None = None
+    # False: the move's author (the runtime, from its copy of the job) says only the reason,
+    # and the counts stay as stored: a parent's end in the same commit may have moved them.
+    counts: bool = True
 
     @classmethod
     def of(cls, flow: Flow) -> FlowChange:
+        """The counts and reason of ``flow``, as the engine's cascade writes them."""
         return cls(
             deps_pending=flow.deps_pending, failed=flow.failed, cancel_reason=flow.cancel_reason
         )
+
+    @classmethod
+    def reason(cls, reason: CancelReason | None) -> FlowChange:
+        """A move the runtime makes of a member: its reason only (``counts`` False)."""
+        return cls(cancel_reason=reason, counts=False)
 
     def onto(self, flow: Flow | None) -> Flow | None:
         """``flow`` with this change (None stays None: a job outside every workflow)."""
         if flow is None:
             return None
+        if not self.counts:
+            return msgspec.structs.replace(flow, cancel_reason=self.cancel_reason)
         return msgspec.structs.replace(
             flow,
             deps_pending=self.deps_pending,

@@ -6,6 +6,7 @@ Over every engine.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,10 +16,12 @@ import pytest
 from sqlq.common.clock import FakeClock
 from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import Job, State, Transition, new_job_id
+from sqlq.common.schedule import PutSchedule
 from sqlq.common.store import Cascaded, JobStore
 from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
 from tests.conftest import _factory
 from tests.helpers import NOW, StoreFactory
+from tests.schedule_records import record
 from tests.store_contract_helpers import assert_reopened_holds
 
 WORKFLOW_ENGINES = ("memory", "walq", "sqlite", "postgres")
@@ -449,3 +452,25 @@ async def test_a_member_counted_against_parents_that_moved_since_is_refused(
     flow = Flow(workflow_id=g.workflow_id, parents=(a, "0" * 32))
     with pytest.raises(IllegalTransitionError, match="is not kept"):
         await store.commit([Job.new(kind="sleep", args={}, now=NOW + 4, flow=flow)])
+
+
+async def test_a_members_change_beside_a_schedules_in_one_batch_still_cascades(
+    store: JobStore,
+) -> None:
+    """A tick or a put lands in the same group commit as a workflow's submission and its
+    parents' outcomes: the flows are stored and the child released all the same."""
+    g = fan_in()
+    await asyncio.gather(
+        store.commit([PutSchedule(schedule=record("s1"), expect_version=0)]),
+        store.commit(list(g.jobs.values())),
+    )
+    c = await _flow(store, g.jobs["c"])
+    assert c.parents == (g.jobs["a"].id, g.jobs["b"].id)
+    a = await _run(store, g.jobs["a"], NOW + 1)
+    b = await _run(store, g.jobs["b"], NOW + 1)
+    await asyncio.gather(
+        store.commit([PutSchedule(schedule=record("s2"), expect_version=0)]),
+        store.commit([a.complete(1, NOW + 2)]),
+        store.commit([b.complete(2, NOW + 2)]),
+    )
+    assert (await _get(store, g.jobs["c"])).state is State.SCHEDULED

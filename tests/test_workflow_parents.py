@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from msgspec.structs import replace
 
+from sqlq.common.engine.memory import MemoryStore
+from sqlq.common.errors import StoreUnavailableError
 from sqlq.common.models import Job, State
 from sqlq.common.protocol import ParentView
 from sqlq.common.specs import MemberSpec
@@ -155,3 +157,31 @@ async def test_a_page_stops_short_at_its_bytes_but_never_before_its_first_parent
 def test_a_job_outside_every_workflow_reads_no_parents() -> None:
     empty = Parents()
     assert (len(empty), empty.complete, empty.total) == (0, True, 0)
+
+
+class _Blips(MemoryStore):
+    """The memory engine whose first read of many jobs fails, as a lost connection's
+    would: what a member's parents are read with."""
+
+    blips = 1
+
+    async def get_many(self, ids: Sequence[str]) -> list[Job | None]:
+        if self.blips:
+            self.blips -= 1
+            raise StoreUnavailableError("blip")
+        return await super().get_many(ids)
+
+
+async def test_a_failed_read_of_the_parents_gives_the_claim_back_unstarted(
+    services: ServiceFactory,
+) -> None:
+    """Not the handler's failure: no attempt is spent, its retry rules are not asked, and
+    the member runs once the read works."""
+    seen: Seen = {}
+    store = _Blips()
+    specs = [_step("a"), _merge(["a"], max_attempts=1)]
+    done = await _run(services(store, kinds=_kinds(seen), workers=2), specs)
+    merged = done["merge"]
+    assert (merged.state, merged.attempts, merged.errors) == (State.COMPLETED, 1, ())
+    assert store.blips == 0
+    assert list(seen["first"]) == ["a"]

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
 import pytest
 
 from sqlq.common.errors import IllegalTransitionError
@@ -25,7 +26,7 @@ from sqlq.engines.postgres.store import PostgresStore
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.service import Service
 from tests import shared_helpers
-from tests.helpers import NOW, final
+from tests.helpers import NOW, final, wait_for
 from tests.shared_helpers import Node
 
 nodes = shared_helpers.nodes  # the fixtures, by their names
@@ -243,3 +244,54 @@ async def test_an_append_racing_its_parents_completion_is_counted_once(stores: A
         [c] = await b.claim(1, NOW + 2, NOW + 60, {})
         await _done(b, c, NOW + 3)
     assert sum(orders.values()) == 25, orders
+
+
+async def test_two_cones_cancelled_on_two_nodes_at_once_do_not_deadlock(stores: Any) -> None:
+    """P and Q die on two nodes; their cones share B and A, which each would lock in an
+    order of its own (P: A, then Z's B; Q: B, then A). A third connection holds Z until
+    both wait, so they overlap: one workflow's writes take turns (``lock_workflows``), and
+    both commit, with no deadlock for PostgreSQL to break."""
+    one, two = await stores(), await stores()
+
+    def member(ref: str, job_id: str, *parents: str) -> Job:
+        flow = Flow(workflow_id="e" * 32, ref=ref, parents=parents, deps_pending=len(parents))
+        return Job.new(kind="sleep", args={}, now=NOW, flow=flow, max_attempts=1, job_id=job_id)
+
+    p, q = member("P", "f" * 32), member("Q", "e" * 32)
+    z = member("Z", "2" * 32, p.id)
+    b = member("B", "3" * 32, z.id, q.id)
+    a = member("A", "1" * 32, p.id, b.id)
+    await one.commit([p, q, z, b, a])
+    [first_held] = await one.claim(1, NOW, NOW + 60, {})
+    [second_held] = await two.claim(1, NOW, NOW + 60, {})
+    held = {first_held.id: first_held, second_held.id: second_held}
+    held_p, held_q = held[p.id], held[q.id]
+    blocker = await asyncpg.connect(one.dsn)
+    watcher = await asyncpg.connect(one.dsn)
+
+    async def waiting() -> int:
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        return int(await watcher.fetchval(sql))
+
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", z.id)
+        first = asyncio.ensure_future(one.commit([held_p.bury("boom", NOW + 2)]))
+        await wait_for(lambda: waiting_at_least(waiting, 1), what="the first cascade waits")
+        second = asyncio.ensure_future(two.commit([held_q.bury("boom", NOW + 2)]))
+        await wait_for(lambda: waiting_at_least(waiting, 2), what="both wait")
+        await tx.rollback()
+        ends = await asyncio.gather(first, second, return_exceptions=True)
+        assert list(ends) == [None, None]
+    finally:
+        await blocker.close()
+        await watcher.close()
+    for job in (z, b, a):
+        got = await one.get(job.id)
+        assert got is not None
+        assert got.state is State.CANCELLED, job.flow
+
+
+async def waiting_at_least(count: Any, n: int) -> bool:
+    return bool(await count() >= n)

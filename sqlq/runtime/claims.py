@@ -34,6 +34,7 @@ from sqlq.common.store import Recovery
 from sqlq.runtime.claim import Claim as Claim  # (re-exported: where the claims speak of it)
 from sqlq.runtime.claim import ClaimResult as ClaimResult
 from sqlq.runtime.claim import QueueInfo as QueueInfo
+from sqlq.runtime.context import AttemptFenced
 from sqlq.runtime.events import Event
 from sqlq.runtime.holding import Holding
 from sqlq.runtime.parents import page as parents_page
@@ -201,7 +202,9 @@ class ClaimsBase(Reach):
         """A subclass's own state, made at the end of ``__init__``."""
 
     async def parents(self, claim: Claim, start: int) -> ParentsPage:
-        """``Holding.parents``: the page, read from the store (the parents are finished)."""
+        """``Holding.parents``: the page, read from the store, while the claim holds."""
+        if claim.over:
+            raise AttemptFenced("this attempt is over")
         return await parents_page(self._store.get_many, claim.job, start)
 
     @property

@@ -36,7 +36,7 @@ from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.common.lease import SKEW_MARGIN
 from sqlq.common.running import clean_error, clean_traceback
 from sqlq.runtime.claim import Claim
-from sqlq.runtime.context import CutOff, JobContext, NotStarted, Snooze
+from sqlq.runtime.context import AttemptFenced, CutOff, JobContext, NotStarted, Snooze, describe
 from sqlq.runtime.executor import Executor
 from sqlq.runtime.holding import Holding
 from sqlq.runtime.parents import Parents
@@ -177,14 +177,18 @@ class WorkerPool:
             if claim.job.cancel_requested_at is not None:  # asked for before it started here
                 claims.given_back(claim)  # cancelled, and it was no attempt
                 continue
+            flow = claim.job.flow
+            parents = None
+            if flow is not None and flow.parents:  # a member's parents, before it starts
+                parents = await self._parents(claims, claim)
+                if parents is None:
+                    continue
             ctx = executor.context(claim.job, claim, claims)
+            if parents is not None:
+                ctx.parents = parents
             w.ctx, w.claim = ctx, claim
             began = self._clock.monotonic()
             try:
-                flow = claim.job.flow
-                if flow is not None and flow.parents:  # a member's parents, before it runs
-                    got = await claims.parents(claim, 0)
-                    ctx.parents = Parents(got, functools.partial(claims.parents, claim))
                 result = await executor.execute(claim.job, ctx)
             except NotStarted:  # a cancel, or the stop, came while it waited for a process
                 if not claim.over:  # (the stop gave it back already)
@@ -218,6 +222,22 @@ class WorkerPool:
             # If it was declared hung while it worked, its job was requeued and a
             # replacement runs in its place; its late outcome above is fenced, and
             # the loop ends here.
+
+    async def _parents(self, claims: Holding, claim: Claim) -> Parents | None:
+        """A workflow member's first page of parents (``ctx.parents``), read before its
+        attempt starts; None if it could not be: the claim is over (fenced), or the read
+        failed, and then the claim is given back unstarted (no attempt spent on what was
+        not the handler's failure)."""
+        try:
+            first = await claims.parents(claim, 0)
+        except AttemptFenced:
+            return None
+        except Exception as exc:
+            log.warning("job %s: its parents could not be read (%s); given back unstarted",
+                        claim.job.id, describe(exc))  # fmt: skip
+            claims.given_back(claim)
+            return None
+        return Parents(first, functools.partial(claims.parents, claim))
 
     async def _health(self) -> None:
         every = self.hb_timeout / 4

@@ -17,7 +17,7 @@ writer's turn only concatenates them into columns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -36,7 +36,7 @@ from sqlq.common.errors import (
 from sqlq.common.models import TRANSITIONS, Job, State, Transition
 from sqlq.common.store import Cascaded, Change, Fence
 from sqlq.engines.postgres import flows
-from sqlq.engines.postgres.connections import DEADLINE_S
+from sqlq.engines.postgres.connections import DEADLINE_S, UNAVAILABLE, Connections
 from sqlq.engines.postgres.queries import MOVE_COLUMNS, Q
 from sqlq.engines.postgres.schedule_rows import Step, steps
 from sqlq.engines.rows import (
@@ -148,6 +148,34 @@ async def write_one_by_one(
     return [await one_caller(conn, p, pool, deadline_s, out) for p in batch]
 
 
+async def write_members(
+    conn: asyncpg.Connection, batch: Sequence[Pending], db: Connections,
+    others: Callable[[list[Pending]], Awaitable[list[BaseException | None]]],
+    cascaded: list[Cascaded],
+) -> list[BaseException | None]:  # fmt: skip
+    """A batch with callers that make or move a workflow's members, which never share a job
+    with another caller (each of a member's changes says so: ``Encoded.members``): the
+    others written by ``others`` (as any batch), then each member's caller in a
+    transaction of its own (``one_caller``), its cascade added to ``cascaded``. A lost
+    connection fails the ones not yet written; each one written first hears it is durable."""
+    rest = [p for p in batch if not p.encoded.members]
+    ends: dict[int, BaseException | None] = dict(
+        zip(map(id, rest), await others(rest) if rest else [], strict=True)
+    )
+    gone: StoreUnavailableError | None = None
+    for p in batch:
+        if not p.encoded.members:
+            continue
+        if gone is None:
+            try:
+                ends[id(p)] = await one_caller(conn, p, db.pool, db.deadline_s, cascaded)
+                continue
+            except UNAVAILABLE as exc:
+                gone = StoreUnavailableError(db.lost_writer(exc))
+        ends[id(p)] = gone
+    return [ends[id(p)] for p in batch]
+
+
 async def one_caller(
     conn: asyncpg.Connection, pending: Pending, pool: asyncpg.Pool,
     deadline_s: float = DEADLINE_S, cascaded: list[Cascaded] | None = None,
@@ -159,12 +187,14 @@ async def one_caller(
     before = len(out)
     try:
         async with conn.transaction():
-            for job, row in zip(jobs, e.jobs, strict=True):
-                await insert_one(conn, job, row, e.wakes)
-                if job.flow is not None:
-                    await flows.inserted(conn, job)
-            if e.members:
+            if e.members:  # its workflows' writes in turn, then its jobs set-wise
+                await flows.lock_workflows(conn, jobs, moves)
+                await insert_all(conn, jobs, e)
+                await flows.inserted(conn, jobs)
                 await flows.check_members(conn, jobs)
+            else:
+                for job, row in zip(jobs, e.jobs, strict=True):
+                    await insert_one(conn, job, row, e.wakes)
             for t, row in zip(moves, e.moves, strict=True):
                 if t.flow is None:
                     await move_one(conn, t, row, e, pool, deadline_s)
@@ -194,6 +224,21 @@ async def one_caller(
 
 def unencodable(exc: asyncpg.DataError) -> UnencodableError:
     return UnencodableError(f"a value PostgreSQL cannot store ({exc.sqlstate})")
+
+
+async def insert_all(conn: asyncpg.Connection, jobs: list[Job], e: Encoded) -> None:
+    """A caller's jobs in one statement, under a savepoint: if one collides, each again
+    alone, so the error names it."""
+    if not jobs:
+        return
+    try:
+        async with conn.transaction():
+            await conn.fetchrow(Q["write_batch"], *job_args(e.jobs, [], e.wakes))
+        return
+    except asyncpg.UniqueViolationError:
+        pass
+    for job, row in zip(jobs, e.jobs, strict=True):
+        await insert_one(conn, job, row, e.wakes)
 
 
 async def insert_one(conn: asyncpg.Connection, job: Job, row: tuple[Any, ...], wakes: bool) -> None:

@@ -15,6 +15,7 @@ statement, with its counts merged into its flow; a child released wakes the clai
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -35,6 +36,7 @@ from sqlq.common.workflow import Flow
 from sqlq.engines.postgres.queries import Q
 from sqlq.engines.rows import JOB_COLUMNS, row_job
 
+WORKFLOW_LOCKS = 0x5371  # the advisory locks' class of workflows (the other key: the id's hash)
 JOB_WIDTH = len(JOB_COLUMNS)
 ROW_WIDTH = JOB_WIDTH + 2  # a job's select list: its columns, its flow, its parents
 _FLOW = msgspec.json.Decoder(Flow)
@@ -63,18 +65,47 @@ def change_text(t: Transition) -> str:
     """A move's new counts and reason, every key given (``merge_flow`` merges them)."""
     assert t.flow is not None
     reason = t.flow.cancel_reason
-    return _encode(
-        {"deps_pending": t.flow.deps_pending, "failed": t.flow.failed,
-         "cancel_reason": None if reason is None else reason.value}
-    ).decode()  # fmt: skip
+    said: dict[str, object] = {"cancel_reason": None if reason is None else reason.value}
+    if t.flow.counts:  # (the runtime's own move says its reason only: the counts stay)
+        said |= {"deps_pending": t.flow.deps_pending, "failed": t.flow.failed}
+    return _encode(said).decode()
 
 
-async def inserted(conn: asyncpg.Connection, job: Job) -> None:
-    """A new member's flow, membership and edges, after its row (same transaction)."""
-    assert job.flow is not None
-    await conn.execute(Q["set_flow"], job.id, flow_text(job.flow), job.flow.workflow_id)
-    if job.flow.parents:
-        await conn.execute(Q["add_edges"], list(job.flow.parents), job.id)
+async def lock_workflows(
+    conn: asyncpg.Connection, jobs: Sequence[Job], moves: Sequence[Transition]
+) -> None:
+    """Take the workflows a caller writes, in name order, until its transaction ends: one
+    workflow's writes (submissions, appends, outcomes and their cascades, cancels) go
+    one at a time across every node. Each locks rows of its graph in an order of its own
+    (a member, then a level of children, then the next), so two at once could deadlock."""
+    moved = [t.job_id for t in moves if t.flow is not None]
+    made = sorted({j.flow.workflow_id for j in jobs if j.flow is not None})
+    await conn.execute(Q["lock_workflows"], moved, made, WORKFLOW_LOCKS)
+
+
+async def inserted(conn: asyncpg.Connection, jobs: Sequence[Job]) -> None:
+    """The new members' flows, membership and edges, after their rows (same transaction),
+    set-wise: two statements however many."""
+    members = [j for j in jobs if j.flow is not None]
+    if not members:
+        return
+    await conn.execute(
+        Q["set_flows"],
+        [j.id for j in members],
+        [flow_text(j.flow) for j in members if j.flow is not None],
+        [j.flow.workflow_id for j in members if j.flow is not None],
+    )
+    parents: list[str] = []
+    children: list[str] = []
+    places: list[int] = []
+    for job in members:
+        assert job.flow is not None
+        for n, parent in enumerate(job.flow.parents):
+            parents.append(parent)
+            children.append(job.id)
+            places.append(n)
+    if parents:
+        await conn.execute(Q["add_edges"], parents, children, places)
 
 
 async def check_members(conn: asyncpg.Connection, jobs: list[Job]) -> None:

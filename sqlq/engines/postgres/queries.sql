@@ -350,17 +350,32 @@ WITH pruned AS (
 SELECT (SELECT count(*) FROM pruned), (SELECT count(*) FROM forgotten),
        (SELECT count(*) FROM unlisted) + (SELECT count(*) FROM unlinked);
 
--- name: set_flow
--- A new member's flow (its parents are edges: add_edges).
+-- name: set_flows
+-- New members' flows ($2, by id $1; their parents are edges: add_edges) and membership
+-- ($3, their workflows, listed in the order given).
 WITH listed AS (
-    INSERT INTO members (job_id, workflow_id) VALUES ($1, $3) RETURNING 1
+    INSERT INTO members (job_id, workflow_id)
+    SELECT id, w FROM unnest($1::text[], $3::text[]) WITH ORDINALITY AS u(id, w, i)
+     ORDER BY i
+    RETURNING 1
 )
-UPDATE jobs SET flow = $2::jsonb WHERE id = $1 AND (SELECT count(*) FROM listed) = 1;
+UPDATE jobs j SET flow = u.flow::jsonb
+  FROM unnest($1::text[], $2::text[]) AS u(id, flow)
+ WHERE j.id = u.id AND (SELECT count(*) FROM listed) >= 0;
 
 -- name: add_edges
--- A new member's parents ($1, in the order named) as edges to it ($2).
+-- New members' edges: parent $1, child $2, the parent's place among the child's $3.
 INSERT INTO edges (parent, child, n)
-SELECT p, $2, (i - 1)::int FROM unnest($1::text[]) WITH ORDINALITY AS t(p, i);
+SELECT * FROM unnest($1::text[], $2::text[], $3::int[]);
+
+-- name: lock_workflows
+-- The workflows of the members a caller moves ($1) and makes ($2), each a transaction-
+-- level advisory lock of class $3, taken in the workflows' order (flows.lock_workflows).
+SELECT pg_advisory_xact_lock($3::int, hashtext(w))
+  FROM (SELECT w FROM (SELECT flow->>'workflow_id' AS w FROM jobs
+                        WHERE id = ANY($1::text[]) AND flow IS NOT NULL
+                       UNION SELECT unnest($2::text[])) AS named
+         ORDER BY w) AS ordered;
 
 -- name: merge_flow
 -- A member's new counts and cancel reason (sqlq.common.workflow.FlowChange), over its flow.

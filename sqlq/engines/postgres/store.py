@@ -19,12 +19,12 @@ only the caller whose value it was (``UnencodableError``).
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import Any, TypeVar
 
 import asyncpg
@@ -53,7 +53,13 @@ from sqlq.common.store import (
 )
 from sqlq.engines.listing import postgres_args, postgres_shape
 from sqlq.engines.postgres import flows, leases, signing
-from sqlq.engines.postgres.batch import Encoded, fast_path_safe, write_batch, write_one_by_one
+from sqlq.engines.postgres.batch import (
+    Encoded,
+    fast_path_safe,
+    write_batch,
+    write_members,
+    write_one_by_one,
+)
 from sqlq.engines.postgres.connections import DEADLINE_S, UNAVAILABLE, Connections
 from sqlq.engines.postgres.flows import ROW_WIDTH, job_of
 from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
@@ -142,16 +148,30 @@ class PostgresStore(Committing):
     async def commit_fenced(self, changes: Sequence[Change], fence: Fence) -> None:
         committer = self._live()
         if changes:
-            await committer.submit(changes, functools.partial(Encoded, fence=fence))
+            await committer.submit(changes, partial(Encoded, fence=fence))
 
     async def _flush(self, batch: list[Pending]) -> list[BaseException | None]:
-        encoded: list[Encoded] = [p.encoded for p in batch]
         try:
             conn = await self._db.writer()
         except StoreUnavailableError as exc:
             # Not connected again yet: each caller hears it as what it is, so an outcome is
             # written again (``write_fenced``) and a submission is a 503, not a failed batch.
             return [exc] * len(batch)
+        if not any(p.encoded.members for p in batch):
+            return await self._write(conn, batch)
+        moved: list[Cascaded] = []  # (a workflow's members: ``write_members``)
+        ends = await write_members(conn, batch, self._db, partial(self._write, conn), moved)
+        self.syncs += sum(1 for p in batch if p.encoded.members)
+        tell(self._cascade, moved)
+        return ends
+
+    async def _write(
+        self, conn: asyncpg.Connection, batch: list[Pending]
+    ) -> list[BaseException | None]:
+        """A batch of callers that make or move no workflow member."""
+        encoded: list[Encoded] = [p.encoded for p in batch]
+        if not batch:
+            return []
         try:
             if any(e.steps is not None for e in encoded):  # a schedule change: schedules.py
                 outcomes, syncs, slow = await flush(
@@ -159,17 +179,12 @@ class PostgresStore(Committing):
                 )
                 self.syncs, self.slow_batches = self.syncs + syncs, self.slow_batches + slow
                 return outcomes
-            members = any(e.members for e in encoded)  # (a workflow's: one by one, cascaded)
-            if not members and fast_path_safe(encoded) and await write_batch(conn, encoded):
+            if fast_path_safe(encoded) and await write_batch(conn, encoded):
                 self.syncs += 1
                 return [None] * len(batch)
-            self.slow_batches += not members
-            cascaded: list[Cascaded] = []
-            outcomes = await write_one_by_one(
-                conn, batch, self._db.pool, self._db.deadline_s, cascaded
-            )
+            self.slow_batches += 1
+            outcomes = await write_one_by_one(conn, batch, self._db.pool, self._db.deadline_s)
             self.syncs += 1
-            tell(self._cascade, cascaded)
             return outcomes
         except UNAVAILABLE as exc:
             # The answer was lost: each caller hears so, and the next batch reconnects.

@@ -70,6 +70,18 @@ class Flows:
             found = self._parents[job_id] = tuple(r[0] for r in rows)
         return found
 
+    def _read_parents(self, ids: list[str]) -> None:
+        """The parents of every member of ``ids`` not read yet, in one statement a slice
+        (a page of a thousand members is a statement, not a thousand)."""
+        wanted = [i for i in ids if i not in self._parents]
+        it = iter(wanted)
+        while chunk := list(islice(it, IDS_PER_STATEMENT)):
+            sql = Q["parents_of_many"].replace("{ids}", ", ".join("?" * len(chunk)))
+            found: dict[str, list[str]] = {i: [] for i in chunk}
+            for child, parent in self.conn.execute(sql, chunk):
+                found[child].append(parent)
+            self._parents.update((i, tuple(ps)) for i, ps in found.items())
+
     def _flow(self, row: tuple[Any, ...]) -> tuple[str, Flow]:
         job_id, workflow_id, ref, pending, failed, policy, run_if, reason = row
         flow = Flow(
@@ -90,12 +102,16 @@ class Flows:
         it = iter(job.id for job in jobs)
         while ids := list(islice(it, IDS_PER_STATEMENT)):
             sql = Q["get_flows"].replace("{ids}", ", ".join("?" * len(ids)))
-            flows.update(self._flow(row) for row in self.conn.execute(sql, ids))
+            rows = self.conn.execute(sql, ids).fetchall()
+            self._read_parents([row[0] for row in rows])
+            flows.update(self._flow(row) for row in rows)
         return self.with_flows(jobs, flows)
 
     def live(self, jobs: list[Job]) -> list[Job]:
         """Recovery's: the live ``jobs`` with their flows (every live member's in one read)."""
-        flows = dict(self._flow(row) for row in self.conn.execute(Q["live_flows"]))
+        rows = self.conn.execute(Q["live_flows"]).fetchall()
+        self._read_parents([row[0] for row in rows])
+        flows = dict(self._flow(row) for row in rows)
         return self.with_flows(jobs, flows)
 
     @staticmethod
@@ -191,4 +207,7 @@ class Flows:
         if change is None:
             return
         reason = None if change.cancel_reason is None else change.cancel_reason.value
+        if not change.counts:  # (the runtime's move: its reason; the counts stay as stored)
+            self.conn.execute(Q["update_flow_reason"], (reason, t.job_id))
+            return
         self.conn.execute(Q["update_flow"], (change.deps_pending, change.failed, reason, t.job_id))

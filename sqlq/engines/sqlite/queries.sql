@@ -228,6 +228,9 @@ INSERT INTO edges (parent, child, n) VALUES (?, ?, ?);
 -- name: update_flow
 UPDATE flows SET deps_pending = ?, failed = ?, cancel_reason = ? WHERE job_id = ?;
 
+-- name: update_flow_reason
+UPDATE flows SET cancel_reason = ? WHERE job_id = ?;
+
 -- name: get_flows
 -- {ids} becomes one "?" per id (sqlq.engines.sqlite.flows).
 SELECT job_id, {flow_columns} FROM flows WHERE job_id IN ({ids});
@@ -247,6 +250,10 @@ SELECT {job_columns}
 
 -- name: parents_of
 SELECT parent FROM edges WHERE child = ? ORDER BY n;
+
+-- name: parents_of_many
+-- {ids} becomes one "?" per id: each child's parents, in the order named.
+SELECT child, parent FROM edges WHERE child IN ({ids}) ORDER BY child, n;
 
 -- name: children_of
 -- A parent's children, in their ids' order (one order for every engine's walk).
