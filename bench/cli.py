@@ -177,12 +177,13 @@ def loadgen(
 @click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
 @click.option(
     "--workload",
-    type=click.Choice(["mixed", "plain", "schedules"]),
+    type=click.Choice(["mixed", "plain", "schedules", "workflows"]),
     default="mixed",
     show_default=True,
     help="mixed: failing, long, hanging and delayed jobs with cancels, retries and pauses; "
     "plain: 2 ms jobs that always succeed; schedules: schedules ticking every second "
-    "(no tick lost, none doubled).",
+    "(no tick lost, none doubled); workflows: graphs of jobs, some with a member that dies "
+    "(each child after its parents, released once, a dead member's cone cancelled).",
 )
 @click.option(
     "--remote-workers",
@@ -213,6 +214,10 @@ def crashcheck(
         from sqlq.bench.crashremote import command
 
         sys.exit(command(store=name, sync=sync, trials=trials, jobs=jobs, seed=seed, out=out))
+    if engine(store).shared and workload == "workflows":
+        raise click.BadParameter(
+            "runs on the single-node engines (wal, sqlite) so far", param_hint="--workload"
+        )
     if engine(store).shared:  # three nodes and a throwaway PostgreSQL, both killed
         from sqlq.bench.crashcheck_pg import run_pg_trials
 

@@ -9,7 +9,8 @@ same data; wait for the queue to drain; stop. Then the data is verified
 parser (framing, CRC-32, sequence numbers, fold), SQLite's file with the stdlib
 ``sqlite3`` module and plain SQL.
 
-Two workloads. ``plain``: 2 ms jobs that always succeed. ``mixed`` (the
+The workloads. ``schedules`` and ``workflows`` are their own (``crashsched``,
+``crashflow``). ``plain``: 2 ms jobs that always succeed. ``mixed`` (the
 default): besides the plain jobs, jobs that fail at random with ``max_attempts``
 1 to 3, long jobs on their last attempt (so a kill often lands on one), hangs,
 delayed jobs in a second queue, and an operator who cancels, retries dead and
@@ -46,7 +47,7 @@ from typing import Any
 
 import uvloop
 
-from sqlq.bench import crashsched
+from sqlq.bench import crashflow, crashsched
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerError, ServerProcess
@@ -243,6 +244,12 @@ def run_trials(
         if workload == "schedules":
             with tempfile.TemporaryDirectory(prefix="sqlq-crashsched-") as d:
                 row = crashsched.run_trial(store, sync, crashsched.kill_after(rng), Path(d))
+            keep(rows, row, n, commit, path)
+            continue
+        if workload == "workflows":
+            with tempfile.TemporaryDirectory(prefix="sqlq-crashflow-") as d:
+                kill_at, trial_seed = crashflow.kill_after(rng), rng.randrange(1 << 30)
+                row = crashflow.run_trial(store, sync, kill_at, trial_seed, Path(d))
             keep(rows, row, n, commit, path)
             continue
         trial = Trial(

@@ -28,13 +28,15 @@ from typing import Any
 # The transition table, restated here on purpose: the verifier must not trust
 # the code it is checking.
 LEGAL = {
+    # a workflow's member waits for its parents; a parent's end moves it (its count, or out)
+    "waiting": {"scheduled", "cancelled", "waiting"},
     "scheduled": {"running", "cancelled"},
     # running -> running: what the attempt carries changed (same epoch); -> cancelled: it
     # ended after a cancel was asked for
     "running": {"completed", "scheduled", "dead", "running", "cancelled"},
     "completed": set(),
     "dead": {"scheduled"},  # an operator's retry
-    "cancelled": {"scheduled"},
+    "cancelled": {"scheduled", "waiting"},  # a retry; a member revived with its parent
 }
 TERMINAL = {"completed", "dead", "cancelled"}
 RUNNING_FIELDS = ("cancel_requested_at", "progress", "checkpoint", "snoozes", "errors")
@@ -57,6 +59,11 @@ class JobFacts:
     holder: str | None = None  # a running job's remote worker (``worker:<name>``), as stored
     lease_until: float | None = None
     breaks: list[str] = field(default_factory=list)  # the cancel rule broken, step by step
+    started_at: float | None = None  # when the latest attempt started
+    updated_at: float = 0.0
+    # A workflow's member: its workflow, parents, counts, policies and cancel reason, as
+    # stored (the keys of ``sqlq.common.workflow.Flow``); None for any other job.
+    flow: dict[str, Any] | None = None
 
     def carry(self, record: dict[str, Any]) -> None:
         """Take the running fields (and the result) of a job or transition record: whole,
@@ -69,6 +76,14 @@ class JobFacts:
         self.result = record.get("result")
         self.holder = record.get("holder")
         self.lease_until = record.get("lease_until")
+        self.started_at = record.get("started_at")
+        self.updated_at = record.get("updated_at", self.updated_at)
+        change = record.get("flow")
+        if change is not None and self.flow is not None:  # a transition's FlowChange
+            self.flow["cancel_reason"] = change.get("cancel_reason")
+            if change.get("counts", True):  # (False: the reason alone)
+                self.flow["deps_pending"] = change.get("deps_pending", 0)
+                self.flow["failed"] = change.get("failed", 0)
 
 
 def _facts(j: dict[str, Any]) -> JobFacts:
@@ -76,8 +91,9 @@ def _facts(j: dict[str, Any]) -> JobFacts:
     facts = JobFacts(
         j["state"], j["epoch"], j["attempts"], [(j["state"], j["epoch"])],
         max_attempts=j.get("max_attempts", 0), attempts_total=j.get("attempts_total", 0),
+        flow=None if j.get("flow") is None else dict(j["flow"]),
     )  # fmt: skip
-    facts.carry(j)
+    facts.carry({k: v for k, v in j.items() if k != "flow"})
     return facts
 
 
@@ -145,6 +161,8 @@ def row_facts(row: dict[str, Any]) -> JobFacts:
             "result": _json(row.get("result")),
             "holder": row.get("holder"),
             "lease_until": row.get("lease_until"),
+            "started_at": row.get("started_at"),
+            "updated_at": row.get("updated_at", 0.0),
         }
     )
     return facts
@@ -214,8 +232,10 @@ def read_walq(path: Path) -> dict[str, JobFacts]:
 
 JOB_FACT_COLUMNS = (
     "id", "state", "epoch", "attempts", "max_attempts", "attempts_total", "result",
-    *RUNNING_FIELDS, "holder", "lease_until",
+    *RUNNING_FIELDS, "holder", "lease_until", "started_at", "updated_at",
 )  # fmt: skip
+FLOW_COLUMNS = ("workflow_id", "ref", "deps_pending", "failed", "on_parent_failure", "run_if",
+                "cancel_reason")  # fmt: skip
 
 
 def read_sqlite(path: Path) -> dict[str, JobFacts]:
@@ -223,10 +243,22 @@ def read_sqlite(path: Path) -> dict[str, JobFacts]:
         have = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
         names = [c for c in JOB_FACT_COLUMNS if c in have]
         rows = db.execute(f"SELECT {', '.join(names)} FROM jobs").fetchall()
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        flows, parents = [], []
+        if "flows" in tables:  # version 7: workflows (a plain SELECT of each table)
+            flows = db.execute(f"SELECT job_id, {', '.join(FLOW_COLUMNS)} FROM flows").fetchall()
+            parents = db.execute("SELECT child, parent FROM edges ORDER BY child, n").fetchall()
     jobs = {}
     for values in rows:
         row = dict(zip(names, values, strict=True))
         jobs[row["id"]] = row_facts(row)
+    edges: dict[str, list[str]] = {}
+    for child, parent in parents:
+        edges.setdefault(child, []).append(parent)
+    for job_id, *values in flows:
+        if job_id in jobs:
+            flow = dict(zip(FLOW_COLUMNS, values, strict=True))
+            jobs[job_id].flow = {**flow, "parents": edges.get(job_id, [])}
     return jobs
 
 

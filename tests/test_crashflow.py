@@ -1,0 +1,80 @@
+"""``sqlq crashcheck --workload workflows``: its verdict on hand-made facts (each rule
+can fail), and real trials, kill -9 included, on walq and SQLite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sqlq.bench.crashflow import judge_graphs, run_trial
+from sqlq.bench.offline import JobFacts
+
+
+def _facts(state: str, *, started: float | None = None, updated: float = 0.0,
+           reason: str | None = None, history: list[str] | None = None) -> JobFacts:  # fmt: skip
+    facts = JobFacts(state, 0, 1, [(s, 0) for s in history or [state]])
+    facts.started_at, facts.updated_at = started, updated
+    facts.flow = {"workflow_id": "w", "cancel_reason": reason}
+    return facts
+
+
+DIAMOND: dict[str, Any] = {
+    "workflow_id": "w", "ids": ["a", "b", "c", "d"],
+    "parents": [[], [0], [0], [1, 2]], "doomed": [False, False, False, False],
+}  # fmt: skip
+
+
+TWICE = ["waiting", "scheduled", "waiting", "scheduled"]
+
+
+def _done(**changed: JobFacts) -> dict[str, JobFacts]:
+    jobs = {
+        "a": _facts("completed", started=1, updated=2),
+        "b": _facts("completed", started=3, updated=4, history=["waiting", "scheduled"]),
+        "c": _facts("completed", started=3, updated=5, history=["waiting", "scheduled"]),
+        "d": _facts("completed", started=6, updated=7, history=["waiting", "scheduled"]),
+    }
+    return {**jobs, **changed}
+
+
+def test_a_diamond_that_ran_as_it_should_passes() -> None:
+    problems, seen = judge_graphs([DIAMOND], _done(), releases=True)
+    assert (problems, seen["completed"], seen["released"]) == ([], 4, 3)
+
+
+@pytest.mark.parametrize(
+    ("changed", "found"),
+    [
+        ({"d": _facts("completed", started=4.5, updated=7)}, "before its parent completed"),
+        ({"d": _facts("waiting")}, "still waiting"),
+        ({"b": _facts("dead"), "d": _facts("completed", started=6)}, "not cancelled"),
+        ({"b": _facts("dead"), "d": _facts("cancelled", reason="user")}, "not cancelled"),
+        ({"c": _facts("cancelled", reason="upstream_dead")}, "though its parents completed"),
+        ({"d": _facts("completed", started=6, history=TWICE)}, "released 2 times"),
+    ],
+)
+def test_each_rule_finds_what_breaks_it(changed: dict[str, JobFacts], found: str) -> None:
+    jobs = _done(**changed)
+    problems, _ = judge_graphs([DIAMOND], jobs, releases=True)
+    assert any(found in p for p in problems), problems
+    missing = {k: v for k, v in _done().items() if k != "d"}
+    assert judge_graphs([DIAMOND], missing, releases=True)[0] == ["member d of w is missing"]
+
+
+def test_a_doomed_member_dies_and_its_cone_is_cancelled_upstream_dead() -> None:
+    doomed = {**DIAMOND, "doomed": [False, True, False, False]}
+    jobs = _done(b=_facts("dead"), d=_facts("cancelled", reason="upstream_dead"))
+    assert judge_graphs([doomed], jobs, releases=False)[0] == []
+    assert judge_graphs([doomed], _done(), releases=False)[0] == ["doomed member b ended completed"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["walq", "sqlite"])
+def test_a_real_trial_through_a_kill_holds_every_rule(store: str, tmp_path: Path) -> None:
+    row = run_trial(store, "full", 0.6, 7, tmp_path)
+    assert row["ok"], row["problems"]
+    assert row["graphs"] > 0
+    assert row["lost"] == 0
+    assert row["ended"]["completed"] > 0
