@@ -192,3 +192,23 @@ def test_templates_and_assets_are_package_data() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"sqlq.ui" = ["templates/*.html", "static/*"]' in pyproject
     assert any(Path(ROOT, "sqlq/ui/templates").glob("*.html"))
+
+
+def test_a_workflows_graph_puts_each_job_right_of_its_parents_however_deep() -> None:
+    from sqlq.common.models import State
+    from sqlq.common.wire import WorkflowMember
+    from sqlq.ui.graph import MAX_DRAWN, depths, graph_svg
+
+    chain = [WorkflowMember(f"{i:032x}", "k", State.WAITING, f"s{i}",
+                            (f"{i - 1:032x}",) if i else ()) for i in range(5000)]  # fmt: skip
+    assert depths(chain)[f"{4999:032x}"] == 4999  # (no recursion: deeper than the stack)
+    diamond = [WorkflowMember("a", "k", State.COMPLETED, "a"),
+               WorkflowMember("b", "k", State.RUNNING, "b", ("a",)),
+               WorkflowMember("c", "k", State.WAITING, "c", ("a",)),
+               WorkflowMember("d", "k", State.WAITING, "d", ("b", "c"))]  # fmt: skip
+    assert depths(diamond) == {"a": 0, "b": 1, "c": 1, "d": 2}
+    svg = graph_svg(diamond, "/ui")
+    assert svg is not None
+    assert svg.count("<line") == 4
+    assert 'class="node state-running"' in svg
+    assert graph_svg(chain[: MAX_DRAWN + 1], "/ui") is None  # too many to draw: listed

@@ -249,3 +249,33 @@ def test_dashboard_flags_without_the_dashboard_are_a_usage_error() -> None:
         r = CliRunner().invoke(main, ["serve", "--no-ui", flag])
         assert r.exit_code == 2
         assert f"{flag} is for the dashboard, which --no-ui removes" in r.output
+
+
+async def test_a_workflows_page_draws_its_graph_and_its_actions_act(ui: Client) -> None:
+    from sqlq.common.specs import MemberSpec
+
+    c = await ui()
+    rt: Service = c.runtime
+    specs = [MemberSpec(kind="sleep", args={"fail_prob": 1}, ref="a<b>", max_attempts=1),
+             MemberSpec(kind="sleep", ref="b", depends_on=("a<b>",))]  # fmt: skip
+    (a, b), _ = await rt.submit(specs, batch=True, workflow=True)
+    assert a.flow is not None
+    wf = a.flow.workflow_id
+    await wait_for(lambda: rt.live.get(b.id) is None, what="b cancelled with a")
+    r = await c.get(f"/ui/workflows/{wf}")
+    assert r.status_code == 200, r.text[:300]
+    assert 'id="workflow-graph"' in r.text
+    assert r.text.count('<line class="edge"') == 1
+    assert "a&lt;b&gt;" in r.text
+    assert "a<b>" not in r.text
+    assert f'href="/ui/jobs/{b.id}"' in r.text
+    assert 'id="retry-workflow"' in r.text
+    page = await c.get(f"/ui/jobs/{b.id}")
+    assert f'href="/ui/workflows/{wf}"' in page.text
+    confirm = await c.get(f"/ui/confirm/retry-workflow?workflow={wf}")
+    assert confirm.status_code == 200
+    done = await c.post("/ui/do/retry-workflow", data={"workflow": wf, "csrf": _csrf(confirm.text)},
+                        headers=FORM)  # fmt: skip
+    assert done.status_code == 200, done.text[:300]
+    assert "Retried 1 dead job" in done.text
+    assert (await c.get(f"/ui/workflows/{'0' * 32}")).status_code == 404

@@ -47,8 +47,9 @@ class Action:
 
     def ask(self, fields: Fields) -> str:
         return self.question.format(
-            job=fields.get("job", ""), queue=fields.get("queue", ""), matching=_matching(fields)
-        )
+            job=fields.get("job", ""), queue=fields.get("queue", ""), matching=_matching(fields),
+            workflow=fields.get("workflow", ""),
+        )  # fmt: skip
 
     async def perform(self, runtime: Service, fields: Fields) -> str:
         """Do it; what the service refuses is a page that says why, as the API's status."""
@@ -96,7 +97,15 @@ def _matching(fields: Fields) -> str:
     return f" with {' and '.join(said)}" if said else ""
 
 
+def _workflow(given: Fields) -> Fields:
+    workflow_id = given.get("workflow", "")
+    if not params.is_job_id(workflow_id):
+        raise Refused(422, "Bad request", "workflow: a workflow's id")
+    return {"workflow": workflow_id}
+
+
 JOB = Target(fields=_job, back=lambda f: f"{PREFIX}/jobs/{f['job']}")
+WORKFLOW = Target(fields=_workflow, back=lambda f: f"{PREFIX}/workflows/{f['workflow']}")
 QUEUE = Target(fields=_queue, back=lambda _: f"{PREFIX}/queues")
 DEAD = Target(fields=_dead_filter, back=lambda _: f"{PREFIX}/dead")
 
@@ -128,6 +137,20 @@ async def _force_cancel(runtime: Service, fields: Fields) -> str:
     return await _cancel(runtime, fields, force=True)
 
 
+async def _cancel_workflow(runtime: Service, fields: Fields) -> str:
+    counts = await runtime.cancel_workflow(fields["workflow"])
+    if counts is None:
+        raise Refused(404, "Not done", f"No workflow {fields['workflow']} is kept.")
+    return f"Cancelled {counts[0]} of its jobs; {counts[1]} running asked to stop."
+
+
+async def _retry_workflow(runtime: Service, fields: Fields) -> str:
+    n = await runtime.retry_workflow(fields["workflow"])
+    if n is None:
+        raise Refused(404, "Not done", f"No workflow {fields['workflow']} is kept.")
+    return f"Retried {n} dead job{'s' if n != 1 else ''}, with the jobs their deaths cancelled."
+
+
 async def _pause(runtime: Service, fields: Fields) -> str:
     info = await runtime.pause(fields["queue"], True)
     return f"Queue {fields['queue']} is paused ({info.depth} waiting, {info.running} running)."
@@ -153,6 +176,12 @@ ACTIONS = {
         Action(name="force-cancel", target=JOB, run=_force_cancel,
                question="Stop running job {job}, and cut its attempt off if its handler has not "
                "stopped within the server's cancel grace? It ends cancelled, not retried."),
+        Action(name="cancel-workflow", target=WORKFLOW, run=_cancel_workflow,
+               question="Cancel workflow {workflow}? Its jobs that have not started will not "
+               "run; running ones are asked to stop."),
+        Action(name="retry-workflow", target=WORKFLOW, run=_retry_workflow,
+               question="Retry workflow {workflow}'s dead jobs? Each runs again, and the jobs "
+               "its death cancelled wait for it again; jobs a user cancelled stay cancelled."),
         Action(name="pause", target=QUEUE, run=_pause,
                question="Pause queue {queue}? Its waiting jobs stay waiting; running ones finish."),
         Action(name="resume", target=QUEUE, run=_resume,

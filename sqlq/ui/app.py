@@ -35,6 +35,7 @@ from sqlq.common.wire import job_view
 from sqlq.runtime.service import Service
 from sqlq.ui.actions import ACTIONS, Action
 from sqlq.ui.gate import HEADERS, Refused, next_path, read_form
+from sqlq.ui.graph import MAX_DRAWN, graph_svg
 from sqlq.ui.options import PREFIX, UiOptions
 from sqlq.ui.overview import Sampler, overview
 from sqlq.ui.render import ShownArgs, ago, environment, pretty, static_files
@@ -42,6 +43,7 @@ from sqlq.ui.schedules import page as schedule_page
 from sqlq.ui.session import COOKIE, SESSION_S, NotForTheDashboard, Sessions
 
 PAGE_SIZE = 50
+MEMBERS_SHOWN = 1000  # a workflow's members listed on its page, at most
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -78,6 +80,7 @@ class Dashboard:
             Route("/", page(self.overview_page), methods=["GET"]),
             Route("/jobs", page(self.jobs_page), methods=["GET"]),
             Route("/jobs/{job_id}", page(self.job_page), methods=["GET"]),
+            Route("/workflows/{workflow_id}", page(self.workflow_page), methods=["GET"]),
             Route("/dead", page(self.dead_page), methods=["GET"]),
             Route("/queues", page(self.queues_page), methods=["GET"]),
             Route("/schedules", page(self.schedules_page), methods=["GET"]),
@@ -208,6 +211,16 @@ class Dashboard:
         # The args are outside the live block: a refresh neither shows nor renders them.
         args = "" if _refresh(request) else self.shown_args.get(view)
         return self.render(request, "job.html", job=view, args=args, result=pretty(job.result))
+
+    async def workflow_page(self, request: Request) -> Response:
+        """A workflow: its state and counts, its graph (``graph``), and its members."""
+        workflow_id: str = request.path_params["workflow_id"]
+        view = await self.runtime.workflow(workflow_id)
+        if view is None:
+            raise Refused(404, "No such workflow", f"No workflow {workflow_id[:64]!r} is kept "
+                          "(a finished one goes with --retention, as a whole).")  # fmt: skip
+        return self.render(request, "workflow.html", workflow=view, shown=MEMBERS_SHOWN,
+                           graph=graph_svg(view.jobs, PREFIX), max_drawn=MAX_DRAWN)  # fmt: skip
 
     async def queues_page(self, request: Request) -> Response:
         return self.render(request, "queues.html", queues=await self.runtime.queues())
