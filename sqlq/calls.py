@@ -295,13 +295,16 @@ class Requests:
         return (yield from Call("POST", "/jobs/retry", Retried, body)).retried
 
     @staticmethod
-    def submit_workflow(jobs: Sequence[Mapping[str, Any]]) -> Plan[BatchResult]:
+    def submit_workflow(
+        jobs: Sequence[Mapping[str, Any]], workflow: str | None = None
+    ) -> Plan[BatchResult]:
         """Submit a new workflow: ``jobs`` shaped like ``POST /jobs/batch``'s, with their
-        ``ref``, ``depends_on`` and policies, in one atomic batch. Not retried: a
-        workflow's jobs take no idempotency key yet, so a second try could make a second
-        workflow."""
+        ``ref``, ``depends_on`` and policies, in one atomic batch; or, given a
+        ``workflow``'s id, add them to it (``depends_on`` naming its members' ids too).
+        Not retried: a workflow's jobs take no idempotency key yet, so a second try could
+        make them twice."""
         return (yield from Call("POST", "/jobs/batch", BatchResult,
-                                {"workflow": True, "jobs": list(jobs)}))  # fmt: skip
+                                {"workflow": workflow or True, "jobs": list(jobs)}))  # fmt: skip
 
     @staticmethod
     def workflow(workflow_id: str) -> Plan[WorkflowView]:
