@@ -30,6 +30,7 @@ from sqlq.bench.experiments import (
     o_progress,
     p_remote,
     q_redis,
+    r_release,
 )
 from sqlq.bench.experiments.answer import answer
 from sqlq.bench.experiments.base import BenchRun
@@ -45,6 +46,7 @@ MODULES = (
     o_progress,
     p_remote,
     q_redis,
+    r_release,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so

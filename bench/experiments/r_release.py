@@ -1,0 +1,200 @@
+"""R. Release latency: from a parent's completion to its child's start, and what edges cost
+(issue 36).
+
+On each engine, a fresh ``sqlq serve`` (16 workers, ``--sync full``) runs three graphs of
+no-op ``sleep`` jobs, one after another, each submitted in one batch as a workflow:
+
+- a chain of ``CHAIN`` jobs: each hop is a parent's completion commit releasing its child,
+  the child claimed and started;
+- a fan-out, 1 -> ``FAN``: the root's one commit releases them all;
+- a fan-in, ``FAN`` -> 1: the last parent's commit releases the child.
+
+Once it is done, every member is read back (``GET /workflows/{id}``, then each job): an
+edge's latency is the child's start less its parent's completion, both the server's own
+clock (``started_at``, ``updated_at``); a child waits for its last parent. The fan-out's
+includes the wait for one of the 16 workers, so it is reported apart (p50 and max).
+
+What edges cost: the same ``FAN`` + 1 jobs submitted as a plain batch and as the fan-out's
+workflow (``FAN`` edges), each timed from the request to its answer (durable), and each
+drained; the ratio is the workflow's time over the plain batch's, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from sqlq.bench.client.http import HttpPool
+from sqlq.bench.experiments.base import NAMES, Run
+from sqlq.bench.experiments.rows import CodedRow
+from sqlq.bench.report import Report, cell, group, med
+
+NAME = "R"
+CHAIN, FAN = 100, 1000
+QUICK_CHAIN, QUICK_FAN = 20, 100
+STORES = ("memory", "walq", "sqlite")  # (PostgreSQL: a cluster of its own; not yet here)
+
+
+class RRow(CodedRow, kw_only=True):
+    chain: int
+    fan: int
+    chain_hop_ms: list[float]  # each hop's release latency, ms
+    fan_in_ms: float  # the fan-in child's start after its last parent completed, ms
+    fan_out_p50_ms: float  # the fan-out's children, from the root's completion (with queueing)
+    fan_out_max_ms: float
+    plain_submit_ms: float  # FAN + 1 jobs as one plain batch, request to durable answer
+    flow_submit_ms: float  # the same as the fan-out's workflow
+    plain_drain_s: float
+    flow_drain_s: float
+
+    @property
+    def hop_p50_ms(self) -> float:
+        return med(self.chain_hop_ms)
+
+    @property
+    def hop_p95_ms(self) -> float:
+        hops = sorted(self.chain_hop_ms)
+        return hops[min(len(hops) - 1, int(0.95 * len(hops)))] if hops else 0.0
+
+
+ROW = RRow
+
+
+def _job(ref: str, after: list[str]) -> dict[str, Any]:
+    return {"kind": "sleep", "args": {"work_ms": 0}, "ref": ref, "depends_on": after}
+
+
+async def _drained(pool: HttpPool, ids: list[str]) -> None:
+    """Until every job of ``ids`` is finished (each waited for in turn: the same reads
+    whatever made the jobs)."""
+    for job_id in ids:
+        while True:
+            status, job = await pool.json("GET", f"/jobs/{job_id}?wait=30")
+            if status == 200 and job["state"] in ("completed", "dead", "cancelled"):
+                break
+
+
+async def _members(pool: HttpPool, ids: list[str]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for job_id in ids:
+        status, job = await pool.json("GET", f"/jobs/{job_id}")
+        assert status == 200, job
+        out[job_id] = job
+    return out
+
+
+async def _graph(pool: HttpPool, jobs: list[dict[str, Any]]) -> tuple[list[str], float, float]:
+    """Submit ``jobs`` as a workflow and drain it: the ids, the submit's and the run's time."""
+    t0 = time.perf_counter()
+    status, answer = await pool.json(
+        "POST", "/jobs/batch", msgspec.json.encode({"workflow": True, "jobs": jobs})
+    )
+    submitted = time.perf_counter()
+    if status != 201:
+        raise RuntimeError(f"a workflow's submit answered {status}: {answer}")
+    ids: list[str] = answer["ids"]
+    await _drained(pool, ids)
+    return ids, submitted - t0, time.perf_counter() - submitted
+
+
+def _since(child: dict[str, Any], parents: list[dict[str, Any]]) -> float:
+    return 1000 * (float(child["started_at"]) - max(float(p["updated_at"]) for p in parents))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseRun(Run):
+    chain: int
+    fan: int
+
+    def execute(self) -> dict[str, Any]:
+        from sqlq.bench.client.server import ServerProcess
+
+        with ServerProcess.engine(store=self.store, sync="full", workers=16) as srv:
+            return asyncio.run(self._measure(srv.url))
+
+    async def _measure(self, url: str) -> dict[str, Any]:
+        async with HttpPool(url, 2) as pool:
+            chain = [_job(f"c{i}", [f"c{i - 1}"] if i else []) for i in range(self.chain)]
+            ids, _, _ = await _graph(pool, chain)
+            jobs = await _members(pool, ids)
+            hops = [_since(jobs[ids[i]], [jobs[ids[i - 1]]]) for i in range(1, len(ids))]
+            fan_in = [_job(f"p{i}", []) for i in range(self.fan)]
+            fan_in.append(_job("last", [f"p{i}" for i in range(self.fan)]))
+            ids, _, _ = await _graph(pool, fan_in)
+            last = (await _members(pool, [ids[-1]]))[ids[-1]]
+            parents = list((await _members(pool, ids[:-1])).values())
+            fan_out = [_job("root", []), *(_job(f"k{i}", ["root"]) for i in range(self.fan))]
+            ids, flow_submit, flow_drain = await _graph(pool, fan_out)
+            jobs = await _members(pool, ids)
+            root = jobs[ids[0]]
+            out = sorted(_since(jobs[i], [root]) for i in ids[1:])
+            plain = [{"kind": "sleep", "args": {"work_ms": 0}} for _ in range(self.fan + 1)]
+            t0 = time.perf_counter()
+            status, answer = await pool.json(
+                "POST", "/jobs/batch", msgspec.json.encode({"jobs": plain})
+            )
+            submitted = time.perf_counter()
+            assert status == 201, answer
+            await _drained(pool, answer["ids"])
+            plain_drain = time.perf_counter() - submitted
+        return {
+            "chain": self.chain, "fan": self.fan,
+            "chain_hop_ms": [round(h, 3) for h in hops],
+            "fan_in_ms": round(_since(last, parents), 3),
+            "fan_out_p50_ms": round(out[len(out) // 2], 3), "fan_out_max_ms": round(out[-1], 3),
+            "plain_submit_ms": round(1000 * (submitted - t0), 3),
+            "flow_submit_ms": round(1000 * flow_submit, 3),
+            "plain_drain_s": round(plain_drain, 4), "flow_drain_s": round(flow_drain, 4),
+        }  # fmt: skip
+
+
+def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[ReleaseRun]:
+    chain, fan = (QUICK_CHAIN, QUICK_FAN) if quick else (CHAIN, FAN)
+    for store in stores:
+        if store in STORES:
+            yield ReleaseRun(experiment=NAME, store=store, label=f"R/{store}", chain=chain,
+                             fan=fan, params={"chain": chain, "fan": fan})  # fmt: skip
+
+
+def section(rep: Report) -> None:
+    every, codes = rep.before_after(NAME, RRow)
+    rows = [r for r in every if r.code == codes[-1]] if every else []
+    if not rows:
+        return
+    first = rows[0]
+    rep.add(
+        "## R. Release latency: a parent's completion to its child's start",
+        "",
+        f"A fresh server per engine (16 workers, `--sync full`), no-op jobs. Chain: "
+        f"{first.chain} jobs, each hop a child's start less its parent's completion (the "
+        f"server's clock, read back from each job); fan-in: {first.fan} -> 1, the child's start "
+        f"less its last parent's completion; fan-out: 1 -> {first.fan}, each child's start "
+        "less the root's completion, which includes waiting for one of the 16 workers. What "
+        f"edges cost: {first.fan + 1} jobs submitted as a plain batch and as the fan-out's "
+        f"workflow ({first.fan} edges), request to durable answer, and each drained. Medians "
+        "over the repeats.",
+        "",
+        "| store | chain hop p50 ms | chain hop p95 ms | fan-in ms | fan-out p50 / max ms | "
+        "submit: plain / workflow ms | drain: plain / workflow s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    )
+    by_store = group(rows, lambda r: r.store)
+    for store in sorted(by_store, key=NAMES.index):
+        rs = by_store[store]
+        rep.add(
+            f"| {store} | {cell([r.hop_p50_ms for r in rs], '{:.2f}')} | "
+            f"{cell([r.hop_p95_ms for r in rs], '{:.2f}')} | "
+            f"{cell([r.fan_in_ms for r in rs], '{:.2f}')} | "
+            f"{cell([r.fan_out_p50_ms for r in rs], '{:.1f}')} / "
+            f"{cell([r.fan_out_max_ms for r in rs], '{:.1f}')} | "
+            f"{cell([r.plain_submit_ms for r in rs], '{:.1f}')} / "
+            f"{cell([r.flow_submit_ms for r in rs], '{:.1f}')} | "
+            f"{cell([r.plain_drain_s for r in rs], '{:.3f}')} / "
+            f"{cell([r.flow_drain_s for r in rs], '{:.3f}')} |"
+        )
+    rep.add("")

@@ -1,0 +1,56 @@
+"""Experiment R, release latency: its report on synthetic rows (no server), and a
+``--quick`` run of it end to end on the local engines (slow: real servers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sqlq.bench.experiments import EXPERIMENTS, ORDER, r_release
+from sqlq.bench.report import Report
+from sqlq.cli import main
+
+
+def _row(store: str, repeat: int, hop_ms: float) -> dict[str, object]:
+    return {"experiment": "R", "store": store, "label": f"R/{store}", "repeat": repeat,
+            "chain": 3, "fan": 10, "chain_hop_ms": [hop_ms, hop_ms * 2, hop_ms * 3],
+            "fan_in_ms": 2.0, "fan_out_p50_ms": 5.0, "fan_out_max_ms": 9.0,
+            "plain_submit_ms": 1.0, "flow_submit_ms": 1.5, "plain_drain_s": 0.02,
+            "flow_drain_s": 0.03}  # fmt: skip
+
+
+def test_r_is_registered_last() -> None:
+    assert EXPERIMENTS["R"] is r_release
+    assert ORDER[-1] == "R"
+
+
+def test_section_reads_each_hop_and_the_cost_of_edges(tmp_path: Path) -> None:
+    rows = [_row("walq", 0, 1.0), _row("walq", 1, 2.0), _row("sqlite", 0, 4.0)]
+    (tmp_path / "R.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = Report(tmp_path)
+    r_release.section(rep)
+    text = "\n".join(rep.lines)
+    assert "## R. Release latency" in text
+    walq = next(ln for ln in rep.lines if ln.startswith("| walq"))
+    assert walq.startswith("| walq | 3.00 [2.00-4.00] | 4.50 [3.00-6.00] | 2.00 [2.00-2.00] |")
+    sqlite = next(ln for ln in rep.lines if ln.startswith("| sqlite"))
+    assert "| 8.00 | 12.00 |" in sqlite
+
+
+@pytest.mark.slow  # real servers
+@pytest.mark.timeout(300)
+def test_quick_r_runs_on_the_local_engines(tmp_path: Path) -> None:
+    args = ["bench", "--quick", "--only", "R", "--out", str(tmp_path), "--no-progress"]
+    for store in r_release.STORES:
+        args += ["--stores", store]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (tmp_path / "R.jsonl").read_text().splitlines()]
+    assert sorted(row["store"] for row in rows) == sorted(r_release.STORES)
+    for row in rows:
+        assert len(row["chain_hop_ms"]) == r_release.QUICK_CHAIN - 1
+        assert all(h >= 0 for h in row["chain_hop_ms"])  # a child never starts before
+        assert row["fan_in_ms"] >= 0
