@@ -155,13 +155,18 @@ class Flows:
 
     def inserted(self, job: Job) -> None:
         """A new member's flow and its edges."""
-        assert job.flow is not None
-        self.conn.execute(Q["insert_flow"], flow_values(job.id, job.flow))
-        if job.flow.parents:
-            self.conn.executemany(
-                Q["insert_edge"], ((p, job.id, n) for n, p in enumerate(job.flow.parents))
-            )
-        self._parents[job.id] = job.flow.parents
+        self.inserted_all([job])
+
+    def inserted_all(self, jobs: Sequence[Job]) -> None:
+        """New members' flows and edges, two statements prepared once, run for each row."""
+        members = [(job, job.flow) for job in jobs if job.flow is not None]
+        self.conn.executemany(Q["insert_flow"], (flow_values(j.id, f) for j, f in members))
+        self.conn.executemany(
+            Q["insert_edge"],
+            ((p, j.id, n) for j, f in members for n, p in enumerate(f.parents)),
+        )
+        for job, flow in members:
+            self._parents[job.id] = flow.parents
 
     def moved(
         self,

@@ -212,8 +212,11 @@ class SQLiteStore(DurableStore):
         rows = [row for pending in batch for row in pending.encoded]
         # Here: Python work off the I/O thread. A schedule change is rare (a tick, a put), a
         # workflow's member rarer than a plain job: each makes the batch change by change.
-        members = any(type(pending.encoded) is Members for pending in batch)
-        stepped = any(type(pending.encoded) is Steps for pending in batch)
+        members = stepped = False
+        for pending in batch:  # (one pass, not two ``any``: every batch)
+            kind = type(pending.encoded)
+            members = members or kind is Members
+            stepped = stepped or kind is Steps
         cascaded: list[Cascaded] = []
         try:
             async with self._turn:
@@ -229,8 +232,10 @@ class SQLiteStore(DurableStore):
             logger.error("sqlite: writing %s failed: %s", self.path, exc)
             raise StoreFailedError(f"{DB_NAME}: {exc}") from exc
         self.commits += 1
-        self.rows += len(rows) + len(cascaded)
-        tell(self._cascade, cascaded)
+        self.rows += len(rows)
+        if cascaded:
+            self.rows += len(cascaded)
+            tell(self._cascade, cascaded)
         return outcomes
 
     async def _durably(self) -> None:
