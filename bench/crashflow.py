@@ -5,10 +5,13 @@ Each trial: a fresh data directory; ``sqlq serve``; clients submit graphs as wor
 (``POST /jobs/batch`` with ``workflow: true``): chains, diamonds, fan-out and fan-in
 (1 -> 40 -> 1), and random DAGs, each member a short ``sleep`` job; in some graphs one
 member is doomed (``fail_prob`` 1, ``max_attempts`` 1), so its cone must end cancelled.
-Every acknowledged graph goes to the client's ledger (fsynced) with each member's id,
-parents and fate. SIGKILL at a random moment; a restart on the same data; the queue
-drained; a clean stop. Then the files are read without the engine's code
-(``sqlq.bench.offline``), and ``judge_graphs`` holds each acknowledged graph to:
+A quarter of a client's later submissions add a job to one of its graphs
+(``workflow: <id>``) after one to three of its members, whatever they are by then:
+running, finished or dead (a 409 then: refused). Every acknowledged graph and added job
+goes to the client's ledger (fsynced) with each member's id, parents and fate. SIGKILL at
+a random moment; a restart on the same data; the queue drained; a clean stop. Then the
+files are read without the engine's code (``sqlq.bench.offline``), and ``judge_graphs``
+holds each acknowledged graph to:
 
 - every member is there, and none is left live (a waiting one behind finished parents
   is a release that never happened);
@@ -39,6 +42,7 @@ from sqlq.bench.client.server import ServerProcess
 from sqlq.bench.offline import JobFacts, VerifyError, read_data
 
 CLIENTS = 4
+APPENDS = 0.25  # of a client's submissions after its first: a job added to one of its graphs
 FLAGS = ("--workers", "16", "--fault-injection")
 LEDGER = "graphs.jsonl"
 
@@ -92,17 +96,35 @@ async def load(url: str, seed: int, ledger: Path, stop: asyncio.Event) -> None:
         os.fsync(fd)
 
     async def client(pool: HttpPool) -> None:
+        sent: list[dict[str, Any]] = []  # this client's graphs acknowledged
         while not stop.is_set():
-            members = graph(rng)
+            appending = bool(sent) and rng.random() < APPENDS
+            if appending:  # a job added to a graph of its own, after some of its members
+                to = rng.choice(sent)  # (running, finished or failed: whatever they are now)
+                after = rng.sample(to["ids"], min(len(to["ids"]), rng.randint(1, 3)))
+                jobs = [{"kind": "sleep", "args": {"work_ms": 1}, "depends_on": after}]
+                request = msgspec.json.encode({"workflow": to["workflow_id"], "jobs": jobs})
+            else:
+                members = graph(rng)
+                request = body(members, rng)
             try:
-                status, reply = await pool.json("POST", "/jobs/batch", body(members, rng))
+                status, reply = await pool.json("POST", "/jobs/batch", request)
             except (HTTPError, OSError):
                 return  # the server is gone
+            if status == 409 and appending:
+                continue  # after a parent that failed: refused, as it should be
             if status != 201:
                 return
-            entry = {"workflow_id": reply["workflow_id"], "ids": reply["ids"],
-                     "parents": [p for _, p, _ in members],
-                     "doomed": [d for _, _, d in members]}  # fmt: skip
+            ids: list[str] = reply["ids"]
+            if appending:
+                parents, doomed = [after], [False]
+            else:
+                parents = [[ids[i] for i in p] for _, p, _ in members]
+                doomed = [d for _, _, d in members]
+            entry = {"workflow_id": reply["workflow_id"], "ids": ids, "parents": parents,
+                     "doomed": doomed, "appended": appending}  # fmt: skip
+            if not appending:
+                sent.append(entry)
             await loop.run_in_executor(None, append, json.dumps(entry).encode() + b"\n")
 
     try:
@@ -134,14 +156,15 @@ def judge_graphs(
 
     for g in graphs:
         ids: list[str] = g["ids"]
-        for i, job_id in enumerate(ids):
+        for i, job_id in enumerate(ids):  # (each member's parents by id: its graph's, or,
+            # an added job's, members of the graph it was added to)
             seen["members"] += 1
             facts = jobs.get(job_id)
             if facts is None:
                 problem(f"member {job_id} of {g['workflow_id']} is missing")
                 continue
             seen[facts.state] = seen.get(facts.state, 0) + 1
-            parents = [jobs.get(ids[p]) for p in g["parents"][i]]
+            parents = [jobs.get(p) for p in g["parents"][i]]
             if any(p is None for p in parents):
                 continue  # (reported as missing above)
             failed = [p for p in parents if p is not None and p.state in ("dead", "cancelled")]
@@ -223,7 +246,8 @@ def run_trial(
         "sync": sync,
         "workload": "workflows",
         "kill_after_s": round(kill_after_s, 3),
-        "graphs": len(graphs),
+        "graphs": sum(1 for g in graphs if not g.get("appended")),
+        "appended": sum(1 for g in graphs if g.get("appended")),
         "acknowledged": seen["members"],
         "lost": sum(1 for i in acked if i not in jobs),
         "unknown": unknown,

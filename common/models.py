@@ -486,11 +486,13 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         request_hash: str | None = None,
         flow: Flow | None = None,
     ) -> Job:
-        """A new job: scheduled, or waiting if it is a workflow member with parents."""
+        """A new job: scheduled; a workflow member waiting while a parent is pending, or
+        cancelled if it was judged at birth (``sqlq.common.workflow.at_birth``)."""
         if flow is not None:
+            born = State.WAITING if flow.deps_pending else State.SCHEDULED
             return cls(
                 id=job_id or new_job_id(now), kind=sys.intern(kind), args=args,
-                state=State.WAITING if flow.deps_pending else State.SCHEDULED,
+                state=State.CANCELLED if flow.cancel_reason is not None else born,
                 max_attempts=max_attempts, ready_at=now if ready_at is None else ready_at,
                 priority=priority, created_at=now, updated_at=now, queue=sys.intern(queue),
                 idempotency_key=idempotency_key, request_hash=request_hash, flow=flow,

@@ -37,6 +37,8 @@ MAX_PARENTS = 10_000  # a job's fan-in
 # of 10,000 jobs each naming 10,000 parents would be 10^8, a gigabyte of ids.
 MAX_EDGES = 100_000
 MAX_REF = 128  # a ref's length
+# A workflow's members kept at once: an append reads them all, and its page lists them.
+MAX_MEMBERS = 100_000
 
 
 class OnParentFailure(StrEnum):
@@ -163,6 +165,16 @@ def recount(flow: Flow, state_of: Callable[[str], str | None]) -> Flow | None:
     return msgspec.structs.replace(flow, deps_pending=pending, failed=failed, cancel_reason=None)
 
 
+def at_birth(flow: Flow) -> Flow:
+    """A new member's flow as it is stored, its counts made (``recount``): one none of whose
+    parents is pending is judged at once, as a parent's end would judge it
+    (``after_parent``): an ``any_failed`` hook none of whose parents failed is cancelled
+    (``condition_false``), never run."""
+    if flow.deps_pending == 0 and flow.run_if is RunIf.ANY_FAILED and flow.failed == 0:
+        return msgspec.structs.replace(flow, cancel_reason=CancelReason.CONDITION_FALSE)
+    return flow
+
+
 def settles_failure(flow: Flow) -> bool:
     """Whether a parent that ended dead or cancelled counts, for this child, as settled
     (and failed): it runs whatever its parents did, or its policy is ``run``. A parent
@@ -210,15 +222,28 @@ def retried(
     members: Iterable[tuple[str, str, Flow | None]], state_of: Callable[[str], str | None]
 ) -> list[str]:
     """The members a workflow's retry revives, from each one's (id, state, flow): every dead
-    one whose parents all completed. Each comes back with the cone its death cancelled
-    (``Job.after_parent``); one a user cancelled stays so, and so does one that died after
-    a parent it ran after failed (``run``): reviving it would run it beside that parent's
-    next attempt, so it waits for a retry of its own once that parent has settled."""
-    out = []
+    one whose parents all completed, and every dead one that counts a failed parent as
+    settled (``settles_failure``) whose parents all ended, none of its failed ones coming
+    back in this retry (revived, or in a cone a revival brings back: it would run beside
+    that parent's next attempt). Each comes back with the cone its death cancelled
+    (``Job.after_parent``); one a user cancelled stays so."""
+    members = list(members)
+    out = [
+        job_id
+        for job_id, state, flow in members
+        if state == "dead"
+        and (flow is None or all(state_of(p) == "completed" for p in flow.parents))
+    ]
+    back = set(out)
+    reasons = {job_id: flow.cancel_reason for job_id, _, flow in members if flow is not None}
     for job_id, state, flow in members:
-        if state == "dead" and (
-            flow is None or all(state_of(p) == "completed" for p in flow.parents)
-        ):
+        if state != "dead" or flow is None or job_id in back or not settles_failure(flow):
+            continue
+        ended = [(p, state_of(p)) for p in flow.parents]
+        if any(s not in ("completed", "dead", "cancelled") for _, s in ended):
+            continue
+        failed = [p for p, s in ended if s != "completed"]
+        if not any(p in back or reasons.get(p) in UPSTREAM for p in failed):
             out.append(job_id)
     return out
 

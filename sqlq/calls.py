@@ -304,7 +304,8 @@ class Requests:
         Not retried: a workflow's jobs take no idempotency key yet, so a second try could
         make them twice."""
         return (yield from Call("POST", "/jobs/batch", BatchResult,
-                                {"workflow": workflow or True, "jobs": list(jobs)}))  # fmt: skip
+                                {"workflow": True if workflow is None else workflow,
+                                 "jobs": list(jobs)}))  # fmt: skip
 
     @staticmethod
     def workflow(workflow_id: str) -> Plan[WorkflowView]:

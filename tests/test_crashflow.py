@@ -22,7 +22,7 @@ def _facts(state: str, *, started: float | None = None, updated: float = 0.0,
 
 DIAMOND: dict[str, Any] = {
     "workflow_id": "w", "ids": ["a", "b", "c", "d"],
-    "parents": [[], [0], [0], [1, 2]], "doomed": [False, False, False, False],
+    "parents": [[], ["a"], ["a"], ["b", "c"]], "doomed": [False, False, False, False],
 }  # fmt: skip
 
 

@@ -474,3 +474,33 @@ async def test_a_members_change_beside_a_schedules_in_one_batch_still_cascades(
         store.commit([b.complete(2, NOW + 2)]),
     )
     assert (await _get(store, g.jobs["c"])).state is State.SCHEDULED
+
+
+async def test_an_append_and_its_parents_end_in_one_batch_release_the_child(
+    store: JobStore,
+) -> None:
+    """The append (counted while a ran) and a's completion reach the store together: the
+    completion finds the new child, whichever engine and however the batch is written;
+    the other way round, the append is refused (its count is stale) and counted again."""
+    g = await _submitted(store, fan_in())
+    a = await _run(store, g.jobs["a"], NOW + 1)
+
+    def child(ref: str, pending: int) -> Job:
+        flow = Flow(workflow_id=g.workflow_id, ref=ref, parents=(a.id,), deps_pending=pending)
+        return Job.new(kind="sleep", args={}, now=NOW + 1, flow=flow)
+
+    first = child("first", 1)
+    await asyncio.gather(store.commit([first]), store.commit([a.complete(1, NOW + 2)]))
+    assert (await _get(store, first)).state is State.SCHEDULED
+    b = await _run(store, g.jobs["b"], NOW + 3)
+    late = Job.new(kind="sleep", args={}, now=NOW + 3, flow=Flow(
+        workflow_id=g.workflow_id, ref="late", parents=(b.id,), deps_pending=1))  # fmt: skip
+    done, appended = await asyncio.gather(
+        store.commit([b.complete(2, NOW + 4)]), store.commit([late]), return_exceptions=True
+    )
+    assert done is None
+    if appended is None:  # (an engine that wrote the append first: released by b's end)
+        assert (await _get(store, late)).state is State.SCHEDULED
+    else:
+        assert isinstance(appended, IllegalTransitionError)
+        assert "moved while it was added" in str(appended)

@@ -168,3 +168,17 @@ def test_a_retry_revives_the_dead_whose_parents_completed_and_no_other() -> None
     }
     members = [(i, state[i], flows[i]) for i in state]
     assert retried(members, state.get) == ["a", "z"]
+
+
+def test_a_retry_revives_one_that_ran_after_a_parent_a_user_cancelled() -> None:
+    """h runs after its parents however they ended (``all_finished``) and died; its parent
+    u was cancelled by a user, which no retry brings back: h comes back. Behind a parent
+    that a retry revives, or that a revival's cone brings back, it does not."""
+    flows = {
+        "u": Flow(workflow_id="w", cancel_reason=CancelReason.USER),
+        "h": Flow(workflow_id="w", parents=("u",), run_if=RunIf.ALL_FINISHED),
+        "c": Flow(workflow_id="w", cancel_reason=CancelReason.UPSTREAM_DEAD),
+        "k": Flow(workflow_id="w", parents=("c",), run_if=RunIf.ALL_FINISHED),
+    }
+    state = {"u": "cancelled", "h": "dead", "c": "cancelled", "k": "dead"}
+    assert retried([(i, state[i], flows[i]) for i in state], state.get) == ["h"]

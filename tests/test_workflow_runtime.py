@@ -13,7 +13,7 @@ import pytest
 from sqlq.common.errors import IllegalTransitionError, ValidationError
 from sqlq.common.models import Job, State
 from sqlq.common.specs import MemberSpec, RetrySpec
-from sqlq.common.workflow import CancelReason, Flow, OnParentFailure
+from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
 from sqlq.engines.registry import make_store
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, task
@@ -382,6 +382,16 @@ async def test_appending_to_a_workflow_counts_each_parent_as_it_stands(
     with pytest.raises(ValidationError, match="no workflow") as caught:
         await rt.submit([MemberSpec(kind="sleep")], batch=True, workflow="0" * 32)
     assert caught.value.field == "workflow"
+    with pytest.raises(ValidationError, match="has a member 'a'") as caught:
+        await rt.submit([MemberSpec(kind="sleep", ref="a")], batch=True, workflow=wf)
+    assert caught.value.field == "jobs[0].ref"
+    (hook,), _ = await rt.submit(  # an on-failure hook after parents that all completed
+        [MemberSpec(kind="held", ref="hook", depends_on=(a.id, x.id), run_if=RunIf.ANY_FAILED)],
+        batch=True, workflow=wf,
+    )  # fmt: skip
+    assert hook.flow is not None
+    assert (hook.state, hook.flow.cancel_reason) == (State.CANCELLED, "condition_false")
+    assert rt.live.get(hook.id) is None  # judged at birth: never live, never run
 
 
 async def test_appending_over_http_answers_the_workflows_id(client: httpx.AsyncClient) -> None:

@@ -285,6 +285,7 @@ class WalStore(DurableStore):
         seq = self._seq
         scheduled = False  # whether a call changed a schedule: then not every value is a job
         cascaded: list[Cascaded] = []
+        adopted: dict[str, list[str]] = {}  # the batch's new members, by parent (``stage``)
         cutoff = self._cutoff()  # (a job past it is gone: a snapshot in flight left it out)
         for pending in batch:
             encoded = pending.encoded
@@ -292,7 +293,9 @@ class WalStore(DurableStore):
             try:
                 if type(encoded) is PatchOps:
                     encoded = self._checked(pending, staged)
-                mine = self._index.stage(pending.changes, staged, staged_keys, cascaded, cutoff)
+                mine = self._index.stage(
+                    pending.changes, staged, staged_keys, cascaded, cutoff, adopted
+                )
                 if len(cascaded) > before:  # a workflow's children: in the parent's record
                     encoded = encode_ops(_interleaved(pending.changes, cascaded[before:]))
             except SqlqError as exc:

@@ -161,9 +161,12 @@ class JobIndex:
         staged_keys: set[str] | frozenset[str] = frozenset(),
         cascaded: list[Cascaded] | None = None,
         cutoff: float | None = None,
+        adopted: dict[str, list[str]] | None = None,
     ) -> Staged:
         """The jobs and schedules ``changes`` produce on top of ``staged`` (whose new jobs
-        hold ``staged_keys``); raises, changing nothing.
+        hold ``staged_keys``, and whose new workflow members are ``adopted``'s children, by
+        parent: a call's own members are added to it once it is staged); raises, changing
+        nothing.
 
         A workflow member's end also changes its waiting children, in the same call
         (``cascade``); those moves are added to ``cascaded``, for the engine to
@@ -172,7 +175,7 @@ class JobIndex:
         though it may still be kept: a snapshot in flight has left it out."""
         mine: Staged = {}
         my_keys: set[str] = set()
-        members: list[Job] = []  # new workflow members with parents
+        made: list[Job] = []  # new workflow members with parents
         for change in changes:
             if isinstance(change, Job):
                 if change.id in mine or change.id in staged or change.id in self.jobs:
@@ -183,8 +186,8 @@ class JobIndex:
                         raise DuplicateKeyError(key)
                     my_keys.add(key)
                 mine[change.id] = change
-                if change.flow is not None and change.flow.parents and change.state in FRESH:
-                    members.append(change)
+                if change.flow is not None and change.flow.parents:
+                    made.append(change)
             elif isinstance(change, Transition):
                 current = self._current(change.job_id, mine, staged)
                 if current is None or (
@@ -196,7 +199,7 @@ class JobIndex:
                     if revived_alone(current, new):
                         check_revival(new, partial(self._state_of, mine=mine, staged=staged))
                     mine[change.job_id] = new
-                    self._cascade(current, new, mine, staged, cascaded, change)
+                    self._cascade(current, new, mine, staged, cascaded, change, adopted, made)
                 else:
                     mine[change.job_id] = new
             else:
@@ -205,10 +208,15 @@ class JobIndex:
                 idle_job = None if idle is None else self._current(idle, mine, staged)
                 live = idle_job is not None and idle_job.state in LIVE
                 mine[SCHEDULE + name] = fold(self._schedule(name, mine, staged), change, live)
-        if members:  # each new member's counts, once the call's other jobs are in
+        if made:  # each new member's counts, once the call's other jobs are in
             state_of = partial(self._state_of, mine=mine, staged=staged)
-            for job in members:
-                check_member(job, state_of)
+            for job in made:
+                if job.state in FRESH:
+                    check_member(job, state_of)
+            if adopted is not None:  # (staged: a later call's cascade in the batch finds it)
+                for job in made:
+                    for parent in job.flow.parents if job.flow else ():
+                        adopted.setdefault(parent, []).append(job.id)
         return mine
 
     def _gone(self, job: Job, cutoff: float) -> bool:
@@ -225,14 +233,20 @@ class JobIndex:
         staged: Staged,
         out: list[Cascaded] | None,
         cause: Change,
+        adopted: dict[str, list[str]] | None = None,
+        made: list[Job] | None = None,
     ) -> None:
         """``cascade.walk`` over what is committed, ``staged`` and ``mine``: each child's
-        move staged into ``mine`` and added to ``out``."""
+        move staged into ``mine`` and added to ``out``. A parent's children are those
+        committed, those an earlier call of the batch made (``adopted``) and this call's
+        own (``made``): an append and its parent's end in one batch miss nothing."""
 
         current = partial(self._current, mine=mine, staged=staged)
 
         def children(parent: str) -> list[Job]:
-            kids = (current(c) for c in self.children.get(parent, ()))
+            ids = [*self.children.get(parent, ()), *(adopted or {}).get(parent, ())]
+            ids += [j.id for j in made or () if j.flow is not None and parent in j.flow.parents]
+            kids = (current(c) for c in ids)
             return [k for k in kids if k is not None]
 
         def states(ids: tuple[str, ...]) -> dict[str, str]:

@@ -184,9 +184,11 @@ class LocalClaims(ClaimsBase):
 
     def submitted(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
-            self._live.add(job)
-            if job.state is _SCHEDULED:  # (not a workflow member that waits)
+            if job.state is _SCHEDULED:
+                self._live.add(job)
                 self.due(job)
+            elif job.state is State.WAITING:  # a workflow's member, waiting for its parents
+                self._live.add(job)  # (one judged at birth, cancelled, was never live)
 
     def cascaded(self, moves: Sequence[Cascaded]) -> None:
         """What a workflow member's end (or revival) did to its children, in its commit

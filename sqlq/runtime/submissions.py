@@ -30,7 +30,15 @@ from sqlq.common.errors import (
 from sqlq.common.models import Job, new_job_id
 from sqlq.common.specs import MAX_DELAY_MS, JobSpec, MemberSpec, check_args
 from sqlq.common.store import JobStore
-from sqlq.common.workflow import MAX_EDGES, Flow, GraphError, plan_graph, recount
+from sqlq.common.workflow import (
+    MAX_EDGES,
+    MAX_MEMBERS,
+    Flow,
+    GraphError,
+    at_birth,
+    plan_graph,
+    recount,
+)
 from sqlq.runtime.claims import Claims, ClaimsView
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.events import Event, Events
@@ -145,10 +153,14 @@ class Submissions:
         graph = [s if isinstance(s, MemberSpec) else MemberSpec(kind=s.kind) for s in specs]
         refs = {s.ref for s in graph if s.ref is not None}
         existing = {j.id: j.state.value for j in kept}
+        taken = {j.flow.ref for j in kept if j.flow is not None and j.flow.ref is not None}
+        for i, s in enumerate(graph):  # a ref names one member of the workflow, and no id
+            if s.ref is not None and (s.ref in taken or s.ref in existing):
+                raise ValidationError(f"jobs[{i}].ref", f"the workflow has a member {s.ref!r}")
+        if sum(len(s.depends_on) for s in graph) > MAX_EDGES:  # (kept members' edges too)
+            raise ValidationError("jobs", f"the graph has more than {MAX_EDGES} edges")
         outside = [[p for p in s.depends_on if p not in refs] for s in graph]  # kept members'
-        edges = 0
         for i, named in enumerate(outside):
-            edges += len(named)
             for p in named:
                 if p not in existing:
                     also = ", nor the workflow a member with that id" if kept else ""
@@ -157,8 +169,6 @@ class Submissions:
                     )
             if len(set(named)) < len(named):
                 raise ValidationError(f"jobs[{i}].depends_on", "a parent is named twice")
-        if edges > MAX_EDGES:  # (plan_graph bounds the batch's own edges; these are more)
-            raise ValidationError("jobs", f"the graph has more than {MAX_EDGES} edges")
         inside = [[p for p in s.depends_on if p in refs] for s in graph]
         try:
             parents = plan_graph([s.ref for s in graph], inside)
@@ -180,7 +190,7 @@ class Submissions:
                 raise IllegalTransitionError(
                     failed, f"jobs[{i}] would never run after it: it has failed; retry it first"
                 )
-            members.append(_Member(ids[i], counted))
+            members.append(_Member(ids[i], at_birth(counted)))
         return members
 
     async def submit(
@@ -250,6 +260,10 @@ class Submissions:
             members = await self._store.workflow(workflow_id)
             if not members:
                 raise ValidationError("workflow", f"no workflow {workflow_id} is kept")
+            if len(members) + len(specs) > MAX_MEMBERS:
+                raise ValidationError(
+                    "workflow", f"a workflow holds at most {MAX_MEMBERS} jobs kept at once"
+                )
             try:
                 return await self._submit_new(specs, True, workflow_id, members)
             except IllegalTransitionError as exc:

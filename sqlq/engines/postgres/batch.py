@@ -167,11 +167,19 @@ async def write_members(
         if not p.encoded.members:
             continue
         if gone is None:
+            before = len(cascaded)
             try:
                 ends[id(p)] = await one_caller(conn, p, db.pool, db.deadline_s, cascaded)
                 continue
             except UNAVAILABLE as exc:
                 gone = StoreUnavailableError(db.lost_writer(exc))
+            except asyncpg.PostgresError as exc:  # (a statement timeout, say): this one only
+                del cascaded[before:]
+                ends[id(p)] = StoreUnavailableError(
+                    f"PostgreSQL refused the write: {type(exc).__name__}"
+                )
+                continue
+            del cascaded[before:]
         ends[id(p)] = gone
     return [ends[id(p)] for p in batch]
 

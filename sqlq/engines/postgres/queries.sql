@@ -370,12 +370,14 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::int[]);
 
 -- name: lock_workflows
 -- The workflows of the members a caller moves ($1) and makes ($2), each a transaction-
--- level advisory lock of class $3, taken in the workflows' order (flows.lock_workflows).
-SELECT pg_advisory_xact_lock($3::int, hashtext(w))
-  FROM (SELECT w FROM (SELECT flow->>'workflow_id' AS w FROM jobs
-                        WHERE id = ANY($1::text[]) AND flow IS NOT NULL
-                       UNION SELECT unnest($2::text[])) AS named
-         ORDER BY w) AS ordered;
+-- level advisory lock of class $3 keyed by its name's hash, taken once each in the keys'
+-- order (flows.lock_workflows): two callers take any two keys in one order.
+SELECT pg_advisory_xact_lock($3::int, k)
+  FROM (SELECT DISTINCT hashtext(w) AS k
+          FROM (SELECT flow->>'workflow_id' AS w FROM jobs
+                 WHERE id = ANY($1::text[]) AND flow IS NOT NULL
+                UNION SELECT unnest($2::text[])) AS named
+         ORDER BY k) AS ordered;
 
 -- name: merge_flow
 -- A member's new counts and cancel reason (sqlq.common.workflow.FlowChange), over its flow.
