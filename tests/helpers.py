@@ -92,6 +92,15 @@ async def final(rt: Service, job_id: str, within: float = 20.0) -> Job:
     return out[0]
 
 
+async def finals(rt: Service, jobs: list[Job], within: float = 20.0) -> dict[str, Job]:
+    """A workflow's ``jobs`` once each reaches a terminal state, by ref (by id if none)."""
+    out = {}
+    for j in jobs:
+        ref = j.flow.ref if j.flow is not None else None
+        out[ref or j.id] = await final(rt, j.id, within)
+    return out
+
+
 def spawn_server(*serve_args: str, env: dict[str, str] | None = None) -> ServerProcess:
     """A real ``sqlq serve`` with these flags, started but not waited for (``wait_ready``)."""
     return ServerProcess(*serve_args, env={"PYTHONPATH": str(ROOT), **(env or {})}).spawn()

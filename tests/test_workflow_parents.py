@@ -20,7 +20,7 @@ from sqlq.engines.registry import make_store
 from sqlq.runtime.kinds import JobContext, Registry, task
 from sqlq.runtime.parents import PAGE_BYTES, PAGE_PARENTS, Parents, page
 from sqlq.runtime.service import Service
-from tests.helpers import NOW, ServiceFactory, final
+from tests.helpers import NOW, ServiceFactory, finals
 
 Seen = dict[str, Any]
 
@@ -59,12 +59,7 @@ def _merge(after: Sequence[str], **more: Any) -> MemberSpec:
 async def _run(rt: Service, specs: list[MemberSpec]) -> dict[str, Job]:
     await rt.start()
     jobs, _ = await rt.submit(specs, batch=True, workflow=True)
-    done = {}
-    for j in jobs:
-        assert j.flow is not None
-        assert j.flow.ref is not None
-        done[j.flow.ref] = await final(rt, j.id, 600)
-    return done
+    return await finals(rt, jobs, 600)
 
 
 @pytest.mark.parametrize("engine", ["memory", "walq", "sqlite"])

@@ -17,8 +17,7 @@ from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
 from sqlq.engines.registry import make_store
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.kinds import JobContext, Registry, task
-from sqlq.runtime.service import Service
-from tests.helpers import NOW, ServiceFactory, app_client, final
+from tests.helpers import NOW, ServiceFactory, app_client, final, finals
 
 Started = list[str]
 
@@ -47,17 +46,13 @@ def _spec(name: str, *after: str, **more: Any) -> MemberSpec:
 DIAMOND = [_spec("a"), _spec("b", "a"), _spec("c", "a"), _spec("d", "b", "c")]
 
 
-async def _finals(rt: Service, jobs: list[Job]) -> dict[str, Job]:
-    return {j.flow.ref if j.flow and j.flow.ref else j.id: await final(rt, j.id) for j in jobs}
-
-
 async def test_a_diamond_runs_each_job_once_after_its_parents(services: ServiceFactory) -> None:
     started: Started = []
     rt = services(kinds=_recording(started), workers=4)
     await rt.start()
     jobs, _ = await rt.submit(DIAMOND, batch=True, workflow=True)
     assert [j.state for j in jobs] == [State.SCHEDULED] + [State.WAITING] * 3
-    done = await _finals(rt, jobs)
+    done = await finals(rt, jobs)
     assert {ref: j.state for ref, j in done.items()} == dict.fromkeys("abcd", State.COMPLETED)
     assert sorted(started) == ["a", "b", "c", "d"]  # each once
     assert started[0] == "a"
@@ -74,7 +69,7 @@ async def test_a_dead_root_cancels_the_diamond_as_upstream_dead(services: Servic
     await rt.start()
     specs = [_spec("a", fail=True, max_attempts=1), *DIAMOND[1:]]
     jobs, _ = await rt.submit(specs, batch=True, workflow=True)
-    done = await _finals(rt, jobs)
+    done = await finals(rt, jobs)
     assert done["a"].state is State.DEAD
     for ref in "bcd":
         assert done[ref].state is State.CANCELLED
@@ -98,7 +93,7 @@ async def test_retrying_the_dead_root_runs_the_whole_diamond_to_completed(
     assert (await final(rt, jobs[0].id)).state is State.DEAD
     failing.clear()  # fixed
     assert (await rt.retry(jobs[0].id)).state is State.SCHEDULED
-    done = await _finals(rt, jobs)
+    done = await finals(rt, jobs)
     assert {ref: j.state for ref, j in done.items()} == dict.fromkeys("abcd", State.COMPLETED)
     assert started == ["a", "a", *started[2:4], "d"]
     assert sorted(started[2:4]) == ["b", "c"]

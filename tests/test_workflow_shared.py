@@ -24,9 +24,8 @@ from sqlq.common.store import Cascaded, Fence
 from sqlq.common.workflow import Flow
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.runtime.kinds import JobContext, Registry, task
-from sqlq.runtime.service import Service
 from tests import shared_helpers
-from tests.helpers import NOW, final, wait_for
+from tests.helpers import NOW, final, finals, wait_for
 from tests.shared_helpers import Node
 
 nodes = shared_helpers.nodes  # the fixtures, by their names
@@ -96,15 +95,6 @@ def _spec(name: str, *after: str, **more: Any) -> MemberSpec:
     return MemberSpec(kind="step", args={"name": name}, ref=name, depends_on=after, **more)
 
 
-async def _finals(rt: Service, jobs: list[Job]) -> dict[str, Job]:
-    out = {}
-    for j in jobs:
-        assert j.flow is not None
-        assert j.flow.ref is not None
-        out[j.flow.ref] = await final(rt, j.id, 120)
-    return out
-
-
 async def test_two_nodes_run_fan_ins_and_each_child_runs_once(nodes: Node) -> None:
     started: Counter[str] = Counter()
     one = nodes(kinds_=_counting(started), workers=4)
@@ -116,7 +106,7 @@ async def test_two_nodes_run_fan_ins_and_each_child_runs_once(nodes: Node) -> No
         child = f"r{round_}child"
         specs = [*(_spec(p) for p in parents), _spec(child, *parents)]
         jobs, _ = await one.submit(specs, batch=True, workflow=True)
-        done = await _finals(two, jobs)
+        done = await finals(two, jobs, 120)
         assert {j.state for j in done.values()} == {State.COMPLETED}
         assert started[child] == 1
         last = done[child]
@@ -133,7 +123,7 @@ async def test_a_diamond_on_a_node_and_a_dead_root_cancels_its_cone_then_retries
     await rt.start()
     diamond = [_spec("a"), _spec("b", "a"), _spec("c", "a"), _spec("d", "b", "c")]
     jobs, _ = await rt.submit(diamond, batch=True, workflow=True)
-    done = await _finals(rt, jobs)
+    done = await finals(rt, jobs, 120)
     assert {ref: j.state for ref, j in done.items()} == dict.fromkeys("abcd", State.COMPLETED)
     assert started == Counter("abcd")
     assert jobs[0].flow is not None
@@ -143,14 +133,14 @@ async def test_a_diamond_on_a_node_and_a_dead_root_cancels_its_cone_then_retries
     dying = [MemberSpec(kind="step", args={"name": "x", "fail": True}, ref="a", max_attempts=1),
              *diamond[1:]]  # fmt: skip
     jobs, _ = await rt.submit(dying, batch=True, workflow=True)
-    done = await _finals(rt, jobs)
+    done = await finals(rt, jobs, 120)
     assert done["a"].state is State.DEAD
     for ref in "bcd":
         flow = done[ref].flow
         assert flow is not None
         assert (done[ref].state, flow.cancel_reason) == (State.CANCELLED, "upstream_dead")
     await rt.retry(jobs[0].id)
-    done = await _finals(rt, jobs)
+    done = await finals(rt, jobs, 120)
     assert {ref: j.state for ref, j in done.items()} == dict.fromkeys("abcd", State.COMPLETED)
     assert (started["x"], started["d"]) == (2, 2)  # the root twice; d once in this graph
 
