@@ -12,7 +12,7 @@ import msgspec
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS, JSON, Job, State
 from sqlq.common.running import AttemptError, Progress
 from sqlq.common.schedule import ScheduleSpec, schedule_of
-from sqlq.common.workflow import CancelReason, Flow, Overall, blocked_by, overall
+from sqlq.common.workflow import CancelReason, Flow, Overall, blocked_by, overall, retried
 
 MAX_WAIT_S = 60  # seconds: the longest GET /jobs/{id}?wait= the server holds a request for
 
@@ -117,6 +117,7 @@ class WorkflowView(msgspec.Struct, frozen=True):
     state: Overall
     counts: dict[str, int]
     jobs: list[WorkflowMember]
+    retryable: int = 0  # the dead members ``POST /workflows/{id}/retry`` would revive now
 
 
 def workflow_view(workflow_id: str, jobs: list[Job]) -> WorkflowView:
@@ -136,7 +137,8 @@ def workflow_view(workflow_id: str, jobs: list[Job]) -> WorkflowView:
             j.id, j.kind, j.state, flow.ref, flow.parents, waits, flow.cancel_reason
         ))  # fmt: skip
     state = overall(((j.state.value, j.flow) for j in jobs), state_of)
-    return WorkflowView(workflow_id, state, counts, members)
+    again = retried(((j.id, j.state.value, j.flow) for j in jobs), state_of)
+    return WorkflowView(workflow_id, state, counts, members, len(again))
 
 
 class JobPage(msgspec.Struct):

@@ -270,6 +270,7 @@ async def test_a_workflows_page_draws_its_graph_and_its_actions_act(ui: Client) 
     assert "a<b>" not in r.text
     assert f'href="/ui/jobs/{b.id}"' in r.text
     assert 'id="retry-workflow"' in r.text
+    assert "Retry its 1 dead job<" in r.text
     page = await c.get(f"/ui/jobs/{b.id}")
     assert f'href="/ui/workflows/{wf}"' in page.text
     confirm = await c.get(f"/ui/confirm/retry-workflow?workflow={wf}")

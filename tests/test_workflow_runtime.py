@@ -115,6 +115,8 @@ async def test_a_workflow_retry_revives_its_dead_and_their_cones_and_leaves_the_
         assert (await client.delete(f"/jobs/{e}")).json()["state"] == "cancelled"
         assert (await client.get(f"/jobs/{b}?wait=30")).json()["state"] == "cancelled"
         assert (await client.get(f"/jobs/{a}?wait=30")).json()["state"] == "dead"
+        view = (await client.get(f"/workflows/{workflow_id}")).json()
+        assert view["retryable"] == 1  # a; b comes back with it, e (a user's cancel) does not
         r = await client.post(f"/workflows/{workflow_id}/retry")
         assert (r.status_code, r.json()) == (200, {"retried": 1})
         b_now = (await client.get(f"/jobs/{b}")).json()  # waiting for a again (or, a having
@@ -218,7 +220,7 @@ async def test_a_workflow_reads_back_with_its_state_counts_and_what_blocks_each_
     r = await client.get(f"/workflows/{workflow_id}")
     assert r.status_code == 200, r.text
     view = r.json()
-    assert (view["id"], view["state"]) == (workflow_id, "running")
+    assert (view["id"], view["state"], view["retryable"]) == (workflow_id, "running", 0)
     assert view["counts"] == {"scheduled": 1, "waiting": 3}
     assert [m["id"] for m in view["jobs"]] == ids
     members = {m["ref"]: m for m in view["jobs"]}
