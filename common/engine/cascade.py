@@ -13,12 +13,12 @@ reads and writes (``run`` in a thread, ``run_async`` on the event loop).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from typing import Any, NamedTuple, cast
 
 from sqlq.common.errors import IllegalTransitionError
 from sqlq.common.models import TERMINAL, Job, State, Transition
-from sqlq.common.store import Cascaded, CascadeObserver
+from sqlq.common.store import Cascaded, CascadeObserver, Change
 from sqlq.common.workflow import Ended, ending, recount, settles_failure
 
 log = logging.getLogger(__name__)
@@ -90,26 +90,62 @@ def walk(old: Job, new: Job) -> Walk:
                 work.append((child, moved))  # down the cone: cancelled, or revived
 
 
+class _Ready:
+    """An engine's answer already there (a thread's reads and writes return values): awaited,
+    it gives its value without suspending, so ``run`` drives ``run_async`` to its end in one
+    step, in the thread, with no event loop."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.value
+        yield  # pragma: no cover (makes this a generator)
+
+
+def _ready(fn: Callable[..., Any]) -> Callable[..., _Ready]:
+    return lambda arg: _Ready(fn(arg))
+
+
+def cascade(
+    old: Job,
+    new: Job,
+    children: Callable[[str], list[Job]],
+    states: Callable[[tuple[str, ...]], dict[str, str]],
+    put: Callable[[Move], None],
+) -> None:
+    """``walk`` from ``old`` to ``new``, driven in this thread (``run``)."""
+    run(walk(old, new), children, states, put)
+
+
+async def cascade_async(
+    old: Job,
+    new: Job,
+    children: Callable[[str], Awaitable[list[Job]]],
+    states: Callable[[tuple[str, ...]], Awaitable[dict[str, str]]],
+    put: Callable[[Move], Awaitable[None]],
+) -> None:
+    """``walk`` from ``old`` to ``new``, each read and write awaited (``run_async``)."""
+    await run_async(walk(old, new), children, states, put)
+
+
 def run(
     steps: Walk,
     children: Callable[[str], list[Job]],
     states: Callable[[tuple[str, ...]], dict[str, str]],
     put: Callable[[Move], None],
 ) -> None:
-    """Drive ``walk``'s ``steps`` with an engine's reads and writes, in this thread."""
-    answer: Any = None
-    while True:
-        try:
-            ask = steps.send(answer)
-        except StopIteration:
-            return
-        if type(ask) is Children:
-            answer = children(ask.parent)
-        elif type(ask) is States:
-            answer = states(ask.ids)
-        else:
-            put(cast(Move, ask))
-            answer = None
+    """Drive ``walk``'s ``steps`` with an engine's reads and writes, in this thread: the one
+    driver, ``run_async``, over answers that are already there."""
+    driving = run_async(steps, _ready(children), _ready(states), _ready(put))
+    try:
+        driving.send(None)
+    except StopIteration:
+        return
+    driving.close()
+    raise AssertionError("a walk in a thread suspended")  # (every answer is ready)
 
 
 async def run_async(
@@ -118,7 +154,7 @@ async def run_async(
     states: Callable[[tuple[str, ...]], Awaitable[dict[str, str]]],
     put: Callable[[Move], Awaitable[None]],
 ) -> None:
-    """``run``, for an engine whose reads and writes are awaited (PostgreSQL)."""
+    """Drive ``walk``'s ``steps`` with an engine's reads and writes, each awaited."""
     answer: Any = None
     while True:
         try:
@@ -177,6 +213,17 @@ def check_member(job: Job, state_of: StateOf) -> None:
 # What a submission makes a member (``Job.new``): only such a one is counted against its
 # parents (``check_member``); one stored in any other state is stored as given.
 FRESH = frozenset({State.WAITING, State.SCHEDULED})
+
+
+def counted(changes: Iterable[Change]) -> list[Job]:
+    """The new members among ``changes`` that their commit counts against their parents
+    (``check_member``): those with parents, as a submission makes them."""
+    return [
+        c
+        for c in changes
+        if isinstance(c, Job) and c.flow is not None and c.flow.parents and c.state in FRESH
+    ]
+
 
 # The refusal of a member counted against parents that moved since (``check_member``): the
 # runtime reads them again and counts afresh.

@@ -17,13 +17,12 @@ from itertools import islice
 from typing import cast
 
 from sqlq.common.engine.cascade import (
-    FRESH,
     Move,
+    cascade,
     check_member,
     check_revival,
+    counted,
     revived_alone,
-    run,
-    walk,
 )
 from sqlq.common.engine.sortedids import SortedIds
 from sqlq.common.errors import (
@@ -210,9 +209,8 @@ class JobIndex:
                 mine[SCHEDULE + name] = fold(self._schedule(name, mine, staged), change, live)
         if made:  # each new member's counts, once the call's other jobs are in
             state_of = partial(self._state_of, mine=mine, staged=staged)
-            for job in made:
-                if job.state in FRESH:
-                    check_member(job, state_of)
+            for job in counted(made):
+                check_member(job, state_of)
             if adopted is not None:  # (staged: a later call's cascade in the batch finds it)
                 for job in made:
                     for parent in job.flow.parents if job.flow else ():
@@ -257,7 +255,7 @@ class JobIndex:
             if out is not None:
                 out.append(Cascaded(move.before, move.after, move.change, cause))
 
-        run(walk(old, new), children, states, put)
+        cascade(old, new, children, states, put)
 
     def _state_of(self, job_id: str, mine: Staged, staged: Staged) -> str | None:
         job = self._current(job_id, mine, staged)

@@ -22,13 +22,12 @@ import asyncpg
 import msgspec
 
 from sqlq.common.engine.cascade import (
-    FRESH,
     Move,
+    cascade_async,
     check_member,
     check_revival,
+    counted,
     revived_alone,
-    run_async,
-    walk,
 )
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.store import Cascaded, Change, Fence
@@ -113,7 +112,7 @@ async def check_members(conn: asyncpg.Connection, jobs: list[Job]) -> None:
     held ``FOR SHARE`` until this transaction ends: a parent's outcome (which locks its row
     first, ``locked``) waits for this append, then finds its edges; or this waits for it,
     and reads the parent as it ended."""
-    members = [j for j in jobs if j.flow is not None and j.flow.parents and j.state in FRESH]
+    members = counted(jobs)
     if not members:
         return
     parents = sorted({p for job in members if job.flow for p in job.flow.parents})
@@ -155,7 +154,7 @@ async def moved(
         await conn.execute(Q["merge_flow"], m.change.job_id, change_text(m.change))
         cascaded.append(Cascaded(m.before, m.after, m.change, cause))
 
-    await run_async(walk(old, new), children, lambda ids: states(conn, ids), put)
+    await cascade_async(old, new, children, lambda ids: states(conn, ids), put)
 
 
 async def states(conn: asyncpg.Connection, ids: tuple[str, ...] | list[str]) -> dict[str, str]:

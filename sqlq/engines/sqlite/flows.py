@@ -22,13 +22,12 @@ from typing import Any
 import msgspec
 
 from sqlq.common.engine.cascade import (
-    FRESH,
     Move,
+    cascade,
     check_member,
     check_revival,
+    counted,
     revived_alone,
-    run,
-    walk,
 )
 from sqlq.common.models import Job, Transition
 from sqlq.common.store import Cascaded, Change
@@ -191,16 +190,12 @@ class Flows:
             self._write(m.change)
             cascaded.append(Cascaded(m.before, m.after, m.change, cause))
 
-        run(walk(old, new), self.children, self.states, put)
+        cascade(old, new, self.children, self.states, put)
 
     def check_members(self, changes: Sequence[Change]) -> None:
         """Each new member's counts against its parents as this transaction holds them
         (``cascade.check_member``), once the caller's jobs are all in."""
-        members = [
-            c
-            for c in changes
-            if isinstance(c, Job) and c.flow and c.flow.parents and c.state in FRESH
-        ]
+        members = counted(changes)
         if members:
             parents = {p for job in members if job.flow for p in job.flow.parents}
             state_of = self.states(tuple(parents)).get
