@@ -22,7 +22,7 @@ import msgspec
 from sqlq.common.errors import ValidationError
 from sqlq.common.models import State
 from sqlq.common.running import MAX_CHECKPOINT_BYTES, MAX_PROGRESS_MESSAGE, MAX_SNOOZE_S
-from sqlq.common.specs import CLEANED, MAX_KIND, Queue
+from sqlq.common.specs import CLEANED, MAX_BATCH, MAX_KIND, Queue
 from sqlq.common.wire import JobView
 from sqlq.common.workflow import MAX_PARENTS
 
@@ -147,8 +147,13 @@ class HeartbeatAnswer(msgspec.Struct, kw_only=True):
     items: list[Beat]
 
 
-class CompleteIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class CompleteIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """A completed attempt: its result, and the jobs its handler spawned (``sqlq.spawn``),
+    each what ``POST /jobs/batch`` takes, stored in the completion's commit. Sent without
+    its defaults, so a completion that spawns nothing reads as it did to an older server."""
+
     result: Any = None
+    spawn: Annotated[list[Any], msgspec.Meta(min_length=1, max_length=MAX_BATCH)] | None = None
 
 
 class FailIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):

@@ -10,7 +10,8 @@ The public surface::
 ``SQLQ_URL`` and ``SQLQ_TOKEN``); ``Worker`` runs the handlers out of the server's
 process, over ``AsyncClient`` (``sqlq worker``). A handler reaches its running job
 through its ``JobContext`` and speaks ``Snooze`` (or returns ``snooze(seconds)``),
-``Cancelled`` (``ctx.raise_if_cancelled()``), ``AttemptFenced`` and ``JobFailed``. The
+``Cancelled`` (``ctx.raise_if_cancelled()``), ``AttemptFenced`` and ``JobFailed``, and
+may end by returning ``spawn(...)``: jobs added to its workflow in its commit. The
 client's errors: ``ApiError`` and its kinds ``Invalid``, ``Unauthorized``, ``NotFound``,
 ``Conflict`` (``FencedError``: a stale claim token), ``RateLimited``, ``Unavailable``.
 ``Job`` is the stored job (a handler's ``ctx.job``); the clients return its API view,
@@ -28,9 +29,10 @@ __version__ = "0.2.0"
 
 from sqlq.common.models import Job, State
 from sqlq.defaults import configure
-from sqlq.graph import Workflow, chain, chord, group, workflow
+from sqlq.graph import Workflow, chain, chord, group, spawn, workflow
 from sqlq.runtime.context import AttemptFenced, Cancelled, JobContext, JobFailed, Snooze, snooze
 from sqlq.runtime.kinds import schedule, task
+from sqlq.runtime.spawn import Spawn
 from sqlq.runtime.task import JobError, Task
 
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ __all__ = [
     "NotFound",
     "RateLimited",
     "Snooze",
+    "Spawn",
     "State",
     "Task",
     "Unauthorized",
@@ -95,6 +98,7 @@ __all__ = [
     "group",
     "schedule",
     "snooze",
+    "spawn",
     "task",
     "workflow",
 ]

@@ -440,10 +440,15 @@ class Requests:
         return done.items
 
     @staticmethod
-    def complete(token: str, result: Any = None) -> Plan[Reported]:
-        """The claimed attempt succeeded with ``result``. ``FencedError`` (409) if the token
-        is stale; sent again after a lost reply, when a stale answer may mean it landed."""
-        return (yield from _report("complete", CompleteBody(token=token, result=result)))
+    def complete(
+        token: str, result: Any = None, spawn: Sequence[Any] | None = None
+    ) -> Plan[Reported]:
+        """The claimed attempt succeeded with ``result`` (and ``spawn``: with these jobs
+        added to its workflow in its commit, ``sqlq.spawn``). ``FencedError`` (409) if the
+        token is stale; sent again after a lost reply, when a stale answer may mean it
+        landed."""
+        body = CompleteBody(token=token, result=result, spawn=None if spawn is None else [*spawn])
+        return (yield from _report("complete", body))
 
     @staticmethod
     def fail(

@@ -10,14 +10,24 @@
 ``chain``, ``group`` and ``chord`` make the shapes Celery users know. The server does
 the rest (``docs/workflows.md``): each step starts once its parents have finished, by
 its policies, released in its last parent's commit.
+
+A handler fans out as it ends by returning ``spawn`` of steps or of a graph: they join
+its workflow in its completion's commit (``sqlq.runtime.spawn``)::
+
+    @sqlq.task
+    def crawl(url: str) -> sqlq.Spawn:
+        links = find_links(url)
+        return sqlq.spawn(sqlq.chord([fetch.s(url=u) for u in links], merge.s()))
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlq.common.workflow import OnParentFailure, RunIf
+from sqlq.runtime.spawn import Spawn
 from sqlq.runtime.task import (
     AsyncJobHandle,
     JobHandle,
@@ -39,6 +49,7 @@ class Workflow:
         self._jobs: list[dict[str, Any]] = []
         self._steps: list[Step[Any]] = []
         self._refs: set[str] = set()
+        self._made: set[str] = set()  # the refs ``add`` made up (none given)
 
     def add(
         self,
@@ -58,6 +69,7 @@ class Workflow:
                 raise ValueError(f"after: {parent!r} is no step of this workflow (add it first)")
         if ref is None:
             ref = f"{step.kind}#{len(self._jobs)}"
+            self._made.add(ref)
         if ref in self._refs:
             raise ValueError(f"ref {ref!r} is taken in this workflow")
         job: dict[str, Any] = {"kind": step.kind, "args": step.args, **step.options, "ref": ref}
@@ -97,6 +109,20 @@ class Workflow:
         if not self._jobs:
             raise ValueError("a workflow needs a step: add one")
         return self._jobs
+
+    def spawned(self) -> list[dict[str, Any]]:
+        """The steps as a spawn sends them: each ref ``add`` made up made unique in the
+        workflow they join (a handler that spawns twice, or two that spawn, would repeat
+        it, and a workflow's refs are its members' names); refs given are kept."""
+        token = secrets.token_hex(4)
+        renamed = {ref: f"{ref}.{token}" for ref in self._made}
+        jobs = []
+        for job in self._checked():
+            job = {**job, "ref": renamed.get(job["ref"], job["ref"])}
+            if "depends_on" in job:
+                job["depends_on"] = [renamed.get(p, p) for p in job["depends_on"]]
+            jobs.append(job)
+        return jobs
 
     def _handles(self, client: Client, ids: Sequence[str]) -> dict[str, JobHandle[Any]]:
         return {
@@ -175,3 +201,18 @@ def chord(
     wf = group(*header)
     wf.add(body, after=wf.refs, run_if=run_if)
     return wf
+
+
+def spawn(steps: Workflow | Step[Any] | Iterable[Step[Any]], *, result: Any = None) -> Spawn:
+    """What a handler returns to end completed with ``result`` and add ``steps`` (a step,
+    steps side by side, or a graph) to its workflow, in its completion's commit: each step
+    with no parent among them runs after the handler's job, so it is due at once, with the
+    job's result in its ``ctx.parents``. A handler in no workflow starts a new one. A
+    spawn the server refuses (an unknown kind, a full queue) fails the attempt instead."""
+    if isinstance(steps, Workflow):
+        graph = steps
+    elif isinstance(steps, Step):
+        graph = group(steps)
+    else:
+        graph = group(*steps)
+    return Spawn(jobs=graph.spawned(), result=result)

@@ -471,9 +471,9 @@ class RemoteClaims:
         a = self._by_claim.get(id(claim))
         return None if a is None or a.over else a
 
-    def completed(self, claim: Claim, result: JSON) -> None:
+    def completed(self, claim: Claim, result: JSON, spawn: Sequence[JSON] | None = None) -> None:
         if (a := self._of(claim)) is not None:
-            self._decide(a, CompleteIn(result=result))
+            self._decide(a, CompleteIn(result=result, spawn=None if spawn is None else list(spawn)))
 
     def failed(self, claim: Claim, failure: Failure) -> None:
         if (a := self._of(claim)) is not None:

@@ -50,13 +50,21 @@ def gather(args, ctx):
     return {"pid": os.getpid(), "parents": {ref: p.result for ref, p in ctx.parents.items()},
             "complete": ctx.parents.complete}
 
+@task()
+def fan(args, ctx):
+    import sqlq
+    jobs = [{"kind": "crunch", "args": {"n": n}, "ref": f"c{n}"} for n in args["ns"]]
+    return sqlq.Spawn(jobs=[*jobs, {"kind": "gather", "ref": "g",
+                                    "depends_on": [j["ref"] for j in jobs]}],
+                      result={"pid": os.getpid()})
+
 @task(timeout=1.5)
 def nap(args, ctx):
     time.sleep(args["s"])
     return os.getpid()
 """
 TIMEOUTS = {"crunch": 300.0, "broken": 300.0, "until_cancelled": 300.0, "stuck": 1.0,
-            "nap": 1.5, "gather": 300.0}  # fmt: skip
+            "nap": 1.5, "gather": 300.0, "fan": 300.0}  # fmt: skip
 
 
 def parent_kinds() -> Registry:

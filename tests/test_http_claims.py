@@ -362,6 +362,32 @@ async def test_a_claimed_members_parents_over_http_and_a_stale_token_is_409(
     assert (r.status_code, r.json()["field"]) == (422, "start")
 
 
+async def test_a_complete_over_http_spawns_in_its_commit_and_a_bad_spawn_is_named(
+    served: Make,
+) -> None:
+    s = await served(security(), fake=False, **REMOTE)
+    c = s.client
+    r = await c.post("/jobs/batch", headers=auth("ops"), json={
+        "workflow": True, "jobs": [{"kind": "k", "queue": "mail", "ref": "a"}]})  # fmt: skip
+    assert r.status_code == 201, r.text
+    [a_id] = r.json()["ids"]
+    [a] = await _claim(c)
+    bad: dict[str, Any]
+    for bad in ({"spawn": {"kind": "k"}}, {"spawn": []}, {"spawn": [{"kind": "k"}] * 10_001}):
+        r = await c.post("/claims/complete", json={"token": a["token"], **bad},
+                         headers=auth("w-mail"))  # fmt: skip
+        assert (r.status_code, r.json()["field"]) == (422, "spawn"), r.text
+    spawn = [{"kind": "k", "queue": "mail", "ref": "x"},
+             {"kind": "k", "queue": "mail", "ref": "y", "depends_on": ["x"]}]  # fmt: skip
+    r = await c.post("/claims/complete", json={"token": a["token"], "result": 1, "spawn": spawn},
+                     headers=auth("w-mail"))  # fmt: skip
+    assert r.json() == {"token": a["token"], "state": "completed"}, r.text
+    workflow = (await c.get(f"/jobs/{a_id}", headers=auth("ops"))).json()["flow"]["workflow_id"]
+    view = (await c.get(f"/workflows/{workflow}", headers=auth("ops"))).json()
+    states = {m["ref"]: m["state"] for m in view["jobs"]}
+    assert states == {"a": "completed", "x": "scheduled", "y": "waiting"}
+
+
 async def test_claim_heartbeat_complete_and_a_stale_report_is_409(served: Make) -> None:
     s = await served(security(), fake=False, **REMOTE)
     c = s.client

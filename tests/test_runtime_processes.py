@@ -15,6 +15,7 @@ import os
 import pytest
 
 from sqlq.common.models import State
+from sqlq.common.store import JobQuery
 from sqlq.runtime.service import Service
 from tests import process_helpers
 from tests.helpers import ServiceFactory, final, submit, wait_for
@@ -140,3 +141,21 @@ async def test_a_workflow_members_parents_cross_to_the_process(
     assert g.result["pid"] != os.getpid()
     assert g.result["parents"] == {"a": a.result, "b": b.result}
     assert g.result["complete"] is True
+
+
+async def test_a_spawn_crosses_back_from_the_process(
+    services: ServiceFactory, handlers: str
+) -> None:
+    """``sqlq.Spawn`` returned in a worker process: its jobs come back over the pipe and are
+    stored in its completion's commit, a chord the processes then run."""
+    from sqlq.common.specs import JobSpec
+
+    rt = await started(services, handlers)
+    [fan], _ = await rt.submit([JobSpec(kind="fan", args={"ns": [3, 4]})])
+    done = await final(rt, fan.id, within=60)
+    assert done.state is State.COMPLETED
+    assert done.result["pid"] != os.getpid()
+    spawned = [j for j in await rt.store.list_jobs(JobQuery()) if j.id != fan.id]
+    assert sorted(j.kind for j in spawned) == ["crunch", "crunch", "gather"]
+    ended = {j.flow.ref if j.flow else "": await final(rt, j.id, 60) for j in spawned}
+    assert ended["g"].result["parents"] == {"c3": ended["c3"].result, "c4": ended["c4"].result}

@@ -504,3 +504,36 @@ async def test_an_append_and_its_parents_end_in_one_batch_release_the_child(
     else:
         assert isinstance(appended, IllegalTransitionError)
         assert "moved while it was added" in str(appended)
+
+
+async def test_a_completion_and_the_members_it_spawned_are_one_commit(
+    store: JobStore,
+) -> None:
+    """``sqlq.spawn``: the completion first, then its new members counted against it as
+    completed (one due at once, one waiting on the other), in one commit; a stale
+    completion (fenced) stores none of them, and new members counted against the parent
+    as still running are refused as moved."""
+    g = await _submitted(store, fan_in())
+    a = await _run(store, g.jobs["a"], NOW + 1)
+
+    def spawned(ref: str, parents: tuple[str, ...], pending: int) -> Job:
+        flow = Flow(workflow_id=g.workflow_id, ref=ref, parents=parents, deps_pending=pending)
+        return Job.new(kind="sleep", args={}, now=NOW + 2, flow=flow)
+
+    x = spawned("x", (a.id,), 0)
+    y = spawned("y", (x.id,), 1)
+    done = a.complete("fanned", NOW + 2)
+    with pytest.raises(IllegalTransitionError, match="moved while it was added"):
+        await store.commit([done, spawned("early", (a.id,), 1)])  # counted as running: refused
+    assert (await _get(store, g.jobs["a"])).state is State.RUNNING  # ... and none of it
+    await store.commit([done, x, y])
+    assert [(await _get(store, j)).state for j in (g.jobs["a"], x, y)] == [
+        State.COMPLETED, State.SCHEDULED, State.WAITING,
+    ]  # fmt: skip
+    stale = spawned("stale", (a.id,), 0)
+    with pytest.raises(IllegalTransitionError):
+        await store.commit([done, stale])  # the same completion again: fenced
+    assert await store.get(stale.id) is None
+    xr = await _run(store, x, NOW + 3)
+    await store.commit([xr.complete(1, NOW + 4)])
+    assert (await _get(store, y)).state is State.SCHEDULED  # released in x's commit

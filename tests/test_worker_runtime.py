@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import sqlq
 from sqlq import JobContext, Snooze, task
 from sqlq.calls import FencedError, Invalid, Unavailable
 from sqlq.common.clock import FakeClock
@@ -277,3 +278,41 @@ async def test_a_remote_workers_member_reads_its_parents_as_a_servers_would(
         assert granted == []
         with pytest.raises(Invalid):
             await direct.parents("not-a-token")
+
+
+async def test_a_remote_workers_spawn_lands_in_its_completions_commit(
+    services: ServiceFactory, fake_clock: FakeClock
+) -> None:
+    """``sqlq.spawn`` from a remote worker: the jobs ride its ``complete`` and are stored
+    with it; one the server refuses fails the attempt instead, as in process."""
+    from sqlq.common.specs import MemberSpec
+
+    reg = Registry()
+
+    @task(registry=reg)
+    async def leaf(n: int) -> int:
+        return n + 1
+
+    @task(registry=reg)
+    async def fan(bad: bool = False) -> sqlq.Spawn:
+        if bad:
+            return sqlq.Spawn(jobs=[{"kind": "leaf", "queue": "r", "priority": "high"}])
+        here = leaf.options(queue="r")
+        return sqlq.spawn([here.s(n=1), here.s(n=2)], result="spawned")
+
+    rt = await remote_service(services, fake_clock)
+    bad = {"bad": True}
+    specs = [MemberSpec(kind="fan", queue="r", ref="fan"),
+             MemberSpec(kind="fan", queue="r", ref="bad", args=bad, max_attempts=1)]  # fmt: skip
+    (fanned, refusing), _ = await rt.submit(specs, batch=True, workflow=True)
+    async with working(rt, reg, fake_clock):
+        done = await final(rt, fanned.id, 3600)
+        assert (done.state, done.result) == (State.COMPLETED, "spawned")
+        assert fanned.flow is not None
+        members = await rt.store.workflow(fanned.flow.workflow_id)
+        leaves = [await final(rt, j.id, 3600) for j in members if j.kind == "leaf"]
+        assert sorted(j.result for j in leaves) == [2, 3]
+        assert [j.flow.parents if j.flow else () for j in leaves] == [(fanned.id,)] * 2
+        refused = await final(rt, refusing.id, 3600)
+        assert refused.state is State.DEAD
+        assert refused.errors[-1].error.startswith("spawn refused: spawn[0].priority")

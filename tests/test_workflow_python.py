@@ -25,6 +25,12 @@ def boom(name: str) -> None:
     raise RuntimeError(name)
 
 
+@task(registry=reg)
+def fan(names: list[str]) -> sqlq.Spawn:
+    ran.append("fan")
+    return sqlq.spawn(chord([step.s(name=n) for n in names], step.s(name="joined")), result=0)
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     ran.clear()
@@ -86,3 +92,15 @@ def test_a_step_must_come_from_a_task_and_after_must_name_an_added_step() -> Non
         wf.add(step.s(name="b"), ref=a)
     with pytest.raises(ValueError, match="needs a step"):
         workflow().send()
+
+
+def test_a_spawn_runs_under_the_test_mode_as_on_a_server() -> None:
+    with sqlq.testing.immediate(registry=reg) as q:
+        sent = chain(fan.s(names=["p", "q"]), step.s(name="next")).send()
+        assert [h.result() for h in sent.jobs.values()] == [0, "next"]
+        q.run_until_idle()
+        view = sent.get()
+        assert (view.state, view.counts["completed"]) == ("completed", 2 + 2 + 1)
+    assert ran[0] == "fan"
+    assert ran[-1] == "joined"
+    assert sorted(ran[1:4]) == ["next", "p", "q"]

@@ -24,6 +24,7 @@ from sqlq.common.store import Cascaded, Fence
 from sqlq.common.workflow import Flow
 from sqlq.engines.postgres.store import PostgresStore
 from sqlq.runtime.kinds import JobContext, Registry, task
+from sqlq.runtime.spawn import Spawn
 from tests import shared_helpers
 from tests.helpers import NOW, final, finals, wait_for
 from tests.shared_helpers import Node
@@ -143,6 +144,45 @@ async def test_a_diamond_on_a_node_and_a_dead_root_cancels_its_cone_then_retries
     done = await finals(rt, jobs, 120)
     assert {ref: j.state for ref, j in done.items()} == dict.fromkeys("abcd", State.COMPLETED)
     assert (started["x"], started["d"]) == (2, 2)  # the root twice; d once in this graph
+
+
+async def test_spawns_on_two_nodes_land_in_their_completions_commits(nodes: Node) -> None:
+    """``sqlq.spawn`` on PostgreSQL: each of 20 fanning members, run on either node,
+    spawns a chord of 5 into a sum, stored with its completion (fenced on its node's
+    lease) and run across both nodes, each spawned job once."""
+    started: Counter[str] = Counter()
+    reg = _counting(started)
+
+    @task("fan", registry=reg)
+    async def fan(args: dict[str, Any], ctx: JobContext) -> Spawn:
+        name = args["name"]
+        started[name] += 1
+        steps = [{"kind": "step", "args": {"name": f"{name}.{i}"}, "ref": f"{name}.{i}"}
+                 for i in range(5)]  # fmt: skip
+        total = {"kind": "step", "args": {"name": f"{name}.sum"}, "ref": f"{name}.sum",
+                 "depends_on": [s["ref"] for s in steps]}  # fmt: skip
+        return Spawn(jobs=[*steps, total], result=name)
+
+    one, two = nodes(kinds_=reg, workers=4), nodes(kinds_=reg, workers=4)
+    await one.start()
+    await two.start()
+    specs = [MemberSpec(kind="fan", args={"name": f"f{i}"}, ref=f"f{i}") for i in range(20)]
+    jobs, _ = await one.submit(specs, batch=True, workflow=True)
+    await finals(two, jobs, 120)
+    assert jobs[0].flow is not None
+    members = await one.store.workflow(jobs[0].flow.workflow_id)
+    assert len(members) == 20 * (1 + 5 + 1)
+    done = [await final(two, j.id, 120) for j in members]
+    assert {j.state for j in done} == {State.COMPLETED}
+    assert (set(started.values()), len(started)) == ({1}, 20 * 7)
+    by_ref = {j.flow.ref: j for j in done if j.flow}
+    for i in range(20):
+        total = by_ref[f"f{i}.sum"]
+        assert total.started_at is not None
+        assert total.started_at >= max(by_ref[f"f{i}.{k}"].updated_at for k in range(5))
+        first = by_ref[f"f{i}.0"].flow
+        assert first is not None
+        assert first.parents == (by_ref[f"f{i}"].id,)
 
 
 @pytest.mark.parametrize("parents", [1000])

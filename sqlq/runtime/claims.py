@@ -40,6 +40,7 @@ from sqlq.runtime.holding import Holding
 from sqlq.runtime.parents import page as parents_page
 from sqlq.runtime.parts import Parts
 from sqlq.runtime.reach import Attempts, Reach
+from sqlq.runtime.spawn import Spawner, SpawnRefused
 
 if TYPE_CHECKING:
     from sqlq.runtime.remote import RemoteSide
@@ -55,6 +56,8 @@ class Claims(Holding, Protocol):
     def remote_side(self) -> RemoteSide:
         """Where remote workers' claims and reports go (``sqlq.runtime.remote.Remote``)."""
         ...
+
+    spawner: Spawner | None  # what makes a spawn's jobs (``sqlq.runtime.spawn``)
 
     @property
     def key_attempts(self) -> int:
@@ -181,6 +184,7 @@ class ClaimsBase(Reach):
     # until half of them are, so a store slower than the handlers holds the workers back
     # instead of a backlog of outcome tasks growing without bound in memory (``_make_room``).
     max_outcomes: int = 4096
+    spawner: Spawner | None = None  # what makes a spawn's jobs (the service's submissions)
 
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
@@ -218,9 +222,10 @@ class ClaimsBase(Reach):
         """Whether the attempt's claim held, so its outcome may be written."""
         return True
 
-    def _write(self, t: Transition, at: float) -> Awaitable[None]:
-        """Write an outcome ``t`` of an attempt that ended at ``at``; durable once awaited.
-        (An awaitable, not a coroutine of its own: one frame fewer per outcome.)"""
+    def _write(self, t: Transition, at: float, spawned: Sequence[Job] = ()) -> Awaitable[None]:
+        """Write an outcome ``t`` of an attempt that ended at ``at``, and the jobs it
+        ``spawned`` in its commit; durable once awaited. (An awaitable, not a coroutine of
+        its own: one frame fewer per outcome.)"""
         raise NotImplementedError
 
     def _let_go(self, claim: Claim) -> None:
@@ -286,10 +291,14 @@ class ClaimsBase(Reach):
 
     # -- the workers' side: how an attempt ends ---------------------------------------------
 
-    def completed(self, claim: Claim, result: JSON) -> None:
+    def completed(self, claim: Claim, result: JSON, spawn: Sequence[JSON] | None = None) -> None:
         if self._over(claim):
             return
-        self._record(claim, self._carry(claim).complete(result, self._clock.time()))
+        t = self._carry(claim).complete(result, self._clock.time())
+        if spawn is None:
+            self._record(claim, t)
+        else:  # (its own way: the spawned jobs are built, then written with it)
+            self._in_background(self._outcome(claim, t, None, True, spawn=spawn))
 
     def failed(self, claim: Claim, failure: Failure) -> None:
         if self._over(claim):
@@ -388,7 +397,7 @@ class ClaimsBase(Reach):
         self, claim: Claim, t: Transition, again: Event | None, retried: bool
     ) -> None:
         if claim.last is not None or not self._stood_already(claim):
-            self._spawn(self._outcome(claim, t, again, retried))
+            self._in_background(self._outcome(claim, t, again, retried))
             return
         at = self._clock.time()
         write = asyncio.ensure_future(self._write(t, at))  # (a future: as it is)
@@ -406,18 +415,24 @@ class ClaimsBase(Reach):
     ) -> None:
         try:
             if write.cancelled() or write.exception() is not None:
-                self._spawn(self._outcome(claim, t, again, retried, (write, at)))
+                self._in_background(self._outcome(claim, t, again, retried, (write, at)))
             else:
                 self._let_go(claim)
                 self._landed(claim.job, t, again, retried)
         finally:  # (a bug above must not leave it in flight for good: ``settle`` would spin)
             self._background.discard(write)
 
-    def _spawn(self, outcome: Coroutine[Any, Any, None]) -> None:
+    def _in_background(self, outcome: Coroutine[Any, Any, None]) -> None:
         """Run ``outcome`` (``_outcome``) as a task, in flight until it ends."""
         task = asyncio.create_task(outcome)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _spawned(self, job: Job, t: Transition, at: float, spawn: Sequence[JSON]) -> None:
+        """Write ``t`` with the jobs its handler spawned (``sqlq.runtime.spawn``)."""
+        if self.spawner is None:
+            raise SpawnRefused("spawn refused: this server makes no jobs from an outcome")
+        await self.spawner(job, t, spawn, partial(self._write, t, at))
 
     def _stood_already(self, claim: Claim) -> bool:
         """Whether ``claim`` is known, now, to have held (False: not known yet, or it did
@@ -448,9 +463,11 @@ class ClaimsBase(Reach):
         again: Event | None,
         retried: bool,
         written: tuple[asyncio.Future[Any], float] | None = None,
+        *,
+        spawn: Sequence[JSON] | None = None,
     ) -> None:
         """The outcome's whole way, or (``written``: a write started, and failed) the rest
-        of it from there."""
+        of it from there; ``spawn``: the jobs its handler spawned, written with it."""
         events, job = self._events, claim.job
         try:
             if written is None:
@@ -459,7 +476,9 @@ class ClaimsBase(Reach):
                 if claim.last is not None:  # its progress, checkpoint or cancel first
                     await self._settled(claim)
                 at = self._clock.time()
-                write: Awaitable[None] = self._write(t, at)
+                write: Awaitable[None] = (
+                    self._write(t, at) if spawn is None else self._spawned(job, t, at, spawn)
+                )
             else:
                 write, at = written
             try:
@@ -471,6 +490,10 @@ class ClaimsBase(Reach):
                     events.record(Event.UNENCODABLE, job)
                     error = f"result is not JSON-serialisable: {exc.what}"
                     t = self._after_failure(job, error, self._clock.time())
+                    await self._write(t, at)
+                except SpawnRefused as exc:  # the same: the attempt failed, nothing stored
+                    events.record(Event.SPAWN_REFUSED, job)
+                    t = self._after_failure(job, str(exc), self._clock.time())
                     await self._write(t, at)
             except TransitionError:
                 # A stale attempt: the job was requeued meanwhile (a hang declared, a

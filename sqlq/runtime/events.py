@@ -61,6 +61,7 @@ class Event(StrEnum):
     LEASE_LOST = "lease_lost"  # its holder could not renew in time: cut off, nothing reported
     CLAIM_FAILED = "claim_failed"  # the store failed to write a claim: nothing recorded
     UNENCODABLE = "unencodable"  # a result JSON cannot hold: the attempt failed
+    SPAWN_REFUSED = "spawn_refused"  # jobs a handler spawned could not be: the attempt failed
     REFUSED_FULL = "refused_full"  # a submission past --max-queued
     OPERATOR_RETRIED = "operator_retried"  # a dead or cancelled job put back by a client
     COMPACTED = "compactions"  # a periodic compaction (no job)

@@ -44,6 +44,7 @@ from sqlq.runtime.context import (
 from sqlq.runtime.cpu import CpuPool, cpu_kind
 from sqlq.runtime.kinds import JobContext, Kind, Registry, sleep_kind
 from sqlq.runtime.processes import Child, ProcessHandlers
+from sqlq.runtime.spawn import Spawn
 from sqlq.runtime.task import InvalidArgs
 from sqlq.runtime.threads import HandlerThreads
 
@@ -129,7 +130,8 @@ class Executor:
             args = {}
         result = await kind.run(args, ctx)
         try:
-            measure(result)
+            # (a spawn's jobs are checked as a batch's are, where they are made)
+            measure(result.result if type(result) is Spawn else result)
         except ShapeError as exc:
             raise UnstorableResult(f"the result {exc}") from None
         return result
@@ -155,6 +157,8 @@ class Executor:
             raw = await procs.run(child, job, ctx)
         finally:
             del self._in_child[ctx]
+        if isinstance(raw, Spawn):
+            return raw
         result: JSON = msgspec.json.decode(raw)
         return result
 

@@ -7,6 +7,7 @@ metrics), so that a remote worker, which holds its claims over HTTP, loads only 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Protocol
 
 from sqlq.common.backoff import Failure
@@ -26,7 +27,10 @@ class Holding(Protocol):
         """The next due job, claimed for the caller; waits until there is one."""
         ...
 
-    def completed(self, claim: Claim, result: JSON) -> None: ...
+    def completed(self, claim: Claim, result: JSON, spawn: Sequence[JSON] | None = None) -> None:
+        """The attempt completed with ``result``; ``spawn``: with the jobs its handler
+        spawned (``sqlq.runtime.spawn``), stored in its completion's commit."""
+        ...
 
     def failed(self, claim: Claim, failure: Failure) -> None:
         """The attempt failed: retry with backoff (the task's, or the holder's), or

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlq.common.clock import Clock
 from sqlq.common.errors import (
@@ -30,10 +30,11 @@ RETRY_OUTCOME_S = 0.2  # an outcome the database did not answer is written again
 
 
 async def write_fenced(
-    store: SharedStore, clock: Clock, t: Transition, fence: Fence, give_up: Callable[[], bool]
-) -> None:
-    """Write ``t`` under ``fence``, again while the database is out of reach, until
-    ``give_up()`` says so.
+    store: SharedStore, clock: Clock, t: Transition, fence: Fence, give_up: Callable[[], bool],
+    spawned: Sequence[Job] = (),
+) -> None:  # fmt: skip
+    """Write ``t`` under ``fence`` (and the jobs it ``spawned``, in its commit), again while
+    the database is out of reach, until ``give_up()`` says so.
 
     An answer lost in a reconnect may hide a write that landed: a refusal of the
     rewrite is then checked against the row before it counts as fenced.
@@ -41,7 +42,7 @@ async def write_fenced(
     uncertain = False
     while True:
         try:
-            await store.commit_fenced([t], fence)
+            await store.commit_fenced([t, *spawned] if spawned else [t], fence)
             return
         except StoreUnavailableError:
             if give_up():

@@ -147,8 +147,8 @@ class LocalClaims(ClaimsBase):
             and claimed.result() is ClaimResult.CLAIMED
         )
 
-    def _write(self, t: Transition, at: float) -> Awaitable[None]:
-        return self._store.commit([t])
+    def _write(self, t: Transition, at: float, spawned: Sequence[Job] = ()) -> Awaitable[None]:
+        return self._store.commit([t, *spawned] if spawned else [t])
 
     def _touch(self, t: Transition) -> Awaitable[None]:
         return self._store.commit([t])

@@ -66,6 +66,7 @@ from sqlq.runtime.context import (
 )
 from sqlq.runtime.kinds import REGISTRY
 from sqlq.runtime.parents import Parents
+from sqlq.runtime.spawn import Spawn
 from sqlq.runtime.task import InvalidArgs
 from sqlq.runtime.threads import HandlerThreads
 
@@ -78,6 +79,7 @@ KILL_AFTER_S = 2.0  # a child told to stop that still runs this long is killed
 READY_WITHIN_S = 120.0  # a child imports the handlers' modules within this, or start fails
 
 _encode = msgspec.json.Encoder().encode
+_SPAWN = msgspec.json.Decoder(Spawn)
 _pack = msgspec.msgpack.Encoder().encode
 _unpack = msgspec.msgpack.Decoder(Job).decode
 _unpack_parents = msgspec.msgpack.Decoder(ParentsPage | None).decode
@@ -179,14 +181,15 @@ def _outcome(job: Job, ctx: ChildContext) -> tuple[Any, ...]:
         return ("error", describe(exc), ctx.unsent(), tb, retries)
     if type(result) is Snooze:
         return ("snooze", result.seconds, ctx.unsent())
+    spawns = type(result) is Spawn
     try:
-        measure(result)
+        measure(result.result if spawns else result)
         raw = _encode(result)
     except ShapeError as exc:
         return ("error", describe(UnstorableResult(f"the result {exc}")), ctx.unsent())
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
         return ("error", f"result is not JSON-serialisable: {exc}", ctx.unsent())
-    return ("done", raw, ctx.unsent())
+    return ("spawn" if spawns else "done", raw, ctx.unsent())
 
 
 def _rules(kind: str) -> TaskRetry:
@@ -343,7 +346,7 @@ class ProcessHandlers:
         """Raise the child's ``ctx.cancelled``."""
         self._flags[child.index] = 1
 
-    async def run(self, child: Child, job: Job, ctx: JobContext) -> msgspec.Raw:
+    async def run(self, child: Child, job: Job, ctx: JobContext) -> msgspec.Raw | Spawn:
         """Run ``job`` in ``child``; its result as JSON, or its end raised (``Snooze``,
         ``AttemptFenced``, ``ChildFailed``). Cancelled: the child is told to stop, and
         killed if it has not within ``KILL_AFTER_S``."""
@@ -370,6 +373,8 @@ class ProcessHandlers:
         what = reply[0]
         if what == "done":
             return msgspec.Raw(reply[1])
+        if what == "spawn":
+            return _SPAWN.decode(reply[1])
         if what == "snooze":
             raise Snooze(reply[1])
         if what == "fenced":

@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -108,6 +109,7 @@ from sqlq.runtime.events import Event
 from sqlq.runtime.parents import page as parents_page
 from sqlq.runtime.parts import Parts
 from sqlq.runtime.serial import Serial
+from sqlq.runtime.spawn import Spawner, SpawnRefused
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +151,11 @@ class RemoteSide(Protocol):
         """The jobs as they stand now (None: no such live job), in order."""
         ...
 
-    async def write(self, job: Job, t: Transition, now: float) -> Job:
-        """Write ``t`` (built from ``job`` at its turn) durably; the job after it, shown to
-        the view and its waiters, due again in its lanes if scheduled. ``TransitionError``
-        if refused (shared: fenced on the holder and the lease at ``now``)."""
+    async def write(self, job: Job, t: Transition, now: float, spawned: Sequence[Job] = ()) -> Job:
+        """Write ``t`` (built from ``job`` at its turn) durably, with the jobs it ``spawned``
+        in its commit; the job after it, shown to the view and its waiters, due again in its
+        lanes if scheduled. ``TransitionError`` if refused (shared: fenced on the holder and
+        the lease at ``now``)."""
         ...
 
     async def write_all(self, writes: Sequence[tuple[Job, Transition]], now: float
@@ -236,6 +239,7 @@ class Remote:
         self._started = False
         self._waiting = 0  # claims long-polling now
         self._inflight: set[asyncio.Task[Any]] = set()  # calls whose writes outlive a client
+        self.spawner: Spawner | None = None  # what makes a spawn's jobs (the submissions)
 
     async def start(self) -> None:
         """Load the store's signing key (the store is open), if any queue is remote; else at
@@ -672,7 +676,7 @@ class Remote:
     ) -> list[Reported | BaseException]:
         """Write a call's outcomes (their turns held): at once if the side can (one commit,
         all or none), else, or if that commit was refused as a value, each on its own."""
-        if len(writes) > 1:
+        if len(writes) > 1 and not any(_spawns(what) for *_, what in writes):
             try:
                 afters = await self._side.write_all([(job, t) for _, job, t, _ in writes], now)
             except Exception as exc:  # the store failed (or a bug): each item says so
@@ -703,10 +707,20 @@ class Remote:
         side = self._side
         try:
             try:
-                after = await side.write(job, t, now)
+                spawn = _spawns(what)
+                if spawn is None:
+                    after = await side.write(job, t, now)
+                elif self.spawner is None:
+                    raise SpawnRefused("spawn refused: this server makes no jobs from an outcome")
+                else:
+                    after = await self.spawner(job, t, spawn, partial(side.write, job, t, now))
             except UnencodableError as exc:
                 self._events.record(Event.UNENCODABLE, job)
                 t = self._failure(job, f"result is not JSON-serialisable: {exc.what}", now)
+                after = await side.write(job, t, now)
+            except SpawnRefused as exc:  # the attempt failed, as in process; nothing stored
+                self._events.record(Event.SPAWN_REFUSED, job)
+                t = self._failure(job, str(exc), now)
                 after = await side.write(job, t, now)
         except TransitionError as exc:
             return self._fenced("", job, f"refused: {exc}")
@@ -722,6 +736,11 @@ def _failed_beside(exc: BaseException, what: str) -> None:
         log.warning("%s: %s", what, exc)
     else:  # a bug: logged whole, and the half that landed is still answered
         log.error("%s", what, exc_info=exc)
+
+
+def _spawns(what: What) -> list[Any] | None:
+    """The jobs an outcome spawned (``sqlq.runtime.spawn``), if it is a completion that did."""
+    return what.spawn if isinstance(what, CompleteIn) else None
 
 
 def _every(answers: list[A | None]) -> list[A]:

@@ -216,8 +216,8 @@ class LocalSide:
         live = self._live.jobs
         return [live.get(job_id) for job_id in ids]
 
-    async def write(self, job: Job, t: Transition, now: float) -> Job:
-        await self._store.commit([t])
+    async def write(self, job: Job, t: Transition, now: float, spawned: Sequence[Job] = ()) -> Job:
+        await self._store.commit([t, *spawned] if spawned else [t])
         after = self._live.applied(job, t)
         self._moved(after)
         return after

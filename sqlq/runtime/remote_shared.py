@@ -131,11 +131,11 @@ class SharedSide:
             return [await self._store.get(ids[0])]
         return await self._store.get_many(ids)
 
-    async def write(self, job: Job, t: Transition, now: float) -> Job:
+    async def write(self, job: Job, t: Transition, now: float, spawned: Sequence[Job] = ()) -> Job:
         clock = self._clock
         until = min(job.lease_until if job.lease_until is not None else now, now + WRITE_FOR_S)
         fence = Fence(holder=job.holder, lease_from=now)
-        await write_fenced(self._store, clock, t, fence, lambda: clock.time() > until)
+        await write_fenced(self._store, clock, t, fence, lambda: clock.time() > until, spawned)
         after = self._claims.applied(job, t)  # (finished: its waiters here are told)
         if after.state is State.SCHEDULED:
             self._claims.due(after)

@@ -66,6 +66,7 @@ TOTALS = {
     "lease_lost": Event.LEASE_LOST,  # attempts this node cut off: its lease ran out unrenewed
     "claim_failed": Event.CLAIM_FAILED,
     "unencodable_results": Event.UNENCODABLE,
+    "spawns_refused": Event.SPAWN_REFUSED,
     "refused_queue_full": Event.REFUSED_FULL,
     "cancel_requested": Event.CANCEL_REQUESTED,
     "cancelled_running": Event.CANCELLED_RUNNING,

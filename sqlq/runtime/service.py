@@ -132,6 +132,8 @@ class Service:
         self.submissions = Submissions(
             store, self.claims, self.view, config, all_kinds, self.events, clock
         )
+        # A completion's spawned jobs are a submission's, made in the completion's commit.
+        self.claims.spawner = self.remote.spawner = self.submissions.spawned
         self.waiters = Waiters(self.claims, self.get, clock)
         self._remote_queues = bool(config.every_queue_remote or config.remote_queues)
         self._is_remote = config.remote_test()

@@ -340,13 +340,13 @@ class SharedClaims(CensusViews, ClaimsBase):
 
     # -- the hooks: outcomes and waking ------------------------------------------------------
 
-    async def _write(self, t: Transition, at: float) -> None:
+    async def _write(self, t: Transition, at: float, spawned: Sequence[Job] = ()) -> None:
         """Fenced on this node's unexpired lease; written again while the database is out
         of reach and the lease still runs (past it, the lease has run out anyway)."""
         fence = Fence(holder=self._store.node, lease_from=at)
         give_up = self._clock.time() + self.lease_s
         await write_fenced(self._store, self._clock, t, fence, lambda: self._stopping or
-                           self._clock.time() > give_up)  # fmt: skip
+                           self._clock.time() > give_up, spawned)  # fmt: skip
 
     def _let_go(self, claim: Claim) -> None:
         self._held.pop(claim.job.id, None)  # no lease of it to renew from now on

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple, TypeVar
+
+from msgspec.structs import replace
 
 from sqlq.common.clock import Clock
 from sqlq.common.engine.cascade import MOVED
@@ -27,7 +29,7 @@ from sqlq.common.errors import (
     QueueFullError,
     ValidationError,
 )
-from sqlq.common.models import Job, new_job_id
+from sqlq.common.models import JSON, Job, Transition, new_job_id
 from sqlq.common.specs import MAX_DELAY_MS, JobSpec, MemberSpec, check_args
 from sqlq.common.store import JobStore
 from sqlq.common.workflow import (
@@ -43,6 +45,9 @@ from sqlq.runtime.claims import Claims, ClaimsView
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.events import Event, Events
 from sqlq.runtime.kinds import Registry
+from sqlq.runtime.spawn import SpawnRefused, refused, specs_of
+
+R = TypeVar("R")
 
 APPEND_ATTEMPTS = 3  # an append counted again because a parent moved meanwhile, at most
 
@@ -257,18 +262,65 @@ class Submissions:
         """``specs`` joining the workflow ``workflow_id``, counted against its members as
         read; counted again if one of their parents moved before the commit."""
         for attempt in range(1, APPEND_ATTEMPTS + 1):
-            members = await self._store.workflow(workflow_id)
-            if not members:
-                raise ValidationError("workflow", f"no workflow {workflow_id} is kept")
-            if len(members) + len(specs) > MAX_MEMBERS:
-                raise ValidationError(
-                    "workflow", f"a workflow holds at most {MAX_MEMBERS} jobs kept at once"
-                )
+            members = await self._kept(workflow_id, len(specs))
             try:
                 return await self._submit_new(specs, True, workflow_id, members)
             except IllegalTransitionError as exc:
                 if MOVED not in str(exc) or attempt == APPEND_ATTEMPTS:
                     raise
+        raise AssertionError("unreachable")
+
+    async def _kept(self, workflow_id: str, more: int) -> list[Job]:
+        """The members of ``workflow_id`` as they stand, with room for ``more``."""
+        members = await self._store.workflow(workflow_id)
+        if not members:
+            raise ValidationError("workflow", f"no workflow {workflow_id} is kept")
+        if len(members) + more > MAX_MEMBERS:
+            raise ValidationError(
+                "workflow", f"a workflow holds at most {MAX_MEMBERS} jobs kept at once"
+            )
+        return members
+
+    async def spawned(
+        self,
+        job: Job,
+        t: Transition,
+        spawn: Sequence[JSON],
+        write: Callable[[list[Job]], Awaitable[R]],
+    ) -> R:
+        """``Spawner`` (``sqlq.runtime.spawn``): the jobs ``job``'s handler spawned, members
+        of its workflow (of a new one if it is in none) counted against it as completed by
+        ``t``, admitted like a submission's and written by ``write`` in ``t``'s commit;
+        counted again if a parent of theirs moved before it, as an append is."""
+        specs = specs_of(spawn)
+        flow, after = job.flow, job.apply(t)
+        if flow is not None:  # each with no parent in the spawn is the spawning job's child
+            specs = [s if s.depends_on else replace(s, depends_on=(job.id,)) for s in specs]
+        for attempt in range(1, APPEND_ATTEMPTS + 1):
+            now = self._clock.time()
+            try:
+                if flow is None:
+                    jobs = self._build_members(specs, now, True, ())
+                else:
+                    kept = await self._kept(flow.workflow_id, len(specs))
+                    kept = [after if m.id == job.id else m for m in kept]
+                    jobs = self._build_members(specs, now, flow.workflow_id, kept)
+                with self.admission(jobs, True):
+                    answer = await write(jobs)
+            except ValidationError as exc:
+                raise refused(exc) from None
+            except QueueFullError as exc:
+                raise SpawnRefused(f"spawn refused: {exc}") from None
+            except IllegalTransitionError as exc:
+                if exc.job_id == job.id:  # its completion was refused: fenced, not the spawn
+                    raise
+                if MOVED in str(exc) and attempt < APPEND_ATTEMPTS:
+                    continue
+                raise SpawnRefused(f"spawn refused: {exc}") from None
+            self._claims.submitted(jobs)
+            for new in jobs:
+                self._events.record(Event.SUBMITTED, new)
+            return answer
         raise AssertionError("unreachable")
 
     async def _submit_new(

@@ -40,6 +40,7 @@ from sqlq.runtime.context import AttemptFenced, CutOff, JobContext, NotStarted, 
 from sqlq.runtime.executor import Executor
 from sqlq.runtime.holding import Holding
 from sqlq.runtime.parents import Parents
+from sqlq.runtime.spawn import Spawn
 
 CANCELLED_WHILE = "cancelled: a cancel was asked for while it ran"
 
@@ -209,6 +210,10 @@ class WorkerPool:
                 if type(result) is Snooze:
                     claims.snoozed(claim, result.seconds)
                     said(claim, f"snoozed {result.seconds:g} s", self._clock.monotonic() - began)
+                elif type(result) is Spawn:
+                    claims.completed(claim, result.result, result.jobs)
+                    said(claim, f"completed, spawning {len(result.jobs)}",
+                         self._clock.monotonic() - began)  # fmt: skip
                 else:
                     claims.completed(claim, result)
                     if jobs_log.isEnabledFor(logging.INFO):  # (the hot path: one test)

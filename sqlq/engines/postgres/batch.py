@@ -195,14 +195,13 @@ async def one_caller(
     before = len(out)
     try:
         async with conn.transaction():
-            if e.members:  # its workflows' writes in turn, then its jobs set-wise
+            if e.members:  # its workflows' writes in turn
                 await flows.lock_workflows(conn, jobs, moves)
-                await insert_all(conn, jobs, e)
-                await flows.inserted(conn, jobs)
-                await flows.check_members(conn, jobs)
             else:
                 for job, row in zip(jobs, e.jobs, strict=True):
                     await insert_one(conn, job, row, e.wakes)
+            # Moves before members: a completion's spawned jobs (``sqlq.runtime.spawn``) are
+            # counted against it as completed, as every engine checks them, after its moves.
             for t, row in zip(moves, e.moves, strict=True):
                 if t.flow is None:
                     await move_one(conn, t, row, e, pool, deadline_s)
@@ -216,6 +215,10 @@ async def one_caller(
                     await move_one(conn, ct, one.moves[0], one, pool, deadline_s, wakes)
 
                 await flows.moved(conn, old, t, out, t, move_row)
+            if e.members:  # then its jobs, set-wise
+                await insert_all(conn, jobs, e)
+                await flows.inserted(conn, jobs)
+                await flows.check_members(conn, jobs)
     except SqlqError as exc:
         del out[before:]
         return exc
