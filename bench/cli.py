@@ -214,10 +214,6 @@ def crashcheck(
         from sqlq.bench.crashremote import command
 
         sys.exit(command(store=name, sync=sync, trials=trials, jobs=jobs, seed=seed, out=out))
-    if engine(store).shared and workload == "workflows":
-        raise click.BadParameter(
-            "runs on the single-node engines (wal, sqlite) so far", param_hint="--workload"
-        )
     if engine(store).shared:  # three nodes and a throwaway PostgreSQL, both killed
         from sqlq.bench.crashcheck_pg import run_pg_trials
 

@@ -34,15 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
-from sqlq.bench import crashsched
+from sqlq.bench import crashflow, crashsched
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
 from sqlq.bench.crashcheck import READY_WITHIN_S, keep, running_counts
 from sqlq.bench.crashload import QUEUES, Ledger
 from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, submit
-from sqlq.bench.offline import JOB_FACT_COLUMNS, JobFacts, row_facts
+from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.bench.verdict import judge
 
@@ -114,22 +112,6 @@ class PgTrial:
     workload: str = "mixed"
 
 
-async def _sql(dsn: str, query: str, *args: Any, within: float = 60.0) -> list[asyncpg.Record]:
-    """One plain query, retried while the database is coming back."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            conn = await asyncpg.connect(dsn)
-            try:
-                return list(await conn.fetch(query, *args))
-            finally:
-                await conn.close()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
-
-
 async def _node_name(url: str) -> str:
     async with HttpPool(url, 1) as pool:
         _, stats = await pool.json("GET", "/stats")
@@ -172,7 +154,7 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         await asyncio.sleep(trial.kill_after_s)
         nodes[victim].kill()
         killed_at = time.monotonic()
-        rows = await _sql(dsn, "SELECT id FROM jobs WHERE node = $1 AND state = 'running'",
+        rows = await sql(dsn, "SELECT id FROM jobs WHERE node = $1 AND state = 'running'",
                           victim_name)  # fmt: skip
         held_by_victim.update(r[0] for r in rows)
         again = node(dsn, trial.lease_s, workdir, NODES + 1, READY_WITHIN_S)
@@ -194,11 +176,11 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
             events["db_down_s"] = time.monotonic()
             await asyncio.to_thread(cluster.start)
             events["db_down_s"] = time.monotonic() - events["db_down_s"]
-            rows = await _sql(dsn, "SELECT id FROM jobs WHERE state = 'running'")
+            rows = await sql(dsn, "SELECT id FROM jobs WHERE state = 'running'")
             running_at_db_crash.update(r[0] for r in rows)
         # The dead node's jobs: how long until none is still held by it.
         while True:
-            rows = await _sql(dsn, "SELECT count(*) FROM jobs WHERE node = $1 AND "
+            rows = await sql(dsn, "SELECT count(*) FROM jobs WHERE node = $1 AND "
                               "state = 'running'", victim_name)  # fmt: skip
             if rows[0][0] == 0:
                 events["rescue_s"] = time.monotonic() - killed_at
@@ -222,7 +204,7 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
     # Drain: nothing scheduled or running, read in plain SQL.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        rows = await _sql(dsn, "SELECT count(*) FROM jobs WHERE state IN ('scheduled', 'running')")
+        rows = await sql(dsn, "SELECT count(*) FROM jobs WHERE state IN ('scheduled', 'running')")
         if rows[0][0] == 0:
             break
         await asyncio.sleep(0.05)
@@ -232,20 +214,6 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         dsn, trial, ledger, held_by_victim, running_at_db_crash, events, restart_problems,
         read_node_events(workdir),
     )  # fmt: skip
-
-
-async def read_pg(dsn: str) -> dict[str, JobFacts]:
-    """Every job's facts in plain SQL (``row_facts``): the columns the verifier reads that
-    the schema has (an old one lacks what a running job carries; a running job's holder is
-    the ``node`` column, a node's name or ``worker:<name>``)."""
-    have = {r[0] for r in await _sql(
-        dsn, "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs'"
-    )}  # fmt: skip
-    names = [c for c in JOB_FACT_COLUMNS if c in have]
-    if "holder" not in have and "node" in have:  # schema 4: the holder is the node column
-        names.append("node AS holder")
-    rows = await _sql(dsn, f"SELECT {', '.join(names)} FROM jobs")
-    return {r["id"]: row_facts(dict(r)) for r in rows}
 
 
 async def verify(
@@ -345,6 +313,14 @@ def run_pg_trials(
     rows: list[dict[str, Any]] = []
     try:
         for n in tqdm(range(trials), desc="crashcheck postgres", disable=not progress):
+            if workload == "workflows":  # two nodes, one killed (sqlq.bench.crashflow)
+                with tempfile.TemporaryDirectory(prefix="sqlq-crashflow-pg-") as d:
+                    dsn = cluster.create_database()
+                    run = crashflow.run_pg_trial(dsn, crashflow.kill_after(rng),
+                                                 rng.randrange(crashflow.PG_NODES),
+                                                 rng.randrange(1 << 30), Path(d))  # fmt: skip
+                    keep(rows, asyncio.run(run), n, commit, path)
+                continue
             if workload == "schedules":
                 with tempfile.TemporaryDirectory(prefix="sqlq-crashsched-pg-") as d:
                     dsn = cluster.create_database()

@@ -9,7 +9,7 @@ avoided a while); clients submitting the remote mixed workload to both, some job
 stalling on their first attempt. At a random moment one node is killed -9 and started
 again on its port, and a worker holding jobs is killed -9 and replaced. Then drain (in
 plain SQL), stop, and the verdict of ``sqlq.bench.crashjudge`` from the rows read in plain
-SQL (``crashcheck_pg.read_pg``), the ledger and the workers' files; a claim takes an
+SQL (``offline_pg.read_pg``), the ledger and the workers' files; a claim takes an
 epoch here, so two epochs per attempt.
 """
 
@@ -25,12 +25,12 @@ from typing import Any
 
 from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerError, ServerProcess
 from sqlq.bench.crashcheck import READY_WITHIN_S, keep
-from sqlq.bench.crashcheck_pg import _sql, read_pg
 from sqlq.bench.crashfleet import CANCEL_GRACE_S, LEASE_S, WORKERS, Fleet, holders, same_port
 from sqlq.bench.crashjudge import Death, Verdict
 from sqlq.bench.crashload import QUEUES, Ledger, remote_spec
 from sqlq.bench.crashload_pg import CLIENTS, Targets, submit
 from sqlq.bench.crashrecords import read_records
+from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
 
 NODES = 2
@@ -100,7 +100,7 @@ async def run_remote_pg_trial(cluster: Cluster, jobs: int, kill_after_s: float, 
             await targets.close()
         deadline = time.monotonic() + 120
         while True:
-            rows = await _sql(dsn, "SELECT count(*) FROM jobs WHERE state IN "
+            rows = await sql(dsn, "SELECT count(*) FROM jobs WHERE state IN "
                               "('scheduled', 'running')")  # fmt: skip
             if rows[0][0] == 0:
                 break

@@ -233,7 +233,10 @@ def _workflows_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "member there and none left live, a member after a failed parent cancelled "
         "`upstream_dead` and every other one completed (the doomed one dead), each completed "
         "member's last attempt started after its parents completed, and (walq, whose log "
-        "keeps every step) no member released from `waiting` twice.",
+        "keeps every step) no member released from `waiting` twice. On PostgreSQL two nodes "
+        "share a fresh database, four clients and a ledger each; one node is killed -9 at the "
+        "same random moment and started again while the other runs on; the rows are read in "
+        "plain SQL and held to the same rules (rows keep no history: no release count).",
         "",
         "| store | sync | trials | graphs | jobs added | members (total) | lost | completed | "
         "dead | cancelled | releases seen | failed trials | git commit |",

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from sqlq.bench.client.server import ServerProcess
-from sqlq.bench.crashcheck_pg import read_pg
 from sqlq.bench.offline import JobFacts, read_data
+from sqlq.bench.offline_pg import read_pg
 from sqlq.engines.registry import ENGINES
 from tests.helpers import ROOT, job_json, start_ready, wait_for
 from tests.pgdb import fresh_database

@@ -13,9 +13,9 @@ from typing import cast
 import msgspec
 import pytest
 
-from sqlq.bench.crashcheck_pg import read_pg
 from sqlq.bench.crashload import SAVED_NAME, Ledger, mixed_spec
 from sqlq.bench.offline import JobFacts, read_data, read_sqlite, read_walq
+from sqlq.bench.offline_pg import read_pg
 from sqlq.bench.verdict import CHECKPOINT_TAG, SNOOZE_TAG, ClientRecord, judge
 from sqlq.common.clock import FakeClock
 from sqlq.common.models import Job, Transition

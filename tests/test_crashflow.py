@@ -1,15 +1,18 @@
 """``sqlq crashcheck --workload workflows``: its verdict on hand-made facts (each rule
-can fail), and real trials, kill -9 included, on walq and SQLite."""
+can fail), and real trials, kill -9 included, on walq and SQLite and on two PostgreSQL
+nodes."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sqlq.bench.crashflow import judge_graphs, run_trial
+from sqlq.bench.crashflow import judge_graphs, run_pg_trial, run_trial
 from sqlq.bench.offline import JobFacts
+from sqlq.bench.pgcluster import Cluster
 
 
 def _facts(state: str, *, started: float | None = None, updated: float = 0.0,
@@ -75,6 +78,22 @@ def test_a_doomed_member_dies_and_its_cone_is_cancelled_upstream_dead() -> None:
 def test_a_real_trial_through_a_kill_holds_every_rule(store: str, tmp_path: Path) -> None:
     row = run_trial(store, "full", 0.6, 7, tmp_path)
     assert row["ok"], row["problems"]
+    assert row["graphs"] > 0
+    assert row["lost"] == 0
+    assert row["ended"]["completed"] > 0
+
+
+@pytest.mark.slow
+def test_a_real_trial_on_two_postgres_nodes_one_killed_holds_every_rule(
+    pg_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The same graphs and the same rules, on two nodes sharing a fresh database; one node
+    is killed -9 and started again while the other runs on, and the rows are judged in
+    plain SQL."""
+    dsn = pg_cluster.create_database()
+    row = asyncio.run(run_pg_trial(dsn, 0.6, 1, 7, tmp_path))
+    assert row["ok"], row["problems"]
+    assert (row["store"], row["nodes"]) == ("postgres", 2)
     assert row["graphs"] > 0
     assert row["lost"] == 0
     assert row["ended"]["completed"] > 0
