@@ -11,8 +11,10 @@
 the rest (``docs/workflows.md``): each step starts once its parents have finished, by
 its policies, released in its last parent's commit.
 
-A handler fans out as it ends by returning ``spawn`` of steps or of a graph: they join
-its workflow in its completion's commit (``sqlq.runtime.spawn``)::
+``SentWorkflow.append`` adds a graph to a workflow sent, after its members' handles
+(``add(step, after=[sent.jobs[ref]])``). A handler fans out as it ends by returning
+``spawn`` of steps or of a graph: they join its workflow in its completion's commit
+(``sqlq.runtime.spawn``)::
 
     @sqlq.task
     def crawl(url: str) -> sqlq.Spawn:
@@ -55,17 +57,23 @@ class Workflow:
         self,
         step: Step[Any],
         *,
-        after: Iterable[str] = (),
+        after: Iterable[str | JobHandle[Any] | AsyncJobHandle[Any]] = (),
         ref: str | None = None,
         on_parent_failure: OnParentFailure | str = OnParentFailure.CANCEL,
         run_if: RunIf | str = RunIf.ALL_COMPLETED,
     ) -> str:
-        """Add ``step`` after the steps ``after`` names; its ref (``ref``, or one made)."""
+        """Add ``step`` after the steps ``after`` names (by the refs ``add`` returned, or, to
+        ``append`` to a workflow sent, the handles of its members); its ref (``ref``, or
+        one made)."""
         if not isinstance(step, Step):
             raise TypeError(f"add takes a step (task.s(...)), not {type(step).__name__}")
-        parents = list(after)
-        for parent in parents:
-            if parent not in self._refs:
+        parents: list[str] = []
+        for parent in after:
+            if isinstance(parent, JobHandle | AsyncJobHandle):
+                parents.append(parent.id)  # a member of the workflow this is appended to
+            elif parent in self._refs:
+                parents.append(parent)
+            else:
                 raise ValueError(f"after: {parent!r} is no step of this workflow (add it first)")
         if ref is None:
             ref = f"{step.kind}#{len(self._jobs)}"
@@ -93,17 +101,15 @@ class Workflow:
         """Submit the graph in one atomic batch (``client``, else the default one)."""
         client = client or _default_client()
         done = client.submit_workflow(self._checked())
-        return SentWorkflow(client, done.workflow_id or "", self._handles(client, done.ids))
+        return SentWorkflow(client, done.workflow_id or "", self.handles(client, done.ids))
 
     async def asend(self, client: AsyncClient | None = None) -> AsyncSentWorkflow:
         """``send``, awaited, through an ``AsyncClient``."""
         client = client or await _default_async_client()
         done = await client.submit_workflow(self._checked())
-        jobs: dict[str, AsyncJobHandle[Any]] = {
-            job["ref"]: AsyncJobHandle(client, job_id, step.signature)
-            for job, job_id, step in zip(self._jobs, done.ids, self._steps, strict=True)
-        }
-        return AsyncSentWorkflow(client, done.workflow_id or "", jobs)
+        return AsyncSentWorkflow(
+            client, done.workflow_id or "", self.async_handles(client, done.ids)
+        )
 
     def _checked(self) -> list[dict[str, Any]]:
         if not self._jobs:
@@ -111,9 +117,9 @@ class Workflow:
         return self._jobs
 
     def spawned(self) -> list[dict[str, Any]]:
-        """The steps as a spawn sends them: each ref ``add`` made up made unique in the
-        workflow they join (a handler that spawns twice, or two that spawn, would repeat
-        it, and a workflow's refs are its members' names); refs given are kept."""
+        """The steps as a spawn or an append sends them: each ref ``add`` made up made
+        unique in the workflow they join (a second spawn or append would repeat it, and a
+        workflow's refs are its members' names); refs given are kept."""
         token = secrets.token_hex(4)
         renamed = {ref: f"{ref}.{token}" for ref in self._made}
         jobs = []
@@ -124,10 +130,23 @@ class Workflow:
             jobs.append(job)
         return jobs
 
-    def _handles(self, client: Client, ids: Sequence[str]) -> dict[str, JobHandle[Any]]:
+    def handles(
+        self, client: Client, ids: Sequence[str], jobs: Sequence[dict[str, Any]] | None = None
+    ) -> dict[str, JobHandle[Any]]:
+        """Each step's handle by its ref, its job's id ``ids`` (``jobs``: the steps as sent,
+        if their refs were made unique)."""
         return {
             job["ref"]: JobHandle(client, job_id, step.signature)
-            for job, job_id, step in zip(self._jobs, ids, self._steps, strict=True)
+            for job, job_id, step in zip(jobs or self._jobs, ids, self._steps, strict=True)
+        }
+
+    def async_handles(
+        self, client: AsyncClient, ids: Sequence[str], jobs: Sequence[dict[str, Any]] | None = None
+    ) -> dict[str, AsyncJobHandle[Any]]:
+        """``handles``, for an ``AsyncClient``."""
+        return {
+            job["ref"]: AsyncJobHandle(client, job_id, step.signature)
+            for job, job_id, step in zip(jobs or self._jobs, ids, self._steps, strict=True)
         }
 
 
@@ -151,6 +170,17 @@ class SentWorkflow:
         """Revive its dead members (with what their deaths cancelled): how many."""
         return self.client.retry_workflow(self.id)
 
+    def append(self, more: Workflow) -> dict[str, JobHandle[Any]]:
+        """Add the steps of ``more`` to this workflow, in one atomic batch: each after its
+        parents in ``more`` and the members whose handles it names (``add(after=...)``);
+        their handles by ref, also added to ``jobs``. A ref ``add`` made up is made unique
+        in the workflow, as a spawn's is."""
+        jobs = more.spawned()
+        done = self.client.submit_workflow(jobs, workflow=self.id)
+        added = more.handles(self.client, done.ids, jobs)
+        self.jobs.update(added)
+        return added
+
 
 class AsyncSentWorkflow:
     """``SentWorkflow``, awaited."""
@@ -164,6 +194,14 @@ class AsyncSentWorkflow:
 
     async def get(self) -> WorkflowView:
         return await self.client.workflow(self.id)
+
+    async def append(self, more: Workflow) -> dict[str, AsyncJobHandle[Any]]:
+        """``SentWorkflow.append``, awaited."""
+        jobs = more.spawned()
+        done = await self.client.submit_workflow(jobs, workflow=self.id)
+        added = more.async_handles(self.client, done.ids, jobs)
+        self.jobs.update(added)
+        return added
 
     async def cancel(self) -> CancelCounts:
         return await self.client.cancel_workflow(self.id)

@@ -104,3 +104,24 @@ def test_a_spawn_runs_under_the_test_mode_as_on_a_server() -> None:
     assert ran[0] == "fan"
     assert ran[-1] == "joined"
     assert sorted(ran[1:4]) == ["next", "p", "q"]
+
+
+def test_a_graph_appended_to_a_sent_workflow_runs_after_the_members_it_names() -> None:
+    with sqlq.testing.immediate(registry=reg) as q:
+        sent = chain(step.s(name="1"), step.s(name="2")).send()
+        last = list(sent.jobs.values())[-1]
+        more = workflow()
+        x = more.add(step.s(name="x"), after=[last])
+        more.add(step.s(name="y"), after=[x])
+        first = sent.append(more)
+        second = sent.append(more)  # the same graph again: its made-up refs made unique
+        assert set(first).isdisjoint(second)
+        q.run_until_idle()
+        assert sorted(h.result() for h in [*first.values(), *second.values()]) == list("xxyy")
+        view = sent.get()
+        assert (view.state, view.counts["completed"], len(sent.jobs)) == ("completed", 6, 6)
+        child = q.client.get(next(iter(first.values())).id)
+        assert child.flow is not None
+        assert child.flow.parents == (last.id,)
+        with pytest.raises(ValueError, match="no step of this workflow"):
+            workflow().add(step.s(name="z"), after=["nope"])
