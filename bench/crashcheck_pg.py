@@ -39,7 +39,7 @@ from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
 from sqlq.bench.crashcheck import READY_WITHIN_S, keep, running_counts
 from sqlq.bench.crashload import QUEUES, Ledger
-from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, submit
+from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, start_all, submit
 from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.bench.verdict import judge
@@ -133,10 +133,7 @@ async def run_pg_trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: ran
 async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Random, dsn: str,
                  nodes: list[ServerProcess], started: list[ServerProcess]
                  ) -> dict[str, Any]:  # fmt: skip
-    for n in nodes:
-        n.spawn()
-    for n in nodes:
-        await asyncio.to_thread(n.wait_ready)
+    await start_all(nodes)
     urls = [n.url for n in nodes]
     victim = rng.randrange(NODES)
     victim_name = await _node_name(urls[victim])

@@ -45,7 +45,7 @@ import uvloop
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerProcess
-from sqlq.bench.crashload_pg import node
+from sqlq.bench.crashload_pg import node, start_all
 from sqlq.bench.offline import JobFacts, VerifyError, read_data
 from sqlq.bench.offline_pg import read_pg, sql
 
@@ -243,28 +243,38 @@ def run_trial(
         jobs = read_data(store, data)
     except (VerifyError, ValueError, KeyError) as exc:
         problems.append(f"unreadable store: {exc}")
-    found, seen = judge_graphs(graphs, jobs, releases=store == "walq")
-    problems += found + ([] if graphs else ["no graph was acknowledged"])
-    acked = {i for g in graphs for i in g["ids"]}
-    unknown = sum(1 for i, j in jobs.items() if i not in acked and j.flow is not None)
-    if unknown > CLIENTS * 61:  # a batch per client in flight at the kill, at most
-        problems.append(f"{unknown} members never acknowledged")
     return {
         "store": store,
         "sync": sync,
         "workload": "workflows",
         "kill_after_s": round(kill_after_s, 3),
+        **verdict(graphs, jobs, store == "walq", problems),
+        "recovery": recovery,
+        "at": time.time(),
+    }
+
+
+def verdict(
+    graphs: list[dict[str, Any]], jobs: dict[str, JobFacts], releases: bool, problems: list[str]
+) -> dict[str, Any]:
+    """A trial's verdict on what its ledgers acknowledged (``judge_graphs``), with the
+    ``problems`` found on the way: the row's counts, its problems, and whether it passed."""
+    found, seen = judge_graphs(graphs, jobs, releases)
+    problems = problems + found + ([] if graphs else ["no graph was acknowledged"])
+    acked = {i for g in graphs for i in g["ids"]}
+    unknown = sum(1 for i, j in jobs.items() if i not in acked and j.flow is not None)
+    if unknown > CLIENTS * 61:  # a batch per client of the killed server in flight, at most
+        problems.append(f"{unknown} members never acknowledged")
+    return {
         "graphs": sum(1 for g in graphs if not g.get("appended")),
         "appended": sum(1 for g in graphs if g.get("appended")),
         "acknowledged": seen["members"],
         "lost": sum(1 for i in acked if i not in jobs),
         "unknown": unknown,
         "ended": {k: v for k, v in seen.items() if k not in ("members", "released")},
-        "releases_seen": seen["released"],
-        "recovery": recovery,
+        "releases_seen": seen["released"],  # (0 unless ``releases``: rows keep no history)
         "problems": problems,
         "ok": not problems,
-        "at": time.time(),
     }
 
 
@@ -287,10 +297,7 @@ async def run_pg_trial(dsn: str, kill_after_s: float, victim: int, seed: int, wo
     ledgers = [workdir / f"graphs-{i}.jsonl" for i in range(PG_NODES)]
     problems: list[str] = []
     try:
-        for n in nodes:
-            n.spawn()
-        for n in nodes:
-            await asyncio.to_thread(n.wait_ready)
+        await start_all(nodes)
         stops = [asyncio.Event() for _ in nodes]
         loads = [asyncio.create_task(load(n.url, seed + i, ledgers[i], stops[i]))
                  for i, n in enumerate(nodes)]  # fmt: skip
@@ -324,27 +331,13 @@ async def run_pg_trial(dsn: str, kill_after_s: float, victim: int, seed: int, wo
         for n in started:
             await asyncio.to_thread(n.stop)
     graphs = [g for path in ledgers for g in read_ledger(path)]
-    found, seen = judge_graphs(graphs, jobs, releases=False)
-    problems += found + ([] if graphs else ["no graph was acknowledged"])
-    acked = {i for g in graphs for i in g["ids"]}
-    unknown = sum(1 for i, j in jobs.items() if i not in acked and j.flow is not None)
-    if unknown > CLIENTS * 61:  # a batch per client of the killed node in flight, at most
-        problems.append(f"{unknown} members never acknowledged")
     return {
         "store": "postgres",
         "sync": "full",
         "workload": "workflows",
         "nodes": PG_NODES,
         "kill_after_s": round(kill_after_s, 3),
-        "graphs": sum(1 for g in graphs if not g.get("appended")),
-        "appended": sum(1 for g in graphs if g.get("appended")),
-        "acknowledged": seen["members"],
-        "lost": sum(1 for i in acked if i not in jobs),
-        "unknown": unknown,
-        "ended": {k: v for k, v in seen.items() if k not in ("members", "released")},
-        "releases_seen": 0,  # (rows keep no history: the single-node walq trials count them)
+        **verdict(graphs, jobs, False, problems),
         "recovery": {"drained_s": round(drained_s, 3)},
-        "problems": problems,
-        "ok": not problems,
         "at": time.time(),
     }

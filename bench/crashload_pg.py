@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -41,6 +42,14 @@ def node(
         *args, env=server_env(workdir), log_path=workdir / f"node{n}.log",
         ready_within=ready_within,
     )  # fmt: skip
+
+
+async def start_all(nodes: Sequence[ServerProcess]) -> None:
+    """Start ``nodes`` side by side; return once each is ready (``ServerError`` if not)."""
+    for n in nodes:
+        n.spawn()
+    for n in nodes:
+        await asyncio.to_thread(n.wait_ready)
 
 
 class Targets:

@@ -28,7 +28,7 @@ from sqlq.bench.crashcheck import READY_WITHIN_S, keep
 from sqlq.bench.crashfleet import CANCEL_GRACE_S, LEASE_S, WORKERS, Fleet, holders, same_port
 from sqlq.bench.crashjudge import Death, Verdict
 from sqlq.bench.crashload import QUEUES, Ledger, remote_spec
-from sqlq.bench.crashload_pg import CLIENTS, Targets, submit
+from sqlq.bench.crashload_pg import CLIENTS, Targets, start_all, submit
 from sqlq.bench.crashrecords import read_records
 from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
@@ -54,10 +54,7 @@ async def run_remote_pg_trial(cluster: Cluster, jobs: int, kill_after_s: float, 
     ledger = Ledger(workdir / "ledger.txt")
     problems: list[str] = []
     try:
-        for n in nodes:
-            n.spawn()
-        for n in nodes:
-            await asyncio.to_thread(n.wait_ready)
+        await start_all(nodes)
         for _ in range(WORKERS):
             fleet.spawn()
         await asyncio.to_thread(fleet.wait_ready)

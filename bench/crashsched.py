@@ -36,7 +36,7 @@ import uvloop
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerProcess
-from sqlq.bench.crashload_pg import NODES, node
+from sqlq.bench.crashload_pg import NODES, node, start_all
 from sqlq.bench.offline import VerifyError
 from sqlq.bench.offline_schedules import Durable, read_pg_schedules, read_schedules
 
@@ -182,10 +182,7 @@ async def run_pg_trial(dsn: str, kill_after_s: float, victim: int, workdir: Path
     nodes = [node(dsn, 2.0, workdir, i) for i in range(NODES)]
     started = list(nodes)
     try:
-        for n in nodes:
-            n.spawn()
-        for n in nodes:
-            await asyncio.to_thread(n.wait_ready)
+        await start_all(nodes)
         created = await _create(nodes[0].url)
         await asyncio.sleep(kill_after_s)
         nodes[victim].kill()
