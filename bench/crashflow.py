@@ -1,17 +1,20 @@
 """Workflows through kill -9: each child after its parents, released once, the cone of a
-dead member cancelled (``sqlq crashcheck --workload workflows``).
+dead member cancelled, a handler's spawned jobs there exactly when it completed, and a
+retried graph drained to completed (``sqlq crashcheck --workload workflows``).
 
-Each trial: a fresh data directory; ``sqlq serve``; clients submit graphs as workflows
-(``POST /jobs/batch`` with ``workflow: true``): chains, diamonds, fan-out and fan-in
-(1 -> 40 -> 1), and random DAGs, each member a short ``sleep`` job; in some graphs one
-member is doomed (``fail_prob`` 1, ``max_attempts`` 1), so its cone must end cancelled.
-A quarter of a client's later submissions add a job to one of its graphs
-(``workflow: <id>``) after one to three of its members, whatever they are by then:
-running, finished or dead (a 409 then: refused). Every acknowledged graph and added job
-goes to the client's ledger (fsynced) with each member's id, parents and fate. SIGKILL at
-a random moment; a restart on the same data; the queue drained; a clean stop. Then the
-files are read without the engine's code (``sqlq.bench.offline``), and ``judge_graphs``
-holds each acknowledged graph to:
+Each trial: a fresh data directory; ``sqlq serve`` (its crash kinds imported,
+``sqlq.bench.crashtasks``); clients submit graphs as workflows (``POST /jobs/batch``
+with ``workflow: true``): chains of 100, diamonds, 1 -> 1,000 -> 1, and random
+2,000-member DAGs. A member is a short ``sleep`` job whose attempts hang now and then
+(``hang_prob``: cut off at ``--hb-timeout`` and retried), or, in some graphs, one doomed
+member (``crash.doomed``: its first attempt fails, its only one), or a spawner
+(``crash.fan``: it completes by spawning 1 to 20 jobs, ``sqlq.spawn``). A quarter of a
+client's later submissions add a job to one of its graphs (``workflow: <id>``) after one
+to three of its members, whatever they are by then: running, finished or dead (a 409
+then: refused). Every acknowledged graph and added job goes to the client's ledger
+(fsynced) with each member's id, parents and role. SIGKILL at a random moment; a
+restart on the same data; the queue drained; a clean stop; the files read without the
+engine's code (``sqlq.bench.offline``) and held by ``judge_graphs`` to:
 
 - every member is there, and none is left live (a waiting one behind finished parents
   is a release that never happened);
@@ -19,13 +22,20 @@ holds each acknowledged graph to:
   (the cone is exactly the doomed member's descendants); every other member completed,
   but a doomed one, which is dead;
 - a completed member's last attempt started after each parent's completion;
+- a spawner that completed has exactly its spawned jobs, each after it and completed;
+  one that did not complete has none;
 - walq's log (it keeps every step) shows each member released from waiting at most once.
+
+Then a third life: every graph with a doomed member is retried (``POST
+/workflows/{id}/retry``) and drained, and the files must show every member of those
+graphs (added and spawned ones too) completed, each after its parents.
 
 On PostgreSQL (``run_pg_trial``) two nodes share a fresh database, each with its own
 clients and ledger; one node is killed at a random moment and started again while the
-other runs on, so outcomes, releases and appends race across nodes and through a node's
-death (its attempts rescued when their leases run out). The rows are then read in plain
-SQL (``offline_pg.read_pg``) and judged by the same rules.
+other runs on, so outcomes, releases, spawns and appends race across nodes and through a
+node's death (its attempts rescued when their leases run out). The rows are read in
+plain SQL (``offline_pg.read_pg``) and judged by the same rules, before and after the
+retries.
 """
 
 from __future__ import annotations
@@ -37,58 +47,73 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import uvloop
 
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.client.loadgen import wait_drained
-from sqlq.bench.client.server import ServerProcess
+from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
+from sqlq.bench.crashload import SERVER_FLAGS
 from sqlq.bench.crashload_pg import node, start_all
 from sqlq.bench.offline import JobFacts, VerifyError, read_data
 from sqlq.bench.offline_pg import read_pg, sql
 
 CLIENTS = 4
 APPENDS = 0.25  # of a client's submissions after its first: a job added to one of its graphs
-FLAGS = ("--workers", "16", "--fault-injection")
+DOOMED = 0.3  # of the graphs: one member's only attempt fails (its cone is cancelled)
+SPAWNERS = 0.02  # of a graph's other members: a handler that spawns as it completes
+MAX_SPAWN = 20
+HANG = 0.005  # of a plain member's attempts: a hang, cut off at --hb-timeout and retried
+FLAGS = ("--workers", "16", "--fault-injection", *FAST_RETRY_FLAGS, *SERVER_FLAGS)
 LEDGER = "graphs.jsonl"
+SHAPES = {"chain": 4, "diamond": 4, "fan": 1, "dag": 1}  # each one's weight
+LARGEST = 2000  # members of the largest shape (the DAG; the fan has 1,002)
 
-Graph = list[tuple[str, list[int], bool]]  # each member: its ref, its parents, doomed
+
+class Member(NamedTuple):
+    ref: str
+    parents: list[int]  # by index in its graph
+    doomed: bool = False
+    spawns: int = 0  # the jobs its handler spawns as it completes (0: a plain member)
 
 
-def graph(rng: random.Random) -> Graph:
-    """One of the shapes, as (ref, parents by index, doomed) per member."""
-    shape = rng.choice(("chain", "diamond", "fan", "dag"))
+def graph(rng: random.Random) -> list[Member]:
+    """One of the shapes: a chain of 100, a diamond, 1 -> 1,000 -> 1, a random DAG of
+    2,000; in ``DOOMED`` of them one member doomed, and a few spawners."""
+    shape = rng.choices(list(SHAPES), weights=list(SHAPES.values()))[0]
     if shape == "chain":
-        members = [(f"c{i}", [i - 1] if i else [], False) for i in range(20)]
+        members = [Member(f"c{i}", [i - 1] if i else []) for i in range(100)]
     elif shape == "diamond":
-        members = [("a", [], False), ("b", [0], False), ("c", [0], False), ("d", [1, 2], False)]
+        members = [Member("a", []), Member("b", [0]), Member("c", [0]), Member("d", [1, 2])]
     elif shape == "fan":
-        members = [("root", [], False), *((f"m{i}", [0], False) for i in range(40))]
-        members.append(("last", list(range(1, 41)), False))
+        members = [Member("root", []), *(Member(f"m{i}", [0]) for i in range(1000))]
+        members.append(Member("last", list(range(1, 1001))))
     else:
         members = []
-        for i in range(60):
-            earlier = rng.sample(range(i), min(i, rng.randint(0, 3)))
-            members.append((f"n{i}", sorted(earlier), False))
-    if rng.random() < 0.3:  # one member dies: its cone must be cancelled
+        for i in range(LARGEST):
+            earlier = rng.sample(range(max(0, i - 50), i), min(i, rng.randint(0, 3)))
+            members.append(Member(f"n{i}", sorted(earlier)))
+    members = [m._replace(spawns=rng.randint(1, MAX_SPAWN)) if rng.random() < SPAWNERS else m
+               for m in members]  # fmt: skip
+    if rng.random() < DOOMED:  # one member dies: its cone must be cancelled
         doomed = rng.randrange(len(members))
-        ref, parents, _ = members[doomed]
-        members[doomed] = (ref, parents, True)
+        members[doomed] = members[doomed]._replace(doomed=True, spawns=0)
     return members
 
 
-def body(members: Graph, rng: random.Random) -> bytes:
+def body(members: list[Member], rng: random.Random) -> bytes:
     jobs = []
-    for ref, parents, doomed in members:
-        job: dict[str, Any] = {
-            "kind": "sleep", "ref": ref, "depends_on": [members[p][0] for p in parents],
-            "args": {"work_ms": rng.choice((0, 1, 2, 5))},
-        }  # fmt: skip
-        if doomed:
-            job["args"]["fail_prob"] = 1
-            job["max_attempts"] = 1
+    for m in members:
+        job: dict[str, Any] = {"ref": m.ref, "depends_on": [members[p].ref for p in m.parents]}
+        if m.doomed:  # its only attempt fails; a retry of its workflow gets past it
+            job.update(kind="crash.doomed", args={"fail_first": 1}, max_attempts=1)
+        elif m.spawns:
+            job.update(kind="crash.fan", args={"n": m.spawns}, max_attempts=5)
+        else:
+            job.update(kind="sleep", max_attempts=5,
+                       args={"work_ms": rng.choice((0, 1, 2, 5)), "hang_prob": HANG})  # fmt: skip
         jobs.append(job)
     return msgspec.json.encode({"workflow": True, "jobs": jobs})
 
@@ -125,12 +150,13 @@ async def load(url: str, seed: int, ledger: Path, stop: asyncio.Event) -> None:
                 return
             ids: list[str] = reply["ids"]
             if appending:
-                parents, doomed = [after], [False]
+                parents, doomed, spawns = [after], [False], [0]
             else:
-                parents = [[ids[i] for i in p] for _, p, _ in members]
-                doomed = [d for _, _, d in members]
+                parents = [[ids[i] for i in m.parents] for m in members]
+                doomed = [m.doomed for m in members]
+                spawns = [m.spawns for m in members]
             entry = {"workflow_id": reply["workflow_id"], "ids": ids, "parents": parents,
-                     "doomed": doomed, "appended": appending}  # fmt: skip
+                     "doomed": doomed, "spawns": spawns, "appended": appending}  # fmt: skip
             if not appending:
                 sent.append(entry)
             await loop.run_in_executor(None, append, json.dumps(entry).encode() + b"\n")

@@ -15,6 +15,12 @@ sqlq.bench.crashtasks``): handlers that use what a running job carries (issue 22
   cancel: asked while it runs, it completes, unless a kill lands first; then the
   restart must end it cancelled, never run it again.
 
+- ``crash.doomed``: fails every attempt up to the ``fail_first``-th the job ever made
+  (``Job.all_attempts``), so a workflow member dies at once and an operator's retry of
+  its workflow gets past it (``sqlq.bench.crashflow``).
+- ``crash.fan``: completes by spawning ``n`` short ``sleep`` jobs (``sqlq.spawn``), which
+  must exist exactly when it completed, each after it.
+
 An attempt's epoch names it: every requeue (a failure, a snooze, a rescue at a restart)
 takes a new one, so two attempts of a job never share one.
 """
@@ -84,3 +90,16 @@ def stubborn(args: Any, ctx: JobContext) -> Any:
         time.sleep(0.01)  # in its thread; ``ctx.cancelled`` is not looked at, on purpose
         ctx.beat()
     return {"ignored_cancel": ctx.cancelled}
+
+
+@task(name="crash.doomed", timeout=60)
+async def doomed(args: Any, ctx: JobContext) -> Any:
+    if ctx.job.all_attempts <= int(args.get("fail_first", 1)):
+        raise RuntimeError(f"attempt {ctx.job.all_attempts} is doomed, on purpose")
+    return {"attempt": ctx.job.all_attempts}
+
+
+@task(name="crash.fan", timeout=60)
+async def fan(args: Any, ctx: JobContext) -> Any:
+    jobs = [{"kind": "sleep", "args": {"work_ms": 1}} for _ in range(int(args.get("n", 1)))]
+    return sqlq.Spawn(jobs=jobs, result={"spawned": len(jobs)})

@@ -245,8 +245,9 @@ def spawn(steps: Workflow | Step[Any] | Iterable[Step[Any]], *, result: Any = No
     """What a handler returns to end completed with ``result`` and add ``steps`` (a step,
     steps side by side, or a graph) to its workflow, in its completion's commit: each step
     with no parent among them runs after the handler's job, so it is due at once, with the
-    job's result in its ``ctx.parents``. A handler in no workflow starts a new one. A
-    spawn the server refuses (an unknown kind, a full queue) fails the attempt instead."""
+    job's result in its ``ctx.parents``. A handler in no workflow starts a new one, whose
+    first steps have no parent. A spawn the server refuses (an unknown kind, a full queue)
+    fails the attempt instead."""
     if isinstance(steps, Workflow):
         graph = steps
     elif isinstance(steps, Step):

@@ -367,10 +367,12 @@ async def test_a_complete_over_http_spawns_in_its_commit_and_a_bad_spawn_is_name
 ) -> None:
     s = await served(security(), fake=False, **REMOTE)
     c = s.client
-    r = await c.post("/jobs/batch", headers=auth("ops"), json={
-        "workflow": True, "jobs": [{"kind": "k", "queue": "mail", "ref": "a"}]})  # fmt: skip
+    r = await c.post("/jobs/batch", headers=auth("ops"), json={"workflow": True, "jobs": [
+        {"kind": "k", "queue": "mail", "ref": "a"}, {"kind": "k", "queue": "mail", "ref": "b"},
+    ]})  # fmt: skip
     assert r.status_code == 201, r.text
-    [a_id] = r.json()["ids"]
+    a_id, _ = r.json()["ids"]
+    workflow = (await c.get(f"/jobs/{a_id}", headers=auth("ops"))).json()["flow"]["workflow_id"]
     [a] = await _claim(c)
     bad: dict[str, Any]
     for bad in ({"spawn": {"kind": "k"}}, {"spawn": []}, {"spawn": [{"kind": "k"}] * 10_001}):
@@ -379,13 +381,21 @@ async def test_a_complete_over_http_spawns_in_its_commit_and_a_bad_spawn_is_name
         assert (r.status_code, r.json()["field"]) == (422, "spawn"), r.text
     spawn = [{"kind": "k", "queue": "mail", "ref": "x"},
              {"kind": "k", "queue": "mail", "ref": "y", "depends_on": ["x"]}]  # fmt: skip
-    r = await c.post("/claims/complete", json={"token": a["token"], "result": 1, "spawn": spawn},
+    deep: Any = 1
+    for _ in range(70):
+        deep = [deep]
+    r = await c.post("/claims/complete", headers=auth("w-mail"),
+                     json={"token": a["token"], "result": deep, "spawn": spawn})  # fmt: skip
+    assert r.json() == {"token": a["token"], "state": "scheduled"}, r.text  # failed: no spawn
+    view = (await c.get(f"/workflows/{workflow}", headers=auth("ops"))).json()
+    assert [m["ref"] for m in view["jobs"]] == ["a", "b"]
+    [b] = await _claim(c)
+    r = await c.post("/claims/complete", json={"token": b["token"], "result": 1, "spawn": spawn},
                      headers=auth("w-mail"))  # fmt: skip
-    assert r.json() == {"token": a["token"], "state": "completed"}, r.text
-    workflow = (await c.get(f"/jobs/{a_id}", headers=auth("ops"))).json()["flow"]["workflow_id"]
+    assert r.json() == {"token": b["token"], "state": "completed"}, r.text
     view = (await c.get(f"/workflows/{workflow}", headers=auth("ops"))).json()
     states = {m["ref"]: m["state"] for m in view["jobs"]}
-    assert states == {"a": "completed", "x": "scheduled", "y": "waiting"}
+    assert states == {"a": "scheduled", "b": "completed", "x": "scheduled", "y": "waiting"}
 
 
 async def test_claim_heartbeat_complete_and_a_stale_report_is_409(served: Make) -> None:

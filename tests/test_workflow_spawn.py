@@ -119,12 +119,13 @@ async def test_a_job_in_no_workflow_spawns_a_new_one(services: ServiceFactory) -
 async def test_a_spawn_the_server_refuses_fails_the_attempt_and_stores_nothing(
     services: ServiceFactory, jobs: list[Any], why: str
 ) -> None:
+    """A spawn that can never pass is final: dead after its one attempt, not retried."""
     rt = services(kinds=_kinds({}), workers=2)
     await rt.start()
-    spec = MemberSpec(kind="fan", ref="fan", args={"jobs": jobs}, max_attempts=1)
+    spec = MemberSpec(kind="fan", ref="fan", args={"jobs": jobs}, max_attempts=3)
     [fan], _ = await rt.submit([spec], batch=True, workflow=True)
     done = await final(rt, fan.id, 60)
-    assert done.state is State.DEAD
+    assert (done.state, done.attempts) == (State.DEAD, 1)
     error = done.errors[-1].error
     assert error.startswith("spawn refused: "), error
     assert why in error, error
@@ -153,3 +154,26 @@ def test_spawn_takes_a_step_steps_or_a_graph_and_makes_its_own_refs_unique() -> 
     assert (named[0]["ref"], named[1]["depends_on"]) == ("a", ["a"])  # given: kept
     with pytest.raises(ValueError, match="needs a step"):
         sqlq.spawn([])
+
+
+async def test_a_spawn_of_no_list_fails_in_the_handler_and_the_worker_runs_on(
+    services: ServiceFactory,
+) -> None:
+    kinds = Registry()
+
+    @task(registry=kinds)
+    async def broken() -> sqlq.Spawn:
+        return sqlq.Spawn(jobs=None)  # type: ignore[arg-type]
+
+    @task(registry=kinds)
+    async def fine() -> int:
+        return 1
+
+    rt = services(kinds=kinds, workers=1)
+    await rt.start()
+    [bad], _ = await rt.submit([JobSpec(kind="broken", max_attempts=1)])
+    failed = await final(rt, bad.id, 60)
+    assert failed.state is State.DEAD
+    assert "takes a list of jobs" in failed.errors[-1].error
+    [good], _ = await rt.submit([JobSpec(kind="fine")])
+    assert (await final(rt, good.id, 60)).result == 1  # the one worker lives on

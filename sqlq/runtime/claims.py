@@ -493,7 +493,8 @@ class ClaimsBase(Reach):
                     await self._write(t, at)
                 except SpawnRefused as exc:  # the same: the attempt failed, nothing stored
                     events.record(Event.SPAWN_REFUSED, job)
-                    t = self._after_failure(job, str(exc), self._clock.time())
+                    t = after_failure(job, str(exc), self._clock.time(), self._config.retry,
+                                      self._rng, retry=not exc.final)  # fmt: skip
                     await self._write(t, at)
             except TransitionError:
                 # A stale attempt: the job was requeued meanwhile (a hang declared, a

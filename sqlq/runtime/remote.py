@@ -707,7 +707,9 @@ class Remote:
         side = self._side
         try:
             try:
-                spawn = _spawns(what)
+                # (a completion refused as a value, its result past the bounds, is a failure:
+                # it spawns nothing)
+                spawn = _spawns(what) if t.state is State.COMPLETED else None
                 if spawn is None:
                     after = await side.write(job, t, now)
                 elif self.spawner is None:
@@ -720,7 +722,7 @@ class Remote:
                 after = await side.write(job, t, now)
             except SpawnRefused as exc:  # the attempt failed, as in process; nothing stored
                 self._events.record(Event.SPAWN_REFUSED, job)
-                t = self._failure(job, str(exc), now)
+                t = self._failure(job, str(exc), now, retry=not exc.final)
                 after = await side.write(job, t, now)
         except TransitionError as exc:
             return self._fenced("", job, f"refused: {exc}")

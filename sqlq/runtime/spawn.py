@@ -39,15 +39,31 @@ R = TypeVar("R")
 
 class Spawn(msgspec.Struct, frozen=True, kw_only=True):
     """A handler's end that adds ``jobs`` (each what ``POST /jobs/batch`` takes in its
-    ``jobs``) to its workflow in its completion's commit; ``result`` is its own result."""
+    ``jobs``) to its workflow in its completion's commit; ``result`` is its own result.
+    ``TypeError`` at once, in the handler, if ``jobs`` is not a list of objects."""
 
     jobs: list[dict[str, Any]]
     result: Any = None
 
+    def __post_init__(self) -> None:
+        # (msgspec checks types when it decodes, not when a handler builds one)
+        if type(self.jobs) is not list or not all(type(j) is dict for j in self.jobs):
+            raise TypeError("Spawn(jobs=...) takes a list of jobs, each a dict")
+
 
 class SpawnRefused(Exception):
     """A spawn the server cannot store (its text names the field): the attempt fails with
-    it, through the retry policy, like a handler's error."""
+    it, like a handler's error. ``final``: the same spawn can never pass (a bad field, a
+    cycle), so it is not retried; else (a full queue, parents that kept moving) it is,
+    by the retry policy."""
+
+    def __init__(self, message: str, *, final: bool = True) -> None:
+        super().__init__(message)
+        self.final = final
+
+
+# A spawn's jobs in bytes, at most, as a batch's body is (``POST /jobs/batch``).
+MAX_SPAWN_BYTES = 16 << 20
 
 
 class Spawner(Protocol):
@@ -70,7 +86,10 @@ def specs_of(spawn: Sequence[JSON]) -> list[MemberSpec]:
     every bound and every field's rule is the same), fields named ``spawn[i]``;
     ``SpawnRefused`` naming the first that is not a job."""
     try:
-        return decode_batch(msgspec.json.encode({"jobs": spawn})).jobs
+        body = msgspec.json.encode({"jobs": spawn})
+        if len(body) > MAX_SPAWN_BYTES:
+            raise SpawnRefused(f"spawn refused: spawn: larger than {MAX_SPAWN_BYTES} bytes")
+        return decode_batch(body).jobs
     except ValidationError as exc:
         raise refused(exc) from None
     except (BadJSON, TypeError, ValueError, OverflowError, RecursionError) as exc:

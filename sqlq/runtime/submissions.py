@@ -310,13 +310,14 @@ class Submissions:
             except ValidationError as exc:
                 raise refused(exc) from None
             except QueueFullError as exc:
-                raise SpawnRefused(f"spawn refused: {exc}") from None
+                raise SpawnRefused(f"spawn refused: {exc}", final=False) from None
             except IllegalTransitionError as exc:
                 if exc.job_id == job.id:  # its completion was refused: fenced, not the spawn
                     raise
-                if MOVED in str(exc) and attempt < APPEND_ATTEMPTS:
+                moved = MOVED in str(exc)
+                if moved and attempt < APPEND_ATTEMPTS:
                     continue
-                raise SpawnRefused(f"spawn refused: {exc}") from None
+                raise SpawnRefused(f"spawn refused: {exc}", final=not moved) from None
             self._claims.submitted(jobs)
             for new in jobs:
                 self._events.record(Event.SUBMITTED, new)

@@ -51,6 +51,7 @@ from sqlq.common.errors import SqlqError, ValidationError, clip
 from sqlq.common.models import JSON
 from sqlq.common.specs import error_field
 from sqlq.runtime.context import JobContext
+from sqlq.runtime.spawn import Spawn
 
 if TYPE_CHECKING:
     from sqlq.client import AsyncClient, Client
@@ -131,7 +132,9 @@ class Signature:
             f"{name}_args", fields, kw_only=True, forbid_unknown_fields=True
         )
         self._ctx, self._names, self._positional = ctx, names, positional
-        self._returns: Any = hints.get("return", Any)
+        returns = hints.get("return", Any)
+        # A handler that spawns is read back as the result it gave, whatever it was.
+        self._returns: Any = Any if returns is Spawn else returns
         self._bind = inspect.Signature([p for p in self._params if p.name != ctx])
         self._resolved = True
 
