@@ -57,6 +57,7 @@ from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
 from sqlq.bench.crashload import SERVER_FLAGS
 from sqlq.bench.crashload_pg import node, start_all
+from sqlq.bench.crashtasks import SPAWNED
 from sqlq.bench.offline import JobFacts, VerifyError, read_data
 from sqlq.bench.offline_pg import read_pg, sql
 
@@ -175,6 +176,18 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines[:-1] if x]  # (a torn last line was never acked)
 
 
+def spawned_by(jobs: dict[str, JobFacts]) -> dict[str, list[str]]:
+    """Each job's spawned jobs, by its id: those whose ref ``crash.fan`` made, and whose
+    one parent is it (a client's job added at the kill, never acknowledged, is not)."""
+    made: dict[str, list[str]] = {}
+    for job_id, facts in jobs.items():
+        flow = facts.flow or {}
+        parents: list[str] = flow.get("parents") or []
+        if (flow.get("ref") or "").startswith(SPAWNED) and len(parents) == 1:
+            made.setdefault(parents[0], []).append(job_id)
+    return made
+
+
 def judge_graphs(
     graphs: list[dict[str, Any]], jobs: dict[str, JobFacts], releases: bool
 ) -> tuple[list[str], dict[str, int]]:
@@ -182,14 +195,25 @@ def judge_graphs(
     ``releases``: they hold each job's every step, so a second release shows), and what
     was seen."""
     problems: list[str] = []
-    seen = {"members": 0, "completed": 0, "dead": 0, "cancelled": 0, "released": 0}
+    seen = {"members": 0, "completed": 0, "dead": 0, "cancelled": 0, "released": 0,
+            "spawned": 0}  # fmt: skip
+    made = spawned_by(jobs)
 
     def problem(text: str) -> None:
         if len(problems) < 20:
             problems.append(text)
 
+    def after(job_id: str, facts: JobFacts, parents: list[JobFacts]) -> None:
+        """A completed job's last attempt started after each parent's completion."""
+        if parents and facts.started_at is not None:
+            last = max(p.updated_at for p in parents)
+            if facts.started_at < last:
+                problem(f"member {job_id} started at {facts.started_at} before its "
+                        f"parent completed at {last}")  # fmt: skip
+
     for g in graphs:
         ids: list[str] = g["ids"]
+        spawns: list[int] = g.get("spawns") or [0] * len(ids)
         for i, job_id in enumerate(ids):  # (each member's parents by id: its graph's, or,
             # an added job's, members of the graph it was added to)
             seen["members"] += 1
@@ -201,7 +225,8 @@ def judge_graphs(
             parents = [jobs.get(p) for p in g["parents"][i]]
             if any(p is None for p in parents):
                 continue  # (reported as missing above)
-            failed = [p for p in parents if p is not None and p.state in ("dead", "cancelled")]
+            kept = [p for p in parents if p is not None]
+            failed = [p for p in kept if p.state in ("dead", "cancelled")]
             reason = (facts.flow or {}).get("cancel_reason")
             if facts.state in ("waiting", "scheduled", "running"):
                 problem(f"member {job_id} is still {facts.state} after the drain")
@@ -214,11 +239,21 @@ def judge_graphs(
                     problem(f"doomed member {job_id} ended {facts.state}")
             elif facts.state != "completed":
                 problem(f"member {job_id} ended {facts.state} though its parents completed")
-            elif parents and facts.started_at is not None:
-                last = max(p.updated_at for p in parents if p is not None)
-                if facts.started_at < last:
-                    problem(f"member {job_id} started at {facts.started_at} before its "
-                            f"parent completed at {last}")  # fmt: skip
+            else:
+                after(job_id, facts, kept)
+            children = made.get(job_id, [])
+            if facts.state == "completed" and len(children) != spawns[i]:
+                problem(f"member {job_id} completed with {len(children)} spawned jobs, "
+                        f"not {spawns[i]}")  # fmt: skip
+            elif facts.state != "completed" and children:
+                problem(f"member {job_id} ended {facts.state} with {len(children)} spawned jobs")
+            for child in children:
+                seen["spawned"] += 1
+                spawned = jobs[child]
+                if spawned.state != "completed":
+                    problem(f"job {child} spawned by {job_id} ended {spawned.state}")
+                else:
+                    after(child, spawned, [facts])
             if releases:
                 moves = [b for a, b in zip(facts.history, facts.history[1:], strict=False)
                          if a[0] == "waiting" and b[0] == "scheduled"]  # fmt: skip
@@ -228,14 +263,47 @@ def judge_graphs(
     return problems, seen
 
 
+def to_retry(graphs: list[dict[str, Any]]) -> list[str]:
+    """The workflows the third life retries: each with a doomed member."""
+    return [g["workflow_id"] for g in graphs if any(g["doomed"])]
+
+
+async def retried(url: str, workflows: list[str]) -> list[str]:
+    """Retry each workflow (``POST /workflows/{id}/retry``) and drain the queue; the
+    problems met."""
+    problems = []
+    async with HttpPool(url, 1) as pool:
+        for workflow_id in workflows:
+            status, reply = await pool.json("POST", f"/workflows/{workflow_id}/retry")
+            if status != 200 or not reply.get("retried"):
+                problems.append(f"the retry of {workflow_id} answered {status}: {reply}")
+        await wait_drained(pool)
+    return problems
+
+
+def judge_retried(
+    graphs: list[dict[str, Any]], jobs: dict[str, JobFacts], workflows: list[str]
+) -> list[str]:
+    """The retried ``workflows`` (their added jobs too) drained to completed: each member,
+    the doomed one at last, after its parents, and every spawner with its spawned jobs."""
+    again = set(workflows)
+    whole = [{**g, "doomed": [False] * len(g["ids"])} for g in graphs
+             if g["workflow_id"] in again]  # fmt: skip
+    found, _ = judge_graphs(whole, jobs, releases=False)
+    return [f"after the retry: {p}" for p in found]
+
+
 def run_trial(
     store: str, sync: str, kill_after_s: float, seed: int, workdir: Path
 ) -> dict[str, Any]:
     data = workdir / "data"
     data.mkdir(parents=True, exist_ok=True)
     ledger = workdir / LEDGER
-    srv = ServerProcess.engine(store=store, data_dir=str(data), sync=sync, flags=FLAGS)
-    again = ServerProcess.engine(store=store, data_dir=str(data), sync=sync, flags=FLAGS)
+    lives = [ServerProcess.engine(store=store, data_dir=str(data), sync=sync, flags=FLAGS)
+             for _ in range(3)]  # fmt: skip
+    srv, again, third = lives
+    problems: list[str] = []
+    jobs: dict[str, JobFacts] = {}
     try:
         srv.start()
 
@@ -259,22 +327,32 @@ def run_trial(
 
         recovery = uvloop.run(drain())
         again.stop(signal.SIGTERM)
+        graphs = read_ledger(ledger)
+        try:
+            jobs = read_data(store, data)
+        except (VerifyError, ValueError, KeyError) as exc:
+            problems.append(f"unreadable store: {exc}")
+        row = verdict(graphs, jobs, store == "walq", problems)
+        workflows = to_retry(graphs)
+        third.start()
+        problems = uvloop.run(retried(third.url, workflows))
+        third.stop(signal.SIGTERM)
+        try:
+            problems += judge_retried(graphs, read_data(store, data), workflows)
+        except (VerifyError, ValueError, KeyError) as exc:
+            problems.append(f"unreadable store after the retries: {exc}")
     finally:  # a trial that fails midway leaves no server behind it
-        srv.stop()
-        again.stop()
-    graphs = read_ledger(ledger)
-    problems: list[str] = []
-    jobs: dict[str, JobFacts] = {}
-    try:
-        jobs = read_data(store, data)
-    except (VerifyError, ValueError, KeyError) as exc:
-        problems.append(f"unreadable store: {exc}")
+        for life in lives:
+            life.stop()
     return {
         "store": store,
         "sync": sync,
         "workload": "workflows",
         "kill_after_s": round(kill_after_s, 3),
-        **verdict(graphs, jobs, store == "walq", problems),
+        **row,
+        "retried": len(workflows),
+        "problems": row["problems"] + problems,
+        "ok": row["ok"] and not problems,
         "recovery": recovery,
         "at": time.time(),
     }
@@ -288,8 +366,10 @@ def verdict(
     found, seen = judge_graphs(graphs, jobs, releases)
     problems = problems + found + ([] if graphs else ["no graph was acknowledged"])
     acked = {i for g in graphs for i in g["ids"]}
-    unknown = sum(1 for i, j in jobs.items() if i not in acked and j.flow is not None)
-    if unknown > CLIENTS * 61:  # a batch per client of the killed server in flight, at most
+    made = {c for children in spawned_by(jobs).values() for c in children}
+    unknown = sum(1 for i, j in jobs.items()
+                  if i not in acked and i not in made and j.flow is not None)  # fmt: skip
+    if unknown > CLIENTS * LARGEST:  # a batch per client of the killed server in flight
         problems.append(f"{unknown} members never acknowledged")
     return {
         "graphs": sum(1 for g in graphs if not g.get("appended")),
@@ -297,7 +377,8 @@ def verdict(
         "acknowledged": seen["members"],
         "lost": sum(1 for i in acked if i not in jobs),
         "unknown": unknown,
-        "ended": {k: v for k, v in seen.items() if k not in ("members", "released")},
+        "ended": {k: v for k, v in seen.items() if k not in ("members", "released", "spawned")},
+        "spawned": seen["spawned"],
         "releases_seen": seen["released"],  # (0 unless ``releases``: rows keep no history)
         "problems": problems,
         "ok": not problems,
@@ -350,20 +431,26 @@ async def run_pg_trial(dsn: str, kill_after_s: float, victim: int, seed: int, wo
                 break
             await asyncio.sleep(0.05)
         drained_s = time.monotonic() - began
+        graphs = [g for path in ledgers for g in read_ledger(path)]
+        row = verdict(graphs, await read_pg(dsn), False, problems)
+        workflows = to_retry(graphs)
+        problems = await retried(nodes[victim].url, workflows)  # (through the restarted one)
+        problems += judge_retried(graphs, await read_pg(dsn), workflows)
         for n in nodes:
             await asyncio.to_thread(n.stop, signal.SIGTERM)
-        jobs = await read_pg(dsn)
     finally:
         for n in started:
             await asyncio.to_thread(n.stop)
-    graphs = [g for path in ledgers for g in read_ledger(path)]
     return {
         "store": "postgres",
         "sync": "full",
         "workload": "workflows",
         "nodes": PG_NODES,
         "kill_after_s": round(kill_after_s, 3),
-        **verdict(graphs, jobs, False, problems),
+        **row,
+        "retried": len(workflows),
+        "problems": row["problems"] + problems,
+        "ok": row["ok"] and not problems,
         "recovery": {"drained_s": round(drained_s, 3)},
         "at": time.time(),
     }

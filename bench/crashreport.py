@@ -225,22 +225,28 @@ def _workflows_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "## Workflows through kill -9 (`sqlq crashcheck --workload workflows`)",
         "",
         "Each trial: a fresh data directory; four clients submit graphs as workflows (chains "
-        "of 20, diamonds, 1 -> 40 -> 1, random 60-member DAGs of short `sleep` jobs; in 30 % "
-        "of them one member dies: `fail_prob` 1, one attempt), and a quarter of the time add a "
-        "job to one of their graphs after some of its members, and fsync each acknowledged "
-        "one to a ledger; SIGKILL at a random moment (uniform 0.3-2 s); a restart; the queue "
-        "drained; a clean stop. Verified from the files without the engine's code: every "
-        "member there and none left live, a member after a failed parent cancelled "
-        "`upstream_dead` and every other one completed (the doomed one dead), each completed "
-        "member's last attempt started after its parents completed, and (walq, whose log "
-        "keeps every step) no member released from `waiting` twice. On PostgreSQL two nodes "
-        "share a fresh database, four clients and a ledger each; one node is killed -9 at the "
-        "same random moment and started again while the other runs on; the rows are read in "
-        "plain SQL and held to the same rules (rows keep no history: no release count).",
+        "of 100, diamonds, 1 -> 1,000 -> 1, random 2,000-member DAGs of short `sleep` jobs "
+        "whose attempts hang now and then, cut off and retried; 2 % of members spawn 1-20 jobs "
+        "as they complete, `sqlq.spawn`; in 30 % of graphs one member dies at its only "
+        "attempt), and a quarter of the time add a job to one of their graphs after some of "
+        "its members, and fsync each acknowledged one to a ledger; SIGKILL at a random moment "
+        "(uniform 0.3-2 s); a restart; the queue drained; a clean stop. Verified from the "
+        "files without the engine's code: every member there and none left live, a member "
+        "after a failed parent cancelled `upstream_dead` and every other one completed (the "
+        "doomed one dead), each completed member's last attempt started after its parents "
+        "completed, a spawner that completed has exactly its spawned jobs (each after it, "
+        "completed) and one that did not has none, and (walq, whose log keeps every step) "
+        "no member released from `waiting` twice. Then a third life retries every graph with "
+        "a dead member (`POST /workflows/{id}/retry`): each must drain to completed, added "
+        "and spawned jobs too. On PostgreSQL two nodes share a fresh database, four clients "
+        "and a ledger each; one node is killed -9 at the same random moment and started again "
+        "while the other runs on; the rows are read in plain SQL and held to the same rules "
+        "(rows keep no history: no release count).",
         "",
         "| store | sync | trials | graphs | jobs added | members (total) | lost | completed | "
-        "dead | cancelled | releases seen | failed trials | git commit |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "dead | cancelled | spawned | graphs retried | releases seen | failed trials | "
+        "git commit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for rows in runs:
 
@@ -252,7 +258,9 @@ def _workflows_section(runs: list[list[dict[str, Any]]]) -> list[str]:
             f"{sum(r['graphs'] for r in rows):,} | {sum(r.get('appended', 0) for r in rows):,} | "
             f"{sum(r['acknowledged'] for r in rows):,} | "
             f"{sum(r['lost'] for r in rows)} | {ended('completed'):,} | {ended('dead'):,} | "
-            f"{ended('cancelled'):,} | {sum(r['releases_seen'] for r in rows):,} | "
+            f"{ended('cancelled'):,} | {sum(r.get('spawned', 0) for r in rows):,} | "
+            f"{sum(r.get('retried', 0) for r in rows):,} | "
+            f"{sum(r['releases_seen'] for r in rows):,} | "
             f"{sum(1 for r in rows if not r['ok'])} | "
             f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
         )

@@ -19,7 +19,8 @@ sqlq.bench.crashtasks``): handlers that use what a running job carries (issue 22
   (``Job.all_attempts``), so a workflow member dies at once and an operator's retry of
   its workflow gets past it (``sqlq.bench.crashflow``).
 - ``crash.fan``: completes by spawning ``n`` short ``sleep`` jobs (``sqlq.spawn``), which
-  must exist exactly when it completed, each after it.
+  must exist exactly when it completed, each after it; their refs name it
+  (``spawned:<its id>.<i>``), so a verifier tells them from a client's unacknowledged job.
 
 An attempt's epoch names it: every requeue (a failure, a snooze, a rescue at a restart)
 takes a new one, so two attempts of a job never share one.
@@ -37,6 +38,7 @@ from sqlq import JobContext, task
 
 SAVED_ENV = "SQLQ_CRASH_SAVED"  # the handlers' ledger: "<job id> <epoch>" per durable save
 IMPORT = "sqlq.bench.crashtasks"  # what ``sqlq serve --import`` is given
+SPAWNED = "spawned:"  # the refs of the jobs ``crash.fan`` spawns begin so
 
 
 def _append(line: str) -> None:
@@ -101,5 +103,6 @@ async def doomed(args: Any, ctx: JobContext) -> Any:
 
 @task(name="crash.fan", timeout=60)
 async def fan(args: Any, ctx: JobContext) -> Any:
-    jobs = [{"kind": "sleep", "args": {"work_ms": 1}} for _ in range(int(args.get("n", 1)))]
+    jobs = [{"kind": "sleep", "args": {"work_ms": 1}, "ref": f"{SPAWNED}{ctx.job.id}.{i}"}
+            for i in range(int(args.get("n", 1)))]  # fmt: skip
     return sqlq.Spawn(jobs=jobs, result={"spawned": len(jobs)})

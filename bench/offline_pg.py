@@ -43,6 +43,10 @@ async def read_pg(dsn: str) -> dict[str, JobFacts]:
     if "flow" in have:  # schema 6: a workflow member's flow (counts, policies, cancel reason)
         names.append("flow")
     rows = await sql(dsn, f"SELECT {', '.join(names)} FROM jobs")
+    edges: dict[str, list[str]] = {}
+    if "flow" in have:  # a member's parents are edges, by child in the order named
+        for child, parent in await sql(dsn, "SELECT child, parent FROM edges ORDER BY child, n"):
+            edges.setdefault(child, []).append(parent)
     jobs = {}
     for r in rows:
         row = dict(r)
@@ -50,4 +54,5 @@ async def read_pg(dsn: str) -> dict[str, JobFacts]:
         jobs[row["id"]] = facts = row_facts(row)
         if flow is not None:
             facts.flow = json.loads(flow) if isinstance(flow, str) else dict(flow)
+            facts.flow["parents"] = edges.get(row["id"], [])
     return jobs

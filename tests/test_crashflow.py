@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from sqlq.bench.crashflow import judge_graphs, run_pg_trial, run_trial
+from sqlq.bench.crashflow import (
+    judge_graphs,
+    judge_retried,
+    run_pg_trial,
+    run_trial,
+    to_retry,
+)
 from sqlq.bench.offline import JobFacts
 from sqlq.bench.pgcluster import Cluster
 
@@ -73,6 +79,46 @@ def test_a_doomed_member_dies_and_its_cone_is_cancelled_upstream_dead() -> None:
     assert judge_graphs([doomed], _done(), releases=False)[0] == ["doomed member b ended completed"]
 
 
+def _spawned(parent: str, *, state: str = "completed", started: float = 8.0) -> JobFacts:
+    child = _facts(state, started=started, updated=started + 1)
+    child.flow = {"workflow_id": "w", "parents": [parent], "ref": f"spawned:{parent}.{started}"}
+    return child
+
+
+SPAWNING = {**DIAMOND, "spawns": [0, 2, 0, 0]}  # b spawns two as it completes
+
+
+@pytest.mark.parametrize(
+    ("extra", "found"),
+    [
+        ({"s1": _spawned("b")}, "completed with 1 spawned jobs, not 2"),
+        ({"s1": _spawned("b"), "s2": _spawned("b"), "s3": _spawned("b")}, "with 3 spawned"),
+        ({"s1": _spawned("b"), "s2": _spawned("b", state="cancelled")}, "s2 spawned by b ended"),
+        ({"s1": _spawned("b"), "s2": _spawned("b", started=3.5)}, "s2 started at 3.5 before"),
+    ],
+)
+def test_a_spawner_has_exactly_its_spawned_jobs_each_after_it(
+    extra: dict[str, JobFacts], found: str
+) -> None:
+    right = {"s1": _spawned("b"), "s2": _spawned("b")}
+    problems, seen = judge_graphs([SPAWNING], {**_done(), **right}, releases=False)
+    assert (problems, seen["spawned"]) == ([], 2)
+    problems, _ = judge_graphs([SPAWNING], {**_done(), **extra}, releases=False)
+    assert any(found in p for p in problems), problems
+    dead = {**_done(b=_facts("dead"), d=_facts("cancelled", reason="upstream_dead")), **right}
+    doomed = {**SPAWNING, "doomed": [False, True, False, False]}
+    assert "member b ended dead with 2 spawned jobs" in judge_graphs([doomed], dead, False)[0]
+
+
+def test_a_retried_graph_must_drain_to_completed() -> None:
+    doomed = {**DIAMOND, "doomed": [False, True, False, False]}
+    assert to_retry([DIAMOND, doomed]) == ["w"]
+    assert judge_retried([doomed], _done(), ["w"]) == []
+    still = _done(b=_facts("dead"), d=_facts("cancelled", reason="upstream_dead"))
+    found = judge_retried([doomed], still, ["w"])
+    assert "after the retry: member b ended dead though its parents completed" in found
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["walq", "sqlite"])
 def test_a_real_trial_through_a_kill_holds_every_rule(store: str, tmp_path: Path) -> None:
@@ -81,6 +127,7 @@ def test_a_real_trial_through_a_kill_holds_every_rule(store: str, tmp_path: Path
     assert row["graphs"] > 0
     assert row["lost"] == 0
     assert row["ended"]["completed"] > 0
+    assert row["spawned"] > 0
 
 
 @pytest.mark.slow
