@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from sqlq.bench.experiments import EXPERIMENTS, ORDER, r_release
+from sqlq.bench.experiments import EXPERIMENTS, ORDER, r_peers, r_release
 from sqlq.bench.report import Report
 from sqlq.cli import main
 
@@ -40,16 +40,44 @@ def test_section_reads_each_hop_and_the_cost_of_edges(tmp_path: Path) -> None:
     assert "| 8.00 | 12.00 |" in sqlite
 
 
+def test_the_peers_table_sums_what_went_wrong_per_system_and_mode(tmp_path: Path) -> None:
+    def peer(system: str, mode: str, stuck: int, repeat: int) -> dict[str, object]:
+        return {"experiment": "R", "store": system, "label": f"R/{system}/{mode}",
+                "repeat": repeat, "part": "peers", "mode": mode, "system": system,
+                "version": "1.0", "durability": "d", "graphs": 4, "steps": 144, "stuck": stuck,
+                "early": 0, "doubled": 1, "hop_ms_p50": 1.0 + repeat, "fan_in_ms_p50": None,
+                "concurrency": 4, "params": {"chain": 20, "fan": 50}}  # fmt: skip
+
+    rows = [peer("rq", "clean", 3, 0), peer("rq", "clean", 1, 1), peer("walq", "kill", 0, 0)]
+    (tmp_path / "R.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = Report(tmp_path)
+    r_release.section(rep)
+    assert "## R. Release latency" not in "\n".join(rep.lines)  # no release rows: no table
+    rq = next(ln for ln in rep.lines if ln.startswith("| rq"))
+    assert rq == "| rq 1.0 | clean | 8 | 4 | 0 | 2 | 1.50 [1.00-2.00] | - | d |"
+
+
 @pytest.mark.slow  # real servers
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_quick_r_runs_on_the_local_engines(tmp_path: Path) -> None:
     args = ["bench", "--quick", "--only", "R", "--out", str(tmp_path), "--no-progress"]
     for store in r_release.STORES:
         args += ["--stores", store]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
-    rows = [json.loads(x) for x in (tmp_path / "R.jsonl").read_text().splitlines()]
+    every = [json.loads(x) for x in (tmp_path / "R.jsonl").read_text().splitlines()]
+    rows = [row for row in every if row.get("part", "release") == "release"]
     assert sorted(row["store"] for row in rows) == sorted(r_release.STORES)
+    peers = [row for row in every if row.get("part") == "peers"]
+    ours = [row for row in peers if row["system"] in r_release.PEER_STORES]
+    assert {(row["system"], row["mode"]) for row in ours} == {
+        (s, m) for s in r_release.PEER_STORES for m in ("clean", "kill")
+    }
+    for row in ours:  # sqlq's graphs: none stuck, no early start, none doubled
+        assert (row["stuck"], row["early"], row["doubled"]) == (0, 0, 0), row
+        assert row["graphs"] == 2 * r_peers.QUICK_COUNT
+    theirs = {row["system"] for row in peers} - set(r_release.PEER_STORES)
+    assert theirs == {"celery", "celery-acks-late", "rq"}  # (installed in CI: redis-peers)
     for row in rows:
         assert len(row["chain_hop_ms"]) == r_release.QUICK_CHAIN - 1
         assert all(h >= 0 for h in row["chain_hop_ms"])  # a child never starts before

@@ -30,6 +30,7 @@ from typing import Any
 import msgspec
 
 from sqlq.bench.client.http import HttpPool
+from sqlq.bench.experiments import r_peers
 from sqlq.bench.experiments.base import NAMES, Run
 from sqlq.bench.experiments.rows import CodedRow
 from sqlq.bench.report import Report, cell, group, med
@@ -38,19 +39,35 @@ NAME = "R"
 CHAIN, FAN = 100, 1000
 QUICK_CHAIN, QUICK_FAN = 20, 100
 STORES = ("memory", "walq", "sqlite")  # (PostgreSQL: a cluster of its own; not yet here)
+PEER_STORES = ("walq", "sqlite")  # sqlq's durable engines beside the peers
 
 
 class RRow(CodedRow, kw_only=True):
-    chain: int
-    fan: int
-    chain_hop_ms: list[float]  # each hop's release latency, ms
-    fan_in_ms: float  # the fan-in child's start after its last parent completed, ms
-    fan_out_p50_ms: float  # the fan-out's children, from the root's completion (with queueing)
-    fan_out_max_ms: float
-    plain_submit_ms: float  # FAN + 1 jobs as one plain batch, request to durable answer
-    flow_submit_ms: float  # the same as the fan-out's workflow
-    plain_drain_s: float
-    flow_drain_s: float
+    part: str = "release"  # or "peers" (``r_peers``: the same graphs on sqlq and its peers)
+    chain: int = 0
+    fan: int = 0
+    chain_hop_ms: list[float] = msgspec.field(default_factory=list)  # each hop, ms
+    fan_in_ms: float = 0.0  # the fan-in child's start after its last parent completed, ms
+    fan_out_p50_ms: float = 0.0  # the fan-out's children, from the root's completion
+    fan_out_max_ms: float = 0.0
+    plain_submit_ms: float = 0.0  # FAN + 1 jobs as one plain batch, request to durable answer
+    flow_submit_ms: float = 0.0  # the same as the fan-out's workflow
+    plain_drain_s: float = 0.0
+    flow_drain_s: float = 0.0
+    # part "peers": one system's graphs, clean or through a kill -9 (``r_peers``)
+    mode: str = ""
+    system: str = ""
+    version: str = ""
+    durability: str = ""
+    graphs: int = 0
+    steps: int = 0
+    stuck: int = 0  # graphs whose last step never ended
+    early: int = 0  # steps started before a parent had ended
+    doubled: int = 0  # steps that ended more than once
+    hop_ms_p50: float | None = None  # a chain's parent end -> child start, by the marks
+    fan_in_ms_p50: float | None = None
+    waited_s: float = 0.0
+    concurrency: int = 0
 
     @property
     def hop_p50_ms(self) -> float:
@@ -153,17 +170,63 @@ class ReleaseRun(Run):
         }  # fmt: skip
 
 
-def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[ReleaseRun]:
+def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[Run]:
     chain, fan = (QUICK_CHAIN, QUICK_FAN) if quick else (CHAIN, FAN)
     for store in stores:
         if store in STORES:
             yield ReleaseRun(experiment=NAME, store=store, label=f"R/{store}", chain=chain,
                              fan=fan, params={"chain": chain, "fan": fan})  # fmt: skip
+    yield from r_peers.runs(quick, tuple(s for s in stores if s in PEER_STORES), NAME)
 
 
 def section(rep: Report) -> None:
     every, codes = rep.before_after(NAME, RRow)
-    rows = [r for r in every if r.code == codes[-1]] if every else []
+    latest = [r for r in every if r.code == codes[-1]] if every else []
+    _release(rep, [r for r in latest if r.part == "release"])
+    _peers(rep, [r for r in latest if r.part == "peers"])
+
+
+def _peers(rep: Report, rows: list[RRow]) -> None:
+    if not rows:
+        return
+    first = rows[0]
+    rep.add(
+        "### R's peers: the same graphs on Celery's chords and RQ's `depends_on`",
+        "",
+        f"One run, each system in turn: {first.graphs // 2} chains of {first.params['chain']} "
+        f"steps and {first.graphs // 2} fans 1 -> {first.params['fan']} -> 1, every step 2 ms "
+        "of work marking its start and end in a file (`sqlq.bench.flowmarks`), "
+        f"{first.concurrency} at once. sqlq: each graph a workflow, `--sync full`. The peers: "
+        "a fresh `redis-server` with `appendonly yes` and `appendfsync always`, Celery 5.7 "
+        "(a chain; the fan's root chained into a `chord`; a Redis result backend; default "
+        "early acks, and `acks_late` with `reject_on_worker_lost`), RQ 3.0 (`depends_on`; "
+        f"`rq worker-pool`). `kill`: {r_peers.KILL_AFTER_S} s after the graphs were sent, "
+        "what runs the steps is killed -9 and started again (sqlq's server; the peer's "
+        f"worker and its pool); then the run waits until no step has ended for "
+        f"{r_peers.STALL_S:g} s. Stuck: graphs whose last step never ran to its end; early: "
+        "steps started before a parent had ended; doubled: steps that ended twice (a "
+        "callback fired twice). Hop and fan-in: a child's first start less its (last) "
+        "parent's first end, by the marks; medians over the repeats.",
+        "",
+        "| system | mode | graphs | stuck | early | doubled | hop p50 ms | fan-in p50 ms | "
+        "durability |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    )
+    by = group(rows, lambda r: (r.system, r.mode))
+    for (system, mode), rs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        hops = [r.hop_ms_p50 for r in rs if r.hop_ms_p50 is not None]
+        fans = [r.fan_in_ms_p50 for r in rs if r.fan_in_ms_p50 is not None]
+        name = f"{system} {rs[0].version}".strip()
+        rep.add(
+            f"| {name} | {mode} | {sum(r.graphs for r in rs)} | {sum(r.stuck for r in rs)} | "
+            f"{sum(r.early for r in rs)} | {sum(r.doubled for r in rs)} | "
+            f"{cell(hops, '{:.2f}') if hops else '-'} | "
+            f"{cell(fans, '{:.2f}') if fans else '-'} | {rs[0].durability} |"
+        )
+    rep.add("")
+
+
+def _release(rep: Report, rows: list[RRow]) -> None:
     if not rows:
         return
     first = rows[0]
