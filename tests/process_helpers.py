@@ -51,6 +51,12 @@ def gather(args, ctx):
             "complete": ctx.parents.complete}
 
 @task()
+def gather_all(args, ctx):
+    pages = [list(p) for p in ctx.parents.pages()]
+    return {"pid": os.getpid(), "first": len(ctx.parents), "pages": [len(p) for p in pages],
+            "last": pages[-1][-1] if pages else None}
+
+@task()
 def fan(args, ctx):
     import sqlq
     jobs = [{"kind": "crunch", "args": {"n": n}, "ref": f"c{n}"} for n in args["ns"]]
@@ -64,7 +70,7 @@ def nap(args, ctx):
     return os.getpid()
 """
 TIMEOUTS = {"crunch": 300.0, "broken": 300.0, "until_cancelled": 300.0, "stuck": 1.0,
-            "nap": 1.5, "gather": 300.0, "fan": 300.0}  # fmt: skip
+            "nap": 1.5, "gather": 300.0, "fan": 300.0, "gather_all": 300.0}  # fmt: skip
 
 
 def parent_kinds() -> Registry:

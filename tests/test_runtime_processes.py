@@ -159,3 +159,24 @@ async def test_a_spawn_crosses_back_from_the_process(
     assert sorted(j.kind for j in spawned) == ["crunch", "crunch", "gather"]
     ended = {j.flow.ref if j.flow else "": await final(rt, j.id, 60) for j in spawned}
     assert ended["g"].result["parents"] == {"c3": ended["c3"].result, "c4": ended["c4"].result}
+
+
+async def test_a_process_reads_its_parents_past_the_first_page(
+    services: ServiceFactory, handlers: str
+) -> None:
+    """``ctx.parents.pages()`` in a worker process: each page after the first asked of the
+    parent process, which reads it as its own handler would."""
+    from sqlq.common.specs import MemberSpec
+    from sqlq.runtime.parents import PAGE_PARENTS
+
+    rt = await started(services, handlers)
+    names = [f"p{i}" for i in range(PAGE_PARENTS + 5)]
+    specs = [*(MemberSpec(kind="sleep", ref=n) for n in names),
+             MemberSpec(kind="gather_all", ref="g", depends_on=tuple(names))]  # fmt: skip
+    jobs, _ = await rt.submit(specs, batch=True, workflow=True)
+    done = await final(rt, jobs[-1].id, within=120)
+    assert done.state is State.COMPLETED, done.errors
+    assert done.result["pid"] != os.getpid()
+    assert (done.result["first"], done.result["pages"], done.result["last"]) == (
+        PAGE_PARENTS, [5], names[-1],
+    )  # fmt: skip

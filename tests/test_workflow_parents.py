@@ -3,6 +3,7 @@ errors, loaded before it starts, the same through every holder, paged past 1,000
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from msgspec.structs import replace
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import StoreUnavailableError
 from sqlq.common.models import Job, State
-from sqlq.common.protocol import ParentView
+from sqlq.common.protocol import ParentsPage, ParentView
 from sqlq.common.specs import MemberSpec
 from sqlq.common.workflow import Flow, OnParentFailure
 from sqlq.engines.registry import make_store
@@ -96,6 +97,38 @@ async def test_past_a_page_the_rest_comes_a_page_at_a_time(services: ServiceFact
     assert [len(p) for p in seen["rest"]] == [PAGE_PARENTS, 500]
     named = [*seen["first"], *(ref for p in seen["rest"] for ref in p)]
     assert named == parents
+
+
+async def test_a_plain_handler_in_a_thread_reads_the_rest_page_by_page(
+    services: ServiceFactory,
+) -> None:
+    """``ctx.parents.pages()``: what ``rest`` is to an async handler, for a plain one in
+    the handler threads (each page asked of the server's loop)."""
+    seen: Seen = {}
+    kinds = _kinds(seen)
+
+    @task("plain_merge", registry=kinds)
+    def plain_merge(args: dict[str, Any], ctx: JobContext) -> int:
+        seen["pages"] = [list(p) for p in ctx.parents.pages()]
+        return len(ctx.parents) + sum(len(p) for p in seen["pages"])
+
+    parents = [f"p{i}" for i in range(PAGE_PARENTS + 300)]
+    specs = [*(_step(p) for p in parents),
+             MemberSpec(kind="plain_merge", ref="merge", depends_on=tuple(parents))]  # fmt: skip
+    done = await _run(services(kinds=kinds, workers=8), specs)
+    assert (done["merge"].state, done["merge"].result) == (State.COMPLETED, len(parents))
+    assert [len(p) for p in seen["pages"]] == [300]
+    assert seen["pages"][0] == parents[PAGE_PARENTS:]
+
+
+async def test_pages_refuse_to_wait_on_the_event_loop() -> None:
+    async def load(start: int) -> Any:
+        raise AssertionError("never asked")
+
+    first = ParentsPage(parents=[ParentView(job_id="0" * 32)], next=1, total=2)
+    parents = Parents(first, load, loop=asyncio.get_running_loop())
+    with pytest.raises(RuntimeError, match="an async handler iterates rest"):
+        next(parents.pages())
 
 
 async def test_a_failed_parent_is_read_with_its_error(services: ServiceFactory) -> None:

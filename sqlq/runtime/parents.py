@@ -6,13 +6,16 @@ from the store (``page``), a remote worker asks ``POST /claims/parents``, whose 
 the same ``page`` of the same job, fenced on its claim's token. The worker pool loads the
 first page before the handler starts (``Parents``), so a handler with up to
 ``PAGE_PARENTS`` parents has them all at hand, as a mapping by ref; past that, it reads
-the rest a page at a time (``Parents.rest``), so no fan-in of 10,000 results is held
-whole. A page also stops short at ``PAGE_BYTES`` of results (never before its first
-parent), so a page of large results stays bounded too.
+the rest a page at a time (``Parents.rest`` in an async handler, ``Parents.pages`` in a
+plain one, in a thread or a worker process, which asks the server's loop or its parent
+process for each page), so no fan-in of 10,000 results is held whole. A page also stops
+short at ``PAGE_BYTES`` of results (never before its first parent), so a page of large
+results stays bounded too.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 import msgspec
@@ -25,6 +28,7 @@ PAGE_BYTES = 8 << 20  # ... and results, encoded, past which a page stops (one a
 
 GetMany = Callable[[Sequence[str]], Awaitable[list[Job | None]]]
 Loader = Callable[[int], Awaitable[ParentsPage]]  # a page from the ``start``-th parent
+Fetch = Callable[[int], ParentsPage]  # the same, waited for (off the event loop)
 
 _encode = msgspec.json.encode
 
@@ -59,15 +63,23 @@ async def page(get_many: GetMany, job: Job, start: int) -> ParentsPage:
 class Parents(Mapping[str, ParentView]):
     """A member's parents by ref (a parent without one: by job id), as ``ctx.parents``:
     the first page, loaded before the handler started. ``complete`` says whether that
-    is all of them; ``rest`` reads the pages after it (async handlers)."""
+    is all of them; ``rest`` reads the pages after it (async handlers), ``pages`` too
+    (plain ones: ``fetch``, or ``load`` run on ``loop`` from the handler's thread)."""
 
-    __slots__ = ("_by_key", "_load", "_next", "first", "total")
+    __slots__ = ("_by_key", "_fetch", "_load", "_loop", "_next", "first", "total")
 
-    def __init__(self, first: ParentsPage | None = None, load: Loader | None = None) -> None:
+    def __init__(
+        self,
+        first: ParentsPage | None = None,
+        load: Loader | None = None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        fetch: Fetch | None = None,
+    ) -> None:
         self.first = first  # as it came (a worker process is sent it)
         self._by_key = {} if first is None else _keyed(first.parents)
         self._next = None if first is None else first.next
-        self._load = load
+        self._load, self._loop, self._fetch = load, loop, fetch
         self.total = 0 if first is None else first.total
 
     @property
@@ -87,9 +99,40 @@ class Parents(Mapping[str, ParentView]):
         """Each page after the first, by ref, in the order the parents were named."""
         start = self._next
         while start is not None and self._load is not None:
-            got = await self._load(start)
+            got = await self.load(start)
             yield _keyed(got.parents)
             start = got.next
+
+    async def load(self, start: int) -> ParentsPage:
+        """The page from the ``start``-th parent, as the holder serves it (``AttemptFenced``
+        once the attempt is over)."""
+        if self._load is None:
+            raise RuntimeError("ctx.parents: no page is read from here")
+        return await self._load(start)
+
+    def pages(self) -> Iterator[Mapping[str, ParentView]]:
+        """``rest`` for a plain handler: each page after the first, by ref, read as it is
+        asked for. It waits for each, so never on the event loop (an async handler
+        iterates ``rest``)."""
+        start = self._next
+        while start is not None:
+            got = self._fetched(start)
+            yield _keyed(got.parents)
+            start = got.next
+
+    def _fetched(self, start: int) -> ParentsPage:
+        if self._fetch is not None:
+            return self._fetch(start)
+        loop = self._loop
+        if loop is None or self._load is None:
+            raise RuntimeError("ctx.parents: no page is read from here")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("ctx.parents.pages() waits: an async handler iterates rest()")
+        return asyncio.run_coroutine_threadsafe(self.load(start), loop).result()
 
 
 def _keyed(parents: list[ParentView]) -> dict[str, ParentView]:

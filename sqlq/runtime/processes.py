@@ -83,6 +83,7 @@ _SPAWN = msgspec.json.Decoder(Spawn)
 _pack = msgspec.msgpack.Encoder().encode
 _unpack = msgspec.msgpack.Decoder(Job).decode
 _unpack_parents = msgspec.msgpack.Decoder(ParentsPage | None).decode
+_unpack_page = msgspec.msgpack.Decoder(ParentsPage).decode
 _RNG = random.Random()  # a child's handlers' ``ctx.rng``
 
 
@@ -146,6 +147,19 @@ class ChildContext(JobContext):
 
     def unsent(self) -> tuple[float | None, str | None] | None:
         return self._unsent
+
+    def page(self, start: int) -> ParentsPage:
+        """A page of the job's parents past the first (``ctx.parents.pages()``), asked of
+        the parent process, which reads it as its own handler would."""
+        with self._lock:
+            self._conn.send(("parents", start))
+            answer, value = self._conn.recv()
+        if answer == "fenced":
+            raise AttemptFenced(value)
+        if answer != "page":
+            raise RuntimeError(f"ctx.parents: {value}")
+        page: ParentsPage = _unpack_page(value)
+        return page
 
     def checkpoint(self, data: JSON) -> Done:
         value = check_checkpoint(data)
@@ -254,8 +268,8 @@ def child_main(conn: Connection, imports: Sequence[str], flags: Any, stamps: Any
             return
         job, first = _unpack(message[1]), _unpack_parents(message[2])
         ctx = ChildContext(job, conn, lock, flags, stamps, index, inline)
-        if first is not None:  # a workflow member's first page (no more is read from here)
-            ctx.parents = Parents(first)
+        if first is not None:  # a workflow member's first page; the rest asked for
+            ctx.parents = Parents(first, fetch=ctx.page)
         reply = _outcome(job, ctx)
         try:
             with lock:
@@ -402,6 +416,11 @@ class ProcessHandlers:
             if child.ctx is not None:
                 child.ctx.progress(message[1], message[2])
             return
+        if what == "parents":
+            task = asyncio.get_running_loop().create_task(self._page(child, message[1]))
+            child.saves.append(task)
+            task.add_done_callback(child.saves.remove)
+            return
         if what == "checkpoint":
             task = asyncio.get_running_loop().create_task(self._save(child, message[1]))
             child.saves.append(task)
@@ -454,6 +473,23 @@ class ProcessHandlers:
             answer = ("invalid", str(exc))
         else:
             answer = ("saved", "")
+        try:
+            child.conn.send(answer)
+        except OSError:
+            pass
+
+    async def _page(self, child: Child, start: int) -> None:
+        """The child asked for a page of its job's parents: read as this process's own
+        handler would (``Parents.load``), sent back."""
+        ctx = child.ctx
+        try:
+            if ctx is None:
+                raise AttemptFenced("the attempt is over")
+            answer: tuple[str, Any] = ("page", _pack(await ctx.parents.load(start)))
+        except AttemptFenced as exc:
+            answer = ("fenced", str(exc))
+        except Exception as exc:  # the read failed: the handler hears why, and decides
+            answer = ("failed", describe(exc))
         try:
             child.conn.send(answer)
         except OSError:

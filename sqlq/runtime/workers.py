@@ -242,7 +242,8 @@ class WorkerPool:
                         claim.job.id, describe(exc))  # fmt: skip
             claims.given_back(claim)
             return None
-        return Parents(first, functools.partial(claims.parents, claim))
+        load = functools.partial(claims.parents, claim)
+        return Parents(first, load, loop=asyncio.get_running_loop())
 
     async def _health(self) -> None:
         every = self.hb_timeout / 4
