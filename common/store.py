@@ -196,7 +196,11 @@ class JobStore(Protocol):
         as its docstring says (``sqlq.common.schedule``), or refused with a
         ``ScheduleError``; changes of one call apply in order, so a call that
         advances a cursor and inserts the tick's job is one tick, whole or not at
-        all. On any such error nothing of this call is applied; other callers
+        all. A call's new workflow members are counted against their parents after
+        its transitions (``cascade.check_member``: a completion and the jobs it spawned,
+        ``sqlq.runtime.spawn``), and such a call never moves a job it makes (PostgreSQL
+        inserts its members after its moves). On any such error nothing of this call is
+        applied; other callers
         batched with it are unaffected. A value that cannot be encoded raises
         ``UnencodableError`` for this call alone. An I/O failure raises
         ``StoreFailedError`` for every caller in the batch and every later call
