@@ -176,6 +176,9 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines[:-1] if x]  # (a torn last line was never acked)
 
 
+BAD = "?"  # where ``spawned_by`` puts a spawned job whose ref or workflow is not its spawner's
+
+
 def spawned_by(jobs: dict[str, JobFacts]) -> dict[str, list[str]]:
     """Each job's spawned jobs, by its id: those whose ref ``crash.fan`` made, and whose
     one parent is it (a client's job added at the kill, never acknowledged, is not)."""
@@ -183,8 +186,15 @@ def spawned_by(jobs: dict[str, JobFacts]) -> dict[str, list[str]]:
     for job_id, facts in jobs.items():
         flow = facts.flow or {}
         parents: list[str] = flow.get("parents") or []
-        if (flow.get("ref") or "").startswith(SPAWNED) and len(parents) == 1:
+        ref: str = flow.get("ref") or ""
+        if ref.startswith(SPAWNED) and len(parents) == 1:
             made.setdefault(parents[0], []).append(job_id)
+            spawner = jobs.get(parents[0])  # its ref names its spawner, in its workflow
+            if not ref.startswith(f"{SPAWNED}{parents[0]}.") or (
+                spawner is not None
+                and (spawner.flow or {}).get("workflow_id") != flow.get("workflow_id")
+            ):
+                made.setdefault(BAD, []).append(job_id)
     return made
 
 
@@ -202,6 +212,9 @@ def judge_graphs(
     def problem(text: str) -> None:
         if len(problems) < 20:
             problems.append(text)
+
+    for job_id in made.get(BAD, ()):
+        problem(f"spawned job {job_id} is not in its spawner's workflow, or names another")
 
     def after(job_id: str, facts: JobFacts, parents: list[JobFacts]) -> None:
         """A completed job's last attempt started after each parent's completion."""
@@ -269,15 +282,26 @@ def to_retry(graphs: list[dict[str, Any]]) -> list[str]:
 
 
 async def retried(url: str, workflows: list[str]) -> list[str]:
-    """Retry each workflow (``POST /workflows/{id}/retry``) and drain the queue; the
-    problems met."""
+    """Retry each workflow (``POST /workflows/{id}/retry``), then wait until each is over
+    (``GET /workflows/{id}``: read from the store, so on PostgreSQL too, where ``/stats``
+    counts a census a second old); the problems met."""
     problems = []
     async with HttpPool(url, 1) as pool:
         for workflow_id in workflows:
             status, reply = await pool.json("POST", f"/workflows/{workflow_id}/retry")
             if status != 200 or not reply.get("retried"):
                 problems.append(f"the retry of {workflow_id} answered {status}: {reply}")
-        await wait_drained(pool)
+        deadline = time.monotonic() + DRAIN_S
+        for workflow_id in workflows:
+            while True:
+                status, view = await pool.json("GET", f"/workflows/{workflow_id}")
+                if status == 200 and view["state"] != "running":
+                    break
+                if time.monotonic() > deadline:
+                    problems.append(f"workflow {workflow_id} still running {DRAIN_S:g} s "
+                                    "after its retry")  # fmt: skip
+                    break
+                await asyncio.sleep(0.05)
     return problems
 
 

@@ -9,7 +9,8 @@ server asked (``judge``):
 
 - a hop's release latency: the child's first start less its parent's first end;
 - an early start: a step started before each of its parents had ended;
-- a double run: a step that ended more than once (a callback fired twice);
+- a double run: a step that ended more than once (at-least-once delivery's rerun of a
+  step whose end was not recorded before a kill; in a clean run, a callback fired twice);
 - a stuck graph: one whose last step never ended.
 
 The sqlq step is the task ``flow.step`` here (``sqlq serve --import sqlq.bench.flowmarks``);
@@ -21,6 +22,7 @@ reads the broker's URL from the environment as it is imported).
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -79,18 +81,26 @@ def flow_step(args: dict[str, Any]) -> None:
     step(str(args["key"]), int(args.get("ms", STEP_MS)))
 
 
+# A whole mark, wherever it is: a write torn by a kill (no newline) runs into the next
+# writer's mark, which is still found after it.
+_MARK = re.compile(rb"([se]) (g[0-9]+\.[a-z0-9]+) ([0-9]+\.[0-9]{6})\n")
+
+
 def read(path: Path) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Each key's start times and end times, in the order written (a torn line skipped)."""
+    """Each key's start times and end times, in the order written (a torn mark skipped)."""
     starts: dict[str, list[float]] = {}
     ends: dict[str, list[float]] = {}
     if not path.exists():
         return starts, ends
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) != 3 or parts[0] not in ("s", "e"):
-            continue
-        (starts if parts[0] == "s" else ends).setdefault(parts[1], []).append(float(parts[2]))
+    for event, key, at in _MARK.findall(path.read_bytes()):
+        (starts if event == b"s" else ends).setdefault(key.decode(), []).append(float(at))
     return starts, ends
+
+
+def counts(path: Path) -> tuple[int, int]:
+    """How many steps have started, and how many have ended, so far."""
+    starts, ends = read(path)
+    return len(starts), len(ends)
 
 
 def finished(path: Path, finals: Iterable[str]) -> int:

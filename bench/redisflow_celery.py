@@ -20,10 +20,14 @@ from sqlq.bench.redispeers import ACKS_LATE_ENV, REDIS_ENV
 late = os.environ.get(ACKS_LATE_ENV) == "1"
 url = os.environ.get(REDIS_ENV, "redis://127.0.0.1:6379/0")
 app = Celery("sqlq-bench-r", broker=url, backend=url)
+# A message taken and not acknowledged (acks_late, its worker killed) is delivered again
+# once its visibility timeout passes: 1 h by default, here 10 s, within R's wait.
+VISIBILITY_S = 10
 app.conf.update(
     task_acks_late=late,
     task_reject_on_worker_lost=late,
     broker_connection_retry_on_startup=True,
+    broker_transport_options={"visibility_timeout": VISIBILITY_S},
     result_expires=3600,
 )
 

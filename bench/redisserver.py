@@ -88,6 +88,7 @@ class RedisServer:
             if _ping(self.port):
                 return self
             time.sleep(0.01)
+        self.kill()  # (not left running: ``with`` never reaches its exit)
         raise RedisError(f"redis-server did not answer PING within {READY_S}s:\n{self.log}")
 
     def kill(self) -> None:

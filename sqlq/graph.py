@@ -75,11 +75,17 @@ class Workflow:
                 parents.append(parent)
             else:
                 raise ValueError(f"after: {parent!r} is no step of this workflow (add it first)")
-        if ref is None:
-            ref = f"{step.kind}#{len(self._jobs)}"
-            self._made.add(ref)
+        made = ref is None
+        if ref is None:  # one not taken (a ref given may look like one made)
+            n = len(self._jobs)
+            ref = f"{step.kind}#{n}"
+            while ref in self._refs:
+                n += 1
+                ref = f"{step.kind}#{n}"
         if ref in self._refs:
             raise ValueError(f"ref {ref!r} is taken in this workflow")
+        if made:
+            self._made.add(ref)
         job: dict[str, Any] = {"kind": step.kind, "args": step.args, **step.options, "ref": ref}
         if parents:
             job["depends_on"] = parents
@@ -120,7 +126,7 @@ class Workflow:
         """The steps as a spawn or an append sends them: each ref ``add`` made up made
         unique in the workflow they join (a second spawn or append would repeat it, and a
         workflow's refs are its members' names); refs given are kept."""
-        token = secrets.token_hex(4)
+        token = secrets.token_hex(8)  # (64 bits: 100,000 spawns collide ~1 in 10^9)
         renamed = {ref: f"{ref}.{token}" for ref in self._made}
         jobs = []
         for job in self._checked():
@@ -130,23 +136,20 @@ class Workflow:
             jobs.append(job)
         return jobs
 
-    def handles(
-        self, client: Client, ids: Sequence[str], jobs: Sequence[dict[str, Any]] | None = None
-    ) -> dict[str, JobHandle[Any]]:
-        """Each step's handle by its ref, its job's id ``ids`` (``jobs``: the steps as sent,
-        if their refs were made unique)."""
+    def handles(self, client: Client, ids: Sequence[str]) -> dict[str, JobHandle[Any]]:
+        """Each step's handle, its job's id ``ids``, by the ref ``add`` returned."""
         return {
             job["ref"]: JobHandle(client, job_id, step.signature)
-            for job, job_id, step in zip(jobs or self._jobs, ids, self._steps, strict=True)
+            for job, job_id, step in zip(self._jobs, ids, self._steps, strict=True)
         }
 
     def async_handles(
-        self, client: AsyncClient, ids: Sequence[str], jobs: Sequence[dict[str, Any]] | None = None
+        self, client: AsyncClient, ids: Sequence[str]
     ) -> dict[str, AsyncJobHandle[Any]]:
         """``handles``, for an ``AsyncClient``."""
         return {
             job["ref"]: AsyncJobHandle(client, job_id, step.signature)
-            for job, job_id, step in zip(jobs or self._jobs, ids, self._steps, strict=True)
+            for job, job_id, step in zip(self._jobs, ids, self._steps, strict=True)
         }
 
 
@@ -173,13 +176,10 @@ class SentWorkflow:
     def append(self, more: Workflow) -> dict[str, JobHandle[Any]]:
         """Add the steps of ``more`` to this workflow, in one atomic batch: each after its
         parents in ``more`` and the members whose handles it names (``add(after=...)``);
-        their handles by ref, also added to ``jobs``. A ref ``add`` made up is made unique
-        in the workflow, as a spawn's is."""
-        jobs = more.spawned()
-        done = self.client.submit_workflow(jobs, workflow=self.id)
-        added = more.handles(self.client, done.ids, jobs)
-        self.jobs.update(added)
-        return added
+        their handles by the refs ``add`` returned. A ref ``add`` made up is stored made
+        unique in the workflow, as a spawn's is, so one graph may be appended twice."""
+        done = self.client.submit_workflow(more.spawned(), workflow=self.id)
+        return more.handles(self.client, done.ids)
 
 
 class AsyncSentWorkflow:
@@ -197,11 +197,8 @@ class AsyncSentWorkflow:
 
     async def append(self, more: Workflow) -> dict[str, AsyncJobHandle[Any]]:
         """``SentWorkflow.append``, awaited."""
-        jobs = more.spawned()
-        done = await self.client.submit_workflow(jobs, workflow=self.id)
-        added = more.async_handles(self.client, done.ids, jobs)
-        self.jobs.update(added)
-        return added
+        done = await self.client.submit_workflow(more.spawned(), workflow=self.id)
+        return more.async_handles(self.client, done.ids)
 
     async def cancel(self) -> CancelCounts:
         return await self.client.cancel_workflow(self.id)

@@ -54,7 +54,7 @@ def test_the_peers_table_sums_what_went_wrong_per_system_and_mode(tmp_path: Path
     r_release.section(rep)
     assert "## R. Release latency" not in "\n".join(rep.lines)  # no release rows: no table
     rq = next(ln for ln in rep.lines if ln.startswith("| rq"))
-    assert rq == "| rq 1.0 | clean | 8 | 4 | 0 | 2 | 1.50 [1.00-2.00] | - | d |"
+    assert rq == "| rq 1.0 | clean | 8 | 4 | 0 | 2 | - | 1.50 [1.00-2.00] | - | d |"
 
 
 @pytest.mark.slow  # real servers

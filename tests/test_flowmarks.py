@@ -42,10 +42,17 @@ def test_a_clean_run_has_hops_and_no_fault(tmp_path: Path) -> None:
 def test_each_fault_is_counted(tmp_path: Path) -> None:
     g = chain(0, 3)
     lines = _ran(["g0.c0", "g0.c1"])
-    lines.insert(0, "s g0.c1 99.0")  # c1 started before c0 ended
-    lines += ["e g0.c0 101.0", "e g0.c", "garbage"]  # c0 ended twice; a torn line, skipped
+    lines.insert(0, "s g0.c1 99.000000")  # c1 started before c0 ended
+    lines += ["e g0.c0 101.000000", "e g0.c", "garbage"]  # c0 ended twice; torn, skipped
     j = judge([g], _marks(tmp_path, lines))
     assert (j.early, j.doubled, j.stuck) == (1, 1, 1)  # and c2 never ran: stuck
     _, ends = read(tmp_path / "marks")
     assert len(ends["g0.c0"]) == 2
     assert "g0.c" not in ends
+
+
+def test_a_mark_after_a_torn_one_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "marks"
+    path.write_bytes(b"e g0.c0 100.00s g0.c1 100.002000\ne g0.c1 100.003000\n")
+    starts, ends = read(path)
+    assert (starts, ends) == ({"g0.c1": [100.002]}, {"g0.c1": [100.003]})

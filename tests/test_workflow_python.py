@@ -115,13 +115,18 @@ def test_a_graph_appended_to_a_sent_workflow_runs_after_the_members_it_names() -
         more.add(step.s(name="y"), after=[x])
         first = sent.append(more)
         second = sent.append(more)  # the same graph again: its made-up refs made unique
-        assert set(first).isdisjoint(second)
+        assert list(first) == list(second) == [x, more.refs[1]]  # by the refs add returned
         q.run_until_idle()
-        assert sorted(h.result() for h in [*first.values(), *second.values()]) == list("xxyy")
+        assert (first[x].result(), second[x].result()) == ("x", "x")
         view = sent.get()
-        assert (view.state, view.counts["completed"], len(sent.jobs)) == ("completed", 6, 6)
-        child = q.client.get(next(iter(first.values())).id)
+        assert (view.state, view.counts["completed"]) == ("completed", 6)
+        stored = {m.ref for m in view.jobs}
+        assert len(stored) == 6  # every member's ref unique in the workflow
+        child = q.client.get(first[x].id)
         assert child.flow is not None
         assert child.flow.parents == (last.id,)
         with pytest.raises(ValueError, match="no step of this workflow"):
             workflow().add(step.s(name="z"), after=["nope"])
+        given = workflow()
+        given.add(step.s(name="a"), ref="step#1")  # a ref given that looks made up
+        assert given.add(step.s(name="b")) == "step#2"  # the one made skips it

@@ -6,10 +6,11 @@ step 2 ms of work that marks its start and end, run by ``CONCURRENCY`` at once. 
 fresh ``sqlq serve --sync full`` on an engine, each graph one workflow. A peer: a fresh
 ``redis-server`` (``appendonly yes``, ``appendfsync always``: sqlq's ``--sync full``) and
 the peer's usual worker; its graphs sent by its own API in a process of its own. In
-``kill`` mode, ``KILL_AFTER_S`` after the graphs were sent, what runs the steps is
-killed -9 and started again: sqlq's server, the peer's worker (its whole process group).
-Then the run waits until every graph's last step has ended, or until no step has ended
-for ``STALL_S``: the graphs left are stuck.
+``kill`` mode, once ``KILL_AT`` of the steps have ended (the same point for every system,
+read from the marks), what runs the steps is killed -9 and started again: sqlq's server
+(its queue and its workers in one process), the peer's worker (its whole process group;
+Redis runs on). Then the run waits until every graph's last step has ended, or until no
+step has ended for ``STALL_S``: the graphs left are stuck.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sqlq.bench.flowmarks import (
     MARKS_ENV,
     STEP_MS,
     Graph,
+    counts,
     final,
     finished,
     graphs,
@@ -47,8 +49,8 @@ from sqlq.bench.report import med
 
 COUNT, QUICK_COUNT = 10, 2
 CONCURRENCY = 4
-KILL_AFTER_S = 0.5
-STALL_S = 15.0  # no step ended this long: what is left is stuck
+KILL_AT = 0.3  # of the steps ended: the kill's moment, the same share for every system
+STALL_S = 20.0  # no step ended this long: what is left is stuck
 MODES = ("clean", "kill")
 FLOW_MODULES = {"celery": "sqlq.bench.redisflow_celery", "rq": "sqlq.bench.redisflow_rq"}
 SYSTEMS = ("celery", "celery-acks-late", "rq")  # the peers R runs, where installed
@@ -99,9 +101,9 @@ class FlowRun(Run):
             marks = Path(d) / "marks"
             env = {MARKS_ENV: str(marks)}
             if self.store in PEERS:
-                waited, durability = self._peer(every, marks, env, Path(d))
+                waited, in_flight, durability = self._peer(every, marks, env, Path(d))
             else:
-                waited, durability = self._sqlq(every, marks, env, Path(d))
+                waited, in_flight, durability = self._sqlq(every, marks, env, Path(d))
             j = judge(every, marks)
         return {
             "part": "peers", "mode": self.mode, "system": self.store, "version": self.version,
@@ -110,61 +112,75 @@ class FlowRun(Run):
             "hop_ms_p50": round(med(j.hops_ms), 3) if j.hops_ms else None,
             "fan_in_ms_p50": round(med(j.fan_in_ms), 3) if j.fan_in_ms else None,
             "waited_s": round(waited, 3), "concurrency": CONCURRENCY,
+            "in_flight_at_kill": in_flight,
         }  # fmt: skip
 
     def _sqlq(
         self, every: list[Graph], marks: Path, env: dict[str, str], d: Path
-    ) -> tuple[float, str]:
+    ) -> tuple[float, int, str]:
         (d / "data").mkdir()
         data = str(d / "data")
         flags = ("--import", IMPORT)
+        lives: list[ServerProcess] = []
 
         def server() -> ServerProcess:
-            return ServerProcess.engine(store=self.store, data_dir=data, workers=CONCURRENCY,
-                                        flags=flags, env=env)  # fmt: skip
+            srv = ServerProcess.engine(store=self.store, data_dir=data, workers=CONCURRENCY,
+                                       flags=flags, env=env)  # fmt: skip
+            lives.append(srv)  # (before it starts: a start that fails is stopped too)
+            return srv.start()
 
-        srv = server().start()
-        again: ServerProcess | None = None
+        in_flight = 0
         try:
-            t0 = time.monotonic()
+            srv = server()
             asyncio.run(_send(srv.url, every))
             if self.mode == "kill":
-                time.sleep(max(0.0, KILL_AFTER_S - (time.monotonic() - t0)))
+                in_flight = _at_kill_point(marks, every)
                 srv.kill()
-                again = server().start()
+                server()
             waited = _wait(marks, [final(g) for g in every])
         finally:
-            srv.kill()
-            if again is not None:
-                again.kill()
-        return waited, f"sqlq serve --store {self.store} --sync full"
+            for srv in lives:
+                srv.kill()
+        return waited, in_flight, f"sqlq serve --store {self.store} --sync full"
 
     def _peer(
         self, every: list[Graph], marks: Path, env: dict[str, str], d: Path
-    ) -> tuple[float, str]:
+    ) -> tuple[float, int, str]:
         from sqlq.bench.experiments.q_redis import Child
 
         peer = PEERS[self.store]
         flow = RedisPeer(peer.name, peer.package, FLOW_MODULES[peer.package], peer.env)
+        in_flight = 0
         with RedisServer("always") as r:
             full = {**os.environ, REDIS_ENV: r.url, **env, **peer.env}
             log = d / "worker.log"
             worker = Child(flow.worker(CONCURRENCY, r.url), full, log)
             try:
-                t0 = time.monotonic()
                 subprocess.run(
                     [sys.executable, "-m", "sqlq.bench.flowmarks", flow.module, str(self.count)],
                     env=full, check=True, timeout=300,
                 )  # fmt: skip
                 if self.mode == "kill":
-                    time.sleep(max(0.0, KILL_AFTER_S - (time.monotonic() - t0)))
+                    in_flight = _at_kill_point(marks, every)
                     worker.kill()
                     worker.stop()
                     worker = Child(flow.worker(CONCURRENCY, r.url), full, log)
                 waited = _wait(marks, [final(g) for g in every])
             finally:
                 worker.stop()
-        return waited, "redis: appendonly yes, appendfsync always"
+        return waited, in_flight, "redis: appendonly yes, appendfsync always"
+
+
+def _at_kill_point(marks: Path, every: list[Graph]) -> int:
+    """Once ``KILL_AT`` of the steps have ended (or ``STALL_S`` passed without one more),
+    the kill's moment: how many steps were started and not ended then (by the marks)."""
+    steps = sum(len(g) for g in every)
+    deadline = time.monotonic() + STALL_S
+    while True:
+        started, ended = counts(marks)
+        if ended >= KILL_AT * steps or time.monotonic() > deadline:
+            return started - ended
+        time.sleep(0.002)
 
 
 def runs(quick: bool, stores: tuple[str, ...], name: str) -> list[FlowRun]:

@@ -25,6 +25,7 @@ from sqlq.common.protocol import ParentsPage, ParentView
 
 PAGE_PARENTS = 1000  # parents a page holds at most
 PAGE_BYTES = 8 << 20  # ... and results, encoded, past which a page stops (one at least)
+PAGE_WAIT_S = 300.0  # a plain handler's wait for a page, at most (``TimeoutError`` past it)
 
 GetMany = Callable[[Sequence[str]], Awaitable[list[Job | None]]]
 Loader = Callable[[int], Awaitable[ParentsPage]]  # a page from the ``start``-th parent
@@ -132,7 +133,8 @@ class Parents(Mapping[str, ParentView]):
             running = None
         if running is loop:
             raise RuntimeError("ctx.parents.pages() waits: an async handler iterates rest()")
-        return asyncio.run_coroutine_threadsafe(self.load(start), loop).result()
+        # (bounded: a loop that stopped meanwhile never runs it, and the thread must end)
+        return asyncio.run_coroutine_threadsafe(self.load(start), loop).result(PAGE_WAIT_S)
 
 
 def _keyed(parents: list[ParentView]) -> dict[str, ParentView]:
