@@ -39,7 +39,7 @@ from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
 from sqlq.bench.crashcheck import READY_WITHIN_S, keep, running_counts
 from sqlq.bench.crashload import QUEUES, Ledger
-from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, start_all, submit
+from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, start_all, stop_all, submit
 from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.bench.verdict import judge
@@ -126,8 +126,7 @@ async def run_pg_trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: ran
     try:
         return await _trial(cluster, trial, workdir, rng, dsn, nodes, started)
     finally:
-        for n in started:
-            await asyncio.to_thread(n.stop)  # SIGKILL if still running; idempotent
+        await stop_all(started)  # SIGKILL if still running; idempotent
 
 
 async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Random, dsn: str,
@@ -205,8 +204,7 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         if rows[0][0] == 0:
             break
         await asyncio.sleep(0.05)
-    for n in nodes:
-        await asyncio.to_thread(n.stop, signal.SIGTERM)
+    await stop_all(nodes, signal.SIGTERM)
     return await verify(
         dsn, trial, ledger, held_by_victim, running_at_db_crash, events, restart_problems,
         read_node_events(workdir),

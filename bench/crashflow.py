@@ -56,7 +56,7 @@ from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
 from sqlq.bench.crashload import SERVER_FLAGS
-from sqlq.bench.crashload_pg import node, start_all
+from sqlq.bench.crashload_pg import node, start_all, stop_all
 from sqlq.bench.crashtasks import SPAWNED
 from sqlq.bench.offline import JobFacts, VerifyError, read_data
 from sqlq.bench.offline_pg import read_pg, sql
@@ -460,11 +460,9 @@ async def run_pg_trial(dsn: str, kill_after_s: float, victim: int, seed: int, wo
         workflows = to_retry(graphs)
         problems = await retried(nodes[victim].url, workflows)  # (through the restarted one)
         problems += judge_retried(graphs, await read_pg(dsn), workflows)
-        for n in nodes:
-            await asyncio.to_thread(n.stop, signal.SIGTERM)
+        await stop_all(nodes, signal.SIGTERM)
     finally:
-        for n in started:
-            await asyncio.to_thread(n.stop)
+        await stop_all(started)
     return {
         "store": "postgres",
         "sync": "full",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,6 +51,13 @@ async def start_all(nodes: Sequence[ServerProcess]) -> None:
         n.spawn()
     for n in nodes:
         await asyncio.to_thread(n.wait_ready)
+
+
+async def stop_all(nodes: Sequence[ServerProcess], sig: int = signal.SIGKILL) -> None:
+    """Stop ``nodes`` one by one with ``sig`` (a clean stop: SIGTERM; by default SIGKILL,
+    for what may still run after a failure). Idempotent."""
+    for n in nodes:
+        await asyncio.to_thread(n.stop, sig)
 
 
 class Targets:

@@ -28,7 +28,7 @@ from sqlq.bench.crashcheck import READY_WITHIN_S, keep
 from sqlq.bench.crashfleet import CANCEL_GRACE_S, LEASE_S, WORKERS, Fleet, holders, same_port
 from sqlq.bench.crashjudge import Death, Verdict
 from sqlq.bench.crashload import QUEUES, Ledger, remote_spec
-from sqlq.bench.crashload_pg import CLIENTS, Targets, start_all, submit
+from sqlq.bench.crashload_pg import CLIENTS, Targets, start_all, stop_all, submit
 from sqlq.bench.crashrecords import read_records
 from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
@@ -107,8 +107,7 @@ async def run_remote_pg_trial(cluster: Cluster, jobs: int, kill_after_s: float, 
             await asyncio.sleep(0.05)
     finally:
         await asyncio.to_thread(fleet.stop)
-        for n in started:
-            await asyncio.to_thread(n.stop, signal.SIGTERM)
+        await stop_all(started, signal.SIGTERM)
     jobs_seen = await read_pg(dsn)
     ledger.read_saved()
     verdict = Verdict(jobs_seen, ledger, read_records(fleet.records), fleet.deaths,

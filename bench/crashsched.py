@@ -36,7 +36,7 @@ import uvloop
 from sqlq.bench.client.http import HTTPError, HttpPool
 from sqlq.bench.client.loadgen import wait_drained
 from sqlq.bench.client.server import ServerProcess
-from sqlq.bench.crashload_pg import NODES, node, start_all
+from sqlq.bench.crashload_pg import NODES, node, start_all, stop_all
 from sqlq.bench.offline import VerifyError
 from sqlq.bench.offline_schedules import Durable, read_pg_schedules, read_schedules
 
@@ -193,15 +193,13 @@ async def run_pg_trial(dsn: str, kill_after_s: float, victim: int, workdir: Path
         nodes[victim] = again
         ready_at = time.time()
         recovery = await _run_on_and_stop(nodes[(victim + 1) % NODES].url, ready_at)
-        for n in nodes:
-            await asyncio.to_thread(n.stop, signal.SIGTERM)
+        await stop_all(nodes, signal.SIGTERM)
         problems: list[str] = []
         schedules, ticks = await read_pg_schedules(dsn)
         found, counts = judge_ticks(created, schedules, ticks, (0.0, 0.0), ready_at)
         problems += found + ([] if created else ["no schedule was acknowledged"])
     finally:
-        for n in started:
-            await asyncio.to_thread(n.stop)
+        await stop_all(started)
     return {
         "store": "postgres",
         "sync": "full",
