@@ -13,7 +13,7 @@ server asked (``judge``):
   step whose end was not recorded before a kill; in a clean run, a callback fired twice);
 - a stuck graph: one whose last step never ended.
 
-The sqlq step is the task ``flow.step`` here (``sqlq serve --import sqlq.bench.flowmarks``);
+The sqlq step is the task ``flow.step`` (``sqlq serve --import sqlq.bench.flowstep``);
 the peers' are in ``redisflow_celery`` and ``redisflow_rq``, whose graphs are sent by
 ``python -m sqlq.bench.flowmarks MODULE COUNT`` in a process of their own (a peer's app
 reads the broker's URL from the environment as it is imported).
@@ -27,12 +27,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from sqlq import task
 
 MARKS_ENV = "SQLQ_BENCH_FLOW_MARKS"
-IMPORT = "sqlq.bench.flowmarks"
+IMPORT = "sqlq.bench.flowstep"  # what ``sqlq serve --import`` is given: sqlq's step
 CHAIN, FAN = 20, 50
 STEP_MS = 2
 
@@ -74,11 +71,6 @@ def step(key: str, ms: int) -> None:
     mark("s", key)
     time.sleep(ms / 1000)
     mark("e", key)
-
-
-@task(name="flow.step")
-def flow_step(args: dict[str, Any]) -> None:
-    step(str(args["key"]), int(args.get("ms", STEP_MS)))
 
 
 # A whole mark, wherever it is: a write torn by a kill (no newline) runs into the next
