@@ -114,12 +114,15 @@ class Judged:
     fan_in_ms: list[float] = field(default_factory=list)  # the last middle's end -> last start
     early: int = 0
     doubled: int = 0
+    unexplained: int = 0  # steps started again before any kill (or with none): no rerun's
     stuck: int = 0
     steps: int = 0
 
 
-def judge(every: list[Graph], path: Path) -> Judged:
-    """What the marks at ``path`` say of the graphs ``every`` (see the module's docstring)."""
+def judge(every: list[Graph], path: Path, killed_at: float | None = None) -> Judged:
+    """What the marks at ``path`` say of the graphs ``every`` (see the module's docstring);
+    ``killed_at``: when the runner was killed (a step started again after it is a rerun
+    the kill explains; before it, or with no kill, it is not)."""
     starts, ends = read(path)
     out = Judged()
     for g in every:
@@ -129,6 +132,8 @@ def judge(every: list[Graph], path: Path) -> Judged:
         for key, parents in g.items():
             out.doubled += int(len(ends.get(key, ())) > 1)
             began = starts.get(key)
+            if began and len(began) > 1 and (killed_at is None or began[1] < killed_at):
+                out.unexplained += 1
             if not began or not parents:
                 continue
             parent_ends = [ends[p][0] for p in parents if p in ends]

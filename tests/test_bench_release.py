@@ -73,10 +73,10 @@ def test_quick_r_runs_on_the_local_engines(tmp_path: Path) -> None:
     assert {(row["system"], row["mode"]) for row in ours} == {
         (s, m) for s in r_release.PEER_STORES for m in ("clean", "kill")
     }
-    for row in ours:  # sqlq's graphs: none stuck, no early start; a step run twice only
-        # after the kill, and only one that was in flight then (at least once, not twice)
-        assert (row["stuck"], row["early"]) == (0, 0), row
-        assert row["doubled"] <= (row["in_flight_at_kill"] if row["mode"] == "kill" else 0), row
+    for row in ours:  # sqlq's graphs: none stuck, no early start; a step started again
+        # only after the kill, which explains it (at least once: its end was not durable)
+        assert (row["stuck"], row["early"], row["unexplained"]) == (0, 0, 0), row
+        assert row["doubled"] == 0 or row["mode"] == "kill", row
         assert row["graphs"] == 2 * r_peers.QUICK_COUNT
     theirs = {row["system"] for row in peers} - set(r_release.PEER_STORES)
     assert theirs == {"celery", "celery-acks-late", "rq"}  # (installed in CI: redis-peers)

@@ -56,3 +56,11 @@ def test_a_mark_after_a_torn_one_is_still_read(tmp_path: Path) -> None:
     path.write_bytes(b"e g0.c0 100.00s g0.c1 100.002000\ne g0.c1 100.003000\n")
     starts, ends = read(path)
     assert (starts, ends) == ({"g0.c1": [100.002]}, {"g0.c1": [100.003]})
+
+
+def test_a_step_started_again_is_explained_only_by_a_kill_before_it(tmp_path: Path) -> None:
+    g = chain(0, 1)
+    path = _marks(tmp_path, ["s g0.c0 100.000000", "s g0.c0 102.000000", "e g0.c0 102.001000"])
+    assert judge([g], path).unexplained == 1  # no kill: a second run is unexplained
+    assert judge([g], path, killed_at=101.0).unexplained == 0  # the kill came first
+    assert judge([g], path, killed_at=103.0).unexplained == 1

@@ -101,14 +101,16 @@ class FlowRun(Run):
             marks = Path(d) / "marks"
             env = {MARKS_ENV: str(marks)}
             if self.store in PEERS:
-                waited, in_flight, durability = self._peer(every, marks, env, Path(d))
+                waited, kill, durability = self._peer(every, marks, env, Path(d))
             else:
-                waited, in_flight, durability = self._sqlq(every, marks, env, Path(d))
-            j = judge(every, marks)
+                waited, kill, durability = self._sqlq(every, marks, env, Path(d))
+            in_flight, killed_at = kill
+            j = judge(every, marks, killed_at)
         return {
             "part": "peers", "mode": self.mode, "system": self.store, "version": self.version,
             "durability": durability, "graphs": len(every), "steps": j.steps,
             "stuck": j.stuck, "early": j.early, "doubled": j.doubled,
+            "unexplained": j.unexplained,
             "hop_ms_p50": round(med(j.hops_ms), 3) if j.hops_ms else None,
             "fan_in_ms_p50": round(med(j.fan_in_ms), 3) if j.fan_in_ms else None,
             "waited_s": round(waited, 3), "concurrency": CONCURRENCY,
@@ -117,7 +119,7 @@ class FlowRun(Run):
 
     def _sqlq(
         self, every: list[Graph], marks: Path, env: dict[str, str], d: Path
-    ) -> tuple[float, int, str]:
+    ) -> tuple[float, tuple[int, float | None], str]:
         (d / "data").mkdir()
         data = str(d / "data")
         flags = ("--import", IMPORT)
@@ -129,28 +131,28 @@ class FlowRun(Run):
             lives.append(srv)  # (before it starts: a start that fails is stopped too)
             return srv.start()
 
-        in_flight = 0
+        kill: tuple[int, float | None] = (0, None)
         try:
             srv = server()
             asyncio.run(_send(srv.url, every))
             if self.mode == "kill":
-                in_flight = _at_kill_point(marks, every)
+                kill = _at_kill_point(marks, every)
                 srv.kill()
                 server()
             waited = _wait(marks, [final(g) for g in every])
         finally:
             for srv in lives:
                 srv.kill()
-        return waited, in_flight, f"sqlq serve --store {self.store} --sync full"
+        return waited, kill, f"sqlq serve --store {self.store} --sync full"
 
     def _peer(
         self, every: list[Graph], marks: Path, env: dict[str, str], d: Path
-    ) -> tuple[float, int, str]:
+    ) -> tuple[float, tuple[int, float | None], str]:
         from sqlq.bench.experiments.q_redis import Child
 
         peer = PEERS[self.store]
         flow = RedisPeer(peer.name, peer.package, FLOW_MODULES[peer.package], peer.env)
-        in_flight = 0
+        kill: tuple[int, float | None] = (0, None)
         with RedisServer("always") as r:
             full = {**os.environ, REDIS_ENV: r.url, **env, **peer.env}
             log = d / "worker.log"
@@ -161,25 +163,26 @@ class FlowRun(Run):
                     env=full, check=True, timeout=300,
                 )  # fmt: skip
                 if self.mode == "kill":
-                    in_flight = _at_kill_point(marks, every)
+                    kill = _at_kill_point(marks, every)
                     worker.kill()
                     worker.stop()
                     worker = Child(flow.worker(CONCURRENCY, r.url), full, log)
                 waited = _wait(marks, [final(g) for g in every])
             finally:
                 worker.stop()
-        return waited, in_flight, "redis: appendonly yes, appendfsync always"
+        return waited, kill, "redis: appendonly yes, appendfsync always"
 
 
-def _at_kill_point(marks: Path, every: list[Graph]) -> int:
+def _at_kill_point(marks: Path, every: list[Graph]) -> tuple[int, float]:
     """Once ``KILL_AT`` of the steps have ended (or ``STALL_S`` passed without one more),
-    the kill's moment: how many steps were started and not ended then (by the marks)."""
+    the kill's moment: how many steps were started and not ended then (by the marks),
+    and the time (the marks' clock) just before the kill."""
     steps = sum(len(g) for g in every)
     deadline = time.monotonic() + STALL_S
     while True:
         started, ended = counts(marks)
         if ended >= KILL_AT * steps or time.monotonic() > deadline:
-            return started - ended
+            return started - ended, time.time()
         time.sleep(0.002)
 
 

@@ -69,6 +69,7 @@ class RRow(CodedRow, kw_only=True):
     waited_s: float = 0.0
     concurrency: int = 0
     in_flight_at_kill: int = 0  # steps started and not ended at the kill (by the marks)
+    unexplained: int = 0  # steps started again before the kill, or with none
 
     @property
     def hop_p50_ms(self) -> float:
