@@ -62,8 +62,7 @@ def write_report(out: Path) -> str:
             f"{len(rows)} | {acked:,} | "
             f"{sum(r['lost'] for r in rows)} | {max(r['unknown'] for r in rows)} | {reruns:,} | "
             f"{100 * reruns / acked if acked else 0:.2f}% | {ready[len(ready) // 2]:.3f} | "
-            f"{sum(1 for r in rows if not r['ok'])} | "
-            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
+            f"{_trials_tail(rows)}"
         )
     lines += [
         "",
@@ -173,8 +172,7 @@ def _shared_section(runs: list[list[dict[str, Any]]]) -> list[str]:
             f"{sum(r['lost'] for r in rows)} | {unexplained} | "
             f"{' | '.join(str(n) for n in causes.values())} | "
             f"{rescue[len(rescue) // 2]:.2f} / {rescue[-1]:.2f} | "
-            f"{sum(1 for r in rows if not r['ok'])} | "
-            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
+            f"{_trials_tail(rows)}"
         )
     return [
         *lines,
@@ -213,8 +211,7 @@ def _schedules_section(runs: list[list[dict[str, Any]]]) -> list[str]:
             f"{sum(r['ticks'] for r in rows):,} | {sum(r['doubled'] for r in rows)} | "
             f"{sum(r['missing'] + r['gone'] for r in rows)} | {sum(r['ahead'] for r in rows)} | "
             f"{sum(r['passed_over'] for r in rows)} | {down[len(down) // 2]:.2f} | "
-            f"{sum(1 for r in rows if not r['ok'])} | "
-            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
+            f"{_trials_tail(rows)}"
         )
     return [*lines, ""]
 
@@ -261,8 +258,7 @@ def _workflows_section(runs: list[list[dict[str, Any]]]) -> list[str]:
             f"{ended('cancelled'):,} | {sum(r.get('spawned', 0) for r in rows):,} | "
             f"{sum(r.get('retried', 0) for r in rows):,} | "
             f"{sum(r['releases_seen'] for r in rows):,} | "
-            f"{sum(1 for r in rows if not r['ok'])} | "
-            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
+            f"{_trials_tail(rows)}"
         )
     return [*lines, ""]
 
@@ -326,8 +322,7 @@ def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
             f"{total('reruns_server_killed')} | {total('reruns_cut_off')} | "
             f"{total('reruns_fenced')} | {total('reruns_unexplained')} | "
             f"{total('landed_after_restart')} | {downtime} | "
-            f"{sum(1 for r in rows if not r['ok'])} | "
-            f"{', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"
+            f"{_trials_tail(rows)}"
         )
     return [
         *lines,
@@ -341,3 +336,9 @@ def _remote_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "outcomes first sent before the server's kill and accepted after its restart.",
         "",
     ]
+
+
+def _trials_tail(rows: list[dict[str, Any]]) -> str:
+    """The end of every section's row: its failed trials and the commits its rows ran at."""
+    failed = sum(1 for r in rows if not r["ok"])
+    return f"{failed} | {', '.join(sorted({r.get('git_commit', '?') for r in rows}))} |"

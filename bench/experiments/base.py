@@ -11,15 +11,17 @@ import compileall
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlq.bench.client.loadgen import run
 from sqlq.bench.client.server import ServerProcess
-from sqlq.bench.experiments.rows import LoadRow
+from sqlq.bench.experiments.rows import LoadRow, Row
 from sqlq.bench.report import Report, cell, group
 from sqlq.engines.registry import DURABLE, NAMES
 
-__all__ = ["DURABLE", "NAMES", "BenchRun", "LoadRun", "Run", "off_on_table", "off_then_on"]
+__all__ = [
+    "DURABLE", "NAMES", "BenchRun", "LoadRun", "Run", "by_store", "off_on_table", "off_then_on",
+]  # fmt: skip
 
 
 def compiled() -> None:
@@ -46,6 +48,16 @@ class BenchRun(Protocol):
     def params(self) -> dict[str, Any]: ...
 
     def execute(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Row)
+
+
+def by_store(rows: list[R]) -> dict[str, list[R]]:
+    """``rows`` by their engine (``store``), the engines in the one order every table
+    shows them (``NAMES``)."""
+    out = group(rows, lambda r: r.store)
+    return {store: out[store] for store in sorted(out, key=NAMES.index)}
 
 
 @dataclass(frozen=True, kw_only=True)

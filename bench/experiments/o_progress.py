@@ -30,10 +30,10 @@ from typing import Any
 import msgspec
 
 from sqlq.bench.client.http import HttpPool
-from sqlq.bench.experiments.base import DURABLE, NAMES, Run
+from sqlq.bench.experiments.base import DURABLE, Run, by_store
 from sqlq.bench.experiments.rows import CodedRow
 from sqlq.bench.progresskind import IMPORT, KIND
-from sqlq.bench.report import Report, cell, group, med
+from sqlq.bench.report import Report, cell, med
 
 NAME = "O"
 SECONDS, QUICK_SECONDS = 10.0, 2.0
@@ -174,9 +174,8 @@ def section(rep: Report) -> None:
         "reporting | batches: silent / reporting | last percent |",
         "|---|---:|---:|---:|---:|---:|---:|",
     )
-    by_store = group(rows, lambda r: r.store)
-    for store in sorted(by_store, key=NAMES.index):
-        rs = by_store[store]
+    stores = by_store(rows)
+    for store, rs in stores.items():
         rep.add(
             f"| {store} | {cell([r.reports for r in rs])} | "
             f"{cell([r.progress_writes for r in rs])} | "
@@ -186,8 +185,7 @@ def section(rep: Report) -> None:
             f"{cell([r.last_percent for r in rs], '{:.0f}')} |"
         )
     rep.add("")
-    for store in sorted(by_store, key=NAMES.index):
-        rs = by_store[store]
+    for store, rs in stores.items():
         writes, seconds = med(r.progress_writes for r in rs), rs[0].seconds
         rep.check(
             f"O: {store}, store writes of a job reporting progress every {first.every_ms} ms",
@@ -219,9 +217,8 @@ def _bytes_table(rep: Report, rows: list[ORow], codes: list[str]) -> None:
         "|---|---|---:|---:|---:|",
     )
     for code in codes:
-        by_store = group([r for r in rows if r.code == code], lambda r: r.store)
-        for store in sorted(by_store, key=NAMES.index):
-            rs = by_store[store]
+        stores = by_store([r for r in rows if r.code == code])
+        for store, rs in stores.items():
             rep.add(
                 f"| {code} | {store} | {cell([r.progress_writes for r in rs])} | "
                 f"{cell([r.bytes_silent for r in rs])} / {cell([r.bytes_progress for r in rs])} | "

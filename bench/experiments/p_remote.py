@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from sqlq.bench.experiments.base import DURABLE, NAMES
+from sqlq.bench.experiments.base import DURABLE, NAMES, by_store
 from sqlq.bench.experiments.p_runs import (
     REMOTE_WORKERS,
     WORKERS,
@@ -218,9 +218,8 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
         "jobs/s remote / in-process | server CPU remote / in-process |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     )
-    by_store = group(rows, lambda r: r.store)
-    for store in sorted(by_store, key=NAMES.index):
-        rs = by_store[store]
+    stores = by_store(rows)
+    for store, rs in stores.items():
         local = _is("local")
         widths = sorted({r.workers for r in rs if r.mode == "remote"})
         for mode, width in (("local", 0), *(("remote", w) for w in widths)):
@@ -241,8 +240,8 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
                 f"{cell([r.server_us for r in mine])} | {worker} | {rate} | {cpu} |"
             )
     rep.add("")
-    for store in sorted(by_store, key=NAMES.index):
-        x = ratios(by_store[store], _slots(WORKERS), _is("local"))
+    for store, rs in stores.items():
+        x = ratios(rs, _slots(WORKERS), _is("local"))
         if x:
             rep.check(
                 f"P: {store}, no-op jobs/s through a remote worker over in-process",
@@ -251,7 +250,7 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
                 f"bar >= {NOOP_BAR:.2f}x",
             )
         enough = _slots(ENOUGH_SLOTS * REMOTE_WORKERS)
-        x = ratios(by_store[store], enough, _is("local"))
+        x = ratios(rs, enough, _is("local"))
         if x:
             rep.check(
                 f"P: {store}, no-op jobs/s through remote workers with two full claims' "
@@ -260,7 +259,7 @@ def _noop(rep: Report, rows: list[PRow]) -> None:
                 med(x) >= ENOUGH_BAR,
                 f"bar >= {ENOUGH_BAR:.2f}x",
             )
-        cpus = _cpu_ratios(by_store[store], enough)
+        cpus = _cpu_ratios(rs, enough)
         if cpus:
             rep.check(
                 f"P: {store}, server CPU a no-op job with remote workers (two full claims' "

@@ -31,7 +31,7 @@ import msgspec
 
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.experiments import r_peers
-from sqlq.bench.experiments.base import NAMES, Run
+from sqlq.bench.experiments.base import Run, by_store
 from sqlq.bench.experiments.rows import CodedRow
 from sqlq.bench.report import Report, cell, group, med
 
@@ -253,9 +253,8 @@ def _release(rep: Report, rows: list[RRow]) -> None:
         "submit: plain / workflow ms | drain: plain / workflow s |",
         "|---|---:|---:|---:|---:|---:|---:|",
     )
-    by_store = group(rows, lambda r: r.store)
-    for store in sorted(by_store, key=NAMES.index):
-        rs = by_store[store]
+    stores = by_store(rows)
+    for store, rs in stores.items():
         rep.add(
             f"| {store} | {cell([r.hop_p50_ms for r in rs], '{:.2f}')} | "
             f"{cell([r.hop_p95_ms for r in rs], '{:.2f}')} | "
