@@ -36,6 +36,9 @@ from sqlq.common.workflow import (
 JSON = Any  # a value msgspec.json can encode: dict, list, str, int, float, bool, None
 
 
+DEFAULT_QUEUE = "default"  # the queue a job names none of; configured, never refused
+
+
 class State(StrEnum):
     SCHEDULED = "scheduled"  # waiting for ready_at, or ready and waiting for a worker
     RUNNING = "running"  # a worker holds it at the current epoch
@@ -168,7 +171,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     last_error: str | None = None
     result: JSON = None
     started_at: float | None = None  # when the latest attempt started
-    queue: str = "default"  # named queues have their own concurrency cap and pause switch
+    queue: str = DEFAULT_QUEUE  # named queues have their own concurrency cap and pause switch
     idempotency_key: str | None = None  # a client's key: one job per key while retained
     request_hash: str | None = None  # what was asked with that key, to tell a replay from a reuse
     attempts_total: int = 0  # attempts before the latest operator retry (``all_attempts``)
@@ -481,7 +484,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         priority: int = 0,
         job_id: str | None = None,
-        queue: str = "default",
+        queue: str = DEFAULT_QUEUE,
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         flow: Flow | None = None,

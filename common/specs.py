@@ -34,7 +34,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from sqlq.common.errors import ValidationError
-from sqlq.common.models import JOB_ID_LENGTH
+from sqlq.common.models import DEFAULT_QUEUE, JOB_ID_LENGTH
 from sqlq.common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
 from sqlq.common.workflow import MAX_PARENTS, MAX_REF, OnParentFailure, RunIf
 
@@ -80,7 +80,7 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     run_at: Annotated[float, msgspec.Meta(ge=0, le=MAX_RUN_AT)] | None = None  # unix seconds
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
     priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] = 0  # higher first
-    queue: Queue = "default"
+    queue: Queue = DEFAULT_QUEUE
     idempotency_key: IdempotencyKey | None = None  # in a batch; a single POST uses the header
 
     def request_hash(self) -> str:

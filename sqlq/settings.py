@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sqlq.common.backoff import RetryPolicy
-from sqlq.common.roles import MIN_TOKEN_LENGTH, Principal, TokenFileError, read_token_file
+from sqlq.common.roles import (
+    MIN_TOKEN_LENGTH,
+    Principal,
+    Role,
+    TokenFileError,
+    read_token_file,
+)
 from sqlq.common.store import DEFAULT_RETENTION_S
 from sqlq.engines.registry import CHOICES, COMPACT_FLOOR_MB, DB_DEADLINE_S, DEFAULT_COMPACT_RATIO
 from sqlq.flags import check_queue_caps, check_queue_names, opt
@@ -290,8 +296,10 @@ class ServeSettings:
         _RUNTIME.max_queues,
         "--max-queues",
         type=click.IntRange(1),
-        help="Distinct queues with live jobs, paused ones included; a job (or a pause) that "
-        "would make one more gets 422 naming the field queue.",
+        help="Distinct queue names with live jobs or a schedule; a job that would make one "
+        "more gets 422 naming the field queue. default, --remote-queue and --queue names never "
+        "count, and the principals that may submit share the rest fairly. Paused names that "
+        "hold no job are bounded apart, at the same number.",
     )
     max_connections: int = opt(
         2048,
@@ -365,6 +373,12 @@ class ServeSettings:
         except TokenFileError as exc:
             raise click.BadParameter(str(exc), param_hint="--token-file") from None
 
+    def submitters(self) -> int:
+        """How many principals may submit (``--token``'s admin and the token file's admin
+        and submit lines; one with no token at all): the shares of ``--max-queues``."""
+        lines = sum(1 for _, p in self.principals() if p.role in (Role.ADMIN, Role.SUBMIT))
+        return max(1, lines + (self.token is not None))
+
     def security(self) -> Security:
         """What the guard checks, from ``--host``, ``--token``, ``--token-file`` and
         ``--allowed-host``; a click error naming the flag for a combination that would
@@ -413,6 +427,7 @@ class ServeSettings:
             fault_injection=self.fault_injection,
             max_queued=self.max_queued,
             max_queues=self.max_queues,
+            principals=self.submitters(),
             max_abandoned=self.max_abandoned,
             handler_threads=self.handler_threads,
             processes=self.processes,

@@ -5,17 +5,19 @@ workers never take a remote queue's job. On the memory engine and the fake clock
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 
 from sqlq.common.clock import FakeClock
 from sqlq.common.errors import ForbiddenError, StoreUnavailableError, ValidationError
 from sqlq.common.models import State
-from sqlq.common.protocol import ClaimRequest, remote_holder
+from sqlq.common.protocol import ClaimRequest, Granted, remote_holder
 from sqlq.common.roles import ADMIN
 from sqlq.common.specs import JobSpec
 from sqlq.runtime import events
-from sqlq.runtime import remote as remote_module
+from sqlq.runtime import polls as polls_module
 from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.remote_lanes import RemoteLanes
 from tests.helpers import ServiceFactory, final, submit
@@ -200,7 +202,7 @@ async def test_a_long_poll_answers_empty_after_wait_s_and_takes_a_delayed_job_wh
 async def test_many_waiting_claims_past_the_bound_are_refused(
     fake_clock: FakeClock, services: ServiceFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote_module, "MAX_WAITING_CLAIMS", 2)
+    monkeypatch.setattr(polls_module, "MAX_WAITING_CLAIMS", 2)
     rt = await remote_service(services, fake_clock)
     waiting = [asyncio.create_task(claim(rt, wait_s=30)) for _ in range(2)]
     for _ in range(5):
@@ -212,6 +214,46 @@ async def test_many_waiting_claims_past_the_bound_are_refused(
     jobs = [await submit(rt, "k", queue="r") for _ in range(2)]
     got = [g.job.id for task in waiting for g in await task]
     assert sorted(got) == sorted(j.id for j in jobs)
+
+
+async def test_one_workers_long_polls_never_make_anothers_a_503(
+    fake_clock: FakeClock, services: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#37: one worker token confined to one queue fills the budget; another principal's
+    long polls still get in, each taking a slot of the one that holds the most (answered
+    empty at once), until the two hold half each; then the newcomer is the one refused."""
+    monkeypatch.setattr(polls_module, "MAX_WAITING_CLAIMS", 10)
+    rt = await remote_service(services, fake_clock)  # (no time passes: every wait holds)
+    flood, other = worker("flood", "r"), worker("other", "r2")
+    hogs = [asyncio.create_task(claim(rt, who=flood, worker_name="f", wait_s=30))
+            for _ in range(10)]  # fmt: skip
+    await _turns(lambda: rt.remote.waiting() == 10)
+    with pytest.raises(StoreUnavailableError):  # the flood holds every slot: not one more
+        await claim(rt, who=flood, worker_name="f", wait_s=30)
+    mine: list[asyncio.Task[list[Granted]]] = []
+    for n in range(1, 6):  # flood 10 against 0, 9 against 1, ... 6 against 4: each gets in
+        mine.append(asyncio.create_task(claim(rt, ["r2"], who=other, worker_name="o", wait_s=30)))
+        await _turns(partial(lambda n: sum(t.done() for t in hogs) == n, n))
+        await _turns(lambda: rt.remote.waiting() == 10)
+    assert [await t for t in hogs if t.done()] == [[]] * 5  # evicted: answered empty
+    assert not any(t.done() for t in mine)
+    with pytest.raises(StoreUnavailableError):  # 5 against 5: other holds its share now
+        await claim(rt, ["r2"], who=other, worker_name="o", wait_s=30)
+    job = await submit(rt, "k", queue="r2")
+    done, _ = await asyncio.wait(mine, return_when=asyncio.FIRST_COMPLETED)
+    assert [g.job.id for g in done.pop().result()] == [job.id]
+    await rt.stop(0)
+    for t in [*hogs, *mine]:
+        await t
+
+
+async def _turns(holds: Callable[[], bool]) -> None:
+    """Let the loop run until ``holds``, with no time passing (the waits must not end)."""
+    for _ in range(1000):
+        if holds():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never held")
 
 
 async def test_a_stop_answers_waiting_claims_empty(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from tests.helpers import NOW, ServiceFactory, final, submit, wait_for
 from tests.runtime_helpers import _http
 
 
-async def test_max_queues_counts_queues_with_live_jobs_and_paused_ones(
+async def test_max_queues_counts_names_with_live_jobs_and_never_default(
     services: ServiceFactory,
 ) -> None:
     rt = services(max_queues=3)
@@ -24,24 +25,25 @@ async def test_max_queues_counts_queues_with_live_jobs_and_paused_ones(
         a = await c.post("/jobs", json={**later, "queue": "a"})
         assert a.status_code == 201
         assert (await c.post("/jobs", json={**later, "queue": "b"})).status_code == 201
-        # pausing a name nobody used makes a durable entry: it counts too
+        # a pause of a name that holds nothing is kept, but it takes no queue's room
         assert (await c.post("/queues/p/pause")).status_code == 200
-        r = await c.post("/jobs", json={**later, "queue": "c"})
+        assert (await c.post("/jobs", json={**later, "queue": "c"})).status_code == 201
+        r = await c.post("/jobs", json={**later, "queue": "d"})
         assert (r.status_code, r.json()["field"]) == (422, "queue")
         assert "--max-queues (3)" in r.json()["message"]
-        r = await c.post("/jobs/batch", json={"jobs": [{**later, "queue": "a"},
-                                                        {**later, "queue": "c"}]})  # fmt: skip
-        assert (r.status_code, r.json()["field"]) == (422, "jobs[1].queue")
-        r = await c.post("/queues/x/pause")
+        r = await c.post("/jobs", json={**later, "queue": "p"})  # a job makes it count
         assert (r.status_code, r.json()["field"]) == (422, "queue")
+        r = await c.post("/jobs/batch", json={"jobs": [{**later, "queue": "a"},
+                                                        {**later, "queue": "d"}]})  # fmt: skip
+        assert (r.status_code, r.json()["field"]) == (422, "jobs[1].queue")
+        assert (await c.post("/jobs", json=later)).status_code == 201  # default: never counted
         assert (await c.post("/jobs", json={**later, "queue": "a"})).status_code == 201
-        assert (await c.post("/queues/a/pause")).status_code == 200  # in use already
+        assert (await c.post("/queues/a/pause")).status_code == 200
         assert rt.stats()["queues_used"] == 3
         for job in await rt.list_jobs(JobQuery(queue="b")):
             await rt.cancel(job.id)  # b has no live job left: a slot is free
-        assert (await c.post("/jobs", json={**later, "queue": "c"})).status_code == 201
+        assert (await c.post("/jobs", json={**later, "queue": "d"})).status_code == 201
         assert (await c.post("/queues/p/resume")).status_code == 200
-        assert (await c.post("/queues/x/pause")).status_code == 200
 
 
 async def test_retries_count_against_max_queues_and_max_queued(services: ServiceFactory) -> None:
@@ -191,3 +193,31 @@ async def test_a_hang_on_the_last_attempt_is_dead_not_requeued_in_stats_and_metr
         if line.startswith("sqlq_jobs_total{")
     }
     assert events == {"submitted": 1.0, "dead": 1.0}
+
+
+def test_the_principals_that_may_submit_share_max_queues(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--token`` and the token file's admin and submit lines are the shares (#37)."""
+    from click.testing import CliRunner
+
+    import sqlq.serve
+    from sqlq.cli import main
+
+    seen: dict[str, Any] = {}
+
+    async def fake_serve(runtime: Any, opts: Any) -> None:
+        seen["runtime"] = runtime
+
+    monkeypatch.setattr(sqlq.serve, "serve", fake_serve)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("submit a secret-of-a-0123456\nsubmit b secret-of-b-0123456\n"
+                      "worker w secret-of-w-0123456\nread r secret-of-r-0123456\n")  # fmt: skip
+    tokens.chmod(0o600)
+    r = CliRunner().invoke(main, ["serve", "--store", "memory", "--token-file", str(tokens),
+                                  "--token", "admin-secret-0123456789"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert seen["runtime"].config.principals == 3
+    r = CliRunner().invoke(main, ["serve", "--store", "memory"])
+    assert r.exit_code == 0, r.output
+    assert seen["runtime"].config.principals == 1

@@ -145,14 +145,16 @@ class Lean:
             if spec.idempotency_key not in (None, key):
                 raise ValidationError("idempotency_key", "differs from the Idempotency-Key header")
             spec = msgspec.structs.replace(spec, idempotency_key=key)
-        [job], [created] = await self._runtime.submit([spec])
+        [job], [created] = await self._runtime.submit([spec], who=who.name)
         return 201 if created else 200, _encode(job_view(job))
 
     async def submit_batch(self, who: Principal, body: bytes) -> Answer:
         """``POST /jobs/batch``: every job in one durable commit, or none."""
         batch = decode_batch(body)
         may_submit(who, [(f"jobs[{i}].queue", j.queue) for i, j in enumerate(batch.jobs)])
-        jobs, created = await self._runtime.submit(batch.jobs, batch=True, workflow=batch.workflow)
+        jobs, created = await self._runtime.submit(
+            batch.jobs, batch=True, workflow=batch.workflow, who=who.name
+        )
         answer: dict[str, Any] = {"ids": [j.id for j in jobs], "created": created}
         if batch.workflow and jobs and jobs[0].flow is not None:
             answer["workflow_id"] = jobs[0].flow.workflow_id

@@ -117,7 +117,7 @@ class Claims(Holding, Protocol):
 class ClaimsView(Protocol):
     """What the reporting surface reads of where the queue lives, beside ``Claims`` and
     changing nothing: the queues and their counts, the census, live counts, the queues in
-    use (what ``--max-queues`` bounds), what runs here, and trouble (``/readyz``)."""
+    use and paused, what runs here, and trouble (``/readyz``)."""
 
     def trouble(self) -> str | None:
         """Why this node cannot serve now (its store out of reach past its lease), or None."""
@@ -147,12 +147,8 @@ class ClaimsView(Protocol):
         """The queues that have a live job (scheduled or running) now."""
         ...
 
-    def in_use(self, queue: str) -> bool:
-        """Whether ``queue`` counts already for ``--max-queues`` (live jobs, or paused)."""
-        ...
-
-    def queues_used(self) -> int:
-        """Distinct queues with live jobs or paused: what ``--max-queues`` bounds."""
+    def paused_queues(self) -> Collection[str]:
+        """The queues paused now (``--max-queues`` counts names: ``sqlq.runtime.names``)."""
         ...
 
     def running_here(self) -> Mapping[str, int]:
@@ -279,12 +275,8 @@ class ClaimsBase(Reach):
     def live_queues(self) -> Collection[str]:
         return self._live.queues  # (no zero entries)
 
-    def in_use(self, queue: str) -> bool:
-        return queue in self._paused or queue in self.live_queues()
-
-    def queues_used(self) -> int:
-        live = self.live_queues()
-        return len(live) + sum(1 for q in self._paused if q not in live)
+    def paused_queues(self) -> Collection[str]:
+        return self._paused
 
     def running_here(self) -> Mapping[str, int]:
         return self._running

@@ -34,7 +34,8 @@ class RuntimeConfig:
     compact_every_s: float = 300.0  # prune past retention and compact; 0 turns it off
     fault_injection: bool = False  # accept sleep's fail_prob / hang_prob (tests, benchmarks)
     max_queued: int = 1_000_000  # live jobs; a submission past it is refused (429)
-    max_queues: int = 1_000  # queues with live jobs, or paused; a new one past it is a 422
+    max_queues: int = 1_000  # queue names with live jobs or a schedule; past it a 422
+    principals: int = 1  # those that may submit, who share --max-queues (``runtime.names``)
     max_abandoned: int = 100  # cut-off handlers still running; past it, /readyz is 503
     handler_threads: int | None = None  # the sync handlers' pool; None: one per worker
     # Plain (sync) handlers in this many worker processes instead of threads (0: threads),

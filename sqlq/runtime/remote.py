@@ -44,9 +44,11 @@ module is what both modes do alike:
   where the outcomes go first, so does their failing: the claim is then not made).
 - **Long-poll.** A claim that finds nothing waits (the side's ``wait``: the lanes' bell in
   local mode, NOTIFY and a poll in shared mode) until ``wait_s``. At most
-  ``MAX_WAITING_CLAIMS`` claims wait at once; one more is refused at once with a
-  ``StoreUnavailableError`` (HTTP 503, retry later), not answered empty, so a worker
-  backs off instead of asking again in a tight loop.
+  ``MAX_WAITING_CLAIMS`` claims wait at once, shared fairly by principal
+  (``sqlq.runtime.polls``): one more from a principal that holds its share is refused at
+  once with a ``StoreUnavailableError`` (HTTP 503, retry later), not answered empty, so
+  a worker backs off instead of asking again in a tight loop; one from a principal
+  below it takes the slot of the principal that holds the most.
 
 Where the queue lives is the side's (``RemoteSide``): ``LocalSide``
 (``sqlq.runtime.remote_local``: lanes of their own per remote queue, a heap of leases on
@@ -108,12 +110,12 @@ from sqlq.common.wire import job_view
 from sqlq.runtime.events import Event
 from sqlq.runtime.parents import page as parents_page
 from sqlq.runtime.parts import Parts
+from sqlq.runtime.polls import Polls
 from sqlq.runtime.serial import Serial
 from sqlq.runtime.spawn import Spawner, SpawnRefused
 
 log = logging.getLogger(__name__)
 
-MAX_WAITING_CLAIMS = 1000  # claims long-polling at once; one more is a 503
 MAX_ISSUED = 1 << 14  # tokens signed here and remembered (``Issued``); then forgotten
 POLL_SLACK_S = 0.001  # a long-poll this close to its end is over (no sliver of a wait)
 INVALID, FORBIDDEN = "invalid", "forbidden"
@@ -237,7 +239,7 @@ class Remote:
         self._key: bytes | None = None
         self._issued = Issued()
         self._started = False
-        self._waiting = 0  # claims long-polling now
+        self._polls = Polls()  # claims long-polling now, shared fairly by principal
         self._inflight: set[asyncio.Task[Any]] = set()  # calls whose writes outlive a client
         self.spawner: Spawner | None = None  # what makes a spawn's jobs (the submissions)
 
@@ -269,7 +271,7 @@ class Remote:
 
     def waiting(self) -> int:
         """Claims long-polling now."""
-        return self._waiting
+        return self._polls.count
 
     def stats(self) -> dict[str, Any]:
         now = self._clock.time()
@@ -278,7 +280,7 @@ class Remote:
             "all_queues": self._config.every_queue_remote,
             "workers_seen": len(self.seen),
             "workers_active": self.seen.active(now),
-            "claims_waiting": self._waiting,
+            "claims_waiting": self._polls.count,
             **{what: self.counts[what] for what in COUNTED},
         }
 
@@ -344,7 +346,7 @@ class Remote:
         self.counts["claims"] += 1
         jobs = await self._shielded(side.take(req, holder, now))
         if not jobs and wait_s > 0 and not side.stopping:
-            jobs = await self._long_poll(req, holder, now + wait_s)
+            jobs = await self._long_poll(req, holder, now + wait_s, who.name)
         if not jobs:
             return []
         lease_s = req.lease_s
@@ -395,23 +397,32 @@ class Remote:
 
         await self._in_turns([j.id for j in jobs], group)
 
-    async def _long_poll(self, req: ClaimRequest, holder: str, deadline: float) -> list[Job]:
-        if self._waiting >= MAX_WAITING_CLAIMS:
-            raise StoreUnavailableError(
-                f"{MAX_WAITING_CLAIMS} claims are waiting already; try again later"
-            )
+    async def _long_poll(
+        self, req: ClaimRequest, holder: str, deadline: float, who: str
+    ) -> list[Job]:
+        """Wait for jobs until ``deadline`` in a slot of the long polls' budget (``Polls``:
+        503 past this principal's share; evicted by another's, answered empty)."""
         side, clock = self._side, self._clock
-        self._waiting += 1
+        poll = self._polls.enter(who)
         try:
             while (left := deadline - clock.time()) > POLL_SLACK_S and not side.stopping:
-                await side.wait(req, left)
+                poll.evictable = True
+                try:
+                    await side.wait(req, left)
+                except asyncio.CancelledError:
+                    task = poll.task
+                    if poll.evicted and task is not None and task.uncancel() == 0:
+                        return []  # another principal's poll took this slot
+                    raise
+                finally:
+                    poll.evictable = False
                 if side.stopping:
                     break
                 jobs = await self._shielded(side.take(req, holder, clock.time()))
                 if jobs:
                     return jobs
         finally:
-            self._waiting -= 1
+            self._polls.leave(poll)
         return []
 
     # -- the turns of a call's items ---------------------------------------------------------

@@ -54,6 +54,8 @@ class ReportSource(Protocol):
 
     def abandoned(self) -> int: ...
 
+    def queues_used(self) -> int: ...
+
 
 # /stats key -> the event total it reports
 TOTALS = {
@@ -87,7 +89,7 @@ def stats(rt: ReportSource) -> dict[str, Any]:
         **{key: totals[event] for key, event in TOTALS.items()},
         "max_queued": rt.config.max_queued,
         "max_queues": rt.config.max_queues,
-        "queues_used": rt.view.queues_used(),
+        "queues_used": rt.queues_used(),
         "workers": {
             **rt.pool.stats(),
             "handler_threads": threads.size,

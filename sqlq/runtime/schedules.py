@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -127,16 +127,14 @@ class Schedules:
             schedule, skipped = self._replacing(current, name, spec)
             put = PutSchedule(schedule=schedule, expect_version=_version(current))
             try:
-                if current is None:
-                    async with self._creating:  # this node's creations counted one at a time
+                async with self._creating:  # this node's new schedules and names, in turn
+                    if current is None:
                         await self._check_room()
-                        await self._store.commit([put])
-                else:
-                    await self._store.commit([put])
+                    await self._commit_naming(put, spec.queue)
             except StaleScheduleError:
                 continue  # someone changed it since we read it: read again
             self._events.schedule_skipped(name, skipped)
-            self.on_change(name, schedule)
+            self._changed(name, schedule)
             return await self.view(schedule), current is None
         raise StoreError(f"schedule {name}: kept changing under {PUT_ATTEMPTS} puts; try again")
 
@@ -165,6 +163,29 @@ class Schedules:
         )
         return schedule, skipped
 
+    async def _commit_naming(self, put: PutSchedule, queue: str) -> None:
+        """Commit ``put``; a queue name it adds is admitted as a submission's new name is
+        (``sqlq.runtime.names``: a schedule's queue is never refused after, so its creation
+        is where the cap holds) and held while the commit runs."""
+        names = self._submissions.names
+        new = [] if names.known(queue) else [queue]
+        if new:
+            names.check_new("queue", None)
+            names.hold(new, None)
+        try:
+            await self._store.commit([put])
+        finally:
+            names.let_go(new)
+
+    def _changed(self, name: str, schedule: Schedule | None) -> None:
+        """``name`` is now ``schedule`` (None: gone): the names counted, and the ticker."""
+        self._submissions.names.scheduled(name, None if schedule is None else schedule.spec.queue)
+        self.on_change(name, schedule)
+
+    def listed(self, schedules: Sequence[Schedule]) -> None:
+        """Every schedule as the store lists it now (the ticker's read): their queues."""
+        self._submissions.names.schedules_are({s.name: s.spec.queue for s in schedules})
+
     async def _check_room(self) -> None:
         if len(await self._store.list_schedules()) >= MAX_SCHEDULES:
             raise ValidationError("name", f"would be one more than {MAX_SCHEDULES} schedules")
@@ -175,7 +196,7 @@ class Schedules:
             return False
         await self._store.commit([DropSchedule(name=name)])
         self._events.schedule_gone(name)
-        self.on_change(name, None)
+        self._changed(name, None)
         return True
 
     async def pause(self, name: str) -> ScheduleView | None:
@@ -201,7 +222,7 @@ class Schedules:
             except StaleScheduleError:
                 continue
             self._events.schedule_skipped(name, skipped)
-            self.on_change(name, schedule)
+            self._changed(name, schedule)
             return await self.view(schedule)
         raise StoreError(f"schedule {name}: kept changing under {PUT_ATTEMPTS} puts; try again")
 

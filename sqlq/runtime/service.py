@@ -132,6 +132,7 @@ class Service:
         self.submissions = Submissions(
             store, self.claims, self.view, config, all_kinds, self.events, clock
         )
+        self._pausing = asyncio.Lock()  # pauses checked against their bound one at a time
         # A completion's spawned jobs are a submission's, made in the completion's commit.
         self.claims.spawner = self.remote.spawner = self.submissions.spawned
         self.waiters = Waiters(self.claims, self.get, clock)
@@ -147,6 +148,7 @@ class Service:
                 self.schedules.check(name, spec)
             except ValidationError as exc:
                 raise ValueError(f"schedule {name!r}: {exc}") from None
+        self.submissions.names.fix(spec.queue for spec in self._defined.values())  # (config)
         self.live.on_finished = self.waiters.finished
         self.state = RuntimeState.NEW
         self.recovery: Recovery | None = None
@@ -166,6 +168,7 @@ class Service:
             await self.claims.start(recovery)
         await self.remote.start()
         self.pool.start()
+        self.schedules.listed(await self.store.list_schedules())  # (their names count)
         await self.schedules.define(self._defined)
         self.ticker.start()
         if self.config.compact_every_s > 0:
@@ -216,15 +219,17 @@ class Service:
     # -- the API the HTTP layer uses -----------------------------------------------------
 
     async def submit(
-        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool | str = False
-    ) -> tuple[list[Job], list[bool]]:
+        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool | str = False,
+        who: str | None = None,
+    ) -> tuple[list[Job], list[bool]]:  # fmt: skip
         """Validate, commit as one atomic change, then make claimable: the jobs (durable
         on return), and which are new (an idempotency key may return an existing job).
         ``workflow``: the jobs are a new workflow's graph (``sqlq.common.workflow``), or,
-        a workflow's id, join it."""
+        a workflow's id, join it. ``who``: the principal whose new queue names they add
+        (``sqlq.runtime.names``: fair shares of ``--max-queues``)."""
         if self.state is not RuntimeState.READY:  # (``_check_accepting``, inline: every job)
             self._check_accepting()
-        jobs, new = await self.submissions.submit(specs, batch=batch, workflow=workflow)
+        jobs, new = await self.submissions.submit(specs, batch=batch, workflow=workflow, who=who)
         if self._remote_queues:  # a kind sent to a remote queue: is it one a worker runs?
             seen, now, is_remote = self.remote.seen, self.clock.time(), self._is_remote
             for job, fresh in zip(jobs, new, strict=True):
@@ -257,12 +262,17 @@ class Service:
     async def pause(self, queue: str, paused: bool) -> QueueInfo:
         """Pause or resume a queue, durably: running jobs finish, no new ones start."""
         self._check_accepting()
-        new = [queue] if paused and not self.view.in_use(queue) else []
-        if new:  # a pause is durable: it counts too, and holds its name while it commits
-            self.submissions.check_new_queue("queue")
-        with self.submissions.holding(new):
+        if paused:  # a pause is durable: one of a name that holds nothing is bounded apart
+            async with self._pausing:
+                self.submissions.names.check_pause(queue)
+                await self.claims.pause(queue, paused)
+        else:
             await self.claims.pause(queue, paused)
         return await self.view.queue(queue)
+
+    def queues_used(self) -> int:
+        """The queue names ``--max-queues`` counts now (``sqlq.runtime.names``)."""
+        return self.submissions.names.used()
 
     async def retry(self, job_id: str) -> Job:
         """Put one dead or cancelled job back, due now, with a fresh attempt budget."""

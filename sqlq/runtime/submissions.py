@@ -14,7 +14,6 @@ jobs live is over.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, TypeVar
 
@@ -29,7 +28,7 @@ from sqlq.common.errors import (
     QueueFullError,
     ValidationError,
 )
-from sqlq.common.models import JSON, Job, Transition, new_job_id
+from sqlq.common.models import DEFAULT_QUEUE, JSON, Job, Transition, new_job_id
 from sqlq.common.specs import MAX_DELAY_MS, JobSpec, MemberSpec, check_args
 from sqlq.common.store import JobStore
 from sqlq.common.workflow import (
@@ -45,6 +44,7 @@ from sqlq.runtime.claims import Claims, ClaimsView
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.events import Event, Events
 from sqlq.runtime.kinds import Registry
+from sqlq.runtime.names import QueueNames
 from sqlq.runtime.spawn import SpawnRefused, refused, specs_of
 
 R = TypeVar("R")
@@ -71,7 +71,9 @@ class Submissions:
         self._events = events
         self._clock = clock
         self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
-        self._new_queues: Counter[str] = Counter()  # their new queue names, for --max-queues
+        fixed = {DEFAULT_QUEUE, *config.remote_queues, *config.queue_caps}
+        self.names = QueueNames(config.max_queues, config.principals, fixed, view.live_queues,
+                                view.paused_queues)  # (--max-queues)  # fmt: skip
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted
         self._is_remote = config.remote_test()  # (``RuntimeConfig.is_remote``)
 
@@ -199,25 +201,26 @@ class Submissions:
         return members
 
     async def submit(
-        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool | str = False
-    ) -> tuple[list[Job], list[bool]]:
+        self, specs: Sequence[JobSpec], *, batch: bool = False, workflow: bool | str = False,
+        who: str | None = None,
+    ) -> tuple[list[Job], list[bool]]:  # fmt: skip
         """Validate, commit as one atomic change, then make claimable: the jobs (durable on
-        return), and which are new.
+        return), and which are new; ``who``: the principal whose new queue names they are.
 
         A spec whose key a retained job already holds gets that job back (not
         new) if it asks for the same thing, and ``IdempotencyConflictError``
         otherwise.
         """
         if isinstance(workflow, str):
-            return (jobs := await self._append(specs, workflow)), [True] * len(jobs)
+            return (jobs := await self._append(specs, workflow, who)), [True] * len(jobs)
         if workflow:  # (its jobs take no idempotency key yet: ``_members``)
-            return (jobs := await self._submit_new(specs, batch, True)), [True] * len(jobs)
+            return (jobs := await self._submit_new(specs, batch, True, who=who)), [True] * len(jobs)
         keyed: dict[int, str] = {}
         for i, s in enumerate(specs):  # (a loop, not a comprehension: no frame a submission)
             if s.idempotency_key:
                 keyed[i] = s.idempotency_key
         if not keyed:
-            return (jobs := await self._submit_new(specs, batch)), [True] * len(jobs)
+            return (jobs := await self._submit_new(specs, batch, who=who)), [True] * len(jobs)
         seen: dict[str, int] = {}
         for i, key in keyed.items():
             if key in seen:
@@ -236,7 +239,7 @@ class Submissions:
                         existing[i] = job
                 new = [s for i, s in enumerate(specs) if i not in existing]
                 try:
-                    made = iter(await self._submit_new(new, batch) if new else [])
+                    made = iter(await self._submit_new(new, batch, who=who) if new else [])
                 except DuplicateKeyError as exc:
                     if attempt == attempts:
                         raise IdempotencyConflictError(exc.key, "?") from exc
@@ -258,13 +261,15 @@ class Submissions:
             self._keys[k] = reservation
         return reservation
 
-    async def _append(self, specs: Sequence[JobSpec], workflow_id: str) -> list[Job]:
+    async def _append(
+        self, specs: Sequence[JobSpec], workflow_id: str, who: str | None
+    ) -> list[Job]:
         """``specs`` joining the workflow ``workflow_id``, counted against its members as
         read; counted again if one of their parents moved before the commit."""
         for attempt in range(1, APPEND_ATTEMPTS + 1):
             members = await self._kept(workflow_id, len(specs))
             try:
-                return await self._submit_new(specs, True, workflow_id, members)
+                return await self._submit_new(specs, True, workflow_id, members, who)
             except IllegalTransitionError as exc:
                 if MOVED not in str(exc) or attempt == APPEND_ATTEMPTS:
                     raise
@@ -326,66 +331,50 @@ class Submissions:
 
     async def _submit_new(
         self, specs: Sequence[JobSpec], batch: bool, workflow: bool | str = False,
-        members: Sequence[Job] = (),
+        members: Sequence[Job] = (), who: str | None = None,
     ) -> list[Job]:  # fmt: skip
         jobs = self._build_all(specs, self._clock.time(), batch, workflow, members)
-        with self.admission(jobs, batch):
+        with self.admission(jobs, batch, who):
             await self._store.commit(jobs)
         self._claims.submitted(jobs)
         for job in jobs:
             self._events.record(Event.SUBMITTED, job)
         return jobs
 
-    def admission(self, jobs: Sequence[Job], batch: bool) -> _Admitted:
-        """Admit ``jobs`` as live under ``--max-queued`` and ``--max-queues``, holding their
-        place (and their new queue names) until the commit that makes them live is over
-        (``with``). Submissions and retries alike: both add live jobs, perhaps in new
-        queues. A plain class, not a generator's context manager: every submission makes
-        one (two nested generators cost a no-op job ~2 us, measured)."""
+    def admission(self, jobs: Sequence[Job], batch: bool, who: str | None = None) -> _Admitted:
+        """Admit ``jobs`` as live under ``--max-queued`` and ``--max-queues`` (their new
+        names ``who``'s, ``QueueNames``), holding their place and their new names until
+        the commit that makes them live is over (``with``). Submissions and retries alike:
+        both add live jobs, perhaps in new queues. A plain class, not a generator's context
+        manager: every submission makes one (two nested generators cost a no-op job ~2 us,
+        measured)."""
         limit = self._config.max_queued
         if self._view.backlog() + self._admitting + len(jobs) > limit:
             self._events.record(Event.REFUSED_FULL, n=len(jobs))
             raise QueueFullError(limit)
-        new = self._new_queues_of(jobs, batch)
+        new = self._new_queues_of(jobs, batch, who)
         self._admitting += len(jobs)
         if new:
-            self._new_queues.update(new)
+            self.names.hold(new, who)
         return _Admitted(self, len(jobs), new)
-
-    def holding(self, new: list[str]) -> _Admitted:
-        """Count the queue names ``new`` as used while a commit that may add them runs."""
-        self._new_queues.update(new)
-        return _Admitted(self, 0, new)
 
     def _let_go(self, n: int, new: list[str]) -> None:
         self._admitting -= n
         if new:
-            self._new_queues.subtract(new)
-            for queue in new:
-                if self._new_queues[queue] <= 0:
-                    del self._new_queues[queue]
+            self.names.let_go(new)
 
-    def _new_queues_of(self, jobs: Sequence[Job], batch: bool) -> list[str]:
+    def _new_queues_of(self, jobs: Sequence[Job], batch: bool, who: str | None) -> list[str]:
         """The queue names ``jobs`` would add (``--max-queues``); ``ValidationError`` naming
         the field of the first job past the bound."""
-        view, pending = self._view, self._new_queues
+        names = self.names
         new: list[str] = []
         for i, job in enumerate(jobs):
             queue = job.queue
-            if queue in pending or view.in_use(queue) or queue in new:
+            if queue in new or names.known(queue):
                 continue
-            self.check_new_queue(f"jobs[{i}].queue" if batch else "queue", len(new))
+            names.check_new(f"jobs[{i}].queue" if batch else "queue", who, len(new))
             new.append(queue)
         return new
-
-    def check_new_queue(self, field: str, more: int = 0) -> None:
-        """One more queue (with ``more`` already counted in this request) must fit."""
-        limit = self._config.max_queues
-        if self._view.queues_used() + len(self._new_queues) + more + 1 > limit:
-            raise ValidationError(
-                field, f"would be one more than --max-queues ({limit}) queues with live jobs "
-                "or paused; use an existing queue, or wait for one to empty",
-            )  # fmt: skip
 
 
 def _outside(spec: JobSpec) -> None:

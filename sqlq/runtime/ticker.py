@@ -72,6 +72,7 @@ class Ticker:
         self.stale = 0  # advances refused: another evaluator won, or the schedule changed
         self.second_guard = 0  # ticks the idempotency key refused after the cursor let them by
         schedules.on_change = self.changed
+        self._listed = schedules.listed
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sqlq-schedules")
@@ -132,6 +133,7 @@ class Ticker:
 
     async def _reread(self) -> None:
         listed = await self._store.list_schedules()
+        self._listed(listed)
         for name in set(self._known) - {s.name for s in listed}:
             self._remember(name, None)
             self._events.schedule_gone(name)
