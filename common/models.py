@@ -191,6 +191,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # counted as cut off. Stored, so a restart or another node holds it too; False once the
     # job leaves running, and in every record older than it.
     cancel_forced: bool = False
+    # Fair claims (``sqlq.common.fair``): the job's key (a tenant, or any fairness key) and
+    # its weight among its queue's keys; a queue's policy says what they do.
+    key: str | None = None
+    weight: int = 1
     # A workflow member's place in its graph (``sqlq.common.workflow``); None outside every
     # workflow, which costs such a job one pointer.
     flow: Flow | None = None
@@ -488,6 +492,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         flow: Flow | None = None,
+        key: str | None = None,
+        weight: int = 1,
     ) -> Job:
         """A new job: scheduled; a workflow member waiting while a parent is pending, or
         cancelled if it was judged at birth (``sqlq.common.workflow.at_birth``)."""
@@ -499,6 +505,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
                 max_attempts=max_attempts, ready_at=now if ready_at is None else ready_at,
                 priority=priority, created_at=now, updated_at=now, queue=sys.intern(queue),
                 idempotency_key=idempotency_key, request_hash=request_hash, flow=flow,
+                key=key, weight=weight,
             )  # fmt: skip
         return cls(
             id=job_id or new_job_id(now),
@@ -512,6 +519,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             queue=sys.intern(queue),
             idempotency_key=idempotency_key,
             request_hash=request_hash,
+            key=key,
+            weight=weight,
         )
 
     def compact(self) -> Job:

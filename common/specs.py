@@ -34,6 +34,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from sqlq.common.errors import ValidationError
+from sqlq.common.fair import FairKey, Weight
 from sqlq.common.models import DEFAULT_QUEUE, JOB_ID_LENGTH
 from sqlq.common.shape import MAX_DEPTH, MAX_ITEMS, ShapeError, bound, measure, surely_within
 from sqlq.common.workflow import MAX_PARENTS, MAX_REF, OnParentFailure, RunIf
@@ -82,14 +83,19 @@ class JobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] = 0  # higher first
     queue: Queue = DEFAULT_QUEUE
     idempotency_key: IdempotencyKey | None = None  # in a batch; a single POST uses the header
+    key: FairKey | None = None  # a fairness key: a tenant (``sqlq.common.fair``)
+    weight: Weight = 1  # its share among its queue's keys
 
     def request_hash(self) -> str:
         """What the client asked for, without the key: a replay hashes the same."""
         return hashlib.sha256(msgspec.json.encode(self._asked())).hexdigest()[:32]
 
     def _asked(self) -> tuple[Any, ...]:
-        return (self.kind, self.args, self.delay_ms, self.run_at, self.max_attempts,
-                self.priority, self.queue)  # fmt: skip
+        asked = (self.kind, self.args, self.delay_ms, self.run_at, self.max_attempts,
+                 self.priority, self.queue)  # fmt: skip
+        if self.key is None and self.weight == 1:  # a job with neither hashes as it always did
+            return asked
+        return (*asked, self.key, self.weight)
 
 
 class MemberSpec(JobSpec, kw_only=True):
@@ -274,13 +280,13 @@ def _spec(job: Any, args: dict[str, Any]) -> MemberSpec:
     return MemberSpec(
         kind=job.kind, args=args, delay_ms=job.delay_ms, run_at=job.run_at,
         max_attempts=job.max_attempts, priority=job.priority, queue=job.queue,
-        idempotency_key=job.idempotency_key, ref=job.ref, depends_on=job.depends_on,
-        on_parent_failure=job.on_parent_failure, run_if=job.run_if,
+        idempotency_key=job.idempotency_key, key=job.key, weight=job.weight, ref=job.ref,
+        depends_on=job.depends_on, on_parent_failure=job.on_parent_failure, run_if=job.run_if,
     )  # fmt: skip
 
 
 assert _FIELDS == ("kind", "delay_ms", "run_at", "max_attempts", "priority", "queue",
-                   "idempotency_key", "ref", "depends_on", "on_parent_failure",
+                   "idempotency_key", "key", "weight", "ref", "depends_on", "on_parent_failure",
                    "run_if"), "a JobSpec field _spec does not copy"  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import msgspec
 
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.running import Progress
 from sqlq.common.schedule import (
@@ -61,6 +62,7 @@ class Recovery:
     seconds: float = 0.0  # wall time the recovery took
     notes: list[str] = field(default_factory=list)  # what else recovery had to say
     paused_queues: list[str] = field(default_factory=list)  # paused, durably, before the stop
+    queue_policies: dict[str, Policy] = field(default_factory=dict)  # (``sqlq.common.fair``)
     # ``jobs`` by id, where the engine holds them so (walq: its index, copied whole at C
     # speed): the live view takes it as its own. Built from ``jobs`` a job at a time, a
     # million ids cost 0.36 s of the start; copied, 0.05.
@@ -243,6 +245,11 @@ class JobStore(Protocol):
         ``open`` in ``Recovery.paused_queues``. Idempotent."""
         ...
 
+    async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
+        """Record ``queue``'s policy (``sqlq.common.fair``; None: none), as a pause is:
+        durable on return, reported by the next ``open`` in ``Recovery.queue_policies``."""
+        ...
+
     def observe_batches(self, observer: Callable[[int, float], None]) -> None:
         """Call ``observer(commit calls, seconds)`` for every batch written (metrics).
         An engine that writes no batches (memory) never calls it."""
@@ -421,6 +428,10 @@ class SharedStore(JobStore, Protocol):
         ...
 
     async def paused_queues(self) -> list[str]: ...
+
+    async def queue_policies(self) -> dict[str, Policy]:
+        """Every queue's policy as stored now (another node may have set one)."""
+        ...
 
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         """The jobs among ``ids`` that are finished (completed, dead or cancelled), in one

@@ -67,6 +67,8 @@ class JobView(msgspec.Struct, frozen=True):
     # A workflow member's place in its graph: its workflow, ref, parents, how many of them
     # have not settled, its two policies, and why it was cancelled (null outside workflows)
     flow: Flow | None = None
+    key: str | None = None  # its fairness key (``sqlq.common.fair``), and its weight
+    weight: int = 1
 
 
 def job_view(job: Job, *, tracebacks: bool = True) -> JobView:
@@ -85,7 +87,7 @@ def job_view(job: Job, *, tracebacks: bool = True) -> JobView:
         job.started_at, job.last_error, job.result, job.queue, job.idempotency_key,
         job.cancel_requested_at is not None, job.cancel_requested_at, job.progress,
         job.checkpoint, job.snoozes, errors, schedule, tick, job.holder, job.lease_until,
-        job.cancel_forced, job.flow,
+        job.cancel_forced, job.flow, job.key, job.weight,
     )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ async def _migrated(dsn: str) -> None:
     try:
         await at_version(conn, 4, MADE["tables"])
         before = await conn.fetchval("SELECT pg_relation_filenode('jobs')")
-        assert await migrate(dsn) == (4, LATEST) == (4, 6)
+        assert await migrate(dsn) == (4, LATEST) == (4, 7)
         assert await version(conn) == LATEST
         assert await conn.fetchval("SELECT pg_relation_filenode('jobs')") == before  # in place
         assert await conn.fetchval("SELECT count(*) FROM jobs WHERE cancel_forced") == 0

@@ -46,7 +46,7 @@ async def _migrated(dsn: str) -> None:
     try:
         await at_version(conn, 3, MADE["tables"])
         before = await conn.fetchval("SELECT pg_relation_filenode('jobs')")
-        assert await migrate(dsn) == (3, LATEST) == (3, 6)
+        assert await migrate(dsn) == (3, LATEST) == (3, 7)
         assert await version(conn) == LATEST
         assert await conn.fetchval("SELECT pg_relation_filenode('jobs')") == before
         assert await conn.fetchval("SELECT count(*) FROM secrets") == 0  # made when asked

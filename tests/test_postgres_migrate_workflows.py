@@ -27,7 +27,7 @@ async def test_the_old_jobs_read_back_with_no_flow_and_a_workflow_runs_beside_th
         await conn.execute(five.sql)
         await conn.execute(MQ["set_version"], five.version)
         before = await conn.fetchval("SELECT pg_relation_filenode('jobs')")
-        assert await migrate(pg_dsn) == (5, LATEST) == (5, 6)
+        assert await migrate(pg_dsn) == (5, LATEST) == (5, 7)
         assert await version(conn) == LATEST
         assert await conn.fetchval("SELECT pg_relation_filenode('jobs')") == before  # in place
         assert await conn.fetchval("SELECT count(*) FROM jobs WHERE flow IS NOT NULL") == 0

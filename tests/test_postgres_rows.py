@@ -136,7 +136,7 @@ async def test_write_batch_casts_each_column_to_the_tables_type(pg_db: str) -> N
         }
     finally:
         await conn.close()
-    short = {"text": "text", "int8": "int8", "float8": "float8", "bool": "bool"}
+    short = {"text": "text", "int8": "int8", "int4": "int4", "float8": "float8", "bool": "bool"}
     casts = re.findall(r"\$(\d+)::(\w+)\[\]", Q["write_batch"])
     assert [int(n) for n, _ in casts] == list(range(1, len(JOB_COLUMNS) + len(MOVE_COLUMNS) + 1))
     # a move's own columns take the type of the column they are compared with

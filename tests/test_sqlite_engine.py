@@ -190,7 +190,7 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
     with sqlite3.connect(tmp_path / "sqlq.db") as db:
         version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    assert version == (SCHEMA_VERSION,) == ("7",)  # the latest, whatever the file was made at
+    assert version == (SCHEMA_VERSION,) == ("8",)  # the latest, whatever the file was made at
     assert {"jobs_key", "jobs_retryable"} <= indexes
 
 

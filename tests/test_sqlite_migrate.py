@@ -19,7 +19,7 @@ from sqlq.common.models import TRANSITIONS, Job, State
 from sqlq.common.running import check_progress
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import JobQuery
-from sqlq.engines.rows import LEASE_COLUMNS, RUNNING_COLUMNS
+from sqlq.engines.rows import FAIR_COLUMNS, LEASE_COLUMNS, RUNNING_COLUMNS
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
 from tests.migrate_helpers import columns, copy_sqlite, raw, version
@@ -28,7 +28,7 @@ DATA = Path(__file__).parent / "data"
 FACTS = json.loads((DATA / "sqlite_v3.json").read_text())
 WRITTEN = {d["id"]: Job.from_dict(d) for d in FACTS["jobs"]}  # the new fields: defaults
 LIVE = {State.SCHEDULED, State.RUNNING}
-NEW_COLUMNS = (*RUNNING_COLUMNS, *LEASE_COLUMNS)  # version 4's, then 5's and 6's
+NEW_COLUMNS = (*RUNNING_COLUMNS, *LEASE_COLUMNS, *FAIR_COLUMNS)  # 4, 5 and 6, then 8
 
 
 def _v3(tmp_path: Path) -> Path:
@@ -77,7 +77,7 @@ async def test_a_version_3_database_opens_with_every_job_schedule_and_pause(
         assert await store.find_key("k1") == WRITTEN["018bcfe5680000000000000000000001"]
     finally:
         await store.close()
-    assert version(db) == "7"  # through version 4 to the latest
+    assert version(db) == "8"  # through version 4 to the latest
     assert columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
 
 
@@ -121,7 +121,7 @@ async def test_the_new_fields_round_trip_on_a_migrated_file_and_a_reopen_changes
     finally:
         await again.close()
     assert raw(db, "SELECT type, name, sql FROM sqlite_master ORDER BY name") == schema
-    assert version(db) == "7"
+    assert version(db) == "8"
     assert set(raw(db, "SELECT from_state, to_state FROM legal_transitions")) == {
         (a.value, b.value) for a, nxt in TRANSITIONS.items() for b in nxt
     }
@@ -145,7 +145,7 @@ async def test_a_migration_that_fails_midway_leaves_version_3(tmp_path: Path) ->
     store = SQLiteStore(tmp_path)
     await store.open()  # the next open finishes it
     await store.close()
-    assert version(db) == "7"  # through version 4 to the latest
+    assert version(db) == "8"  # through version 4 to the latest
     assert columns(db)[-len(NEW_COLUMNS) :] == list(NEW_COLUMNS)
 
 
@@ -178,9 +178,9 @@ async def test_the_migration_rewrites_no_row(tmp_path: Path) -> None:
     await store.open()
     await store.close()  # the last connection's close checkpoints the WAL into the file
     after = _pages(db)
-    assert version(db) == "7"
+    assert version(db) == "8"
     # (a page the open's tables grew by, and a root page for each table and index a later
-    # version adds: 5 in version 7)
-    assert len(before) <= len(after) <= len(before) + 9
+    # version adds: 6 in version 8)
+    assert len(before) <= len(after) <= len(before) + 10
     changed = [n for n, (a, b) in enumerate(zip(before, after, strict=False)) if a != b]
     assert len(changed) < 16, changed

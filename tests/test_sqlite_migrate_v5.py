@@ -19,7 +19,7 @@ from sqlq.common.protocol import remote_holder
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import JobQuery
 from sqlq.common.tokens import KEY_BYTES
-from sqlq.engines.rows import LEASE_COLUMNS, RUNNING_COLUMNS
+from sqlq.engines.rows import FAIR_COLUMNS, LEASE_COLUMNS, RUNNING_COLUMNS
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.helpers import NOW
 from tests.migrate_helpers import columns, copy_sqlite, raw, version
@@ -78,8 +78,8 @@ async def test_a_version_4_database_opens_with_every_job_schedule_and_pause(
         assert await store.list_schedules() == schedules
     finally:
         await store.close()
-    assert version(db) == "7"
-    assert columns(db)[-len(LEASE_COLUMNS) :] == list(LEASE_COLUMNS)
+    assert version(db) == "8"
+    assert columns(db)[-len(LEASE_COLUMNS) - 2 :] == [*LEASE_COLUMNS, *FAIR_COLUMNS]
     assert "secrets" in _tables(db)
 
 
@@ -141,8 +141,8 @@ async def test_a_migration_that_fails_midway_leaves_version_4(tmp_path: Path) ->
     store = SQLiteStore(tmp_path)
     await store.open()  # the next open finishes it
     await store.close()
-    assert version(db) == "7"
-    assert columns(db)[-len(LEASE_COLUMNS) :] == list(LEASE_COLUMNS)
+    assert version(db) == "8"
+    assert columns(db)[-len(LEASE_COLUMNS) - 2 :] == [*LEASE_COLUMNS, *FAIR_COLUMNS]
 
 
 def _pages(db: Path) -> list[bytes]:
@@ -171,8 +171,8 @@ async def test_the_migration_rewrites_no_row(tmp_path: Path) -> None:
     await store.open()
     await store.close()  # the last connection's close checkpoints the WAL into the file
     after = _pages(db)
-    assert version(db) == "7"
-    # (+ a root page for each table and index a later version adds: 9 through version 7)
-    assert len(before) <= len(after) <= len(before) + 9
+    assert version(db) == "8"
+    # (+ a root page for each table and index a later version adds: 10 through version 8)
+    assert len(before) <= len(after) <= len(before) + 10
     changed = [n for n, (a, b) in enumerate(zip(before, after, strict=False)) if a != b]
     assert len(changed) < 16, changed

@@ -14,6 +14,7 @@ import pytest
 
 from sqlq.common.errors import StoreError
 from sqlq.common.models import Job, State
+from sqlq.engines.rows import FAIR_COLUMNS
 from sqlq.engines.sqlite.store import SQLiteStore
 from tests.migrate_helpers import columns, copy_sqlite, raw, version
 
@@ -57,8 +58,8 @@ async def test_a_version_5_database_opens_with_no_job_forced(tmp_path: Path) -> 
             assert got.cancel_forced is False
     finally:
         await store.close()
-    assert version(db) == "7"
-    assert columns(db)[-1] == "cancel_forced"
+    assert version(db) == "8"
+    assert columns(db)[-3:] == ["cancel_forced", *FAIR_COLUMNS]
     assert raw(db, "SELECT DISTINCT cancel_forced FROM jobs") == [(0,)]
 
 
@@ -113,5 +114,5 @@ async def test_a_migration_that_fails_midway_leaves_version_5(tmp_path: Path) ->
     store = SQLiteStore(tmp_path)
     await store.open()
     await store.close()
-    assert version(db) == "7"
-    assert columns(db)[-1] == "cancel_forced"
+    assert version(db) == "8"
+    assert columns(db)[-3:] == ["cancel_forced", *FAIR_COLUMNS]

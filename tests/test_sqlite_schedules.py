@@ -156,7 +156,7 @@ async def test_a_database_made_before_schedules_gains_the_table_at_open(tmp_path
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         spec = db.execute("SELECT json_extract(spec, '$.every_s') FROM schedules").fetchone()
     db.close()
-    assert version == ("7",)
+    assert version == ("8",)
     assert "schedules" in tables
     assert spec == (60,)  # plain JSON, readable with plain SQL
 

@@ -39,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
     "lease_until": None,
     "cancel_forced": False,  # a forced cancel's held lease: an old log's jobs were not
     "flow": None,  # a workflow member's place in its graph: none before workflows
+    "key": None,  # fair claims' key and weight: a job of an old log has neither
+    "weight": 1,
 }
 
 

@@ -51,7 +51,7 @@ def full_job(job_id: str = "f" * 32) -> Job:
         attempts_total=4, cancel_requested_at=NOW + 3,
         progress=Progress(percent=62.5, message="62 of 100", at=NOW + 2.5),
         checkpoint=check_checkpoint(BIG), snoozes=3, errors=errors,
-        holder="worker:w-1", lease_until=NOW + 30, cancel_forced=True,
+        holder="worker:w-1", lease_until=NOW + 30, cancel_forced=True, key="tenant-7", weight=3,
         flow=Flow(
             workflow_id="c" * 32, ref="crunch-1", parents=("d" * 32,), deps_pending=1,
             failed=1, on_parent_failure=OnParentFailure.RUN, run_if=RunIf.ANY_FAILED,

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
+import msgspec
+
 from sqlq.common.engine.base import DurableStore
 from sqlq.common.engine.cascade import tell
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, Pending, describe_unencodable
@@ -33,13 +35,14 @@ from sqlq.common.errors import (
     StoreError,
     UnencodableError,
 )
+from sqlq.common.fair import Policy, stored_policies
 from sqlq.common.models import TERMINAL, Job, State, Transition
 from sqlq.common.schedule import AdvanceSchedule, Schedule
 from sqlq.common.store import Cascaded, Change, CompactionReport, JobQuery, Recovery, StoreStats
 from sqlq.walq import log, tail
 from sqlq.walq.compact import Compactor, Snapshot, SnapshotState, create_fresh
 from sqlq.walq.files import OS_FILES, FileOps
-from sqlq.walq.queues import QUEUES_NAME, read_paused, write_paused
+from sqlq.walq.queues import QUEUES_NAME, QueueFile, read_queues, write_queues
 from sqlq.walq.records import (
     PatchOps,
     ScheduleOps,
@@ -111,6 +114,7 @@ class WalStore(DurableStore):
         self.compactor = Compactor(self)
         self.queues_path = os.path.join(self.dir, QUEUES_NAME)
         self._paused: set[str] = set()
+        self._policies: dict[str, Any] = {}  # queue -> its policy as stored (JSON)
         self._pausing = asyncio.Lock()
         self._key: bytes | None = None
 
@@ -123,9 +127,14 @@ class WalStore(DurableStore):
             raise StoreError(f"{self.path}: cannot recover: {exc.strerror or exc}") from exc
 
     def _recover_on_io(self) -> Recovery:
-        self._paused = set(read_paused(self.fs, self.queues_path))
+        queues = read_queues(self.fs, self.queues_path)
+        self._paused, self._policies = set(queues.paused), dict(queues.policies)
         recovery = self._recover_log()
-        return dataclasses.replace(recovery, paused_queues=sorted(self._paused))
+        policies = stored_policies(
+            [(q, msgspec.json.encode(p)) for q, p in queues.policies.items()]
+        )
+        return dataclasses.replace(recovery, paused_queues=sorted(self._paused),
+                                   queue_policies=policies)  # fmt: skip
 
     def _recover_log(self) -> Recovery:
         t0 = time.perf_counter()
@@ -385,11 +394,29 @@ class WalStore(DurableStore):
     async def _set_paused(self, queue: str, paused: bool) -> None:
         async with self._pausing:
             names = (self._paused | {queue}) if paused else (self._paused - {queue})
-            try:
-                await self._on_io(write_paused, self.fs, self.queues_path, sorted(names))
-            except OSError as exc:
-                raise StoreError(f"{self.queues_path}: {exc.strerror or exc}") from exc
+            await self._write_queues(names, self._policies)
             self._paused = names
+
+    async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
+        self._writable()
+        await asyncio.shield(self._set_policy(queue, policy))  # (as ``set_queue_paused``)
+
+    async def _set_policy(self, queue: str, policy: Policy | None) -> None:
+        async with self._pausing:
+            policies = dict(self._policies)
+            if policy is None:
+                policies.pop(queue, None)
+            else:
+                policies[queue] = msgspec.to_builtins(policy)
+            await self._write_queues(self._paused, policies)
+            self._policies = policies
+
+    async def _write_queues(self, paused: set[str], policies: dict[str, Any]) -> None:
+        queues = QueueFile(sorted(paused), dict(sorted(policies.items())))
+        try:
+            await self._on_io(write_queues, self.fs, self.queues_path, queues)
+        except OSError as exc:
+            raise StoreError(f"{self.queues_path}: {exc.strerror or exc}") from exc
 
     async def signing_key(self) -> bytes:
         """``signing.key`` in the data directory (``walq.signing``), read once per open."""

@@ -19,6 +19,7 @@ from sqlq.common.engine.cascade import tell
 from sqlq.common.engine.groupcommit import ENCODE_ERRORS, describe_unencodable
 from sqlq.common.engine.index import JobIndex
 from sqlq.common.errors import StoreClosedError, StoreError, UnencodableError
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import (
@@ -138,6 +139,11 @@ class MemoryStore:
         if not self._open:
             raise StoreClosedError("memory store is not open")
         # nothing to keep: a memory store is never reopened, so no Recovery reports it
+
+    async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
+        if not self._open:
+            raise StoreClosedError("memory store is not open")
+        # nothing to keep either (``set_queue_paused``)
 
     async def compact(self) -> CompactionReport:
         t0, began = time.perf_counter(), self._clock.time()

@@ -40,6 +40,8 @@ JOB_COLUMNS = (
     # Who holds a running job, until when, and whether a forced cancel holds that lease
     # where it put it (PostgreSQL: the columns its claim, renewal and cancel statements own).
     *(LEASE_COLUMNS := ("holder", "lease_until", "cancel_forced")),
+    # A job's fairness key and weight (``sqlq.common.fair``); never changed by a transition.
+    *(FAIR_COLUMNS := ("key", "weight")),
 )
 # A transition row's columns, in order: the job's id, the epoch it must be at, then
 # what the job becomes (a NULL attempts_total leaves the column as it is).
@@ -123,6 +125,8 @@ def job_values(job: Job) -> tuple[Any, ...]:
         job.holder,
         job.lease_until,
         job.cancel_forced,
+        job.key,
+        job.weight,
     )
 
 
@@ -177,6 +181,8 @@ def row_job(row: Any) -> Job:
         holder,
         lease_until,
         cancel_forced,
+        key,
+        weight,
     ) = row
     progress, checkpoint, errors = running_fields(progress, checkpoint, errors)
     return Job(
@@ -206,4 +212,6 @@ def row_job(row: Any) -> Job:
         holder=holder,
         lease_until=lease_until,
         cancel_forced=bool(cancel_forced),  # (SQLite's 0 or 1)
+        key=key,
+        weight=weight,
     ).compact()  # interns kind and queue

@@ -113,6 +113,8 @@ class Submissions:
             request_hash=None if key is None else spec.request_hash(),
             job_id=job_id,
             flow=flow,
+            key=spec.key,
+            weight=spec.weight,
         )
 
     def _build_all(

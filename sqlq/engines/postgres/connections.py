@@ -23,6 +23,7 @@ import asyncpg
 import msgspec
 
 from sqlq.common.errors import StoreClosedError, StoreError, StoreUnavailableError
+from sqlq.common.fair import Policy, stored_policies
 from sqlq.engines.postgres.migrate import check, connect, where
 from sqlq.engines.postgres.queries import Q
 
@@ -116,9 +117,10 @@ class Connections:
         self.last_error: str | None = None
         self._logged: tuple[str, float] | None = None  # the last unavailable error logged
 
-    async def open(self) -> list[str]:
+    async def open(self) -> tuple[list[str], dict[str, Policy]]:
         """Connect, refuse a schema of another version, and open the pools. Returns the
-        paused queues, read on the first connection (the writer's) before the pools. If
+        paused queues and the policies, read on the first connection (the writer's) before
+        the pools. If
         a step fails, what the steps before it opened is closed: a node that retries its
         start must not leave connections behind on every try."""
         conn = await connect(self.dsn, server_settings=self._settings, **self._bounds)
@@ -126,6 +128,7 @@ class Connections:
         try:
             await check(conn, self.dsn)
             paused = [r[0] for r in await conn.fetch(Q["paused"])]
+            policies = stored_policies([(r[0], r[1]) for r in await conn.fetch(Q["policies"])])
         except BaseException:
             self._discard()
             raise
@@ -149,7 +152,7 @@ class Connections:
         except BaseException:
             self._discard()
             raise
-        return paused
+        return paused, policies
 
     def _discard(self) -> None:
         """Every connection and pool ended at once, without a goodbye to the database (an

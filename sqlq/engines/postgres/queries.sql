@@ -10,9 +10,9 @@
 
 -- name: write_batch
 -- One group-commit batch in one statement, so one round trip: the inserts as
--- columns ($1..$26, in {table_columns} order), the guarded transitions as columns
--- ($27..$46, in {move_columns} order), then the number of transitions asked for ($47)
--- and whether to wake the claimers ($48). The casts are the table's column types, in
+-- columns ($1..$28, in {table_columns} order), the guarded transitions as columns
+-- ($29..$48, in {move_columns} order), then the number of transitions asked for ($49)
+-- and whether to wake the claimers ($50). The casts are the table's column types, in
 -- those orders (tests/test_postgres_rows.py holds them to the table).
 -- A transition applies only if the job is at the expected epoch, the move is
 -- legal (``allowed`` lists the states it may come from, as |a|b|; running -> running
@@ -41,7 +41,7 @@ WITH ins AS (
         $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
         $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[], $19::float8[],
         $20::text[], $21::text[], $22::int8[], $23::text[], $24::text[], $25::float8[],
-        $26::bool[])
+        $26::bool[], $27::text[], $28::int4[])
     RETURNING 1
 ), upd AS (
     UPDATE jobs j
@@ -61,10 +61,10 @@ WITH ins AS (
            node = CASE WHEN u.state = 'running' THEN j.node END,
            cancel_forced = u.state = 'running' AND j.cancel_forced
       FROM unnest(
-        $27::text[], $28::int8[], $29::text[], $30::text[], $31::int8[], $32::int8[],
-        $33::float8[], $34::float8[], $35::text[], $36::text[], $37::float8[], $38::int8[],
-        $39::float8[], $40::text[], $41::text[], $42::int8[], $43::text[],
-        $44::text[], $45::float8[], $46::float8[])
+        $29::text[], $30::int8[], $31::text[], $32::text[], $33::int8[], $34::int8[],
+        $35::float8[], $36::float8[], $37::text[], $38::text[], $39::float8[], $40::int8[],
+        $41::float8[], $42::text[], $43::text[], $44::int8[], $45::text[],
+        $46::text[], $47::float8[], $48::float8[])
         AS u({move_columns})
      WHERE j.id = u.id
        AND j.epoch = u.expect_epoch
@@ -76,9 +76,9 @@ WITH ins AS (
        AND (u.lease_before IS NULL OR j.lease_until < u.lease_before)
     RETURNING 1
 )
-SELECT sqlq_expect((SELECT count(*) FROM upd), $47),
+SELECT sqlq_expect((SELECT count(*) FROM upd), $49),
        (SELECT count(*) FROM ins),
-       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $48) AS woken);
+       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '') WHERE $50) AS woken);
 
 -- name: why_refused
 -- What a refused transition found, to name the error: the job, and who holds it until when.
@@ -319,6 +319,23 @@ SELECT (SELECT count(*) FROM up),
 
 -- name: paused
 SELECT name FROM queues WHERE paused ORDER BY name;
+
+-- name: set_policy
+-- A queue's policy (sqlq.common.fair, as JSON; NULL: none), beside its pause; the claimers
+-- are woken so they read it at once.
+WITH up AS (
+    INSERT INTO policies (name, policy) SELECT $1, $2 WHERE $2::text IS NOT NULL
+    ON CONFLICT (name) DO UPDATE SET policy = excluded.policy
+    RETURNING 1
+), gone AS (
+    DELETE FROM policies WHERE name = $1 AND $2::text IS NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM up) + (SELECT count(*) FROM gone),
+       (SELECT count(*) FROM (SELECT pg_notify('sqlq_jobs', '')) AS woken);
+
+-- name: policies
+SELECT name, policy FROM policies ORDER BY name;
 
 -- name: prune_lock
 -- Pruning, one node at a time ($1 is PRUNE_LOCK): true if this node may prune now.

@@ -7,7 +7,7 @@
 -- Ticks: for each row of u (one per call, numbered by caller), move the cursor of
 -- schedule name from expect_cursor to cursor if it is at expect_version with that
 -- cursor and its idle job (overlap skip) is not live, and insert that call's jobs
--- ($1..$26, write_batch's columns and casts, with their call's number in $34) only if
+-- ($1..$28, write_batch's columns and casts, with their call's number in $36) only if
 -- its cursor moved. One statement for every tick of a batch, so one round trip and one
 -- WAL flush; the names are distinct (one target row per u row). Of two nodes that
 -- evaluate the same tick, the second waits on the first's row lock, then finds the
@@ -19,8 +19,8 @@
 -- and whether its idle job is live; found values that match the expected ones mean
 -- the row changed while the statement waited for it.
 WITH u AS (
-    SELECT * FROM unnest($27::text[], $28::int8[], $29::int8[], $30::int8[], $31::text[],
-                         $32::text[], $33::int4[])
+    SELECT * FROM unnest($29::text[], $30::int8[], $31::int8[], $32::int8[], $33::text[],
+                         $34::text[], $35::int4[])
         AS u(name, expect_version, expect_cursor, cursor, idle, job, caller)
 ), idle AS (
     SELECT u.caller,
@@ -41,7 +41,7 @@ WITH u AS (
         $8::int8[], $9::int8[], $10::float8[], $11::float8[], $12::text[], $13::text[],
         $14::float8[], $15::text[], $16::text[], $17::text[], $18::int8[], $19::float8[],
         $20::text[], $21::text[], $22::int8[], $23::text[], $24::text[], $25::float8[],
-        $26::bool[], $34::int4[])
+        $26::bool[], $27::text[], $28::int4[], $36::int4[])
         AS r({table_columns}, caller)
      WHERE r.caller IN (SELECT m.caller FROM moved m)
     RETURNING 1

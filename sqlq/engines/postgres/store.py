@@ -33,6 +33,7 @@ from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.cascade import tell
 from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
 from sqlq.common.errors import StoreError, StoreUnavailableError, ValidationError
+from sqlq.common.fair import Policy, encode_policy, stored_policies
 from sqlq.common.models import Job, State
 from sqlq.common.running import Progress
 from sqlq.common.schedule import Schedule, key_range
@@ -62,12 +63,12 @@ from sqlq.engines.postgres.batch import (
 )
 from sqlq.engines.postgres.connections import DEADLINE_S, UNAVAILABLE, Connections
 from sqlq.engines.postgres.flows import ROW_WIDTH, job_of
+from sqlq.engines.postgres.prune import prune
 from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
 from sqlq.engines.postgres.schedule_rows import row_schedule
 from sqlq.engines.postgres.schedules import flush
 
 T = TypeVar("T")
-PRUNE_LOCK = 0x5371_6C72  # one node at a time prunes
 
 
 def node_name() -> str:
@@ -117,7 +118,7 @@ class PostgresStore(Committing):
             raise StoreError(f"{self.name} store was already opened")
         self._opened = True
         t0 = time.perf_counter()
-        paused = await self._db.open()
+        paused, policies = await self._db.open()
         self._committer = GroupCommitter(
             self._flush, encode=Encoded, name=self.name, group=self._group
         )
@@ -130,6 +131,7 @@ class PostgresStore(Committing):
             seconds=time.perf_counter() - t0,
             notes=[f"shared queue at {self.where}; this node is {self.node}"],
             paused_queues=paused,
+            queue_policies=policies,
         )
 
     async def close(self) -> None:
@@ -258,6 +260,14 @@ class PostgresStore(Committing):
     async def paused_queues(self) -> list[str]:
         return [r[0] for r in await self._read(lambda c: c.fetch(Q["paused"]))]
 
+    async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
+        raw = None if policy is None else encode_policy(policy)
+        await self._read(lambda c: c.fetchrow(Q["set_policy"], queue, raw))
+
+    async def queue_policies(self) -> dict[str, Policy]:
+        rows = await self._read(lambda c: c.fetch(Q["policies"]))
+        return stored_policies([(r[0], r[1]) for r in rows])
+
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         rows = await self._read(lambda c: c.fetch(Q["finished"], list(ids)))
         return [job_of(r) for r in rows]
@@ -358,23 +368,7 @@ class PostgresStore(Committing):
         """Prune finished jobs past retention, on one node at a time (an advisory lock)."""
         t0, began = time.perf_counter(), self.clock.time()
         async with self._conn() as conn:
-            before = int(await conn.fetchval(Q["size"]))
-            pruned = 0
-            if await conn.fetchval(Q["prune_lock"], PRUNE_LOCK):
-                try:
-                    horizon = self.clock.time() - self.retention
-                    pruned, _nodes, _graph = await conn.fetchrow(Q["prune"], horizon)
-                finally:
-                    await conn.execute(Q["prune_unlock"], PRUNE_LOCK)
-            after = int(await conn.fetchval(Q["size"]))
-            live = int(await conn.fetchval(Q["live"]))
-        report = CompactionReport(
-            bytes_before=before,
-            bytes_after=after,
-            jobs_kept=live,
-            jobs_pruned=int(pruned),
-            seconds=time.perf_counter() - t0,
-        )
+            report = await prune(conn, self.clock.time() - self.retention, t0)
         self._last_compaction = (began, report)
         return report
 

@@ -22,8 +22,9 @@ from sqlq.engines.sqlite.queries import Q
 # 3: the schedules table; 4: the running columns (migrate_v4.sql); 5: a running job's
 # holder and lease (migrate_v5.sql) and the secrets table (schema.sql); 6: whether a forced
 # cancel holds that lease (migrate_v6.sql); 7: the flows and edges tables of workflows
-# (schema.sql: new tables only, so no script).
-SCHEMA_VERSION = "7"
+# (schema.sql: new tables only, so no script); 8: a job's fairness key and weight
+# (migrate_v8.sql) and the policies table (schema.sql).
+SCHEMA_VERSION = "8"
 SCHEMA = load_script("sqlq.engines.sqlite", "schema.sql")
 INDEXES = load_script("sqlq.engines.sqlite", "indexes.sql")
 # (the column whose absence says the migration is due, its script), oldest first.
@@ -32,6 +33,7 @@ MIGRATIONS = (
     ("cancel_requested_at", load_script("sqlq.engines.sqlite", "migrate_v4.sql")),
     ("holder", load_script("sqlq.engines.sqlite", "migrate_v5.sql")),
     ("cancel_forced", load_script("sqlq.engines.sqlite", "migrate_v6.sql")),
+    ("key", load_script("sqlq.engines.sqlite", "migrate_v8.sql")),
 )
 
 

@@ -7,7 +7,7 @@
 id, kind, args, state, attempts, max_attempts, ready_at, priority, epoch, created_at,
 updated_at, last_error, result, started_at, queue, idempotency_key, request_hash,
 attempts_total, cancel_requested_at, progress, checkpoint, snoozes, errors, holder, lease_until,
-cancel_forced
+cancel_forced, key, weight
 
 -- name: changes_view
 -- A batch's changes, in the callers' order, as rows of one view (created per connection
@@ -300,3 +300,13 @@ INSERT INTO queues (name, paused) VALUES (?, ?)
 
 -- name: paused_queues
 SELECT name FROM queues WHERE paused = 1 ORDER BY name;
+
+-- name: set_queue_policy
+INSERT INTO policies (name, policy) VALUES (?, ?)
+    ON CONFLICT (name) DO UPDATE SET policy = excluded.policy;
+
+-- name: drop_queue_policy
+DELETE FROM policies WHERE name = ?;
+
+-- name: queue_policies
+SELECT name, policy FROM policies ORDER BY name;

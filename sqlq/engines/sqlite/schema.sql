@@ -1,6 +1,6 @@
--- sqlq SQLite schema, version 7 (3 added the schedules table, 4 the running columns, 5 a
+-- sqlq SQLite schema, version 8 (3 added the schedules table, 4 the running columns, 5 a
 -- running job's holder and lease and the secrets table, 6 cancel_forced, 7 the flows and
--- edges tables of workflows; every
+-- edges tables of workflows, 8 a job's fairness key and weight, and the policies table; every
 -- statement here runs at every open, IF NOT EXISTS, so an older database gains the tables it
 -- lacks, and migrate_v*.sql the columns). Readable with the stdlib sqlite3 module and plain SQL.
 CREATE TABLE IF NOT EXISTS jobs (
@@ -34,7 +34,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     lease_until  REAL,                     -- unix seconds
     -- 1: a forced cancel holds the lease at the grace's end (no renewal moves it), so the
     -- attempt ends cancelled then, after a restart too; 0 otherwise. migrate_v6.sql.
-    cancel_forced INTEGER NOT NULL DEFAULT 0
+    cancel_forced INTEGER NOT NULL DEFAULT 0,
+    -- A job's fairness key and weight (sqlq.common.fair); migrate_v8.sql.
+    key     TEXT,
+    weight       INTEGER NOT NULL DEFAULT 1
 ) WITHOUT ROWID;
 
 -- Recovery reads only live jobs; pruning reads only old terminal ones.
@@ -66,6 +69,12 @@ CREATE TABLE IF NOT EXISTS secrets (
 CREATE TABLE IF NOT EXISTS queues (
     name   TEXT PRIMARY KEY,
     paused INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- A queue's policy (sqlq.common.fair.Policy as JSON), durable like its pause; no row: none.
+CREATE TABLE IF NOT EXISTS policies (
+    name   TEXT PRIMARY KEY,
+    policy TEXT NOT NULL
 ) WITHOUT ROWID;
 
 -- Schedules (sqlq.common.schedule.Schedule), by name. spec is the ScheduleSpec as JSON;

@@ -42,6 +42,7 @@ from sqlq.common.errors import (
     StoreError,
     StoreFailedError,
 )
+from sqlq.common.fair import Policy, encode_policy, stored_policies
 from sqlq.common.models import Job, State
 from sqlq.common.schedule import Schedule
 from sqlq.common.store import (
@@ -144,13 +145,17 @@ class SQLiteStore(DurableStore):
             raise StoreError(f"{self.path}: cannot open: {exc.strerror or exc}") from exc
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open: {exc}") from exc
-        paused = [r[0] for r in await self._conn().execute_fetchall(Q["paused_queues"])]
+        conn = self._conn()
+        paused = [r[0] for r in await conn.execute_fetchall(Q["paused_queues"])]
+        policies = stored_policies([(r[0], r[1]) for r in await conn.execute_fetchall(
+            Q["queue_policies"])])  # fmt: skip
         return Recovery(
             jobs=jobs,
             running=[j.id for j in jobs if j.state is State.RUNNING],
             records=len(jobs),
             seconds=time.perf_counter() - t0,
             paused_queues=paused,
+            queue_policies=policies,
         )
 
     def _private_files(self) -> None:
@@ -268,6 +273,19 @@ class SQLiteStore(DurableStore):
         try:  # autocommit: one statement, never inside a batch's transaction
             async with self._turn:
                 await self._conn().execute(Q["set_queue_paused"], (queue, int(paused)))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+
+    async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
+        self._writable()
+        try:  # autocommit, as a pause
+            async with self._turn:
+                if policy is None:
+                    await self._conn().execute(Q["drop_queue_policy"], (queue,))
+                else:
+                    await self._conn().execute(
+                        Q["set_queue_policy"], (queue, encode_policy(policy))
+                    )
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 

@@ -1,0 +1,188 @@
+"""Fair claims, pure: a queue's policy, the token bucket (GCRA) and fair queueing's tags.
+
+A job may carry a ``key`` (a tenant, or any fairness key) and a ``weight``. A queue's
+``Policy`` says what its claims obey per key and for the whole queue:
+
+- ``key_concurrency``: at most this many of one key's attempts run at once;
+- ``rate``: at most ``per_s`` starts a second per key, ``burst`` of them at once;
+- ``queue_rate``: the same for every key together;
+- ``fair``: the eligible key with the smallest virtual start tag goes first (start-time
+  fair queueing), so a key's flood never delays another key's job by more than a round.
+
+Priority orders jobs within a key; keys share the queue by weight. A key is eligible
+when it has a due job, is under its concurrency limit and its bucket allows a start.
+
+**The bucket** is the generic cell rate algorithm: a theoretical arrival time ``tat``
+per key. A start at ``t`` conforms iff ``t >= tat - tau``, where ``T = 1 / per_s`` and
+``tau = (burst - 1) * T``; it moves ``tat`` to ``max(tat, t) + T``. So in any window of
+``W`` seconds at most ``floor(W / T) + burst`` starts conform. A bucket **restarts empty**
+(``empty``: as if ``burst`` starts had just happened), so the bound holds across a
+restart and a kill -9: the state is never stored, and none is needed.
+
+**Fair queueing** (SFQ): each key has a finish tag ``F``; the virtual time ``V`` is the
+start tag of the job served last. A key's start tag is ``max(V, F)``; serving it moves
+``F`` to that plus ``1 / weight`` and ``V`` to that. A key back from idle (or from a
+limit) starts at ``V``: it banks no credit.
+
+Nothing here reads a clock: every function takes ``now``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Annotated
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+MAX_KEY = 128  # characters of a job's key
+# Printable ASCII without spaces: fits a metric's label and a URL's path segment.
+KEY_PATTERN = rf"^[\x21-\x7e]{{1,{MAX_KEY}}}$(?!\n)"
+MAX_WEIGHT = 1000
+MAX_RATE = 1_000_000.0  # starts a second
+MAX_BURST = 1_000_000
+MAX_CONCURRENCY = 1_000_000
+MAX_OVERRIDES = 10_000  # per-key overrides of one queue's policy
+
+FairKey = Annotated[str, msgspec.Meta(pattern=KEY_PATTERN)]
+Weight = Annotated[int, msgspec.Meta(ge=1, le=MAX_WEIGHT)]
+
+
+class Rate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """At most ``per_s`` starts a second, ``burst`` of them back to back."""
+
+    per_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_RATE)]
+    burst: Annotated[int, msgspec.Meta(ge=1, le=MAX_BURST)] = 1
+
+    @property
+    def interval(self) -> float:
+        """``T``: the seconds one start costs."""
+        return 1.0 / self.per_s
+
+    @property
+    def tolerance(self) -> float:
+        """``tau``: how far ahead of ``tat`` a start may come (the burst past the first)."""
+        return (self.burst - 1) / self.per_s
+
+
+Concurrency = Annotated[int, msgspec.Meta(ge=1, le=MAX_CONCURRENCY)]
+
+
+class KeyPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One key's override of its queue's per-key limits (``PUT /queues/{q}/keys/{key}``)."""
+
+    key_concurrency: Concurrency | None = None
+    rate: Rate | None = None
+    weight: Weight | None = None  # None: each job's own
+
+
+class Policy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """A queue's policy; durable like a pause. The default is none: the plain claim."""
+
+    key_concurrency: Concurrency | None = None
+    rate: Rate | None = None  # per key
+    queue_rate: Rate | None = None  # every key together
+    fair: bool = True
+    keys: dict[FairKey, KeyPolicy] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.keys) > MAX_OVERRIDES:
+            raise ValueError(f"keys: at most {MAX_OVERRIDES} per-key overrides")
+
+    @property
+    def plain(self) -> bool:
+        """Whether it asks nothing of a claim (then the queue's path is the plain one)."""
+        return (
+            self.key_concurrency is None
+            and self.rate is None
+            and self.queue_rate is None
+            and not self.keys
+        )
+
+    def concurrency_of(self, key: str | None) -> int | None:
+        override = self.keys.get(key) if key is not None and self.keys else None
+        if override is not None and override.key_concurrency is not None:
+            return override.key_concurrency
+        return self.key_concurrency
+
+    def rate_of(self, key: str | None) -> Rate | None:
+        override = self.keys.get(key) if key is not None and self.keys else None
+        if override is not None and override.rate is not None:
+            return override.rate
+        return self.rate
+
+    def weight_of(self, key: str | None, job_weight: int) -> int:
+        override = self.keys.get(key) if key is not None and self.keys else None
+        if override is not None and override.weight is not None:
+            return override.weight
+        return job_weight
+
+
+POLICY = msgspec.json.Decoder(Policy)
+KEY_POLICY = msgspec.json.Decoder(KeyPolicy)
+
+
+def decode_policy(raw: bytes | str) -> Policy:
+    """A stored or sent policy (``ValueError`` from msgspec names the field)."""
+    return POLICY.decode(raw)
+
+
+def stored_policies(rows: list[tuple[str, bytes | str]]) -> dict[str, Policy]:
+    """Policies as an engine stored them (encoded by ``encode_policy``). One that no longer
+    decodes (a bound this version tightened) is left out, logged, rather than failing the
+    open: recovery never refuses what the engine wrote, and its queue runs plain."""
+    out: dict[str, Policy] = {}
+    for queue, raw in rows:
+        try:
+            out[queue] = POLICY.decode(raw)
+        except (msgspec.DecodeError, ValueError) as exc:
+            log.error("queue %s: its stored policy is left out: %s", queue, exc)
+    return out
+
+
+def encode_policy(policy: Policy) -> str:
+    return msgspec.json.encode(policy).decode()
+
+
+# -- the bucket (GCRA) ---------------------------------------------------------------------
+
+
+def empty(rate: Rate, now: float) -> float:
+    """A bucket with no start left: ``tat`` as if ``burst`` starts had just happened at
+    ``now``. The next start conforms at ``now + T``."""
+    return now + rate.interval + rate.tolerance
+
+
+def allowed_at(rate: Rate, tat: float) -> float:
+    """The earliest time a start conforms."""
+    return tat - rate.tolerance
+
+
+def take(rate: Rate, tat: float, now: float) -> float:
+    """``tat`` after a start at ``now`` (which must conform)."""
+    return max(tat, now) + rate.interval
+
+
+def push_back(rate: Rate, tat: float, now: float, after_s: float) -> float:
+    """``tat`` once an upstream said "not before ``after_s`` from now" (a handler's
+    ``RateLimited``): no start conforms before then."""
+    return max(tat, now + max(0.0, after_s) + rate.tolerance)
+
+
+def starts_bound(rate: Rate, window_s: float) -> int:
+    """The most starts any window of ``window_s`` may hold: ``floor(r * W) + burst``."""
+    return math.floor(rate.per_s * window_s + 1e-9) + rate.burst
+
+
+# -- fair queueing's tags ---------------------------------------------------------------
+
+
+def start_tag(virtual: float, finish: float) -> float:
+    """A key's start tag: never behind the virtual time (no banked credit)."""
+    return finish if finish > virtual else virtual
+
+
+def finish_tag(start: float, weight: int) -> float:
+    return start + 1.0 / weight
