@@ -8,6 +8,9 @@ A job may carry a ``key`` (a tenant, or any fairness key) and a ``weight``. A qu
 - ``queue_rate``: the same for every key together;
 - ``fair``: the eligible key with the smallest virtual start tag goes first (start-time
   fair queueing), so a key's flood never delays another key's job by more than a round.
+  On by default: a queue with no policy is fair between keys while it holds a job with a
+  key (and plain, exactly, while it holds none); ``fair: false`` keeps the plain order
+  (priority, then age) between keys, under their limits.
 
 Priority orders jobs within a key; keys share the queue by weight. A key is eligible
 when it has a due job, is under its concurrency limit and its bucket allows a start.
@@ -39,18 +42,20 @@ log = logging.getLogger(__name__)
 
 MAX_KEY = 128  # characters of a job's key
 # Printable ASCII without spaces: fits a metric's label and a URL's path segment.
-KEY_PATTERN = rf"^[\x21-\x7e]{{1,{MAX_KEY}}}$(?!\n)"
+FAIR_KEY_PATTERN = rf"^[\x21-\x7e]{{1,{MAX_KEY}}}$(?!\n)"
 MAX_WEIGHT = 1000
 MAX_RATE = 1_000_000.0  # starts a second
 MAX_BURST = 1_000_000
 MAX_CONCURRENCY = 1_000_000
 MAX_OVERRIDES = 10_000  # per-key overrides of one queue's policy
+MAX_POLICY_BODY = 2 << 20  # bytes of a policy's JSON (10,000 overrides fit)
 
-FairKey = Annotated[str, msgspec.Meta(pattern=KEY_PATTERN)]
+FairKey = Annotated[str, msgspec.Meta(pattern=FAIR_KEY_PATTERN)]
 Weight = Annotated[int, msgspec.Meta(ge=1, le=MAX_WEIGHT)]
 
 
-class Rate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+class Rate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True,
+           omit_defaults=True):  # fmt: skip
     """At most ``per_s`` starts a second, ``burst`` of them back to back."""
 
     per_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_RATE)]
@@ -70,7 +75,8 @@ class Rate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True
 Concurrency = Annotated[int, msgspec.Meta(ge=1, le=MAX_CONCURRENCY)]
 
 
-class KeyPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+class KeyPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True,
+                omit_defaults=True):  # fmt: skip
     """One key's override of its queue's per-key limits (``PUT /queues/{q}/keys/{key}``)."""
 
     key_concurrency: Concurrency | None = None
@@ -78,7 +84,8 @@ class KeyPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     weight: Weight | None = None  # None: each job's own
 
 
-class Policy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+class Policy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True,
+             omit_defaults=True):  # fmt: skip
     """A queue's policy; durable like a pause. The default is none: the plain claim."""
 
     key_concurrency: Concurrency | None = None
@@ -93,7 +100,8 @@ class Policy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
 
     @property
     def plain(self) -> bool:
-        """Whether it asks nothing of a claim (then the queue's path is the plain one)."""
+        """Whether it sets no limit (then the queue is fair between keys while it holds a
+        job with one, unless ``fair`` is off, and its path is the plain one otherwise)."""
         return (
             self.key_concurrency is None
             and self.rate is None

@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 
 from sqlq.common.errors import ValidationError, clip
+from sqlq.common.fair import FAIR_KEY_PATTERN
 from sqlq.common.models import State
 from sqlq.common.models import is_job_id as is_job_id  # the API asks it here, with the rest
 from sqlq.common.schedule import check_name
@@ -41,6 +42,7 @@ from sqlq.common.wire import MAX_WAIT_S
 LIST_PARAMS = frozenset({"state", "kind", "queue", "schedule", "limit", "after", "order"})
 ORDERS = ("asc", "desc")  # a listing's ``order``: oldest first (the default), newest first
 _QUEUE = re.compile(QUEUE_PATTERN)
+_FAIR_KEY = re.compile(FAIR_KEY_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
 
 
@@ -121,6 +123,13 @@ def wait_seconds(params: Mapping[str, str]) -> float:
 def queue_name(name: str) -> str:
     if not _QUEUE.fullmatch(name):
         raise ValidationError("queue", f"must match {QUEUE_PATTERN}")
+    return name
+
+
+def fair_key(name: str) -> str:
+    """A fairness key in a path (``/queues/{q}/keys/{key}``), checked as a job's is."""
+    if not _FAIR_KEY.fullmatch(name):
+        raise ValidationError("key", f"must match {FAIR_KEY_PATTERN}")
     return name
 
 

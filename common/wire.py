@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from sqlq.common.fair import Policy
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS, JSON, Job, State
 from sqlq.common.running import AttemptError, Progress
 from sqlq.common.schedule import ScheduleSpec, schedule_of
@@ -179,6 +180,9 @@ class QueueView(msgspec.Struct):
     # Of a remote queue: kinds sent to it that no worker claimed since, past a while
     # (``WORKER_SEEN_S``), and that no worker seen lately says it runs.
     unclaimed_kinds: list[str] = msgspec.field(default_factory=list)
+    # Its policy: per-key concurrency and rates, a queue-wide rate, fair claims between
+    # keys (``sqlq.common.fair``); null: none, the plain claim.
+    policy: Policy | None = None
 
 
 class QueueList(msgspec.Struct):

@@ -96,9 +96,24 @@ class FencedError(Conflict):
 
 
 class RateLimited(ApiError):
-    """The queue is full (429); try again after ``retry_after`` seconds."""
+    """No more for now (429); try again after ``retry_after`` seconds.
 
-    retry_after: float = 1.0
+    The client raises it for a full queue's 429. A handler raises it for an upstream's:
+    ``raise sqlq.RateLimited(30)``. Its job is then snoozed that long without spending an
+    attempt (a snooze, so bounded by ``--max-snoozes``), and in a queue with a per-key rate
+    its key's bucket moves on, so no job of that key starts before then either."""
+
+    def __init__(
+        self,
+        retry_after: float = 1.0,
+        message: str = "rate limited",
+        *,
+        status: int = 429,
+        code: str = "rate_limited",
+        field: str | None = None,
+    ) -> None:
+        super().__init__(status, code, message, field)
+        self.retry_after = float(retry_after)
 
 
 class Unavailable(ApiError):
@@ -165,10 +180,11 @@ class Call(Generic[T]):
         cls = _BY_STATUS.get(status, Unavailable)
         if cls is Conflict and body.get("error") == FENCED:
             cls = FencedError
-        err = cls(status, body.get("error", "?"), body.get("message", ""), body.get("field"))
-        if isinstance(err, RateLimited):
-            err.retry_after = retry_after_s(header("retry-after"))
-        raise err
+        code, message, field = body.get("error", "?"), body.get("message", ""), body.get("field")
+        if cls is RateLimited:
+            raise RateLimited(retry_after_s(header("retry-after")), message, status=status,
+                              code=code, field=field)  # fmt: skip
+        raise cls(status, code, message, field)
 
 
 def retry_after_s(value: str | None) -> float:

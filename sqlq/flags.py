@@ -15,7 +15,9 @@ from typing import Any, TypeVar
 
 import click
 
-from sqlq.common.specs import QUEUE_PATTERN, whole_number
+from sqlq.common.errors import ValidationError
+from sqlq.common.fair import Policy
+from sqlq.common.specs import QUEUE_PATTERN, BadJSON, decode, whole_number
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,6 +40,24 @@ def check_queue_caps(values: tuple[str, ...]) -> tuple[str, ...]:
             )
         caps[name] = int(n)
     return values
+
+
+def queue_policies(values: tuple[str, ...]) -> dict[str, Policy]:
+    """``NAME=JSON`` values (``--queue-policy``): each queue's policy, as ``PUT
+    /queues/{name}`` takes it; a click error naming the flag and the field."""
+    policies: dict[str, Policy] = {}
+    for value in values:
+        name, sep, raw = value.partition("=")
+        if not sep or not re.fullmatch(QUEUE_PATTERN, name):
+            raise click.BadParameter(
+                f"{value[:80]!r}: expected NAME=JSON, a queue name and its policy",
+                param_hint="--queue-policy",
+            )
+        try:
+            policies[name] = decode(raw.encode(), Policy)
+        except (ValidationError, BadJSON) as exc:
+            raise click.BadParameter(f"{name}: {exc}", param_hint="--queue-policy") from None
+    return policies
 
 
 def check_queue_names(values: tuple[str, ...], flag: str) -> tuple[str, ...]:

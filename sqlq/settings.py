@@ -26,7 +26,7 @@ from sqlq.common.roles import (
 )
 from sqlq.common.store import DEFAULT_RETENTION_S
 from sqlq.engines.registry import CHOICES, COMPACT_FLOOR_MB, DB_DEADLINE_S, DEFAULT_COMPACT_RATIO
-from sqlq.flags import check_queue_caps, check_queue_names, opt
+from sqlq.flags import check_queue_caps, check_queue_names, opt, queue_policies
 from sqlq.flags import options as options  # the CLI reads both from here
 from sqlq.flags import queue_caps as queue_caps
 from sqlq.runtime.config import DEFAULT_GRACE_S, RuntimeConfig
@@ -333,6 +333,16 @@ class ServeSettings:
         callback=lambda ctx, param, value: check_queue_caps(value),
         help="At most N jobs of queue NAME run at once (repeatable).",
     )
+    queue_policy: tuple[str, ...] = opt(
+        (),
+        "--queue-policy",
+        multiple=True,
+        metavar="NAME=JSON",
+        callback=lambda ctx, param, value: (queue_policies(value), value)[1],
+        help="Queue NAME's policy, as PUT /queues/NAME takes it (repeatable), set at start: "
+        'per-key limits and fair claims between keys, e.g. \'api={"key_concurrency": 2, '
+        '"rate": {"per_s": 10, "burst": 1}}\'. Single-node engines only for now.',
+    )
     handler_threads: int | None = opt(
         _RUNTIME.handler_threads,
         "--handler-threads",
@@ -411,6 +421,14 @@ class ServeSettings:
         return Security.for_binding(self.host, self.token, self.allowed_hosts, principals)
 
     def runtime_config(self) -> RuntimeConfig:
+        from sqlq.engines.registry import engine
+
+        if self.queue_policy and engine(self.store).shared:
+            raise click.BadParameter(
+                f"--store {self.store}: its claim does not keep a policy yet (memory, walq and "
+                "sqlite do)",
+                param_hint="--queue-policy",
+            )
         return RuntimeConfig(
             workers=self.workers,
             max_attempts=self.max_attempts,
@@ -433,6 +451,7 @@ class ServeSettings:
             processes=self.processes,
             imports=self.imports,
             queue_caps=queue_caps(self.queues),
+            queue_policies=queue_policies(self.queue_policy),
             lease_s=self.lease,
             poll_s=self.poll,
             listen=self.listen,

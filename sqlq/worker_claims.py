@@ -488,6 +488,9 @@ class RemoteClaims:
         if (a := self._of(claim)) is not None:
             self._decide(a, SnoozeIn(delay_s=delay_s))
 
+    def rate_limited(self, claim: Claim, after_s: float) -> None:
+        """(A remote queue keeps no per-key rate yet: the snooze that follows is all.)"""
+
     def given_back(self, claim: Claim) -> None:
         if (a := self._of(claim)) is not None:
             self._decide(a, ReleaseIn())

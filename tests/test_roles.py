@@ -234,6 +234,9 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("GET", "/workflows/{workflow_id}"): {A, R},
     ("POST", "/workflows/{workflow_id}/cancel"): {A},
     ("POST", "/workflows/{workflow_id}/retry"): {A},
+    ("PUT", "/queues/{queue}"): {A},
+    ("PUT", "/queues/{queue}/keys/{key}"): {A},
+    ("DELETE", "/queues/{queue}/keys/{key}"): {A},
     ("POST", "/queues/{queue}/pause"): {A},
     ("POST", "/queues/{queue}/resume"): {A},
     ("GET", "/schedules"): {A, R},
@@ -310,6 +313,7 @@ async def test_every_role_meets_its_boundary_on_every_route(
         "job_id": job.json()["id"],
         "queue": "default",
         "name": "nightly",
+        "key": "tenant-1",
         "workflow_id": "0" * 32,
     }
     for (method, template), allowed in sorted(EXPECTED.items()):

@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp
 from sqlq import __version__
 from sqlq.common import query as params
 from sqlq.common.errors import JobNotFoundError, ValidationError
+from sqlq.common.fair import MAX_POLICY_BODY, KeyPolicy, Policy
 from sqlq.common.models import State
 from sqlq.common.redact import redact_paths
 from sqlq.common.specs import (
@@ -76,6 +78,7 @@ def _info(info: QueueInfo) -> dict[str, Any]:
         "remote": info.remote,
         "warning": info.warning,
         "unclaimed_kinds": list(info.unclaimed),
+        "policy": None if info.policy is None else msgspec.to_builtins(info.policy),
     }
 
 
@@ -211,6 +214,22 @@ def create_app(
         infos = await runtime.queues()
         return JSONResponse({"queues": [{"name": q, **_info(i)} for q, i in infos.items()]})
 
+    async def put_policy(request: Request) -> Response:
+        """``PUT /queues/{queue}``: its policy, whole (``{}``: none, the plain claim)."""
+        name = params.queue_name(request.path_params["queue"])
+        policy = decode(await read_body(request, MAX_POLICY_BODY), Policy)
+        return JSONResponse({"name": name, **_info(await runtime.set_policy(name, policy))})
+
+    async def key_policy(request: Request) -> Response:
+        """``PUT`` (or ``DELETE``) ``/queues/{queue}/keys/{key}``: one key's override."""
+        name = params.queue_name(request.path_params["queue"])
+        key = params.fair_key(request.path_params["key"])
+        override = None
+        if request.method == "PUT":
+            override = decode(await read_body(request, MAX_BODY), KeyPolicy)
+        info = await runtime.set_key_policy(name, key, override)
+        return JSONResponse({"name": name, **_info(info)})
+
     async def pause_queue(request: Request) -> Response:
         name = params.queue_name(request.path_params["queue"])
         paused = request.url.path.endswith("/pause")
@@ -291,6 +310,9 @@ def create_app(
         Route("/workflows/{workflow_id}", get_workflow, methods=["GET"]),
         Route("/workflows/{workflow_id}/cancel", cancel_workflow, methods=["POST"]),
         Route("/workflows/{workflow_id}/retry", retry_workflow, methods=["POST"]),
+        Route("/queues/{queue}", put_policy, methods=["PUT"]),
+        Route("/queues/{queue}/keys/{key}", key_policy, methods=["PUT"]),
+        Route("/queues/{queue}/keys/{key}", key_policy, methods=["DELETE"]),
         Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
         Route("/queues/{queue}/resume", pause_queue, methods=["POST"]),
         Route("/jobs/{job_id}", get_job, methods=["GET"]),

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from sqlq.common.fair import FAIR_KEY_PATTERN, KeyPolicy, Policy
 from sqlq.common.protocol import (
     CheckpointBody,
     ClaimAnswer,
@@ -95,6 +96,7 @@ JOB_ID = Param("job_id", "path", {"type": "string"}, "a job id", True)
 SCHEDULE = Param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "a schedule", True)
 QUEUE = Param("queue", "path", {"type": "string", "pattern": QUEUE_PATTERN}, "a queue", True)
 WORKFLOW_ID = Param("workflow_id", "path", {"type": "string"}, "a workflow's id", True)
+FAIR_KEY = Param("key", "path", {"type": "string", "pattern": FAIR_KEY_PATTERN}, "a key", True)
 STATES = ["scheduled", "running", "completed", "dead", "cancelled", "waiting"]
 OPS = (
     Operation(
@@ -218,6 +220,30 @@ OPS = (
         "its death cancelled, in one commit; a member a user cancelled stays cancelled",
         {200: Retried},
         params=(WORKFLOW_ID,),
+    ),
+    Operation(
+        "put",
+        "/queues/{queue}",
+        "Set a queue's policy, whole (durable): per-key concurrency and rate, a queue-wide "
+        "rate, fair claims between keys, per-key overrides; {} for none",
+        {200: QueueView},
+        Policy,
+        (QUEUE,),
+    ),
+    Operation(
+        "put",
+        "/queues/{queue}/keys/{key}",
+        "Set one key's override of its queue's per-key limits (durable)",
+        {200: QueueView},
+        KeyPolicy,
+        (QUEUE, FAIR_KEY),
+    ),
+    Operation(
+        "delete",
+        "/queues/{queue}/keys/{key}",
+        "Drop one key's override",
+        {200: QueueView},
+        params=(QUEUE, FAIR_KEY),
     ),
     Operation(
         "post",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job
 from sqlq.common.running import Progress
 
@@ -48,3 +49,4 @@ class QueueInfo:
     warning: str | None = None  # remote, jobs waiting, and no worker seen for it lately
     # remote: kinds sent to it lately that no claim took since and no worker says it runs
     unclaimed: tuple[str, ...] = ()
+    policy: Policy | None = None  # per-key limits and fair claims (``sqlq.common.fair``)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sqlq.common.backoff import Failure, after_failure, after_snooze, released
 from sqlq.common.errors import StoreError, TransitionError, UnencodableError
+from sqlq.common.fair import Policy
 from sqlq.common.models import JSON, Job, State, Transition
 from sqlq.common.protocol import ParentsPage
 from sqlq.common.store import Recovery
@@ -109,6 +110,10 @@ class Claims(Holding, Protocol):
         """Stop (or resume) starting jobs of ``queue``; durable. Running ones finish."""
         ...
 
+    async def set_policy(self, queue: str, policy: Policy | None) -> None:
+        """``queue``'s policy (``sqlq.common.fair``; None: none) from now on; durable."""
+        ...
+
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         """Those of ``ids`` that are finished, wherever they ran (see ``finish_poll_s``)."""
         ...
@@ -149,6 +154,10 @@ class ClaimsView(Protocol):
 
     def paused_queues(self) -> Collection[str]:
         """The queues paused now (``--max-queues`` counts names: ``sqlq.runtime.names``)."""
+        ...
+
+    def policies(self) -> Mapping[str, Policy]:
+        """Each queue's policy, as this node knows it now."""
         ...
 
     def running_here(self) -> Mapping[str, int]:
@@ -194,6 +203,7 @@ class ClaimsBase(Reach):
         self._metrics = parts.metrics
         self._caps = dict(parts.config.queue_caps)
         self._paused: set[str] = set()  # paused queues
+        self._policies: dict[str, Policy] = {}  # queues with a policy (``sqlq.common.fair``)
         self._running: Counter[str] = Counter()  # attempts started here and not yet over, by queue
         self._background: set[asyncio.Future[Any]] = set()  # outcomes (and touches) being written
         self._setup()
@@ -259,6 +269,26 @@ class ClaimsBase(Reach):
             self._paused.discard(queue)
             self._opened(queue)
 
+    async def set_policy(self, queue: str, policy: Policy | None) -> None:
+        self._may_have_policy(queue)
+        if policy == Policy():
+            policy = None  # (the default: fair between keys, no limits)
+        await self._store.set_queue_policy(queue, policy)
+        self._policy(queue, policy)
+
+    def policies(self) -> Mapping[str, Policy]:
+        return self._policies
+
+    def _may_have_policy(self, queue: str) -> None:
+        """``ValidationError`` naming ``policy`` if ``queue`` cannot obey one here."""
+
+    def _policy(self, queue: str, policy: Policy | None) -> None:
+        """``queue``'s policy is ``policy`` now (durable, or recovered): obey it."""
+        if policy is None:
+            self._policies.pop(queue, None)
+        else:
+            self._policies[queue] = policy
+
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         return []  # (finish_poll_s is None: nobody asks)
 
@@ -316,11 +346,14 @@ class ClaimsBase(Reach):
         self._record(claim, after_snooze(job, delay_s, now, self._config.max_snoozes),
                      again=Event.SNOOZED, retried=False)  # fmt: skip
 
+    def rate_limited(self, claim: Claim, after_s: float) -> None:
+        """(Kept only where the claims keep per-key rates: ``LocalClaims``.)"""
+
     def given_back(self, claim: Claim) -> None:
         if claim.over:  # (a late give-back is fenced as a late end is; no run time to see)
             self._events.record(Event.FENCED, claim.job)
             return
-        self._release(claim.job.queue)
+        self._release(claim.job)
         self._record(claim, released(self._carry(claim), self._clock.time()), retried=False)
 
     def expires(self, claim: Claim) -> float | None:
@@ -346,10 +379,12 @@ class ClaimsBase(Reach):
         started = claim.job.started_at
         if started is not None:
             self._metrics.run.observe(max(0.0, self._clock.time() - started))
-        self._release(claim.job.queue)
+        self._release(claim.job)
         return False
 
-    def _release(self, queue: str) -> None:
+    def _release(self, job: Job) -> None:
+        """``job``'s attempt here is over (or never started): its queue has room again."""
+        queue = job.queue
         running = self._running
         running[queue] -= 1
         if running[queue] <= 0:

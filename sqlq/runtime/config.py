@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sqlq.common.backoff import RetryPolicy
+from sqlq.common.fair import Policy
 from sqlq.common.models import DEFAULT_MAX_ATTEMPTS
 from sqlq.common.running import DEFAULT_MAX_SNOOZES
 
@@ -43,6 +44,7 @@ class RuntimeConfig:
     processes: int = 0
     imports: tuple[str, ...] = ()
     queue_caps: dict[str, int] = field(default_factory=dict)  # queue -> jobs running at once
+    queue_policies: dict[str, Policy] = field(default_factory=dict)  # --queue-policy
     # A running job: a forced cancel cuts its attempt off this long after the request
     # (--cancel-grace); snoozes past --max-snoozes dead-letter it; its progress is written
     # at most once per progress_every_s (and always with the outcome).

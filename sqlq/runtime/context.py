@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.models import JSON, Job
-from sqlq.common.running import Progress, check_checkpoint, check_progress, check_snooze
+from sqlq.common.running import (
+    MAX_SNOOZE_S,
+    Progress,
+    check_checkpoint,
+    check_progress,
+    check_snooze,
+)
 from sqlq.runtime.parents import NO_PARENTS, Parents
 from sqlq.runtime.threads import HandlerThreads
 
@@ -61,6 +67,15 @@ class Snooze(Exception):
     def __init__(self, seconds: float) -> None:
         self.seconds = check_snooze(seconds)
         super().__init__(f"snooze for {self.seconds:g} s")
+
+
+def limited_for(limited: Any) -> float:
+    """How long a handler's ``sqlq.RateLimited`` snoozes its job: its ``retry_after``, held
+    to a snooze's bounds (an upstream's header may say anything)."""
+    after = getattr(limited, "retry_after", 1.0)
+    if isinstance(after, bool) or not isinstance(after, int | float) or after != after:
+        return 1.0
+    return float(min(max(after, 0.0), MAX_SNOOZE_S))
 
 
 def snooze(seconds: float) -> Snooze:

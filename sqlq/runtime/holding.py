@@ -46,6 +46,11 @@ class Holding(Protocol):
         """The handler snoozed: due again after ``delay_s``, its attempt not counted."""
         ...
 
+    def rate_limited(self, claim: Claim, after_s: float) -> None:
+        """The handler raised ``RateLimited`` (its snooze follows): where a per-key rate is
+        kept, the key's bucket moves on ``after_s``; elsewhere nothing."""
+        ...
+
     def given_back(self, claim: Claim) -> None:
         """The claim never started (a cancel was asked for first, or its holder stops): due
         again in its place in line, or cancelled if a cancel was asked for; no attempt is

@@ -290,8 +290,9 @@ class Lanes(Generic[T]):
         """Move what is due by ``now`` from the heap to the deques."""
         self._promote(now)
 
-    def discard(self, ready_at: float) -> None:
-        """An entry (due at ``ready_at``) that is in these lanes is no longer wanted."""
+    def discard(self, ready_at: float, item: T | None = None) -> None:
+        """An entry (due at ``ready_at``) that is in these lanes is no longer wanted (``item``:
+        which, for lanes that keep entries apart by more than their due time)."""
         if ready_at <= self.seen:
             self.stale_ready += 1
         else:
@@ -364,9 +365,11 @@ class QueueLanes(Generic[T]):
 
     __slots__ = ("closed", "lanes", "name", "prio", "timer", "turn")
 
-    def __init__(self, name: str, current: Callable[[T], bool]) -> None:
+    def __init__(
+        self, name: str, current: Callable[[T], bool], lanes: Lanes[T] | None = None
+    ) -> None:
         self.name = name
-        self.lanes: Lanes[T] = Lanes(current)
+        self.lanes: Lanes[T] = Lanes(current) if lanes is None else lanes  # (fair: by key)
         self.turn = -1  # its one valid entry in the due heap; -1: not there
         self.prio = 0  # that entry's priority
         self.timer: float | None = None  # its one valid entry in the timer heap

@@ -40,7 +40,9 @@ from sqlq.common.errors import (
     JobRunningError,
     StoreError,
     TransitionError,
+    ValidationError,
 )
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import remote_worker
 from sqlq.common.store import Cascaded, Recovery
@@ -69,6 +71,7 @@ class LocalClaims(ClaimsBase):
         self.scheduler = Scheduler(
             self._clock, gate=self._open, taken=self._taken, current=self.current
         )
+        self._fair_queues = self.scheduler.fair  # (the same dict: a job's end asks it)
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
         self._lanes_loaded = False  # until ``start`` loads them, a released child waits for it
@@ -86,6 +89,8 @@ class LocalClaims(ClaimsBase):
         self._loop = asyncio.get_running_loop()
         self._store.observe_cascade(self.cascaded)
         self._paused.update(recovery.paused_queues)
+        for queue, policy in recovery.queue_policies.items():
+            self._policy(queue, policy)
         live = self._live
         live.load(recovery.jobs, recovery.by_id)
         now = self._clock.time()
@@ -222,7 +227,7 @@ class LocalClaims(ClaimsBase):
     def queues_now(self) -> dict[str, QueueInfo]:
         live = (q for q, n in self._live.queues.items() if n > 0)
         names = {*self._caps, *self._paused, *(q for q, n in self._running.items() if n > 0), *live,
-                 *self._remote_names}  # fmt: skip
+                 *self._remote_names, *self._policies}  # fmt: skip
         served = self._served()
         return {q: self._info(q, served) for q in sorted(names)}
 
@@ -262,6 +267,7 @@ class LocalClaims(ClaimsBase):
             running=self._running[name],
             limit=self._caps.get(name),
             paused=name in self._paused,
+            policy=self._policies.get(name),
         )
 
     def passed_over(self, job_id: str) -> bool:
@@ -372,7 +378,7 @@ class LocalClaims(ClaimsBase):
             claim = self._claim(entry)
             if claim is not None:
                 return claim
-            self._release(entry.queue)  # handed out, but it will not run: give the slot back
+            self._release(entry)  # handed out, but it will not run: give the slot back
 
     def _claim(self, entry: Job) -> Claim | None:
         job_id = entry.id
@@ -423,10 +429,36 @@ class LocalClaims(ClaimsBase):
         if not claimed.done():
             claimed.set_result(result)
 
-    def _release(self, queue: str) -> None:
-        super()._release(queue)
-        if queue in self._caps:
-            self.scheduler.poke(queue)
+    def _release(self, job: Job) -> None:
+        super()._release(job)
+        if job.queue in self._caps:
+            self.scheduler.poke(job.queue)
+        if self._fair_queues and job.queue in self._fair_queues:
+            self.scheduler.ended(job)  # its key's slot
+
+    # -- fair queues (``sqlq.common.fair``) ---------------------------------------------
+
+    def _may_have_policy(self, queue: str) -> None:
+        if self._is_remote(queue):
+            raise ValidationError(
+                "policy", f"queue {queue!r} is served by remote workers: fair claims are not "
+                "kept for a remote queue yet",
+            )  # fmt: skip
+
+    def _policy(self, queue: str, policy: Policy | None) -> None:
+        super()._policy(queue, policy)
+        if self._is_remote(queue):  # (recovered: a queue made remote since it was set)
+            return
+        running = [
+            job
+            for job in self._live.jobs.values()
+            if job.queue == queue and job.state is State.RUNNING and job.holder is None
+        ]
+        self.scheduler.set_policy(queue, policy, running)  # fmt: skip
+
+    def rate_limited(self, claim: Claim, after_s: float) -> None:
+        """``claim``'s handler said its upstream takes no more of its key for ``after_s``."""
+        self.scheduler.pushed_back(claim.job, after_s)
 
 
 def _void(claim: Claim) -> bool:

@@ -7,8 +7,8 @@ in a thousand names, and ``default``, the remote queues and every new name would
 every submission. So:
 
 - **Fixed names never count and are never refused**: ``default``, every
-  ``--remote-queue``, every ``--queue NAME=N``, every schedule the code defines. The
-  configuration bounds them.
+  ``--remote-queue``, every ``--queue NAME=N`` and ``--queue-policy NAME=...``, every
+  schedule the code defines. The configuration bounds them.
 - **A schedule's queue is known while the schedule exists**: it counts (it holds a
   name) but a tick or a submission into it is never refused. Creating a schedule in a
   name that does not count yet is admitted as a new name is, so schedules cannot add
@@ -146,6 +146,16 @@ class QueueNames:
             raise ValidationError(
                 "queue", f"would be one more than --max-queues ({self.cap}) paused queues "
                 "that hold no job; resume one first",
+            )  # fmt: skip
+
+    def check_policy(self, queue: str, policies: Collection[str]) -> None:
+        """A policy keeps its queue's name too: at most ``cap`` queues with one."""
+        if queue in policies or queue in self.fixed:
+            return
+        if len(policies) + 1 > self.cap:
+            raise ValidationError(
+                "queue", f"would be one more than --max-queues ({self.cap}) queues with a "
+                "policy; drop one first",
             )  # fmt: skip
 
     def scheduled(self, name: str, queue: str | None) -> None:

@@ -47,6 +47,7 @@ from typing import Any, cast
 
 import msgspec
 
+from sqlq.calls import RateLimited
 from sqlq.common.backoff import NO_RULES, TaskRetry
 from sqlq.common.clock import SYSTEM_CLOCK
 from sqlq.common.errors import SqlqError
@@ -63,6 +64,7 @@ from sqlq.runtime.context import (
     UnstorableResult,
     describe,
     format_traceback,
+    limited_for,
 )
 from sqlq.runtime.kinds import REGISTRY
 from sqlq.runtime.parents import Parents
@@ -187,6 +189,8 @@ def _outcome(job: Job, ctx: ChildContext) -> tuple[Any, ...]:
             raise TypeError(f"kind {job.kind!r} is not a plain function: it cannot run here")
     except Snooze as s:
         return ("snooze", s.seconds, ctx.unsent())
+    except RateLimited as r:
+        return ("snooze", limited_for(r), ctx.unsent(), True)
     except AttemptFenced as exc:
         return ("fenced", str(exc), ctx.unsent())
     except Exception as exc:  # its traceback, and whether its task retries it, from here
@@ -390,6 +394,8 @@ class ProcessHandlers:
         if what == "spawn":
             return _SPAWN.decode(reply[1])
         if what == "snooze":
+            if len(reply) > 3:  # (a RateLimited: as the handler raised it, bounded)
+                raise RateLimited(reply[1])
             raise Snooze(reply[1])
         if what == "fenced":
             raise AttemptFenced(reply[1])

@@ -30,6 +30,14 @@ Entries in either heap are checked against their queue's record when they reach
 the top (an outdated one is dropped), and a heap that grows past twice its
 queues is rebuilt, so neither holds more than O(q).
 
+A queue with a policy (``sqlq.common.fair``: per-key rates and concurrency, fair
+claims between keys) keeps ``FairLanes`` (``sqlq.runtime.fairlanes``) instead of plain
+lanes: chosen between queues as any other, they choose between their keys. Their state
+(running counts, buckets) outlives the queue's turn in ``_queues``, in ``_fair``, until
+the policy goes; the claims tell of each attempt's end (``ended``) and of an upstream's
+push-back (``pushed_back``); a fair queue's wakeup is its next token as well as its next
+delayed job, so the dispatcher sleeps until then, and never polls.
+
 Entries in the lanes are the ``Job`` as it was scheduled. A job cancelled while
 it waits is ``discard``-ed: counted out of the depth at once and dropped when
 it reaches the front (see ``lanes``), so a retry, which schedules it again
@@ -43,14 +51,16 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 
 from sqlq.common.clock import Clock, Timer
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job
+from sqlq.runtime.fairlanes import FairLanes
 from sqlq.runtime.lanes import QueueLanes
 
-_DUE, _PRIORITY = attrgetter("ready_at"), attrgetter("priority")
+_DUE, _PRIORITY, _KEY = attrgetter("ready_at"), attrgetter("priority"), attrgetter("key")
 _SLACK = 64  # a heap is rebuilt once it holds more than twice its queues and this
 
 Gate = Callable[[str], bool]  # may a job of this queue start now?
@@ -91,6 +101,10 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self.dispatched = 0
         self.wakeups = 0
+        self._fair: dict[str, FairLanes] = {}  # fair queues: their keyed lanes
+        self._policies: dict[str, Policy] = {}  # queues with a policy set
+        self.fair: Mapping[str, FairLanes] = self._fair  # (read-only: which queues are fair)
+        self._started_at = clock.time()  # (a fair queue's buckets restart empty from here)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sqlq-dispatcher")
@@ -107,6 +121,8 @@ class Scheduler:
             self._task = None
 
     def add(self, job: Job) -> None:
+        if job.key is not None and job.queue not in self._fair:
+            self._keyed(job.queue)
         now = self._clock.time()
         q = self._queues.get(job.queue)
         if q is None:
@@ -122,6 +138,8 @@ class Scheduler:
         if self._waiting:
             if not delayed:
                 self._hand_out()
+                if self._waiting and self._fair and job.queue in self._fair:
+                    self._wake.set()  # its key may wait for a token: the dispatcher re-arms
             elif ready_at < self._armed:
                 self._wake.set()  # re-arm the timer for the earlier one
 
@@ -136,9 +154,11 @@ class Scheduler:
                 by_queue.setdefault(job.queue, []).append(job)
         now = self._clock.time()
         for name, group in by_queue.items():
+            if name not in self._fair and any(map(_KEY, group)):
+                self._keyed(name)
             q = self._queues.get(name)
             if q is None:
-                q = self._queues[name] = QueueLanes(name, self._current)
+                q = self._queues[name] = self._new_lanes(name)
             q.lanes.load(group, list(map(_DUE, group)), list(map(_PRIORITY, group)), now)
         if len(self._queues) > 1:
             self._rebuild(now)
@@ -154,7 +174,7 @@ class Scheduler:
         q = self._queues.get(job.queue)
         if q is None:
             return
-        q.lanes.discard(job.ready_at)
+        q.lanes.discard(job.ready_at, job)
         if self._heaped:
             self._offer(q)
         self._drop_if_empty(q)
@@ -195,8 +215,93 @@ class Scheduler:
                     q.closed = False
                     q.lanes.promote(now)
                     self._offer(q)
+                elif q is not None and q.name in self._fair:  # a key may have opened
+                    q.lanes.promote(now)
+                    self._offer(q)
+                    self._arm(q)
         if self._waiting:
             self._hand_out()
+            if self._waiting and queue is not None and queue in self._fair:
+                self._wake.set()  # its next token may be sooner now: the dispatcher re-arms
+
+    # -- fair queues ----------------------------------------------------------------------
+
+    def set_policy(self, queue: str, policy: Policy | None, running: Sequence[Job] = ()) -> None:
+        """``queue``'s policy is now ``policy`` (None: the default, ``Policy()``: fair
+        between keys once a job has one, no limits); ``running``: its jobs running here
+        now, which a new policy counts."""
+        if policy is None:
+            self._policies.pop(queue, None)
+        else:
+            self._policies[queue] = policy
+        fair = self._fair.get(queue)
+        if fair is not None and policy is not None and not policy.plain:
+            fair.set_policy(policy, self._clock.time())
+        elif policy is not None and not policy.plain:
+            self._make_fair(queue, policy, running)
+        elif fair is not None:  # no limits left: fair only while its keyed jobs last
+            fair.set_policy(policy or Policy(), self._clock.time())
+            if (policy is not None and not policy.fair) or not fair.keyed():
+                self._unmake_fair(queue)
+        self.poke(queue)
+
+    def _make_fair(self, queue: str, policy: Policy, running: Sequence[Job] = ()) -> FairLanes:
+        fair = self._fair[queue] = FairLanes(self._current, policy, self._started_at)
+        for job in running:
+            fair.started(job)
+        self._relane(queue, self._clock.time())
+        return fair
+
+    def _unmake_fair(self, queue: str) -> None:
+        del self._fair[queue]
+        self._relane(queue, self._clock.time())
+
+    def _keyed(self, queue: str) -> None:
+        """A job with a key came to ``queue``: fair between keys from now on, unless its
+        policy says ``fair: false`` (a queue with limits is fair already)."""
+        policy = self._policies.get(queue)
+        if policy is None or policy.fair:
+            self._make_fair(queue, policy or Policy())
+
+    def policy(self, queue: str) -> Policy | None:
+        fair = self._fair.get(queue)
+        return None if fair is None else fair.policy
+
+    def ended(self, job: Job) -> None:
+        """An attempt of ``job`` handed out here is over: its key's slot is free."""
+        fair = self._fair.get(job.queue)
+        if fair is not None:
+            fair.ended(job, self._clock.time())
+            self.poke(job.queue)
+
+    def pushed_back(self, job: Job, after_s: float) -> None:
+        """``job``'s handler said its upstream takes no more for ``after_s`` (a handler's
+        ``RateLimited``): its key's bucket moves on."""
+        fair = self._fair.get(job.queue)
+        if fair is not None:
+            fair.pushed_back(job.key, after_s, self._clock.time())
+            self.poke(job.queue)
+
+    def keys(self, queue: str) -> dict[str | None, tuple[int, int]]:
+        """A fair queue's keys held: (due jobs, running) each; empty for any other."""
+        fair = self._fair.get(queue)
+        return {} if fair is None else fair.keys()
+
+    def _relane(self, queue: str, now: float) -> None:
+        """``queue``'s entries into the lanes its policy now asks for (O(its entries): a
+        policy set or dropped, never a job's path)."""
+        q = self._queues.get(queue)
+        if q is None:
+            return
+        held = q.lanes.held()
+        lanes = self._fair.get(queue)
+        q.lanes = lanes if lanes is not None else QueueLanes(queue, self._current).lanes
+        for job in held:
+            q.lanes.push(job, job.ready_at, job.priority, now)
+        if self._heaped:
+            q.turn, q.timer, q.closed = -1, None, False
+            self._arm(q)
+            self._offer(q)
 
     def sizes(self) -> dict[str, int]:
         due = delayed = 0
@@ -237,7 +342,7 @@ class Scheduler:
             job = lanes.pop(now)
             if not lanes.due and not lanes.delayed:
                 self._queues = {}  # (a fresh dict: see _drop_if_empty)
-                if not (lanes.stale_ready or lanes.stale_delayed):
+                if not (lanes.stale_ready or lanes.stale_delayed) and name not in self._fair:
                     self._spare = q  # empty: as good as new (``_new_lanes``)
             if job is None:
                 return None
@@ -259,6 +364,8 @@ class Scheduler:
                 continue
             job = q.lanes.pop(now)
             self._offer(q)  # its next job, if any, at a fresh turn: behind its equals
+            if self._fair and name in self._fair:
+                self._arm(q)  # its next token, if a key waits for one
             self._drop_if_empty(q)
             if job is not None:
                 self._taken(name)
@@ -308,6 +415,10 @@ class Scheduler:
             self._offer(q)
 
     def _new_lanes(self, name: str) -> QueueLanes[Job]:
+        if self._fair:
+            fair = self._fair.get(name)
+            if fair is not None:
+                return QueueLanes(name, self._current, fair)
         spare = self._spare
         if spare is None:
             return QueueLanes(name, self._current)
@@ -320,6 +431,10 @@ class Scheduler:
         if q.lanes.entries or self._queues.get(q.name) is not q:
             return
         del self._queues[q.name]
+        if self._fair and q.name in self._fair:
+            policy = self._policies.get(q.name)
+            if (policy is None or policy.plain) and not self._fair[q.name].keyed():
+                del self._fair[q.name]  # fair only for its keys, and they are gone
         q.turn, q.timer = -1, None
         if len(self._queues) <= 1:  # one queue left (or none): back to the direct path
             self._heaped = False

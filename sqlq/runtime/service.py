@@ -26,6 +26,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.base import collector_off
 from sqlq.common.errors import (
@@ -35,6 +37,7 @@ from sqlq.common.errors import (
     TransitionError,
     ValidationError,
 )
+from sqlq.common.fair import MAX_OVERRIDES, KeyPolicy, Policy
 from sqlq.common.models import RETRYABLE, Job, State, is_job_id
 from sqlq.common.specs import CancelSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, JobQuery, JobStore, Recovery
@@ -168,6 +171,9 @@ class Service:
             await self.claims.start(recovery)
         await self.remote.start()
         self.pool.start()
+        for queue, policy in self.config.queue_policies.items():  # --queue-policy: as told
+            if self.view.policies().get(queue) != policy:
+                await self.claims.set_policy(queue, policy)
         self.schedules.listed(await self.store.list_schedules())  # (their names count)
         await self.schedules.define(self._defined)
         self.ticker.start()
@@ -269,6 +275,28 @@ class Service:
         else:
             await self.claims.pause(queue, paused)
         return await self.view.queue(queue)
+
+    async def set_policy(self, queue: str, policy: Policy | None) -> QueueInfo:
+        """``queue``'s policy from now on, durably (``sqlq.common.fair``; None, or ``{}``:
+        none). A policy keeps its queue's name as a pause does: bounded the same way."""
+        self._check_accepting()
+        async with self._pausing:
+            if policy is not None and not policy.plain:
+                self.submissions.names.check_policy(queue, self.view.policies())
+            await self.claims.set_policy(queue, policy)
+        return await self.view.queue(queue)
+
+    async def set_key_policy(self, queue: str, key: str, override: KeyPolicy | None) -> QueueInfo:
+        """One key's override of ``queue``'s per-key limits (None: drop it)."""
+        policy = self.view.policies().get(queue) or Policy()
+        keys = dict(policy.keys)
+        if override is None:
+            keys.pop(key, None)
+        else:
+            if key not in keys and len(keys) >= MAX_OVERRIDES:
+                raise ValidationError("key", f"a queue holds at most {MAX_OVERRIDES} overrides")
+            keys[key] = override
+        return await self.set_policy(queue, msgspec.structs.replace(policy, keys=keys))
 
     def queues_used(self) -> int:
         """The queue names ``--max-queues`` counts now (``sqlq.runtime.names``)."""

@@ -41,7 +41,7 @@ from typing import Any
 
 import msgspec
 
-from sqlq.common.errors import StoreError
+from sqlq.common.errors import StoreError, ValidationError
 from sqlq.common.lease import cut_at
 from sqlq.common.models import JSON, Job, State, Transition
 from sqlq.common.protocol import remote_worker
@@ -95,6 +95,12 @@ class SharedClaims(CensusViews, ClaimsBase):
         self._all_remote = self._config.every_queue_remote
         self._besides = sorted(self._config.remote_queues)
         self.remote_side = SharedSide(self, self._store, self.parts)
+
+    def _may_have_policy(self, queue: str) -> None:
+        raise ValidationError(
+            "policy", "fair claims are kept by the single-node engines (memory, walq, sqlite) "
+            "only for now: this shared store's claim does not obey a policy yet",
+        )  # fmt: skip
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -71,7 +71,7 @@ class Submissions:
         self._events = events
         self._clock = clock
         self._admitting = 0  # jobs in submissions not yet durable, for --max-queued
-        fixed = {DEFAULT_QUEUE, *config.remote_queues, *config.queue_caps}
+        fixed = {DEFAULT_QUEUE, *config.remote_queues, *config.queue_caps, *config.queue_policies}
         self.names = QueueNames(config.max_queues, config.principals, fixed, view.live_queues,
                                 view.paused_queues)  # (--max-queues)  # fmt: skip
         self._keys: dict[str, asyncio.Future[None]] = {}  # idempotency keys being submitted

@@ -31,12 +31,21 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from sqlq.calls import RateLimited
 from sqlq.common.backoff import Failure
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.common.lease import SKEW_MARGIN
 from sqlq.common.running import clean_error, clean_traceback
 from sqlq.runtime.claim import Claim
-from sqlq.runtime.context import AttemptFenced, CutOff, JobContext, NotStarted, Snooze, describe
+from sqlq.runtime.context import (
+    AttemptFenced,
+    CutOff,
+    JobContext,
+    NotStarted,
+    Snooze,
+    describe,
+    limited_for,
+)
 from sqlq.runtime.executor import Executor
 from sqlq.runtime.holding import Holding
 from sqlq.runtime.parents import Parents
@@ -202,6 +211,11 @@ class WorkerPool:
             except Snooze as s:
                 claims.snoozed(claim, s.seconds)
                 said(claim, f"snoozed {s.seconds:g} s", self._clock.monotonic() - began)
+            except RateLimited as r:  # an upstream's 429: a snooze, and its key's bucket moves
+                after = limited_for(r)
+                claims.rate_limited(claim, after)  # (before the snooze frees its slot)
+                claims.snoozed(claim, after)
+                said(claim, f"rate limited, again in {after:g} s", self._clock.monotonic() - began)
             except Exception as exc:
                 failure = executor.failure(claim.job, exc)
                 claims.failed(claim, failure)
