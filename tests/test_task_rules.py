@@ -149,7 +149,7 @@ def test_a_task_pickles_by_name_with_its_options() -> None:
     with_options = pickle.loads(pickle.dumps(pickled.options(queue="q", client=object())))
     assert isinstance(with_options, Task)
     assert with_options.fn is pickled.fn
-    assert with_options._submit_options() == {"queue": "q"}
+    assert with_options._submit_options({}) == {"queue": "q"}
 
 
 def test_a_forked_child_forgets_the_parents_default_clients() -> None:

@@ -77,6 +77,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import re
 import typing
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -86,9 +87,10 @@ import msgspec
 
 from sqlq.common.backoff import NO_RULES, RetryPolicy, TaskRetry
 from sqlq.common.errors import ValidationError, clip
+from sqlq.common.fair import FAIR_KEY_PATTERN, Policy, Rate
 from sqlq.common.models import JSON, NO_ARGS
 from sqlq.common.schedule import ScheduleSpec, check_name, check_spec
-from sqlq.common.specs import error_field
+from sqlq.common.specs import QUEUE_PATTERN, error_field
 from sqlq.runtime.context import AttemptFenced as AttemptFenced  # (re-exported, as below)
 from sqlq.runtime.context import Cancelled as Cancelled
 from sqlq.runtime.context import JobContext as JobContext
@@ -131,6 +133,19 @@ class Registry:
         # The code-defined schedules (``@task(cron=...)``, ``schedule``): a server upserts
         # them at start; they name their kind, which need not be registered yet.
         self.schedules: dict[str, ScheduleSpec] = {}
+        # The code-defined queue policies (``@task(queue=..., rate=..., key_concurrency=...)``):
+        # a server sets them at start, as ``--queue-policy`` (which wins over them).
+        self.policies: dict[str, Policy] = {}
+
+    def define_policy(self, queue: str, policy: Policy, by: str) -> None:
+        """``by`` (a task) gives ``queue`` ``policy``; ``ValueError`` if another task gave
+        it a different one: a queue has one policy."""
+        if self.policies.get(queue, policy) != policy:
+            raise ValueError(
+                f"task {by!r}: queue {queue!r} has another policy already, from another task; "
+                "give the two one policy, or each its own queue"
+            )
+        self.policies[queue] = policy
 
     def register(self, kind: Kind) -> None:
         if not kind.name or len(kind.name) > MAX_KIND_LENGTH:
@@ -278,6 +293,10 @@ def task(
     backoff: float | RetryPolicy | None = None,
     retry_on: Exceptions = (),
     no_retry_on: Exceptions = (),
+    queue: str | None = None,
+    key: str | Callable[[Any], str | None] | None = None,
+    rate: float | Rate | None = None,
+    key_concurrency: int | None = None,
 ) -> _Decorate: ...
 
 
@@ -297,6 +316,10 @@ def task(
     backoff: float | RetryPolicy | None = None,
     retry_on: Exceptions = (),
     no_retry_on: Exceptions = (),
+    queue: str | None = None,
+    key: str | Callable[[Any], str | None] | None = None,
+    rate: float | Rate | None = None,
+    key_concurrency: int | None = None,
 ) -> Any:
     """Register a function as a job kind (default name: the function's name), as a
     ``Task`` (``sqlq.runtime.task``: its signature is its schema; ``.send`` makes a job).
@@ -320,12 +343,19 @@ def task(
     or a ``RetryPolicy``; ``retry_on``, the exception types that are retried (others are
     final), and ``no_retry_on``, those that are final at once (a job dead at its first
     such failure). Arguments that can never be its arguments are final too.
+
+    Fair claims (``sqlq.common.fair``): ``queue``, the queue its jobs go to (``.options``
+    may send one elsewhere); ``key``, each job's fairness key: a string, or a function of
+    the job's arguments (a dict) that returns one; ``rate`` (starts a second per key, or a
+    ``Rate`` with its burst) and ``key_concurrency``, the policy of ``queue`` (required
+    with them), which ``sqlq serve`` sets at start as ``--queue-policy`` would.
     """
     for label, value in (("timeout", timeout), ("hb_timeout", hb_timeout)):
         if value is not None and not value > 0:
             raise ValueError(f"{label} must be a positive number of seconds or None")
     timing = cron is not None or every_s is not None
     rules = _rules(max_attempts, backoff, retry_on, no_retry_on)
+    policy = _policy(queue, key, rate, key_concurrency)
 
     def decorate(fn: Callable[..., Any]) -> Task[Any, Any]:
         kind_name = name or fn.__name__
@@ -358,10 +388,13 @@ def task(
         if timing:  # checked first: a bad schedule registers neither
             spec = _spec(kind.name, kind.name, {"cron": cron, "every_s": every_s, "tz": tz,
                                                 "args": {} if args is None else args})  # fmt: skip
+        if policy is not None and queue is not None:  # (checked first, as a schedule)
+            (registry or REGISTRY).define_policy(queue, policy, kind.name)
         (registry or REGISTRY).register(kind)
         if timing:
             (registry or REGISTRY).schedules[kind.name] = spec
-        return Task(fn, kind.name, signature, {"max_attempts": max_attempts})
+        return Task(fn, kind.name, signature,
+                    {"max_attempts": max_attempts, "queue": queue, "key": key})  # fmt: skip
 
     if isinstance(fn, str):  # @task("name", ...): the older spelling of name=
         name, fn = fn, None
@@ -423,6 +456,34 @@ def _rules(
         return NO_RULES
     return TaskRetry(max_attempts=max_attempts, backoff=backoff, retry_on=types_[0],
                      no_retry_on=types_[1])  # fmt: skip
+
+
+def _policy(
+    queue: str | None,
+    key: str | Callable[[Any], str | None] | None,
+    rate: float | Rate | None,
+    key_concurrency: int | None,
+) -> Policy | None:
+    """A task's queue policy from ``@task``'s arguments (None: it sets none); ``ValueError``
+    naming a bad one."""
+    if queue is not None and not re.fullmatch(QUEUE_PATTERN, queue):
+        raise ValueError(f"queue must match {QUEUE_PATTERN}")
+    if key is not None and not callable(key) and not re.fullmatch(FAIR_KEY_PATTERN, key):
+        raise ValueError(f"key must be a function of the arguments or match {FAIR_KEY_PATTERN}")
+    if rate is None and key_concurrency is None:
+        return None
+    if queue is None:
+        raise ValueError("rate and key_concurrency are a queue's policy: give queue= too")
+    fields: dict[str, Any] = {"key_concurrency": key_concurrency}
+    if isinstance(rate, Rate):
+        fields["rate"] = msgspec.to_builtins(rate)
+    elif rate is not None:
+        fields["rate"] = {"per_s": rate}
+    try:
+        return msgspec.convert({k: v for k, v in fields.items() if v is not None}, Policy)
+    except msgspec.ValidationError as exc:
+        field, message = error_field(str(exc))
+        raise ValueError(f"{field}: {message}") from None
 
 
 def _any_json(args: JSON) -> JSON:

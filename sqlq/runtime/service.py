@@ -146,12 +146,15 @@ class Service:
         self.ticker = Ticker(store, self.claims, self.schedules, all_kinds, self.events, clock,
                              shared=store.shared)  # fmt: skip
         self._defined = dict(user.schedules) if define_schedules else {}
+        # The code's queue policies (``@task(rate=...)``), under --queue-policy's own.
+        self._policies = {**(user.policies if define_schedules else {}), **config.queue_policies}
         for name, spec in self._defined.items():  # before anything starts: a code error
             try:
                 self.schedules.check(name, spec)
             except ValidationError as exc:
                 raise ValueError(f"schedule {name!r}: {exc}") from None
         self.submissions.names.fix(spec.queue for spec in self._defined.values())  # (config)
+        self.submissions.names.fix(self._policies)
         self.live.on_finished = self.waiters.finished
         self.state = RuntimeState.NEW
         self.recovery: Recovery | None = None
@@ -171,7 +174,7 @@ class Service:
             await self.claims.start(recovery)
         await self.remote.start()
         self.pool.start()
-        for queue, policy in self.config.queue_policies.items():  # --queue-policy: as told
+        for queue, policy in self._policies.items():  # --queue-policy, the code's: as told
             if self.view.policies().get(queue) != policy:
                 await self.claims.set_policy(queue, policy)
         self.schedules.listed(await self.store.list_schedules())  # (their names count)

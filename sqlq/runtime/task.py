@@ -24,8 +24,10 @@ first parameter is named ``args`` is the older form: it takes the arguments as o
 dict (``fn(args)`` or ``fn(args, ctx)``), unchecked.
 
 Options go through ``.options(...)`` (``queue``, ``priority``, ``delay`` in seconds,
-``max_attempts``, ``idempotency_key``, ``client``), never beside the arguments, so a
-task may have a parameter named ``queue``.
+``max_attempts``, ``idempotency_key``, ``client``, and for fair claims ``key`` and
+``weight``), never beside the arguments, so a task may have a parameter named ``queue``.
+A task's ``key`` may be a function of the job's arguments (``@task(key=...)``): it is
+called with them, as a dict, at ``.send`` and ``.s``.
 """
 
 # ruff: noqa: ASYNC109 (``timeout`` is how long to wait for the job, as the sync twin's)
@@ -62,7 +64,8 @@ R = TypeVar("R")
 LEGACY_FIRST = "args"  # a handler whose first parameter is this takes the args dict
 CTX_NAME = "ctx"
 _UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
-OPTIONS = frozenset({"queue", "priority", "delay", "max_attempts", "idempotency_key", "client"})
+OPTIONS = frozenset({"queue", "priority", "delay", "max_attempts", "idempotency_key", "client",
+                     "key", "weight"})  # fmt: skip
 
 
 class JobError(SqlqError):
@@ -265,14 +268,15 @@ class Task(Generic[P, R]):
     def __reduce__(self) -> str | tuple[Any, ...]:
         """Pickled by reference, as a function is (a process pool sends a task to its
         children by its module and name); with its options, less a client."""
-        options = {k: v for k, v in self._options.items() if k != "client" and v is not None}
-        if options == self._base_options:
+        options = {k: v for k, v in self._options.items()
+                   if k != "client" and v is not None and not callable(v)}  # fmt: skip
+        if options == {k: v for k, v in self._base_options.items() if not callable(v)}:
             return self.__qualname__
         return (_named, (self.__module__, self.__qualname__, options))
 
     def options(self, **options: Any) -> Task[P, R]:
         """The same task, sent with ``options`` (``queue``, ``priority``, ``delay``
-        seconds, ``max_attempts``, ``idempotency_key``, ``client``)."""
+        seconds, ``max_attempts``, ``idempotency_key``, ``client``, ``key``, ``weight``)."""
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
             raise TypeError(f"unknown option {unknown[0]!r}; options: {', '.join(sorted(OPTIONS))}")
@@ -294,30 +298,40 @@ class Task(Generic[P, R]):
         except ValidationError as exc:
             raise Invalid(422, "invalid", exc.message, exc.field) from None
 
-    def _submit_options(self) -> dict[str, Any]:
+    def _submit_options(self, args: dict[str, Any]) -> dict[str, Any]:
         o = {k: v for k, v in self._options.items() if k != "client" and v is not None}
         if "delay" in o:
             o["delay_ms"] = round(1000 * o.pop("delay"))
+        if callable(key := o.get("key")):  # a function of the arguments: this job's key
+            made = key(args)
+            if made is None:
+                del o["key"]
+            elif not isinstance(made, str):
+                raise TypeError(f"task {self.name}: its key function returned {type(made)!r}, "
+                                "not a string or None")  # fmt: skip
+            else:
+                o["key"] = made
         return o
 
     def s(self, *args: P.args, **kwargs: P.kwargs) -> Step[R]:
         """A job of this task not sent yet, its arguments checked now: a workflow's step
         (``sqlq.workflow``; Celery's signature)."""
-        return Step(self.name, self._args(args, kwargs), self._submit_options(), self.signature)
+        body = self._args(args, kwargs)
+        return Step(self.name, body, self._submit_options(body), self.signature)
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle[R]:
         """Submit a job of this task (the client: ``.options(client=...)``, else the
         default one, ``sqlq.configure`` / ``SQLQ_URL``); its handle."""
         body = self._args(args, kwargs)
         client = self._options.get("client") or _default_client()
-        job = client.submit(self.name, body, **self._submit_options())
+        job = client.submit(self.name, body, **self._submit_options(body))
         return JobHandle(client, job.id, self.signature)
 
     async def asend(self, *args: P.args, **kwargs: P.kwargs) -> AsyncJobHandle[R]:
         """``send``, awaited, through an ``AsyncClient``."""
         body = self._args(args, kwargs)
         client = self._options.get("client") or await _default_async_client()
-        job = await client.submit(self.name, body, **self._submit_options())
+        job = await client.submit(self.name, body, **self._submit_options(body))
         return AsyncJobHandle(client, job.id, self.signature)
 
     def submit(self, client: Any, args: JSON = None, **options: Any) -> Any:
