@@ -261,3 +261,33 @@ async def test_a_configured_policy_is_set_at_start_and_its_queue_never_counted(
     await rt.submit([JobSpec(kind="sleep", queue="other", delay_ms=60_000)])
     await rt.submit([JobSpec(kind="sleep", queue="api", delay_ms=60_000)])  # (fixed: no room)
     assert rt.queues_used() == 1
+
+
+async def test_the_key_metrics_name_the_top_keys_and_sum_the_rest(
+    services: ServiceFactory, fake_clock: FakeClock
+) -> None:
+    """However many keys clients send, the series are bounded: the top keys by name, the
+    rest of a queue's summed as key=""."""
+    rt = services(kinds=stamping([]), clock=fake_clock, workers=1)
+    await rt.start()
+    await rt.set_policy("q", Policy(key_concurrency=1))
+    await rt.pause("q", True)
+    specs = jobs("big", 50) + [j for i in range(300) for j in jobs(f"t{i}", 1)]
+    await rt.submit(specs, batch=True)
+    await fake_clock.sleep(5)
+    text = rt.metrics.exposition().decode()
+    lines = [ln for ln in text.splitlines() if ln.startswith("sqlq_fair_key_jobs{")]
+    keys = {ln.split('key="')[1].split('"')[0] for ln in lines}
+    assert "big" in keys
+    assert "" in keys
+    assert len(keys) <= 101
+    due = {ln.split('key="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1])
+           for ln in lines if 'state="due"' in ln}  # fmt: skip
+    assert sum(due.values()) == 350
+    assert 'sqlq_fair_keys{queue="q"} 301.0' in text
+    wait = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith('sqlq_fair_key_wait_seconds{key="big",queue="q"}')
+    ]
+    assert float(wait[0].rsplit(" ", 1)[1]) == pytest.approx(5.0, abs=0.1)

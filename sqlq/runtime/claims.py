@@ -160,6 +160,10 @@ class ClaimsView(Protocol):
         """Each queue's policy, as this node knows it now."""
         ...
 
+    def key_stats(self) -> Mapping[str, list[tuple[str | None, int, int, float]]]:
+        """Each fair queue's keys held here: (key, due, running, wait of its next job)."""
+        ...
+
     def running_here(self) -> Mapping[str, int]:
         """Attempts started in this process and not yet over, by queue; no zero entries."""
         ...
@@ -278,6 +282,9 @@ class ClaimsBase(Reach):
 
     def policies(self) -> Mapping[str, Policy]:
         return self._policies
+
+    def key_stats(self) -> Mapping[str, list[tuple[str | None, int, int, float]]]:
+        return {}  # (kept where the claims keep keys: ``LocalClaims``)
 
     def _may_have_policy(self, queue: str) -> None:
         """``ValidationError`` naming ``policy`` if ``queue`` cannot obey one here."""

@@ -225,6 +225,16 @@ class FairLanes(Lanes[Job]):
             k.where = Where.IDLE
             self._place(k, now)
 
+    def key_stats(self, now: float) -> list[tuple[str | None, int, int, float]]:
+        """Each key held: (key, due jobs, running, how long its next job has been due),
+        for the metrics (O(keys): a scrape's, never a job's)."""
+        out = []
+        for name, k in self._keys.items():
+            head = k.lanes.head(self.seen) if k.lanes.due else None
+            wait = 0.0 if head is None else max(0.0, now - head.ready_at)
+            out.append((name, len(k.lanes), k.running, wait))
+        return out
+
     def keyed(self) -> bool:
         """Whether a job with a key waits or runs here."""
         return any(name is not None for name in self._keys)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -455,6 +455,9 @@ class LocalClaims(ClaimsBase):
             if job.queue == queue and job.state is State.RUNNING and job.holder is None
         ]
         self.scheduler.set_policy(queue, policy, running)  # fmt: skip
+
+    def key_stats(self) -> Mapping[str, list[tuple[str | None, int, int, float]]]:
+        return self.scheduler.key_stats()
 
     def rate_limited(self, claim: Claim, after_s: float) -> None:
         """``claim``'s handler said its upstream takes no more of its key for ``after_s``."""

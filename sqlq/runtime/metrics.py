@@ -24,6 +24,10 @@ in one process (the tests) never share a metric.
                                           fenced, invalid, forbidden, leases expired
     sqlq_remote_workers{status}           remote workers seen (remembered), active (1 min)
     sqlq_remote_claims_waiting            claims long-polling now
+    sqlq_fair_keys{queue}                 keys a fair queue holds (``sqlq.common.fair``)
+    sqlq_fair_key_jobs{queue,key,state}   due and running jobs of the 100 keys with the
+                                          most (the rest of a queue's as key="")
+    sqlq_fair_key_wait_seconds{queue,key} how long each of those keys' next job has waited
     sqlq_recovery_seconds, sqlq_recovery_records
     sqlq_schedule_ticks_enqueued_total{schedule}   ticks that made their job
     sqlq_schedule_ticks_skipped_total{schedule}    ticks passed over (catch-up, overlap,

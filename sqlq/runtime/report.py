@@ -9,8 +9,9 @@ read them); the event totals behind them are named once, in ``Event``.
 
 from __future__ import annotations
 
+import heapq
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -135,8 +136,47 @@ def gauges(rt: ReportSource) -> Iterator[Metric]:
     for what in COUNTED:
         calls.add_metric([what], remote.counts[what])
     yield calls
+    yield from fair_gauges(rt.view.key_stats())
     rec = rt.recovery
     yield gauge("sqlq_recovery_seconds", "How long this start's recovery took.", [],
                 {(): rec.seconds if rec else 0.0})  # fmt: skip
     yield gauge("sqlq_recovery_records", "Records (walq lines, SQLite rows) recovery read.",
                 [], {(): float(rec.records) if rec else 0.0})  # fmt: skip
+
+
+TOP_KEYS = 100  # (queue, key) series at most: the keys with the most jobs; the rest as ""
+
+
+def fair_gauges(stats: Mapping[str, list[tuple[str | None, int, int, float]]]) -> Iterator[Metric]:
+    """The fair queues' keys (``sqlq.common.fair``), with their label's cardinality bounded
+    whatever keys clients send: the ``TOP_KEYS`` keys with the most jobs (due and running)
+    by name, and each queue's others summed under ``key=""`` (no key is empty: a key has a
+    character at least), their wait the longest of theirs."""
+    ranked = heapq.nlargest(
+        TOP_KEYS,
+        ((queue, key, due, running, wait) for queue, rows in stats.items()
+         for key, due, running, wait in rows),
+        key=lambda r: (r[2] + r[3], r[4]),
+    )  # fmt: skip
+    top = {(r[0], r[1]) for r in ranked}
+    jobs: dict[tuple[str, ...], float] = {}
+    waits: dict[tuple[str, ...], float] = {}
+    held: dict[tuple[str, ...], float] = {}
+    for queue, rows in stats.items():
+        held[(queue,)] = float(len(rows))
+        for key, due, running, wait in rows:
+            label = (key or "-") if (queue, key) in top else ""
+            for state, n in (("due", due), ("running", running)):
+                jobs[(queue, label, state)] = jobs.get((queue, label, state), 0.0) + n
+            waits[(queue, label)] = max(waits.get((queue, label), 0.0), wait)
+    yield gauge("sqlq_fair_keys", "Keys a fair queue holds (jobs due or running).", ["queue"],
+                held)  # fmt: skip
+    yield gauge(
+        "sqlq_fair_key_jobs", f"A fair queue's jobs by key: the {TOP_KEYS} keys with the most "
+        'by name (jobs with no key as "-"), the rest summed as "".', ["queue", "key", "state"],
+        jobs,
+    )  # fmt: skip
+    yield gauge(
+        "sqlq_fair_key_wait_seconds", "How long each key's next job has been due (the rest: "
+        'the longest of theirs, as "").', ["queue", "key"], waits,
+    )  # fmt: skip

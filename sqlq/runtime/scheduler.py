@@ -282,6 +282,11 @@ class Scheduler:
             fair.pushed_back(job.key, after_s, self._clock.time())
             self.poke(job.queue)
 
+    def key_stats(self) -> dict[str, list[tuple[str | None, int, int, float]]]:
+        """Every fair queue's keys held (``FairLanes.key_stats``)."""
+        now = self._clock.time()
+        return {queue: fair.key_stats(now) for queue, fair in self._fair.items()}
+
     def keys(self, queue: str) -> dict[str | None, tuple[int, int]]:
         """A fair queue's keys held: (due jobs, running) each; empty for any other."""
         fair = self._fair.get(queue)
