@@ -41,8 +41,9 @@ import msgspec
 log = logging.getLogger(__name__)
 
 MAX_KEY = 128  # characters of a job's key
-# Printable ASCII without spaces: fits a metric's label and a URL's path segment.
-FAIR_KEY_PATTERN = rf"^[\x21-\x7e]{{1,{MAX_KEY}}}$(?!\n)"
+# Letters, digits and ``_ . : @ + = ~ -``: a path segment as it is (``/queues/q/keys/K``:
+# no slash, no escape to decode) and a metric's label; a tenant's id, a UUID, an email.
+FAIR_KEY_PATTERN = rf"^[A-Za-z0-9_.:@+=~-]{{1,{MAX_KEY}}}$(?!\n)"
 MAX_WEIGHT = 1000
 MAX_RATE = 1_000_000.0  # starts a second
 MAX_BURST = 1_000_000

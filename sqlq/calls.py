@@ -23,6 +23,7 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
+from sqlq.common.fair import KeyPolicy, Policy
 from sqlq.common.errors import SqlqError
 from sqlq.common.models import TERMINAL
 from sqlq.common.protocol import (
@@ -348,6 +349,24 @@ class Requests:
     def pause(queue: str, paused: bool = True) -> Plan[QueueView]:
         action = "pause" if paused else "resume"
         return (yield from Call("POST", f"/queues/{queue}/{action}", QueueView, retry=True))
+
+    @staticmethod
+    def set_policy(queue: str, policy: Policy | Mapping[str, Any] | None) -> Plan[QueueView]:
+        """``queue``'s policy, whole (``sqlq.common.fair``: a ``Policy``, or the dict ``PUT
+        /queues/{queue}`` takes; None: none)."""
+        body = {} if policy is None else msgspec.to_builtins(policy)
+        return (yield from Call("PUT", f"/queues/{queue}", QueueView, body, retry=True))
+
+    @staticmethod
+    def set_key_policy(
+        queue: str, key: str, override: KeyPolicy | Mapping[str, Any] | None
+    ) -> Plan[QueueView]:
+        """One key's override of ``queue``'s per-key limits (None: drop it)."""
+        path = f"/queues/{queue}/keys/{quote(key, safe='')}"
+        if override is None:
+            return (yield from Call("DELETE", path, QueueView, retry=True))
+        body = msgspec.to_builtins(override)
+        return (yield from Call("PUT", path, QueueView, body, retry=True))
 
     @staticmethod
     def stats() -> Plan[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import click
 
-from sqlq import __version__, ops, ops_schedules, ops_workflows
+from sqlq import __version__, ops, ops_queues, ops_schedules, ops_workflows
 from sqlq.common.errors import SqlqError
 from sqlq.settings import ServeSettings, options
 
@@ -171,6 +171,7 @@ def main() -> None:
 main.add_command(ops.jobs)
 main.add_command(ops_schedules.schedules)
 main.add_command(ops_workflows.workflows)
+main.add_command(ops_queues.queues)
 main.add_command(ops.submit)
 
 
