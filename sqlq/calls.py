@@ -23,8 +23,8 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from sqlq.common.fair import KeyPolicy, Policy
 from sqlq.common.errors import SqlqError
+from sqlq.common.fair import KeyPolicy, Policy
 from sqlq.common.models import TERMINAL
 from sqlq.common.protocol import (
     DEFAULT_LEASE_S,
