@@ -497,6 +497,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ) -> Job:
         """A new job: scheduled; a workflow member waiting while a parent is pending, or
         cancelled if it was judged at birth (``sqlq.common.workflow.at_birth``)."""
+        if key is not None or weight != 1:  # (a fair claim's: plain jobs pass neither)
+            job = cls.new(kind=kind, args=args, now=now, ready_at=ready_at,
+                          max_attempts=max_attempts, priority=priority, job_id=job_id,
+                          queue=queue, idempotency_key=idempotency_key,
+                          request_hash=request_hash, flow=flow)  # fmt: skip
+            return msgspec.structs.replace(job, key=key, weight=weight)
         if flow is not None:
             born = State.WAITING if flow.deps_pending else State.SCHEDULED
             return cls(
@@ -505,7 +511,6 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
                 max_attempts=max_attempts, ready_at=now if ready_at is None else ready_at,
                 priority=priority, created_at=now, updated_at=now, queue=sys.intern(queue),
                 idempotency_key=idempotency_key, request_hash=request_hash, flow=flow,
-                key=key, weight=weight,
             )  # fmt: skip
         return cls(
             id=job_id or new_job_id(now),
@@ -519,8 +524,6 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             queue=sys.intern(queue),
             idempotency_key=idempotency_key,
             request_hash=request_hash,
-            key=key,
-            weight=weight,
         )
 
     def compact(self) -> Job:
