@@ -77,8 +77,9 @@ def job_view(job: Job, *, tracebacks: bool = True) -> JobView:
     (tests/test_wire.py holds each field to the job's), but for the last two, a fair
     claim's key and weight: past 30 arguments msgspec's constructor takes a slower path
     (+0.3 us, measured), so a job with a key pays for them, one without never does.
-    ``tracebacks=False``: its errors without them (a claim's grant: a worker reads why earlier attempts failed, never
-    where, and a job's 32 KiB of tracebacks would go with every claim of it)."""
+    ``tracebacks=False``: its errors without them (a claim's grant: a worker reads why
+    earlier attempts failed, never where, and a job's 32 KiB of tracebacks would go with
+    every claim of it)."""
     errors = job.errors
     if not tracebacks and any(e.traceback is not None for e in errors):
         errors = tuple(AttemptError(attempt=e.attempt, error=e.error, at=e.at) for e in errors)
