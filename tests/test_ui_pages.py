@@ -280,3 +280,17 @@ async def test_a_workflows_page_draws_its_graph_and_its_actions_act(ui: Client) 
     assert done.status_code == 200, done.text[:300]
     assert "Retried 1 dead job" in done.text
     assert (await c.get(f"/ui/workflows/{'0' * 32}")).status_code == 404
+
+
+async def test_the_queues_page_shows_a_queues_policy(ui: Client) -> None:
+    """#37: a policy in a line under its queue's name, escaped as everything the page shows."""
+    from sqlq.common.fair import KeyPolicy, Policy, Rate
+
+    c = await ui()
+    rt: Service = c.runtime
+    policy = Policy(key_concurrency=2, rate=Rate(per_s=10.0, burst=3),
+                    keys={"vip": KeyPolicy(weight=4)})  # fmt: skip
+    await rt.set_policy("api", policy)
+    html = (await c.get("/ui/queues")).text
+    assert 'id="queue-policy-api"' in html
+    assert "2 at once per key; 10/s (burst 3) per key; 1 key override; fair between keys" in html

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from sqlq.common.fair import describe
 from sqlq.common.models import State
 from sqlq.common.schedule import schedule_of
 from sqlq.common.wire import JobView
@@ -109,7 +110,7 @@ def environment() -> Environment:
         auto_reload=False,  # templates are package data: no stat() per render on the loop
     )
     env.filters.update(when=when, size=size, pretty=pretty, short=short, made_by=schedule_of,
-                       json_size=json_size)  # fmt: skip
+                       json_size=json_size, policy=describe)  # fmt: skip
     env.globals.update(prefix=PREFIX, states=[s.value for s in State])
     return env
 
