@@ -129,6 +129,25 @@ class Policy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
         return job_weight
 
 
+def describe(policy: Policy) -> str:
+    """``policy`` in a line, for people (the dashboard, a log)."""
+
+    def rate_text(rate: Rate) -> str:
+        return f"{rate.per_s:g}/s" + (f" (burst {rate.burst})" if rate.burst > 1 else "")
+
+    parts = []
+    if policy.key_concurrency is not None:
+        parts.append(f"{policy.key_concurrency} at once per key")
+    if policy.rate is not None:
+        parts.append(f"{rate_text(policy.rate)} per key")
+    if policy.queue_rate is not None:
+        parts.append(f"{rate_text(policy.queue_rate)} in all")
+    if policy.keys:
+        parts.append(f"{len(policy.keys)} key override{'s' if len(policy.keys) > 1 else ''}")
+    parts.append("fair between keys" if policy.fair else "oldest first between keys")
+    return "; ".join(parts)
+
+
 POLICY = msgspec.json.Decoder(Policy)
 KEY_POLICY = msgspec.json.Decoder(KeyPolicy)
 
