@@ -10,6 +10,9 @@
     ├── DuplicateKeyError        a submission reused an idempotency key another job holds
     ├── IdempotencyConflictError the same key came with a different request
     ├── WorkerNameTaken          a worker name another principal's worker goes by
+    ├── ApiError                 an error answer from a server (the client's; ``sqlq.calls``
+    │   │                        has the rest: Invalid, Unauthorized, NotFound, Conflict, ...)
+    │   └── RateLimited              429, retry after; a handler's too: an upstream's 429
     ├── ScheduleError            a schedule change that may not happen
     │   ├── StaleScheduleError       the schedule changed (or went) since it was read
     │   └── OverlapError             its previous tick's job is still live (overlap: skip)
@@ -193,3 +196,33 @@ class CorruptLogError(StoreError):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+class ApiError(SqlqError):
+    """An error answer from the server (or no answer at all)."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}" + (f" ({field})" if field else ""))
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class RateLimited(ApiError):
+    """No more for now (429); try again after ``retry_after`` seconds.
+
+    The client raises it for a full queue's 429. A handler raises it for an upstream's:
+    ``raise sqlq.RateLimited(30)``. Its job is then snoozed that long without spending an
+    attempt (a snooze, so bounded by ``--max-snoozes``), and in a queue with a per-key rate
+    its key's bucket moves on, so no job of that key starts before then either. Here, with
+    the kernel's errors, so a server's workers catch it without importing the client."""
+
+    def __init__(
+        self,
+        retry_after: float = 1.0,
+        message: str = "rate limited",
+        *,
+        status: int = 429,
+        code: str = "rate_limited",
+        field: str | None = None,
+    ) -> None:
+        super().__init__(status, code, message, field)
+        self.retry_after = float(retry_after)

@@ -14,6 +14,8 @@ through its ``JobContext`` and speaks ``Snooze`` (or returns ``snooze(seconds)``
 may end by returning ``spawn(...)``: jobs added to its workflow in its commit. The
 client's errors: ``ApiError`` and its kinds ``Invalid``, ``Unauthorized``, ``NotFound``,
 ``Conflict`` (``FencedError``: a stale claim token), ``RateLimited``, ``Unavailable``.
+Fair claims: ``Policy``, ``KeyPolicy`` and ``Rate`` (a queue's per-key limits), and
+``RateLimited`` raised by a handler (an upstream's 429: its job snoozes, its key waits).
 ``Job`` is the stored job (a handler's ``ctx.job``); the clients return its API view,
 ``sqlq.client.Job``. Everything else is internal: ``sqlq.common`` (the kernel),
 ``sqlq.walq`` (the WAL engine) and ``sqlq.bench`` (the benchmarks) are the
@@ -27,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 # the API document carries it.
 __version__ = "0.2.0"
 
+from sqlq.common.errors import ApiError, RateLimited  # (a handler raises the second)
+from sqlq.common.fair import KeyPolicy, Policy, Rate
 from sqlq.common.models import Job, State
 from sqlq.defaults import configure
 from sqlq.graph import Workflow, chain, chord, group, spawn, workflow
@@ -37,21 +41,19 @@ from sqlq.runtime.task import JobError, Task
 
 if TYPE_CHECKING:
     from sqlq.client import (
-        ApiError,
         AsyncClient,
         Client,
         Conflict,
         FencedError,
         Invalid,
         NotFound,
-        RateLimited,
         Unauthorized,
         Unavailable,
     )
     from sqlq.worker import Worker
 
-_CLIENT = {"ApiError", "AsyncClient", "Client", "Conflict", "FencedError", "Invalid",
-           "NotFound", "RateLimited", "Unauthorized", "Unavailable"}  # fmt: skip
+_CLIENT = {"AsyncClient", "Client", "Conflict", "FencedError", "Invalid", "NotFound",
+           "Unauthorized", "Unavailable"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -81,7 +83,10 @@ __all__ = [
     "JobContext",
     "JobError",
     "JobFailed",
+    "KeyPolicy",
     "NotFound",
+    "Policy",
+    "Rate",
     "RateLimited",
     "Snooze",
     "Spawn",

@@ -23,7 +23,8 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from sqlq.common.errors import SqlqError
+from sqlq.common.errors import ApiError as ApiError  # (re-exported: the client's errors)
+from sqlq.common.errors import RateLimited as RateLimited
 from sqlq.common.fair import KeyPolicy, Policy
 from sqlq.common.models import TERMINAL
 from sqlq.common.protocol import (
@@ -66,14 +67,6 @@ from sqlq.common.wire import JobView as Job  # the client's job: as the API show
 T = TypeVar("T")
 
 
-class ApiError(SqlqError):
-    """An error answer from the server (or no answer at all)."""
-
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(f"{status} {code}: {message}" + (f" ({field})" if field else ""))
-        self.status, self.code, self.message, self.field = status, code, message, field
-
-
 class Invalid(ApiError):
     """The request was wrong (400, 413, 415, 422); ``field`` names what."""
 
@@ -94,27 +87,6 @@ class FencedError(Conflict):
     """A heartbeat's or an outcome's token is stale (409 ``fenced``): the job's epoch moved
     on, its lease ran out, or it was cancelled or finished. The attempt it named is no
     longer this worker's: whatever it did is not recorded, and it should stop."""
-
-
-class RateLimited(ApiError):
-    """No more for now (429); try again after ``retry_after`` seconds.
-
-    The client raises it for a full queue's 429. A handler raises it for an upstream's:
-    ``raise sqlq.RateLimited(30)``. Its job is then snoozed that long without spending an
-    attempt (a snooze, so bounded by ``--max-snoozes``), and in a queue with a per-key rate
-    its key's bucket moves on, so no job of that key starts before then either."""
-
-    def __init__(
-        self,
-        retry_after: float = 1.0,
-        message: str = "rate limited",
-        *,
-        status: int = 429,
-        code: str = "rate_limited",
-        field: str | None = None,
-    ) -> None:
-        super().__init__(status, code, message, field)
-        self.retry_after = float(retry_after)
 
 
 class Unavailable(ApiError):

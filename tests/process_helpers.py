@@ -68,9 +68,17 @@ def fan(args, ctx):
 def nap(args, ctx):
     time.sleep(args["s"])
     return os.getpid()
+
+@task()
+def limited(args, ctx):
+    import sqlq
+    if ctx.job.snoozes == 0:
+        raise sqlq.RateLimited(args["after_s"])
+    return os.getpid()
 """
 TIMEOUTS = {"crunch": 300.0, "broken": 300.0, "until_cancelled": 300.0, "stuck": 1.0,
-            "nap": 1.5, "gather": 300.0, "fan": 300.0, "gather_all": 300.0}  # fmt: skip
+            "nap": 1.5, "gather": 300.0, "fan": 300.0, "gather_all": 300.0,
+            "limited": 300.0}  # fmt: skip
 
 
 def parent_kinds() -> Registry:

@@ -180,3 +180,20 @@ async def test_a_process_reads_its_parents_past_the_first_page(
     assert (done.result["first"], done.result["pages"], done.result["last"]) == (
         PAGE_PARENTS, [5], names[-1],
     )  # fmt: skip
+
+
+async def test_a_rate_limited_crosses_back_from_the_process(
+    services: ServiceFactory, handlers: str
+) -> None:
+    """``sqlq.RateLimited`` raised in a worker process (#37): a snooze of its ``retry_after``
+    with no attempt spent, and its key's bucket moved, as in a thread."""
+    from sqlq.common.fair import Policy, Rate
+    from sqlq.common.specs import JobSpec
+
+    rt = await started(services, handlers)
+    await rt.set_policy("q", Policy(rate=Rate(per_s=1000.0, burst=100)))
+    [job], _ = await rt.submit([JobSpec(kind="limited", queue="q", key="t", args={"after_s": 0.5})])
+    done = await final(rt, job.id, within=60)
+    assert (done.state, done.attempts, done.snoozes) == (State.COMPLETED, 1, 1)
+    assert done.started_at is not None
+    assert done.started_at - done.created_at >= 0.5

@@ -47,10 +47,9 @@ from typing import Any, cast
 
 import msgspec
 
-from sqlq.calls import RateLimited
 from sqlq.common.backoff import NO_RULES, TaskRetry
 from sqlq.common.clock import SYSTEM_CLOCK
-from sqlq.common.errors import SqlqError
+from sqlq.common.errors import RateLimited, SqlqError
 from sqlq.common.models import JSON, Job
 from sqlq.common.protocol import ParentsPage
 from sqlq.common.running import check_checkpoint, check_progress, clean_traceback

@@ -31,9 +31,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sqlq.calls import RateLimited
 from sqlq.common.backoff import Failure
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
+from sqlq.common.errors import RateLimited
 from sqlq.common.lease import SKEW_MARGIN
 from sqlq.common.running import clean_error, clean_traceback
 from sqlq.runtime.claim import Claim
