@@ -22,9 +22,9 @@ def _row(store: str, repeat: int, hop_ms: float) -> dict[str, object]:
             "flow_drain_s": 0.03}  # fmt: skip
 
 
-def test_r_is_registered_last() -> None:
+def test_r_is_registered_before_s() -> None:
     assert EXPERIMENTS["R"] is r_release
-    assert ORDER[-1] == "R"
+    assert ORDER[-2:] == ("R", "S")
 
 
 def test_section_reads_each_hop_and_the_cost_of_edges(tmp_path: Path) -> None:

@@ -17,11 +17,12 @@ from sqlq.common.errors import ValidationError
 from sqlq.common.fair import KeyPolicy, Policy, Rate
 from sqlq.common.models import State
 from sqlq.common.specs import JobSpec
+from sqlq.common.store import JobQuery
 from sqlq.runtime.kinds import JobContext, Kind, Registry
 from sqlq.runtime.local import LocalClaims
 from sqlq.runtime.service import Service
 from sqlq.walq.store import WalStore
-from tests.helpers import ServiceFactory, final
+from tests.helpers import ServiceFactory, final, wait_for
 from tests.runtime_helpers import _http
 from tests.walq_helpers import NoSyncFiles
 
@@ -291,3 +292,29 @@ async def test_the_key_metrics_name_the_top_keys_and_sum_the_rest(
         if ln.startswith('sqlq_fair_key_wait_seconds{key="big",queue="q"}')
     ]
     assert float(wait[0].rsplit(" ", 1)[1]) == pytest.approx(5.0, abs=0.1)
+
+
+async def test_a_job_handed_to_a_waiting_worker_starts_before_busy_workers_take_more(
+    services: ServiceFactory, tmp_path: Path
+) -> None:
+    """Measured in S: B's job, claimed second behind a flood of no-op jobs, started
+    4,096th, because a worker whose jobs never suspend never yields to the loop (up to its
+    outcomes in flight), and the worker B was handed to waited. The real clock and the real
+    sleep kind on walq: a taker now yields once while a handed job has not reached its
+    worker."""
+    rt = services(WalStore(tmp_path, fs=NoSyncFiles()), workers=16)
+    await rt.start()
+    await rt.pause("flood", True)
+    await rt.submit([JobSpec(kind="sleep", queue="flood", key="A") for _ in range(5000)],
+                    batch=True)  # fmt: skip
+    [b], _ = await rt.submit([JobSpec(kind="sleep", queue="flood", key="B")], batch=True)
+    await rt.pause("flood", False)
+    assert (await final(rt, b.id, within=60)).state is State.COMPLETED
+    await wait_for(lambda: not (rt.view.live_counts()["scheduled"]
+                                or rt.view.live_counts()["running"]), 60)  # fmt: skip
+    jobs: list[Any] = []
+    while page := await rt.list_jobs(JobQuery(queue="flood", limit=1000,
+                                              after=jobs[-1].id if jobs else None)):  # fmt: skip
+        jobs += page
+    order = [j.id for j in sorted(jobs, key=lambda j: j.started_at)]
+    assert order.index(b.id) <= 16  # a round of the workers, not the outcomes in flight

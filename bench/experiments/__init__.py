@@ -31,6 +31,7 @@ from sqlq.bench.experiments import (
     p_remote,
     q_redis,
     r_release,
+    s_fair,
 )
 from sqlq.bench.experiments.answer import answer
 from sqlq.bench.experiments.base import BenchRun
@@ -47,6 +48,7 @@ MODULES = (
     p_remote,
     q_redis,
     r_release,
+    s_fair,
 )  # fmt: skip
 EXPERIMENTS = {m.NAME: m for m in MODULES}
 ORDER = tuple(EXPERIMENTS)  # the suite runs them in this order; the report shows them so

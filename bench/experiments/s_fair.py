@@ -1,0 +1,339 @@
+"""S. Fair claims by key: a key's rate, one key's flood against another's job, fairness
+between equal keys, and what keys cost a claim (issue 37).
+
+On each engine, a fresh ``sqlq serve`` (16 workers, ``--sync full``). The policies are set
+over HTTP (``PUT /queues/{name}``), the jobs are no-op ``sleep`` jobs with a ``key``, and
+every start is read back from the server (each job's ``started_at``, its own clock).
+
+- **Rate.** Queue ``rate`` has ``rate`` ``RATE``/s, burst 1, per key. Key A gets a backlog
+  of ``RATE * (RATE_S + 4)`` jobs. Over ``RATE_S`` seconds, every sliding window of 1 s and
+  of 10 s is counted, from its first start on. From above, the most starts is held to the
+  bound, ``floor(r * W) + burst``. From below, the fewest is held to ``r * W``, which is
+  work-conserving.
+- **Flood.** Queue ``flood`` is paused and gets ``FLOOD`` jobs of key A, then one of key
+  B. It is resumed, and B's wait is B's start less the resume (the client's clock and the
+  server's, on one machine), with how many of A's started first. The control is the same
+  on queue ``fifo`` with ``{"fair": false}``: the plain order, oldest first between keys.
+- **Jain.** ``KEYS`` keys with ``PER_KEY`` jobs of ``JAIN_MS`` ms each, submitted
+  interleaved, on queue ``jain``, fair by default once a job has a key. Jain's index of
+  the starts per key is taken over each full ``JAIN_W`` s window while every key had jobs
+  waiting. 1.0 is a perfectly even share.
+- **Cost.** ``COST_JOBS`` no-op jobs over 10, 1,000 and 100,000 keys (capped at the jobs),
+  and with no key, each drained alone. The server's CPU per job (``/stats``) and the drain
+  rate are compared with the keyless drain's, in the same run.
+
+The peers' limits (dramatiq's and Celery's ``rate_limit``, BullMQ's group limiter) are
+not measured here yet. Celery's and dramatiq's count per worker process, so three
+processes start three times the rate; that claim is theirs, not this experiment's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from sqlq.bench.client.http import HttpPool
+from sqlq.bench.experiments.base import Run, by_store
+from sqlq.bench.experiments.rows import CodedRow
+from sqlq.bench.report import Report, cell, med
+
+NAME = "S"
+STORES = ("walq", "sqlite")
+RATE, RATE_S, QUICK_RATE_S = 50.0, 20, 6
+FLOOD, QUICK_FLOOD = 100_000, 5_000
+KEYS, PER_KEY, JAIN_MS, JAIN_W = 10, 1_000, 20, 10.0
+QUICK_PER_KEY, QUICK_JAIN_W = 200, 2.0
+COST_JOBS, QUICK_COST_JOBS = 100_000, 5_000
+COST_KEYS = (0, 10, 1_000, 100_000)  # 0: no key, the plain path
+BATCH = 10_000  # jobs a request (the server's bound)
+
+
+class SRow(CodedRow, kw_only=True):
+    rate: float = 0.0
+    rate_s: float = 0.0
+    most_1s: int = 0  # the most starts of key A in any 1 s window
+    fewest_1s: int = 0  # the fewest, within the backlog
+    most_10s: int = 0
+    fewest_10s: int = 0
+    flood: int = 0
+    fair_wait_s: float = 0.0  # B's start after the resume, fair
+    fair_before: int = 0  # A's jobs started before B
+    fifo_wait_s: float = 0.0  # the same with {"fair": false}
+    fifo_before: int = 0
+    jain: list[float] = msgspec.field(default_factory=list)  # each full window's index
+    cost_jobs: int = 0
+    cost_cpu_us: dict[str, float] = msgspec.field(default_factory=dict)  # keys -> us a job
+    cost_rate: dict[str, float] = msgspec.field(default_factory=dict)  # keys -> jobs/s
+
+
+ROW = SRow
+
+
+def _windows(starts: list[float], width: float, until: float) -> tuple[int, int]:
+    """The most and the fewest starts in a window of ``width`` seconds within
+    ``[starts[0], until]``. The most: over every closed window that ends at a start (where
+    a count is highest). The fewest: over every window ``[t, t + width)`` that starts at a
+    start, and every one that ends just before a start (a gap shows there), each inside
+    the span; a microsecond's slack at each end, for the float times."""
+    times = sorted(starts)
+    if not times:
+        return 0, 0
+    first, eps = times[0], 1e-6
+    most = max(_count(times, t - width, t) for t in times)
+    fewest = [_count(times, t - eps, t + width - eps) for t in times if t + width <= until]
+    fewest += [_count(times, t - width - eps, t - eps) for t in times if t - width >= first]
+    return most, min(fewest, default=0)
+
+
+def _count(times: list[float], lo: float, hi: float) -> int:
+    """Starts in ``[lo, hi]``."""
+    return bisect_right(times, hi) - bisect_left(times, lo)
+
+
+def jain(shares: list[float]) -> float:
+    """Jain's fairness index: (sum x)^2 / (n * sum x^2); 1.0 is an even share."""
+    total, squares = sum(shares), sum(x * x for x in shares)
+    return 1.0 if squares == 0 else total * total / (len(shares) * squares)
+
+
+async def _submit(pool: HttpPool, jobs: list[dict[str, Any]]) -> list[str]:
+    ids: list[str] = []
+    for i in range(0, len(jobs), BATCH):
+        status, answer = await pool.json(
+            "POST", "/jobs/batch", msgspec.json.encode({"jobs": jobs[i : i + BATCH]})
+        )
+        if status != 201:
+            raise RuntimeError(f"a batch answered {status}: {answer}")
+        ids += answer["ids"]
+    return ids
+
+
+async def _put(pool: HttpPool, path: str, body: dict[str, Any]) -> None:
+    status, answer = await pool.json("PUT", path, msgspec.json.encode(body))
+    if status != 200:
+        raise RuntimeError(f"PUT {path} answered {status}: {answer}")
+
+
+async def _post(pool: HttpPool, path: str) -> None:
+    status, answer = await pool.json("POST", path)
+    if status != 200:
+        raise RuntimeError(f"POST {path} answered {status}: {answer}")
+
+
+async def _started(pool: HttpPool, queue: str, state: str = "") -> list[dict[str, Any]]:
+    """Every job of ``queue`` (of ``state``) as the server has it, page by page."""
+    out: list[dict[str, Any]] = []
+    cursor = ""
+    while True:
+        query = f"/jobs?queue={queue}&limit=1000" + (f"&state={state}" if state else "")
+        status, page = await pool.json("GET", query + (f"&after={cursor}" if cursor else ""))
+        if status != 200:
+            raise RuntimeError(f"GET {query} answered {status}: {page}")
+        out += page["jobs"]
+        cursor = page.get("next") or ""
+        if not cursor:
+            return out
+
+
+async def _wait(pool: HttpPool, job_id: str) -> dict[str, Any]:
+    while True:
+        status, job = await pool.json("GET", f"/jobs/{job_id}?wait=30")
+        if status == 200 and job["state"] in ("completed", "dead", "cancelled"):
+            return dict(job)
+
+
+async def _idle(pool: HttpPool) -> None:
+    """Until the server holds no job scheduled or running (the parts run one at a time).
+    Not the queue's depth: a claim taken from the lanes is scheduled still until its
+    commit lands, and its job would read as never started."""
+    while True:
+        _, stats = await pool.json("GET", "/stats")
+        if stats["jobs"]["scheduled"] == 0 and stats["jobs"]["running"] == 0:
+            return
+        await asyncio.sleep(0.1)
+
+
+def _job(queue: str, key: str | None, ms: int = 0) -> dict[str, Any]:
+    job: dict[str, Any] = {"kind": "sleep", "queue": queue, "args": {"work_ms": ms}}
+    if key is not None:
+        job["key"] = key
+    return job
+
+
+@dataclass(frozen=True, kw_only=True)
+class FairRun(Run):
+    rate_s: int
+    flood: int
+    per_key: int
+    jain_w: float
+    cost_jobs: int
+
+    def execute(self) -> dict[str, Any]:
+        from sqlq.bench.client.server import ServerProcess
+
+        with ServerProcess.engine(store=self.store, sync="full", workers=16) as srv:
+            return asyncio.run(self._measure(srv.url))
+
+    async def _measure(self, url: str) -> dict[str, Any]:
+        async with HttpPool(url, 4) as pool:
+            out: dict[str, Any] = {}
+            out.update(await self._rate(pool))
+            out.update(await self._flood(pool))
+            out.update(await self._jain(pool))
+            out.update(await self._cost(pool))
+        return out
+
+    async def _rate(self, pool: HttpPool) -> dict[str, Any]:
+        await _put(pool, "/queues/rate", {"rate": {"per_s": RATE, "burst": 1}})
+        await _submit(pool, [_job("rate", "A") for _ in range(int(RATE * (self.rate_s + 4)))])
+        await asyncio.sleep(self.rate_s + 1)
+        jobs = await _started(pool, "rate")
+        starts = sorted(float(j["started_at"]) for j in jobs if j.get("started_at"))
+        until = starts[0] + self.rate_s
+        starts = [t for t in starts if t <= until]
+        most_1, fewest_1 = _windows(starts, 1.0, until)
+        most_10, fewest_10 = _windows(starts, 10.0, until) if self.rate_s >= 10 else (0, 0)
+        await pool.json("POST", "/jobs/cancel", msgspec.json.encode({"queue": "rate"}))
+        return {"rate": RATE, "rate_s": self.rate_s, "most_1s": most_1, "fewest_1s": fewest_1,
+                "most_10s": most_10, "fewest_10s": fewest_10}  # fmt: skip
+
+    async def _flood_one(self, pool: HttpPool, queue: str) -> tuple[float, int]:
+        await _post(pool, f"/queues/{queue}/pause")
+        await _submit(pool, [_job(queue, "A") for _ in range(self.flood)])
+        [b] = await _submit(pool, [_job(queue, "B")])
+        resumed = time.time()
+        await _post(pool, f"/queues/{queue}/resume")
+        job = await _wait(pool, b)
+        b_start = float(job["started_at"])
+        await _idle(pool)
+        jobs = await _started(pool, queue)
+        unstarted = [j for j in jobs if j.get("started_at") is None]
+        if unstarted:
+            raise RuntimeError(f"{len(unstarted)} jobs of {queue} never started: "
+                               f"{unstarted[0]}")  # fmt: skip
+        before = sum(1 for j in jobs if j["id"] != b and float(j["started_at"]) < b_start)
+        return b_start - resumed, before
+
+    async def _flood(self, pool: HttpPool) -> dict[str, Any]:
+        await _put(pool, "/queues/fifo", {"fair": False})
+        fair_wait, fair_before = await self._flood_one(pool, "flood")
+        fifo_wait, fifo_before = await self._flood_one(pool, "fifo")
+        return {"flood": self.flood, "fair_wait_s": round(fair_wait, 4),
+                "fair_before": fair_before, "fifo_wait_s": round(fifo_wait, 4),
+                "fifo_before": fifo_before}  # fmt: skip
+
+    async def _jain(self, pool: HttpPool) -> dict[str, Any]:
+        jobs = [_job("jain", f"k{k}", JAIN_MS) for _ in range(self.per_key) for k in range(KEYS)]
+        await _submit(pool, jobs)
+        await _idle(pool)
+        done = await _started(pool, "jain")
+        by_key: dict[str, list[float]] = {}
+        for j in done:
+            by_key.setdefault(j["key"], []).append(float(j["started_at"]))
+        first = min(min(ts) for ts in by_key.values())
+        backlogged_until = min(max(ts) for ts in by_key.values())  # every key still had jobs
+        indexes = []
+        lo = first
+        while lo + self.jain_w <= backlogged_until:
+            shares = [float(sum(1 for t in ts if lo <= t < lo + self.jain_w))
+                      for ts in by_key.values()]  # fmt: skip
+            indexes.append(round(jain(shares), 5))
+            lo += self.jain_w
+        return {"jain": indexes}
+
+    async def _cost(self, pool: HttpPool) -> dict[str, Any]:
+        cpu: dict[str, float] = {}
+        rates: dict[str, float] = {}
+        for keys in COST_KEYS:
+            n = self.cost_jobs
+            label = str(min(keys, n))
+            queue = f"cost{keys}"
+            jobs = [_job(queue, None if keys == 0 else f"t{i % min(keys, n)}") for i in range(n)]
+            await _post(pool, f"/queues/{queue}/pause")
+            await _submit(pool, jobs)
+            _, before = await pool.json("GET", "/stats")
+            t0 = time.perf_counter()
+            await _post(pool, f"/queues/{queue}/resume")
+            await _idle(pool)
+            elapsed = time.perf_counter() - t0
+            _, after = await pool.json("GET", "/stats")
+            used = float(after["process_cpu_s"]) - float(before["process_cpu_s"])
+            cpu[label] = round(1e6 * used / n, 2)
+            rates[label] = round(n / elapsed, 1)
+        return {"cost_jobs": self.cost_jobs, "cost_cpu_us": cpu, "cost_rate": rates}
+
+
+def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[Run]:
+    for store in stores:
+        if store in STORES:
+            yield FairRun(
+                experiment=NAME, store=store, label=f"S/{store}",
+                rate_s=QUICK_RATE_S if quick else RATE_S,
+                flood=QUICK_FLOOD if quick else FLOOD,
+                per_key=QUICK_PER_KEY if quick else PER_KEY,
+                jain_w=QUICK_JAIN_W if quick else JAIN_W,
+                cost_jobs=QUICK_COST_JOBS if quick else COST_JOBS,
+            )  # fmt: skip
+
+
+def section(rep: Report) -> None:
+    every, codes = rep.before_after(NAME, SRow)
+    rows = [r for r in every if r.code == codes[-1]] if every else []
+    if not rows:
+        return
+    first = rows[0]
+    bound_1 = math.floor(first.rate) + 1
+    bound_10 = math.floor(first.rate * 10) + 1
+    rep.add(
+        "## S. Fair claims by key: rate, flood, fairness, cost",
+        "",
+        f"A fresh server per engine (16 workers, `--sync full`), no-op jobs with a key; "
+        "every start read back from the server. Rate: one key with a backlog and `rate` "
+        f"{first.rate:g}/s, burst 1, over {first.rate_s:g} s; the most and the fewest starts "
+        f"in any sliding window (bound from above: {bound_1} in 1 s, {bound_10} in 10 s; "
+        f"from below, work-conserving: r·W). Flood: one job of key B behind {first.flood:,} "
+        "due jobs of key A in a paused queue, resumed: B's start after the resume, and A's "
+        "jobs started before it, fair and with `fair: false` (oldest first between keys). "
+        f"Jain: {KEYS} equal keys, {first.params.get('per_key', PER_KEY)} jobs of "
+        f"{JAIN_MS} ms each, Jain's index over each full window while all were backlogged "
+        "(1.0: even). Cost: the same no-op jobs over 10, 1,000 and 100,000 keys (capped at "
+        "the jobs) against none, each drained alone: server CPU per job and the drain rate. "
+        "Medians over the repeats.",
+        "",
+        "| store | 1 s windows: most / fewest | 10 s windows: most / fewest | B's wait, fair / "
+        "FIFO s | A before B, fair / FIFO | Jain (min of windows) |",
+        "|---|---:|---:|---:|---:|---:|",
+    )
+    for store, rs in by_store(rows).items():
+        rep.add(
+            f"| {store} | {cell([r.most_1s for r in rs], '{:.0f}')} / "
+            f"{cell([r.fewest_1s for r in rs], '{:.0f}')} | "
+            f"{cell([r.most_10s for r in rs], '{:.0f}')} / "
+            f"{cell([r.fewest_10s for r in rs], '{:.0f}')} | "
+            f"{cell([r.fair_wait_s for r in rs], '{:.3f}')} / "
+            f"{cell([r.fifo_wait_s for r in rs], '{:.2f}')} | "
+            f"{cell([r.fair_before for r in rs], '{:.0f}')} / "
+            f"{cell([r.fifo_before for r in rs], '{:.0f}')} | "
+            f"{cell([min(r.jain) for r in rs if r.jain], '{:.4f}')} |"
+        )
+    labels = list(first.cost_cpu_us)
+    rep.add(
+        "",
+        "| store | " + " | ".join(f"{k} keys: us a job (x none), jobs/s" for k in labels) + " |",
+        "|---|" + "---:|" * len(labels),
+    )
+    for store, rs in by_store(rows).items():
+        cells = []
+        for k in labels:
+            us = med([r.cost_cpu_us[k] for r in rs])
+            ratio = med([r.cost_cpu_us[k] / r.cost_cpu_us[labels[0]] for r in rs])
+            cells.append(f"{us:.1f} ({ratio:.2f}x), {med([r.cost_rate[k] for r in rs]):.0f}")
+        rep.add(f"| {store} | " + " | ".join(cells) + " |")
+    rep.add("")

@@ -1,0 +1,63 @@
+"""Experiment S (#37): its arithmetic (the sliding windows, Jain's index), its section, and
+a quick run on the durable engines against real servers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sqlq.bench.experiments import EXPERIMENTS, s_fair
+from sqlq.bench.report import Report
+from sqlq.cli import main
+
+
+def test_windows_count_the_most_and_the_fewest_starts() -> None:
+    starts = [i * 0.1 for i in range(101)]  # 10/s for 10 s, one at 0 and one at 10
+    most, fewest = s_fair._windows(starts, 1.0, 10.0)
+    assert most == 11  # a closed window of 1 s holds 11 starts 0.1 s apart
+    assert fewest == 10
+    bursty = [0.0] * 20 + [5.0]
+    assert s_fair._windows(bursty, 1.0, 5.0) == (20, 0)
+
+
+def test_jains_index_is_one_for_an_even_share_and_one_over_n_for_one_key() -> None:
+    assert s_fair.jain([5.0, 5.0, 5.0]) == 1.0
+    assert s_fair.jain([9.0, 0.0, 0.0]) == pytest.approx(1 / 3)
+    assert s_fair.jain([0.0, 0.0]) == 1.0
+
+
+def _row(store: str, repeat: int) -> dict[str, object]:
+    return {"experiment": "S", "store": store, "label": f"S/{store}", "repeat": repeat,
+            "rate": 50.0, "rate_s": 20, "most_1s": 51, "fewest_1s": 49, "most_10s": 501,
+            "fewest_10s": 499, "flood": 100000, "fair_wait_s": 0.01, "fair_before": 2,
+            "fifo_wait_s": 7.5, "fifo_before": 100000, "jain": [0.99, 1.0],
+            "cost_jobs": 100, "cost_cpu_us": {"0": 40.0, "10": 44.0},
+            "cost_rate": {"0": 9000.0, "10": 8800.0}}  # fmt: skip
+
+
+def test_the_section_shows_every_figure(tmp_path: Path) -> None:
+    rows = [_row("walq", 0), _row("sqlite", 0)]
+    (tmp_path / "S.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = Report(tmp_path)
+    s_fair.section(rep)
+    text = "\n".join(rep.lines)
+    assert "| walq | 51 / 49 | 501 / 499 | 0.010 / 7.50 | 2 / 100000 | 0.9900 |" in text
+    assert "44.0 (1.10x), 8800" in text
+    assert EXPERIMENTS["S"] is s_fair
+
+
+@pytest.mark.slow
+def test_quick_s_runs_on_the_durable_engines(tmp_path: Path) -> None:
+    args = ["bench", "--quick", "--only", "S", "--out", str(tmp_path), "--no-progress",
+            "--stores", "walq", "--stores", "sqlite"]  # fmt: skip
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in (tmp_path / "S.jsonl").read_text().splitlines()]
+    assert {row["store"] for row in rows} == {"walq", "sqlite"}
+    for row in rows:
+        assert row["most_1s"] <= 51  # the rate's bound: floor(50 * 1) + 1
+        assert row["fair_before"] <= 16 < row["fifo_before"]
+        assert min(row["jain"]) > 0.9
