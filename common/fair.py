@@ -46,6 +46,7 @@ MAX_KEY = 128  # characters of a job's key
 FAIR_KEY_PATTERN = rf"^[A-Za-z0-9_.:@+=~-]{{1,{MAX_KEY}}}$(?!\n)"
 MAX_WEIGHT = 1000
 MAX_RATE = 1_000_000.0  # starts a second
+MIN_RATE = 1e-6  # one start in 11.6 days: (burst - 1) / per_s stays finite (else inf - inf)
 MAX_BURST = 1_000_000
 MAX_CONCURRENCY = 1_000_000
 MAX_OVERRIDES = 10_000  # per-key overrides of one queue's policy
@@ -59,7 +60,7 @@ class Rate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True
            omit_defaults=True):  # fmt: skip
     """At most ``per_s`` starts a second, ``burst`` of them back to back."""
 
-    per_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_RATE)]
+    per_s: Annotated[float, msgspec.Meta(ge=MIN_RATE, le=MAX_RATE)]
     burst: Annotated[int, msgspec.Meta(ge=1, le=MAX_BURST)] = 1
 
     @property
@@ -193,6 +194,9 @@ def take(rate: Rate, tat: float, now: float) -> float:
     return max(tat, now) + rate.interval
 
 
+take_token = take  # (under another name where ``take`` is a plan's)
+
+
 def push_back(rate: Rate, tat: float, now: float, after_s: float) -> float:
     """``tat`` once an upstream said "not before ``after_s`` from now" (a handler's
     ``RateLimited``): no start conforms before then."""
@@ -214,3 +218,97 @@ def start_tag(virtual: float, finish: float) -> float:
 
 def finish_tag(start: float, weight: int) -> float:
     return start + 1.0 / weight
+
+
+# -- a claim round's plan (PostgreSQL: the same rules, over the state the claim read) -----
+
+
+class KeyState(msgspec.Struct, kw_only=True):
+    """One key as a shared queue's claim reads it under the queue's lock: its due jobs, its
+    attempts running under unexpired leases (counted from rows, never kept), its bucket
+    and its finish tag (a ``fair_keys`` row; a key without one is made full, at the
+    virtual time)."""
+
+    due: int
+    oldest: float = 0.0  # its oldest due job's ready_at (the order with ``fair`` off)
+    running: int = 0
+    tat: float | None = None
+    finish: float | None = None
+
+
+class Plan(msgspec.Struct, kw_only=True):
+    """What a claim round takes, by key, and the state it leaves: each key's bucket and
+    finish tag, the virtual time, the queue's bucket."""
+
+    take: dict[str | None, int]
+    tat: dict[str | None, float]
+    finish: dict[str | None, float]
+    virtual: float
+    queue_tat: float | None
+
+
+def plan(
+    keys: dict[str | None, KeyState],
+    policy: Policy,
+    *,
+    virtual: float,
+    queue_tat: float | None,
+    now: float,
+    n: int,
+) -> Plan:
+    """Up to ``n`` starts by the policy's rules (``FairLanes`` keeps the same ones for a
+    queue in one process): the eligible key with the smallest start tag first, by weight,
+    each under its concurrency and its bucket, all under the queue's bucket. A heap of the
+    eligible keys: O(keys + n log keys)."""
+    import heapq
+
+    take: dict[str | None, int] = {}
+    tats: dict[str | None, float] = {}
+    finishes: dict[str | None, float] = {}
+    heap: list[tuple[float, str, str | None]] = []
+
+    def tat_of(key: str | None) -> float:
+        return tats.get(key, keys[key].tat if keys[key].tat is not None else now)  # type: ignore[return-value]
+
+    def finish_of(key: str | None) -> float:
+        f = finishes.get(key, keys[key].finish)
+        return virtual if f is None else f
+
+    def eligible(key: str | None) -> bool:
+        state = keys[key]
+        taken = take.get(key, 0)
+        if state.due - taken <= 0:
+            return False
+        limit = policy.concurrency_of(key)
+        if limit is not None and state.running + taken >= limit:
+            return False
+        rate = policy.rate_of(key)
+        return rate is None or allowed_at(rate, tat_of(key)) <= now
+
+    def tag_of(key: str | None) -> float:
+        return start_tag(virtual, finish_of(key)) if policy.fair else keys[key].oldest
+
+    for key in keys:
+        if eligible(key):
+            heapq.heappush(heap, (tag_of(key), key or "", key))
+    queue_rate = policy.queue_rate
+    qtat = queue_tat if queue_tat is not None else now
+    started = 0
+    while heap and started < n:
+        if queue_rate is not None and allowed_at(queue_rate, qtat) > now:
+            break
+        tag, _, key = heapq.heappop(heap)
+        take[key] = take.get(key, 0) + 1
+        started += 1
+        if policy.fair:
+            virtual = max(virtual, tag)
+            finishes[key] = finish_tag(tag, policy.weight_of(key, 1))
+        rate = policy.rate_of(key)
+        if rate is not None:
+            tats[key] = take_token(rate, tat_of(key), now)
+        if queue_rate is not None:
+            qtat = take_token(queue_rate, qtat, now)
+        if eligible(key):
+            heapq.heappush(heap, (tag_of(key), key or "", key))
+    return Plan(take=take, tat=tats, finish=finishes, virtual=virtual,
+                queue_tat=qtat if queue_rate is not None else queue_tat)  # fmt: skip

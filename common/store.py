@@ -364,10 +364,13 @@ class SharedStore(JobStore, Protocol):
         besides: Sequence[str] = (),
         kinds: Sequence[str] | None = None,
         holder: str | None = None,
+        policies: Mapping[str, Policy] | None = None,
     ) -> list[Job]:
         """Up to ``n`` due jobs of unpaused queues, marked running for this node with a new
         epoch, one more attempt and a lease until ``lease_until``; never to two nodes.
-        A queue in ``caps`` never has more running jobs than its cap, counted on every node.
+        A queue in ``caps`` never has more running jobs than its cap, counted on every node;
+        a queue in ``policies`` (``sqlq.common.fair``, one that sets a limit) is claimed by
+        its rules, across every node.
 
         A remote worker's claim names its ``holder`` (``remote_holder``: stored instead of
         this node), the queues it serves (``only``) and perhaps its ``kinds``; this node's

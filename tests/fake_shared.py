@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlq.common.engine.memory import MemoryStore
 from sqlq.common.errors import IllegalTransitionError
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import remote_worker
 from sqlq.common.running import Progress
@@ -33,6 +34,7 @@ class Database:
     listeners: dict[str, Callable[[str], None]] = field(default_factory=dict)  # node -> cancel
     notify: bool = True
     renewals: list[dict[str, Progress]] = field(default_factory=list)  # progress per renewal
+    policies: dict[str, Policy] = field(default_factory=dict)  # queue -> policy
 
 
 class FakeSharedStore:
@@ -144,6 +146,17 @@ class FakeSharedStore:
 
     async def paused_queues(self) -> list[str]:
         return []
+
+    async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
+        """A policy kept as the database keeps it; this fake's claim obeys none (the
+        fair claim's contract runs on PostgreSQL, ``tests/test_postgres_fair.py``)."""
+        if policy is None:
+            self.db.policies.pop(queue, None)
+        else:
+            self.db.policies[queue] = policy
+
+    async def queue_policies(self) -> dict[str, Policy]:
+        return dict(self.db.policies)
 
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         return [j for i in ids if (j := self.db.inner._index.get(i)) is not None and j.terminal]

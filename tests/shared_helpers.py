@@ -58,15 +58,19 @@ def kinds(gate: asyncio.Event | None = None) -> Registry:
     @task(registry=reg, hb_timeout=None)
     async def work(args: Any, ctx: JobContext) -> Any:
         queue = ctx.job.queue
+        by_key = f"{queue}/{ctx.job.key}"  # (and by a fair claim's key)
         STARTED.append(args.get("name", ctx.job.id))
         RUNNING[queue] += 1
+        RUNNING[by_key] += 1
         PEAK[queue] = max(PEAK[queue], RUNNING[queue])
+        PEAK[by_key] = max(PEAK[by_key], RUNNING[by_key])
         try:
             if gate is not None and args.get("gated", True):
                 await gate.wait()
             await asyncio.sleep(args.get("sleep", 0))
         finally:
             RUNNING[queue] -= 1
+            RUNNING[by_key] -= 1
         return args.get("name", "done")
 
     return reg

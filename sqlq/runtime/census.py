@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlq.common.clock import Clock
+from sqlq.common.fair import Policy
 from sqlq.common.models import State
 from sqlq.common.store import SharedStore
 from sqlq.runtime.claims import QueueInfo
@@ -43,12 +44,14 @@ class Census:
         self.jobs: dict[tuple[str, str], int] = {}  # (state, queue) -> jobs, on every node
         self.nodes: list[dict[str, Any]] = []
         self.since = 0  # jobs this node submitted since the last count
+        self.policies: dict[str, Policy] = {}  # every queue's policy, as of the last count
 
     async def refresh(self) -> set[str]:
         """Count again; returns the paused queues."""
         counts = await self._store.census()
         self.jobs = {(c.state.value, c.queue): c.jobs for c in counts}
         paused = set(await self._store.paused_queues())
+        self.policies = await self._store.queue_policies()
         self.nodes = await self._store.nodes(self._clock.time())
         self.since = 0
         return paused
@@ -102,6 +105,7 @@ class CensusViews:
     _census: Census
     _caps: dict[str, int]
     _paused: set[str]
+    _policies: dict[str, Policy]
     _config: RuntimeConfig
     _seen: WorkersSeen
     _clock: Clock
@@ -116,6 +120,10 @@ class CensusViews:
 
     async def _refresh(self) -> None:
         self._paused = await self._census.refresh()
+        policies = self._census.policies  # (another node may have set or dropped one)
+        for gone in set(self._policies) - set(policies):
+            del self._policies[gone]
+        self._policies.update(policies)
 
     async def queues(self) -> dict[str, QueueInfo]:
         await self._refresh()

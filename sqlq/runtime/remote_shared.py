@@ -39,6 +39,7 @@ from typing import Protocol
 from sqlq.common.backoff import after_failure
 from sqlq.common.clock import wait_event
 from sqlq.common.errors import StoreError, TransitionError
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job, State, Transition
 from sqlq.common.protocol import ClaimRequest
 from sqlq.common.running import Progress
@@ -55,6 +56,7 @@ class SharedHost(Protocol):
 
     @property
     def caps(self) -> Mapping[str, int]: ...
+    def policies(self) -> Mapping[str, Policy]: ...
     @property
     def poll_s(self) -> float: ...
     def applied(self, job: Job, t: Transition) -> Job: ...
@@ -101,9 +103,15 @@ class SharedSide:
         if self._stopping:
             return []
         claims = self._claims
-        jobs = await self._store.claim(req.max, now, now + req.lease_s, claims.caps,
-                                       only=req.queues, kinds=req.kinds,
-                                       holder=holder)  # fmt: skip
+        policies = claims.policies()
+        if policies:
+            jobs = await self._store.claim(req.max, now, now + req.lease_s, claims.caps,
+                                           only=req.queues, kinds=req.kinds, holder=holder,
+                                           policies=policies)  # fmt: skip
+        else:
+            jobs = await self._store.claim(req.max, now, now + req.lease_s, claims.caps,
+                                           only=req.queues, kinds=req.kinds,
+                                           holder=holder)  # fmt: skip
         wait = self._parts.metrics.queue_wait
         for job in jobs:
             wait.observe(max(0.0, now - job.ready_at))

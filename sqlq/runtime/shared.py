@@ -41,7 +41,7 @@ from typing import Any
 
 import msgspec
 
-from sqlq.common.errors import StoreError, ValidationError
+from sqlq.common.errors import StoreError
 from sqlq.common.lease import cut_at
 from sqlq.common.models import JSON, Job, State, Transition
 from sqlq.common.protocol import remote_worker
@@ -97,16 +97,14 @@ class SharedClaims(CensusViews, ClaimsBase):
         self.remote_side = SharedSide(self, self._store, self.parts)
 
     def _may_have_policy(self, queue: str) -> None:
-        raise ValidationError(
-            "policy", "fair claims are kept by the single-node engines (memory, walq, sqlite) "
-            "only for now: this shared store's claim does not obey a policy yet",
-        )  # fmt: skip
+        """Every queue may have one here: a remote worker's claim is the store's claim."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, recovery: Recovery) -> None:
         self._loop = asyncio.get_running_loop()
         self._paused = set(recovery.paused_queues)
+        self._policies.update(recovery.queue_policies)
         now, sent = self._clock.time(), self._clock.monotonic()
         await self._store.renew(now, now + self.lease_s, [])  # this node is seen from the start
         self._renewed_at = sent
@@ -234,11 +232,14 @@ class SharedClaims(CensusViews, ClaimsBase):
         while (n := self._hungry()) > 0:
             now, sent = self._clock.time(), self._clock.monotonic()
             t0 = time.perf_counter()
+            # Only what this node has: a store need not know of remote queues or policies
+            # where there are none (the call as it was before them).
+            extra: dict[str, Any] = {}
             if besides:
-                jobs = await self._store.claim(n, now, now + self.lease_s, self._caps,
-                                               besides=besides)  # fmt: skip
-            else:  # (the call as before remote queues: a store need not know of them)
-                jobs = await self._store.claim(n, now, now + self.lease_s, self._caps)
+                extra["besides"] = besides
+            if self._policies:
+                extra["policies"] = self._policies
+            jobs = await self._store.claim(n, now, now + self.lease_s, self._caps, **extra)
             self.claim_s += time.perf_counter() - t0
             self.claims += 1
             self.claimed += len(jobs)

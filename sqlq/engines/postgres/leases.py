@@ -16,9 +16,11 @@ from collections.abc import Mapping, Sequence
 import asyncpg
 import msgspec
 
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job
 from sqlq.common.running import Progress
 from sqlq.common.store import Extended, Lease
+from sqlq.engines.postgres.fair import fair_claim
 from sqlq.engines.postgres.flows import job_of
 from sqlq.engines.postgres.queries import Q
 
@@ -36,28 +38,41 @@ async def claim(
     only: Sequence[str] | None,
     besides: Sequence[str],
     kinds: Sequence[str] | None,
+    policies: Mapping[str, Policy] | None = None,
 ) -> list[Job]:
-    """Up to ``n`` due jobs for ``holder`` (``SharedStore.claim``), in claim order."""
+    """Up to ``n`` due jobs for ``holder`` (``SharedStore.claim``), in claim order. A queue
+    with a policy that sets a limit is claimed by its own rules (``fair.fair_claim``)."""
     left_out = set(besides)
     wanted = None if only is None else [q for q in dict.fromkeys(only) if q not in left_out]
     if wanted == [] or n <= 0:
         return []
     kind_list = None if kinds is None else list(dict.fromkeys(kinds))
-    capped = sorted(q for q in caps if q not in left_out and (wanted is None or q in wanted))
-    skipped = sorted(left_out | set(caps))  # capped queues: only through claim_capped
+    fair = {q: p for q, p in (policies or {}).items() if not p.plain
+            and q not in left_out and (wanted is None or q in wanted)}  # fmt: skip
+    capped = sorted(q for q in caps if q not in left_out and q not in fair
+                    and (wanted is None or q in wanted))  # fmt: skip
+    # capped and fair queues: only through their own claims
+    skipped = sorted(left_out | set(caps) | set(policies or ()))
     rows = list(
         await conn.fetch(Q["claim"], now, n, lease_until, skipped, holder, wanted, kind_list)
     )
+    jobs = [job_of(r) for r in rows]
+    for queue, policy in sorted(fair.items()):
+        if len(jobs) >= n:
+            break
+        jobs += await fair_claim(conn, queue, policy, n - len(jobs), now, lease_until, holder,
+                                 kind_list, caps.get(queue))  # fmt: skip
+    rows = []
     for queue in capped:
-        if len(rows) >= n:
+        if len(jobs) + len(rows) >= n:
             break
         async with conn.transaction():
             await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
             rows += await conn.fetch(
-                Q["claim_capped"], now, n - len(rows), lease_until, queue, holder, caps[queue],
-                kind_list,
+                Q["claim_capped"], now, n - len(jobs) - len(rows), lease_until, queue, holder,
+                caps[queue], kind_list,
             )  # fmt: skip
-    jobs = [job_of(r) for r in rows]
+    jobs += [job_of(r) for r in rows]
     jobs.sort(key=lambda j: (-j.priority, j.ready_at, j.id))
     return jobs
 

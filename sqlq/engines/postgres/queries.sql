@@ -436,3 +436,68 @@ SELECT pg_total_relation_size('jobs');
 -- name: ping
 -- Whether a connection that only listens still reaches the database (connections.py).
 SELECT 1;
+
+-- name: fair_lock
+-- A fair queue's claims, one node at a time: $1 is FAIR_LOCK, $2 the queue. Held to the end
+-- of the transaction that claims (its state and its jobs in one commit).
+SELECT pg_advisory_xact_lock($1, hashtext($2));
+
+-- name: fair_read
+-- What a fair queue's claim decides by, read under its lock (sqlq.engines.postgres.fair):
+-- the database's clock, whether it is paused, its due jobs by key (with the oldest's due
+-- time) of the kinds $4 names (NULL: any), its running jobs by key under unexpired leases
+-- ($3: the node's now, as every lease is written), each such key's row, and the queue's.
+SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now,
+       EXISTS (SELECT 1 FROM queues WHERE name = $1 AND paused) AS paused,
+       (SELECT coalesce(json_agg(json_build_array(d.key, d.n, d.oldest, coalesce(r.n, 0),
+                                                 k.tat, k.finish)), '[]')
+          FROM (SELECT coalesce(key, '') AS key, count(*) AS n, min(ready_at) AS oldest
+                  FROM jobs WHERE state = 'scheduled' AND queue = $1 AND ready_at <= $2
+                   AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
+                 GROUP BY 1) d
+          LEFT JOIN (SELECT coalesce(key, '') AS key, count(*) AS n FROM jobs
+                      WHERE state = 'running' AND queue = $1 AND lease_until > $3
+                      GROUP BY 1) r ON r.key = d.key
+          LEFT JOIN fair_keys k ON k.queue = $1 AND k.key = d.key) AS keys,
+       (SELECT count(*) FROM jobs WHERE state = 'running' AND queue = $1) AS running,
+       (SELECT virtual FROM fair_queues WHERE queue = $1) AS virtual,
+       (SELECT tat FROM fair_queues WHERE queue = $1) AS queue_tat;
+
+-- name: fair_claim
+-- The jobs a fair queue's plan takes: for each key ($6) its next $7 due jobs (priority,
+-- then age), and $9 of the jobs with no key, of the kinds $8 names (NULL: any), locked;
+-- claimed as claim's are ($5: the holder). Each key's walk is jobs_fair's, in order.
+WITH want AS (
+    SELECT * FROM unnest($6::text[], $7::int[]) AS w(k, c)
+), keyed AS (
+    SELECT p.id AS due_id FROM want w, LATERAL (
+        SELECT id FROM jobs
+         WHERE state = 'scheduled' AND queue = $4 AND key = w.k AND ready_at <= $1
+           AND ($8::text[] IS NULL OR kind = ANY ($8::text[]))
+         ORDER BY priority DESC, ready_at, id
+         LIMIT least(w.c, $2::int)
+           FOR UPDATE SKIP LOCKED
+    ) p
+), keyless AS (
+    SELECT id AS due_id FROM jobs
+     WHERE state = 'scheduled' AND queue = $4 AND key IS NULL AND ready_at <= $1
+       AND ($8::text[] IS NULL OR kind = ANY ($8::text[]))
+     ORDER BY priority DESC, ready_at, id
+     LIMIT $9
+       FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT due_id FROM keyed UNION ALL SELECT due_id FROM keyless
+)
+{claimed}
+
+-- name: fair_save
+-- The plan's state: each key's bucket and finish tag ($2..$4), the queue's virtual time and
+-- bucket ($5, $6). Rows are made or updated, never deleted by a claim.
+WITH keys AS (
+    INSERT INTO fair_keys (queue, key, tat, finish)
+    SELECT $1, k, t, f FROM unnest($2::text[], $3::float8[], $4::float8[]) AS u(k, t, f)
+    ON CONFLICT (queue, key) DO UPDATE SET tat = excluded.tat, finish = excluded.finish
+    RETURNING 1
+)
+INSERT INTO fair_queues (queue, virtual, tat) VALUES ($1, $5, $6)
+ON CONFLICT (queue) DO UPDATE SET virtual = excluded.virtual, tat = excluded.tat;

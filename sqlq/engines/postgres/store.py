@@ -291,11 +291,12 @@ class PostgresStore(Committing):
         besides: Sequence[str] = (),
         kinds: Sequence[str] | None = None,
         holder: str | None = None,
+        policies: Mapping[str, Policy] | None = None,
     ) -> list[Job]:
         """``leases.claim``: for this node, or for the remote worker named by ``holder``."""
         async with self._conn(claims=True) as conn:
             return await leases.claim(conn, n, now, lease_until, caps, holder or self.node,
-                                      only, besides, kinds)  # fmt: skip
+                                      only, besides, kinds, policies)  # fmt: skip
 
     async def extend(self, now: float, held: Sequence[Lease]) -> list[Extended]:
         """``leases.extend``: every remote lease given, fenced, in one statement."""

@@ -1,0 +1,86 @@
+"""#37 on PostgreSQL: fair claims across nodes, under each queue's lock on the database's
+clock (``sqlq.engines.postgres.fair``). Two nodes on one database in every test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlq.common import fair
+from sqlq.common.fair import Policy, Rate
+from sqlq.common.models import State
+from sqlq.common.specs import JobSpec
+from sqlq.common.store import JobQuery
+from sqlq.runtime.service import Service
+from tests import shared_helpers
+from tests.helpers import final, wait_for
+from tests.shared_helpers import PEAK, STARTED, Node
+
+nodes = shared_helpers.nodes  # the fixture, by its name
+
+
+async def _submit(rt: Service, n: int, key: str, queue: str = "q", **args: Any) -> list[Any]:
+    specs = [JobSpec(kind="work", queue=queue, key=key, args={"name": key, **args})
+             for _ in range(n)]  # fmt: skip
+    return (await rt.submit(specs, batch=True))[0]
+
+
+async def test_a_keys_concurrency_holds_across_two_nodes(nodes: Node) -> None:
+    """The bar: key_concurrency 2 for key A, 50 jobs of 0.5 s, two nodes: never more than 2
+    of A at once; B beside it is not held back."""
+    a, b = nodes(workers=8), nodes(workers=8)
+    for rt in (a, b):
+        await rt.start()
+    await a.set_policy("q", Policy(key_concurrency=2))
+    await b.queues()  # (a count reads the policies again, as the census does on its own)
+    jobs = [*await _submit(a, 25, "A", sleep=0.5), *await _submit(b, 25, "A", sleep=0.5),
+            *await _submit(b, 4, "B", sleep=0.1)]  # fmt: skip
+    for job in jobs:
+        assert (await final(a, job.id, within=120)).state is State.COMPLETED
+    assert PEAK["q/A"] == 2  # never more than 2 of A at once, counting both nodes
+    assert PEAK["q/B"] >= 1
+    assert STARTED.count("A") == 50
+
+
+async def test_a_keys_rate_holds_across_two_nodes(nodes: Node) -> None:
+    """Two nodes claim key A, rate 10/s, burst 1, for 2.5 s of the database's clock: at most
+    11 starts in any 1 s window, counted on both nodes (the starts read back from rows)."""
+    a, b = nodes(workers=8), nodes(workers=8)
+    for rt in (a, b):
+        await rt.start()
+    rate = Rate(per_s=10.0, burst=1)
+    await a.set_policy("q", Policy(rate=rate))
+    await b.claims.set_policy("q", Policy(rate=rate))  # (as its census would read it)
+    await _submit(a, 60, "A")
+    await wait_for(lambda: len(STARTED) >= 25, 30)
+    done = await a.list_jobs(JobQuery(queue="q", state=State.COMPLETED, limit=1000))
+    starts = sorted(j.started_at for j in done if j.started_at is not None)
+    most = max(sum(1 for u in starts if t <= u <= t + 1.0) for t in starts)
+    assert most <= fair.starts_bound(rate, 1.0) == 11
+    assert {j.holder for j in done} == {None}  # (a completed job holds nothing)
+
+
+async def test_one_key_flood_does_not_hold_back_anothers_job_across_nodes(nodes: Node) -> None:
+    a, b = nodes(workers=4), nodes(workers=4)
+    for rt in (a, b):
+        await rt.start()
+    await a.set_policy("q", Policy(queue_rate=Rate(per_s=1_000_000.0, burst=1_000_000)))
+    await b.claims.set_policy("q", a.view.policies()["q"])
+    await a.pause("q", True)
+    await _submit(a, 2000, "A")
+    [late] = await _submit(b, 1, "B")
+    await a.pause("q", False)
+    assert (await final(b, late.id, within=60)).state is State.COMPLETED
+    assert STARTED.index("B") <= 16  # a round of the two nodes' workers, not the flood
+
+
+async def test_a_policy_set_on_one_node_reaches_the_others(nodes: Node) -> None:
+    a, b = nodes(workers=1), nodes(workers=1)
+    for rt in (a, b):
+        await rt.start()
+    policy = Policy(key_concurrency=3)
+    await a.set_policy("q", policy)
+    await b.queues()  # (a count reads the policies again, as the census does on its own)
+    assert b.view.policies() == {"q": policy}
+    await a.set_policy("q", None)
+    await b.queues()
+    assert b.view.policies() == {}
