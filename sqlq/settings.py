@@ -341,7 +341,7 @@ class ServeSettings:
         callback=lambda ctx, param, value: (queue_policies(value), value)[1],
         help="Queue NAME's policy, as PUT /queues/NAME takes it (repeatable), set at start: "
         'per-key limits and fair claims between keys, e.g. \'api={"key_concurrency": 2, '
-        '"rate": {"per_s": 10, "burst": 1}}\'. Single-node engines only for now.',
+        '"rate": {"per_s": 10, "burst": 1}}\'.',
     )
     handler_threads: int | None = opt(
         _RUNTIME.handler_threads,
@@ -423,10 +423,12 @@ class ServeSettings:
     def runtime_config(self) -> RuntimeConfig:
         from sqlq.engines.registry import engine
 
-        if self.queue_policy and engine(self.store).shared:
+        policies = queue_policies(self.queue_policy)
+        remote = [q for q in policies if q in self.remote_queues or self.workers == 0]
+        if remote and not engine(self.store).shared:
             raise click.BadParameter(
-                f"--store {self.store}: its claim does not keep a policy yet (memory, walq and "
-                "sqlite do)",
+                f"{remote[0]}: a remote queue's claims keep no policy on --store {self.store} "
+                "yet (on postgres they do)",
                 param_hint="--queue-policy",
             )
         return RuntimeConfig(
@@ -451,7 +453,7 @@ class ServeSettings:
             processes=self.processes,
             imports=self.imports,
             queue_caps=queue_caps(self.queues),
-            queue_policies=queue_policies(self.queue_policy),
+            queue_policies=policies,
             lease_s=self.lease,
             poll_s=self.poll,
             listen=self.listen,

@@ -277,6 +277,9 @@ class _Held:
     def lose(self, claim: Claim, reason: str) -> bool:
         return claim.job.id in self.held  # (the same: nothing runs to cut)
 
+    def running(self, queue: str) -> list[Job]:
+        return [c.job for c in self.held.values() if c.job.queue == queue]
+
 
 def _nothing() -> None:
     """A call on walq's I/O thread that does nothing: what was queued before it is done."""

@@ -253,3 +253,78 @@ def test_idle_keys_held_stay_bounded_by_the_keys_in_use() -> None:
         fl.ended(j, now)
         now += 1.0
     assert len(fl.keys()) < 200
+
+
+# -- a shared queue's plan (the same rules over state read under the queue's lock) -------
+
+
+def states(**given: fair.KeyState) -> dict[str | None, fair.KeyState]:
+    return {(None if k == "none" else k): v for k, v in given.items()}
+
+
+def test_a_plan_serves_keys_fairly_under_their_limits() -> None:
+    policy = Policy(key_concurrency=2, rate=Rate(per_s=10.0, burst=1))
+    keys = states(a=fair.KeyState(due=100), b=fair.KeyState(due=1),
+                  c=fair.KeyState(due=5, running=2), none=fair.KeyState(due=3))  # fmt: skip
+    made = fair.plan(keys, policy, virtual=0.0, queue_tat=None, now=T0, n=16)
+    assert made.take == {"a": 1, "b": 1, None: 1}  # burst 1 each; c is full
+    assert made.tat["a"] == pytest.approx(T0 + 0.1)
+    later = states(a=fair.KeyState(due=99, tat=made.tat["a"], finish=made.finish["a"]))
+    again = fair.plan(later, policy, virtual=made.virtual, queue_tat=None, now=T0 + 0.05, n=16)
+    assert again.take == {}  # its token comes at +0.1
+    flood = states(a=fair.KeyState(due=100_000), b=fair.KeyState(due=1))
+    made = fair.plan(flood, Policy(), virtual=0.0, queue_tat=None, now=T0, n=2)
+    assert made.take == {"a": 1, "b": 1}
+    even = states(a=fair.KeyState(due=100), b=fair.KeyState(due=100))
+    weighted = fair.plan(even, Policy(keys={"a": KeyPolicy(weight=3)}), virtual=0.0,
+                         queue_tat=None, now=T0, n=8)  # fmt: skip
+    assert weighted.take == {"a": 6, "b": 2}
+    ten = states(a=fair.KeyState(due=10), b=fair.KeyState(due=10))
+    queue = fair.plan(ten, Policy(queue_rate=Rate(per_s=1.0, burst=3)), virtual=0.0,
+                      queue_tat=None, now=T0, n=10)  # fmt: skip
+    assert sum(queue.take.values()) == 3
+
+
+async def test_running_counts_hold_when_a_queue_turns_fair_while_jobs_run() -> None:
+    """Review: jobs popped while a queue was plain went uncounted when it turned fair, and
+    their ends then took slots from jobs counted since, so key_concurrency was passed. New
+    fair lanes count what runs (the claims' account) and an end counts only what was."""
+    from sqlq.common.clock import FakeClock
+    from sqlq.runtime.scheduler import Scheduler
+
+    sch = Scheduler(FakeClock(T0))
+    popped: list[Job] = []
+    sch.running = lambda queue: [j for j in popped if j.queue == queue]
+    for _ in range(3):
+        sch.add(job(None))
+    popped += [await sch.take() for _ in range(3)]
+    sch.add(job("A"))  # the queue turns fair: the three running are counted
+    sch.set_policy("default", Policy(key_concurrency=2))
+    sch.add(job(None))
+    sch.add(job(None))
+    first = await sch.take()
+    assert first.key == "A"  # no-key's three run: it is full
+    assert sch.keys("default")[None] == (2, 3)
+    for j in popped[:2]:
+        sch.ended(j)
+    sch.ended(job(None))  # an end of a job these lanes never counted: nothing
+    assert sch.keys("default")[None] == (2, 1)
+    nxt = await sch.take()
+    assert nxt.key is None
+    assert sch.keys("default")[None] == (1, 2)
+
+
+async def test_a_queue_turned_fair_again_relanes_the_keyed_jobs_waiting() -> None:
+    """Review: after ``{"fair": false}`` and back, keyed jobs already waiting stayed in the
+    plain order until the next keyed job came."""
+    from sqlq.common.clock import FakeClock
+    from sqlq.runtime.scheduler import Scheduler
+
+    sch = Scheduler(FakeClock(T0))
+    sch.set_policy("default", Policy(fair=False))
+    for _ in range(5):
+        sch.add(job("A"))
+    sch.add(job("B"))
+    sch.set_policy("default", None)
+    got = [await sch.take() for _ in range(2)]
+    assert {j.key for j in got} == {"A", "B"}

@@ -44,6 +44,7 @@ from sqlq.common.models import Job
 from sqlq.runtime.lanes import Lanes
 
 _SLACK = 64  # a heap is rebuilt once it holds more than twice its keys and this
+_ABSENT = object()
 
 
 class Where(Enum):
@@ -78,6 +79,7 @@ class FairLanes(Lanes[Job]):
         self._keys: dict[str | None, Key] = {}
         self._ready: list[tuple[float, float, int, str | None]] = []  # (tag, tag2, stamp, key)
         self._waiting: list[tuple[float, int, str | None]] = []  # (allowed at, stamp, key)
+        self._out: dict[str, str | None] = {}  # the jobs counted running here: id -> key
         self._stamps = itertools.count()
         self._sweep_at = _SLACK  # keys held past which idle ones are looked over
         self._virtual = 0.0
@@ -103,6 +105,7 @@ class FairLanes(Lanes[Job]):
             self._virtual = tag
             k.finish = fair.finish_tag(tag, policy.weight_of(k.name, job.weight))
         k.running += 1
+        self._out[job.id] = k.name
         rate, rel = policy.rate_of(k.name), self.seen - self._base
         if rate is not None:
             k.tat = fair.take(rate, k.tat, rel)
@@ -121,11 +124,22 @@ class FairLanes(Lanes[Job]):
         k = self._winner(self.seen)
         return None if k is None else k.lanes.head(self.seen)
 
+    def promote(self, now: float) -> None:
+        """What fell due by ``now`` moves on: delayed jobs to their keys, and keys whose
+        token came out of the waiting heap. Left there, a key's past token would be the
+        next wakeup, and the dispatcher would spin on it (the base class's rule, for
+        tokens: a closed queue is promoted, never popped)."""
+        self._promote(now)
+        self._tokens_in(self.seen - self._base)
+
     def next_wakeup(self) -> float | None:
         """The earliest of the next delayed job and the next token of a key with due jobs
-        (or of the queue's own bucket, while it holds them all back)."""
+        (or of the queue's own bucket, while it holds them all back): always after the
+        latest ``now`` seen, whatever has not been promoted since."""
         delayed = super().next_wakeup()
         wake = math.inf if delayed is None else delayed
+        rel = self.seen - self._base
+        self._tokens_in(rel)
         token = math.inf  # (relative)
         waiting = self._waiting
         while waiting:
@@ -137,10 +151,22 @@ class FairLanes(Lanes[Job]):
             heapq.heappop(waiting)
         rate = self.policy.queue_rate
         if rate is not None and self._ready:
-            token = min(token, fair.allowed_at(rate, self._queue_tat))
+            at = fair.allowed_at(rate, self._queue_tat)
+            if at > rel:
+                token = min(token, at)
         if token < math.inf:
             wake = min(wake, self._absolute(token))
         return None if wake == math.inf else wake
+
+    def _tokens_in(self, rel: float) -> None:
+        """Keys whose token came by ``rel`` leave the waiting heap, placed anew."""
+        waiting, keys = self._waiting, self._keys
+        while waiting and waiting[0][0] <= rel:
+            _, stamp, name = heapq.heappop(waiting)
+            k = keys.get(name)
+            if k is not None and k.stamp == stamp and k.where is Where.WAITING:
+                k.where = Where.IDLE
+                self._place_at(k, rel)
 
     def discard(self, ready_at: float, job: Job | None = None) -> None:
         """An entry no longer wanted: counted in its key's lanes if due, else in the
@@ -187,7 +213,10 @@ class FairLanes(Lanes[Job]):
     # -- what the claims tell --------------------------------------------------------------
 
     def started(self, job: Job) -> None:
-        """``job`` of this queue runs (counted when a policy comes while it does)."""
+        """``job`` of this queue runs (counted when these lanes are made while it does)."""
+        if job.id in self._out:
+            return
+        self._out[job.id] = job.key
         k = self._key(job.key, self.seen)
         k.running += 1
         if k.where is Where.READY:
@@ -195,7 +224,11 @@ class FairLanes(Lanes[Job]):
             self._place(k, self.seen)
 
     def ended(self, job: Job, now: float) -> None:
-        """An attempt of ``job``'s key that ``pop`` handed out is over: a slot is free."""
+        """An attempt of ``job``'s key that ``pop`` handed out (or ``started`` counted) is
+        over: a slot is free. Any other job's end (popped before these lanes were made,
+        and not running when they were) counts nothing: it was never counted."""
+        if self._out.pop(job.id, _ABSENT) is _ABSENT:
+            return
         k = self._keys.get(job.key)
         if k is None:
             return
@@ -258,14 +291,9 @@ class FairLanes(Lanes[Job]):
 
     def _winner(self, now: float) -> Key | None:
         """The ready key to serve at ``now`` (left at the top of the heap), or None."""
-        waiting, keys = self._waiting, self._keys
+        keys = self._keys
         rel = now - self._base
-        while waiting and waiting[0][0] <= rel:
-            _, stamp, name = heapq.heappop(waiting)
-            k = keys.get(name)
-            if k is not None and k.stamp == stamp and k.where is Where.WAITING:
-                k.where = Where.IDLE
-                self._place(k, now)
+        self._tokens_in(rel)
         rate = self.policy.queue_rate
         if rate is not None and fair.allowed_at(rate, self._queue_tat) > rel:
             return None
@@ -286,12 +314,18 @@ class FairLanes(Lanes[Job]):
 
     def _place(self, k: Key, now: float) -> None:
         """Put an idle-marked ``k`` where it stands at ``now``."""
+        self._place_at(k, now - self._base)
+
+    def _place_at(self, k: Key, rel: float) -> None:
+        """``_place`` at a time relative to the base: the waiting heap's own unit, so a key
+        taken out of it at ``rel`` is never put back at that same token (a round trip
+        through an absolute time could round it back to ``<= rel``, for ever)."""
         policy = self.policy
         top = self._top_of(k)
         if top is None:
             k.where = Where.IDLE
             k.stamp = -1
-            self._maybe_forget(k, now)
+            self._maybe_forget(k, rel)
             return
         limit = policy.concurrency_of(k.name)
         if limit is not None and k.running >= limit:
@@ -301,7 +335,7 @@ class FairLanes(Lanes[Job]):
         rate = policy.rate_of(k.name)
         if rate is not None:
             at = fair.allowed_at(rate, k.tat)
-            if at > now - self._base:
+            if at > rel:
                 k.where = Where.WAITING
                 heapq.heappush(self._waiting, (at, stamp, k.name))
                 self._bound(self._waiting)
@@ -345,7 +379,7 @@ class FairLanes(Lanes[Job]):
         """Forget every idle key whose bucket has filled since it went idle (amortised:
         once the keys held double), so keys held stay bounded by the keys in use."""
         for k in [k for k in self._keys.values() if k.where is Where.IDLE]:
-            self._maybe_forget(k, now)
+            self._maybe_forget(k, now - self._base)
         self._sweep_at = 2 * len(self._keys) + _SLACK
 
     def _absolute(self, rel: float) -> float:
@@ -355,12 +389,12 @@ class FairLanes(Lanes[Job]):
             at = math.nextafter(at, math.inf)
         return at
 
-    def _maybe_forget(self, k: Key, now: float) -> None:
+    def _maybe_forget(self, k: Key, rel: float) -> None:
         """An idle key made again later would be exactly this one: forget it."""
         if k.running or k.lanes.entries:
             return
         rate = self.policy.rate_of(k.name)
-        if rate is not None and k.tat > max(now - self._base, fair.empty(rate, 0.0)):
+        if rate is not None and k.tat > max(rel, fair.empty(rate, 0.0)):
             return  # its bucket is not full: made again, it would be fuller
         del self._keys[k.name]  # (made again, it starts at the virtual time: as it would)
 

@@ -72,6 +72,7 @@ class LocalClaims(ClaimsBase):
             self._clock, gate=self._open, taken=self._taken, current=self.current
         )
         self._fair_queues = self.scheduler.fair  # (the same dict: a job's end asks it)
+        self.scheduler.running = lambda queue: self._attempts.running(queue)
         self._claiming: set[str] = set()  # claims committed but not yet durable
         self._cancelling: set[str] = set()  # cancels committed but not yet durable
         self._lanes_loaded = False  # until ``start`` loads them, a released child waits for it
@@ -449,12 +450,11 @@ class LocalClaims(ClaimsBase):
         super()._policy(queue, policy)
         if self._is_remote(queue):  # (recovered: a queue made remote since it was set)
             return
-        running = [
-            job
-            for job in self._live.jobs.values()
-            if job.queue == queue and job.state is State.RUNNING and job.holder is None
-        ]
-        self.scheduler.set_policy(queue, policy, running)  # fmt: skip
+        # New fair lanes count the attempts this process runs now, by its worker pool
+        # (``scheduler.running``): not the view's running jobs, which include ended ones
+        # whose outcome is still being written (counted, they would never end) and leave
+        # out claims still being made.
+        self.scheduler.set_policy(queue, policy)
 
     def key_stats(self) -> Mapping[str, list[tuple[str | None, int, int, float]]]:
         return self.scheduler.key_stats()

@@ -73,9 +73,12 @@ class Polls:
 
     def _evict_for(self, who: str) -> None:
         mine = self.held(who)
-        most = max(self._by, key=lambda name: len(self._by[name]), default=None)
-        if most is not None and len(self._by[most]) >= mine + 2:
-            for poll in self._by[most]:
+        # The principals that hold the most first; of each, the oldest poll in a wait (one
+        # taking jobs now is never taken from, so look on past a principal with none).
+        for name in sorted(self._by, key=lambda n: len(self._by[n]), reverse=True):
+            if len(self._by[name]) < mine + 2:
+                break
+            for poll in self._by[name]:
                 if poll.evictable and poll.task is not None:
                     poll.evicted = True
                     self._drop(poll)

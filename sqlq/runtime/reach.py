@@ -60,6 +60,10 @@ class Attempts(Protocol):
         the same job may be running here). False if no worker holds it."""
         ...
 
+    def running(self, queue: str) -> list[Job]:
+        """The jobs of ``queue`` whose attempts run here now (a walk: a policy's count)."""
+        ...
+
 
 class Nobody:
     """No attempts (before a pool attaches): nothing holds any job."""
@@ -72,6 +76,9 @@ class Nobody:
 
     def lose(self, claim: Claim, reason: str) -> bool:
         return False
+
+    def running(self, queue: str) -> list[Job]:
+        return []
 
 
 class Reach:

@@ -145,6 +145,7 @@ def gauges(rt: ReportSource) -> Iterator[Metric]:
 
 
 TOP_KEYS = 100  # (queue, key) series at most: the keys with the most jobs; the rest as ""
+NO_KEY = "*"  # the label of jobs with no key: no key has a "*" (``fair.FAIR_KEY_PATTERN``)
 
 
 def fair_gauges(stats: Mapping[str, list[tuple[str | None, int, int, float]]]) -> Iterator[Metric]:
@@ -165,7 +166,7 @@ def fair_gauges(stats: Mapping[str, list[tuple[str | None, int, int, float]]]) -
     for queue, rows in stats.items():
         held[(queue,)] = float(len(rows))
         for key, due, running, wait in rows:
-            label = (key or "-") if (queue, key) in top else ""
+            label = (NO_KEY if key is None else key) if (queue, key) in top else ""
             for state, n in (("due", due), ("running", running)):
                 jobs[(queue, label, state)] = jobs.get((queue, label, state), 0.0) + n
             waits[(queue, label)] = max(waits.get((queue, label), 0.0), wait)
@@ -173,7 +174,7 @@ def fair_gauges(stats: Mapping[str, list[tuple[str | None, int, int, float]]]) -
                 held)  # fmt: skip
     yield gauge(
         "sqlq_fair_key_jobs", f"A fair queue's jobs by key: the {TOP_KEYS} keys with the most "
-        'by name (jobs with no key as "-"), the rest summed as "".', ["queue", "key", "state"],
+        'by name (jobs with no key as "*"), the rest summed as "".', ["queue", "key", "state"],
         jobs,
     )  # fmt: skip
     yield gauge(

@@ -102,6 +102,8 @@ class Scheduler:
         self.dispatched = 0
         self.wakeups = 0
         self._fair: dict[str, FairLanes] = {}  # fair queues: their keyed lanes
+        # The jobs of a queue running here now (the claims set it): what new fair lanes count.
+        self.running: Callable[[str], Sequence[Job]] = lambda _: ()
         self._policies: dict[str, Policy] = {}  # queues with a policy set
         self.fair: Mapping[str, FairLanes] = self._fair  # (read-only: which queues are fair)
         self._started_at = clock.time()  # (a fair queue's buckets restart empty from here)
@@ -219,14 +221,15 @@ class Scheduler:
             now = self._clock.time()
             reopen = self._queues.values() if queue is None else [self._queues.get(queue)]
             for q in reopen:
-                if q is not None and q.closed:
+                if q is None:
+                    continue
+                fair = q.name in self._fair
+                if q.closed or fair:  # (a fair queue: a key may have opened, or may wait)
                     q.closed = False
                     q.lanes.promote(now)
                     self._offer(q)
-                elif q is not None and q.name in self._fair:  # a key may have opened
-                    q.lanes.promote(now)
-                    self._offer(q)
-                    self._arm(q)
+                    if fair:
+                        self._arm(q)
         if self._waiting:
             self._hand_out()
             if self._waiting and queue is not None and queue in self._fair:
@@ -251,11 +254,17 @@ class Scheduler:
             fair.set_policy(policy or Policy(), self._clock.time())
             if (policy is not None and not policy.fair) or not fair.keyed():
                 self._unmake_fair(queue)
+        elif policy is None or policy.fair:  # fair again: if keyed jobs wait, now
+            q = self._queues.get(queue)
+            if q is not None and any(job.key is not None for job in q.lanes.held()):
+                self._make_fair(queue, policy or Policy())
         self.poke(queue)
 
     def _make_fair(self, queue: str, policy: Policy, running: Sequence[Job] = ()) -> FairLanes:
+        """``queue``'s keyed lanes, counting the jobs of it running now (``running``, else
+        the claims' own account): its ends are the ones they will hear of."""
         fair = self._fair[queue] = FairLanes(self._current, policy, self._started_at)
-        for job in running:
+        for job in running or self.running(queue):
             fair.started(job)
         self._relane(queue, self._clock.time())
         return fair

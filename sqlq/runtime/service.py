@@ -176,7 +176,10 @@ class Service:
         self.pool.start()
         for queue, policy in self._policies.items():  # --queue-policy, the code's: as told
             if self.view.policies().get(queue) != policy:
-                await self.claims.set_policy(queue, policy)
+                try:
+                    await self.claims.set_policy(queue, policy)
+                except ValidationError as exc:  # (a server always starts: a remote queue)
+                    log.error("queue %s: its policy is not kept here: %s", queue, exc)
         self.schedules.listed(await self.store.list_schedules())  # (their names count)
         await self.schedules.define(self._defined)
         self.ticker.start()
@@ -284,22 +287,29 @@ class Service:
         none). A policy keeps its queue's name as a pause does: bounded the same way."""
         self._check_accepting()
         async with self._pausing:
-            if policy is not None and not policy.plain:
-                self.submissions.names.check_policy(queue, self.view.policies())
-            await self.claims.set_policy(queue, policy)
+            await self._set_policy(queue, policy)
         return await self.view.queue(queue)
 
+    async def _set_policy(self, queue: str, policy: Policy | None) -> None:
+        if policy is not None and not policy.plain:
+            self.submissions.names.check_policy(queue, self.view.policies())
+        await self.claims.set_policy(queue, policy)
+
     async def set_key_policy(self, queue: str, key: str, override: KeyPolicy | None) -> QueueInfo:
-        """One key's override of ``queue``'s per-key limits (None: drop it)."""
-        policy = self.view.policies().get(queue) or Policy()
-        keys = dict(policy.keys)
-        if override is None:
-            keys.pop(key, None)
-        else:
-            if key not in keys and len(keys) >= MAX_OVERRIDES:
-                raise ValidationError("key", f"a queue holds at most {MAX_OVERRIDES} overrides")
-            keys[key] = override
-        return await self.set_policy(queue, msgspec.structs.replace(policy, keys=keys))
+        """One key's override of ``queue``'s per-key limits (None: drop it); read, changed
+        and written under the policies' lock, so two overrides at once both land."""
+        self._check_accepting()
+        async with self._pausing:
+            policy = self.view.policies().get(queue) or Policy()
+            keys = dict(policy.keys)
+            if override is None:
+                keys.pop(key, None)
+            else:
+                if key not in keys and len(keys) >= MAX_OVERRIDES:
+                    raise ValidationError("key", f"a queue holds at most {MAX_OVERRIDES} overrides")
+                keys[key] = override
+            await self._set_policy(queue, msgspec.structs.replace(policy, keys=keys))
+        return await self.view.queue(queue)
 
     def queues_used(self) -> int:
         """The queue names ``--max-queues`` counts now (``sqlq.runtime.names``)."""

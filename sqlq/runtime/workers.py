@@ -35,6 +35,7 @@ from sqlq.common.backoff import Failure
 from sqlq.common.clock import SYSTEM_CLOCK, Clock, wait_event
 from sqlq.common.errors import RateLimited
 from sqlq.common.lease import SKEW_MARGIN
+from sqlq.common.models import Job
 from sqlq.common.running import clean_error, clean_traceback
 from sqlq.runtime.claim import Claim
 from sqlq.runtime.context import (
@@ -336,6 +337,11 @@ class WorkerPool:
             if claim is not None and claim.job.id == job_id:
                 return claim
         return None
+
+    def running(self, queue: str) -> list[Job]:
+        """The jobs of ``queue`` live workers hold, their attempts not over."""
+        return [c.job for w in self.live if (c := w.claim) is not None and not c.over
+                and c.job.queue == queue]  # fmt: skip
 
     def interrupt(self, job_id: str, grace_s: float | None) -> bool:
         for w in self.live:
