@@ -157,3 +157,15 @@ def without_module(tmp_path: Path, module: str) -> dict[str, str]:
     (site / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path}
+
+
+def run_cli(server: ServerProcess, *args: str) -> tuple[int, str]:
+    """``sqlq ARGS`` against ``server`` (its URL as ``SQLQ_URL``): the exit code and the
+    output, which never holds a traceback (a bad input is a one-line message)."""
+    from click.testing import CliRunner
+
+    from sqlq.cli import main
+
+    r = CliRunner().invoke(main, list(args), env={"SQLQ_URL": server.url})
+    assert "Traceback" not in r.output, r.output
+    return r.exit_code, r.output

@@ -10,12 +10,10 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
-from click.testing import CliRunner
 
 from sqlq.bench.client.server import ServerProcess
-from sqlq.cli import main
 from sqlq.client import Client
-from tests.helpers import spawn_server
+from tests.helpers import run_cli, spawn_server
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +32,7 @@ def q(server: ServerProcess) -> Iterator[Client]:
             client.delete_schedule(view.name)
 
 
-def run(server: ServerProcess, *args: str) -> tuple[int, str]:
-    r = CliRunner().invoke(main, list(args), env={"SQLQ_URL": server.url})
-    assert "Traceback" not in r.output, r.output
-    return r.exit_code, r.output
+run = run_cli  # (one home: tests/helpers.py)
 
 
 def test_list_is_a_table_and_json(server: ServerProcess, q: Client) -> None:

@@ -7,12 +7,10 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from click.testing import CliRunner
 
 from sqlq.bench.client.server import ServerProcess
-from sqlq.cli import main
 from sqlq.client import Client
-from tests.helpers import spawn_server
+from tests.helpers import run_cli, spawn_server
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +21,7 @@ def server() -> Iterator[ServerProcess]:
     srv.stop()
 
 
-def run(server: ServerProcess, *args: str) -> tuple[int, str]:
-    r = CliRunner().invoke(main, list(args), env={"SQLQ_URL": server.url})
-    assert "Traceback" not in r.output, r.output
-    return r.exit_code, r.output
+run = run_cli  # (one home: tests/helpers.py)
 
 
 def test_show_cancel_and_retry(server: ServerProcess) -> None:
