@@ -180,3 +180,31 @@ class _started:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._rt.stop(0)
+
+
+async def test_a_worker_tokens_spawns_in_new_names_take_its_share_not_the_others(
+    services: ServiceFactory,
+) -> None:
+    """Review: a remote worker's spawn was admitted as no one's, so one worker token could
+    fill --max-queues with delayed jobs in made-up names, and every submitter's new names
+    were refused. Its spawns now take its own share (2 principals, cap 4: 2 each)."""
+    from sqlq.common.errors import ValidationError as Refused
+    from sqlq.common.protocol import CompleteIn
+    from tests.remote_helpers import claim, report, worker
+
+    rt = services(workers=0, remote_queues=frozenset({"r"}), all_remote=False, max_queues=4,
+                  principals=2)  # fmt: skip
+    await rt.start()
+    w = worker("w", "r")
+    states = []
+    for i in range(3):
+        await rt.submit([JobSpec(kind="k", queue="r")], who="a")
+        [g] = await claim(rt, who=w)
+        spawn = [{"kind": "sleep", "queue": f"made-up-{i}", "delay_ms": LATER}]
+        done = await report(rt, g.token, CompleteIn(result=None, spawn=spawn), who=w)
+        states.append(done.state)
+    assert states == ["completed", "completed", "dead"]  # the third: past its share of 2
+    for i in range(2):  # the submitter's share is its own still
+        await rt.submit([JobSpec(kind="sleep", queue=f"mine-{i}", delay_ms=LATER)], who="a")
+    with pytest.raises(Refused):
+        await rt.submit([JobSpec(kind="sleep", queue="one-more", delay_ms=LATER)], who="a")

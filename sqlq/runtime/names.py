@@ -20,9 +20,10 @@ every submission. So:
   submit has a share of ``max(1, max_queues // principals)`` names; one may go past its
   share only into room that no other principal's unused share needs. So one token can
   fill at most what the others leave it, and under the cap any principal under its share
-  is admitted. A name's owner is the principal whose submission made it count; names
-  recovered at a restart, a schedule's, or added by a spawn or a retry have none: they
-  take room but no one's share. With one principal (no ``--token-file``) the rule is the
+  is admitted. A name's owner is the principal whose submission made it count (or a
+  remote worker's spawn: its token's); names recovered at a restart, a schedule's, or
+  added by this process's own handlers' spawns or a retry have none: they take room but
+  no one's share. With one principal (no ``--token-file``) the rule is the
   plain cap.
 
 The per-job path asks ``known`` first: a name with live jobs is a dict lookup.

@@ -623,7 +623,7 @@ class Remote:
                 writes.append((i, job, t, what))
             if not writes:
                 return
-            done = await self._write_all(writes, now)
+            done = await self._write_all(writes, now, who.name)
             for (i, *_), answer in zip(writes, done, strict=True):
                 token = said[i][0]
                 if isinstance(answer, BaseException):
@@ -683,10 +683,11 @@ class Remote:
                              retry=retry, traceback=traceback)  # fmt: skip
 
     async def _write_all(
-        self, writes: list[tuple[int, Job, Transition, What]], now: float
+        self, writes: list[tuple[int, Job, Transition, What]], now: float, who: str | None = None
     ) -> list[Reported | BaseException]:
         """Write a call's outcomes (their turns held): at once if the side can (one commit,
-        all or none), else, or if that commit was refused as a value, each on its own."""
+        all or none), else, or if that commit was refused as a value, each on its own.
+        ``who``: the reporting principal, whose share of queue names a spawn takes."""
         if len(writes) > 1 and not any(_spawns(what) for *_, what in writes):
             try:
                 afters = await self._side.write_all([(job, t) for _, job, t, _ in writes], now)
@@ -698,11 +699,11 @@ class Remote:
         if len(writes) == 1:  # (no task for the one write of a single form)
             [(_, job, t, what)] = writes
             try:
-                return [await self._write(job, t, what, now)]
+                return [await self._write(job, t, what, now, who)]
             except Exception as exc:
                 return [exc]
         return await asyncio.gather(
-            *(self._write(job, t, what, now) for _, job, t, what in writes),
+            *(self._write(job, t, what, now, who) for _, job, t, what in writes),
             return_exceptions=True,
         )
 
@@ -713,7 +714,9 @@ class Remote:
         note_end(self._parts, job, after, name)
         return Reported(token="", state=after.state.value)
 
-    async def _write(self, job: Job, t: Transition, what: What, now: float) -> Reported:
+    async def _write(
+        self, job: Job, t: Transition, what: What, now: float, who: str | None = None
+    ) -> Reported:
         """Write the outcome ``t`` of ``job`` (its turn is held); what it answers."""
         side = self._side
         try:
@@ -726,7 +729,8 @@ class Remote:
                 elif self.spawner is None:
                     raise SpawnRefused("spawn refused: this server makes no jobs from an outcome")
                 else:
-                    after = await self.spawner(job, t, spawn, partial(side.write, job, t, now))
+                    after = await self.spawner(job, t, spawn, partial(side.write, job, t, now),
+                                               who)  # fmt: skip
             except UnencodableError as exc:
                 self._events.record(Event.UNENCODABLE, job)
                 t = self._failure(job, f"result is not JSON-serialisable: {exc.what}", now)

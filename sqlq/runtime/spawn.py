@@ -70,7 +70,9 @@ class Spawner(Protocol):
     """Build the jobs ``spawn`` names for ``job``, whose completion is ``t``, and store
     them with it: ``write(jobs)`` is the completion's own write, given the jobs to store
     in its commit; what it returns is returned. ``SpawnRefused`` if they cannot be; a
-    refusal of ``t`` itself (``TransitionError``: fenced) is raised as it is."""
+    refusal of ``t`` itself (``TransitionError``: fenced) is raised as it is. ``who``: the
+    principal whose report it is (a remote worker's token), whose share of new queue names
+    its new ones take (``sqlq.runtime.names``); None for this process's own workers."""
 
     async def __call__(
         self,
@@ -78,6 +80,7 @@ class Spawner(Protocol):
         t: Transition,
         spawn: Sequence[JSON],
         write: Callable[[list[Job]], Awaitable[R]],
+        who: str | None = None,
     ) -> R: ...
 
 

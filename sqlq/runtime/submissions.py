@@ -294,6 +294,7 @@ class Submissions:
         t: Transition,
         spawn: Sequence[JSON],
         write: Callable[[list[Job]], Awaitable[R]],
+        who: str | None = None,
     ) -> R:
         """``Spawner`` (``sqlq.runtime.spawn``): the jobs ``job``'s handler spawned, members
         of its workflow (of a new one if it is in none) counted against it as completed by
@@ -312,7 +313,7 @@ class Submissions:
                     kept = await self._kept(flow.workflow_id, len(specs))
                     kept = [after if m.id == job.id else m for m in kept]
                     jobs = self._build_members(specs, now, flow.workflow_id, kept)
-                with self.admission(jobs, True):
+                with self.admission(jobs, True, who):
                     answer = await write(jobs)
             except ValidationError as exc:
                 raise refused(exc) from None
