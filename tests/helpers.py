@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -28,6 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository
 NOW = 1_700_000_000.0  # the wall-clock second every fake clock starts at
 StoreFactory = Callable[..., JobStore]  # builds a store on one path; a second one reopens it
 ServiceFactory = Callable[..., Service]  # the conftest ``services`` fixture
+
+
+if TYPE_CHECKING:
+    from sqlq.bench.report import Report
 
 
 def unavailable(reason: str) -> None:
@@ -169,3 +174,16 @@ def run_cli(server: ServerProcess, *args: str) -> tuple[int, str]:
     r = CliRunner().invoke(main, list(args), env={"SQLQ_URL": server.url})
     assert "Traceback" not in r.output, r.output
     return r.exit_code, r.output
+
+
+def section_of(out: Path, module: Any, rows: list[dict[str, Any]]) -> Report:
+    """An experiment's report section built from ``rows``, as ``sqlq bench`` builds it from
+    ``<NAME>.jsonl`` in ``out``: the ``Report`` (its ``lines``). (The report is imported
+    here: at the top, this module, which conftest loads first, would import it before the
+    experiments it imports, a cycle of initialisation.)"""
+    from sqlq.bench.report import Report
+
+    (out / f"{module.NAME}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = Report(out)
+    module.section(rep)
+    return rep

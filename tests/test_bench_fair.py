@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.bench.experiments import EXPERIMENTS, s_fair
-from sqlq.bench.report import Report
 from sqlq.cli import main
+from tests.helpers import section_of
 
 
 def test_windows_count_the_most_and_the_fewest_starts() -> None:
@@ -40,9 +40,7 @@ def _row(store: str, repeat: int) -> dict[str, object]:
 
 def test_the_section_shows_every_figure(tmp_path: Path) -> None:
     rows = [_row("walq", 0), _row("sqlite", 0)]
-    (tmp_path / "S.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rep = Report(tmp_path)
-    s_fair.section(rep)
+    rep = section_of(tmp_path, s_fair, rows)
     text = "\n".join(rep.lines)
     assert "| walq | 51 / 49 | 501 / 499 | 0.010 / 7.50 | 2 / 100000 | 0.9900 |" in text
     assert "44.0 (1.10x), 8800" in text

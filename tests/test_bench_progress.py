@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.bench.experiments import EXPERIMENTS, ORDER, o_progress
-from sqlq.bench.report import Report
 from sqlq.cli import main
 from sqlq.engines.registry import DURABLE
+from tests.helpers import section_of
 
 
 def _row(
@@ -32,9 +32,7 @@ def test_o_is_registered_after_n() -> None:
 def test_section_counts_the_writes_progress_added_and_checks_the_bar(tmp_path: Path) -> None:
     rows = [_row("walq", 0, 10), _row("walq", 1, 11), _row("walq", 2, 9),
             _row("sqlite", 0, 25), _row("sqlite", 1, 11, percent=40.0)]  # fmt: skip
-    (tmp_path / "O.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rep = Report(tmp_path)
-    o_progress.section(rep)
+    rep = section_of(tmp_path, o_progress, rows)
     assert "## O. Progress costs" in "\n".join(rep.lines)
     walq = next(ln for ln in rep.lines if ln.startswith("| walq"))
     assert "| 10 [9-11] | 1.00 [0.90-1.10] |" in walq

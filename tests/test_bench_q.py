@@ -4,7 +4,6 @@ rows carry what the report reads, and the section shows each row's durability an
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from sqlq.bench.experiments.q_redis import QRow
 from sqlq.bench.redispeers import available
 from sqlq.bench.report import Report
 from sqlq.bench.runner import run_suite
+from tests.helpers import section_of
 
 
 def test_q_is_registered() -> None:
@@ -61,9 +61,7 @@ def test_kill_rows_are_reported(tmp_path: Path) -> None:
         {**base, "store": "celery", "label": "Q/kill/celery/worker", "target": "worker",
          "durability": "redis", "completed": 970, "lost": 30, "held": 64},
     ]  # fmt: skip
-    (tmp_path / "Q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rep = Report(tmp_path)
-    q_redis.section(rep)
+    rep = section_of(tmp_path, q_redis, rows)
     text = "\n".join(rep.lines)
     assert "| sqlq (walq) | server | 1,000 | 1,000 | 0 | 0 | 0 | 0 |" in text
     assert "| celery | worker | 1,000 | 970 | 30 | 64 | 0 | 0 |" in text

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from sqlq.bench.experiments import EXPERIMENTS, ORDER, r_peers, r_release
-from sqlq.bench.report import Report
 from sqlq.cli import main
+from tests.helpers import section_of
 
 
 def _row(store: str, repeat: int, hop_ms: float) -> dict[str, object]:
@@ -29,9 +29,7 @@ def test_r_is_registered_before_s() -> None:
 
 def test_section_reads_each_hop_and_the_cost_of_edges(tmp_path: Path) -> None:
     rows = [_row("walq", 0, 1.0), _row("walq", 1, 2.0), _row("sqlite", 0, 4.0)]
-    (tmp_path / "R.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rep = Report(tmp_path)
-    r_release.section(rep)
+    rep = section_of(tmp_path, r_release, rows)
     text = "\n".join(rep.lines)
     assert "## R. Release latency" in text
     walq = next(ln for ln in rep.lines if ln.startswith("| walq"))
@@ -49,9 +47,7 @@ def test_the_peers_table_sums_what_went_wrong_per_system_and_mode(tmp_path: Path
                 "concurrency": 4, "params": {"chain": 20, "fan": 50}}  # fmt: skip
 
     rows = [peer("rq", "clean", 3, 0), peer("rq", "clean", 1, 1), peer("walq", "kill", 0, 0)]
-    (tmp_path / "R.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rep = Report(tmp_path)
-    r_release.section(rep)
+    rep = section_of(tmp_path, r_release, rows)
     assert "## R. Release latency" not in "\n".join(rep.lines)  # no release rows: no table
     rq = next(ln for ln in rep.lines if ln.startswith("| rq"))
     assert rq == "| rq 1.0 | clean | 8 | 4 | 0 | 2 | - | 1.50 [1.00-2.00] | - | d |"

@@ -13,6 +13,7 @@ from sqlq.bench.experiments import EXPERIMENTS, ORDER, p_remote
 from sqlq.bench.report import Report
 from sqlq.bench.spinkind import read_log, spin, stamp
 from sqlq.cli import main
+from tests.helpers import section_of
 
 
 def _row(part: str, mode: str, repeat: int, **fields: object) -> dict[str, object]:
@@ -38,9 +39,7 @@ def _cpu(mode: str, processes: int, repeat: int, drain_s: float) -> dict[str, ob
 
 
 def _section(tmp_path: Path, rows: list[dict[str, object]]) -> Report:
-    (tmp_path / "P.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rep = Report(tmp_path)
-    p_remote.section(rep)
+    rep = section_of(tmp_path, p_remote, rows)
     return rep
 
 

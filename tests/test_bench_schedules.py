@@ -8,12 +8,11 @@ cells and prose come from the rows.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from sqlq.bench.experiments import EXPERIMENTS, n_schedules
 from sqlq.bench.experiments.n_runs import tally, tick_of, window
-from sqlq.bench.report import Report
+from tests.helpers import section_of
 
 
 def test_window_starts_on_the_first_boundary_at_or_after() -> None:
@@ -73,9 +72,7 @@ def test_section_builds_from_the_rows(tmp_path: Path) -> None:
             pg_version="15.18",
         ),
     ]
-    (tmp_path / "N.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rep = Report(tmp_path)
-    n_schedules.section(rep)
+    rep = section_of(tmp_path, n_schedules, rows)
     text = "\n".join(rep.lines)
     assert "## N. Schedules" in text
     assert "1,000 schedules" in text

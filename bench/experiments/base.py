@@ -7,6 +7,7 @@ latency (H) and ceiling runs have their own procedures in their modules.
 
 from __future__ import annotations
 
+import asyncio
 import compileall
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,6 +69,19 @@ class Run:
     store: str
     label: str
     params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedRun(Run):
+    """A run that measures over HTTP against a fresh ``sqlq serve`` on its engine (16
+    workers, ``--sync full``): its ``measure`` is given the server's URL."""
+
+    def execute(self) -> dict[str, Any]:
+        with ServerProcess.engine(store=self.store, sync="full", workers=16) as srv:
+            return asyncio.run(self.measure(srv.url))
+
+    async def measure(self, url: str) -> dict[str, Any]:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,6 @@ drained; the ratio is the workflow's time over the plain batch's, measured in th
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import msgspec
 
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.experiments import r_peers
-from sqlq.bench.experiments.base import Run, by_store
+from sqlq.bench.experiments.base import Run, ServedRun, by_store
 from sqlq.bench.experiments.rows import CodedRow
 from sqlq.bench.report import Report, cell, group, med
 
@@ -126,17 +125,11 @@ def _since(child: dict[str, Any], parents: list[dict[str, Any]]) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReleaseRun(Run):
+class ReleaseRun(ServedRun):
     chain: int
     fan: int
 
-    def execute(self) -> dict[str, Any]:
-        from sqlq.bench.client.server import ServerProcess
-
-        with ServerProcess.engine(store=self.store, sync="full", workers=16) as srv:
-            return asyncio.run(self._measure(srv.url))
-
-    async def _measure(self, url: str) -> dict[str, Any]:
+    async def measure(self, url: str) -> dict[str, Any]:
         async with HttpPool(url, 2) as pool:
             chain = [_job(f"c{i}", [f"c{i - 1}"] if i else []) for i in range(self.chain)]
             ids, _, _ = await _graph(pool, chain)

@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 
 from sqlq.bench.client.http import HttpPool
-from sqlq.bench.experiments.base import Run, by_store
+from sqlq.bench.experiments.base import Run, ServedRun, by_store
 from sqlq.bench.experiments.rows import CodedRow
 from sqlq.bench.report import Report, cell, med
 
@@ -168,20 +168,14 @@ def _job(queue: str, key: str | None, ms: int = 0) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FairRun(Run):
+class FairRun(ServedRun):
     rate_s: int
     flood: int
     per_key: int
     jain_w: float
     cost_jobs: int
 
-    def execute(self) -> dict[str, Any]:
-        from sqlq.bench.client.server import ServerProcess
-
-        with ServerProcess.engine(store=self.store, sync="full", workers=16) as srv:
-            return asyncio.run(self._measure(srv.url))
-
-    async def _measure(self, url: str) -> dict[str, Any]:
+    async def measure(self, url: str) -> dict[str, Any]:
         async with HttpPool(url, 4) as pool:
             out: dict[str, Any] = {}
             out.update(await self._rate(pool))
