@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Annotated
 
 import msgspec
@@ -238,13 +239,16 @@ class KeyState(msgspec.Struct, kw_only=True):
 
 class Plan(msgspec.Struct, kw_only=True):
     """What a claim round takes, by key, and the state it leaves: each key's bucket and
-    finish tag, the virtual time, the queue's bucket."""
+    finish tag, the virtual time, the queue's bucket; and ``wake``, when a due job that a
+    bucket held back may start (None: none was held back by a bucket), so a claimer that
+    got fewer than it asked for sleeps until a token, never polls for one."""
 
     take: dict[str | None, int]
     tat: dict[str | None, float]
     finish: dict[str | None, float]
     virtual: float
     queue_tat: float | None
+    wake: float | None = None
 
 
 def plan(
@@ -310,5 +314,36 @@ def plan(
             qtat = take_token(queue_rate, qtat, now)
         if eligible(key):
             heapq.heappush(heap, (tag_of(key), key or "", key))
+    wake = None
+    if started < n:  # (else the claimer asks again at once)
+        wake = _next_token(keys, policy, take, tat_of, queue_rate, qtat, now)
     return Plan(take=take, tat=tats, finish=finishes, virtual=virtual,
-                queue_tat=qtat if queue_rate is not None else queue_tat)  # fmt: skip
+                queue_tat=qtat if queue_rate is not None else queue_tat, wake=wake)  # fmt: skip
+
+
+def _next_token(
+    keys: dict[str | None, KeyState],
+    policy: Policy,
+    take: dict[str | None, int],
+    tat_of: Callable[[str | None], float],
+    queue_rate: Rate | None,
+    qtat: float,
+    now: float,
+) -> float | None:
+    """When the next due job a bucket holds back may start: the earliest token of a key
+    with a due job left and room under its concurrency (a key held by concurrency waits
+    for a slot, which a finishing attempt's claim frees), and not before the queue's."""
+    wake: float | None = None
+    for key, state in keys.items():
+        if state.due - take.get(key, 0) <= 0:
+            continue
+        limit = policy.concurrency_of(key)
+        if limit is not None and state.running + take.get(key, 0) >= limit:
+            continue
+        rate = policy.rate_of(key)
+        at = now if rate is None else allowed_at(rate, tat_of(key))
+        if queue_rate is not None:
+            at = max(at, allowed_at(queue_rate, qtat))
+        if at > now and (wake is None or at < wake):
+            wake = at
+    return wake

@@ -385,7 +385,9 @@ class SharedStore(JobStore, Protocol):
         ...
 
     async def next_due(self, now: float) -> float | None:
-        """When the earliest job that is not yet due becomes due; None if none waits."""
+        """When the earliest job that is not yet due becomes due, or the earliest that a
+        fair queue's bucket held back in this store's last claim of it may start; None if
+        none waits. A claimer sleeps until then, never polls for a token."""
         ...
 
     async def renew(

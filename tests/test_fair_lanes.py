@@ -272,6 +272,10 @@ def test_a_plan_serves_keys_fairly_under_their_limits() -> None:
     later = states(a=fair.KeyState(due=99, tat=made.tat["a"], finish=made.finish["a"]))
     again = fair.plan(later, policy, virtual=made.virtual, queue_tat=None, now=T0 + 0.05, n=16)
     assert again.take == {}  # its token comes at +0.1
+    assert again.wake == pytest.approx(T0 + 0.1)  # and the claimer sleeps until then
+    assert made.wake == pytest.approx(T0 + 0.1)  # a's, the first held back (c is full)
+    full = states(c=fair.KeyState(due=5, running=2))
+    assert fair.plan(full, policy, virtual=0.0, queue_tat=None, now=T0, n=16).wake is None
     flood = states(a=fair.KeyState(due=100_000), b=fair.KeyState(due=1))
     made = fair.plan(flood, Policy(), virtual=0.0, queue_tat=None, now=T0, n=2)
     assert made.take == {"a": 1, "b": 1}
@@ -283,6 +287,8 @@ def test_a_plan_serves_keys_fairly_under_their_limits() -> None:
     queue = fair.plan(ten, Policy(queue_rate=Rate(per_s=1.0, burst=3)), virtual=0.0,
                       queue_tat=None, now=T0, n=10)  # fmt: skip
     assert sum(queue.take.values()) == 3
+    assert queue.wake == pytest.approx(T0 + 1.0)  # the queue's next token
+    assert fair.plan(ten, Policy(), virtual=0.0, queue_tat=None, now=T0, n=4).wake is None
 
 
 async def test_running_counts_hold_when_a_queue_turns_fair_while_jobs_run() -> None:

@@ -59,6 +59,20 @@ async def test_a_keys_rate_holds_across_two_nodes(nodes: Node) -> None:
     assert {j.holder for j in done} == {None}  # (a completed job holds nothing)
 
 
+async def test_a_claimer_sleeps_until_the_next_token_not_a_poll(nodes: Node) -> None:
+    """A rate-held key's jobs start as its tokens come, with a poll far longer than the
+    whole run: each round leaves its next token, and the claimer wakes then (before, a
+    bucket that held a job back left the claimer asleep for ``poll_s``)."""
+    a, b = nodes(workers=4, poll_s=600.0), nodes(workers=4, poll_s=600.0)
+    for rt in (a, b):
+        await rt.start()
+    rate = Rate(per_s=20.0, burst=1)
+    await a.set_policy("q", Policy(rate=rate))
+    await b.claims.set_policy("q", Policy(rate=rate))
+    await _submit(a, 30, "A")
+    await wait_for(lambda: len(STARTED) >= 30, 60)  # 1.5 s of tokens; 600 s a poll
+
+
 async def test_one_key_flood_does_not_hold_back_anothers_job_across_nodes(nodes: Node) -> None:
     a, b = nodes(workers=4), nodes(workers=4)
     for rt in (a, b):

@@ -13,13 +13,14 @@ import asyncio
 import time
 
 from sqlq.common.clock import FakeClock
+from sqlq.common.fair import Policy, Rate
 from sqlq.common.models import State
 from sqlq.common.protocol import FENCED, ClaimRequest, CompleteIn, FailIn, Outcome, ProgressIn
 from sqlq.common.roles import ADMIN
 from sqlq.runtime.remote import CUT_OFF_REASON
 from sqlq.runtime.shared import SharedClaims
 from tests import shared_helpers
-from tests.helpers import NOW, final
+from tests.helpers import NOW, final, wait_for
 from tests.remote_helpers import REMOTE, beat, claim, claim_one, report, stored
 from tests.shared_helpers import Node, submit
 
@@ -208,3 +209,32 @@ async def test_a_claim_carrying_outcomes_lands_them_and_claims_more_across_nodes
     )
     assert [r.error for r in again.outcomes or []] == [FENCED, FENCED]
     assert again.claims == []
+
+
+async def test_a_waiting_claim_on_a_rate_held_key_wakes_at_its_token(nodes: Node) -> None:
+    """Fair claims (#37): a remote long-poll that a key's bucket holds back wakes when its
+    token comes (the round leaves it, the wait reads it again), not at the 30 s poll."""
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE, poll_s=30.0)
+    await a.start()
+    await a.set_policy("r", Policy(rate=Rate(per_s=4.0, burst=1)))
+    jobs = [*await submit(a, queue="r", key="A"), *await submit(a, queue="r", key="A")]
+    first = await claim_one(a)
+    [g] = await asyncio.wait_for(claim(a, wait_s=20), 10)  # its token: 0.25 s on
+    assert {first.job.id, g.job.id} == {j.id for j in jobs}
+
+
+async def test_a_waiting_claim_on_a_full_key_wakes_when_a_slot_comes_free(nodes: Node) -> None:
+    """An attempt's end that frees a slot of a key under key_concurrency rings the waiting
+    claims, not the 30 s poll."""
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE, poll_s=30.0)
+    await a.start()
+    await a.set_policy("r", Policy(key_concurrency=1))
+    await submit(a, queue="r", key="A")
+    [second] = await submit(a, queue="r", key="A")
+    first = await claim_one(a)
+    assert await claim(a) == []  # A is full
+    waiting = asyncio.create_task(claim(a, wait_s=20))
+    await wait_for(lambda: a.remote.waiting() == 1, 10)
+    assert (await report(a, first.token, CompleteIn())).state == "completed"
+    [g] = await asyncio.wait_for(waiting, 10)
+    assert g.job.id == second.id

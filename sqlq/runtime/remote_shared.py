@@ -11,7 +11,9 @@ accepts a token another node issued (the signing key is a row every node reads):
 - **Long-poll.** A waiting claim sleeps on a bell rung by whatever wakes the node's
   claimer (a submit or requeue here, another node's NOTIFY, a resumed queue), and for
   no longer than ``poll_s`` (the backstop for a lost NOTIFY) or until the earliest
-  delayed job is due (``next_due``, read at most once per ``poll_s`` for all waiters).
+  delayed job is due (``next_due``, read at most once per ``poll_s`` for all waiters),
+  or a fair queue's next token (read again after a claim a bucket may have cut short).
+  An attempt's end that frees a slot of a key under a concurrency limit rings it too.
 - **Heartbeats** are one ``extend`` statement for all of a call's leases, each fenced
   in it; **outcomes** read the job (``get``, gathered) and write through
   ``commit_fenced`` with ``Fence(holder=job.holder, lease_from=now)``, so a job whose
@@ -108,6 +110,8 @@ class SharedSide:
             jobs = await self._store.claim(req.max, now, now + req.lease_s, claims.caps,
                                            only=req.queues, kinds=req.kinds, holder=holder,
                                            policies=policies)  # fmt: skip
+            if len(jobs) < req.max:
+                self._next_due = None  # a bucket may have held one back: read its token
         else:
             jobs = await self._store.claim(req.max, now, now + req.lease_s, claims.caps,
                                            only=req.queues, kinds=req.kinds,
@@ -147,7 +151,13 @@ class SharedSide:
         after = self._claims.applied(job, t)  # (finished: its waiters here are told)
         if after.state is State.SCHEDULED:
             self._claims.due(after)
+        elif after.state is not State.RUNNING and self._frees_a_slot(after):
+            self.ring()  # a key's slot came free: its waiting claims look again
         return after
+
+    def _frees_a_slot(self, job: Job) -> bool:
+        policy = self._claims.policies().get(job.queue)
+        return policy is not None and policy.concurrency_of(job.key) is not None
 
     async def write_all(self, writes: Sequence[tuple[Job, Transition]], now: float
                         ) -> list[Job] | None:  # fmt: skip

@@ -46,18 +46,19 @@ async def fair_claim(
     holder: str,
     kinds: Sequence[str] | None,
     cap: int | None = None,
-) -> list[Job]:
+) -> tuple[list[Job], float | None]:
     """Up to ``n`` due jobs of ``queue`` by ``policy`` (and its ``cap``, if any), claimed
-    for ``holder``; the queue's state saved with them."""
+    for ``holder``, the queue's state saved with them; and when a due job its buckets held
+    back may start, on the caller's clock (``Plan.wake``; None: none was held back)."""
     async with conn.transaction():
         await conn.execute(Q["fair_lock"], FAIR_LOCK, queue)
         row = await conn.fetchrow(Q["fair_read"], queue, now, now, kinds)
         if row["paused"]:
-            return []
+            return [], None
         if cap is not None:
             n = min(n, cap - int(row["running"]))
         if n <= 0:
-            return []
+            return [], None  # (a finishing attempt frees a slot, and its worker claims)
         keys = {
             (None if k == _NO_KEY else k): KeyState(
                 due=int(due), oldest=float(oldest), running=int(running), tat=tat,
@@ -66,11 +67,13 @@ async def fair_claim(
             for k, due, oldest, running, tat, finish in msgspec.json.decode(row["keys"])
         }  # fmt: skip
         if not keys:
-            return []
+            return [], None
+        db_now = float(row["db_now"])
         made = plan(keys, policy, virtual=row["virtual"] or 0.0, queue_tat=row["queue_tat"],
-                    now=float(row["db_now"]), n=n)  # fmt: skip
+                    now=db_now, n=n)  # fmt: skip
+        wake = None if made.wake is None else now + (made.wake - db_now)
         if not made.take:
-            return []
+            return [], wake
         keyed = [(k, c) for k, c in made.take.items() if k is not None]
         rows = await conn.fetch(
             Q["fair_claim"], now, n, lease_until, queue, holder, [k for k, _ in keyed],
@@ -83,4 +86,4 @@ async def fair_claim(
             [made.finish.get(k, keys[k].finish) for k in touched],
             made.virtual, made.queue_tat,
         )  # fmt: skip
-    return [job_of(r) for r in rows]
+    return [job_of(r) for r in rows], wake

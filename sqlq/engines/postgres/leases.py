@@ -39,9 +39,12 @@ async def claim(
     besides: Sequence[str],
     kinds: Sequence[str] | None,
     policies: Mapping[str, Policy] | None = None,
+    tokens: dict[str, float] | None = None,
 ) -> list[Job]:
     """Up to ``n`` due jobs for ``holder`` (``SharedStore.claim``), in claim order. A queue
-    with a policy that sets a limit is claimed by its own rules (``fair.fair_claim``)."""
+    with a policy that sets a limit is claimed by its own rules (``fair.fair_claim``); each
+    such round leaves in ``tokens`` when its queue's buckets next let a held job start
+    (the queue left out: none held back)."""
     left_out = set(besides)
     wanted = None if only is None else [q for q in dict.fromkeys(only) if q not in left_out]
     if wanted == [] or n <= 0:
@@ -60,8 +63,14 @@ async def claim(
     for queue, policy in sorted(fair.items()):
         if len(jobs) >= n:
             break
-        jobs += await fair_claim(conn, queue, policy, n - len(jobs), now, lease_until, holder,
-                                 kind_list, caps.get(queue))  # fmt: skip
+        got, wake = await fair_claim(conn, queue, policy, n - len(jobs), now, lease_until,
+                                     holder, kind_list, caps.get(queue))  # fmt: skip
+        jobs += got
+        if tokens is not None:
+            if wake is None:
+                tokens.pop(queue, None)
+            else:
+                tokens[queue] = wake
     rows = []
     for queue in capped:
         if len(jobs) + len(rows) >= n:

@@ -110,6 +110,9 @@ class PostgresStore(Committing):
         self.syncs = 0  # batches committed (each one WAL flush at synchronous_commit=on)
         self.slow_batches = 0  # batches redone one caller at a time
         self._key: bytes | None = None
+        # Each fair queue's next token, as this node's last round of it left it (node clock):
+        # when a job its buckets held back may start (``next_due``).
+        self._tokens: dict[str, float] = {}
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -296,7 +299,7 @@ class PostgresStore(Committing):
         """``leases.claim``: for this node, or for the remote worker named by ``holder``."""
         async with self._conn(claims=True) as conn:
             return await leases.claim(conn, n, now, lease_until, caps, holder or self.node,
-                                      only, besides, kinds, policies)  # fmt: skip
+                                      only, besides, kinds, policies, self._tokens)  # fmt: skip
 
     async def extend(self, now: float, held: Sequence[Lease]) -> list[Extended]:
         """``leases.extend``: every remote lease given, fenced, in one statement."""
@@ -309,7 +312,17 @@ class PostgresStore(Committing):
         return self._key
 
     async def next_due(self, now: float) -> float | None:
+        """The earliest delayed job's due time, or a fair queue's next token if sooner. A
+        token is told once it has come (the round it wakes sets the next), so a queue whose
+        policy went away can't keep a claimer awake."""
         due: float | None = await self._read(lambda c: c.fetchval(Q["next_due"], now))
+        tokens = self._tokens
+        if tokens:
+            token = min(tokens.values())
+            for queue in [q for q, t in tokens.items() if t <= now]:
+                del tokens[queue]
+            if due is None or token < due:
+                return token
         return due
 
     async def renew(
