@@ -177,13 +177,16 @@ def loadgen(
 @click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
 @click.option(
     "--workload",
-    type=click.Choice(["mixed", "plain", "schedules", "workflows"]),
+    type=click.Choice(["mixed", "plain", "schedules", "workflows", "fair"]),
     default="mixed",
     show_default=True,
     help="mixed: failing, long, hanging and delayed jobs with cancels, retries and pauses; "
     "plain: 2 ms jobs that always succeed; schedules: schedules ticking every second "
     "(no tick lost, none doubled); workflows: graphs of jobs, some with a member that dies "
-    "(each child after its parents, released once, a dead member's cone cancelled).",
+    "(each child after its parents, released once, a dead member's cone cancelled); "
+    "fair (--store postgres): five keys flood a queue with a per-key rate and concurrency, "
+    "a sixth empties and refills (every start in every window within the rate, never more "
+    "than the limit running, no refill waiting past a poll).",
 )
 @click.option(
     "--remote-workers",

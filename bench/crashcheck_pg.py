@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlq.bench import crashflow, crashsched
+from sqlq.bench import crashflow, crashsched, fairaudit
 from sqlq.bench.client.http import HttpPool
 from sqlq.bench.client.server import ServerError, ServerProcess
 from sqlq.bench.crashcheck import READY_WITHIN_S, keep, running_counts
-from sqlq.bench.crashload import QUEUES, Ledger
+from sqlq.bench.crashload import QUEUES, Ledger, mixed_spec
 from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, start_all, stop_all, submit
 from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
@@ -112,6 +112,11 @@ class PgTrial:
     workload: str = "mixed"
 
 
+def _flags(trial: PgTrial) -> tuple[str, ...]:
+    """A node's flags besides the trial's own: the fair workload's queue policy."""
+    return fairaudit.FLAGS if trial.workload == "fair" else ()
+
+
 async def _node_name(url: str) -> str:
     async with HttpPool(url, 1) as pool:
         _, stats = await pool.json("GET", "/stats")
@@ -121,7 +126,7 @@ async def _node_name(url: str) -> str:
 async def run_pg_trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Random
                        ) -> dict[str, Any]:  # fmt: skip
     dsn = await asyncio.to_thread(cluster.create_database)
-    nodes = [node(dsn, trial.lease_s, workdir, i) for i in range(NODES)]
+    nodes = [node(dsn, trial.lease_s, workdir, i, extra=_flags(trial)) for i in range(NODES)]
     started = list(nodes)  # every node this trial spawns, so a failure stops them all
     try:
         return await _trial(cluster, trial, workdir, rng, dsn, nodes, started)
@@ -153,7 +158,7 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         rows = await sql(dsn, "SELECT id FROM jobs WHERE node = $1 AND state = 'running'",
                           victim_name)  # fmt: skip
         held_by_victim.update(r[0] for r in rows)
-        again = node(dsn, trial.lease_s, workdir, NODES + 1, READY_WITHIN_S)
+        again = node(dsn, trial.lease_s, workdir, NODES + 1, READY_WITHIN_S, _flags(trial))
         started.append(again)
         again.spawn()
         nodes[victim] = again
@@ -161,7 +166,7 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
             await asyncio.to_thread(again.wait_ready)
         except ServerError as exc:  # the restart of a killed node must come up
             restart_problems.append(f"the killed node's restart failed: {str(exc)[:300]}")
-            again = node(dsn, trial.lease_s, workdir, NODES + 2)
+            again = node(dsn, trial.lease_s, workdir, NODES + 2, extra=_flags(trial))
             started.append(again)
             nodes[victim] = again.spawn()
             await asyncio.to_thread(again.wait_ready)
@@ -186,10 +191,23 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
             await asyncio.sleep(0.05)
         stop.set()
 
-    load = asyncio.create_task(submit(targets, trial.jobs, stop, ledger, trial.workload, rng))
+    fair = trial.workload == "fair"
+    audit: list[asyncio.Task[Any]] = []
+    drained = asyncio.Event()
+    peaks: dict[str, int] = {}
+    if fair:  # the starts recorded by the database, the running sampled, a key refilled
+        await fairaudit.install(dsn)
+        audit = [
+            asyncio.create_task(fairaudit.sample(dsn, drained, peaks)),
+            asyncio.create_task(fairaudit.refill(dsn, targets.first, ledger, stop)),
+        ]
+    load = asyncio.create_task(submit(targets, trial.jobs, stop, ledger, trial.workload, rng,
+                                      spec=fairaudit.spec if fair else mixed_spec))  # fmt: skip
     try:
         await chaos()
         await load
+        if fair:
+            await audit[1]
         if trial.workload == "mixed":  # the operator resumes what it paused
             pool = targets.first()
             assert pool is not None
@@ -204,11 +222,17 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         if rows[0][0] == 0:
             break
         await asyncio.sleep(0.05)
+    drained.set()
     await stop_all(nodes, signal.SIGTERM)
-    return await verify(
+    row = await verify(
         dsn, trial, ledger, held_by_victim, running_at_db_crash, events, restart_problems,
         read_node_events(workdir),
     )  # fmt: skip
+    if fair:
+        judged = await fairaudit.judge(dsn, peaks, await audit[0], audit[1].result())
+        row["problems"] += judged.pop("fair_problems")
+        row.update(judged, ok=not row["problems"])
+    return row
 
 
 async def verify(
@@ -327,7 +351,9 @@ def run_pg_trials(
             trial = PgTrial(
                 jobs=jobs,
                 kill_after_s=rng.uniform(0.2, 1.5),
-                kill_db=n % db_kill_every == 0,
+                # (fair: a node killed, never the database, whose outage would hold a
+                # refill past a poll; the buckets' durability is the claims' own commit)
+                kill_db=n % db_kill_every == 0 and workload != "fair",
                 db_kill_delay_s=rng.uniform(0.1, 0.8),
                 workload=workload,
             )

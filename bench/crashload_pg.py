@@ -30,14 +30,17 @@ CLIENTS = 8
 
 
 def node(
-    dsn: str, lease_s: float, workdir: Path, n: int, ready_within: float = 60
-) -> ServerProcess:
+    dsn: str, lease_s: float, workdir: Path, n: int, ready_within: float = 60,
+    extra: Sequence[str] = (),
+) -> ServerProcess:  # fmt: skip
+    """One node; ``extra``: its flags besides (the fair workload's queue policy)."""
     args = (
         "--store", "postgres", "--dsn", dsn, "--workers", "16", "--lease", str(lease_s),
         "--log-level", "warning", "--grace", "0",
         "--fault-injection",  # the mixed workload's jobs fail and hang on purpose
         *FAST_RETRY_FLAGS,
         *SERVER_FLAGS,
+        *extra,
     )  # fmt: skip
     return ServerProcess(
         *args, env=server_env(workdir), log_path=workdir / f"node{n}.log",
@@ -92,7 +95,8 @@ async def submit(
 ) -> list[str]:  # fmt: skip
     """Clients submit until stopped or the budget is acknowledged (and, in the mixed
     workload, an operator acts on one live node at a time); the acknowledged ids.
-    ``spec`` and ``force``: the mixed workload's submissions and the operator's."""
+    ``spec``: what a client submits, unless the workload is plain (the fair workload's:
+    ``fairaudit.spec``); ``force``: the mixed workload's operator's."""
     mixed = workload == "mixed"
 
     async def client(i: int) -> None:
@@ -103,7 +107,7 @@ async def submit(
                 continue
             pool = targets.pools[n % len(targets.pools)]
             n += 1
-            body, can_fail, tag = spec(rng) if mixed else (PLAIN, False, "")
+            body, can_fail, tag = (PLAIN, False, "") if workload == "plain" else spec(rng)
             try:
                 status, reply = await pool.json("POST", "/jobs", msgspec.json.encode(body))
             except (HTTPError, OSError, TimeoutError):

@@ -85,6 +85,7 @@ def write_report(out: Path) -> str:
     lines += _running_section(out)
     if shared:
         lines += _shared_section(shared)
+        lines += _fair_section([rows for rows in shared if rows[0].get("workload") == "fair"])
     if ticking:
         lines += _schedules_section(ticking)
     if graphs:
@@ -181,6 +182,44 @@ def _shared_section(runs: list[list[dict[str, Any]]]) -> list[str]:
         "(its lease ran out and a live node requeued them).",
         "",
     ]
+
+
+def _fair_section(runs: list[list[dict[str, Any]]]) -> list[str]:
+    """The fair trials (``sqlq.bench.fairaudit``): what the rules held through the kill."""
+    if not runs:
+        return []
+    first = runs[0][0]
+    policy, bound = first["fair_policy"], first["fair_starts_bound"]
+    lines = [
+        "### A fair queue through a node's kill (`--workload fair`)",
+        "",
+        f"The queue's policy: `{json.dumps(policy, separators=(',', ':'))}` on every node. Half "
+        "the submissions are key A's 2 ms jobs (its rate holds it back), the rest B to E's "
+        "jobs of 40-120 ms (their concurrency does); key R empties and refills, as many at a "
+        "time as may start at once. The database records each start, by a trigger, at the "
+        "clock of the fair round that counted it; the running attempts per key under "
+        "unexpired leases are sampled every 10 ms. Maxima are over every key of every trial.",
+        "",
+        f"| trials | starts | most in a 1 s window (bound {bound['1s']}) | most in a 10 s "
+        f"window (bound {bound['10s']}) | most running of a key (limit "
+        f"{policy.get('key_concurrency')}) | samples | refills | refill's wait p50 / max s | "
+        "failed trials |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rows in runs:
+        waits = sorted(r["fair_refill_wait_p50_s"] for r in rows
+                       if r["fair_refill_wait_p50_s"] is not None) or [-1.0]  # fmt: skip
+        longest = max((r["fair_refill_wait_max_s"] or -1.0) for r in rows)
+        lines.append(
+            f"| {len(rows)} | {sum(r['fair_starts'] for r in rows):,} | "
+            f"{max(max(r['fair_most_starts']['1s'].values()) for r in rows)} | "
+            f"{max(max(r['fair_most_starts']['10s'].values()) for r in rows)} | "
+            f"{max(max(r['fair_peak_running'].values(), default=0) for r in rows)} | "
+            f"{sum(r['fair_samples'] for r in rows):,} | {sum(r['fair_refills'] for r in rows):,} "
+            f"| {waits[len(waits) // 2]:.3f} / {longest:.3f} | "
+            f"{sum(1 for r in rows if not r['ok'])} |"
+        )
+    return [*lines, "", "A refill must be claimed within one poll (1 s) of being due.", ""]
 
 
 def _schedules_section(runs: list[list[dict[str, Any]]]) -> list[str]:

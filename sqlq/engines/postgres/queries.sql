@@ -447,7 +447,10 @@ SELECT pg_advisory_xact_lock($1, hashtext($2));
 -- the database's clock, whether it is paused, its due jobs by key (with the oldest's due
 -- time) of the kinds $4 names (NULL: any), its running jobs by key under unexpired leases
 -- ($3: the node's now, as every lease is written), each such key's row, and the queue's.
-SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now,
+-- The round's clock is also set for the rest of the transaction (``sqlq.fair_now``), so an
+-- audit trigger can record each start at the time its bucket counted it (the crash test's,
+-- sqlq.bench.fairaudit): nothing of the engine reads it.
+SELECT c.db_now, set_config('sqlq.fair_now', c.db_now::text, true) AS fair_now,
        EXISTS (SELECT 1 FROM queues WHERE name = $1 AND paused) AS paused,
        (SELECT coalesce(json_agg(json_build_array(d.key, d.n, d.oldest, coalesce(r.n, 0),
                                                  k.tat, k.finish)), '[]')
@@ -461,7 +464,8 @@ SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now,
           LEFT JOIN fair_keys k ON k.queue = $1 AND k.key = d.key) AS keys,
        (SELECT count(*) FROM jobs WHERE state = 'running' AND queue = $1) AS running,
        (SELECT virtual FROM fair_queues WHERE queue = $1) AS virtual,
-       (SELECT tat FROM fair_queues WHERE queue = $1) AS queue_tat;
+       (SELECT tat FROM fair_queues WHERE queue = $1) AS queue_tat
+  FROM (SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now) c;
 
 -- name: fair_claim
 -- The jobs a fair queue's plan takes: for each key ($6) its next $7 due jobs (priority,
