@@ -11,8 +11,9 @@ the nodes are stopped.
 
 The verdict comes from plain SQL, not the engine's code: every acknowledged id
 must be a completed row. A job that ran more than once (``attempts > 1``) must
-be explained: it was held by the killed node at the kill (read in SQL right
-after the SIGKILL, when the dead node can change nothing), or it was running
+be explained: it was held by the killed node at the kill (read in SQL once the
+SIGKILL's node has no connection left, so a commit it sent has landed or been undone and
+the dead node can change nothing), or it was running
 when PostgreSQL crashed (read in SQL right after the database came back), or a
 node's log names that very job in an event that makes a live node's job run
 again (``node_events``): an outcome it could not record, or an attempt it cut off
@@ -43,6 +44,7 @@ from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, start_all, st
 from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.bench.verdict import judge
+from sqlq.engines.postgres.store import application_name
 
 # The two log lines (``--log-level warning``) by which a live node makes its job run again:
 # an outcome it could not write (``ClaimsBase._outcome``, sqlq/runtime/claims.py: the job
@@ -117,6 +119,21 @@ def _flags(trial: PgTrial) -> tuple[str, ...]:
     return fairaudit.FLAGS if trial.workload == "fair" else ()
 
 
+async def _backends_gone(dsn: str, node_name: str, within: float = 30.0) -> None:
+    """Until no connection of the killed node is left in the database: a commit it sent
+    just before the kill (waiting on the WAL's flush, or on a lock) lands or is undone
+    first, so what it held is read whole. A backend notices its client's death at its next
+    read of the socket, at once while idle."""
+    deadline = time.monotonic() + within
+    name = application_name(node_name)
+    while time.monotonic() < deadline:
+        rows = await sql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                         name)  # fmt: skip
+        if rows[0][0] == 0:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def _node_name(url: str) -> str:
     async with HttpPool(url, 1) as pool:
         _, stats = await pool.json("GET", "/stats")
@@ -155,6 +172,7 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         await asyncio.sleep(trial.kill_after_s)
         nodes[victim].kill()
         killed_at = time.monotonic()
+        await _backends_gone(dsn, victim_name)  # (a commit it sent may land after the kill)
         rows = await sql(dsn, "SELECT id FROM jobs WHERE node = $1 AND state = 'running'",
                           victim_name)  # fmt: skip
         held_by_victim.update(r[0] for r in rows)

@@ -148,3 +148,29 @@ async def test_a_503_of_an_unreachable_database_names_no_host(
         assert any(str(parts.port) in r.getMessage() for r in caplog.records)  # the log says
     finally:
         store._db.dsn = pg_db
+
+
+async def test_a_nodes_connections_carry_its_name_in_pg_stat_activity(pg_db: str) -> None:
+    """Each connection is named for its node (``application_name``): an operator sees who
+    holds what, and the crash test waits there for a killed node's last commit. A name
+    past PostgreSQL's 63 bytes keeps its start and a hash of the whole, never a clash."""
+    from sqlq.engines.postgres.store import application_name
+
+    store = PostgresStore(pg_db)
+    await store.open()
+    try:
+        await store.next_due(0.0)  # (a read: a pooled connection is in use)
+        conn = await asyncpg.connect(pg_db)
+        try:
+            names = {r[0] for r in await conn.fetch("SELECT application_name "
+                                                    "FROM pg_stat_activity")}  # fmt: skip
+        finally:
+            await conn.close()
+    finally:
+        await store.close()
+    assert application_name(store.node) == store.node
+    assert store.node in names
+    long_a, long_b = "node:" + "h" * 80 + ":1", "node:" + "h" * 80 + ":2"
+    assert len(application_name(long_a)) <= 63
+    assert application_name(long_a) != application_name(long_b)
+    assert application_name("node:hôte:1").isascii()
