@@ -44,7 +44,7 @@ from sqlq.bench.crashload_pg import CLIENTS, NODES, Targets, node, start_all, st
 from sqlq.bench.offline_pg import read_pg, sql
 from sqlq.bench.pgcluster import Cluster, make_cluster
 from sqlq.bench.verdict import judge
-from sqlq.engines.postgres.store import application_name
+from sqlq.engines.postgres.connections import application_name
 
 # The two log lines (``--log-level warning``) by which a live node makes its job run again:
 # an outcome it could not write (``ClaimsBase._outcome``, sqlq/runtime/claims.py: the job

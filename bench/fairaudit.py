@@ -2,7 +2,7 @@
 while one was killed, judged against its policy from the database, not the engine's code.
 
 - **Starts.** An audit trigger (``install``) on ``jobs`` records every move into running
-  in the fair queue with the clock of the fair round that counted it (``sqlq.fair_now``,
+  in the fair queue with the clock of the fair round that counted it (``sqlq_audit.fair_now``,
   which the claim sets for its own transaction). It commits or rolls back with the claim,
   so a node killed mid-claim leaves neither. A start with no round's clock was claimed by
   no fair round: a problem.
@@ -51,7 +51,7 @@ CREATE FUNCTION fair_start() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO fair_starts
     VALUES (NEW.id, NEW.key, NEW.epoch,
-            nullif(current_setting('sqlq.fair_now', true), '')::float8, NEW.node);
+            nullif(current_setting('sqlq_audit.fair_now', true), '')::float8, NEW.node);
     RETURN NULL;
 END $$;
 CREATE TRIGGER fair_start AFTER UPDATE OF state ON jobs FOR EACH ROW

@@ -154,7 +154,7 @@ async def test_a_nodes_connections_carry_its_name_in_pg_stat_activity(pg_db: str
     """Each connection is named for its node (``application_name``): an operator sees who
     holds what, and the crash test waits there for a killed node's last commit. A name
     past PostgreSQL's 63 bytes keeps its start and a hash of the whole, never a clash."""
-    from sqlq.engines.postgres.store import application_name
+    from sqlq.engines.postgres.connections import application_name
 
     store = PostgresStore(pg_db)
     await store.open()

@@ -11,6 +11,7 @@ from sqlq.common.models import State
 from sqlq.common.specs import JobSpec
 from sqlq.common.store import JobQuery
 from sqlq.runtime.service import Service
+from sqlq.runtime.shared import SharedClaims
 from tests import shared_helpers
 from tests.helpers import final, wait_for
 from tests.shared_helpers import PEAK, STARTED, Node
@@ -98,3 +99,38 @@ async def test_a_policy_set_on_one_node_reaches_the_others(nodes: Node) -> None:
     await a.set_policy("q", None)
     await b.queues()
     assert b.view.policies() == {}
+
+
+async def test_a_queue_with_a_plain_policy_is_claimed(nodes: Node) -> None:
+    """``fair: false`` sets no limit: its queue was left out of the plain claim (it has a
+    policy) and out of the fair rounds (it had no limit), and its jobs waited for ever."""
+    a = nodes(workers=4)
+    await a.start()
+    await a.set_policy("q", Policy(fair=False))
+    jobs = [*await _submit(a, 3, "A"), *await _submit(a, 2, "B")]
+    for job in jobs:
+        assert (await final(a, job.id, within=30)).state is State.COMPLETED
+
+
+async def test_a_node_that_has_not_heard_of_a_policy_does_not_pass_it(nodes: Node) -> None:
+    """Node b is told nothing of q's policy (a census a second away), and holds a looser
+    one for another: it must neither claim q plainly nor by its own copy. The plain claim
+    leaves out every queue with a policy row, and a fair round reads the stored policy."""
+    a, b = nodes(workers=0), nodes(workers=8)
+    await a.start()
+    await b.start()
+    tight = Policy(rate=Rate(per_s=2.0, burst=1))
+    await a.set_policy("q", tight)
+    await a.set_policy("loose", tight)
+    # (as if its census had not read the new ones yet: q's, none; loose's, an old one)
+    assert isinstance(b.claims, SharedClaims)
+    b.claims._policy("q", None)
+    b.claims._policy("loose", Policy(rate=Rate(per_s=1000.0, burst=1000)))
+    jobs = [*await _submit(b, 10, "A"), *await _submit(b, 10, "A", queue="loose")]
+    await wait_for(lambda: len(STARTED) >= 8, 30)
+    for queue in ("q", "loose"):
+        done = await a.list_jobs(JobQuery(queue=queue, limit=1000))
+        starts = sorted(j.started_at for j in done if j.started_at is not None)
+        most = max((sum(1 for u in starts if t <= u <= t + 1.0) for t in starts), default=0)
+        assert most <= fair.starts_bound(Rate(per_s=2.0, burst=1), 1.0), (queue, starts)
+    assert len(jobs) == 20

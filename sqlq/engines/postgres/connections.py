@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -26,6 +29,24 @@ from sqlq.common.errors import StoreClosedError, StoreError, StoreUnavailableErr
 from sqlq.common.fair import Policy, stored_policies
 from sqlq.engines.postgres.migrate import check, connect, where
 from sqlq.engines.postgres.queries import Q
+
+
+def node_name() -> str:
+    """Unique per start (a restart must not renew its dead predecessor's leases); ``node:``
+    first, so no host's name makes a node pass for a remote worker (``worker:<name>``)."""
+    return f"node:{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+def application_name(node: str) -> str:
+    """A node's connections' name in ``pg_stat_activity`` (an operator sees who holds what;
+    a crash test waits there until a killed node's last commit has landed): the node's
+    own, or (past the 63 bytes PostgreSQL keeps) its start and a hash of the whole."""
+    raw = node.encode()
+    if len(raw) <= 63 and raw.isascii():
+        return node
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return raw[:46].decode("ascii", "replace").replace("\ufffd", "?") + ":" + digest
+
 
 log = logging.getLogger(__name__)
 

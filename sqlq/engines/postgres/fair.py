@@ -6,11 +6,17 @@ One transaction a round, one node at a time (``FAIR_LOCK`` with the queue's name
 1. read what the rules decide by (queries.sql ``fair_read``): the database's clock, the
    due jobs by key, the attempts of each key running under unexpired leases (counted from
    the rows, never kept as a counter that could leak), each key's bucket and finish tag
-   (``fair_keys``), the queue's virtual time and bucket (``fair_queues``);
+   (``fair_keys``), the queue's virtual time and bucket (``fair_queues``), and the queue's
+   policy as stored now (a node's copy is a census old: it only says which queues have one);
 2. plan the round in Python (``plan``: start-time fair queueing, each key's concurrency
    and bucket, the queue's bucket);
 3. take the planned jobs (``fair_claim``: each key's next jobs in order, locked) and
    store the state the plan leaves (``fair_save``), in the same commit.
+
+A queue with a policy row is claimed by fair rounds alone: the plain claim reads the
+policies and leaves such queues out, so a node that has not heard of a new policy claims
+nothing there rather than pass its limits, and a plain policy (``fair: false``, or none of
+the limits) is claimed here too.
 
 The keys come from the due jobs themselves, so a key's row can never strand a job (a
 job whose key has no row yet starts with a full bucket at the virtual time), and a claim
@@ -27,10 +33,30 @@ from collections.abc import Sequence
 import asyncpg
 import msgspec
 
-from sqlq.common.fair import KeyState, Policy, plan
+from sqlq.common.fair import KeyState, Policy, plan, stored_policies
 from sqlq.common.models import Job
 from sqlq.engines.postgres.flows import job_of
 from sqlq.engines.postgres.queries import Q
+
+_PLAIN = Policy()
+_DECODED: dict[str, Policy] = {}  # the policies' stored texts, decoded once each
+_DECODED_MOST = 64
+
+
+def _stored(raw: str | None) -> Policy:
+    """The queue's policy as stored now: a node learns of a change only by its census, a
+    second on, and must not pass the new limits meanwhile. None (the row was deleted): no
+    limit, fair between keys. A text that no longer decodes: the same (``stored_policies``)."""
+    if raw is None:
+        return _PLAIN
+    policy = _DECODED.get(raw)
+    if policy is None:
+        policy = stored_policies([("", raw)]).get("", _PLAIN)
+        if len(_DECODED) >= _DECODED_MOST:
+            _DECODED.clear()
+        _DECODED[raw] = policy
+    return policy
+
 
 FAIR_LOCK = 0x5371_6C74  # with the queue's hash: one node at a time claims from a fair queue
 _NO_KEY = ""  # a job with no key, in the key tables (a key has a character at least)
@@ -39,7 +65,6 @@ _NO_KEY = ""  # a job with no key, in the key tables (a key has a character at l
 async def fair_claim(
     conn: asyncpg.Connection,
     queue: str,
-    policy: Policy,
     n: int,
     now: float,
     lease_until: float,
@@ -47,7 +72,7 @@ async def fair_claim(
     kinds: Sequence[str] | None,
     cap: int | None = None,
 ) -> tuple[list[Job], float | None]:
-    """Up to ``n`` due jobs of ``queue`` by ``policy`` (and its ``cap``, if any), claimed
+    """Up to ``n`` due jobs of ``queue`` by its stored policy (and ``cap``, if any), claimed
     for ``holder``, the queue's state saved with them; and when a due job its buckets held
     back may start, on the caller's clock (``Plan.wake``; None: none was held back)."""
     async with conn.transaction():
@@ -69,6 +94,7 @@ async def fair_claim(
         if not keys:
             return [], None
         db_now = float(row["db_now"])
+        policy = _stored(row["policy"])  # the database's, not the node's copy of it
         made = plan(keys, policy, virtual=row["virtual"] or 0.0, queue_tat=row["queue_tat"],
                     now=db_now, n=n)  # fmt: skip
         wake = None if made.wake is None else now + (made.wake - db_now)

@@ -50,8 +50,11 @@ async def claim(
     if wanted == [] or n <= 0:
         return []
     kind_list = None if kinds is None else list(dict.fromkeys(kinds))
-    fair = {q: p for q, p in (policies or {}).items() if not p.plain
-            and q not in left_out and (wanted is None or q in wanted)}  # fmt: skip
+    # Every queue with a policy, a plain one too (``fair: false``, or no limit): the plain
+    # claim leaves every such queue out (the policies are rows it reads), so only a fair
+    # round claims from it.
+    fair = {q: p for q, p in (policies or {}).items()
+            if q not in left_out and (wanted is None or q in wanted)}  # fmt: skip
     capped = sorted(q for q in caps if q not in left_out and q not in fair
                     and (wanted is None or q in wanted))  # fmt: skip
     # capped and fair queues: only through their own claims
@@ -60,10 +63,10 @@ async def claim(
         await conn.fetch(Q["claim"], now, n, lease_until, skipped, holder, wanted, kind_list)
     )
     jobs = [job_of(r) for r in rows]
-    for queue, policy in sorted(fair.items()):
+    for queue in sorted(fair):
         if len(jobs) >= n:
             break
-        got, wake = await fair_claim(conn, queue, policy, n - len(jobs), now, lease_until,
+        got, wake = await fair_claim(conn, queue, n - len(jobs), now, lease_until,
                                      holder, kind_list, caps.get(queue))  # fmt: skip
         jobs += got
         if tokens is not None:
@@ -119,3 +122,15 @@ async def extend(conn: asyncpg.Connection, now: float, leases: Sequence[Lease]) 
         return []
     rows = await conn.fetch(Q["extend"], *extend_args(now, leases))
     return [Extended(r[0], r[1], r[2]) for r in rows]
+
+
+def next_token(tokens: dict[str, float], now: float) -> float | None:
+    """The earliest of the fair queues' next tokens (``claim``'s ``tokens``). One that has
+    come is told once and forgotten (the round it wakes leaves the next), so a queue whose
+    policy went away can't keep a claimer awake."""
+    if not tokens:
+        return None
+    token = min(tokens.values())
+    for queue in [q for q, t in tokens.items() if t <= now]:
+        del tokens[queue]
+    return token

@@ -101,7 +101,8 @@ RETURNING {job_columns};
 -- name: claim
 -- Due jobs of queues that are neither paused nor capped (capped ones: claim_capped) nor
 -- left out ($4 holds both: the capped queues and those this claim leaves out, the
--- remote queues for a node's own claim), of the queues $6 names (NULL: any) and the kinds
+-- remote queues for a node's own claim), nor under a policy (fair_claim's alone, read
+-- here, so a node that has not heard of a new policy yet can't pass its limits), of the queues $6 names (NULL: any) and the kinds
 -- $7 names (NULL: any), highest priority first, then oldest, locked so no other node
 -- takes them; each gets a new epoch, one more attempt, its holder and a lease. The order
 -- holds within a queue; the rows come back in no order and the caller sorts them.
@@ -113,7 +114,8 @@ RETURNING {job_columns};
 WITH due AS (
     SELECT id AS due_id FROM jobs
      WHERE state = 'scheduled' AND ready_at <= $1
-       AND queue <> ALL ($4::text[] || ARRAY(SELECT name FROM queues WHERE paused))
+       AND queue <> ALL ($4::text[] || ARRAY(SELECT name FROM queues WHERE paused)
+                                   || ARRAY(SELECT name FROM policies))
        AND ($6::text[] IS NULL OR queue = ANY ($6::text[]))
        AND ($7::text[] IS NULL OR kind = ANY ($7::text[]))
      ORDER BY priority DESC, ready_at, id
@@ -446,11 +448,12 @@ SELECT pg_advisory_xact_lock($1, hashtext($2));
 -- What a fair queue's claim decides by, read under its lock (sqlq.engines.postgres.fair):
 -- the database's clock, whether it is paused, its due jobs by key (with the oldest's due
 -- time) of the kinds $4 names (NULL: any), its running jobs by key under unexpired leases
--- ($3: the node's now, as every lease is written), each such key's row, and the queue's.
--- The round's clock is also set for the rest of the transaction (``sqlq.fair_now``), so an
--- audit trigger can record each start at the time its bucket counted it (the crash test's,
+-- ($3: the node's now, as every lease is written), each such key's row, and the queue's;
+-- and its policy as stored now (a node's may be a census old). The round's clock is also
+-- set for the rest of the transaction (sqlq_audit.fair_now), so an audit trigger can
+-- record each start at the time its bucket counted it (the crash test's,
 -- sqlq.bench.fairaudit): nothing of the engine reads it.
-SELECT c.db_now, set_config('sqlq.fair_now', c.db_now::text, true) AS fair_now,
+SELECT c.db_now, set_config('sqlq_audit.fair_now', c.db_now::text, true) AS fair_now,
        EXISTS (SELECT 1 FROM queues WHERE name = $1 AND paused) AS paused,
        (SELECT coalesce(json_agg(json_build_array(d.key, d.n, d.oldest, coalesce(r.n, 0),
                                                  k.tat, k.finish)), '[]')
@@ -464,7 +467,8 @@ SELECT c.db_now, set_config('sqlq.fair_now', c.db_now::text, true) AS fair_now,
           LEFT JOIN fair_keys k ON k.queue = $1 AND k.key = d.key) AS keys,
        (SELECT count(*) FROM jobs WHERE state = 'running' AND queue = $1) AS running,
        (SELECT virtual FROM fair_queues WHERE queue = $1) AS virtual,
-       (SELECT tat FROM fair_queues WHERE queue = $1) AS queue_tat
+       (SELECT tat FROM fair_queues WHERE queue = $1) AS queue_tat,
+       (SELECT policy FROM policies WHERE name = $1) AS policy
   FROM (SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now) c;
 
 -- name: fair_claim

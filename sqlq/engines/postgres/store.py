@@ -19,9 +19,6 @@ only the caller whose value it was (``UnencodableError``).
 
 from __future__ import annotations
 
-import hashlib
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -62,7 +59,13 @@ from sqlq.engines.postgres.batch import (
     write_members,
     write_one_by_one,
 )
-from sqlq.engines.postgres.connections import DEADLINE_S, UNAVAILABLE, Connections
+from sqlq.engines.postgres.connections import (
+    DEADLINE_S,
+    UNAVAILABLE,
+    Connections,
+    application_name,
+    node_name,
+)
 from sqlq.engines.postgres.flows import ROW_WIDTH, job_of
 from sqlq.engines.postgres.prune import prune
 from sqlq.engines.postgres.queries import LIST_STATEMENTS, SCHEDULE_LIST_STATEMENTS, SQ, Q
@@ -70,22 +73,6 @@ from sqlq.engines.postgres.schedule_rows import row_schedule
 from sqlq.engines.postgres.schedules import flush
 
 T = TypeVar("T")
-
-
-def node_name() -> str:
-    """Unique per start (a restart must not renew its dead predecessor's leases); ``node:``
-    first, so no host's name makes a node pass for a remote worker (``worker:<name>``)."""
-    return f"node:{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-
-
-def application_name(node: str) -> str:
-    """A node's connections' name in ``pg_stat_activity``: the node's own, or (past the 63
-    bytes PostgreSQL keeps) its start and a hash of the whole, so no two nodes share one."""
-    raw = node.encode()
-    if len(raw) <= 63 and raw.isascii():
-        return node
-    digest = hashlib.sha256(raw).hexdigest()[:16]
-    return raw[:46].decode("ascii", "replace").replace("\ufffd", "?") + ":" + digest
 
 
 class PostgresStore(Committing):
@@ -111,8 +98,6 @@ class PostgresStore(Committing):
         self.clock = clock
         self.node = node or node_name()
         self._group = group_commit
-        # Each connection named for its node in pg_stat_activity: an operator sees who holds
-        # what, and a crash test waits there until a killed node's last commit has landed.
         settings = {"synchronous_commit": "on" if sync == "full" else "off",
                     "application_name": application_name(self.node)}  # fmt: skip
         self._db = Connections(dsn, name=self.name, settings=settings, pool_size=pool_size,
@@ -124,9 +109,7 @@ class PostgresStore(Committing):
         self.syncs = 0  # batches committed (each one WAL flush at synchronous_commit=on)
         self.slow_batches = 0  # batches redone one caller at a time
         self._key: bytes | None = None
-        # Each fair queue's next token, as this node's last round of it left it (node clock):
-        # when a job its buckets held back may start (``next_due``).
-        self._tokens: dict[str, float] = {}
+        self._tokens: dict[str, float] = {}  # fair queues' next tokens (leases.next_token)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -326,18 +309,10 @@ class PostgresStore(Committing):
         return self._key
 
     async def next_due(self, now: float) -> float | None:
-        """The earliest delayed job's due time, or a fair queue's next token if sooner. A
-        token is told once it has come (the round it wakes sets the next), so a queue whose
-        policy went away can't keep a claimer awake."""
+        """The earliest delayed job's due time, or a fair queue's next token if sooner."""
         due: float | None = await self._read(lambda c: c.fetchval(Q["next_due"], now))
-        tokens = self._tokens
-        if tokens:
-            token = min(tokens.values())
-            for queue in [q for q, t in tokens.items() if t <= now]:
-                del tokens[queue]
-            if due is None or token < due:
-                return token
-        return due
+        token = leases.next_token(self._tokens, now)
+        return token if token is not None and (due is None or token < due) else due
 
     async def renew(
         self,
