@@ -35,8 +35,9 @@ def _need_bench_extra() -> None:
 @click.option(
     "--stores",
     multiple=True,
-    type=click.Choice(NAMES),
-    help="Engines to compare (repeatable). Default: all three.",
+    type=click.Choice([*NAMES, "postgres"]),
+    help="Engines to compare (repeatable). Default: the three single-node ones. postgres: "
+    "in the experiments that run on it (S: two nodes on a throwaway database).",
 )
 @click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True)
 @click.option(
@@ -213,6 +214,9 @@ def crashcheck(
     from sqlq.bench.crashreport import write_report
 
     name = engine(store).name
+    if workload == "fair" and (remote_workers or not engine(store).shared):
+        raise click.UsageError("--workload fair runs on three nodes: it needs --store postgres "
+                               "and no --remote-workers")  # fmt: skip
     if remote_workers:  # sqlq.bench.crashremote: its trials, report and output
         from sqlq.bench.crashremote import command
 

@@ -45,16 +45,28 @@ def test_the_section_shows_every_figure(tmp_path: Path) -> None:
     assert "| walq | 51 / 49 | 501 / 499 | 0.010 / 7.50 | 2 / 100000 | 0.9900 |" in text
     assert "44.0 (1.10x), 8800" in text
     assert EXPERIMENTS["S"] is s_fair
+    assert "PostgreSQL: the issue's bar" not in text  # (no PostgreSQL row)
+
+
+def test_the_section_shows_postgres_bar_and_database_cost(tmp_path: Path) -> None:
+    pg = {**_row("postgres", 0), "bar_most_1s": 11, "bar_total": 200,
+          "cost_db_us": {"0": 250.0, "10": 1000.0}, "cost_dead": {"0": 0, "10": 109}}  # fmt: skip
+    rep = section_of(tmp_path, s_fair, [_row("walq", 0), pg])
+    text = "\n".join(rep.lines)
+    assert "| postgres | 11 | 200 | 250, 0 | 1000, 109 |" in text
+    assert "bar: most in 1 s (bound 11)" in text
 
 
 @pytest.mark.slow
 def test_quick_s_runs_on_the_durable_engines(tmp_path: Path) -> None:
     args = ["bench", "--quick", "--only", "S", "--out", str(tmp_path), "--no-progress",
-            "--stores", "walq", "--stores", "sqlite"]  # fmt: skip
+            "--stores", "walq", "--stores", "sqlite", "--stores", "postgres"]  # fmt: skip
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in (tmp_path / "S.jsonl").read_text().splitlines()]
-    assert {row["store"] for row in rows} == {"walq", "sqlite"}
+    assert {row["store"] for row in rows} == {"walq", "sqlite", "postgres"}
+    [pg] = [row for row in rows if row["store"] == "postgres"]
+    assert pg["bar_most_1s"] <= 11  # the bar's bound on two nodes: floor(10 * 1) + 1
     for row in rows:
         assert row["most_1s"] <= 51  # the rate's bound: floor(50 * 1) + 1
         assert row["fair_before"] <= 16 < row["fifo_before"]

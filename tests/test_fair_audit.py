@@ -105,3 +105,16 @@ def test_the_crash_report_shows_the_fair_trials_maxima_against_their_bounds() ->
     assert table == ["| 2 | 2,000 | 104 | 700 | 3 | 20 | 8 | 0.010 / 0.010 | 1 |"]
     assert "(bound 105)" in "\n".join(lines)
     assert _fair_section([]) == []
+
+
+def test_the_fair_workload_on_one_node_is_refused_naming_the_flag() -> None:
+    from click.testing import CliRunner
+
+    from sqlq.bench.cli import crashcheck
+
+    for args in (["--store", "walq"], ["--store", "postgres", "--remote-workers"]):
+        result = CliRunner().invoke(crashcheck, [*args, "--workload", "fair"])
+        assert result.exit_code == 2
+        assert "--workload fair" in result.output
+        assert "--store postgres" in result.output
+        assert "Traceback" not in result.output

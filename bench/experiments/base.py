@@ -18,7 +18,7 @@ from sqlq.bench.client.loadgen import run
 from sqlq.bench.client.server import ServerProcess
 from sqlq.bench.experiments.rows import LoadRow, Row
 from sqlq.bench.report import Report, cell, group
-from sqlq.engines.registry import DURABLE, NAMES
+from sqlq.engines.registry import ALL, DURABLE, NAMES
 
 __all__ = [
     "DURABLE", "NAMES", "BenchRun", "LoadRun", "Run", "by_store", "off_on_table", "off_then_on",
@@ -56,9 +56,9 @@ R = TypeVar("R", bound=Row)
 
 def by_store(rows: list[R]) -> dict[str, list[R]]:
     """``rows`` by their engine (``store``), the engines in the one order every table
-    shows them (``NAMES``)."""
+    shows them (``ALL``)."""
     out = group(rows, lambda r: r.store)
-    return {store: out[store] for store in sorted(out, key=NAMES.index)}
+    return {store: out[store] for store in sorted(out, key=ALL.index)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,22 +31,32 @@ from __future__ import annotations
 
 import asyncio
 import math
+import tempfile
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from sqlq.bench.client.http import HttpPool
+from sqlq.bench.client.server import FAST_RETRY_FLAGS, ServerProcess
 from sqlq.bench.experiments.base import Run, ServedRun, by_store
+from sqlq.bench.experiments.j_runs import cluster
+from sqlq.bench.experiments.n_runs import pg_cpu
 from sqlq.bench.experiments.rows import CodedRow
 from sqlq.bench.report import Report, cell, med
 
 NAME = "S"
-STORES = ("walq", "sqlite")
+STORES = ("walq", "sqlite", "postgres")
+PG_NODES = 2  # PostgreSQL: two nodes on one database, every figure over both
 RATE, RATE_S, QUICK_RATE_S = 50.0, 20, 6
+BAR_RATE, BAR_JOBS = 10.0, 2_000  # the issue's bar, on PostgreSQL: rate 10/s, burst 1
+# PostgreSQL claims a queue fairly only under a policy (without one, in the plain order):
+# the flood's and the cost's queues get one that sets a limit nothing reaches.
+PG_POLICY: dict[str, Any] = {"key_concurrency": 1_000_000}
 FLOOD, QUICK_FLOOD = 100_000, 5_000
 KEYS, PER_KEY, JAIN_MS, JAIN_W = 10, 1_000, 20, 10.0
 QUICK_PER_KEY, QUICK_JAIN_W = 200, 2.0
@@ -71,6 +81,13 @@ class SRow(CodedRow, kw_only=True):
     cost_jobs: int = 0
     cost_cpu_us: dict[str, float] = msgspec.field(default_factory=dict)  # keys -> us a job
     cost_rate: dict[str, float] = msgspec.field(default_factory=dict)  # keys -> jobs/s
+    total: int = 0  # key A's starts in the first rate_s seconds
+    # PostgreSQL only: the bar's rate (10/s) on both nodes, and what the database pays
+    bar_most_1s: int = 0
+    bar_total: int = 0  # starts in the first rate_s seconds of the bar's run
+    cost_db_us: dict[str, float] = msgspec.field(default_factory=dict)  # keys -> us a job
+    cost_dead: dict[str, int] = msgspec.field(default_factory=dict)  # keys -> fair_keys dead
+    cost_key_rows: dict[str, int] = msgspec.field(default_factory=dict)  # keys -> its rows
 
 
 ROW = SRow
@@ -149,15 +166,51 @@ async def _wait(pool: HttpPool, job_id: str) -> dict[str, Any]:
             return dict(job)
 
 
-async def _idle(pool: HttpPool) -> None:
-    """Until the server holds no job scheduled or running (the parts run one at a time).
-    Not the queue's depth: a claim taken from the lanes is scheduled still until its
-    commit lands, and its job would read as never started."""
-    while True:
-        _, stats = await pool.json("GET", "/stats")
-        if stats["jobs"]["scheduled"] == 0 and stats["jobs"]["running"] == 0:
-            return
-        await asyncio.sleep(0.1)
+@dataclass
+class Nodes:
+    """What a run measures: one server, or (PostgreSQL) ``PG_NODES`` nodes on one database,
+    where ``dsn`` reads the database itself."""
+
+    pools: list[HttpPool]
+    dsn: str | None = None
+
+    @property
+    def first(self) -> HttpPool:
+        return self.pools[0]
+
+    async def idle(self) -> None:
+        """Until no job is scheduled or running (the parts run one at a time). Not the
+        queue's depth: a claim taken from the lanes is scheduled still until its commit
+        lands, and its job would read as never started. PostgreSQL: read in the database
+        (a node's counts are a census's, seconds old)."""
+        while True:
+            if self.dsn is not None:
+                busy = await _sql(self.dsn, "SELECT count(*) FROM jobs "
+                                            "WHERE state IN ('scheduled', 'running')")  # fmt: skip
+            else:
+                _, stats = await self.first.json("GET", "/stats")
+                busy = stats["jobs"]["scheduled"] + stats["jobs"]["running"]
+            if busy == 0:
+                return
+            await asyncio.sleep(0.1)
+
+    async def cpu_s(self) -> tuple[float, float]:
+        """The nodes' CPU seconds (``/stats``), and the database's (its processes')."""
+        used = 0.0
+        for pool in self.pools:
+            _, stats = await pool.json("GET", "/stats")
+            used += float(stats["process_cpu_s"])
+        return used, (pg_cpu() if self.dsn is not None else 0.0)
+
+
+async def _sql(dsn: str, query: str) -> int:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(query))
+    finally:
+        await conn.close()
 
 
 def _job(queue: str, key: str | None, ms: int = 0) -> dict[str, Any]:
@@ -175,30 +228,75 @@ class FairRun(ServedRun):
     jain_w: float
     cost_jobs: int
 
+    def execute(self) -> dict[str, Any]:
+        if self.store != "postgres":
+            return super().execute()
+        dsn = cluster().create_database()
+        flags = ("--store", "postgres", "--dsn", dsn, "--workers", "16", "--log-level",
+                 "warning", "--grace", "0", "--fault-injection", *FAST_RETRY_FLAGS)  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="sqlq-s-") as d:
+            nodes = [ServerProcess(*flags, log_path=Path(d) / f"node{i}.log")
+                     for i in range(PG_NODES)]  # fmt: skip
+            try:
+                for n in nodes:
+                    n.spawn()
+                for n in nodes:
+                    n.wait_ready()
+                return asyncio.run(self._measure([n.url for n in nodes], dsn))
+            finally:
+                for n in nodes:
+                    n.stop()
+
     async def measure(self, url: str) -> dict[str, Any]:
-        async with HttpPool(url, 4) as pool:
+        return await self._measure([url], None)
+
+    async def _measure(self, urls: list[str], dsn: str | None) -> dict[str, Any]:
+        pools = [await HttpPool(u, 4).__aenter__() for u in urls]
+        try:
+            at = Nodes(pools, dsn)
             out: dict[str, Any] = {}
-            out.update(await self._rate(pool))
-            out.update(await self._flood(pool))
-            out.update(await self._jain(pool))
-            out.update(await self._cost(pool))
+            out.update(await self._rate(at))
+            if dsn is not None:
+                out.update(await self._bar(at))
+            out.update(await self._flood(at))
+            out.update(await self._jain(at))
+            out.update(await self._cost(at))
+        finally:
+            for pool in pools:
+                await pool.__aexit__(None, None, None)
         return out
 
-    async def _rate(self, pool: HttpPool) -> dict[str, Any]:
-        await _put(pool, "/queues/rate", {"rate": {"per_s": RATE, "burst": 1}})
-        await _submit(pool, [_job("rate", "A") for _ in range(int(RATE * (self.rate_s + 4)))])
+    async def _starts(self, at: Nodes, queue: str, rate: float, jobs: int
+                      ) -> tuple[list[float], float]:  # fmt: skip
+        """Key A's starts over ``rate_s`` from its first, with a backlog of ``jobs`` and
+        ``rate``/s, burst 1; and where the span ends."""
+        pool = at.first
+        await _put(pool, f"/queues/{queue}", {"rate": {"per_s": rate, "burst": 1}})
+        await _submit(pool, [_job(queue, "A") for _ in range(jobs)])
         await asyncio.sleep(self.rate_s + 1)
-        jobs = await _started(pool, "rate")
-        starts = sorted(float(j["started_at"]) for j in jobs if j.get("started_at"))
+        done = await _started(pool, queue)
+        starts = sorted(float(j["started_at"]) for j in done if j.get("started_at"))
         until = starts[0] + self.rate_s
-        starts = [t for t in starts if t <= until]
+        await pool.json("POST", "/jobs/cancel", msgspec.json.encode({"queue": queue}))
+        return [t for t in starts if t <= until], until
+
+    async def _rate(self, at: Nodes) -> dict[str, Any]:
+        starts, until = await self._starts(at, "rate", RATE, int(RATE * (self.rate_s + 4)))
         most_1, fewest_1 = _windows(starts, 1.0, until)
         most_10, fewest_10 = _windows(starts, 10.0, until) if self.rate_s >= 10 else (0, 0)
-        await pool.json("POST", "/jobs/cancel", msgspec.json.encode({"queue": "rate"}))
         return {"rate": RATE, "rate_s": self.rate_s, "most_1s": most_1, "fewest_1s": fewest_1,
-                "most_10s": most_10, "fewest_10s": fewest_10}  # fmt: skip
+                "most_10s": most_10, "fewest_10s": fewest_10, "total": len(starts)}  # fmt: skip
 
-    async def _flood_one(self, pool: HttpPool, queue: str) -> tuple[float, int]:
+    async def _bar(self, at: Nodes) -> dict[str, Any]:
+        """The issue's bar on PostgreSQL: rate 10/s, burst 1, 2,000 due jobs of key A, two
+        nodes: the most starts in any 1 s window, and the starts over ``rate_s``."""
+        starts, until = await self._starts(at, "bar", BAR_RATE, BAR_JOBS)
+        return {"bar_most_1s": _windows(starts, 1.0, until)[0], "bar_total": len(starts)}
+
+    async def _flood_one(self, at: Nodes, queue: str) -> tuple[float, int]:
+        pool = at.first
+        if at.dsn is not None and queue != "fifo":
+            await _put(pool, f"/queues/{queue}", PG_POLICY)
         await _post(pool, f"/queues/{queue}/pause")
         await _submit(pool, [_job(queue, "A") for _ in range(self.flood)])
         [b] = await _submit(pool, [_job(queue, "B")])
@@ -206,7 +304,7 @@ class FairRun(ServedRun):
         await _post(pool, f"/queues/{queue}/resume")
         job = await _wait(pool, b)
         b_start = float(job["started_at"])
-        await _idle(pool)
+        await at.idle()
         jobs = await _started(pool, queue)
         unstarted = [j for j in jobs if j.get("started_at") is None]
         if unstarted:
@@ -215,19 +313,21 @@ class FairRun(ServedRun):
         before = sum(1 for j in jobs if j["id"] != b and float(j["started_at"]) < b_start)
         return b_start - resumed, before
 
-    async def _flood(self, pool: HttpPool) -> dict[str, Any]:
-        await _put(pool, "/queues/fifo", {"fair": False})
-        fair_wait, fair_before = await self._flood_one(pool, "flood")
-        fifo_wait, fifo_before = await self._flood_one(pool, "fifo")
+    async def _flood(self, at: Nodes) -> dict[str, Any]:
+        await _put(at.first, "/queues/fifo", {"fair": False})
+        fair_wait, fair_before = await self._flood_one(at, "flood")
+        fifo_wait, fifo_before = await self._flood_one(at, "fifo")
         return {"flood": self.flood, "fair_wait_s": round(fair_wait, 4),
                 "fair_before": fair_before, "fifo_wait_s": round(fifo_wait, 4),
                 "fifo_before": fifo_before}  # fmt: skip
 
-    async def _jain(self, pool: HttpPool) -> dict[str, Any]:
+    async def _jain(self, at: Nodes) -> dict[str, Any]:
         jobs = [_job("jain", f"k{k}", JAIN_MS) for _ in range(self.per_key) for k in range(KEYS)]
-        await _submit(pool, jobs)
-        await _idle(pool)
-        done = await _started(pool, "jain")
+        if at.dsn is not None:
+            await _put(at.first, "/queues/jain", PG_POLICY)
+        await _submit(at.first, jobs)
+        await at.idle()
+        done = await _started(at.first, "jain")
         by_key: dict[str, list[float]] = {}
         for j in done:
             by_key.setdefault(j["key"], []).append(float(j["started_at"]))
@@ -242,26 +342,37 @@ class FairRun(ServedRun):
             lo += self.jain_w
         return {"jain": indexes}
 
-    async def _cost(self, pool: HttpPool) -> dict[str, Any]:
+    async def _cost(self, at: Nodes) -> dict[str, Any]:
         cpu: dict[str, float] = {}
+        db: dict[str, float] = {}
         rates: dict[str, float] = {}
+        dead: dict[str, int] = {}
+        rows: dict[str, int] = {}
         for keys in COST_KEYS:
             n = self.cost_jobs
             label = str(min(keys, n))
             queue = f"cost{keys}"
             jobs = [_job(queue, None if keys == 0 else f"t{i % min(keys, n)}") for i in range(n)]
-            await _post(pool, f"/queues/{queue}/pause")
-            await _submit(pool, jobs)
-            _, before = await pool.json("GET", "/stats")
+            if at.dsn is not None and keys:
+                await _put(at.first, f"/queues/{queue}", PG_POLICY)
+            await _post(at.first, f"/queues/{queue}/pause")
+            await _submit(at.first, jobs)
+            nodes0, db0 = await at.cpu_s()
             t0 = time.perf_counter()
-            await _post(pool, f"/queues/{queue}/resume")
-            await _idle(pool)
+            await _post(at.first, f"/queues/{queue}/resume")
+            await at.idle()
             elapsed = time.perf_counter() - t0
-            _, after = await pool.json("GET", "/stats")
-            used = float(after["process_cpu_s"]) - float(before["process_cpu_s"])
-            cpu[label] = round(1e6 * used / n, 2)
+            nodes1, db1 = await at.cpu_s()
+            cpu[label] = round(1e6 * (nodes1 - nodes0) / n, 2)
             rates[label] = round(n / elapsed, 1)
-        return {"cost_jobs": self.cost_jobs, "cost_cpu_us": cpu, "cost_rate": rates}
+            if at.dsn is not None:
+                db[label] = round(1e6 * (db1 - db0) / n, 2)
+                dead[label] = await _sql(at.dsn, "SELECT n_dead_tup FROM pg_stat_user_tables "
+                                                 "WHERE relname = 'fair_keys'")  # fmt: skip
+                rows[label] = await _sql(at.dsn, "SELECT count(*) FROM fair_keys "
+                                                 f"WHERE queue = '{queue}'")  # fmt: skip
+        return {"cost_jobs": self.cost_jobs, "cost_cpu_us": cpu, "cost_rate": rates,
+                "cost_db_us": db, "cost_dead": dead, "cost_key_rows": rows}  # fmt: skip
 
 
 def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[Run]:
@@ -288,7 +399,10 @@ def section(rep: Report) -> None:
     rep.add(
         "## S. Fair claims by key: rate, flood, fairness, cost",
         "",
-        f"A fresh server per engine (16 workers, `--sync full`), no-op jobs with a key; "
+        f"A fresh server per engine (16 workers, `--sync full`; PostgreSQL: {PG_NODES} nodes "
+        "on one database, every figure over both, and a policy on the flood's, Jain's and "
+        "the cost's queues that sets a limit nothing reaches, since PostgreSQL claims a queue "
+        "fairly only under a policy), no-op jobs with a key; "
         "every start read back from the server. Rate: one key with a backlog and `rate` "
         f"{first.rate:g}/s, burst 1, over {first.rate_s:g} s; the most and the fewest starts "
         f"in any sliding window (bound from above: {bound_1} in 1 s, {bound_10} in 10 s; "
@@ -330,4 +444,25 @@ def section(rep: Report) -> None:
             ratio = med([r.cost_cpu_us[k] / r.cost_cpu_us[labels[0]] for r in rs])
             cells.append(f"{us:.1f} ({ratio:.2f}x), {med([r.cost_rate[k] for r in rs]):.0f}")
         rep.add(f"| {store} | " + " | ".join(cells) + " |")
+    pg = [r for r in rows if r.bar_total]
+    if pg:
+        rep.add(
+            "",
+            f"PostgreSQL: the issue's bar (rate {BAR_RATE:g}/s, burst 1, {BAR_JOBS:,} due jobs "
+            f"of one key, two nodes) over {pg[0].rate_s:g} s, and what the database pays a job "
+            "(its processes' CPU) with the dead rows of `fair_keys` after each drain.",
+            "",
+            "| store | bar: most in 1 s (bound "
+            f"{math.floor(BAR_RATE) + 1}) | bar: starts in {pg[0].rate_s:g} s | "
+            + " | ".join(f"{k} keys: database us a job, fair_keys dead" for k in labels)
+            + " |",
+            "|---|---:|---:|" + "---:|" * len(labels),
+        )
+        for store, rs in by_store(pg).items():
+            cells = [f"{med([r.cost_db_us.get(k, 0.0) for r in rs]):.0f}, "
+                     f"{med([float(r.cost_dead.get(k, 0)) for r in rs]):.0f}"
+                     for k in labels]  # fmt: skip
+            bar = f"{cell([r.bar_most_1s for r in rs], '{:.0f}')} | " \
+                  f"{cell([r.bar_total for r in rs], '{:.0f}')}"  # fmt: skip
+            rep.add(f"| {store} | {bar} | " + " | ".join(cells) + " |")
     rep.add("")
