@@ -159,16 +159,24 @@ def decode_policy(raw: bytes | str) -> Policy:
     return POLICY.decode(raw)
 
 
-def stored_policies(rows: list[tuple[str, bytes | str]]) -> dict[str, Policy]:
+def stored_policies(
+    rows: list[tuple[str, bytes | str]], otherwise: Policy | None = None
+) -> dict[str, Policy]:
     """Policies as an engine stored them (encoded by ``encode_policy``). One that no longer
-    decodes (a bound this version tightened) is left out, logged, rather than failing the
-    open: recovery never refuses what the engine wrote, and its queue runs plain."""
+    decodes (a bound this version tightened, a field a newer version wrote) is logged and
+    taken as ``otherwise``, rather than failing the open: recovery never refuses what the
+    engine wrote. None: left out, and its queue runs plain. (PostgreSQL's plain claim
+    leaves out every queue with a policy row, so there it must stay a fair round's:
+    ``Policy()``, no limit.)"""
     out: dict[str, Policy] = {}
     for queue, raw in rows:
         try:
             out[queue] = POLICY.decode(raw)
         except (msgspec.DecodeError, ValueError) as exc:
-            log.error("queue %s: its stored policy is left out: %s", queue, exc)
+            log.error("queue %s: its stored policy does not decode, taken as %s: %s",
+                      queue, "none" if otherwise is None else "no limit", exc)  # fmt: skip
+            if otherwise is not None:
+                out[queue] = otherwise
     return out
 
 

@@ -384,10 +384,11 @@ class SharedStore(JobStore, Protocol):
         asked for; a lease missing from the answer is fenced."""
         ...
 
-    async def next_due(self, now: float) -> float | None:
+    async def next_due(self, now: float, *, remote: bool = False) -> float | None:
         """When the earliest job that is not yet due becomes due, or the earliest that a
-        fair queue's bucket held back in this store's last claim of it may start; None if
-        none waits. A claimer sleeps until then, never polls for a token."""
+        fair queue's bucket held back in this store's last claim of it may start (by this
+        node's claims, or with ``remote`` by remote workers'); None if none waits. A
+        claimer sleeps until then, never polls for a token."""
         ...
 
     async def renew(

@@ -89,7 +89,7 @@ class FakeSharedStore:
             out.append(job.apply(t))
         return out
 
-    async def next_due(self, now: float) -> float | None:
+    async def next_due(self, now: float, *, remote: bool = False) -> float | None:
         waiting = await self.db.inner.list_jobs(JobQuery(state=State.SCHEDULED, limit=1000))
         later = [j.ready_at for j in waiting if j.ready_at > now]
         return min(later) if later else None

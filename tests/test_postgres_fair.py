@@ -116,21 +116,64 @@ async def test_a_node_that_has_not_heard_of_a_policy_does_not_pass_it(nodes: Nod
     """Node b is told nothing of q's policy (a census a second away), and holds a looser
     one for another: it must neither claim q plainly nor by its own copy. The plain claim
     leaves out every queue with a policy row, and a fair round reads the stored policy."""
-    a, b = nodes(workers=0), nodes(workers=8)
+    a, b = nodes(workers=0), nodes(workers=8, queue_caps={"capped": 8})
     await a.start()
     await b.start()
     tight = Policy(rate=Rate(per_s=2.0, burst=1))
     await a.set_policy("q", tight)
     await a.set_policy("loose", tight)
+    await a.set_policy("capped", tight)  # (b caps it: claim_capped must leave it out too)
     # (as if its census had not read the new ones yet: q's, none; loose's, an old one)
     assert isinstance(b.claims, SharedClaims)
     b.claims._policy("q", None)
+    b.claims._policy("capped", None)
     b.claims._policy("loose", Policy(rate=Rate(per_s=1000.0, burst=1000)))
-    jobs = [*await _submit(b, 10, "A"), *await _submit(b, 10, "A", queue="loose")]
-    await wait_for(lambda: len(STARTED) >= 8, 30)
-    for queue in ("q", "loose"):
+    jobs = [*await _submit(b, 10, "A"), *await _submit(b, 10, "A", queue="loose"),
+            *await _submit(b, 10, "A", queue="capped")]  # fmt: skip
+    await wait_for(lambda: len(STARTED) >= 12, 30)
+    for queue in ("q", "loose", "capped"):
         done = await a.list_jobs(JobQuery(queue=queue, limit=1000))
         starts = sorted(j.started_at for j in done if j.started_at is not None)
         most = max((sum(1 for u in starts if t <= u <= t + 1.0) for t in starts), default=0)
         assert most <= fair.starts_bound(Rate(per_s=2.0, burst=1), 1.0), (queue, starts)
-    assert len(jobs) == 20
+    assert len(jobs) == 30
+
+
+async def test_a_stored_policy_that_does_not_decode_leaves_its_queue_claimed(
+    nodes: Node, pg_db: str
+) -> None:
+    """Review: a policy row no node can read (a newer version's field) was left out of
+    every node's policies while the plain claim left its queue out: no one claimed it.
+    It is taken as no limit, claimed by fair rounds."""
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_db)
+    try:
+        await conn.execute("INSERT INTO policies (name, policy) VALUES ('q', '{\"newer\": 1}')")
+    finally:
+        await conn.close()
+    a = nodes(workers=2)
+    await a.start()
+    assert "q" in a.view.policies()
+    for job in await _submit(a, 5, "A"):
+        assert (await final(a, job.id, within=30)).state is State.COMPLETED
+
+
+async def test_a_backlog_in_a_plain_queue_does_not_starve_a_queue_with_a_policy(
+    nodes: Node,
+) -> None:
+    """Review: the plain claim went first with every waiting worker, then the queues with a
+    policy: one worker and a plain backlog left a fair queue's job for last. The sources
+    take turns."""
+    a = nodes(workers=1)
+    await a.start()
+    await a.set_policy("fair", Policy(key_concurrency=5))
+    await a.pause("plain", True)
+    await a.pause("fair", True)
+    await _submit(a, 40, "P", queue="plain")
+    [late] = await _submit(a, 1, "F", queue="fair")
+    await a.pause("plain", False)
+    await wait_for(lambda: "P" in STARTED, 30)
+    await a.pause("fair", False)
+    assert (await final(a, late.id, within=60)).state is State.COMPLETED
+    assert STARTED.index("F") < 10  # a few turns in, not after the 40

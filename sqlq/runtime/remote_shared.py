@@ -128,7 +128,7 @@ class SharedSide:
         cached = self._next_due
         if cached is None or now - cached[0] > poll_s:
             try:
-                due = await self._store.next_due(now)
+                due = await self._store.next_due(now, remote=True)
             except StoreError:  # out of reach for now: the poll looks again
                 due = None
             cached = self._next_due = (now, due)

@@ -149,7 +149,9 @@ class Connections:
         try:
             await check(conn, self.dsn)
             paused = [r[0] for r in await conn.fetch(Q["paused"])]
-            policies = stored_policies([(r[0], r[1]) for r in await conn.fetch(Q["policies"])])
+            policies = stored_policies(
+                [(r[0], r[1]) for r in await conn.fetch(Q["policies"])], Policy()
+            )
         except BaseException:
             self._discard()
             raise

@@ -28,6 +28,7 @@ or a cancel in between) is charged all the same: its rate can only come out lowe
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import asyncpg
@@ -51,7 +52,7 @@ def _stored(raw: str | None) -> Policy:
         return _PLAIN
     policy = _DECODED.get(raw)
     if policy is None:
-        policy = stored_policies([("", raw)]).get("", _PLAIN)
+        policy = stored_policies([("", raw)], _PLAIN)[""]
         if len(_DECODED) >= _DECODED_MOST:
             _DECODED.clear()
         _DECODED[raw] = policy
@@ -59,6 +60,7 @@ def _stored(raw: str | None) -> Policy:
 
 
 FAIR_LOCK = 0x5371_6C74  # with the queue's hash: one node at a time claims from a fair queue
+CAP_LOCK = 0x5371_6C73  # with the queue's hash: a capped queue's claims, fair or plain
 _NO_KEY = ""  # a job with no key, in the key tables (a key has a character at least)
 
 
@@ -71,13 +73,21 @@ async def fair_claim(
     holder: str,
     kinds: Sequence[str] | None,
     cap: int | None = None,
+    since: float | None = None,
 ) -> tuple[list[Job], float | None]:
     """Up to ``n`` due jobs of ``queue`` by its stored policy (and ``cap``, if any), claimed
     for ``holder``, the queue's state saved with them; and when a due job its buckets held
-    back may start, on the caller's clock (``Plan.wake``; None: none was held back)."""
+    back may start, on the caller's clock (``Plan.wake``; None: none was held back).
+    ``since``: the ``perf_counter`` when ``now`` was read, so the wake counts the wait for
+    the lock. A capped queue's claims take turns with ``claim_capped``'s (``CAP_LOCK``
+    first, always in that order): a node that has not heard of a policy yet counts its
+    running jobs under the same lock."""
     async with conn.transaction():
+        if cap is not None:
+            await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
         await conn.execute(Q["fair_lock"], FAIR_LOCK, queue)
         row = await conn.fetchrow(Q["fair_read"], queue, now, now, kinds)
+        read = now if since is None else now + (time.perf_counter() - since)
         if row["paused"]:
             return [], None
         if cap is not None:
@@ -97,7 +107,7 @@ async def fair_claim(
         policy = _stored(row["policy"])  # the database's, not the node's copy of it
         made = plan(keys, policy, virtual=row["virtual"] or 0.0, queue_tat=row["queue_tat"],
                     now=db_now, n=n)  # fmt: skip
-        wake = None if made.wake is None else now + (made.wake - db_now)
+        wake = None if made.wake is None else read + (made.wake - db_now)
         if not made.take:
             return [], wake
         keyed = [(k, c) for k, c in made.take.items() if k is not None]

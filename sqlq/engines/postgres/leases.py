@@ -11,7 +11,9 @@ fenced like an outcome, in one statement (queries.sql ``extend``); a node's own
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import asyncpg
 import msgspec
@@ -20,12 +22,24 @@ from sqlq.common.fair import Policy
 from sqlq.common.models import Job
 from sqlq.common.running import Progress
 from sqlq.common.store import Extended, Lease
-from sqlq.engines.postgres.fair import fair_claim
+from sqlq.engines.postgres.fair import CAP_LOCK, fair_claim
 from sqlq.engines.postgres.flows import job_of
 from sqlq.engines.postgres.queries import Q
 
-CAP_LOCK = 0x5371_6C73  # with the queue's hash: one node at a time claims from a capped queue
 encode = msgspec.json.Encoder().encode  # progress, as rows.py writes it
+
+
+Tokens = dict[tuple[str, tuple[str, ...] | None], float]  # (queue, kinds) -> next token
+
+
+@dataclass
+class Between:
+    """What a store's claims remember from one to the next: the fair queues' next tokens,
+    of this node's claims and of remote workers' apart (``next_token``), and the turns."""
+
+    own: Tokens = field(default_factory=dict)
+    remote: Tokens = field(default_factory=dict)
+    turns: int = 0
 
 
 async def claim(
@@ -39,52 +53,61 @@ async def claim(
     besides: Sequence[str],
     kinds: Sequence[str] | None,
     policies: Mapping[str, Policy] | None = None,
-    tokens: dict[str, float] | None = None,
+    between: Between | None = None,
+    remote: bool = False,
 ) -> list[Job]:
-    """Up to ``n`` due jobs for ``holder`` (``SharedStore.claim``), in claim order. A queue
-    with a policy that sets a limit is claimed by its own rules (``fair.fair_claim``); each
-    such round leaves in ``tokens`` when its queue's buckets next let a held job start
-    (the queue left out: none held back)."""
+    """Up to ``n`` due jobs for ``holder`` (``SharedStore.claim``), in claim order.
+
+    The queues are claimed from in turns: the plain claim (one statement for every queue
+    with neither a cap nor a policy), each queue with a policy by its own rules
+    (``fair.fair_claim``), each capped queue under its lock. Which goes first moves on by
+    one each claim, so a backlog in one never starves the others when the workers waiting
+    are few. Each fair round leaves in the tokens when its
+    queue's buckets next let a held job start (the entry gone: none held back). Both are
+    kept in ``between``, the tokens of a ``remote`` worker's claim apart."""
+    started = time.perf_counter()
     left_out = set(besides)
     wanted = None if only is None else [q for q in dict.fromkeys(only) if q not in left_out]
     if wanted == [] or n <= 0:
         return []
     kind_list = None if kinds is None else list(dict.fromkeys(kinds))
+    kinds_key = None if kind_list is None else tuple(sorted(kind_list))
     # Every queue with a policy, a plain one too (``fair: false``, or no limit): the plain
-    # claim leaves every such queue out (the policies are rows it reads), so only a fair
-    # round claims from it.
-    fair = {q: p for q, p in (policies or {}).items()
-            if q not in left_out and (wanted is None or q in wanted)}  # fmt: skip
+    # and the capped claims leave every such queue out (the policies are rows they read),
+    # so only a fair round claims from it.
+    fair = {q for q in (policies or {}) if q not in left_out and (wanted is None or q in wanted)}
     capped = sorted(q for q in caps if q not in left_out and q not in fair
                     and (wanted is None or q in wanted))  # fmt: skip
-    # capped and fair queues: only through their own claims
     skipped = sorted(left_out | set(caps) | set(policies or ()))
-    rows = list(
-        await conn.fetch(Q["claim"], now, n, lease_until, skipped, holder, wanted, kind_list)
-    )
-    jobs = [job_of(r) for r in rows]
-    for queue in sorted(fair):
+    sources: list[str | None] = [None, *sorted(fair), *capped]  # None: the plain claim
+    between = between or Between()
+    tokens = between.remote if remote else between.own
+    turn = between.turns % len(sources)
+    between.turns += 1
+    jobs: list[Job] = []
+    for source in sources[turn:] + sources[:turn]:
         if len(jobs) >= n:
             break
-        got, wake = await fair_claim(conn, queue, n - len(jobs), now, lease_until,
-                                     holder, kind_list, caps.get(queue))  # fmt: skip
-        jobs += got
-        if tokens is not None:
+        if source is None:
+            rows = await conn.fetch(Q["claim"], now, n - len(jobs), lease_until, skipped,
+                                    holder, wanted, kind_list)  # fmt: skip
+        elif source in fair:
+            got, wake = await fair_claim(conn, source, n - len(jobs), now, lease_until,
+                                         holder, kind_list, caps.get(source), started)  # fmt: skip
+            jobs += got
             if wake is None:
-                tokens.pop(queue, None)
+                tokens.pop((source, kinds_key), None)
             else:
-                tokens[queue] = wake
-    rows = []
-    for queue in capped:
-        if len(jobs) + len(rows) >= n:
-            break
-        async with conn.transaction():
-            await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
-            rows += await conn.fetch(
-                Q["claim_capped"], now, n - len(jobs) - len(rows), lease_until, queue, holder,
-                caps[queue], kind_list,
-            )  # fmt: skip
-    jobs += [job_of(r) for r in rows]
+                tokens[(source, kinds_key)] = wake
+            continue
+        else:
+            async with conn.transaction():
+                await conn.execute(Q["cap_lock"], CAP_LOCK, source)
+                rows = await conn.fetch(
+                    Q["claim_capped"], now, n - len(jobs), lease_until, source, holder,
+                    caps[source], kind_list,
+                )  # fmt: skip
+        jobs += [job_of(r) for r in rows]
     jobs.sort(key=lambda j: (-j.priority, j.ready_at, j.id))
     return jobs
 
@@ -124,7 +147,7 @@ async def extend(conn: asyncpg.Connection, now: float, leases: Sequence[Lease]) 
     return [Extended(r[0], r[1], r[2]) for r in rows]
 
 
-def next_token(tokens: dict[str, float], now: float) -> float | None:
+def next_token(tokens: Tokens, now: float) -> float | None:
     """The earliest of the fair queues' next tokens (``claim``'s ``tokens``). One that has
     come is told once and forgotten (the round it wakes leaves the next), so a queue whose
     policy went away can't keep a claimer awake."""

@@ -138,6 +138,7 @@ WITH due AS (
     SELECT id AS due_id FROM jobs
      WHERE state = 'scheduled' AND queue = $4 AND ready_at <= $1
        AND NOT EXISTS (SELECT 1 FROM queues WHERE name = $4 AND paused)
+       AND NOT EXISTS (SELECT 1 FROM policies WHERE name = $4)  -- (fair_claim's, as claim's)
        AND ($7::text[] IS NULL OR kind = ANY ($7::text[]))
      ORDER BY priority DESC, ready_at, id
      LIMIT greatest(0, least($2, $6 - (SELECT count(*) FROM jobs

@@ -109,7 +109,7 @@ class PostgresStore(Committing):
         self.syncs = 0  # batches committed (each one WAL flush at synchronous_commit=on)
         self.slow_batches = 0  # batches redone one caller at a time
         self._key: bytes | None = None
-        self._tokens: dict[str, float] = {}  # fair queues' next tokens (leases.next_token)
+        self._between = leases.Between()  # the fair queues' next tokens, the claims' turns
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -266,7 +266,7 @@ class PostgresStore(Committing):
 
     async def queue_policies(self) -> dict[str, Policy]:
         rows = await self._read(lambda c: c.fetch(Q["policies"]))
-        return stored_policies([(r[0], r[1]) for r in rows])
+        return stored_policies([(r[0], r[1]) for r in rows], Policy())  # (see its docstring)
 
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         rows = await self._read(lambda c: c.fetch(Q["finished"], list(ids)))
@@ -296,7 +296,8 @@ class PostgresStore(Committing):
         """``leases.claim``: for this node, or for the remote worker named by ``holder``."""
         async with self._conn(claims=True) as conn:
             return await leases.claim(conn, n, now, lease_until, caps, holder or self.node,
-                                      only, besides, kinds, policies, self._tokens)  # fmt: skip
+                                      only, besides, kinds, policies, self._between,
+                                      holder is not None)  # fmt: skip
 
     async def extend(self, now: float, held: Sequence[Lease]) -> list[Extended]:
         """``leases.extend``: every remote lease given, fenced, in one statement."""
@@ -308,10 +309,12 @@ class PostgresStore(Committing):
             self._key = await self._read(signing.signing_key)
         return self._key
 
-    async def next_due(self, now: float) -> float | None:
-        """The earliest delayed job's due time, or a fair queue's next token if sooner."""
+    async def next_due(self, now: float, *, remote: bool = False) -> float | None:
+        """The earliest delayed job's due time, or a fair queue's next token if sooner (of
+        this node's claims, or with ``remote`` of remote workers')."""
         due: float | None = await self._read(lambda c: c.fetchval(Q["next_due"], now))
-        token = leases.next_token(self._tokens, now)
+        between = self._between
+        token = leases.next_token(between.remote if remote else between.own, now)
         return token if token is not None and (due is None or token < due) else due
 
     async def renew(
