@@ -5,6 +5,9 @@ ignored (no backend: the no-op job's cost is the broker's). Acks are Celery's de
 early (a message is acknowledged as its worker takes it, before it runs), unless
 ``ACKS_LATE_ENV`` is ``1``: then ``task_acks_late`` with ``task_reject_on_worker_lost``,
 the settings Celery documents for a job that must survive its worker.
+
+Experiment S's peer: ``limited``, a task with Celery's ``rate_limit`` (``RATE_ENV``, e.g.
+``50/s``), which each worker process enforces on its own, stamping its start.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from collections.abc import Iterable
 
 from celery import Celery, group  # type: ignore[import-untyped]  # no py.typed
 
-from sqlq.bench.redispeers import ACKS_LATE_ENV, BATCH, REDIS_ENV, mark
+from sqlq.bench.redispeers import ACKS_LATE_ENV, BATCH, REDIS_ENV, mark, stamp
+
+RATE_ENV = "SQLQ_BENCH_RATE"  # ``limited``'s rate_limit, as Celery writes one
 
 late = os.environ.get(ACKS_LATE_ENV) == "1"
 app = Celery("sqlq-bench-q", broker=os.environ.get(REDIS_ENV, "redis://127.0.0.1:6379/0"))
@@ -44,3 +49,14 @@ def enqueue(ids: Iterable[int], sleep_s: float) -> None:
             chunk = []
     if chunk:
         group(work.s(j, sleep_s) for j in chunk).apply_async()
+
+
+@app.task(name="limited", rate_limit=os.environ.get(RATE_ENV, "50/s"))  # type: ignore[untyped-decorator]
+def limited() -> None:
+    stamp()
+
+
+def enqueue_limited(n: int) -> None:
+    """``n`` of ``limited``, ``BATCH`` a ``group``."""
+    for start in range(0, n, BATCH):
+        group(limited.s() for _ in range(min(BATCH, n - start))).apply_async()

@@ -100,6 +100,20 @@ def mark(i: int) -> None:
     os.write(_fd, b"%08d\n" % i)
 
 
+def stamp() -> None:
+    """Record when a job started, on the wall clock (experiment S's rate-limited peer):
+    one ``write`` of a fixed-width line to the file ``DONE_ENV`` names, as ``mark``."""
+    global _fd
+    if _fd is None:
+        _fd = os.open(os.environ[DONE_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_fd, b"%17.6f\n" % time.time())
+
+
+def stamps(path: Path) -> list[float]:
+    """The start times ``stamp`` recorded, sorted."""
+    return sorted(float(x) for x in path.read_bytes().split()) if path.exists() else []
+
+
 def marks(path: Path) -> list[int]:
     """The numbers of the jobs that ran, in the order they ran (the warm-up left out)."""
     if not path.exists():

@@ -55,6 +55,19 @@ def test_the_section_shows_postgres_bar_and_database_cost(tmp_path: Path) -> Non
     text = "\n".join(rep.lines)
     assert "| postgres | 11 | 200 | 250, 0 | 1000, 109 |" in text
     assert "bar: most in 1 s (bound 11)" in text
+    assert "The peer" not in text
+
+
+def test_the_section_sets_the_peers_rate_beside_sqlqs(tmp_path: Path) -> None:
+    celery = {"experiment": "S", "store": "celery", "label": "S/celery", "repeat": 0,
+              "rate": 50.0, "rate_s": 20.0, "most_1s": 98, "fewest_1s": 0, "most_10s": 130,
+              "fewest_10s": 27, "total": 161, "processes": 3, "version": "5.7.0"}  # fmt: skip
+    walq = {**_row("walq", 0), "total": 990}
+    rep = section_of(tmp_path, s_fair, [walq, celery])
+    text = "\n".join(rep.lines)
+    assert 'Celery 5.7.0\'s `rate_limit="50/s"`' in text
+    assert "| walq | 51 | 49 | 501 | 499 | 990 |" in text
+    assert "| celery | 98 | 0 | 130 | 27 | 161 |" in text
 
 
 @pytest.mark.slow
@@ -64,10 +77,13 @@ def test_quick_s_runs_on_the_durable_engines(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in (tmp_path / "S.jsonl").read_text().splitlines()]
-    assert {row["store"] for row in rows} == {"walq", "sqlite", "postgres"}
+    assert {row["store"] for row in rows} == {"walq", "sqlite", "postgres", "celery"}
+    [celery] = [row for row in rows if row["store"] == "celery"]
+    assert celery["processes"] == 3
+    assert celery["total"] > 0  # (what it reaches is the report's, not a pass/fail)
     [pg] = [row for row in rows if row["store"] == "postgres"]
     assert pg["bar_most_1s"] <= 11  # the bar's bound on two nodes: floor(10 * 1) + 1
-    for row in rows:
+    for row in [row for row in rows if row is not celery]:
         assert row["most_1s"] <= 51  # the rate's bound: floor(50 * 1) + 1
         assert row["fair_before"] <= 16 < row["fifo_before"]
         assert min(row["jain"]) > 0.9

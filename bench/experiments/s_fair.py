@@ -21,10 +21,16 @@ every start is read back from the server (each job's ``started_at``, its own clo
 - **Cost.** ``COST_JOBS`` no-op jobs over 10, 1,000 and 100,000 keys (capped at the jobs),
   and with no key, each drained alone. The server's CPU per job (``/stats``) and the drain
   rate are compared with the keyless drain's, in the same run.
-
-The peers' limits (dramatiq's and Celery's ``rate_limit``, BullMQ's group limiter) are
-not measured here yet. Celery's and dramatiq's count per worker process, so three
-processes start three times the rate; that claim is theirs, not this experiment's data.
+- **PostgreSQL** (``--stores postgres``): ``PG_NODES`` nodes on one throwaway database,
+  every figure over both; the issue's bar besides (``BAR_RATE``/s, burst 1, ``BAR_JOBS``
+  due jobs); the database's CPU per job (its processes') and the dead rows of
+  ``fair_keys`` after each cost drain. PostgreSQL claims a queue fairly only under a
+  policy, so the flood's, Jain's and the cost's queues get one nothing reaches.
+- **The peer**: Celery's ``rate_limit`` of ``RATE``/s on one task over ``PEER_PROCESSES``
+  worker processes on one Redis (Debian's ``redis-server``, which the bench starts),
+  counted as sqlq's starts are, from stamps the task writes. Celery limits each worker
+  process on its own (and on Redis, between bursts, a worker's next start waits for
+  its poll: celery/celery#5927). Run when Celery is installed (``sqlq[redis-peers]``).
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ from sqlq.bench.experiments.base import Run, ServedRun, by_store
 from sqlq.bench.experiments.j_runs import cluster
 from sqlq.bench.experiments.n_runs import pg_cpu
 from sqlq.bench.experiments.rows import CodedRow
-from sqlq.bench.report import Report, cell, med
+from sqlq.bench.report import Report, cell, group, med
+from sqlq.engines.registry import ALL
 
 NAME = "S"
 STORES = ("walq", "sqlite", "postgres")
@@ -57,6 +64,8 @@ BAR_RATE, BAR_JOBS = 10.0, 2_000  # the issue's bar, on PostgreSQL: rate 10/s, b
 # PostgreSQL claims a queue fairly only under a policy (without one, in the plain order):
 # the flood's and the cost's queues get one that sets a limit nothing reaches.
 PG_POLICY: dict[str, Any] = {"key_concurrency": 1_000_000}
+PEER_PROCESSES, PEER_CONCURRENCY = 3, 4  # Celery: worker processes, each a prefork pool
+PEER_UP_S = 60.0  # for the peer's workers to start taking jobs
 FLOOD, QUICK_FLOOD = 100_000, 5_000
 KEYS, PER_KEY, JAIN_MS, JAIN_W = 10, 1_000, 20, 10.0
 QUICK_PER_KEY, QUICK_JAIN_W = 200, 2.0
@@ -88,6 +97,8 @@ class SRow(CodedRow, kw_only=True):
     cost_db_us: dict[str, float] = msgspec.field(default_factory=dict)  # keys -> us a job
     cost_dead: dict[str, int] = msgspec.field(default_factory=dict)  # keys -> fair_keys dead
     cost_key_rows: dict[str, int] = msgspec.field(default_factory=dict)  # keys -> its rows
+    processes: int = 0  # a peer's worker processes, each limiting the rate on its own
+    version: str = ""  # a peer's
 
 
 ROW = SRow
@@ -375,7 +386,58 @@ class FairRun(ServedRun):
                 "cost_db_us": db, "cost_dead": dead, "cost_key_rows": rows}  # fmt: skip
 
 
-def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[Run]:
+@dataclass(frozen=True, kw_only=True)
+class CeleryRateRun(Run):
+    """The peer: Celery's ``rate_limit`` of ``RATE``/s on one task, over ``PEER_PROCESSES``
+    worker processes on one Redis, with a backlog that outlasts the window at any rate they
+    reach; every start stamped by the task itself, counted as sqlq's are."""
+
+    rate_s: int
+    version: str
+
+    def execute(self) -> dict[str, Any]:
+        import os
+        import subprocess
+        import sys
+
+        from sqlq.bench.experiments.q_redis import Child
+        from sqlq.bench.redis_celery import RATE_ENV
+        from sqlq.bench.redispeers import DONE_ENV, PEERS, REDIS_ENV, stamps
+        from sqlq.bench.redisserver import RedisServer
+
+        peer = PEERS["celery"]
+        jobs = int(PEER_PROCESSES * RATE * (self.rate_s + 4))
+        with tempfile.TemporaryDirectory(prefix="sqlq-s-celery-") as d, \
+                RedisServer("everysec") as r:  # fmt: skip
+            done = Path(d) / "starts"
+            env = {**os.environ, REDIS_ENV: r.url, DONE_ENV: str(done), RATE_ENV: f"{RATE:g}/s"}
+            code = f"from sqlq.bench.redis_celery import enqueue_limited as e; e({jobs})"
+            subprocess.run([sys.executable, "-c", code], env=env, check=True)
+            cmd = peer.worker(PEER_CONCURRENCY, r.url)
+            workers = [Child([*cmd, "-n", f"s{i}@%h"], env, Path(d) / f"worker{i}.log")
+                       for i in range(PEER_PROCESSES)]  # fmt: skip
+            try:
+                t0 = time.monotonic()
+                while not stamps(done) and time.monotonic() - t0 < PEER_UP_S:
+                    time.sleep(0.1)
+                time.sleep(self.rate_s + 1)
+            finally:
+                for w in workers:
+                    w.stop()
+            starts = stamps(done)
+        if not starts:
+            raise RuntimeError("the peer's workers started no job")
+        until = starts[0] + self.rate_s
+        starts = [t for t in starts if t <= until]
+        most_1, fewest_1 = _windows(starts, 1.0, until)
+        most_10, fewest_10 = _windows(starts, 10.0, until) if self.rate_s >= 10 else (0, 0)
+        return {"rate": RATE, "rate_s": self.rate_s, "most_1s": most_1, "fewest_1s": fewest_1,
+                "most_10s": most_10, "fewest_10s": fewest_10, "total": len(starts),
+                "processes": PEER_PROCESSES, "version": self.version}  # fmt: skip
+
+
+def runs(quick: bool, stores: tuple[str, ...], peers: bool = True) -> Iterator[Run]:
+    """sqlq on each engine asked for, then the peer (Celery's ``rate_limit``) if installed."""
     for store in stores:
         if store in STORES:
             yield FairRun(
@@ -386,11 +448,18 @@ def runs(quick: bool, stores: tuple[str, ...]) -> Iterator[Run]:
                 jain_w=QUICK_JAIN_W if quick else JAIN_W,
                 cost_jobs=QUICK_COST_JOBS if quick else COST_JOBS,
             )  # fmt: skip
+    from sqlq.bench.redispeers import available
+
+    version = available().get("celery") if peers else None
+    if version is not None:
+        yield CeleryRateRun(experiment=NAME, store="celery", label="S/celery",
+                            rate_s=QUICK_RATE_S if quick else RATE_S, version=version)  # fmt: skip
 
 
 def section(rep: Report) -> None:
     every, codes = rep.before_after(NAME, SRow)
-    rows = [r for r in every if r.code == codes[-1]] if every else []
+    ran = [r for r in every if r.code == codes[-1]] if every else []
+    rows = [r for r in ran if r.store in ALL]  # sqlq's; the peers' apart (``_peers``)
     if not rows:
         return
     first = rows[0]
@@ -465,4 +534,33 @@ def section(rep: Report) -> None:
             bar = f"{cell([r.bar_most_1s for r in rs], '{:.0f}')} | " \
                   f"{cell([r.bar_total for r in rs], '{:.0f}')}"  # fmt: skip
             rep.add(f"| {store} | {bar} | " + " | ".join(cells) + " |")
+    _peers(rep, rows, [r for r in ran if r.store not in ALL])
     rep.add("")
+
+
+def _peers(rep: Report, rows: list[SRow], peers: list[SRow]) -> None:
+    """The rate side by side: sqlq's key against a peer's task limited to the same rate."""
+    if not peers:
+        return
+    p = peers[0]
+    rep.add(
+        "",
+        f'The peer, in the same run: Celery {p.version}\'s `rate_limit="{p.rate:g}/s"` on one '
+        f"task, {p.processes} worker processes (prefork, {PEER_CONCURRENCY} each) on one Redis, "
+        "a backlog that outlasts the window at three times the rate; each start stamped by the "
+        "task. Celery limits each worker process on its own. Against sqlq's one key at the "
+        f"same rate, over {p.rate_s:g} s from the first start:",
+        "",
+        f"| system | most in 1 s (bound {math.floor(p.rate) + 1}) | fewest in 1 s | most in 10 s "
+        f"| fewest in 10 s | starts in {p.rate_s:g} s (r·W: {p.rate * p.rate_s:.0f}) |",
+        "|---|---:|---:|---:|---:|---:|",
+    )
+    groups = [*by_store(rows).items(), *group(peers, lambda r: r.store).items()]
+    for store, rs in groups:
+        rep.add(
+            f"| {store} | {cell([r.most_1s for r in rs], '{:.0f}')} | "
+            f"{cell([r.fewest_1s for r in rs], '{:.0f}')} | "
+            f"{cell([r.most_10s for r in rs], '{:.0f}')} | "
+            f"{cell([r.fewest_10s for r in rs], '{:.0f}')} | "
+            f"{cell([r.total for r in rs], '{:.0f}')} |"
+        )
