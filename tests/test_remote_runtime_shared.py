@@ -256,3 +256,26 @@ async def test_a_batch_whose_store_fails_one_item_answers_the_others(
     down.clear()
     [again] = (await a.remote.outcomes(second, ADMIN)).outcomes
     assert (again.state, again.error) == ("completed", None)
+
+
+async def test_a_long_poll_does_not_spin_once_another_queues_job_fell_due(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Review: the store's next due time is any queue's. Once it had passed and the claim
+    found nothing for this worker's queues, the wait slept 1 ms, again and again until
+    the cached time aged out (a poll): a spin. A past due time is waited on no more."""
+    db = RemoteDatabase()
+    a, _ = await two_nodes(services, fake_clock, db, poll_s=30.0, workers=0)
+    await submit(a, "k", queue="other", delay_ms=1000)  # no one here runs it
+    store = a.claims._store  # type: ignore[attr-defined]
+    calls = 0
+    claim_once = store.claim
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await claim_once(*args, **kwargs)
+
+    store.claim = counted
+    assert await claim(a, wait_s=20) == []
+    assert calls < 10  # woken at its due time once, then at the poll: not every 1 ms

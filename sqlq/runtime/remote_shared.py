@@ -133,8 +133,8 @@ class SharedSide:
                 due = None
             cached = self._next_due = (now, due)
         timeout = min(within, poll_s)
-        if cached[1] is not None:
-            timeout = min(timeout, max(0.0, cached[1] - now))
+        if cached[1] is not None and cached[1] > now:  # (past: its claim came and went; it
+            timeout = min(timeout, cached[1] - now)  # was another queue's, not a spin's)
         await wait_event(clock, bell, max(timeout, 0.001))
 
     async def current(self, ids: Sequence[str]) -> list[Job | None]:
