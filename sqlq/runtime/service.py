@@ -172,14 +172,16 @@ class Service:
             recovery = await self.store.open()
             self.recovery = recovery
             await self.claims.start(recovery)
-        await self.remote.start()
-        self.pool.start()
-        for queue, policy in self._policies.items():  # --queue-policy, the code's: as told
+        # --queue-policy, the code's: as told, before any worker claims (a fresh database
+        # has no row yet, and a queue's first jobs must not start past its limits)
+        for queue, policy in self._policies.items():
             if self.view.policies().get(queue) != policy:
                 try:
                     await self.claims.set_policy(queue, policy)
                 except ValidationError as exc:  # (a server always starts: a remote queue)
                     log.error("queue %s: its policy is not kept here: %s", queue, exc)
+        await self.remote.start()
+        self.pool.start()
         self.schedules.listed(await self.store.list_schedules())  # (their names count)
         await self.schedules.define(self._defined)
         self.ticker.start()
