@@ -119,7 +119,7 @@ def _flags(trial: PgTrial) -> tuple[str, ...]:
     return fairaudit.FLAGS if trial.workload == "fair" else ()
 
 
-async def _backends_gone(dsn: str, node_name: str, within: float = 30.0) -> None:
+async def _backends_gone(dsn: str, node_name: str, within: float = 30.0) -> bool:
     """Until no connection of the killed node is left in the database: a commit it sent
     just before the kill (waiting on the WAL's flush, or on a lock) lands or is undone
     first, so what it held is read whole. A backend notices its client's death at its next
@@ -130,8 +130,9 @@ async def _backends_gone(dsn: str, node_name: str, within: float = 30.0) -> None
         rows = await sql(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
                          name)  # fmt: skip
         if rows[0][0] == 0:
-            return
+            return True
         await asyncio.sleep(0.01)
+    return False
 
 
 async def _node_name(url: str) -> str:
@@ -172,7 +173,8 @@ async def _trial(cluster: Cluster, trial: PgTrial, workdir: Path, rng: random.Ra
         await asyncio.sleep(trial.kill_after_s)
         nodes[victim].kill()
         killed_at = time.monotonic()
-        await _backends_gone(dsn, victim_name)  # (a commit it sent may land after the kill)
+        if not await _backends_gone(dsn, victim_name):  # (a commit it sent may land later)
+            restart_problems.append("the killed node's connections outlived it by 30 s")
         rows = await sql(dsn, "SELECT id FROM jobs WHERE node = $1 AND state = 'running'",
                           victim_name)  # fmt: skip
         held_by_victim.update(r[0] for r in rows)
