@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+import pytest
+
 from sqlq.common import fair
 from sqlq.common.fair import Policy, Rate
 from sqlq.common.models import State
@@ -177,3 +180,63 @@ async def test_a_backlog_in_a_plain_queue_does_not_starve_a_queue_with_a_policy(
     await a.pause("fair", False)
     assert (await final(a, late.id, within=60)).state is State.COMPLETED
     assert STARTED.index("F") < 10  # a few turns in, not after the 40
+
+
+async def test_both_ways_of_reading_due_jobs_by_key_agree(pg_db: str) -> None:
+    """fair_read's due jobs by key, counted (due_grouped) or walked key by key, at most a
+    round's of each (due_walked): the same keys, the walk's counts capped at the round."""
+    import asyncpg
+
+    from sqlq.common.models import Job
+    from sqlq.engines.postgres.queries import Q
+    from sqlq.engines.postgres.store import PostgresStore
+
+    store = PostgresStore(pg_db)
+    await store.open()
+    try:
+        now = 1_000.0
+
+        def job(key: str | None, at: float = now - 5, kind: str = "k", pri: int = 0) -> Job:
+            return Job.new(kind=kind, args=None, now=at, ready_at=at, queue="q", key=key,
+                           priority=pri)  # fmt: skip
+
+        elsewhere = Job.new(kind="k", args=None, now=now, queue="other", key="A")
+        await store.commit([*(job("A", now - i) for i in range(50)), job("B", now - 1),
+                            job("B", now - 60, pri=-1), job(None), job(None, now - 9),
+                            job("C", now + 100), job("D", kind="other"), elsewhere])  # fmt: skip
+        conn = await asyncpg.connect(pg_db)
+        try:
+            for kinds in (None, ["k"]):
+                grouped = await conn.fetchrow(Q["fair_read_grouped"], "q", now, now, kinds)
+                walked = await conn.fetchrow(Q["fair_read_walked"], "q", now, now, kinds, 4)
+                g = {k: (n, oldest) for k, n, oldest, *_ in msgspec.json.decode(grouped["keys"])}
+                w = {k: (n, oldest) for k, n, oldest, *_ in msgspec.json.decode(walked["keys"])}
+                assert set(g) == set(w) == ({"A", "B", "", "D"} if kinds is None
+                                            else {"A", "B", ""})  # fmt: skip
+                assert g["A"] == (50, now - 49)
+                assert w["A"][0] == 4  # (a round of 4 takes no more)
+                assert g["B"] == w["B"] == (2, now - 60)
+                assert g[""] == w[""] == (2, now - 9)
+        finally:
+            await conn.close()
+    finally:
+        await store.close()
+
+
+async def test_a_keys_concurrency_holds_when_the_keys_are_counted(
+    nodes: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other way of reading due jobs (every due job counted: many keys) under the same
+    rules: the bar's concurrency across two nodes."""
+    from sqlq.engines.postgres import fair as pg_fair
+
+    monkeypatch.setattr(pg_fair, "WALK_KEYS", -1)
+    a, b = nodes(workers=4), nodes(workers=4)
+    for rt in (a, b):
+        await rt.start()
+    await a.set_policy("q", Policy(key_concurrency=2))
+    await b.queues()
+    jobs = [*await _submit(a, 8, "A", sleep=0.2), *await _submit(b, 8, "A", sleep=0.2)]
+    for job in jobs:
+        assert (await final(a, job.id, within=60)).state is State.COMPLETED
+    assert PEAK["q/A"] == 2

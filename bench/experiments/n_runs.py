@@ -76,13 +76,19 @@ def proc_cpu(pid: int) -> float:
 
 
 def pg_cpu() -> float:
-    """The CPU of the cluster's postmaster and every process it started."""
+    """The CPU of the cluster's postmaster and every process it started, those that ended
+    too (the postmaster's children's time, once it reaped them: an autovacuum worker's or a
+    closed connection's backend would otherwise take its CPU with it, and a difference of
+    two readings could come out below zero)."""
     root, total = cluster().pid(), 0.0
     for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
         try:
             with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            total += proc_cpu(pid) if root in (pid, ppid) else 0.0
+                fields = f.read().rsplit(")", 1)[1].split()
+            if pid == root:
+                total += sum(int(x) for x in fields[11:15]) / CLK  # its own and its reaped
+            elif int(fields[1]) == root:
+                total += (int(fields[11]) + int(fields[12])) / CLK
         except OSError:
             continue  # gone meanwhile
     return total

@@ -4,8 +4,9 @@
 One transaction a round, one node at a time (``FAIR_LOCK`` with the queue's name):
 
 1. read what the rules decide by (queries.sql ``fair_read``): the database's clock, the
-   due jobs by key, the attempts of each key running under unexpired leases (counted from
-   the rows, never kept as a counter that could leak), each key's bucket and finish tag
+   due jobs by key (walked key by key, at most a round's of each, or counted: ``_walk``),
+   the attempts of each key running under unexpired leases (counted from the rows, never
+   kept as a counter that could leak), each key's bucket and finish tag
    (``fair_keys``), the queue's virtual time and bucket (``fair_queues``), and the queue's
    policy as stored now (a node's copy is a census old: it only says which queues have one);
 2. plan the round in Python (``plan``: start-time fair queueing, each key's concurrency
@@ -59,6 +60,21 @@ def _stored(raw: str | None) -> Policy:
     return policy
 
 
+# How a round reads the due jobs by key (queries.sql due_walked or due_grouped): walking
+# the keys costs an index probe a key and reads at most a round's jobs of each, however
+# long its backlog (one tenant's flood of 100,000); counting every due job costs a row a
+# job. A queue whose last round here saw at most WALK_KEYS keys is walked.
+WALK_KEYS = 512
+_KEYS_SEEN: dict[str, int] = {}  # queue -> keys its last round here read
+_KEYS_SEEN_MOST = 1024
+
+
+def _walk(queue: str) -> bool:
+    if len(_KEYS_SEEN) > _KEYS_SEEN_MOST:
+        _KEYS_SEEN.clear()  # (a hint: forgetting it costs one round of the other way)
+    return _KEYS_SEEN.get(queue, 0) <= WALK_KEYS
+
+
 FAIR_LOCK = 0x5371_6C74  # with the queue's hash: one node at a time claims from a fair queue
 CAP_LOCK = 0x5371_6C73  # with the queue's hash: a capped queue's claims, fair or plain
 _NO_KEY = ""  # a job with no key, in the key tables (a key has a character at least)
@@ -86,7 +102,10 @@ async def fair_claim(
         if cap is not None:
             await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
         await conn.execute(Q["fair_lock"], FAIR_LOCK, queue)
-        row = await conn.fetchrow(Q["fair_read"], queue, now, now, kinds)
+        if _walk(queue):
+            row = await conn.fetchrow(Q["fair_read_walked"], queue, now, now, kinds, n)
+        else:
+            row = await conn.fetchrow(Q["fair_read_grouped"], queue, now, now, kinds)
         read = now if since is None else now + (time.perf_counter() - since)
         if row["paused"]:
             return [], None
@@ -101,6 +120,7 @@ async def fair_claim(
             )
             for k, due, oldest, running, tat, finish in msgspec.json.decode(row["keys"])
         }  # fmt: skip
+        _KEYS_SEEN[queue] = len(keys)
         if not keys:
             return [], None
         db_now = float(row["db_now"])

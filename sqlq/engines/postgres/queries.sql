@@ -448,7 +448,8 @@ SELECT pg_advisory_xact_lock($1, hashtext($2));
 -- name: fair_read
 -- What a fair queue's claim decides by, read under its lock (sqlq.engines.postgres.fair):
 -- the database's clock, whether it is paused, its due jobs by key (with the oldest's due
--- time) of the kinds $4 names (NULL: any), its running jobs by key under unexpired leases
+-- time) of the kinds $4 names (NULL: any; {due_by_key}: due_grouped or due_walked, $5 the
+-- most a round takes), its running jobs by key under unexpired leases
 -- ($3: the node's now, as every lease is written), each such key's row, and the queue's;
 -- and its policy as stored now (a node's may be a census old). The round's clock is also
 -- set for the rest of the transaction (sqlq_audit.fair_now), so an audit trigger can
@@ -458,10 +459,7 @@ SELECT c.db_now, set_config('sqlq_audit.fair_now', c.db_now::text, true) AS fair
        EXISTS (SELECT 1 FROM queues WHERE name = $1 AND paused) AS paused,
        (SELECT coalesce(json_agg(json_build_array(d.key, d.n, d.oldest, coalesce(r.n, 0),
                                                  k.tat, k.finish)), '[]')
-          FROM (SELECT coalesce(key, '') AS key, count(*) AS n, min(ready_at) AS oldest
-                  FROM jobs WHERE state = 'scheduled' AND queue = $1 AND ready_at <= $2
-                   AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
-                 GROUP BY 1) d
+          FROM ({due_by_key}) d
           LEFT JOIN (SELECT coalesce(key, '') AS key, count(*) AS n FROM jobs
                       WHERE state = 'running' AND queue = $1 AND lease_until > $3
                       GROUP BY 1) r ON r.key = d.key
@@ -471,6 +469,43 @@ SELECT c.db_now, set_config('sqlq_audit.fair_now', c.db_now::text, true) AS fair
        (SELECT tat FROM fair_queues WHERE queue = $1) AS queue_tat,
        (SELECT policy FROM policies WHERE name = $1) AS policy
   FROM (SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now) c;
+
+-- name: due_grouped
+-- fair_read's due jobs by key (key, n, oldest), one way: every due job of the queue read
+-- and counted. Cheapest when the keys are many and each holds few (fair.WALK_KEYS).
+SELECT coalesce(key, '') AS key, count(*) AS n, min(ready_at) AS oldest
+  FROM jobs WHERE state = 'scheduled' AND queue = $1 AND ready_at <= $2
+   AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
+ GROUP BY 1
+
+-- name: due_walked
+-- The other way: jobs_fair walked key by key (each next key found by one index probe,
+-- a skip scan), and of each key only its next $5 due jobs in claim order, which is all a
+-- round of $5 can take: n is at most $5, oldest the oldest of those. Cheap however long
+-- a few keys' backlogs are; a probe a key.
+WITH RECURSIVE walk AS (
+    (SELECT key FROM jobs WHERE state = 'scheduled' AND queue = $1 AND key IS NOT NULL
+      ORDER BY key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.key FROM jobs j WHERE j.state = 'scheduled' AND j.queue = $1
+               AND j.key > w.key ORDER BY j.key LIMIT 1)
+      FROM walk w WHERE w.key IS NOT NULL
+)
+SELECT w.key, t.n, t.oldest FROM walk w, LATERAL (
+    SELECT count(*) AS n, min(ready_at) AS oldest FROM (
+        SELECT ready_at FROM jobs
+         WHERE state = 'scheduled' AND queue = $1 AND key = w.key AND ready_at <= $2
+           AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
+         ORDER BY priority DESC, ready_at, id LIMIT $5) f
+) t
+ WHERE w.key IS NOT NULL AND t.n > 0
+UNION ALL
+SELECT '', count(*), min(ready_at) FROM (
+    SELECT ready_at FROM jobs
+     WHERE state = 'scheduled' AND queue = $1 AND key IS NULL AND ready_at <= $2
+       AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
+     ORDER BY priority DESC, ready_at, id LIMIT $5) f
+HAVING count(*) > 0
 
 -- name: fair_claim
 -- The jobs a fair queue's plan takes: for each key ($6) its next $7 due jobs (priority,
