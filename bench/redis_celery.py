@@ -56,7 +56,12 @@ def limited() -> None:
     stamp()
 
 
-def enqueue_limited(n: int) -> None:
-    """``n`` of ``limited``, ``BATCH`` a ``group``."""
+def enqueue_limited(n: int, workers: int = 0, within: float = 60.0) -> None:
+    """``n`` of ``limited``, ``BATCH`` a ``group``; first, until ``workers`` answer a ping
+    (so none starts after the backlog is queued, to find the others' burst taken)."""
+    deadline = time.monotonic() + within
+    while workers and len(app.control.ping(timeout=0.5)) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fewer than {workers} Celery workers answered in {within:g} s")
     for start in range(0, n, BATCH):
         group(limited.s() for _ in range(min(BATCH, n - start))).apply_async()
