@@ -172,12 +172,42 @@ def stored_policies(
     for queue, raw in rows:
         try:
             out[queue] = POLICY.decode(raw)
+            continue
         except (msgspec.DecodeError, ValueError) as exc:
-            log.error("queue %s: its stored policy does not decode, taken as %s: %s",
-                      queue, "none" if otherwise is None else "no limit", exc)  # fmt: skip
-            if otherwise is not None:
-                out[queue] = otherwise
+            error = exc
+        known = _known_fields(raw)  # a newer version's fields left out, its limits kept
+        if known is not None:
+            log.error("queue %s: its stored policy has fields this version does not know, "
+                      "left out: %s", queue, error)  # fmt: skip
+            out[queue] = known
+            continue
+        log.error("queue %s: its stored policy does not decode, taken as %s: %s",
+                  queue, "none" if otherwise is None else "no limit", error)  # fmt: skip
+        if otherwise is not None:
+            out[queue] = otherwise
     return out
+
+
+def _known_fields(raw: bytes | str) -> Policy | None:
+    """A stored policy with only the fields this version knows (of the policy, its rates and
+    its keys' overrides), if that decodes within today's bounds; else None."""
+
+    def only(d: object, cls: type[msgspec.Struct]) -> object:
+        if not isinstance(d, dict):
+            return d
+        out = {k: v for k, v in d.items() if k in cls.__struct_fields__}
+        for name in ("rate", "queue_rate"):
+            if name in out:
+                out[name] = only(out[name], Rate)
+        return out
+
+    try:
+        data = only(msgspec.json.decode(raw), Policy)
+        if isinstance(data, dict) and isinstance(data.get("keys"), dict):
+            data["keys"] = {k: only(v, KeyPolicy) for k, v in data["keys"].items()}
+        return msgspec.convert(data, Policy)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
+        return None
 
 
 def encode_policy(policy: Policy) -> str:

@@ -334,3 +334,18 @@ async def test_a_queue_turned_fair_again_relanes_the_keyed_jobs_waiting() -> Non
     sch.set_policy("default", None)
     got = [await sch.take() for _ in range(2)]
     assert {j.key for j in got} == {"A", "B"}
+
+
+def test_a_stored_policy_from_a_newer_version_keeps_the_limits_this_one_knows() -> None:
+    """Review: a field this version does not know made the whole policy undecodable, taken
+    as no limit on PostgreSQL, so a rolling upgrade dropped every limit of the queue. The
+    fields it knows are kept; what does not decode even so is ``otherwise``."""
+    newer = ('{"rate": {"per_s": 2, "burst": 1, "jitter": 3}, "key_concurrency": 2, '
+             '"newer": true, "keys": {"A": {"weight": 2, "x": 1}}}')  # fmt: skip
+    got = fair.stored_policies([("q", newer), ("bad", '{"rate": 5}')], Policy())
+    assert got["q"] == Policy(rate=Rate(per_s=2.0, burst=1), key_concurrency=2,
+                              keys={"A": KeyPolicy(weight=2)})  # fmt: skip
+    assert got["bad"] == Policy()
+    assert "bad" not in fair.stored_policies([("bad", '{"rate": 5}')])
+    too_big = '{"key_concurrency": 0, "newer": 1}'  # (below today's bound: not a limit)
+    assert fair.stored_policies([("q", too_big)], Policy())["q"] == Policy()

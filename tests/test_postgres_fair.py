@@ -208,7 +208,7 @@ async def test_both_ways_of_reading_due_jobs_by_key_agree(pg_db: str) -> None:
         try:
             for kinds in (None, ["k"]):
                 grouped = await conn.fetchrow(Q["fair_read_grouped"], "q", now, now, kinds)
-                walked = await conn.fetchrow(Q["fair_read_walked"], "q", now, now, kinds, 4)
+                walked = await conn.fetchrow(Q["fair_read_walked"], "q", now, now, kinds, 4, 8)
                 g = {k: (n, oldest) for k, n, oldest, *_ in msgspec.json.decode(grouped["keys"])}
                 w = {k: (n, oldest) for k, n, oldest, *_ in msgspec.json.decode(walked["keys"])}
                 assert set(g) == set(w) == ({"A", "B", "", "D"} if kinds is None
@@ -217,6 +217,11 @@ async def test_both_ways_of_reading_due_jobs_by_key_agree(pg_db: str) -> None:
                 assert w["A"][0] == 4  # (a round of 4 takes no more)
                 assert g["B"] == w["B"] == (2, now - 60)
                 assert g[""] == w[""] == (2, now - 9)
+            # past $6 keys with scheduled jobs (C's delayed one counts), a NULL key says so
+            stopped = await conn.fetchrow(Q["fair_read_walked"], "q", now, now, None, 4, 3)
+            keys = [k for k, *_ in msgspec.json.decode(stopped["keys"])]
+            assert None in keys
+            assert {"A", "B", ""} <= set(keys)
         finally:
             await conn.close()
     finally:

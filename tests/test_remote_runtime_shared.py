@@ -279,3 +279,18 @@ async def test_a_long_poll_does_not_spin_once_another_queues_job_fell_due(
     store.claim = counted
     assert await claim(a, wait_s=20) == []
     assert calls < 10  # woken at its due time once, then at the poll: not every 1 ms
+
+
+async def test_a_long_poll_takes_each_delayed_job_as_it_falls_due(
+    fake_clock: FakeClock, services: ServiceFactory
+) -> None:
+    """Review: a wait that waited on no past due time at all left the next delayed job of
+    its own queue a poll late (t=21 for a job due at t=2). A past time is read again, once."""
+    db = RemoteDatabase()
+    a, _ = await two_nodes(services, fake_clock, db, poll_s=30.0, workers=0)
+    t0 = fake_clock.time()
+    await submit(a, "k", queue="r", delay_ms=1000)
+    await submit(a, "k", queue="r", delay_ms=2000)
+    [_] = await claim(a, wait_s=20)
+    [_] = await claim(a, wait_s=20)
+    assert fake_clock.time() - t0 < 3.0

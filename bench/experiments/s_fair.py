@@ -423,6 +423,8 @@ class CeleryRateRun(Run):
                 while not stamps(done) and time.monotonic() - t0 < PEER_UP_S:
                     time.sleep(0.1)
                 time.sleep(self.rate_s + 1)
+                for w in workers:
+                    w.check()  # (each still running: else its row would be two processes')
             finally:
                 for w in workers:
                     w.stop()

@@ -126,15 +126,18 @@ class SharedSide:
         poll_s = self._claims.poll_s
         now = clock.time()
         cached = self._next_due
-        if cached is None or now - cached[0] > poll_s:
+        # Read again once it is a poll old, or once the time it held has come (its claim
+        # came and went: the next one is the store's to say; what the store answers is
+        # always ahead of now, so this never spins on a past time).
+        if cached is None or now - cached[0] > poll_s or (cached[1] or now + 1) <= now:
             try:
                 due = await self._store.next_due(now, remote=True)
             except StoreError:  # out of reach for now: the poll looks again
                 due = None
             cached = self._next_due = (now, due)
         timeout = min(within, poll_s)
-        if cached[1] is not None and cached[1] > now:  # (past: its claim came and went; it
-            timeout = min(timeout, cached[1] - now)  # was another queue's, not a spin's)
+        if cached[1] is not None and cached[1] > now:
+            timeout = min(timeout, cached[1] - now)
         await wait_event(clock, bell, max(timeout, 0.001))
 
     async def current(self, ids: Sequence[str]) -> list[Job | None]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -61,18 +62,33 @@ def _stored(raw: str | None) -> Policy:
 
 
 # How a round reads the due jobs by key (queries.sql due_walked or due_grouped): walking
-# the keys costs an index probe a key and reads at most a round's jobs of each, however
-# long its backlog (one tenant's flood of 100,000); counting every due job costs a row a
-# job. A queue whose last round here saw at most WALK_KEYS keys is walked.
+# the keys costs an index probe a key (any key with a scheduled job, due or not) and reads
+# at most a round's jobs of each, however long its backlog (one tenant's flood of 100,000);
+# counting every due job costs a row a job. A round walks, up to WALK_KEYS keys; a walk
+# that stops there (more keys) makes this node count instead for its next GROUPED_ROUNDS
+# rounds of that queue, then walk again.
 WALK_KEYS = 512
-_KEYS_SEEN: dict[str, int] = {}  # queue -> keys its last round here read
-_KEYS_SEEN_MOST = 1024
+GROUPED_ROUNDS = 100
+_GROUPED: dict[str, int] = {}  # queue -> rounds left to count, not walk (on this node)
+_GROUPED_MOST = 1024
 
 
-def _walk(queue: str) -> bool:
-    if len(_KEYS_SEEN) > _KEYS_SEEN_MOST:
-        _KEYS_SEEN.clear()  # (a hint: forgetting it costs one round of the other way)
-    return _KEYS_SEEN.get(queue, 0) <= WALK_KEYS
+async def _read(
+    conn: asyncpg.Connection, queue: str, now: float, kinds: Sequence[str] | None, n: int
+) -> tuple[asyncpg.Record, list[Any]]:
+    """``fair_read``'s row and its due jobs by key: walked, or counted (see above)."""
+    left = _GROUPED.get(queue, 0)
+    if left <= 0:
+        row = await conn.fetchrow(Q["fair_read_walked"], queue, now, now, kinds, n, WALK_KEYS)
+        due = msgspec.json.decode(row["keys"])
+        if all(d[0] is not None for d in due):  # (a NULL key: the walk stopped at WALK_KEYS)
+            return row, due
+        if len(_GROUPED) >= _GROUPED_MOST:
+            _GROUPED.clear()  # (a hint: forgetting it costs a walk)
+        left = GROUPED_ROUNDS
+    _GROUPED[queue] = left - 1
+    row = await conn.fetchrow(Q["fair_read_grouped"], queue, now, now, kinds)
+    return row, msgspec.json.decode(row["keys"])
 
 
 FAIR_LOCK = 0x5371_6C74  # with the queue's hash: one node at a time claims from a fair queue
@@ -102,10 +118,7 @@ async def fair_claim(
         if cap is not None:
             await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
         await conn.execute(Q["fair_lock"], FAIR_LOCK, queue)
-        if _walk(queue):
-            row = await conn.fetchrow(Q["fair_read_walked"], queue, now, now, kinds, n)
-        else:
-            row = await conn.fetchrow(Q["fair_read_grouped"], queue, now, now, kinds)
+        row, due = await _read(conn, queue, now, kinds, n)
         read = now if since is None else now + (time.perf_counter() - since)
         if row["paused"]:
             return [], None
@@ -118,9 +131,8 @@ async def fair_claim(
                 due=int(due), oldest=float(oldest), running=int(running), tat=tat,
                 finish=finish,
             )
-            for k, due, oldest, running, tat, finish in msgspec.json.decode(row["keys"])
+            for k, due, oldest, running, tat, finish in due
         }  # fmt: skip
-        _KEYS_SEEN[queue] = len(keys)
         if not keys:
             return [], None
         db_now = float(row["db_now"])

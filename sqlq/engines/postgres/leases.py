@@ -39,7 +39,7 @@ class Between:
 
     own: Tokens = field(default_factory=dict)
     remote: Tokens = field(default_factory=dict)
-    turns: int = 0
+    turns: list[int] = field(default_factory=lambda: [0, 0])  # this node's claims', remote
 
 
 async def claim(
@@ -82,8 +82,8 @@ async def claim(
     sources: list[str | None] = [None, *sorted(fair), *capped]  # None: the plain claim
     between = between or Between()
     tokens = between.remote if remote else between.own
-    turn = between.turns % len(sources)
-    between.turns += 1
+    turn = between.turns[remote] % len(sources)  # (apart: each side's turns its own)
+    between.turns[remote] += 1
     jobs: list[Job] = []
     for source in sources[turn:] + sources[:turn]:
         if len(jobs) >= n:
@@ -148,12 +148,10 @@ async def extend(conn: asyncpg.Connection, now: float, leases: Sequence[Lease]) 
 
 
 def next_token(tokens: Tokens, now: float) -> float | None:
-    """The earliest of the fair queues' next tokens (``claim``'s ``tokens``). One that has
-    come is told once and forgotten (the round it wakes leaves the next), so a queue whose
-    policy went away can't keep a claimer awake."""
-    if not tokens:
-        return None
-    token = min(tokens.values())
-    for queue in [q for q, t in tokens.items() if t <= now]:
-        del tokens[queue]
-    return token
+    """The earliest of the fair queues' next tokens still ahead of ``now`` (``claim``'s
+    tokens). One that has come is forgotten (the round it woke, or the next, leaves the
+    next), so a queue whose policy went away can't keep a claimer awake, and a waiter
+    that reads again at once never reads a past time twice."""
+    for key in [k for k, t in tokens.items() if t <= now]:
+        del tokens[key]
+    return min(tokens.values(), default=None)

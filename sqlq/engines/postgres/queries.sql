@@ -482,14 +482,15 @@ SELECT coalesce(key, '') AS key, count(*) AS n, min(ready_at) AS oldest
 -- The other way: jobs_fair walked key by key (each next key found by one index probe,
 -- a skip scan), and of each key only its next $5 due jobs in claim order, which is all a
 -- round of $5 can take: n is at most $5, oldest the oldest of those. Cheap however long
--- a few keys' backlogs are; a probe a key.
+-- a few keys' backlogs are; a probe a key. The walk stops past $6 keys with scheduled
+-- jobs, due or not, and says so by a row with a NULL key: then the round counts instead.
 WITH RECURSIVE walk AS (
-    (SELECT key FROM jobs WHERE state = 'scheduled' AND queue = $1 AND key IS NOT NULL
-      ORDER BY key LIMIT 1)
+    (SELECT key, 1 AS depth FROM jobs WHERE state = 'scheduled' AND queue = $1
+        AND key IS NOT NULL ORDER BY key LIMIT 1)
     UNION ALL
     SELECT (SELECT j.key FROM jobs j WHERE j.state = 'scheduled' AND j.queue = $1
-               AND j.key > w.key ORDER BY j.key LIMIT 1)
-      FROM walk w WHERE w.key IS NOT NULL
+               AND j.key > w.key ORDER BY j.key LIMIT 1), w.depth + 1
+      FROM walk w WHERE w.key IS NOT NULL AND w.depth <= $6
 )
 SELECT w.key, t.n, t.oldest FROM walk w, LATERAL (
     SELECT count(*) AS n, min(ready_at) AS oldest FROM (
@@ -498,7 +499,9 @@ SELECT w.key, t.n, t.oldest FROM walk w, LATERAL (
            AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
          ORDER BY priority DESC, ready_at, id LIMIT $5) f
 ) t
- WHERE w.key IS NOT NULL AND t.n > 0
+ WHERE w.key IS NOT NULL AND w.depth <= $6 AND t.n > 0
+UNION ALL
+SELECT NULL, 0, 0 FROM walk WHERE key IS NOT NULL AND depth > $6
 UNION ALL
 SELECT '', count(*), min(ready_at) FROM (
     SELECT ready_at FROM jobs
