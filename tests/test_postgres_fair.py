@@ -245,3 +245,31 @@ async def test_a_keys_concurrency_holds_when_the_keys_are_counted(
     for job in jobs:
         assert (await final(a, job.id, within=60)).state is State.COMPLETED
     assert PEAK["q/A"] == 2
+
+
+async def test_an_idle_queue_with_a_policy_costs_a_claim_no_round(
+    nodes: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S on PostgreSQL: five empty queues with policies took each claim of a plain queue
+    through five fair rounds (a transaction and a lock each), and its drain crawled. Only
+    a queue with a due job takes its turn."""
+    from sqlq.engines.postgres import leases
+
+    rounds: list[str] = []
+    real = leases.fair_claim
+
+    async def counted(conn: Any, queue: str, *args: Any) -> Any:
+        rounds.append(queue)
+        return await real(conn, queue, *args)
+
+    monkeypatch.setattr(leases, "fair_claim", counted)
+    a = nodes(workers=2)
+    await a.start()
+    for q in ("p1", "p2", "p3"):
+        await a.set_policy(q, Policy(key_concurrency=1))
+    for job in await _submit(a, 40, "A", queue="plain"):
+        assert (await final(a, job.id, within=60)).state is State.COMPLETED
+    assert rounds == []
+    [held] = await _submit(a, 1, "A", queue="p1")
+    assert (await final(a, held.id, within=60)).state is State.COMPLETED
+    assert set(rounds) == {"p1"}

@@ -62,9 +62,11 @@ async def claim(
     with neither a cap nor a policy), each queue with a policy by its own rules
     (``fair.fair_claim``), each capped queue under its lock. Which goes first moves on by
     one each claim, so a backlog in one never starves the others when the workers waiting
-    are few. Each fair round leaves in the tokens when its
-    queue's buckets next let a held job start (the entry gone: none held back). Both are
-    kept in ``between``, the tokens of a ``remote`` worker's claim apart."""
+    are few. A queue with a policy takes a turn only while it has a due job (``fair_due``,
+    one statement for all of them): an idle one would cost every claim a transaction.
+    Each fair round leaves in the tokens when its queue's buckets next let a held job
+    start (the entry gone: none held back). Both are kept in ``between``, the tokens of a
+    ``remote`` worker's claim apart."""
     started = time.perf_counter()
     left_out = set(besides)
     wanted = None if only is None else [q for q in dict.fromkeys(only) if q not in left_out]
@@ -79,9 +81,14 @@ async def claim(
     capped = sorted(q for q in caps if q not in left_out and q not in fair
                     and (wanted is None or q in wanted))  # fmt: skip
     skipped = sorted(left_out | set(caps) | set(policies or ()))
-    sources: list[str | None] = [None, *sorted(fair), *capped]  # None: the plain claim
     between = between or Between()
     tokens = between.remote if remote else between.own
+    if fair:  # only those with a due job pay a round (an idle one holds nothing back)
+        due = {r[0] for r in await conn.fetch(Q["fair_due"], sorted(fair), now, kind_list)}
+        for queue in fair - due:
+            tokens.pop((queue, kinds_key), None)
+        fair = due
+    sources: list[str | None] = [None, *sorted(fair), *capped]  # None: the plain claim
     turn = between.turns[remote] % len(sources)  # (apart: each side's turns its own)
     between.turns[remote] += 1
     jobs: list[Job] = []

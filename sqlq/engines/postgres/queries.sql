@@ -470,6 +470,14 @@ SELECT c.db_now, set_config('sqlq_audit.fair_now', c.db_now::text, true) AS fair
        (SELECT policy FROM policies WHERE name = $1) AS policy
   FROM (SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now) c;
 
+-- name: fair_due
+-- Of the queues with a policy $1, those with a due job of the kinds $3 names (NULL: any)
+-- now ($2): one probe each down jobs_fair, so a claim pays a fair round (a transaction,
+-- the queue's lock) only where one can take something.
+SELECT q FROM unnest($1::text[]) AS q
+ WHERE EXISTS (SELECT 1 FROM jobs WHERE state = 'scheduled' AND queue = q AND ready_at <= $2
+                  AND ($3::text[] IS NULL OR kind = ANY ($3::text[])));
+
 -- name: due_grouped
 -- fair_read's due jobs by key (key, n, oldest), one way: every due job of the queue read
 -- and counted. Cheapest when the keys are many and each holds few (fair.WALK_KEYS).
