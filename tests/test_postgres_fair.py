@@ -254,9 +254,9 @@ async def test_an_idle_queue_with_a_policy_costs_a_claim_no_round(
     through five fair rounds (a transaction and a lock each), and its drain crawled. Only
     a queue with a due job takes its turn."""
     from sqlq.engines.postgres import leases
+    from sqlq.engines.postgres.fair import fair_claim as real
 
     rounds: list[str] = []
-    real = leases.fair_claim
 
     async def counted(conn: Any, queue: str, *args: Any) -> Any:
         rounds.append(queue)
