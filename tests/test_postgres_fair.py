@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from sqlq.bench.fairaudit import most_in_window
 from sqlq.common import fair
 from sqlq.common.fair import Policy, Rate
 from sqlq.common.models import State
@@ -58,7 +59,7 @@ async def test_a_keys_rate_holds_across_two_nodes(nodes: Node) -> None:
     await wait_for(lambda: len(STARTED) >= 25, 30)
     done = await a.list_jobs(JobQuery(queue="q", state=State.COMPLETED, limit=1000))
     starts = sorted(j.started_at for j in done if j.started_at is not None)
-    most = max(sum(1 for u in starts if t <= u <= t + 1.0) for t in starts)
+    most = most_in_window(starts, 1.0)
     assert most <= fair.starts_bound(rate, 1.0) == 11
     assert {j.holder for j in done} == {None}  # (a completed job holds nothing)
 
@@ -137,7 +138,7 @@ async def test_a_node_that_has_not_heard_of_a_policy_does_not_pass_it(nodes: Nod
     for queue in ("q", "loose", "capped"):
         done = await a.list_jobs(JobQuery(queue=queue, limit=1000))
         starts = sorted(j.started_at for j in done if j.started_at is not None)
-        most = max((sum(1 for u in starts if t <= u <= t + 1.0) for t in starts), default=0)
+        most = most_in_window(starts, 1.0)
         assert most <= fair.starts_bound(Rate(per_s=2.0, burst=1), 1.0), (queue, starts)
     assert len(jobs) == 30
 
