@@ -273,6 +273,7 @@ class KeyState(msgspec.Struct, kw_only=True):
     running: int = 0
     tat: float | None = None
     finish: float | None = None
+    weight: int = 1  # its due jobs' (the largest of those read), unless an override says
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -344,7 +345,7 @@ def plan(
         started += 1
         if policy.fair:
             virtual = max(virtual, tag)
-            finishes[key] = finish_tag(tag, policy.weight_of(key, 1))
+            finishes[key] = finish_tag(tag, policy.weight_of(key, keys[key].weight))
         rate = policy.rate_of(key)
         if rate is not None:
             tats[key] = take_token(rate, tat_of(key), now)

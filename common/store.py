@@ -439,6 +439,12 @@ class SharedStore(JobStore, Protocol):
         """Every queue's policy as stored now (another node may have set one)."""
         ...
 
+    async def push_back(self, queue: str, key: str | None, hold_s: float) -> None:
+        """``key`` of the fair queue ``queue`` may start nothing for ``hold_s`` from now, on
+        the store's clock, by any node's claim (a handler's ``RateLimited``: its bucket
+        moves, ``sqlq.common.fair.push_back``)."""
+        ...
+
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         """The jobs among ``ids`` that are finished (completed, dead or cancelled), in one
         statement: how a node's waiters (``GET /jobs/{id}?wait=``) hear of other nodes'."""

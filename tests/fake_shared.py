@@ -35,6 +35,7 @@ class Database:
     notify: bool = True
     renewals: list[dict[str, Progress]] = field(default_factory=list)  # progress per renewal
     policies: dict[str, Policy] = field(default_factory=dict)  # queue -> policy
+    pushed_back: list[tuple[str, str | None, float]] = field(default_factory=list)
 
 
 class FakeSharedStore:
@@ -157,6 +158,10 @@ class FakeSharedStore:
 
     async def queue_policies(self) -> dict[str, Policy]:
         return dict(self.db.policies)
+
+    async def push_back(self, queue: str, key: str | None, hold_s: float) -> None:
+        """Recorded, not obeyed (as the policies: its claim keeps none)."""
+        self.db.pushed_back.append((queue, key, hold_s))
 
     async def finished(self, ids: Sequence[str]) -> list[Job]:
         return [j for i in ids if (j := self.db.inner._index.get(i)) is not None and j.terminal]

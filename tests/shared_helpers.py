@@ -11,6 +11,7 @@ import pytest
 
 from sqlq.common.backoff import RetryPolicy
 from sqlq.common.clock import SYSTEM_CLOCK
+from sqlq.common.errors import RateLimited
 from sqlq.common.models import Job
 from sqlq.common.specs import JobSpec
 from sqlq.engines.postgres.store import PostgresStore
@@ -52,6 +53,9 @@ RUNNING: Counter[str] = Counter()
 PEAK: Counter[str] = Counter()
 
 
+LIMITED: set[str] = set()  # the jobs whose handler raised RateLimited already
+
+
 def kinds(gate: asyncio.Event | None = None) -> Registry:
     reg = Registry()
 
@@ -60,6 +64,9 @@ def kinds(gate: asyncio.Event | None = None) -> Registry:
         queue = ctx.job.queue
         by_key = f"{queue}/{ctx.job.key}"  # (and by a fair claim's key)
         STARTED.append(args.get("name", ctx.job.id))
+        if args.get("limited") and ctx.job.id not in LIMITED:  # an upstream's 429, once
+            LIMITED.add(ctx.job.id)
+            raise RateLimited(args["limited"])
         RUNNING[queue] += 1
         RUNNING[by_key] += 1
         PEAK[queue] = max(PEAK[queue], RUNNING[queue])
@@ -80,6 +87,7 @@ def kinds(gate: asyncio.Event | None = None) -> Registry:
 def nodes(services: ServiceFactory, pg_db: str) -> Node:
     STARTED.clear()
     RUNNING.clear()
+    LIMITED.clear()
     PEAK.clear()
 
     def make(*, kinds_: Registry | None = None, **config: Any) -> Service:

@@ -23,7 +23,7 @@ from tests.shared_helpers import PEAK, STARTED, Node
 nodes = shared_helpers.nodes  # the fixture, by its name
 
 
-async def _submit(rt: Service, n: int, key: str, queue: str = "q", **args: Any) -> list[Any]:
+async def _submit(rt: Service, n: int, key: str | None, queue: str = "q", **args: Any) -> list[Any]:
     specs = [JobSpec(kind="work", queue=queue, key=key, args={"name": key, **args})
              for _ in range(n)]  # fmt: skip
     return (await rt.submit(specs, batch=True))[0]
@@ -268,9 +268,126 @@ async def test_an_idle_queue_with_a_policy_costs_a_claim_no_round(
     await a.start()
     for q in ("p1", "p2", "p3"):
         await a.set_policy(q, Policy(key_concurrency=1))
-    for job in await _submit(a, 40, "A", queue="plain"):
+    for job in await _submit(a, 40, None, queue="plain"):  # (no key: a plain queue)
         assert (await final(a, job.id, within=60)).state is State.COMPLETED
     assert rounds == []
     [held] = await _submit(a, 1, "A", queue="p1")
     assert (await final(a, held.id, within=60)).state is State.COMPLETED
     assert set(rounds) == {"p1"}
+
+
+async def _store(pg_db: str) -> Any:
+    from sqlq.engines.postgres.store import PostgresStore
+
+    store = PostgresStore(pg_db)
+    await store.open()
+    return store
+
+
+def _job(key: str | None, at: float, weight: int = 1, queue: str = "q") -> Any:
+    from sqlq.common.models import Job
+
+    return Job.new(kind="k", args=None, now=at, ready_at=at, queue=queue, key=key,
+                   weight=weight)  # fmt: skip
+
+
+def _by_key(jobs: list[Any]) -> dict[str | None, int]:
+    out: dict[str | None, int] = {}
+    for job in jobs:
+        out[job.key] = out.get(job.key, 0) + 1
+    return out
+
+
+async def test_a_queue_without_a_policy_is_fair_between_keys_once_a_census_saw_a_key(
+    pg_db: str,
+) -> None:
+    """Fairness is the default once keys are present, as in one process: a queue with no
+    policy was claimed oldest first on PostgreSQL, so B's one job waited for A's flood.
+    A census that saw a key makes the queue's claims fair rounds; one that sees none
+    makes them plain again."""
+    import time
+
+    store = await _store(pg_db)
+    try:
+        now = time.time()
+        await store.commit([*(_job("A", now - 100 + i) for i in range(50)), _job("B", now - 1)])
+        first = await store.claim(4, now, now + 60, {})
+        assert _by_key(first) == {"A": 4}  # (no census yet: oldest first, no limit passed)
+        await store.census()
+        fair_round = await store.claim(4, now, now + 60, {})
+        assert _by_key(fair_round) == {"A": 3, "B": 1}
+        rest = await store.claim(100, now, now + 60, {})
+        assert _by_key(rest) == {"A": 43}
+        await store.commit([_job(None, now - 1)])
+        await store.census()  # (no scheduled job with a key left: plain again)
+        assert not store._between.keyed
+        assert _by_key(await store.claim(4, now, now + 60, {})) == {None: 1}
+    finally:
+        await store.close()
+
+
+async def test_keys_share_a_queue_by_their_jobs_weights(pg_db: str) -> None:
+    """A job's weight counted on PostgreSQL only by a per-key override: A's jobs of weight 3
+    against B's of 1 took a round half each. Now a key's due jobs' weight is its share."""
+    import time
+
+    store = await _store(pg_db)
+    try:
+        now = time.time()
+        await store.commit([*(_job("A", now - 50 + i, weight=3) for i in range(40)),
+                            *(_job("B", now - 50 + i) for i in range(40))])  # fmt: skip
+        await store.census()
+        taken = await store.claim(20, now, now + 60, {})
+        assert _by_key(taken) == {"A": 15, "B": 5}
+    finally:
+        await store.close()
+
+
+async def test_a_pushed_back_key_starts_nothing_until_then_on_any_node(pg_db: str) -> None:
+    """A handler's RateLimited moves its key's bucket in the database, for every node: on
+    PostgreSQL it moved nothing, and the key's next job started at its next token."""
+    import time
+
+    store, other = await _store(pg_db), await _store(pg_db)
+    try:
+        policy = Policy(rate=Rate(per_s=1.0, burst=1))
+        await store.set_queue_policy("q", policy)
+        now = time.time()
+        await store.commit([*(_job("A", now - 9 + i) for i in range(5)),
+                            *(_job("B", now - 9 + i) for i in range(5))])  # fmt: skip
+        await store.push_back("q", "A", 3600.0)
+        await store.push_back("q", "A", 1.0)  # (a shorter one never brings it forward)
+        await store.push_back("q", "C", 5.0)  # (a key with no row yet gets one)
+        taken = await other.claim(10, now, now + 60, {}, policies={"q": policy})
+        assert _by_key(taken) == {"B": 1}  # (burst 1: one a round; A's bucket is an hour out)
+        token = await other.next_due(time.time())
+        assert token is not None
+        assert token < time.time() + 2
+        conn = await other._db.writer()
+        rows = dict(await conn.fetch("SELECT key, tat FROM fair_keys WHERE queue = 'q'"))
+        assert rows["A"] > time.time() + 3500
+        assert time.time() < rows["C"] < time.time() + 6
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_a_handlers_rate_limited_holds_its_keys_other_jobs_across_nodes(
+    nodes: Node,
+) -> None:
+    """End to end: key A at 1/s; its first job's handler says "not for 2 s". A's next job
+    started a token (1 s) later on PostgreSQL; now not before the 2 s are over, on
+    either node."""
+    a, b = nodes(workers=4), nodes(workers=4)
+    for rt in (a, b):
+        await rt.start()
+    await a.set_policy("q", Policy(rate=Rate(per_s=1.0, burst=1)))
+    await b.queues()
+    [first] = await _submit(a, 1, "A", limited=2.0)
+    await wait_for(lambda: STARTED.count("A") >= 1, 30)
+    [second] = await _submit(b, 1, "A")
+    done = await final(a, second.id, within=60)
+    assert done.state is State.COMPLETED
+    assert done.started_at is not None
+    assert done.started_at - first.created_at >= 2.0
+    assert (await final(a, first.id, within=60)).state is State.COMPLETED

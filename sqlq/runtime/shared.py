@@ -41,6 +41,7 @@ from typing import Any
 
 import msgspec
 
+from sqlq.common import fair
 from sqlq.common.errors import StoreError
 from sqlq.common.lease import cut_at
 from sqlq.common.models import JSON, Job, State, Transition
@@ -370,6 +371,22 @@ class SharedClaims(CensusViews, ClaimsBase):
         """With the next renewal (fenced like the lease), not a write of its own."""
         claim.job = msgspec.structs.replace(claim.job, progress=progress)
         self._progress[claim.job.id] = progress
+
+    def rate_limited(self, claim: Claim, after_s: float) -> None:
+        """The key's bucket moves for every node (``SharedStore.push_back``), by the rate this
+        node knows for it, in a write of its own beside the snooze's. One the store failed
+        is logged: the snooze holds this job back, only the key's others may start sooner."""
+        job = claim.job
+        policy = self._policies.get(job.queue)
+        rate = None if policy is None else policy.rate_of(job.key)
+        if rate is not None:
+            self._in_background(self._push_back(job, fair.push_back(rate, 0.0, 0.0, after_s)))
+
+    async def _push_back(self, job: Job, hold_s: float) -> None:
+        try:
+            await self._store.push_back(job.queue, job.key, hold_s)
+        except StoreError as exc:
+            log.warning("job %s: its key's bucket was not moved (%s)", job.id, exc)
 
     async def _write_request(self, claim: Claim, t: Transition) -> None:
         asked = await self._store.request_cancel(t.job_id, t.updated_at)

@@ -17,7 +17,8 @@ One transaction a round, one node at a time (``FAIR_LOCK`` with the queue's name
 A queue with a policy row is claimed by fair rounds alone: the plain claim reads the
 policies and leaves such queues out, so a node that has not heard of a new policy claims
 nothing there rather than pass its limits, and a plain policy (``fair: false``, or none of
-the limits) is claimed here too.
+the limits) is claimed here too. So is a queue without one that held a job with a key at
+the node's last census (``leases.claim``): fair between keys, no limit.
 
 The keys come from the due jobs themselves, so a key's row can never strand a job (a
 job whose key has no row yet starts with a full bucket at the virtual time), and a claim
@@ -36,7 +37,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from sqlq.common.fair import KeyState, Policy, plan, stored_policies
+from sqlq.common.fair import KeyState, Policy, encode_policy, plan, stored_policies
 from sqlq.common.models import Job
 from sqlq.engines.postgres.flows import job_of
 from sqlq.engines.postgres.queries import Q
@@ -129,9 +130,9 @@ async def fair_claim(
         keys = {
             (None if k == _NO_KEY else k): KeyState(
                 due=int(due), oldest=float(oldest), running=int(running), tat=tat,
-                finish=finish,
+                finish=finish, weight=int(weight),
             )
-            for k, due, oldest, running, tat, finish in due
+            for k, due, oldest, running, tat, finish, weight in due
         }  # fmt: skip
         if not keys:
             return [], None
@@ -155,3 +156,23 @@ async def fair_claim(
             made.virtual, made.queue_tat,
         )  # fmt: skip
     return [job_of(r) for r in rows], wake
+
+
+async def set_policy(conn: asyncpg.Connection, queue: str, policy: Policy | None) -> None:
+    raw = None if policy is None else encode_policy(policy)
+    await conn.fetchrow(Q["set_policy"], queue, raw)
+
+
+async def policies(conn: asyncpg.Connection) -> dict[str, Policy]:
+    """Every policy row (one that no longer decodes: no limit, ``stored_policies``)."""
+    rows = await conn.fetch(Q["policies"])
+    return stored_policies([(r[0], r[1]) for r in rows], _PLAIN)
+
+
+async def push_back(conn: asyncpg.Connection, queue: str, key: str | None, hold_s: float) -> None:
+    """``key``'s bucket in ``queue`` allows no start before ``hold_s`` from now, on the
+    database's clock (a handler's ``RateLimited``: ``sqlq.common.fair.push_back``), under
+    the queue's lock, so a round in flight can't write its older bucket over it."""
+    async with conn.transaction():
+        await conn.execute(Q["fair_lock"], FAIR_LOCK, queue)
+        await conn.execute(Q["fair_push_back"], queue, key or _NO_KEY, hold_s)

@@ -35,11 +35,13 @@ Tokens = dict[tuple[str, tuple[str, ...] | None], float]  # (queue, kinds) -> ne
 @dataclass
 class Between:
     """What a store's claims remember from one to the next: the fair queues' next tokens,
-    of this node's claims and of remote workers' apart (``next_token``), and the turns."""
+    of this node's claims and of remote workers' apart (``next_token``), the turns, and
+    the queues that held a scheduled job with a key at the last census (``keyed``)."""
 
     own: Tokens = field(default_factory=dict)
     remote: Tokens = field(default_factory=dict)
     turns: list[int] = field(default_factory=lambda: [0, 0])  # this node's claims', remote
+    keyed: frozenset[str] = frozenset()
 
 
 async def claim(
@@ -60,11 +62,14 @@ async def claim(
 
     The queues are claimed from in turns: the plain claim (one statement for every queue
     with neither a cap nor a policy), each queue with a policy by its own rules
-    (``fair.fair_claim``), each capped queue under its lock. Which goes first moves on by
-    one each claim, so a backlog in one never starves the others when the workers waiting
-    are few. A queue with a policy takes a turn only while it has a due job (``fair_due``,
-    one statement for all of them): an idle one would cost every claim a transaction.
-    Each fair round leaves in the tokens when its queue's buckets next let a held job
+    (``fair.fair_claim``), each capped queue under its lock. A queue without a policy that
+    held a job with a key at the last census (``between.keyed``) is fair between its keys
+    too, as a queue in one process is while it holds one: no limit, so a node whose census
+    is a second old claims it plainly meanwhile, and passes nothing but the order. Which
+    goes first moves on by one each claim, so a backlog in one never starves the others
+    when the workers waiting are few. A fair queue takes a turn only while it has a due
+    job (``fair_due``, one statement for all of them): an idle one would cost every claim
+    a transaction. Each fair round leaves in the tokens when its queue's buckets next let a held job
     start (the entry gone: none held back). Both are kept in ``between``, the tokens of a
     ``remote`` worker's claim apart."""
     started = time.perf_counter()
@@ -77,11 +82,12 @@ async def claim(
     # Every queue with a policy, a plain one too (``fair: false``, or no limit): the plain
     # and the capped claims leave every such queue out (the policies are rows they read),
     # so only a fair round claims from it.
-    fair = {q for q in (policies or {}) if q not in left_out and (wanted is None or q in wanted)}
+    between = between or Between()
+    ruled = set(policies or ()) | between.keyed
+    fair = {q for q in ruled if q not in left_out and (wanted is None or q in wanted)}
     capped = sorted(q for q in caps if q not in left_out and q not in fair
                     and (wanted is None or q in wanted))  # fmt: skip
-    skipped = sorted(left_out | set(caps) | set(policies or ()))
-    between = between or Between()
+    skipped = sorted(left_out | set(caps) | ruled)
     tokens = between.remote if remote else between.own
     if fair:  # only those with a due job pay a round (an idle one holds nothing back)
         due = {r[0] for r in await conn.fetch(Q["fair_due"], sorted(fair), now, kind_list)}

@@ -256,7 +256,9 @@ released AS (
 SELECT count(*) FROM released;
 
 -- name: census
-SELECT queue, state, count(*) FROM jobs
+-- Live jobs by queue and state, and how many have a key (a queue holding a scheduled one
+-- is fair between its keys: leases.claim).
+SELECT queue, state, count(*), count(key) FROM jobs
  WHERE state IN ('scheduled', 'running')
  GROUP BY queue, state;
 
@@ -458,7 +460,7 @@ SELECT pg_advisory_xact_lock($1, hashtext($2));
 SELECT c.db_now, set_config('sqlq_audit.fair_now', c.db_now::text, true) AS fair_now,
        EXISTS (SELECT 1 FROM queues WHERE name = $1 AND paused) AS paused,
        (SELECT coalesce(json_agg(json_build_array(d.key, d.n, d.oldest, coalesce(r.n, 0),
-                                                 k.tat, k.finish)), '[]')
+                                                 k.tat, k.finish, d.weight)), '[]')
           FROM ({due_by_key}) d
           LEFT JOIN (SELECT coalesce(key, '') AS key, count(*) AS n FROM jobs
                       WHERE state = 'running' AND queue = $1 AND lease_until > $3
@@ -471,17 +473,18 @@ SELECT c.db_now, set_config('sqlq_audit.fair_now', c.db_now::text, true) AS fair
   FROM (SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now) c;
 
 -- name: fair_due
--- Of the queues with a policy $1, those with a due job of the kinds $3 names (NULL: any)
--- now ($2): one probe each down jobs_fair, so a claim pays a fair round (a transaction,
--- the queue's lock) only where one can take something.
+-- Of the fair queues $1 (a policy, or a key at the last census), those with a due job of
+-- the kinds $3 names (NULL: any) now ($2): one probe each down jobs_fair, so a claim pays
+-- a fair round (a transaction, the queue's lock) only where one can take something.
 SELECT q FROM unnest($1::text[]) AS q
  WHERE EXISTS (SELECT 1 FROM jobs WHERE state = 'scheduled' AND queue = q AND ready_at <= $2
                   AND ($3::text[] IS NULL OR kind = ANY ($3::text[])));
 
 -- name: due_grouped
--- fair_read's due jobs by key (key, n, oldest), one way: every due job of the queue read
--- and counted. Cheapest when the keys are many and each holds few (fair.WALK_KEYS).
-SELECT coalesce(key, '') AS key, count(*) AS n, min(ready_at) AS oldest
+-- fair_read's due jobs by key (key, n, oldest, weight: the largest of its due jobs'), one
+-- way: every due job of the queue read and counted. Cheapest when the keys are many and
+-- each holds few (fair.WALK_KEYS).
+SELECT coalesce(key, '') AS key, count(*) AS n, min(ready_at) AS oldest, max(weight) AS weight
   FROM jobs WHERE state = 'scheduled' AND queue = $1 AND ready_at <= $2
    AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
  GROUP BY 1
@@ -489,8 +492,8 @@ SELECT coalesce(key, '') AS key, count(*) AS n, min(ready_at) AS oldest
 -- name: due_walked
 -- The other way: jobs_fair walked key by key (each next key found by one index probe,
 -- a skip scan), and of each key only its next $5 due jobs in claim order, which is all a
--- round of $5 can take: n is at most $5, oldest the oldest of those. Cheap however long
--- a few keys' backlogs are; a probe a key. The walk stops past $6 keys with scheduled
+-- round of $5 can take: n is at most $5, oldest the oldest of those, weight the largest of
+-- theirs. Cheap however long a few keys' backlogs are; a probe a key. The walk stops past $6 keys with scheduled
 -- jobs, due or not, and says so by a row with a NULL key: then the round counts instead.
 WITH RECURSIVE walk AS (
     (SELECT key, 1 AS depth FROM jobs WHERE state = 'scheduled' AND queue = $1
@@ -500,19 +503,19 @@ WITH RECURSIVE walk AS (
                AND j.key > w.key ORDER BY j.key LIMIT 1), w.depth + 1
       FROM walk w WHERE w.key IS NOT NULL AND w.depth <= $6
 )
-SELECT w.key, t.n, t.oldest FROM walk w, LATERAL (
-    SELECT count(*) AS n, min(ready_at) AS oldest FROM (
-        SELECT ready_at FROM jobs
+SELECT w.key, t.n, t.oldest, t.weight FROM walk w, LATERAL (
+    SELECT count(*) AS n, min(ready_at) AS oldest, max(weight) AS weight FROM (
+        SELECT ready_at, weight FROM jobs
          WHERE state = 'scheduled' AND queue = $1 AND key = w.key AND ready_at <= $2
            AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
          ORDER BY priority DESC, ready_at, id LIMIT $5) f
 ) t
  WHERE w.key IS NOT NULL AND w.depth <= $6 AND t.n > 0
 UNION ALL
-SELECT NULL, 0, 0 FROM walk WHERE key IS NOT NULL AND depth > $6
+SELECT NULL, 0, 0, 1 FROM walk WHERE key IS NOT NULL AND depth > $6
 UNION ALL
-SELECT '', count(*), min(ready_at) FROM (
-    SELECT ready_at FROM jobs
+SELECT '', count(*), min(ready_at), max(weight) FROM (
+    SELECT ready_at, weight FROM jobs
      WHERE state = 'scheduled' AND queue = $1 AND key IS NULL AND ready_at <= $2
        AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
      ORDER BY priority DESC, ready_at, id LIMIT $5) f
@@ -544,6 +547,14 @@ WITH want AS (
     SELECT due_id FROM keyed UNION ALL SELECT due_id FROM keyless
 )
 {claimed}
+
+-- name: fair_push_back
+-- A handler's RateLimited: key $2 of queue $1 may start nothing for $3 seconds, on the
+-- database's clock as its rounds count (the caller holds the queue's FAIR_LOCK). A key
+-- without a row gets one (its finish tag NULL: the virtual time, as for any new key).
+INSERT INTO fair_keys (queue, key, tat)
+VALUES ($1, $2, extract(epoch FROM clock_timestamp())::float8 + $3)
+ON CONFLICT (queue, key) DO UPDATE SET tat = greatest(fair_keys.tat, excluded.tat);
 
 -- name: fair_save
 -- The plan's state: each key's bucket and finish tag ($2..$4), the queue's virtual time and

@@ -31,7 +31,7 @@ from sqlq.common.clock import SYSTEM_CLOCK, Clock
 from sqlq.common.engine.cascade import tell
 from sqlq.common.engine.groupcommit import BatchObserver, Committing, GroupCommitter, Pending
 from sqlq.common.errors import StoreError, StoreUnavailableError, ValidationError
-from sqlq.common.fair import Policy, encode_policy, stored_policies
+from sqlq.common.fair import Policy
 from sqlq.common.models import Job, State
 from sqlq.common.running import Progress
 from sqlq.common.schedule import Schedule, key_range
@@ -51,7 +51,7 @@ from sqlq.common.store import (
     SyncLevel,
 )
 from sqlq.engines.listing import postgres_args, postgres_shape
-from sqlq.engines.postgres import flows, leases, signing
+from sqlq.engines.postgres import fair, flows, leases, signing
 from sqlq.engines.postgres.batch import (
     Encoded,
     fast_path_safe,
@@ -261,16 +261,16 @@ class PostgresStore(Committing):
         return [r[0] for r in await self._read(lambda c: c.fetch(Q["paused"]))]
 
     async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
-        raw = None if policy is None else encode_policy(policy)
-        await self._read(lambda c: c.fetchrow(Q["set_policy"], queue, raw))
+        await self._read(lambda c: fair.set_policy(c, queue, policy))
 
     async def queue_policies(self) -> dict[str, Policy]:
-        rows = await self._read(lambda c: c.fetch(Q["policies"]))
-        return stored_policies([(r[0], r[1]) for r in rows], Policy())  # (see its docstring)
+        return await self._read(fair.policies)
+
+    async def push_back(self, queue: str, key: str | None, hold_s: float) -> None:
+        await self._read(lambda c: fair.push_back(c, queue, key, hold_s), "key")
 
     async def finished(self, ids: Sequence[str]) -> list[Job]:
-        rows = await self._read(lambda c: c.fetch(Q["finished"], list(ids)))
-        return [job_of(r) for r in rows]
+        return list(map(job_of, await self._read(lambda c: c.fetch(Q["finished"], list(ids)))))
 
     async def workflow(self, workflow_id: str) -> list[Job]:
         return await self._read(lambda c: flows.workflow(c, workflow_id), "workflow_id")
@@ -343,8 +343,7 @@ class PostgresStore(Committing):
         return job_of(tuple(row)[:ROW_WIDTH])
 
     async def expired(self, now: float, limit: int) -> list[Job]:
-        rows = await self._read(lambda c: c.fetch(Q["expired"], now, limit))
-        return [job_of(r) for r in rows]
+        return list(map(job_of, await self._read(lambda c: c.fetch(Q["expired"], now, limit))))
 
     async def release(self, now: float) -> int:
         released: int = await self._read(lambda c: c.fetchval(Q["release"], self.node, now))
@@ -352,6 +351,7 @@ class PostgresStore(Committing):
 
     async def census(self) -> list[QueueCount]:
         rows = await self._read(lambda c: c.fetch(Q["census"]))
+        self._between.keyed = frozenset(r[0] for r in rows if r[3] and r[1] == "scheduled")
         return [QueueCount(r[0], State(r[1]), int(r[2])) for r in rows]
 
     async def nodes(self, now: float) -> list[dict[str, Any]]:
