@@ -183,9 +183,10 @@ async def test_a_backlog_in_a_plain_queue_does_not_starve_a_queue_with_a_policy(
     assert STARTED.index("F") < 10  # a few turns in, not after the 40
 
 
-async def test_both_ways_of_reading_due_jobs_by_key_agree(pg_db: str) -> None:
-    """fair_read's due jobs by key, counted (due_grouped) or walked key by key, at most a
-    round's of each (due_walked): the same keys, the walk's counts capped at the round."""
+async def test_a_round_walks_the_keys_and_past_its_window_sweeps_on(pg_db: str) -> None:
+    """fair_read's due jobs by key (due_walked): each key's next jobs, at most a round's of
+    each, whatever its backlog; past $6 keys a row with a NULL key says more are left, and
+    a round begun after a key ($7) reads on from there."""
     import asyncpg
 
     from sqlq.common.models import Job
@@ -206,46 +207,49 @@ async def test_both_ways_of_reading_due_jobs_by_key_agree(pg_db: str) -> None:
                             job("B", now - 60, pri=-1), job(None), job(None, now - 9),
                             job("C", now + 100), job("D", kind="other"), elsewhere])  # fmt: skip
         conn = await asyncpg.connect(pg_db)
+
+        async def read(kinds: list[str] | None, most: int, after: str = "") -> dict[Any, Any]:
+            row = await conn.fetchrow(Q["fair_read"], "q", now, now, kinds, 4, most, after)
+            return {k: (n, oldest, depth) for k, n, oldest, *_, depth
+                    in msgspec.json.decode(row["keys"])}  # fmt: skip
+
         try:
-            for kinds in (None, ["k"]):
-                grouped = await conn.fetchrow(Q["fair_read_grouped"], "q", now, now, kinds)
-                walked = await conn.fetchrow(Q["fair_read_walked"], "q", now, now, kinds, 4, 8)
-                g = {k: (n, oldest) for k, n, oldest, *_ in msgspec.json.decode(grouped["keys"])}
-                w = {k: (n, oldest) for k, n, oldest, *_ in msgspec.json.decode(walked["keys"])}
-                assert set(g) == set(w) == ({"A", "B", "", "D"} if kinds is None
-                                            else {"A", "B", ""})  # fmt: skip
-                assert g["A"] == (50, now - 49)
-                assert w["A"][0] == 4  # (a round of 4 takes no more)
-                assert g["B"] == w["B"] == (2, now - 60)
-                assert g[""] == w[""] == (2, now - 9)
-            # past $6 keys with scheduled jobs (C's delayed one counts), a NULL key says so
-            stopped = await conn.fetchrow(Q["fair_read_walked"], "q", now, now, None, 4, 3)
-            keys = [k for k, *_ in msgspec.json.decode(stopped["keys"])]
-            assert None in keys
-            assert {"A", "B", ""} <= set(keys)
+            every = await read(None, 8)
+            assert every == {"A": (4, now - 49, 1), "B": (2, now - 60, 2), "C": (0, None, 3),
+                             "D": (1, now - 5, 4), "": (2, now - 9, 0)}  # fmt: skip
+            assert (await read(["k"], 8))["D"][0] == 0  # (D's job is of another kind)
+            window = await read(None, 2)  # (C's delayed job counts as a key walked)
+            assert set(window) == {"A", "B", "", None}
+            assert set(await read(None, 2, after="B")) == {"C", "D", ""}
         finally:
             await conn.close()
     finally:
         await store.close()
 
 
-async def test_a_keys_concurrency_holds_when_the_keys_are_counted(
+async def test_past_its_window_a_sweep_serves_every_key_and_holds_the_limits(
     nodes: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The other way of reading due jobs (every due job counted: many keys) under the same
-    rules: the bar's concurrency across two nodes."""
+    """More keys than a round reads (WALK_KEYS 3 here, for 12 keys): rounds sweep them in
+    turns, every key's jobs are claimed, a key's concurrency holds across two nodes, and a
+    round short of jobs goes on to the keys after its window, not to a poll."""
     from sqlq.engines.postgres import fair as pg_fair
 
-    monkeypatch.setattr(pg_fair, "WALK_KEYS", -1)
-    a, b = nodes(workers=4), nodes(workers=4)
+    monkeypatch.setattr(pg_fair, "WALK_KEYS", 3)
+    a, b = nodes(workers=4, poll_s=600.0), nodes(workers=4, poll_s=600.0)
     for rt in (a, b):
         await rt.start()
-    await a.set_policy("q", Policy(key_concurrency=2))
+    await a.set_policy("q", Policy(key_concurrency=1))
     await b.queues()
-    jobs = [*await _submit(a, 8, "A", sleep=0.2), *await _submit(b, 8, "A", sleep=0.2)]
+    later = [JobSpec(kind="work", queue="q", key=f"a{i}", delay_ms=3_600_000) for i in range(6)]
+    await a.pause("q", True)  # (one kick at the resume: no submission's wakes a claimer)
+    await a.submit(later, batch=True)  # (the first windows: keys with no due job)
+    jobs = [job for i in range(12) for job in await _submit(a, 3, f"k{i:02}", sleep=0.02)]
+    await a.pause("q", False)
     for job in jobs:
-        assert (await final(a, job.id, within=60)).state is State.COMPLETED
-    assert PEAK["q/A"] == 2
+        assert (await final(a, job.id, within=30)).state is State.COMPLETED
+    assert all(PEAK[f"q/k{i:02}"] == 1 for i in range(12))
+    assert len(STARTED) == 36
 
 
 async def test_an_idle_queue_with_a_policy_costs_a_claim_no_round(
@@ -391,3 +395,36 @@ async def test_a_handlers_rate_limited_holds_its_keys_other_jobs_across_nodes(
     assert done.started_at is not None
     assert done.started_at - first.created_at >= 2.0
     assert (await final(a, first.id, within=60)).state is State.COMPLETED
+
+
+def test_a_run_of_short_rounds_reads_every_key_once_and_then_stops() -> None:
+    """The sweep's rule on numbers (``_swept``): a round short of jobs goes on while keys its
+    run has not read may have jobs, ends once it has read them all (never a spin), and a
+    round woken anew after that starts a new run (never a stall)."""
+    from sqlq.engines.postgres import fair as pg_fair
+
+    sweeps: pg_fair.Sweeps = {}
+
+    def window(*keys: str, more: bool) -> list[Any]:
+        rows = [[k, 1, 0.0, 0, None, None, 1, i + 1] for i, k in enumerate(keys)]
+        return rows + ([[None, 0, 0, 1, len(keys) + 1]] if more else [])
+
+    def after() -> str:
+        return sweeps.get("q", ("", None))[0]
+
+    def go(*args: Any) -> bool:
+        return pg_fair._swept(sweeps, "q", *args)
+
+    assert not go(after(), window("a", "b", more=True), {"a": 2}, False)  # its fill
+    assert after() == "a"  # (on after the last key it took)
+    assert go(after(), window("b", "c", more=True), {}, True)  # short: on at once
+    assert after() == "c"  # (none taken: after the last it read)
+    assert go(after(), window("d", more=False), {}, True)  # the last: on from the first
+    assert after() == ""
+    assert go(after(), window("a", "b", more=True), {"b": 1}, True)
+    assert not go(after(), window("c", "d", more=False), {}, True)  # all read: it ends
+    assert go(after(), window("a", "b", more=True), {}, True)  # woken anew: a new run
+    assert not go(after(), window("c", "d", more=False), {}, True)
+    sweeps.clear()
+    assert not go("", window("a", more=False), {}, True)  # every key read at once
+    assert "q" not in sweeps

@@ -4,7 +4,8 @@
 One transaction a round, one node at a time (``FAIR_LOCK`` with the queue's name):
 
 1. read what the rules decide by (queries.sql ``fair_read``): the database's clock, the
-   due jobs by key (walked key by key, at most a round's of each, or counted: ``_walk``),
+   due jobs by key (walked key by key, at most a round's of each, and past ``WALK_KEYS``
+   keys swept a window a round),
    the attempts of each key running under unexpired leases (counted from the rows, never
    kept as a counter that could leak), each key's bucket and finish tag
    (``fair_keys``), the queue's virtual time and bucket (``fair_queues``), and the queue's
@@ -62,34 +63,51 @@ def _stored(raw: str | None) -> Policy:
     return policy
 
 
-# How a round reads the due jobs by key (queries.sql due_walked or due_grouped): walking
-# the keys costs an index probe a key (any key with a scheduled job, due or not) and reads
-# at most a round's jobs of each, however long its backlog (one tenant's flood of 100,000);
-# counting every due job costs a row a job. A round walks, up to WALK_KEYS keys; a walk
-# that stops there (more keys) makes this node count instead for its next GROUPED_ROUNDS
-# rounds of that queue, then walk again.
+# How a round reads the due jobs by key (queries.sql due_walked): it walks the keys, an
+# index probe a key (any key with a scheduled job, due or not), and reads at most a
+# round's jobs of each, however long its backlog (one tenant's flood of 100,000). Up to
+# WALK_KEYS keys, a round reads them all and its order is exact. Past that, rounds sweep
+# the keys in turns: each reads the next WALK_KEYS keys after where this node's last round
+# of the queue went on from (the last key it took, or the last it read), so a round's
+# cost is bounded whatever the number of keys, and a key waits at most a sweep. Within a
+# round the rules are the same; the order between keys is by start tag among the keys
+# read, so past WALK_KEYS fairness is kept a sweep at a time.
 WALK_KEYS = 512
-GROUPED_ROUNDS = 100
-_GROUPED: dict[str, int] = {}  # queue -> rounds left to count, not walk (on this node)
-_GROUPED_MOST = 1024
+# queue -> the key this store's next round reads after, and while its rounds come up short
+# of jobs, how many more times they may reach the last key (``_swept``; kept by a store's
+# ``leases.Between``)
+Sweeps = dict[str, tuple[str, int | None]]
+_SWEEPS_MOST = 1024
 
 
-async def _read(
-    conn: asyncpg.Connection, queue: str, now: float, kinds: Sequence[str] | None, n: int
-) -> tuple[asyncpg.Record, list[Any]]:
-    """``fair_read``'s row and its due jobs by key: walked, or counted (see above)."""
-    left = _GROUPED.get(queue, 0)
-    if left <= 0:
-        row = await conn.fetchrow(Q["fair_read_walked"], queue, now, now, kinds, n, WALK_KEYS)
-        due = msgspec.json.decode(row["keys"])
-        if all(d[0] is not None for d in due):  # (a NULL key: the walk stopped at WALK_KEYS)
-            return row, due
-        if len(_GROUPED) >= _GROUPED_MOST:
-            _GROUPED.clear()  # (a hint: forgetting it costs a walk)
-        left = GROUPED_ROUNDS
-    _GROUPED[queue] = left - 1
-    row = await conn.fetchrow(Q["fair_read_grouped"], queue, now, now, kinds)
-    return row, msgspec.json.decode(row["keys"])
+def _swept(sweeps: Sweeps, queue: str, after: str, due: list[Any], take: dict[str | None, int],
+           short: bool) -> bool:  # fmt: skip
+    """Where ``queue``'s next round reads from, once this one (which read ``due`` after
+    ``after``) took ``take``: on after the last key it took (or the last it read), or from
+    the first once it read the last. Whether a round ``short`` of jobs goes on at once:
+    while keys its run of short rounds has not read yet may have due jobs, so they are
+    claimed from, not left to a poll. A run that began at the first key ends at the last;
+    one begun past it, at the last after it went on from the first: never a spin. A round
+    after a run ended was woken by something else (a submission, an end): a new run."""
+    more = any(d[0] is None for d in due)
+    left = sweeps.get(queue, ("", None))[1]
+    if not short:
+        left = None
+    else:
+        left = left or (2 if after else 1)  # (0: the last run ended; this round was woken anew)
+        left -= 0 if more else 1
+    nxt = ""
+    if more:
+        read = [(d[7], d[0]) for d in due if d[0] not in (None, _NO_KEY)]
+        taken = [(depth, key) for depth, key in read if take.get(key)]
+        nxt = max(taken or read, default=(0, ""))[1]
+    if nxt or left:  # (0, as None: no run goes on)
+        if len(sweeps) >= _SWEEPS_MOST and queue not in sweeps:
+            sweeps.clear()  # (a hint: forgetting it starts a sweep over)
+        sweeps[queue] = (nxt, left)
+    else:
+        sweeps.pop(queue, None)
+    return bool(short and left)
 
 
 FAIR_LOCK = 0x5371_6C74  # with the queue's hash: one node at a time claims from a fair queue
@@ -107,6 +125,7 @@ async def fair_claim(
     kinds: Sequence[str] | None,
     cap: int | None = None,
     since: float | None = None,
+    sweeps: Sweeps | None = None,
 ) -> tuple[list[Job], float | None]:
     """Up to ``n`` due jobs of ``queue`` by its stored policy (and ``cap``, if any), claimed
     for ``holder``, the queue's state saved with them; and when a due job its buckets held
@@ -114,12 +133,16 @@ async def fair_claim(
     ``since``: the ``perf_counter`` when ``now`` was read, so the wake counts the wait for
     the lock. A capped queue's claims take turns with ``claim_capped``'s (``CAP_LOCK``
     first, always in that order): a node that has not heard of a policy yet counts its
-    running jobs under the same lock."""
+    running jobs under the same lock. A round short of jobs whose sweep left keys unread
+    wakes its claimer at once (``wake``: when its read ended; ``_swept``, by ``sweeps``)."""
+    sweeps = {} if sweeps is None else sweeps
     async with conn.transaction():
         if cap is not None:
             await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
         await conn.execute(Q["fair_lock"], FAIR_LOCK, queue)
-        row, due = await _read(conn, queue, now, kinds, n)
+        after = sweeps.get(queue, ("", None))[0]
+        row = await conn.fetchrow(Q["fair_read"], queue, now, now, kinds, n, WALK_KEYS, after)
+        due = msgspec.json.decode(row["keys"])
         read = now if since is None else now + (time.perf_counter() - since)
         if row["paused"]:
             return [], None
@@ -132,15 +155,18 @@ async def fair_claim(
                 due=int(due), oldest=float(oldest), running=int(running), tat=tat,
                 finish=finish, weight=int(weight),
             )
-            for k, due, oldest, running, tat, finish, weight in due
+            for k, due, oldest, running, tat, finish, weight, _ in due
+            if k is not None and due > 0
         }  # fmt: skip
         if not keys:
-            return [], None
+            return [], read if _swept(sweeps, queue, after, due, {}, True) else None
         db_now = float(row["db_now"])
         policy = _stored(row["policy"])  # the database's, not the node's copy of it
         made = plan(keys, policy, virtual=row["virtual"] or 0.0, queue_tat=row["queue_tat"],
                     now=db_now, n=n)  # fmt: skip
         wake = None if made.wake is None else read + (made.wake - db_now)
+        if _swept(sweeps, queue, after, due, made.take, sum(made.take.values()) < n):
+            wake = read  # (keys not read yet may have jobs to start now)
         if not made.take:
             return [], wake
         keyed = [(k, c) for k, c in made.take.items() if k is not None]

@@ -22,7 +22,7 @@ from sqlq.common.fair import Policy
 from sqlq.common.models import Job
 from sqlq.common.running import Progress
 from sqlq.common.store import Extended, Lease
-from sqlq.engines.postgres.fair import CAP_LOCK, fair_claim
+from sqlq.engines.postgres.fair import CAP_LOCK, Sweeps, fair_claim
 from sqlq.engines.postgres.flows import job_of
 from sqlq.engines.postgres.queries import Q
 
@@ -35,13 +35,15 @@ Tokens = dict[tuple[str, tuple[str, ...] | None], float]  # (queue, kinds) -> ne
 @dataclass
 class Between:
     """What a store's claims remember from one to the next: the fair queues' next tokens,
-    of this node's claims and of remote workers' apart (``next_token``), the turns, and
-    the queues that held a scheduled job with a key at the last census (``keyed``)."""
+    of this node's claims and of remote workers' apart (``next_token``), the turns, the
+    queues that held a scheduled job with a key at the last census (``keyed``), and where
+    each fair queue's sweep of its keys goes on (``fair.Sweeps``)."""
 
     own: Tokens = field(default_factory=dict)
     remote: Tokens = field(default_factory=dict)
     turns: list[int] = field(default_factory=lambda: [0, 0])  # this node's claims', remote
     keyed: frozenset[str] = frozenset()
+    sweeps: Sweeps = field(default_factory=dict)
 
 
 async def claim(
@@ -105,8 +107,9 @@ async def claim(
             rows = await conn.fetch(Q["claim"], now, n - len(jobs), lease_until, skipped,
                                     holder, wanted, kind_list)  # fmt: skip
         elif source in fair:
-            got, wake = await fair_claim(conn, source, n - len(jobs), now, lease_until,
-                                         holder, kind_list, caps.get(source), started)  # fmt: skip
+            got, wake = await fair_claim(conn, source, n - len(jobs), now, lease_until, holder,
+                                         kind_list, caps.get(source), started,
+                                         between.sweeps)  # fmt: skip
             jobs += got
             if wake is None:
                 tokens.pop((source, kinds_key), None)

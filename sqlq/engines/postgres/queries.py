@@ -70,10 +70,7 @@ def _schedule_listings(queries: dict[str, str]) -> dict[PostgresShape, str]:
 
 
 Q = _load("queries.sql")
-# fair_read, with its due jobs by key read one way or the other (fair.WALK_KEYS says which)
-Q["fair_read_grouped"] = Q["fair_read"].replace("{due_by_key}", Q.pop("due_grouped"))
-Q["fair_read_walked"] = Q["fair_read"].replace("{due_by_key}", Q.pop("due_walked"))
-del Q["fair_read"]
+Q["fair_read"] = Q["fair_read"].replace("{due_by_key}", Q.pop("due_walked"))
 LIST_STATEMENTS = postgres_statements(Q)
 SQ = _load("schedules.sql")
 SCHEDULE_LIST_STATEMENTS = _schedule_listings(SQ)

@@ -449,18 +449,18 @@ SELECT pg_advisory_xact_lock($1, hashtext($2));
 
 -- name: fair_read
 -- What a fair queue's claim decides by, read under its lock (sqlq.engines.postgres.fair):
--- the database's clock, whether it is paused, its due jobs by key (with the oldest's due
--- time) of the kinds $4 names (NULL: any; {due_by_key}: due_grouped or due_walked, $5 the
--- most a round takes), its running jobs by key under unexpired leases
--- ($3: the node's now, as every lease is written), each such key's row, and the queue's;
--- and its policy as stored now (a node's may be a census old). The round's clock is also
--- set for the rest of the transaction (sqlq_audit.fair_now), so an audit trigger can
--- record each start at the time its bucket counted it (the crash test's,
+-- the database's clock, whether it is paused, its due jobs by key of the kinds $4 names
+-- (NULL: any; {due_by_key}: due_walked, $5 the most a round takes, $6 the most keys it
+-- reads, $7 the key its sweep goes on after), its running jobs by key under unexpired
+-- leases ($3: the node's now, as every lease is written), each such key's row, and the
+-- queue's; and its policy as stored now (a node's may be a census old). The round's clock
+-- is also set for the rest of the transaction (sqlq_audit.fair_now), so an audit trigger
+-- can record each start at the time its bucket counted it (the crash test's,
 -- sqlq.bench.fairaudit): nothing of the engine reads it.
 SELECT c.db_now, set_config('sqlq_audit.fair_now', c.db_now::text, true) AS fair_now,
        EXISTS (SELECT 1 FROM queues WHERE name = $1 AND paused) AS paused,
        (SELECT coalesce(json_agg(json_build_array(d.key, d.n, d.oldest, coalesce(r.n, 0),
-                                                 k.tat, k.finish, d.weight)), '[]')
+                                                 k.tat, k.finish, d.weight, d.depth)), '[]')
           FROM ({due_by_key}) d
           LEFT JOIN (SELECT coalesce(key, '') AS key, count(*) AS n FROM jobs
                       WHERE state = 'running' AND queue = $1 AND lease_until > $3
@@ -480,41 +480,36 @@ SELECT q FROM unnest($1::text[]) AS q
  WHERE EXISTS (SELECT 1 FROM jobs WHERE state = 'scheduled' AND queue = q AND ready_at <= $2
                   AND ($3::text[] IS NULL OR kind = ANY ($3::text[])));
 
--- name: due_grouped
--- fair_read's due jobs by key (key, n, oldest, weight: the largest of its due jobs'), one
--- way: every due job of the queue read and counted. Cheapest when the keys are many and
--- each holds few (fair.WALK_KEYS).
-SELECT coalesce(key, '') AS key, count(*) AS n, min(ready_at) AS oldest, max(weight) AS weight
-  FROM jobs WHERE state = 'scheduled' AND queue = $1 AND ready_at <= $2
-   AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
- GROUP BY 1
-
 -- name: due_walked
--- The other way: jobs_fair walked key by key (each next key found by one index probe,
--- a skip scan), and of each key only its next $5 due jobs in claim order, which is all a
--- round of $5 can take: n is at most $5, oldest the oldest of those, weight the largest of
--- theirs. Cheap however long a few keys' backlogs are; a probe a key. The walk stops past $6 keys with scheduled
--- jobs, due or not, and says so by a row with a NULL key: then the round counts instead.
+-- fair_read's due jobs by key (key, n, oldest, weight, depth): jobs_fair walked key by key
+-- from the first key after $7 ('': from the first of all; each next key found by one
+-- index probe, a skip scan), and of each key only its next $5 due jobs in claim order,
+-- which is all a round of $5 can take: n is at most $5, oldest the oldest of those,
+-- weight the largest of theirs, depth the key's place in the walk (a key walked with no
+-- due job is a row with n 0: where the window ended, for the sweep). Cheap however long a
+-- few keys' backlogs are; a probe a key. The walk stops past $6 keys with scheduled
+-- jobs, due or not, and says so by a row with a NULL key (more keys after: the next
+-- round sweeps on from there). The jobs with no key are the row of key '', depth 0.
 WITH RECURSIVE walk AS (
     (SELECT key, 1 AS depth FROM jobs WHERE state = 'scheduled' AND queue = $1
-        AND key IS NOT NULL ORDER BY key LIMIT 1)
+        AND key > $7 ORDER BY key LIMIT 1)
     UNION ALL
     SELECT (SELECT j.key FROM jobs j WHERE j.state = 'scheduled' AND j.queue = $1
                AND j.key > w.key ORDER BY j.key LIMIT 1), w.depth + 1
       FROM walk w WHERE w.key IS NOT NULL AND w.depth <= $6
 )
-SELECT w.key, t.n, t.oldest, t.weight FROM walk w, LATERAL (
+SELECT w.key, t.n, t.oldest, t.weight, w.depth FROM walk w, LATERAL (
     SELECT count(*) AS n, min(ready_at) AS oldest, max(weight) AS weight FROM (
         SELECT ready_at, weight FROM jobs
          WHERE state = 'scheduled' AND queue = $1 AND key = w.key AND ready_at <= $2
            AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
          ORDER BY priority DESC, ready_at, id LIMIT $5) f
 ) t
- WHERE w.key IS NOT NULL AND w.depth <= $6 AND t.n > 0
+ WHERE w.key IS NOT NULL AND w.depth <= $6
 UNION ALL
-SELECT NULL, 0, 0, 1 FROM walk WHERE key IS NOT NULL AND depth > $6
+SELECT NULL, 0, 0, 1, depth FROM walk WHERE key IS NOT NULL AND depth > $6
 UNION ALL
-SELECT '', count(*), min(ready_at), max(weight) FROM (
+SELECT '', count(*), min(ready_at), max(weight), 0 FROM (
     SELECT ready_at, weight FROM jobs
      WHERE state = 'scheduled' AND queue = $1 AND key IS NULL AND ready_at <= $2
        AND ($4::text[] IS NULL OR kind = ANY ($4::text[]))
