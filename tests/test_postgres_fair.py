@@ -428,3 +428,56 @@ def test_a_run_of_short_rounds_reads_every_key_once_and_then_stops() -> None:
     sweeps.clear()
     assert not go("", window("a", more=False), {}, True)  # every key read at once
     assert "q" not in sweeps
+
+
+async def test_a_wake_tells_every_node_which_queues_were_given_keys(pg_db: str) -> None:
+    """S on two nodes: B's one job behind A's flood waited for 64 of A's in a queue without
+    a policy, because the other node's census had not seen a key yet and claimed it oldest
+    first. The wake that a submission's commit sends names the queues given keys."""
+    import time
+
+    store, other = await _store(pg_db), await _store(pg_db)
+    try:
+        other.listen(lambda: None, lambda _: None)
+        await wait_for(lambda: other._listener is not None, 30, "the listener")
+        now = time.time()
+        await store.commit([_job(None, now, queue="plain")])  # (a wake without keys)
+        await store.commit([_job("A", now, queue="q1"), _job("B", now, queue="q2")])
+        await wait_for(lambda: {"q1", "q2"} <= other._between.keyed, 30, "the keyed wake")
+        assert "plain" not in other._between.keyed
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_the_plain_claim_runs_only_while_it_may_find_a_job(pg_db: str) -> None:
+    """Behind a fair queue's backlog the plain claim walked every due job it leaves out to
+    find none: 47 ms a claim at 100,000. It now runs only after a wake, or while the last
+    census saw a scheduled job in a queue it claims; and nothing waits longer than that."""
+    import time
+
+    store, other = await _store(pg_db), await _store(pg_db)
+    try:
+        now = time.time()
+        await store.set_queue_policy("q", Policy(key_concurrency=1_000))
+        await store.commit([_job(f"k{i}", now - 5) for i in range(50)])
+        policies = {"q": Policy(key_concurrency=1_000)}
+        await store.census()
+        assert not store._between.woken
+        assert not store._between.plain_may(["q"], None)
+        await other.commit([_job(None, now - 1, queue="plain")])  # (no wake reaches store)
+        got = await store.claim(60, now, now + 60, {}, policies=policies)
+        assert _by_key(got) == {f"k{i}": 1 for i in range(50)}  # the plain claim was skipped
+        await store.census()  # (it sees the plain queue's job)
+        assert store._between.plain_may(["q"], None)
+        assert _by_key(await store.claim(60, now, now + 60, {}, policies=policies)) == {None: 1}
+        await store.census()
+        await other.commit([_job(None, now - 1, queue="plain")])
+        store._between.heard([])  # (the wake its commit sent)
+        assert _by_key(await store.claim(60, now, now + 60, {}, policies=policies)) == {None: 1}
+        await store.census()
+        await store.commit([_job(None, now - 1, queue="plain")])  # (its own: no wake needed)
+        assert _by_key(await store.claim(60, now, now + 60, {}, policies=policies)) == {None: 1}
+    finally:
+        await store.close()
+        await other.close()

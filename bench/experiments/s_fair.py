@@ -24,8 +24,9 @@ every start is read back from the server (each job's ``started_at``, its own clo
 - **PostgreSQL** (``--stores postgres``): ``PG_NODES`` nodes on one throwaway database,
   every figure over both; the issue's bar besides (``BAR_RATE``/s, burst 1, ``BAR_JOBS``
   due jobs); the database's CPU per job (its processes') and the dead rows of
-  ``fair_keys`` after each cost drain. PostgreSQL claims a queue fairly only under a
-  policy, so the flood's, Jain's and the cost's queues get one nothing reaches.
+  ``fair_keys`` after each cost drain. No queue but the rate's has a policy: a queue
+  holding jobs with keys is fair between them by default, on PostgreSQL from each node's
+  next census (a second; the flood and the cost submit into a paused queue).
 - **The peer**: Celery's ``rate_limit`` of ``RATE``/s on one task over ``PEER_PROCESSES``
   worker processes on one Redis (Debian's ``redis-server``, which the bench starts),
   counted as sqlq's starts are, from stamps the task writes. Celery limits each worker
@@ -61,19 +62,12 @@ STORES = ("walq", "sqlite", "postgres")
 PG_NODES = 2  # PostgreSQL: two nodes on one database, every figure over both
 RATE, RATE_S, QUICK_RATE_S = 50.0, 20, 6
 BAR_RATE, BAR_JOBS = 10.0, 2_000  # the issue's bar, on PostgreSQL: rate 10/s, burst 1
-# PostgreSQL claims a queue fairly only under a policy (without one, in the plain order):
-# the flood's and the cost's queues get one that sets a limit nothing reaches.
-PG_POLICY: dict[str, Any] = {"key_concurrency": 1_000_000}
 PEER_PROCESSES, PEER_CONCURRENCY = 3, 4  # Celery: worker processes, each a prefork pool
 PEER_UP_S = 60.0  # for the peer's workers to start taking jobs
 FLOOD, QUICK_FLOOD = 100_000, 5_000
 KEYS, PER_KEY, JAIN_MS, JAIN_W = 10, 1_000, 20, 10.0
 QUICK_PER_KEY, QUICK_JAIN_W = 200, 2.0
 COST_JOBS, QUICK_COST_JOBS = 100_000, 5_000
-# PostgreSQL's fair rounds (a transaction and the queue's lock each, one node at a time)
-# drain a few hundred jobs a second here, so 100,000 would take minutes a part: its flood
-# and cost use this many.
-PG_JOBS = 20_000
 
 COST_KEYS = (0, 10, 1_000, 100_000)  # 0: no key, the plain path
 BATCH = 10_000  # jobs a request (the server's bound)
@@ -311,8 +305,6 @@ class FairRun(ServedRun):
 
     async def _flood_one(self, at: Nodes, queue: str) -> tuple[float, int]:
         pool = at.first
-        if at.dsn is not None and queue != "fifo":
-            await _put(pool, f"/queues/{queue}", PG_POLICY)
         await _post(pool, f"/queues/{queue}/pause")
         await _submit(pool, [_job(queue, "A") for _ in range(self.flood)])
         [b] = await _submit(pool, [_job(queue, "B")])
@@ -339,8 +331,6 @@ class FairRun(ServedRun):
 
     async def _jain(self, at: Nodes) -> dict[str, Any]:
         jobs = [_job("jain", f"k{k}", JAIN_MS) for _ in range(self.per_key) for k in range(KEYS)]
-        if at.dsn is not None:
-            await _put(at.first, "/queues/jain", PG_POLICY)
         await _submit(at.first, jobs)
         await at.idle()
         done = await _started(at.first, "jain")
@@ -369,8 +359,6 @@ class FairRun(ServedRun):
             label = str(min(keys, n))
             queue = f"cost{keys}"
             jobs = [_job(queue, None if keys == 0 else f"t{i % min(keys, n)}") for i in range(n)]
-            if at.dsn is not None and keys:
-                await _put(at.first, f"/queues/{queue}", PG_POLICY)
             await _post(at.first, f"/queues/{queue}/pause")
             await _submit(at.first, jobs)
             nodes0, db0 = await at.cpu_s()
@@ -451,11 +439,10 @@ def runs(quick: bool, stores: tuple[str, ...], peers: bool = True) -> Iterator[R
             yield FairRun(
                 experiment=NAME, store=store, label=f"S/{store}",
                 rate_s=QUICK_RATE_S if quick else RATE_S,
-                flood=QUICK_FLOOD if quick else PG_JOBS if store == "postgres" else FLOOD,
+                flood=QUICK_FLOOD if quick else FLOOD,
                 per_key=QUICK_PER_KEY if quick else PER_KEY,
                 jain_w=QUICK_JAIN_W if quick else JAIN_W,
-                cost_jobs=QUICK_COST_JOBS if quick else PG_JOBS if store == "postgres"
-                else COST_JOBS,
+                cost_jobs=QUICK_COST_JOBS if quick else COST_JOBS,
             )  # fmt: skip
     from sqlq.bench.redispeers import available
 
@@ -478,9 +465,8 @@ def section(rep: Report) -> None:
         "## S. Fair claims by key: rate, flood, fairness, cost",
         "",
         f"A fresh server per engine (16 workers, `--sync full`; PostgreSQL: {PG_NODES} nodes "
-        "on one database, every figure over both, and a policy on the flood's, Jain's and "
-        "the cost's queues that sets a limit nothing reaches, since PostgreSQL claims a queue "
-        "fairly only under a policy), no-op jobs with a key; "
+        "on one database, every figure over both; only the rate's queue has a policy, the "
+        "others are fair between keys by default), no-op jobs with a key; "
         "every start read back from the server. Rate: one key with a backlog and `rate` "
         f"{first.rate:g}/s, burst 1, over {first.rate_s:g} s; the most and the fewest starts "
         f"in any sliding window (bound from above: {bound_1} in 1 s, {bound_10} in 10 s; "
@@ -529,8 +515,7 @@ def section(rep: Report) -> None:
             f"PostgreSQL: the issue's bar (rate {BAR_RATE:g}/s, burst 1, {BAR_JOBS:,} due jobs "
             f"of one key, two nodes) over {pg[0].rate_s:g} s, and what the database pays a job "
             "(its processes' CPU, those that ended too) with the dead rows of `fair_keys` "
-            f"after each drain. Its flood and cost use {pg[0].flood:,} and "
-            f"{pg[0].cost_jobs:,} jobs: fair rounds drain a few hundred a second there.",
+            "after each drain.",
             "",
             "| store | bar: most in 1 s (bound "
             f"{math.floor(BAR_RATE) + 1}) | bar: starts in {pg[0].rate_s:g} s | "

@@ -112,8 +112,31 @@ def columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
 
 def job_args(jobs: list[tuple[Any, ...]], moves: list[tuple[Any, ...]], wakes: bool) -> list[Any]:
     """write_batch's arguments: the job rows as columns, the move rows as columns, the
-    number of moves that must apply, and whether to wake the claimers."""
-    return [*columns(jobs, JOB_WIDTH), *columns(moves, MOVE_WIDTH), len(moves), wakes]
+    number of moves that must apply, whether to wake the claimers, and what the wake says
+    (``keyed_note``)."""
+    cols = columns(jobs, JOB_WIDTH)
+    note = keyed_note(cols[QUEUE_AT], cols[KEY_AT]) if wakes else ""
+    return [*cols, *columns(moves, MOVE_WIDTH), len(moves), wakes, note]
+
+
+QUEUE_AT, KEY_AT = JOB_COLUMNS.index("queue"), JOB_COLUMNS.index("key")
+NOTE_MOST = 4_000  # bytes of queue names a wake carries (PostgreSQL's payload: < 8,000)
+
+
+def keyed_note(queues: list[str], keys: list[str | None]) -> str:
+    """The queues given jobs with a key, one a line, as the wake's payload: every node's
+    claims are fair between their keys from then on (``PostgresStore.heard_keyed``), not
+    from their next census. Those past ``NOTE_MOST`` bytes wait for it."""
+    if keys.count(None) == len(keys):  # (the usual batch, with no key: no loop in Python)
+        return ""
+    named = sorted({q for q, k in zip(queues, keys, strict=True) if k is not None})
+    note, size = [], 0
+    for queue in named:
+        size += len(queue.encode()) + 1
+        if size > NOTE_MOST:
+            break
+        note.append(queue)
+    return "\n".join(note)
 
 
 def fast_path_safe(encoded: Sequence[Encoded]) -> bool:

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 CHANNEL = "sqlq_jobs"
 # A cancel asked for (queries.sql request_cancel): {"id": job, "node": its holder}.
 CANCEL_CHANNEL = "sqlq_cancel"
+KEYED_MOST = 256  # queue names a wake's payload may pass on (batch.keyed_note's fewer)
 
 
 class CancelNote(msgspec.Struct, frozen=True):
@@ -130,6 +131,7 @@ class Connections:
         self.listener: asyncpg.Connection | None = None  # while it LISTENs
         self._listen_task: asyncio.Task[None] | None = None
         self._wake: Callable[[], None] | None = None
+        self._keyed: Callable[[list[str]], None] | None = None
         self._cancel: Callable[[str], None] | None = None
         self._node: str | None = None  # whose cancels the listener passes on
         self.ping_s = PING_S
@@ -284,11 +286,12 @@ class Connections:
         wake: Callable[[], None],
         cancel: Callable[[str], None] | None = None,
         node: str | None = None,
+        keyed: Callable[[list[str]], None] | None = None,
     ) -> None:
         """LISTEN on a connection of its own, reconnecting until ``close``: ``wake`` on
-        ``sqlq_jobs``, and ``cancel(job_id)`` on ``sqlq_cancel`` for the jobs ``node``
-        holds (and those no node holds)."""
-        self._wake, self._cancel, self._node = wake, cancel, node
+        ``sqlq_jobs`` (and ``keyed`` with the queues it names), and ``cancel(job_id)`` on
+        ``sqlq_cancel`` for the jobs ``node`` holds (and those no node holds)."""
+        self._wake, self._cancel, self._node, self._keyed = wake, cancel, node, keyed
         if self._listen_task is None:
             self._listen_task = asyncio.create_task(self._listen(), name="sqlq-pg-listen")
 
@@ -314,8 +317,10 @@ class Connections:
             except asyncio.CancelledError:
                 conn.terminate()  # closed while it began to listen: ``close`` never saw it
                 raise
+            if self._keyed is not None:
+                self._keyed([])  # anything submitted while we were not listening
             if self._wake is not None:
-                self._wake()  # anything submitted while we were not listening
+                self._wake()
             await self._while_alive(conn, lost)
             self.listener = None
 
@@ -334,7 +339,12 @@ class Connections:
                 conn.terminate()
                 return
 
-    def _notified(self, *_: object) -> None:
+    def _notified(self, _conn: object, _pid: object, _channel: object, payload: object) -> None:
+        """A wake, told first to ``keyed`` with the queues its payload names as given jobs
+        with a key (``batch.keyed_note``), so the claim it wakes is fair between them. A
+        hint (anyone may NOTIFY), bounded, and replaced at the next census."""
+        if self._keyed is not None:
+            self._keyed(str(payload).split("\n", KEYED_MOST)[:KEYED_MOST] if payload else [])
         if self._wake is not None:
             self._wake()
 

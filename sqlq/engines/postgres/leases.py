@@ -12,8 +12,9 @@ fenced like an outcome, in one statement (queries.sql ``extend``); a node's own
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -44,6 +45,46 @@ class Between:
     turns: list[int] = field(default_factory=lambda: [0, 0])  # this node's claims', remote
     keyed: frozenset[str] = frozenset()
     sweeps: Sweeps = field(default_factory=dict)
+    # Whether the plain claim may find a job (``plain_may``): the queues that held a
+    # scheduled job, and those paused, at the last census (None: not counted yet), and
+    # whether a wake was heard since that census began.
+    scheduled: frozenset[str] | None = None
+    paused: frozenset[str] = frozenset()
+    woken: bool = True
+
+    def heard(self, keyed: list[str]) -> None:
+        """A wake (a submission, a job due again, a resume: any node's commit, this one's
+        too), naming the queues it gave jobs with a key: fair from this node's next claim,
+        not its next census, which replaces the set."""
+        self.woken = True
+        if keyed:
+            self.keyed = self.keyed.union(keyed)
+
+    async def counted(self, census: Callable[[], Awaitable[list[Any]]]) -> list[Any]:
+        """The census's rows (queue, state, jobs, jobs with a key), read by ``census``: which
+        queues held a scheduled job and which one with a key. A wake heard while it reads
+        may be of a job it missed: it counts (``woken`` is cleared before the read)."""
+        self.woken = False
+        try:
+            rows = await census()
+        except BaseException:
+            self.woken = True
+            raise
+        self.keyed = frozenset(r[0] for r in rows if r[3] and r[1] == "scheduled")
+        self.scheduled = frozenset(r[0] for r in rows if r[1] == "scheduled")
+        return rows
+
+    def plain_may(self, skipped: Collection[str], wanted: Sequence[str] | None) -> bool:
+        """Whether the plain claim may find a due job: a wake came since the last census, or
+        that census saw a scheduled job in a queue it claims. Otherwise it would only walk
+        past the due jobs of the queues it leaves out (a fair, capped or paused queue's
+        backlog of 100,000 cost every plain claim 47 ms) to find none. Every way a job comes
+        due wakes (a submission, a retry, a rescue, a resume, a tick) or was counted (a
+        delayed job is scheduled); a wake that is lost waits for the next census."""
+        if self.woken or self.scheduled is None:
+            return True
+        return any(q not in skipped and q not in self.paused and (wanted is None or q in wanted)
+                   for q in self.scheduled)  # fmt: skip
 
 
 async def claim(
@@ -71,7 +112,8 @@ async def claim(
     goes first moves on by one each claim, so a backlog in one never starves the others
     when the workers waiting are few. A fair queue takes a turn only while it has a due
     job (``fair_due``, one statement for all of them): an idle one would cost every claim
-    a transaction. Each fair round leaves in the tokens when its queue's buckets next let a held job
+    a transaction, and the plain claim only while it may find one (``Between.plain_may``).
+    Each fair round leaves in the tokens when its queue's buckets next let a held job
     start (the entry gone: none held back). Both are kept in ``between``, the tokens of a
     ``remote`` worker's claim apart."""
     started = time.perf_counter()
@@ -96,7 +138,10 @@ async def claim(
         for queue in fair - due:
             tokens.pop((queue, kinds_key), None)
         fair = due
-    sources: list[str | None] = [None, *sorted(fair), *capped]  # None: the plain claim
+    plain: list[str | None] = [None] if between.plain_may(skipped, wanted) else []
+    sources: list[str | None] = [*plain, *sorted(fair), *capped]  # None: the plain claim
+    if not sources:
+        return []
     turn = between.turns[remote] % len(sources)  # (apart: each side's turns its own)
     between.turns[remote] += 1
     jobs: list[Job] = []
@@ -171,3 +216,13 @@ def next_token(tokens: Tokens, now: float) -> float | None:
     for key in [k for k, t in tokens.items() if t <= now]:
         del tokens[key]
     return min(tokens.values(), default=None)
+
+
+async def nodes(conn: asyncpg.Connection, now: float, me: str) -> list[dict[str, Any]]:
+    """The nodes seen in the last hour, each with the jobs it holds (``SharedStore.nodes``)."""
+    rows = await conn.fetch(Q["nodes"], now - 3600)
+    return [
+        {"name": r[0], "started_at": r[1], "seen_at": r[2], "running": int(r[3]),
+         "this": r[0] == me}
+        for r in rows
+    ]  # fmt: skip

@@ -109,7 +109,7 @@ class PostgresStore(Committing):
         self.syncs = 0  # batches committed (each one WAL flush at synchronous_commit=on)
         self.slow_batches = 0  # batches redone one caller at a time
         self._key: bytes | None = None
-        self._between = leases.Between()  # the fair queues' next tokens, the claims' turns
+        self._between = leases.Between()  # what claims remember: tokens, turns, sweeps
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -160,11 +160,14 @@ class PostgresStore(Committing):
             # written again (``write_fenced``) and a submission is a 503, not a failed batch.
             return [exc] * len(batch)
         if not any(p.encoded.members for p in batch):
-            return await self._write(conn, batch)
-        moved: list[Cascaded] = []  # (a workflow's members: ``write_members``)
-        ends = await write_members(conn, batch, self._db, partial(self._write, conn), moved)
-        self.syncs += sum(1 for p in batch if p.encoded.members)
-        tell(self._cascade, moved)
+            ends = await self._write(conn, batch)
+        else:
+            moved: list[Cascaded] = []  # (a workflow's members: ``write_members``)
+            ends = await write_members(conn, batch, self._db, partial(self._write, conn), moved)
+            self.syncs += sum(1 for p in batch if p.encoded.members)
+            tell(self._cascade, moved)
+        if any(p.encoded.wakes for p in batch):  # (after the commit: ``Between.plain_may``)
+            self._between.woken = True
         return ends
 
     async def _write(
@@ -256,12 +259,16 @@ class PostgresStore(Committing):
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         await self._read(lambda c: c.fetchrow(Q["set_paused"], queue, paused))
+        self._between.woken = True  # (its jobs may be the plain claim's again)
 
     async def paused_queues(self) -> list[str]:
-        return [r[0] for r in await self._read(lambda c: c.fetch(Q["paused"]))]
+        paused = [r[0] for r in await self._read(lambda c: c.fetch(Q["paused"]))]
+        self._between.paused = frozenset(paused)
+        return paused
 
     async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
         await self._read(lambda c: fair.set_policy(c, queue, policy))
+        self._between.woken = True
 
     async def queue_policies(self) -> dict[str, Policy]:
         return await self._read(fair.policies)
@@ -313,8 +320,7 @@ class PostgresStore(Committing):
         """The earliest delayed job's due time, or a fair queue's next token if sooner (of
         this node's claims, or with ``remote`` of remote workers')."""
         due: float | None = await self._read(lambda c: c.fetchval(Q["next_due"], now))
-        between = self._between
-        token = leases.next_token(between.remote if remote else between.own, now)
+        token = leases.next_token(self._between.remote if remote else self._between.own, now)
         return token if token is not None and (due is None or token < due) else due
 
     async def renew(
@@ -350,23 +356,17 @@ class PostgresStore(Committing):
         return released
 
     async def census(self) -> list[QueueCount]:
-        rows = await self._read(lambda c: c.fetch(Q["census"]))
-        self._between.keyed = frozenset(r[0] for r in rows if r[3] and r[1] == "scheduled")
+        rows = await self._between.counted(lambda: self._read(lambda c: c.fetch(Q["census"])))
         return [QueueCount(r[0], State(r[1]), int(r[2])) for r in rows]
 
     async def nodes(self, now: float) -> list[dict[str, Any]]:
-        rows = await self._read(lambda c: c.fetch(Q["nodes"], now - 3600))
-        return [
-            {"name": r[0], "started_at": r[1], "seen_at": r[2], "running": int(r[3]),
-             "this": r[0] == self.node}
-            for r in rows
-        ]  # fmt: skip
+        return await self._read(lambda c: leases.nodes(c, now, self.node))
 
     def listen(self, wake: Callable[[], None], cancel: Callable[[str], None] | None = None) -> None:
         """LISTEN on a connection of its own, reconnecting while the store is open:
         ``wake`` when work is submitted or requeued, ``cancel(job_id)`` when a cancel of a
         job this node holds is asked for (``cancel`` may be left out: no cancels heard)."""
-        self._db.listen(wake, cancel, self.node)
+        self._db.listen(wake, cancel, self.node, self._between.heard)
 
     # -- maintenance -----------------------------------------------------------------------
 
