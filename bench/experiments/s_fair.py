@@ -66,7 +66,7 @@ PEER_PROCESSES, PEER_CONCURRENCY = 3, 4  # Celery: worker processes, each a pref
 PEER_UP_S = 60.0  # for the peer's workers to start taking jobs
 FLOOD, QUICK_FLOOD = 100_000, 5_000
 KEYS, PER_KEY, JAIN_MS, JAIN_W = 10, 1_000, 20, 10.0
-QUICK_PER_KEY, QUICK_JAIN_W = 200, 2.0
+QUICK_PER_KEY, QUICK_JAIN_W = 200, 0.5
 COST_JOBS, QUICK_COST_JOBS = 100_000, 5_000
 
 COST_KEYS = (0, 10, 1_000, 100_000)  # 0: no key, the plain path
