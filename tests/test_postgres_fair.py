@@ -400,34 +400,33 @@ async def test_a_handlers_rate_limited_holds_its_keys_other_jobs_across_nodes(
 def test_a_run_of_short_rounds_reads_every_key_once_and_then_stops() -> None:
     """The sweep's rule on numbers (``_swept``): a round short of jobs goes on while keys its
     run has not read may have jobs, ends once it has read them all (never a spin), and a
-    round woken anew after that starts a new run (never a stall)."""
+    round woken anew after that starts a new run (never a stall). The run's earliest token
+    is the one it reports at its end: a key held back in an earlier window is not lost."""
     from sqlq.engines.postgres import fair as pg_fair
 
-    sweeps: pg_fair.Sweeps = {}
+    sweep = pg_fair.Sweep()
 
     def window(*keys: str, more: bool) -> list[Any]:
         rows = [[k, 1, 0.0, 0, None, None, 1, i + 1] for i, k in enumerate(keys)]
         return rows + ([[None, 0, 0, 1, len(keys) + 1]] if more else [])
 
-    def after() -> str:
-        return sweeps.get("q", ("", None))[0]
+    def go(due: list[Any], take: dict[str | None, int], short: bool,
+           wake: float | None = None) -> tuple[bool, float | None]:  # fmt: skip
+        return pg_fair._swept(sweep, sweep.after, due, take, short, wake)
 
-    def go(*args: Any) -> bool:
-        return pg_fair._swept(sweeps, "q", *args)
-
-    assert not go(after(), window("a", "b", more=True), {"a": 2}, False)  # its fill
-    assert after() == "a"  # (on after the last key it took)
-    assert go(after(), window("b", "c", more=True), {}, True)  # short: on at once
-    assert after() == "c"  # (none taken: after the last it read)
-    assert go(after(), window("d", more=False), {}, True)  # the last: on from the first
-    assert after() == ""
-    assert go(after(), window("a", "b", more=True), {"b": 1}, True)
-    assert not go(after(), window("c", "d", more=False), {}, True)  # all read: it ends
-    assert go(after(), window("a", "b", more=True), {}, True)  # woken anew: a new run
-    assert not go(after(), window("c", "d", more=False), {}, True)
-    sweeps.clear()
-    assert not go("", window("a", more=False), {}, True)  # every key read at once
-    assert "q" not in sweeps
+    assert go(window("a", "b", more=True), {"a": 2}, False) == (False, None)  # its fill
+    assert sweep.after == "a"  # (on after the last key it took)
+    assert go(window("b", "c", more=True), {}, True, wake=50.0) == (True, 50.0)  # on at once
+    assert sweep.after == "c"  # (none taken: after the last it read)
+    assert go(window("d", more=False), {}, True) == (True, 50.0)  # the last: on from the first
+    assert sweep.after == ""
+    assert go(window("a", "b", more=True), {"b": 1}, True, wake=60.0) == (True, 50.0)
+    assert go(window("c", "d", more=False), {}, True) == (False, 50.0)  # all read: it ends
+    assert sweep.idle
+    assert go(window("a", "b", more=True), {}, True) == (True, None)  # woken anew: a new run
+    assert go(window("c", "d", more=False), {}, True) == (False, None)
+    assert go(window("a", more=False), {}, True) == (False, None)  # every key read at once
+    assert sweep.idle
 
 
 async def test_a_wake_tells_every_node_which_queues_were_given_keys(pg_db: str) -> None:
@@ -481,3 +480,83 @@ async def test_the_plain_claim_runs_only_while_it_may_find_a_job(pg_db: str) -> 
     finally:
         await store.close()
         await other.close()
+
+
+async def test_a_prune_forgets_the_keys_no_round_could_tell_from_none(pg_db: str) -> None:
+    """fair_keys kept a row for every key ever claimed: 100,000 tenants seen once, 100,000
+    rows for ever. A prune forgets an idle key (no live job, a full bucket), as a queue in
+    one process does; it keeps any other."""
+    import time
+
+    store = await _store(pg_db)
+    try:
+        await store.set_queue_policy("q", Policy(rate=Rate(per_s=1000.0, burst=1)))
+        policies = {"q": Policy(rate=Rate(per_s=1000.0, burst=1))}
+        now = time.time()
+        await store.commit([_job(k, now - 5) for k in ("done", "live", "pushed")])
+        await store.commit([_job("live", now - 4)])
+        claimed = await store.claim(10, now, now + 600, {}, policies=policies)
+        assert _by_key(claimed) == {"done": 1, "live": 1, "pushed": 1}
+        await store.commit([j.complete(None, time.time()) for j in claimed])
+        await store.push_back("q", "pushed", 3600.0)
+        conn = await store._db.writer()
+        await wait_for(lambda: time.time() > now + 0.01, 5)  # (every bucket full again)
+        await store.compact()
+        rows = {r[0] for r in await conn.fetch("SELECT key FROM fair_keys WHERE queue = 'q'")}
+        assert rows == {"live", "pushed"}  # "done" is forgotten
+        again = await store.claim(10, time.time(), time.time() + 600, {}, policies=policies)
+        assert _by_key(again) == {"live": 1}
+    finally:
+        await store.close()
+
+
+async def test_a_wake_heard_while_a_census_reads_is_kept() -> None:
+    """The census cleared the wake when it began: a NOTIFY heard while it read (its job
+    perhaps not in the census's snapshot) was lost, and the plain claim skipped the job
+    for a poll. The keyed queues a wake named meanwhile were lost the same way."""
+    import asyncio
+
+    from sqlq.engines.postgres.leases import Between
+
+    between = Between()
+    rows: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+    census = asyncio.create_task(between.counted(lambda: rows))
+    await asyncio.sleep(0)
+    between.heard(["q1", "bad name!"])  # (during the read; a name no queue has is dropped)
+    rows.set_result([("q0", "scheduled", 3, 3), ("paused", "scheduled", 1, 0)])
+    await census
+    assert between.woken  # (still: the wake came after the census began)
+    assert between.keyed == {"q0", "q1"}
+    assert between.plain_may(set(), None)
+    await between.counted(lambda: rows)  # (a census with no wake while it read)
+    assert not between.woken
+    assert between.keyed == {"q0"}
+    assert between.plain_may(set(), None)  # (q0 and "paused" hold scheduled jobs)
+    between.paused = frozenset({"paused"})
+    assert not between.plain_may({"q0"}, None)
+    assert not between.plain_may(set(), {"paused"})
+
+
+async def test_a_paused_fair_queue_costs_a_claim_no_round(
+    nodes: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fair_due left pauses to the round: a paused queue with keyed due jobs cost every
+    claim a transaction, the lock and a read of up to 512 keys, to take nothing."""
+    from sqlq.engines.postgres import leases
+    from sqlq.engines.postgres.fair import fair_claim as real
+
+    rounds: list[str] = []
+
+    async def counted(conn: Any, queue: str, *args: Any) -> Any:
+        rounds.append(queue)
+        return await real(conn, queue, *args)
+
+    monkeypatch.setattr(leases, "fair_claim", counted)
+    a = nodes(workers=2)
+    await a.start()
+    await a.pause("held", True)
+    await _submit(a, 20, "A", queue="held")
+    await a.queues()  # (a census: "held" holds keyed jobs)
+    for job in await _submit(a, 20, None, queue="plain"):
+        assert (await final(a, job.id, within=60)).state is State.COMPLETED
+    assert "held" not in rounds

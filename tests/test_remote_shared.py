@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from sqlq.common.clock import FakeClock
 from sqlq.common.fair import Policy, Rate
 from sqlq.common.models import State
@@ -238,3 +240,41 @@ async def test_a_waiting_claim_on_a_full_key_wakes_when_a_slot_comes_free(nodes:
     assert (await report(a, first.token, CompleteIn())).state == "completed"
     [g] = await asyncio.wait_for(waiting, 10)
     assert g.job.id == second.id
+
+
+async def test_a_waiting_claim_sweeps_on_to_a_due_job_past_its_window(
+    nodes: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past WALK_KEYS keys a round reads a window; one short of jobs says "at once" for the
+    keys after it. A remote long poll read that as a token already past and waited its
+    30 s poll a window: a due job behind windows of delayed jobs took minutes."""
+    from sqlq.engines.postgres import fair as pg_fair
+
+    monkeypatch.setattr(pg_fair, "WALK_KEYS", 2)
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE, poll_s=30.0)
+    await a.start()
+    await a.set_policy("r", Policy(key_concurrency=100))
+    for i in range(8):  # (four windows of keys with no due job)
+        await submit(a, queue="r", key=f"a{i}", delay_ms=3_600_000)
+    [late] = await submit(a, queue="r", key="z")
+    [g] = await asyncio.wait_for(claim(a, wait_s=20), 10)
+    assert g.job.id == late.id
+
+
+async def test_a_key_held_in_an_earlier_window_wakes_the_claim_at_its_token(
+    nodes: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of short rounds kept only its last window's token: a key its bucket held back
+    in an earlier window waited for the 30 s poll. The run now reports its earliest."""
+    from sqlq.engines.postgres import fair as pg_fair
+
+    monkeypatch.setattr(pg_fair, "WALK_KEYS", 2)
+    a = nodes(workers=0, all_remote=False, remote_queues=REMOTE, poll_s=30.0)
+    await a.start()
+    await a.set_policy("r", Policy(rate=Rate(per_s=4.0, burst=1)))
+    jobs = [*await submit(a, queue="r", key="A"), *await submit(a, queue="r", key="A")]
+    for i in range(6):  # (the windows after A's: keys with no due job)
+        await submit(a, queue="r", key=f"b{i}", delay_ms=3_600_000)
+    first = await claim_one(a)
+    [g] = await asyncio.wait_for(claim(a, wait_s=20), 10)  # its token: 0.25 s on
+    assert {first.job.id, g.job.id} == {j.id for j in jobs}

@@ -110,12 +110,14 @@ class SharedSide:
             jobs = await self._store.claim(req.max, now, now + req.lease_s, claims.caps,
                                            only=req.queues, kinds=req.kinds, holder=holder,
                                            policies=policies)  # fmt: skip
-            if len(jobs) < req.max:
-                self._next_due = None  # a bucket may have held one back: read its token
         else:
             jobs = await self._store.claim(req.max, now, now + req.lease_s, claims.caps,
                                            only=req.queues, kinds=req.kinds,
                                            holder=holder)  # fmt: skip
+        if len(jobs) < req.max:
+            # A bucket may have held one back, or a fair queue's sweep left keys unread:
+            # read its token, or its "at once", before waiting (``next_due``).
+            self._next_due = None
         wait = self._parts.metrics.queue_wait
         for job in jobs:
             wait.observe(max(0.0, now - job.ready_at))
@@ -127,8 +129,9 @@ class SharedSide:
         now = clock.time()
         cached = self._next_due
         # Read again once it is a poll old, or once the time it held has come (its claim
-        # came and went: the next one is the store's to say; what the store answers is
-        # always ahead of now, so this never spins on a past time).
+        # came and went: the next one is the store's to say). What the store answers is
+        # ahead of now, or now itself once (a sweep's "at once": ``next_due``), so this
+        # never spins on a past time.
         if cached is None or now - cached[0] > poll_s or (cached[1] or now + 1) <= now:
             try:
                 due = await self._store.next_due(now, remote=True)
@@ -136,8 +139,8 @@ class SharedSide:
                 due = None
             cached = self._next_due = (now, due)
         timeout = min(within, poll_s)
-        if cached[1] is not None and cached[1] > now:
-            timeout = min(timeout, cached[1] - now)
+        if cached[1] is not None:
+            timeout = min(timeout, max(0.0, cached[1] - now))
         await wait_event(clock, bell, max(timeout, 0.001))
 
     async def current(self, ids: Sequence[str]) -> list[Job | None]:

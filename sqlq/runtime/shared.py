@@ -385,7 +385,7 @@ class SharedClaims(CensusViews, ClaimsBase):
     async def _push_back(self, job: Job, hold_s: float) -> None:
         try:
             await self._store.push_back(job.queue, job.key, hold_s)
-        except StoreError as exc:
+        except Exception as exc:  # (a background write: nothing else would hear of it)
             log.warning("job %s: its key's bucket was not moved (%s)", job.id, exc)
 
     async def _write_request(self, claim: Claim, t: Transition) -> None:

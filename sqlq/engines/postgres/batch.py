@@ -125,7 +125,7 @@ NOTE_MOST = 4_000  # bytes of queue names a wake carries (PostgreSQL's payload: 
 
 def keyed_note(queues: list[str], keys: list[str | None]) -> str:
     """The queues given jobs with a key, one a line, as the wake's payload: every node's
-    claims are fair between their keys from then on (``PostgresStore.heard_keyed``), not
+    claims are fair between their keys from then on (``leases.Between.heard``), not
     from their next census. Those past ``NOTE_MOST`` bytes wait for it."""
     if keys.count(None) == len(keys):  # (the usual batch, with no key: no loop in Python)
         return ""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -73,41 +74,49 @@ def _stored(raw: str | None) -> Policy:
 # round the rules are the same; the order between keys is by start tag among the keys
 # read, so past WALK_KEYS fairness is kept a sweep at a time.
 WALK_KEYS = 512
-# queue -> the key this store's next round reads after, and while its rounds come up short
-# of jobs, how many more times they may reach the last key (``_swept``; kept by a store's
-# ``leases.Between``)
-Sweeps = dict[str, tuple[str, int | None]]
-_SWEEPS_MOST = 1024
 
 
-def _swept(sweeps: Sweeps, queue: str, after: str, due: list[Any], take: dict[str | None, int],
-           short: bool) -> bool:  # fmt: skip
-    """Where ``queue``'s next round reads from, once this one (which read ``due`` after
-    ``after``) took ``take``: on after the last key it took (or the last it read), or from
-    the first once it read the last. Whether a round ``short`` of jobs goes on at once:
-    while keys its run of short rounds has not read yet may have due jobs, so they are
-    claimed from, not left to a poll. A run that began at the first key ends at the last;
-    one begun past it, at the last after it went on from the first: never a spin. A round
-    after a run ended was woken by something else (a submission, an end): a new run."""
+@dataclass
+class Sweep:
+    """Where one claimer's sweep of a fair queue's keys stands: each (queue, kinds, this
+    node's or remote workers') has its own, as the tokens do (``leases.Between``)."""
+
+    after: str = ""  # the key its next round reads after ('': from the first)
+    left: int = 0  # in a run of short rounds: how many more times it may reach the last key
+    wake: float | None = None  # the run's earliest token (a key its bucket held back)
+
+    @property
+    def idle(self) -> bool:
+        return not self.after and not self.left
+
+
+def _swept(sweep: Sweep, after: str, due: list[Any], take: dict[str | None, int], short: bool,
+           wake: float | None) -> tuple[bool, float | None]:  # fmt: skip
+    """Where the sweep goes on once a round (which read ``due`` after ``after``) took
+    ``take``: after the last key it took (or the last it read), or from the first once it
+    read the last. Whether a round ``short`` of jobs goes on at once: while keys its run of
+    short rounds has not read yet may have due jobs, so they are claimed from, not left to
+    a poll. A run begun at the first key ends at the last; one begun past it, at the last
+    after it went on from the first: never a spin. A round after a run ended was woken by
+    something else (a submission, an end): a new run. And the token to sleep until: the
+    earliest any round of the run found (``wake``: this round's), so a key its bucket held
+    back in an earlier window is not left to a poll either."""
     more = any(d[0] is None for d in due)
-    left = sweeps.get(queue, ("", None))[1]
-    if not short:
-        left = None
+    if short:
+        if not sweep.left:
+            sweep.left, sweep.wake = (2 if after else 1), None
+        sweep.left -= 0 if more else 1
+        if sweep.wake is not None and (wake is None or sweep.wake < wake):
+            wake = sweep.wake
     else:
-        left = left or (2 if after else 1)  # (0: the last run ended; this round was woken anew)
-        left -= 0 if more else 1
-    nxt = ""
+        sweep.left = 0
+    sweep.wake = wake if sweep.left else None
+    sweep.after = ""
     if more:
         read = [(d[7], d[0]) for d in due if d[0] not in (None, _NO_KEY)]
         taken = [(depth, key) for depth, key in read if take.get(key)]
-        nxt = max(taken or read, default=(0, ""))[1]
-    if nxt or left:  # (0, as None: no run goes on)
-        if len(sweeps) >= _SWEEPS_MOST and queue not in sweeps:
-            sweeps.clear()  # (a hint: forgetting it starts a sweep over)
-        sweeps[queue] = (nxt, left)
-    else:
-        sweeps.pop(queue, None)
-    return bool(short and left)
+        sweep.after = max(taken or read, default=(0, ""))[1]
+    return bool(sweep.left), wake
 
 
 FAIR_LOCK = 0x5371_6C74  # with the queue's hash: one node at a time claims from a fair queue
@@ -125,31 +134,32 @@ async def fair_claim(
     kinds: Sequence[str] | None,
     cap: int | None = None,
     since: float | None = None,
-    sweeps: Sweeps | None = None,
-) -> tuple[list[Job], float | None]:
+    sweep: Sweep | None = None,
+) -> tuple[list[Job], float | None, bool]:
     """Up to ``n`` due jobs of ``queue`` by its stored policy (and ``cap``, if any), claimed
     for ``holder``, the queue's state saved with them; and when a due job its buckets held
     back may start, on the caller's clock (``Plan.wake``; None: none was held back).
     ``since``: the ``perf_counter`` when ``now`` was read, so the wake counts the wait for
     the lock. A capped queue's claims take turns with ``claim_capped``'s (``CAP_LOCK``
     first, always in that order): a node that has not heard of a policy yet counts its
-    running jobs under the same lock. A round short of jobs whose sweep left keys unread
-    wakes its claimer at once (``wake``: when its read ended; ``_swept``, by ``sweeps``)."""
-    sweeps = {} if sweeps is None else sweeps
+    running jobs under the same lock. Last, whether to claim again at once: the round came
+    up short of jobs and its ``sweep`` left keys unread, or the token it reports has come
+    already (``_swept``)."""
+    sweep = Sweep() if sweep is None else sweep
     async with conn.transaction():
         if cap is not None:
             await conn.execute(Q["cap_lock"], CAP_LOCK, queue)
         await conn.execute(Q["fair_lock"], FAIR_LOCK, queue)
-        after = sweeps.get(queue, ("", None))[0]
+        after = sweep.after
         row = await conn.fetchrow(Q["fair_read"], queue, now, now, kinds, n, WALK_KEYS, after)
         due = msgspec.json.decode(row["keys"])
         read = now if since is None else now + (time.perf_counter() - since)
         if row["paused"]:
-            return [], None
+            return [], None, False
         if cap is not None:
             n = min(n, cap - int(row["running"]))
         if n <= 0:
-            return [], None  # (a finishing attempt frees a slot, and its worker claims)
+            return [], None, False  # (a finishing attempt frees a slot: its worker claims)
         keys = {
             (None if k == _NO_KEY else k): KeyState(
                 due=int(due), oldest=float(oldest), running=int(running), tat=tat,
@@ -159,16 +169,16 @@ async def fair_claim(
             if k is not None and due > 0
         }  # fmt: skip
         if not keys:
-            return [], read if _swept(sweeps, queue, after, due, {}, True) else None
+            return [], *_went_on(*_swept(sweep, after, due, {}, True, None), read)
         db_now = float(row["db_now"])
         policy = _stored(row["policy"])  # the database's, not the node's copy of it
         made = plan(keys, policy, virtual=row["virtual"] or 0.0, queue_tat=row["queue_tat"],
                     now=db_now, n=n)  # fmt: skip
         wake = None if made.wake is None else read + (made.wake - db_now)
-        if _swept(sweeps, queue, after, due, made.take, sum(made.take.values()) < n):
-            wake = read  # (keys not read yet may have jobs to start now)
+        short = sum(made.take.values()) < n
+        wake, go_on = _went_on(*_swept(sweep, after, due, made.take, short, wake), read)
         if not made.take:
-            return [], wake
+            return [], wake, go_on
         keyed = [(k, c) for k, c in made.take.items() if k is not None]
         rows = await conn.fetch(
             Q["fair_claim"], now, n, lease_until, queue, holder, [k for k, _ in keyed],
@@ -181,7 +191,12 @@ async def fair_claim(
             [made.finish.get(k, keys[k].finish) for k in touched],
             made.virtual, made.queue_tat,
         )  # fmt: skip
-    return [job_of(r) for r in rows], wake
+    return [job_of(r) for r in rows], wake, go_on
+
+
+def _went_on(go_on: bool, wake: float | None, read: float) -> tuple[float | None, bool]:
+    """(the token, whether to claim again at once): at once too if the token has come."""
+    return wake, go_on or (wake is not None and wake <= read)
 
 
 async def set_policy(conn: asyncpg.Connection, queue: str, policy: Policy | None) -> None:

@@ -11,6 +11,7 @@ fenced like an outcome, in one statement (queries.sql ``extend``); a node's own
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +23,9 @@ import msgspec
 from sqlq.common.fair import Policy
 from sqlq.common.models import Job
 from sqlq.common.running import Progress
+from sqlq.common.specs import QUEUE_PATTERN
 from sqlq.common.store import Extended, Lease
-from sqlq.engines.postgres.fair import CAP_LOCK, Sweeps, fair_claim
+from sqlq.engines.postgres.fair import CAP_LOCK, Sweep, fair_claim
 from sqlq.engines.postgres.flows import job_of
 from sqlq.engines.postgres.queries import Q
 
@@ -33,48 +35,61 @@ encode = msgspec.json.Encoder().encode  # progress, as rows.py writes it
 Tokens = dict[tuple[str, tuple[str, ...] | None], float]  # (queue, kinds) -> next token
 
 
+SweepKey = tuple[str, tuple[str, ...] | None, bool]  # (queue, kinds, a remote worker's)
+SWEEPS_MOST = 1024  # sweeps kept (a hint: one forgotten starts over from the first key)
+KEYED_HEARD_MOST = 4096  # queues a node takes as keyed from wakes between censuses
+_QUEUE = re.compile(QUEUE_PATTERN)
+
+
 @dataclass
 class Between:
     """What a store's claims remember from one to the next: the fair queues' next tokens,
-    of this node's claims and of remote workers' apart (``next_token``), the turns, the
-    queues that held a scheduled job with a key at the last census (``keyed``), and where
-    each fair queue's sweep of its keys goes on (``fair.Sweeps``)."""
+    of this node's claims and of remote workers' apart (``next_token``), and whether a
+    sweep said to claim again at once (``go_on``); the turns; the queues that hold a job
+    with a key (``keyed``); where each fair queue's sweep of its keys goes on; and whether
+    the plain claim may find a job (``plain_may``)."""
 
     own: Tokens = field(default_factory=dict)
     remote: Tokens = field(default_factory=dict)
+    go_on: list[bool] = field(default_factory=lambda: [False, False])  # own, remote
     turns: list[int] = field(default_factory=lambda: [0, 0])  # this node's claims', remote
     keyed: frozenset[str] = frozenset()
-    sweeps: Sweeps = field(default_factory=dict)
-    # Whether the plain claim may find a job (``plain_may``): the queues that held a
-    # scheduled job, and those paused, at the last census (None: not counted yet), and
-    # whether a wake was heard since that census began.
+    sweeps: dict[SweepKey, Sweep] = field(default_factory=dict)
+    # The queues that held a scheduled job, and those paused, at the last census (None:
+    # not counted yet); whether a wake was heard since that census began, and the wakes
+    # heard (with the keyed queues they named since it began, which it may have missed).
     scheduled: frozenset[str] | None = None
     paused: frozenset[str] = frozenset()
     woken: bool = True
+    wakes: int = 0
+    heard_keyed: set[str] = field(default_factory=set)
 
-    def heard(self, keyed: list[str]) -> None:
+    def heard(self, keyed: Sequence[str] = ()) -> None:
         """A wake (a submission, a job due again, a resume: any node's commit, this one's
         too), naming the queues it gave jobs with a key: fair from this node's next claim,
-        not its next census, which replaces the set."""
+        not its next census. Names are checked and bounded (anyone may NOTIFY)."""
+        self.wakes += 1
         self.woken = True
-        if keyed:
-            self.keyed = self.keyed.union(keyed)
+        named = [q for q in keyed if q not in self.keyed and _QUEUE.fullmatch(q)]
+        if named and len(self.keyed) + len(named) <= KEYED_HEARD_MOST:
+            self.keyed = self.keyed.union(named)
+            self.heard_keyed.update(named)
 
     async def counted(self, census: Callable[[], Awaitable[list[Any]]]) -> list[Any]:
         """The census's rows (queue, state, jobs, jobs with a key), read by ``census``: which
-        queues held a scheduled job and which one with a key. A wake heard while it reads
-        may be of a job it missed: it counts (``woken`` is cleared before the read)."""
-        self.woken = False
-        try:
-            rows = await census()
-        except BaseException:
-            self.woken = True
-            raise
-        self.keyed = frozenset(r[0] for r in rows if r[3] and r[1] == "scheduled")
+        queues hold a scheduled job, and which one with a key. A wake heard while it reads
+        may be of a job it missed: it stays heard, and the keyed queues it named stay."""
+        began = self.wakes
+        self.heard_keyed = set()
+        rows = await census()
+        self.keyed = frozenset(r[0] for r in rows if r[3] and r[1] == "scheduled").union(
+            self.heard_keyed
+        )
         self.scheduled = frozenset(r[0] for r in rows if r[1] == "scheduled")
+        self.woken = self.wakes != began
         return rows
 
-    def plain_may(self, skipped: Collection[str], wanted: Sequence[str] | None) -> bool:
+    def plain_may(self, skipped: Collection[str], wanted: Collection[str] | None) -> bool:
         """Whether the plain claim may find a due job: a wake came since the last census, or
         that census saw a scheduled job in a queue it claims. Otherwise it would only walk
         past the due jobs of the queues it leaves out (a fair, capped or paused queue's
@@ -85,6 +100,17 @@ class Between:
             return True
         return any(q not in skipped and q not in self.paused and (wanted is None or q in wanted)
                    for q in self.scheduled)  # fmt: skip
+
+    def sweep(self, queue: str, kinds: tuple[str, ...] | None, remote: bool) -> Sweep:
+        key = (queue, kinds, remote)
+        sweep = self.sweeps.get(key)
+        if sweep is None:
+            if len(self.sweeps) >= SWEEPS_MOST:
+                self.sweeps = {k: v for k, v in self.sweeps.items() if not v.idle}
+                if len(self.sweeps) >= SWEEPS_MOST:
+                    self.sweeps.clear()
+            sweep = self.sweeps[key] = Sweep()
+        return sweep
 
 
 async def claim(
@@ -131,14 +157,16 @@ async def claim(
     fair = {q for q in ruled if q not in left_out and (wanted is None or q in wanted)}
     capped = sorted(q for q in caps if q not in left_out and q not in fair
                     and (wanted is None or q in wanted))  # fmt: skip
-    skipped = sorted(left_out | set(caps) | ruled)
+    skipped_set = left_out | set(caps) | ruled
+    skipped = sorted(skipped_set)
     tokens = between.remote if remote else between.own
     if fair:  # only those with a due job pay a round (an idle one holds nothing back)
         due = {r[0] for r in await conn.fetch(Q["fair_due"], sorted(fair), now, kind_list)}
         for queue in fair - due:
             tokens.pop((queue, kinds_key), None)
         fair = due
-    plain: list[str | None] = [None] if between.plain_may(skipped, wanted) else []
+    wanted_set = None if wanted is None else set(wanted)
+    plain: list[str | None] = [None] if between.plain_may(skipped_set, wanted_set) else []
     sources: list[str | None] = [*plain, *sorted(fair), *capped]  # None: the plain claim
     if not sources:
         return []
@@ -152,10 +180,12 @@ async def claim(
             rows = await conn.fetch(Q["claim"], now, n - len(jobs), lease_until, skipped,
                                     holder, wanted, kind_list)  # fmt: skip
         elif source in fair:
-            got, wake = await fair_claim(conn, source, n - len(jobs), now, lease_until, holder,
-                                         kind_list, caps.get(source), started,
-                                         between.sweeps)  # fmt: skip
+            got, wake, go_on = await fair_claim(
+                conn, source, n - len(jobs), now, lease_until, holder, kind_list,
+                caps.get(source), started, between.sweep(source, kinds_key, remote),
+            )  # fmt: skip
             jobs += got
+            between.go_on[remote] |= go_on
             if wake is None:
                 tokens.pop((source, kinds_key), None)
             else:
@@ -206,6 +236,17 @@ async def extend(conn: asyncpg.Connection, now: float, leases: Sequence[Lease]) 
         return []
     rows = await conn.fetch(Q["extend"], *extend_args(now, leases))
     return [Extended(r[0], r[1], r[2]) for r in rows]
+
+
+def next_due(between: Between, remote: bool, due: float | None, now: float) -> float | None:
+    """``SharedStore.next_due`` from the earliest delayed job (``due``): ``now`` if a sweep
+    said to claim again at once (said once: the next answer is the tokens'), else the
+    earlier of ``due`` and the next token."""
+    if between.go_on[remote]:
+        between.go_on[remote] = False
+        return now
+    token = next_token(between.remote if remote else between.own, now)
+    return token if token is not None and (due is None or token < due) else due
 
 
 def next_token(tokens: Tokens, now: float) -> float | None:

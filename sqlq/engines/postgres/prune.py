@@ -2,7 +2,8 @@
 
 Every node runs its maintenance on its own clock; an advisory lock (``PRUNE_LOCK``) lets
 one prune at a time, and a node that finds it taken reports the sizes and prunes
-nothing. A workflow goes as a unit with its flows and edges (queries.sql ``prune``).
+nothing. A workflow goes as a unit with its flows and edges (queries.sql ``prune``). Idle
+fair keys go too (``prune_keys``): a tenant seen once costs a row only while it matters.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlq.common.store import CompactionReport
 from sqlq.engines.postgres.queries import Q
 
 PRUNE_LOCK = 0x5371_6C72  # one node at a time prunes
+PRUNE_KEYS_MOST = 10_000  # fair keys a prune forgets at most (queries.sql prune_keys)
 
 
 async def prune(conn: asyncpg.Connection, horizon: float, t0: float) -> CompactionReport:
@@ -25,6 +27,7 @@ async def prune(conn: asyncpg.Connection, horizon: float, t0: float) -> Compacti
     if await conn.fetchval(Q["prune_lock"], PRUNE_LOCK):
         try:
             pruned, _nodes, _graph = await conn.fetchrow(Q["prune"], horizon)
+            await conn.execute(Q["prune_keys"], PRUNE_KEYS_MOST)
         finally:
             await conn.execute(Q["prune_unlock"], PRUNE_LOCK)
     after = int(await conn.fetchval(Q["size"]))

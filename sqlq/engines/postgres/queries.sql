@@ -347,6 +347,22 @@ SELECT name, policy FROM policies ORDER BY name;
 -- Pruning, one node at a time ($1 is PRUNE_LOCK): true if this node may prune now.
 SELECT pg_try_advisory_lock($1);
 
+-- name: prune_keys
+-- At most $1 of the fair keys (sqlq.engines.postgres.fair) that are idle: no scheduled or
+-- running job of the key, and its bucket full (tat, on the database's clock, no later
+-- than now). Made again, such a key starts with a full bucket at its queue's virtual
+-- time, as a key back from idle does in one process (sqlq.runtime.fairlanes forgets it
+-- the same way); a submission or a round racing this loses nothing (a round's save
+-- makes the row again). The row of the jobs with no key ('') stays: one a queue.
+DELETE FROM fair_keys WHERE (queue, key) IN (
+    SELECT k.queue, k.key FROM fair_keys k
+     WHERE k.key <> '' AND (k.tat IS NULL OR k.tat <= extract(epoch FROM clock_timestamp()))
+       AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.state = 'scheduled'
+                          AND j.queue = k.queue AND j.key = k.key)
+       AND (k.queue, k.key) NOT IN (SELECT queue, key FROM jobs
+                                     WHERE state = 'running' AND key IS NOT NULL)
+     LIMIT $1);
+
 -- name: prune_unlock
 SELECT pg_advisory_unlock($1);
 
@@ -475,15 +491,17 @@ SELECT c.db_now, set_config('sqlq_audit.fair_now', c.db_now::text, true) AS fair
   FROM (SELECT extract(epoch FROM clock_timestamp())::float8 AS db_now) c;
 
 -- name: fair_due
--- Of the fair queues $1 (a policy, or a key at the last census), those with a due job of
--- the kinds $3 names (NULL: any) now ($2): one probe each down jobs_fair, so a claim pays
--- a fair round (a transaction, the queue's lock) only where one can take something.
+-- Of the fair queues $1 (a policy, or a key at the last census), those not paused with a
+-- due job of the kinds $3 names (NULL: any) now ($2): one probe each down jobs_fair, so a
+-- claim pays a fair round (a transaction, the queue's lock) only where one can take
+-- something.
 -- (A probe a queue, down jobs_fair in its order: as an EXISTS, the planner hashed every
 -- due job of every queue by queue, 30 ms a claim behind a backlog of 100,000.)
 SELECT q FROM unnest($1::text[]) AS q, LATERAL (
     SELECT 1 FROM jobs WHERE state = 'scheduled' AND queue = q AND ready_at <= $2
        AND ($3::text[] IS NULL OR kind = ANY ($3::text[]))
-     ORDER BY queue, key, priority DESC, ready_at, id LIMIT 1) f;
+     ORDER BY queue, key, priority DESC, ready_at, id LIMIT 1) f
+ WHERE NOT EXISTS (SELECT 1 FROM queues WHERE name = q AND paused);
 
 -- name: due_walked
 -- fair_read's due jobs by key (key, n, oldest, weight, depth): jobs_fair walked key by key

@@ -167,7 +167,7 @@ class PostgresStore(Committing):
             self.syncs += sum(1 for p in batch if p.encoded.members)
             tell(self._cascade, moved)
         if any(p.encoded.wakes for p in batch):  # (after the commit: ``Between.plain_may``)
-            self._between.woken = True
+            self._between.heard()
         return ends
 
     async def _write(
@@ -259,7 +259,7 @@ class PostgresStore(Committing):
 
     async def set_queue_paused(self, queue: str, paused: bool) -> None:
         await self._read(lambda c: c.fetchrow(Q["set_paused"], queue, paused))
-        self._between.woken = True  # (its jobs may be the plain claim's again)
+        self._between.heard()  # (its jobs may be the plain claim's again)
 
     async def paused_queues(self) -> list[str]:
         paused = [r[0] for r in await self._read(lambda c: c.fetch(Q["paused"]))]
@@ -268,7 +268,7 @@ class PostgresStore(Committing):
 
     async def set_queue_policy(self, queue: str, policy: Policy | None) -> None:
         await self._read(lambda c: fair.set_policy(c, queue, policy))
-        self._between.woken = True
+        self._between.heard()
 
     async def queue_policies(self) -> dict[str, Policy]:
         return await self._read(fair.policies)
@@ -320,8 +320,7 @@ class PostgresStore(Committing):
         """The earliest delayed job's due time, or a fair queue's next token if sooner (of
         this node's claims, or with ``remote`` of remote workers')."""
         due: float | None = await self._read(lambda c: c.fetchval(Q["next_due"], now))
-        token = leases.next_token(self._between.remote if remote else self._between.own, now)
-        return token if token is not None and (due is None or token < due) else due
+        return leases.next_due(self._between, remote, due, now)
 
     async def renew(
         self,
