@@ -29,6 +29,21 @@ async def _submit(rt: Service, n: int, key: str | None, queue: str = "q", **args
     return (await rt.submit(specs, batch=True))[0]
 
 
+def _count_rounds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The queues of every fair round the claims run from now on, in order."""
+    from sqlq.engines.postgres import leases
+    from sqlq.engines.postgres.fair import fair_claim as real
+
+    rounds: list[str] = []
+
+    async def counted(conn: Any, queue: str, *args: Any) -> Any:
+        rounds.append(queue)
+        return await real(conn, queue, *args)
+
+    monkeypatch.setattr(leases, "fair_claim", counted)
+    return rounds
+
+
 async def test_a_keys_concurrency_holds_across_two_nodes(nodes: Node) -> None:
     """The bar: key_concurrency 2 for key A, 50 jobs of 0.5 s, two nodes: never more than 2
     of A at once; B beside it is not held back."""
@@ -258,16 +273,7 @@ async def test_an_idle_queue_with_a_policy_costs_a_claim_no_round(
     """S on PostgreSQL: five empty queues with policies took each claim of a plain queue
     through five fair rounds (a transaction and a lock each), and its drain crawled. Only
     a queue with a due job takes its turn."""
-    from sqlq.engines.postgres import leases
-    from sqlq.engines.postgres.fair import fair_claim as real
-
-    rounds: list[str] = []
-
-    async def counted(conn: Any, queue: str, *args: Any) -> Any:
-        rounds.append(queue)
-        return await real(conn, queue, *args)
-
-    monkeypatch.setattr(leases, "fair_claim", counted)
+    rounds = _count_rounds(monkeypatch)
     a = nodes(workers=2)
     await a.start()
     for q in ("p1", "p2", "p3"):
@@ -542,16 +548,7 @@ async def test_a_paused_fair_queue_costs_a_claim_no_round(
 ) -> None:
     """fair_due left pauses to the round: a paused queue with keyed due jobs cost every
     claim a transaction, the lock and a read of up to 512 keys, to take nothing."""
-    from sqlq.engines.postgres import leases
-    from sqlq.engines.postgres.fair import fair_claim as real
-
-    rounds: list[str] = []
-
-    async def counted(conn: Any, queue: str, *args: Any) -> Any:
-        rounds.append(queue)
-        return await real(conn, queue, *args)
-
-    monkeypatch.setattr(leases, "fair_claim", counted)
+    rounds = _count_rounds(monkeypatch)
     a = nodes(workers=2)
     await a.start()
     await a.pause("held", True)
