@@ -114,10 +114,14 @@ def _running_verdict(job: JobFacts, rec: ClientRecord, deaths: int) -> str | Non
             return f"{job.state}, though a cancel was acknowledged while it ran"
         if job.state == "cancelled" and job.cancel_requested_at is None:
             return "cancelled at a request, but no cancel_requested_at is stored"
-        if rec.requested_at is not None and job.attempts != rec.requested_at:
+        # Ended by the attempt it was asked during; or cancelled one lower, when that claim
+        # was given back before its handler started (``backoff.released``: no attempt).
+        given_back = job.state == "cancelled" and job.attempts == (rec.requested_at or 0) - 1
+        if rec.requested_at is not None and job.attempts != rec.requested_at and not given_back:
             return (
                 f"{job.state} by attempt {job.attempts}, though a cancel was acknowledged "
-                f"during attempt {rec.requested_at}: it ran again"
+                f"during attempt {rec.requested_at}: "
+                + ("it ran again" if job.attempts > rec.requested_at else "an attempt is lost")
             )
     if rec.tag == CHECKPOINT_TAG:
         return _checkpoint_verdict(job, rec.saved)

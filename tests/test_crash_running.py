@@ -127,6 +127,14 @@ ASKED = ["cancel?", "cancel202"]
         (_facts("cancelled", 2, 1, cancel_requested_at=1.0),
          ClientRecord(3, events=ASKED, requested_at=1), "it ran again"),
         (_facts("completed", 2, 1), ClientRecord(3, events=ASKED, requested_at=1), "ran again"),
+        # its claim given back before the handler started: cancelled, the attempt uncounted
+        # (a remote worker's kill -9 trial, sqlite-worker, read this as "it ran again")
+        (_facts("cancelled", 0, 0, cancel_requested_at=1.0),
+         ClientRecord(3, events=ASKED, requested_at=1), None),
+        (_facts("completed", 1, 2), ClientRecord(3, events=ASKED, requested_at=2),
+         "an attempt is lost"),
+        (_facts("cancelled", 0, 0, cancel_requested_at=1.0),
+         ClientRecord(3, events=ASKED, requested_at=2), "an attempt is lost"),
         # ... unless the operator retried it after
         (_facts("completed", 1, 2), ClientRecord(3, events=[*ASKED, "retry?"], requested_at=1),
          None),
