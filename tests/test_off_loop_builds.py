@@ -1,9 +1,11 @@
 """What a server makes once, at first use, it makes on a thread: the OpenAPI document
-(~65 ms, at the first ``/openapi.json``) and the dashboard's templates (~65 ms, by a
-thread the app starts). Neither waits before /readyz, and neither stops the event loop."""
+(~65 ms, at the first ``/openapi.json``) and the dashboard's templates (~65 ms, at the
+dashboard's first request). Neither waits before /readyz, neither stops the event loop, and
+neither runs beside a server's first jobs unless someone asked for it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -42,14 +44,13 @@ async def test_the_openapi_document_is_made_on_a_thread(monkeypatch: pytest.Monk
     assert made_on[0] is not threading.main_thread()
 
 
-async def test_the_templates_are_compiled_by_a_thread_once_the_app_starts(
+async def test_the_templates_are_compiled_by_a_thread_at_the_dashboards_first_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[tuple[threading.Thread, Dashboard]] = []
     real = Dashboard.compile_templates
 
     def spy(self: Dashboard) -> None:
-        assert not self.env.cache  # (nothing compiled before the app started)
         real(self)
         seen.append((threading.current_thread(), self))
 
@@ -59,12 +60,47 @@ async def test_the_templates_are_compiled_by_a_thread_once_the_app_starts(
     try:
         app = create_app(rt, start_runtime=False)
         async with app.router.lifespan_context(app):
-            pass  # (its stop waits for the thread)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+                r = await http.get("/healthz")
+                assert r.status_code == 200
+                assert seen == []  # serving the API compiles nothing
+                pages = await asyncio.gather(*(http.get("/ui/") for _ in range(3)))
+                again = await http.get("/ui/")
     finally:
         await rt.stop(0)
-    assert len(seen) == 1
+    assert [p.status_code for p in (*pages, again)] == [200] * 4
+    assert len(seen) == 1  # once, however many asked at once
     thread, dashboard = seen[0]
     assert thread is not threading.main_thread()
     cache = dashboard.env.cache
     assert cache is not None
     assert {key[1] for key in cache} == set(dashboard.env.list_templates())
+
+
+async def test_a_failed_compile_is_tried_again_at_the_next_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    real = Dashboard.compile_templates
+
+    def flaky(self: Dashboard) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("templates unreadable")
+        real(self)
+
+    monkeypatch.setattr(Dashboard, "compile_templates", flaky)
+    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1))
+    await rt.start()
+    try:
+        app = create_app(rt, start_runtime=False)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            first = await http.get("/ui/")
+            second = await http.get("/ui/")
+    finally:
+        await rt.stop(0)
+    assert first.status_code == 500
+    assert second.status_code == 200
+    assert len(calls) == 2

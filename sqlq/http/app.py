@@ -286,17 +286,13 @@ def create_app(
         anyio.CancelScope()
         if start_runtime:
             await runtime.start()
-        warming: asyncio.Task[None] | None = None
         if dashboard is not None:
             dashboard.sampler.start()
-            warming = asyncio.create_task(asyncio.to_thread(dashboard.compile_templates))
         try:
             yield
         finally:
             if dashboard is not None:
                 await dashboard.sampler.stop()
-            if warming is not None:
-                await warming  # (a thread: it cannot be cut short, and takes ~65 ms at most)
             await runtime.stop(grace_s)
 
     routes = [  # every route behind its role's rule (sqlq.http.access.guarded)

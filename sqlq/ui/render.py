@@ -1,9 +1,9 @@
 """How the dashboard draws: the Jinja2 environment with its filters, a job's JSON as the
 job page shows it, and the static files.
 
-Templates are autoescaped, compiled once by a thread after the app starts and never
-reloaded (they are package data), so a page costs its render and nothing else on the event
-loop.
+Templates are autoescaped, compiled once by a thread at the dashboard's first request and
+never reloaded (they are package data), so a page costs its render and nothing else on the
+event loop.
 """
 
 from __future__ import annotations
@@ -98,9 +98,9 @@ class ShownArgs:
 
 
 def environment() -> Environment:
-    """The templates, each compiled once (then kept: ``auto_reload`` off), by a thread after
-    the app starts (``Dashboard.compile_templates``). Compiling them all here cost every start
-    ~65 ms before /readyz (experiment K's restart)."""
+    """The templates, each compiled once (then kept: ``auto_reload`` off), by a thread at the
+    dashboard's first request (``Dashboard.compiled``). Compiling them all here cost every
+    start ~65 ms before /readyz (experiment K's restart)."""
     env = Environment(
         loader=PackageLoader("sqlq.ui", "templates"),
         autoescape=True,
