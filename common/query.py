@@ -76,6 +76,23 @@ def _int(params: Mapping[str, str], name: str, low: int, high: int, default: int
     return value
 
 
+MEMBER_PARAMS = frozenset({"limit", "after"})
+
+
+def member_page(params: Mapping[str, str]) -> tuple[str | None, int]:
+    """``GET /workflows/{id}``'s page: the member it follows (``after``, a cursor this
+    server gave out) and how many (``limit``, 1 to ``MAX_PAGE``, all of a page by default)."""
+    unknown = sorted(set(params) - MEMBER_PARAMS)
+    if unknown:
+        raise ValidationError(
+            clip(unknown[0], 60), f"unknown parameter; use {sorted(MEMBER_PARAMS)}"
+        )
+    after = _param(params, "after")
+    return (None if after is None else _uncursor(after)), _int(
+        params, "limit", 1, MAX_PAGE, MAX_PAGE
+    )
+
+
 def job_query(params: Mapping[str, str]) -> JobQuery:
     unknown = sorted(set(params) - LIST_PARAMS)
     if unknown:

@@ -119,24 +119,32 @@ class WorkflowMember(msgspec.Struct, frozen=True):
 
 
 class WorkflowView(msgspec.Struct, frozen=True):
-    """A workflow: its overall state (``sqlq.common.workflow.overall``), its members'
-    counts by state, and each member."""
+    """A workflow: its overall state (``sqlq.common.workflow.overall``) and its members'
+    counts by state, over every member; and one page of its members, in the order they
+    were stored (``next``: pass it back as ``?after=`` for the page after; null on the last).
+    A page, because a workflow may hold 100,000 members: the whole list was a 20 MB
+    answer, encoded on the event loop."""
 
     id: str
     state: Overall
     counts: dict[str, int]
     jobs: list[WorkflowMember]
     retryable: int = 0  # the dead members ``POST /workflows/{id}/retry`` would revive now
+    next: str | None = None
 
 
-def workflow_view(workflow_id: str, jobs: list[Job]) -> WorkflowView:
-    """The view of a workflow from its members (as the store keeps them)."""
+def workflow_view(
+    workflow_id: str, jobs: list[Job], page: list[Job] | None = None, next: str | None = None
+) -> WorkflowView:
+    """The view of a workflow from its members (as the store keeps them): its state and
+    counts from all of them, and ``page`` of them listed (all when None)."""
     states = {j.id: j.state.value for j in jobs}
     state_of = states.get
-    members = []
     counts: dict[str, int] = {}
     for j in jobs:
         counts[j.state.value] = counts.get(j.state.value, 0) + 1
+    members = []
+    for j in jobs if page is None else page:
         flow = j.flow
         if flow is None:  # (every member has one)
             members.append(WorkflowMember(j.id, j.kind, j.state))
@@ -147,7 +155,7 @@ def workflow_view(workflow_id: str, jobs: list[Job]) -> WorkflowView:
         ))  # fmt: skip
     state = overall(((j.state.value, j.flow) for j in jobs), state_of)
     again = retried(((j.id, j.state.value, j.flow) for j in jobs), state_of)
-    return WorkflowView(workflow_id, state, counts, members, len(again))
+    return WorkflowView(workflow_id, state, counts, members, len(again), next)
 
 
 class JobPage(msgspec.Struct):

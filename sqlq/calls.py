@@ -297,9 +297,14 @@ class Requests:
                                  "jobs": list(jobs)}))  # fmt: skip
 
     @staticmethod
-    def workflow(workflow_id: str) -> Plan[WorkflowView]:
-        """A workflow: its state, its members' counts by state, and each member."""
-        return (yield from Call("GET", f"/workflows/{workflow_id}", WorkflowView, retry=True))
+    def workflow(
+        workflow_id: str, *, after: str | None = None, limit: int | None = None
+    ) -> Plan[WorkflowView]:
+        """A workflow: its state and its members' counts by state, and a page of its members
+        (up to ``limit``, after the page whose ``next`` is ``after``)."""
+        query = {k: v for k, v in (("after", after), ("limit", limit)) if v is not None}
+        return (yield from Call("GET", f"/workflows/{workflow_id}", WorkflowView,
+                                params=query or None, retry=True))  # fmt: skip
 
     @staticmethod
     def cancel_workflow(workflow_id: str) -> Plan[CancelCounts]:

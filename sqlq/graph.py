@@ -161,9 +161,10 @@ class SentWorkflow:
         self.id = workflow_id
         self.jobs = jobs
 
-    def get(self) -> WorkflowView:
-        """The workflow as it stands: its state, counts and members."""
-        return self.client.workflow(self.id)
+    def get(self, after: str | None = None) -> WorkflowView:
+        """The workflow as it stands: its state and counts, and a page of its members (up to
+        1,000; ``get(after=view.next)`` for the page after)."""
+        return self.client.workflow(self.id, after=after)
 
     def cancel(self) -> CancelCounts:
         """Cancel its members that have not started, and ask its running ones to stop."""
@@ -192,8 +193,9 @@ class AsyncSentWorkflow:
         self.id = workflow_id
         self.jobs = jobs
 
-    async def get(self) -> WorkflowView:
-        return await self.client.workflow(self.id)
+    async def get(self, after: str | None = None) -> WorkflowView:
+        """``SentWorkflow.get``, awaited."""
+        return await self.client.workflow(self.id, after=after)
 
     async def append(self, more: Workflow) -> dict[str, AsyncJobHandle[Any]]:
         """``SentWorkflow.append``, awaited."""

@@ -10,7 +10,9 @@ import msgspec
 
 from sqlq.client import Client
 from sqlq.common.models import is_job_id
+from sqlq.common.store import MAX_PAGE
 from sqlq.common.wire import WorkflowView
+from sqlq.common.workflow import MAX_MEMBERS
 from sqlq.ops import connection, table
 
 MEMBER_COLUMNS = ("ref", "id", "kind", "state", "waits_for", "cancel_reason")
@@ -21,6 +23,18 @@ def _checked(workflow_id: str) -> str:
     if not is_job_id(workflow_id):
         raise click.BadParameter("a workflow's id: 32 hex digits", param_hint="WORKFLOW_ID")
     return workflow_id
+
+
+def members(client: Client, workflow_id: str, limit: int) -> WorkflowView:
+    """The workflow with up to ``limit`` of its members, page after page (``next``: the
+    cursor past the last one shown, if it holds more)."""
+    view = client.workflow(workflow_id, limit=min(limit, MAX_PAGE))
+    jobs, after = list(view.jobs), view.next
+    while after is not None and len(jobs) < limit:
+        page = client.workflow(workflow_id, after=after, limit=min(limit - len(jobs), MAX_PAGE))
+        jobs.extend(page.jobs)
+        after = page.next
+    return msgspec.structs.replace(view, jobs=jobs, next=after)
 
 
 def show_workflow(view: WorkflowView, as_json: bool) -> None:
@@ -35,6 +49,9 @@ def show_workflow(view: WorkflowView, as_json: bool) -> None:
         for m in view.jobs
     ]  # fmt: skip
     click.echo(table(rows, MEMBER_COLUMNS))
+    if view.next is not None:
+        total = sum(view.counts.values())
+        click.echo(f"(the first {len(view.jobs):,} of {total:,} jobs: --limit shows more)")
 
 
 @click.group()
@@ -45,9 +62,16 @@ def workflows() -> None:
 @workflows.command("show")
 @connection
 @click.argument("workflow_id")
-def show(client: Client, as_json: bool, workflow_id: str) -> None:
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_MEMBERS),
+    default=MAX_PAGE,
+    show_default=True,
+    help="Its jobs listed, at most (in the order stored).",
+)
+def show(client: Client, as_json: bool, workflow_id: str, limit: int) -> None:
     """A workflow: its state, its jobs' counts by state, and each job with what it waits for."""
-    show_workflow(client.workflow(_checked(workflow_id)), as_json)
+    show_workflow(members(client, _checked(workflow_id), limit), as_json)
 
 
 @workflows.command("cancel")

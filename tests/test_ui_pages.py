@@ -282,6 +282,23 @@ async def test_a_workflows_page_draws_its_graph_and_its_actions_act(ui: Client) 
     assert (await c.get(f"/ui/workflows/{'0' * 32}")).status_code == 404
 
 
+async def test_a_large_workflows_page_lists_its_first_thousand_of_all(ui: Client) -> None:
+    from sqlq.common.specs import MemberSpec
+
+    c = await ui()
+    rt: Service = c.runtime
+    specs = [MemberSpec(kind="sleep", ref="root", args={"work_ms": 60_000})] + [
+        MemberSpec(kind="sleep", depends_on=("root",)) for _ in range(1_199)
+    ]
+    jobs, _ = await rt.submit(specs, batch=True, workflow=True)
+    assert jobs[0].flow is not None
+    r = await c.get(f"/ui/workflows/{jobs[0].flow.workflow_id}")
+    assert r.status_code == 200, r.text[:300]
+    assert r.text.count('href="/ui/jobs/') == 1_000
+    assert "The first 1000 of 1200." in r.text
+    assert "Not drawn: more than 300 jobs" in r.text
+
+
 async def test_the_queues_page_shows_a_queues_policy(ui: Client) -> None:
     """#37: a policy in a line under its queue's name, escaped as everything the page shows."""
     from sqlq.common.fair import KeyPolicy, Policy, Rate

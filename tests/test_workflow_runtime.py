@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sqlq.common import query
 from sqlq.common.errors import IllegalTransitionError, ValidationError
 from sqlq.common.models import Job, State
 from sqlq.common.specs import MemberSpec, RetrySpec
@@ -237,6 +238,74 @@ async def test_a_workflow_reads_back_with_its_state_counts_and_what_blocks_each_
     for missing in ("0" * 32, "not-an-id", d):  # (a job's id names no workflow)
         r = await client.get(f"/workflows/{missing}")
         assert (r.status_code, r.json()["error"]) == (404, "not_found")
+
+
+async def test_a_workflows_members_are_listed_a_page_at_a_time_its_counts_over_all(
+    client: httpx.AsyncClient,
+) -> None:
+    jobs = [{"kind": "sleep", "ref": "root"}] + [
+        {"kind": "sleep", "ref": f"c{i}", "depends_on": ["root"]} for i in range(2_499)
+    ]
+    r = await client.post("/jobs/batch", json={"workflow": True, "jobs": jobs})
+    assert r.status_code == 201, r.text
+    ids, workflow_id = r.json()["ids"], r.json()["workflow_id"]
+    first = (await client.get(f"/workflows/{workflow_id}")).json()
+    assert len(first["jobs"]) == 1_000  # the default page: every page's at most
+    assert first["counts"] == {"scheduled": 1, "waiting": 2_499}  # over every member
+    assert first["state"] == "running"
+    seen, after, pages = [m["id"] for m in first["jobs"]], first["next"], 1
+    while after is not None:
+        r = await client.get(f"/workflows/{workflow_id}", params={"after": after, "limit": 700})
+        assert r.status_code == 200, r.text
+        page = r.json()
+        assert page["counts"] == first["counts"]
+        assert len(page["jobs"]) <= 700
+        seen += [m["id"] for m in page["jobs"]]
+        after, pages = page["next"], pages + 1
+    assert seen == ids  # each once, in the order stored
+    assert pages == 4  # 1,000, then 700, 700 and the last 100: no empty page at the end
+    last = (await client.get(f"/workflows/{workflow_id}", params={"limit": 2_500})).status_code
+    assert last == 422
+    for bad, field in (
+        ({"limit": "0"}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"after": "nonsense"}, "after"),
+        ({"after": query.cursor("f" * 32)}, "after"),  # a job id, but no member of it
+        ({"page": "2"}, "page"),
+    ):
+        r = await client.get(f"/workflows/{workflow_id}", params=bad)
+        assert (r.status_code, r.json()["field"]) == (422, field), (bad, r.text)
+
+
+async def test_a_large_workflows_view_is_made_on_a_thread(
+    services: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from sqlq.runtime import service as service_module
+
+    made_on: list[threading.Thread] = []
+    from sqlq.common.wire import workflow_view as real
+
+    def spy(*args: Any) -> Any:
+        made_on.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(service_module, "workflow_view", spy)
+    rt = services(workers=0)
+    await rt.start()
+    for n in (3, service_module.VIEW_ON_LOOP + 1):
+        specs = [MemberSpec(kind="sleep", ref="root")] + [
+            MemberSpec(kind="sleep", depends_on=("root",)) for _ in range(n - 1)
+        ]
+        jobs, _ = await rt.submit(specs, batch=True, workflow=True)
+        assert jobs[0].flow is not None
+        view = await rt.workflow(jobs[0].flow.workflow_id)
+        assert view is not None
+        assert sum(view.counts.values()) == n
+    small, large = made_on
+    assert small is threading.current_thread()
+    assert large is not threading.current_thread()
 
 
 async def test_a_member_waiting_behind_a_dead_parent_reads_stuck(services: ServiceFactory) -> None:

@@ -60,3 +60,32 @@ def test_show_cancel_and_retry(server: ServerProcess) -> None:
     code, out = run(server, "workflows", "show", "nope")
     assert code == 2
     assert "WORKFLOW_ID" in out
+
+
+def test_show_lists_up_to_limit_jobs_page_after_page(server: ServerProcess) -> None:
+    with Client(server.url) as client:
+        sent = client.submit_workflow(
+            [{"kind": "sleep", "ref": "root", "args": {"work_ms": 60_000}}]
+            + [{"kind": "sleep", "depends_on": ["root"]} for _ in range(2_199)]
+        )
+        workflow_id = sent.workflow_id
+        assert workflow_id is not None
+        page = client.workflow(workflow_id, limit=3)
+        assert [m.id for m in page.jobs] == sent.ids[:3]
+        after = client.workflow(workflow_id, after=page.next, limit=3)
+        assert [m.id for m in after.jobs] == sent.ids[3:6]
+        code, out = run(server, "workflows", "show", workflow_id, "--limit", "1500", "--json")
+        assert code == 0, out
+        view = json.loads(out)
+        assert [m["id"] for m in view["jobs"]] == sent.ids[:1_500]  # two pages: 1,000 + 500
+        assert sum(view["counts"].values()) == 2_200
+        assert view["next"] is not None
+        code, out = run(server, "workflows", "show", workflow_id)
+        assert code == 0, out
+        lines = out.splitlines()
+        assert len(lines) == 1 + 1 + 1_000 + 1  # its line, the header, 1,000 jobs, the note
+        assert lines[-1] == "(the first 1,000 of 2,200 jobs: --limit shows more)"
+        code, out = run(server, "workflows", "show", workflow_id, "--limit", "0")
+        assert code == 2
+        assert "--limit" in out
+        client.cancel_workflow(workflow_id)

@@ -187,7 +187,8 @@ def create_app(
 
     async def get_workflow(request: Request) -> Response:
         workflow_id: str = request.path_params["workflow_id"]
-        found = await runtime.workflow(workflow_id)
+        after, limit = params.member_page(request.query_params)
+        found = await runtime.workflow(workflow_id, after, limit)
         if found is None:
             raise WorkflowNotFoundError(workflow_id)
         return JSONResponse(found)

@@ -200,10 +200,15 @@ OPS = (
     Operation(
         "get",
         "/workflows/{workflow_id}",
-        "A workflow: its state (running, completed, failed, cancelled or stuck), its "
-        "members' counts by state, and each member with its parents and what blocks it",
+        "A workflow: its state (running, completed, failed, cancelled or stuck) and its "
+        "members' counts by state, over every member; and a page of its members in the order "
+        "they were stored, each with its parents and what blocks it",
         {200: WorkflowView},
-        params=(WORKFLOW_ID,),
+        params=(
+            WORKFLOW_ID,
+            Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}),
+            Param("after", "query", {"type": "string"}, "the `next` of the previous page"),
+        ),
     ),
     Operation(
         "post",

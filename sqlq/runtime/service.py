@@ -21,6 +21,7 @@ service owns all of it from then on: it shuts the pool down and closes the store
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from sqlq.common.errors import (
 )
 from sqlq.common.fair import MAX_OVERRIDES, KeyPolicy, Policy
 from sqlq.common.models import RETRYABLE, Job, State, is_job_id
+from sqlq.common.query import cursor
 from sqlq.common.specs import CancelSpec, JobSpec, RetrySpec
 from sqlq.common.store import MAX_PAGE, JobQuery, JobStore, Recovery
 from sqlq.common.wire import WorkflowView, workflow_view
@@ -63,6 +65,7 @@ from sqlq.runtime.workers import WorkerPool
 log = logging.getLogger(__name__)
 
 CANCEL_AT_ONCE = 100  # cancels in flight at once in a bulk cancel
+VIEW_ON_LOOP = 2_000  # a workflow's view of more members is made on a thread
 
 
 def _retried_alone(jobs: list[Job]) -> list[Job]:
@@ -251,13 +254,31 @@ class Service:
                     seen.waiting_kind(job.queue, job.kind, now)
         return jobs, new
 
-    async def workflow(self, workflow_id: str) -> WorkflowView | None:
-        """A workflow's view (``GET /workflows/{id}``), or None if none of its members is
-        kept (a workflow's id has a job id's shape: anything else names none)."""
+    async def workflow(
+        self, workflow_id: str, after: str | None = None, limit: int = MAX_PAGE
+    ) -> WorkflowView | None:
+        """A workflow's view (``GET /workflows/{id}``), its members listed ``limit`` at a time
+        from the one after ``after``; None if none of its members is kept (a workflow's id
+        has a job id's shape: anything else names none). A cursor past a member this
+        workflow does not hold is a 422 naming ``after``."""
         if not is_job_id(workflow_id):
             return None
         jobs = await self.store.workflow(workflow_id)
-        return workflow_view(workflow_id, jobs) if jobs else None
+        if not jobs:
+            return None
+        start = 0
+        if after is not None:
+            start = next((i + 1 for i, j in enumerate(jobs) if j.id == after), -1)
+            if start < 0:
+                raise ValidationError("after", "not a member of this workflow (pass `next` back)")
+        page = jobs[start : start + limit]
+        more = start + limit < len(jobs)
+        view = functools.partial(
+            workflow_view, workflow_id, jobs, page, cursor(page[-1].id) if more else None
+        )
+        # Its state and counts walk every member: ~0.2 s at 100,000, on a thread (the
+        # members are immutable) so the loop runs meanwhile; a small one costs less here.
+        return view() if len(jobs) <= VIEW_ON_LOOP else await asyncio.to_thread(view)
 
     async def get(self, job_id: str) -> Job | None:
         job = self.live.get(job_id)

@@ -236,12 +236,13 @@ class Dashboard:
     async def workflow_page(self, request: Request) -> Response:
         """A workflow: its state and counts, its graph (``graph``), and its members."""
         workflow_id: str = request.path_params["workflow_id"]
-        view = await self.runtime.workflow(workflow_id)
+        view = await self.runtime.workflow(workflow_id, limit=MEMBERS_SHOWN)
         if view is None:
             raise Refused(404, "No such workflow", f"No workflow {workflow_id[:64]!r} is kept "
                           "(a finished one goes with --retention, as a whole).")  # fmt: skip
-        return self.render(request, "workflow.html", workflow=view, shown=MEMBERS_SHOWN,
-                           graph=graph_svg(view.jobs, PREFIX), max_drawn=MAX_DRAWN)  # fmt: skip
+        graph = None if view.next is not None else graph_svg(view.jobs, PREFIX)
+        return self.render(request, "workflow.html", workflow=view, graph=graph,
+                           total=sum(view.counts.values()), max_drawn=MAX_DRAWN)  # fmt: skip
 
     async def queues_page(self, request: Request) -> Response:
         return self.render(request, "queues.html", queues=await self.runtime.queues())
