@@ -161,10 +161,10 @@ class SentWorkflow:
         self.id = workflow_id
         self.jobs = jobs
 
-    def get(self, after: str | None = None) -> WorkflowView:
+    def get(self, after: str | None = None, limit: int | None = None) -> WorkflowView:
         """The workflow as it stands: its state and counts, and a page of its members (up to
-        1,000; ``get(after=view.next)`` for the page after)."""
-        return self.client.workflow(self.id, after=after)
+        ``limit``, 1,000 at most and by default; ``get(after=view.next)`` for the next)."""
+        return self.client.workflow(self.id, after=after, limit=limit)
 
     def cancel(self) -> CancelCounts:
         """Cancel its members that have not started, and ask its running ones to stop."""
@@ -193,9 +193,9 @@ class AsyncSentWorkflow:
         self.id = workflow_id
         self.jobs = jobs
 
-    async def get(self, after: str | None = None) -> WorkflowView:
+    async def get(self, after: str | None = None, limit: int | None = None) -> WorkflowView:
         """``SentWorkflow.get``, awaited."""
-        return await self.client.workflow(self.id, after=after)
+        return await self.client.workflow(self.id, after=after, limit=limit)
 
     async def append(self, more: Workflow) -> dict[str, AsyncJobHandle[Any]]:
         """``SentWorkflow.append``, awaited."""

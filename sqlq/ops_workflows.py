@@ -31,10 +31,10 @@ def members(client: Client, workflow_id: str, limit: int) -> WorkflowView:
     view = client.workflow(workflow_id, limit=min(limit, MAX_PAGE))
     jobs, after = list(view.jobs), view.next
     while after is not None and len(jobs) < limit:
-        page = client.workflow(workflow_id, after=after, limit=min(limit - len(jobs), MAX_PAGE))
-        jobs.extend(page.jobs)
-        after = page.next
-    return msgspec.structs.replace(view, jobs=jobs, next=after)
+        view = client.workflow(workflow_id, after=after, limit=min(limit - len(jobs), MAX_PAGE))
+        jobs.extend(view.jobs)
+        after = view.next
+    return msgspec.structs.replace(view, jobs=jobs, next=after)  # (the last page's counts)
 
 
 def show_workflow(view: WorkflowView, as_json: bool) -> None:

@@ -101,7 +101,8 @@ def import_handlers(modules: tuple[str, ...]) -> None:
 
 async def serve(runtime: Service, opts: ServeOptions) -> None:
     recovery = await runtime.start()
-    # Built before tune_gc, so the routes and the dashboard's compiled templates are frozen too.
+    # Built before tune_gc, so the routes are frozen too (the dashboard's templates are
+    # compiled at its first request: Dashboard.compiled).
     app = create_app(runtime, start_runtime=False, grace_s=opts.grace_s,
                      security=opts.security, ui=opts.ui, stamped=False)  # fmt: skip
     tune_gc()

@@ -296,6 +296,8 @@ async def test_a_large_workflows_page_lists_its_first_thousand_of_all(ui: Client
     assert r.status_code == 200, r.text[:300]
     assert r.text.count('href="/ui/jobs/') == 1_000
     assert "The first 1000 of 1200." in r.text
+    state = r.text.split('<p id="workflow-state">', 1)[1].split("</p>", 1)[0]
+    assert "1200 jobs:" in state  # every member counted, not the page listed
     assert "Not drawn: more than 300 jobs" in r.text
 
 

@@ -249,6 +249,8 @@ async def test_a_workflows_members_are_listed_a_page_at_a_time_its_counts_over_a
     r = await client.post("/jobs/batch", json={"workflow": True, "jobs": jobs})
     assert r.status_code == 201, r.text
     ids, workflow_id = r.json()["ids"], r.json()["workflow_id"]
+    r = await client.post("/jobs/batch", json={"workflow": True, "jobs": [{"kind": "sleep"}]})
+    other = r.json()["ids"][0]
     first = (await client.get(f"/workflows/{workflow_id}")).json()
     assert len(first["jobs"]) == 1_000  # the default page: every page's at most
     assert first["counts"] == {"scheduled": 1, "waiting": 2_499}  # over every member
@@ -271,6 +273,7 @@ async def test_a_workflows_members_are_listed_a_page_at_a_time_its_counts_over_a
         ({"limit": "x"}, "limit"),
         ({"after": "nonsense"}, "after"),
         ({"after": query.cursor("f" * 32)}, "after"),  # a job id, but no member of it
+        ({"after": query.cursor(other)}, "after"),  # another workflow's member
         ({"page": "2"}, "page"),
     ):
         r = await client.get(f"/workflows/{workflow_id}", params=bad)
@@ -300,10 +303,14 @@ async def test_a_large_workflows_view_is_made_on_a_thread(
         ]
         jobs, _ = await rt.submit(specs, batch=True, workflow=True)
         assert jobs[0].flow is not None
-        view = await rt.workflow(jobs[0].flow.workflow_id)
+        workflow_id = jobs[0].flow.workflow_id
+        view = await rt.workflow(workflow_id)
         assert view is not None
         assert sum(view.counts.values()) == n
     small, large = made_on
+    with pytest.raises(ValidationError) as refused:  # (the service's own bound, not HTTP's)
+        await rt.workflow(workflow_id, limit=0)
+    assert refused.value.field == "limit"
     assert small is threading.current_thread()
     assert large is not threading.current_thread()
 

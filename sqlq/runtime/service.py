@@ -261,6 +261,8 @@ class Service:
         from the one after ``after``; None if none of its members is kept (a workflow's id
         has a job id's shape: anything else names none). A cursor past a member this
         workflow does not hold is a 422 naming ``after``."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValidationError("limit", f"must be a whole number from 1 to {MAX_PAGE}")
         if not is_job_id(workflow_id):
             return None
         jobs = await self.store.workflow(workflow_id)

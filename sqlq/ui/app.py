@@ -85,13 +85,13 @@ class Dashboard:
         dashboard nobody opens never compiles them."""
         if self._compiled:
             return
-        if self._compiling is None:
-            self._compiling = asyncio.ensure_future(asyncio.to_thread(self.compile_templates))
-        try:
-            await asyncio.shield(self._compiling)
-        except Exception:
-            self._compiling = None  # (the next request tries again)
-            raise
+        ours = self._compiling
+        if ours is None or (ours.done() and (ours.cancelled() or ours.exception() is not None)):
+            # (the first, or one that failed or was cancelled: its failure is its own
+            # requests', and the next request starts afresh)
+            ours = asyncio.ensure_future(asyncio.to_thread(self.compile_templates))
+            self._compiling = ours
+        await asyncio.shield(ours)  # (a request cancelled meanwhile leaves it running)
         self._compiled = True
 
     def routes(self) -> list[BaseRoute]:
