@@ -154,9 +154,11 @@ class Report:
             if not apart:
                 lines.append(f"- every section below ran in this one run, on {m['git_commit']}")
             for name, other in apart.items():  # experiments run on their own since
+                elsewhere = other.get("cpu") != m.get("cpu")  # (the machine of another day)
                 lines.append(
                     f"- {name} ran on its own: git commit {other.get('git_commit', '?')}, "
                     f"repeats: {other.get('repeats', '?')}, `{other.get('command', '?')}`"
+                    + (f", on {other.get('cpu', '?')}" if elsewhere else "")
                 )
             left = sorted(p.name for p in self.out.glob(f"*{BEFORE}.jsonl"))
             if left and not self.before:
