@@ -18,7 +18,7 @@ from sqlq.http.app import create_app
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.service import Service
 from sqlq.ui.app import Dashboard
-from tests.helpers import wait_for
+from tests.helpers import app_client, wait_for
 
 
 async def test_the_openapi_document_is_made_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,21 +108,14 @@ async def test_a_first_request_cancelled_meanwhile_leaves_the_compile_to_the_nex
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     held = _HeldCompile(monkeypatch)
-    rt = Service(MemoryStore(), RuntimeConfig(workers=0, seed=1))
-    await rt.start()
-    try:
-        app = create_app(rt, start_runtime=False)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-            first = asyncio.ensure_future(http.get("/ui/"))
-            await wait_for(lambda: held.waiting == 1, what="the first request at the compile")
-            first.cancel()  # (its client went away)
-            with pytest.raises(asyncio.CancelledError):
-                await first
-            held.go.set()
-            r = await http.get("/ui/")
-    finally:
-        await rt.stop(0)
+    async with app_client(RuntimeConfig(workers=0, seed=1)) as http:
+        first = asyncio.ensure_future(http.get("/ui/"))
+        await wait_for(lambda: held.waiting == 1, what="the first request at the compile")
+        first.cancel()  # (its client went away)
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        held.go.set()
+        r = await http.get("/ui/")
     assert r.status_code == 200
     assert len(held.seen) == 1  # the cancelled request's compile went on, and served this one
 
