@@ -40,6 +40,27 @@ async def _stats(pool: HttpPool) -> dict[str, Any]:
     return stats  # type: ignore[no-any-return]
 
 
+COMMIT_METRIC = "sqlq_store_commit_seconds"  # one group-commit batch, write to durable
+
+
+async def _commits(pool: HttpPool) -> tuple[float, int]:
+    """The server's group-commit batches so far: their seconds from write to durable,
+    summed, and how many (``COMMIT_METRIC``'s sum and count; none on memory). While a
+    batch is written every caller in it waits: over a closed loop's submit phase, that sum
+    is the part of the phase the durable engine adds to the loop's own work."""
+    status, body = await pool.request("GET", "/metrics")
+    if status != 200:
+        raise RuntimeError(f"/metrics answered {status}")
+    total, count = 0.0, 0
+    for line in body.decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name == f"{COMMIT_METRIC}_sum":
+            total = float(value)
+        elif name == f"{COMMIT_METRIC}_count":
+            count = round(float(value))
+    return total, count
+
+
 async def run_load(
     url: str,
     *,
@@ -64,6 +85,7 @@ async def run_load(
     requests = (jobs + batch - 1) // batch
     async with HttpPool(url, concurrency) as session, HttpPool(url, 1) as control:
         before = await _stats(control) if drain else _EMPTY_STATS
+        commits_before = await _commits(control) if drain else (0.0, 0)
         done_before = before["jobs"]["completed"] + before["jobs"]["dead"]
         payload_one = json.dumps(body).encode()
         next_req = 0
@@ -118,6 +140,7 @@ async def run_load(
         else:
             await asyncio.gather(*(closed_client() for _ in range(concurrency)))
         submit_s = time.perf_counter() - t0
+        commits = await _commits(control) if drain else (0.0, 0)
 
         deadline = time.perf_counter() + drain_timeout
         stats = before
@@ -151,6 +174,8 @@ async def run_load(
         "completion_pct": round(100 * completed / len(ids), 2) if ids else 0.0,
         "submit_s": round(submit_s, 4),
         "total_s": round(total_s, 4),
+        "submit_commit_s": round(commits[0] - commits_before[0], 4),
+        "submit_batches": commits[1] - commits_before[1],
         "submit_rate_jobs_s": round(len(ids) / submit_s, 1) if submit_s else 0.0,
         "submit_rate_req_s": round(requests / submit_s, 1) if submit_s else 0.0,
         "throughput_jobs_s": round((completed + dead) / total_s, 1) if total_s else 0.0,
