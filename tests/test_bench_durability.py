@@ -18,10 +18,12 @@ from sqlq.engines.registry import DURABLE
 from tests.helpers import section_of
 
 
-def _row(store: str, repeat: int, submit_s: float, wait_s: float | None) -> dict[str, Any]:
+def _row(
+    store: str, repeat: int, submit_s: float, wait_s: float | None, gc: bool = True
+) -> dict[str, Any]:
     row: dict[str, Any] = {
         "experiment": "D", "store": store, "label": f"D/{store}", "repeat": repeat,
-        "params": {"workload": "20ms-single", "group_commit": True},
+        "params": {"workload": "20ms-single", "group_commit": gc},
         "config": {"sync": "full"}, "jobs": 2000, "submit_s": submit_s, "total_s": 2.6,
         "server_cpu_s": 0.5, "meta": {"git_commit": "abc1234"},
     }  # fmt: skip
@@ -30,8 +32,9 @@ def _row(store: str, repeat: int, submit_s: float, wait_s: float | None) -> dict
     return row
 
 
-def _line(rep: Report, store: str) -> str:
-    return next(ln for ln in rep.lines if ln.startswith(f"| 20ms-single | {store} |"))
+def _line(rep: Report, store: str, gc: str = "on") -> str:
+    prefix = f"| 20ms-single | {store} | full | {gc} |"
+    return next(ln for ln in rep.lines if ln.startswith(prefix))
 
 
 def test_the_table_splits_the_submit_phase_into_the_commit_wait_and_the_rest(
@@ -39,11 +42,14 @@ def test_the_table_splits_the_submit_phase_into_the_commit_wait_and_the_rest(
 ) -> None:
     rows = [_row("memory", 0, 0.150, 0.0), _row("memory", 1, 0.150, 0.0),
             _row("sqlite", 0, 0.200, 0.060), _row("sqlite", 1, 0.220, 0.070),
+            _row("sqlite", 0, 3.0, 2.9, gc=False),
             _row("walq", 0, 0.180, None)]  # fmt: skip  # (walq's from before it was recorded)
     rep = section_of(tmp_path, d_durability, rows)
     assert "| commit wait s | rest x memory |" in "\n".join(rep.lines)
     # sqlite: 0.210 s, 1.40x memory's; its commits 0.065 s of it; the rest 0.145 s, 0.97x
     assert "| 0.210 [0.200-0.220] | 1.40 | 0.065 [0.060-0.070] | 0.97 |" in _line(rep, "sqlite")
+    # without group commit the writer serves one caller at a time beside the loop: no rest
+    assert "| 3.000 | 20.00 | 2.900 | - |" in _line(rep, "sqlite", "off")
     assert "| 0.180 | 1.20 | - | - |" in _line(rep, "walq")  # no wait recorded: none shown
     assert "| 0.150 [0.150-0.150] | 1.00 | - | - |" in _line(rep, "memory")  # no commits
     assert any(c.startswith("D: sqlite") and c.endswith("NOT met)") for c in rep.checks)

@@ -178,10 +178,12 @@ def section(rep: Report) -> None:
         "`CPU us/job`: server process CPU time, all threads, per job, the figure that "
         "holds best on a shared machine. `commit wait s`: the submit phase's group-commit "
         "batches, each from its write to durable, summed (the server's "
-        "`sqlq_store_commit_seconds`). With one job per POST from a closed loop of clients, "
-        "a batch holds nearly every client's job and they all wait while it is written: "
-        "the loop has no POST to serve then, so the wait adds to the phase. `rest x "
-        "memory` is the phase without it, over memory's phase: the loop's own work.",
+        "`sqlq_store_commit_seconds`). With group commit and a closed loop of clients, a "
+        "batch holds nearly every client's jobs and they all wait while it is written: the "
+        "loop has no POST to serve then, so the wait adds to the phase. `rest x memory` is "
+        "the phase without it, over memory's phase: the loop's own work. (Without group "
+        "commit the writer takes one caller at a time while the loop serves the others: "
+        "the wait is the writer's busy time, and no rest is shown.)",
         "",
         "| workload | store | sync | group commit | submit s | x memory | commit wait s | "
         "rest x memory | total s | x memory | CPU us/job | syncs | mean batch |",
@@ -214,7 +216,8 @@ def section(rep: Report) -> None:
             batch = f"{med(r.store_stats.get('mean_batch', 0) for r in rs):.1f}" if durable else "-"
             waits = [r.submit_commit_s for r in rs if r.submit_commit_s is not None]
             wait = f"{cell(waits, '{:.3f}')} | " if durable and waits else "- | "
-            rest = f"{(sub - med(waits)) / b_sub:.2f} | " if durable and waits else "- | "
+            split = durable and waits and key.group_commit  # (gc-off: the writer's queue)
+            rest = f"{(sub - med(waits)) / b_sub:.2f} | " if split else "- | "
             rep.add(
                 f"| {wl} | {key.store} | {key.sync} | {'on' if key.group_commit else 'off'} | "
                 f"{cell([r.submit_s for r in rs], '{:.3f}')} | {sub / b_sub:.2f} | {wait}{rest}"
