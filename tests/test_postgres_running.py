@@ -20,7 +20,7 @@ from sqlq.common.errors import StaleEpochError
 from sqlq.common.models import Job, State
 from sqlq.common.running import check_progress
 from sqlq.common.store import Fence, Renewal
-from sqlq.engines.postgres.batch import Encoded, move_one
+from sqlq.engines.postgres.batch import Encoded, move_all, move_one
 from sqlq.engines.postgres.store import PostgresStore
 from tests import shared_helpers
 from tests.helpers import NOW, wait_for
@@ -203,3 +203,24 @@ async def test_the_rules_hold_when_a_batch_is_redone_one_caller_at_a_time(
     await move_one(await a._db.writer(), t, encoded.moves[0], encoded, a._db.pool)
     got = await _got(a, job.id)
     assert (got.state, got.epoch, got.cancel_requested_at) == (State.CANCELLED, t.epoch, NOW + 2)
+
+
+async def test_a_cascades_moves_go_together_and_a_refused_one_is_named(stores: Stores) -> None:
+    """A cascade's moves between two of its reads are one guarded statement
+    (``batch.move_all``) under a savepoint; one a guard refuses undoes it, and each goes
+    alone, which names it (the caller's transaction then rolls back whatever went)."""
+    a = await stores(node="a")
+    jobs = [Job.new(kind="k", args={}, now=NOW) for _ in range(3)]
+    await a.commit(jobs)
+    moves = [j.cancel(NOW + 1) for j in jobs]
+    stale = msgspec.structs.replace(moves[1], expect_epoch=moves[1].expect_epoch + 1)
+    conn = await a._db.writer()
+    with pytest.raises(StaleEpochError, match=jobs[1].id):
+        async with conn.transaction():
+            await move_all(conn, [moves[0], stale, moves[2]], a._db.pool)
+    for job in jobs:
+        assert await _got(a, job.id) == job  # nothing of it written
+    async with conn.transaction():
+        await move_all(conn, moves, a._db.pool)
+    for job, t in zip(jobs, moves, strict=True):
+        assert await _got(a, job.id) == job.apply(t)

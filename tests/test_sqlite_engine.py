@@ -14,7 +14,7 @@ import aiosqlite
 import msgspec
 import pytest
 
-from sqlq.common.errors import DuplicateJobError, DuplicateKeyError
+from sqlq.common.errors import DuplicateJobError, DuplicateKeyError, StaleEpochError
 from sqlq.common.models import TRANSITIONS, Job, State
 from sqlq.common.store import SyncLevel
 from sqlq.engines.sqlite import batch
@@ -314,5 +314,37 @@ async def test_a_refused_move_among_many_rolls_the_batch_back_and_fails_its_call
             got = await store.get(j.id)
             assert got is not None
             assert got.state.value == ("scheduled" if i == 2 else "running")
+    finally:
+        await store.close()
+
+
+async def test_a_cascades_moves_go_together_and_a_refused_one_is_named(tmp_path: Path) -> None:
+    """A cascade's moves between two of its reads are one guarded statement a thousand
+    (``batch.move_all``); one a guard refuses undoes that statement, and each goes alone,
+    which names it, so its caller's savepoint rolls all of them back."""
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    try:
+        jobs = [Job.new(kind="k", args={}, now=NOW) for _ in range(3)]
+        await store.commit(jobs)
+        moves = [j.cancel(NOW + 1) for j in jobs]
+        stale = msgspec.structs.replace(moves[1], expect_epoch=moves[1].expect_epoch + 1)
+
+        def write(conn: sqlite3.Connection, ts: list[Any]) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                batch.move_all(conn, ts)
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+        with pytest.raises(StaleEpochError, match=jobs[1].id):
+            await on_thread(connection(store), write, [moves[0], stale, moves[2]])
+        for job in jobs:
+            assert await store.get(job.id) == job  # nothing of it written
+        await on_thread(connection(store), write, moves)
+        for job, t in zip(jobs, moves, strict=True):
+            assert await store.get(job.id) == job.apply(t)
     finally:
         await store.close()

@@ -8,6 +8,10 @@ transaction, awaited. So the walk does no I/O itself (``walk`` is a generator): 
 for a parent's children as they stand in the commit, for the states of a revived
 child's parents, and hands over each move to write, and an engine answers with its own
 reads and writes (``run`` in a thread, ``run_async`` on the event loop).
+
+The moves between two of the walk's reads are handed over together, before the next read
+(and at the walk's end): the read sees them, and an engine that writes set-wise writes a
+dead parent's thousands of cancelled children as a few statements, not a few each.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ class States(NamedTuple):
 
 
 class Move(NamedTuple):
-    """The walk moved a child: write ``change`` (``before`` to ``after``) before answering,
-    so that what the walk asks next sees it."""
+    """The walk moved a child: write ``change`` (``before`` to ``after``) before the walk's
+    next read is answered, so that what it asks next sees it (``run_async`` hands the moves
+    between two reads over together: ``Put``)."""
 
     before: Job
     after: Job
@@ -54,6 +59,9 @@ class Move(NamedTuple):
 
 Ask = Children | States | Move
 Walk = Generator[Ask, Any, None]
+# An engine's write of a walk's moves between two of its reads, in the order made: each of
+# a different job (the children of one parent), so they may be written set-wise.
+Put = Callable[[list[Move]], None]
 
 
 def _nobody(_: str) -> str | None:
@@ -114,7 +122,7 @@ def cascade(
     new: Job,
     children: Callable[[str], list[Job]],
     states: Callable[[tuple[str, ...]], dict[str, str]],
-    put: Callable[[Move], None],
+    put: Put,
 ) -> None:
     """``walk`` from ``old`` to ``new``, driven in this thread (``run``)."""
     run(walk(old, new), children, states, put)
@@ -125,7 +133,7 @@ async def cascade_async(
     new: Job,
     children: Callable[[str], Awaitable[list[Job]]],
     states: Callable[[tuple[str, ...]], Awaitable[dict[str, str]]],
-    put: Callable[[Move], Awaitable[None]],
+    put: Callable[[list[Move]], Awaitable[None]],
 ) -> None:
     """``walk`` from ``old`` to ``new``, each read and write awaited (``run_async``)."""
     await run_async(walk(old, new), children, states, put)
@@ -135,7 +143,7 @@ def run(
     steps: Walk,
     children: Callable[[str], list[Job]],
     states: Callable[[tuple[str, ...]], dict[str, str]],
-    put: Callable[[Move], None],
+    put: Put,
 ) -> None:
     """Drive ``walk``'s ``steps`` with an engine's reads and writes, in this thread: the one
     driver, ``run_async``, over answers that are already there."""
@@ -152,22 +160,30 @@ async def run_async(
     steps: Walk,
     children: Callable[[str], Awaitable[list[Job]]],
     states: Callable[[tuple[str, ...]], Awaitable[dict[str, str]]],
-    put: Callable[[Move], Awaitable[None]],
+    put: Callable[[list[Move]], Awaitable[None]],
 ) -> None:
-    """Drive ``walk``'s ``steps`` with an engine's reads and writes, each awaited."""
+    """Drive ``walk``'s ``steps`` with an engine's reads and writes, each awaited: its moves
+    kept until it reads again, or ends, then written together (``put``)."""
     answer: Any = None
+    moves: list[Move] = []
     while True:
         try:
             ask = steps.send(answer)
         except StopIteration:
+            if moves:
+                await put(moves)
             return
+        answer = None
+        if type(ask) is Move:
+            moves.append(ask)
+            continue
+        if moves:
+            await put(moves)
+            moves = []
         if type(ask) is Children:
             answer = await children(ask.parent)
-        elif type(ask) is States:
-            answer = await states(ask.ids)
         else:
-            await put(cast(Move, ask))
-            answer = None
+            answer = await states(cast(States, ask).ids)
 
 
 def check_revival(job: Job, state_of: StateOf) -> None:

@@ -250,10 +250,11 @@ class JobIndex:
         def states(ids: tuple[str, ...]) -> dict[str, str]:
             return {i: j.state.value for i in ids if (j := current(i)) is not None}
 
-        def put(move: Move) -> None:
-            mine[move.after.id] = move.after
-            if out is not None:
-                out.append(Cascaded(move.before, move.after, move.change, cause))
+        def put(moves: list[Move]) -> None:
+            for move in moves:
+                mine[move.after.id] = move.after
+                if out is not None:
+                    out.append(Cascaded(move.before, move.after, move.change, cause))
 
         cascade(old, new, children, states, put)
 

@@ -233,11 +233,10 @@ async def one_caller(
                 await move_one(conn, t, row, e, pool, deadline_s)
                 assert old is not None  # (it moved: it was there)
 
-                async def move_row(ct: Transition, fence: Fence, wakes: bool) -> None:
-                    one = Encoded([ct], fence)
-                    await move_one(conn, ct, one.moves[0], one, pool, deadline_s, wakes)
+                async def move_rows(ts: list[Transition]) -> None:
+                    await move_all(conn, ts, pool, deadline_s)
 
-                await flows.moved(conn, old, t, out, t, move_row)
+                await flows.moved(conn, old, t, out, t, move_rows)
             if e.members:  # then its jobs, set-wise
                 await insert_all(conn, jobs, e)
                 await flows.inserted(conn, jobs)
@@ -303,6 +302,27 @@ async def move_one(
         if exc.sqlstate != REFUSED:
             raise
         raise await why(pool, t, e.fence, deadline_s) from None
+
+
+async def move_all(
+    conn: asyncpg.Connection, ts: list[Transition], pool: asyncpg.Pool,
+    deadline_s: float = DEADLINE_S,
+) -> None:  # fmt: skip
+    """Transitions of different jobs (a cascade's, between two of its reads), unfenced, as
+    one guarded statement, under a savepoint: if a guard refused one, that is undone and
+    each goes alone (``move_one``), which names the one refused. The claimers are woken if
+    one was made due."""
+    e = Encoded(ts)
+    if len(ts) > 1:
+        try:
+            async with conn.transaction():  # (a savepoint: a refusal undoes this alone)
+                await conn.fetchrow(Q["write_batch"], *job_args([], e.moves, e.wakes))
+            return
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate != REFUSED:
+                raise
+    for t, row in zip(ts, e.moves, strict=True):
+        await move_one(conn, t, row, e, pool, deadline_s, t.state is State.SCHEDULED)
 
 
 async def why(

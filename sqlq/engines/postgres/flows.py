@@ -15,7 +15,7 @@ statement, with its counts merged into its flow; a child released wakes the clai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -29,8 +29,8 @@ from sqlq.common.engine.cascade import (
     counted,
     revived_alone,
 )
-from sqlq.common.models import Job, State, Transition
-from sqlq.common.store import Cascaded, Change, Fence
+from sqlq.common.models import Job, Transition
+from sqlq.common.store import Cascaded, Change
 from sqlq.common.workflow import Flow
 from sqlq.engines.postgres.queries import Q
 from sqlq.engines.rows import JOB_COLUMNS, row_job
@@ -133,11 +133,12 @@ async def moved(
     t: Transition,
     cascaded: list[Cascaded],
     cause: Change,
-    move_row: Any,
+    move_rows: Callable[[list[Transition]], Awaitable[None]],
 ) -> None:
     """A member's move ``t`` from ``old`` (locked, then written by the guarded statement):
-    its counts, and, if it ended or was revived, its children's moves down the cone
-    (``move_row(t, fence)``: the batch's guarded statement for one transition)."""
+    its counts, and, if it ended or was revived, its children's moves down the cone (those
+    between two of the walk's reads together: ``move_rows(ts)``, the batch's guarded
+    statement for them, then their counts in one round of ``merge_flow``)."""
     await conn.execute(Q["merge_flow"], t.job_id, change_text(t))
     new = await locked(conn, t.job_id)
     assert new is not None  # (its row is locked: it is there)
@@ -149,10 +150,11 @@ async def moved(
     async def children(parent: str) -> list[Job]:
         return [job_of(r) for r in await conn.fetch(Q["children"], parent)]
 
-    async def put(m: Move) -> None:
-        await move_row(m.change, Fence(), m.change.state is State.SCHEDULED)
-        await conn.execute(Q["merge_flow"], m.change.job_id, change_text(m.change))
-        cascaded.append(Cascaded(m.before, m.after, m.change, cause))
+    async def put(moves: list[Move]) -> None:
+        changes = [m.change for m in moves]
+        await move_rows(changes)
+        await conn.executemany(Q["merge_flow"], [(c.job_id, change_text(c)) for c in changes])
+        cascaded.extend(Cascaded(m.before, m.after, m.change, cause) for m in moves)
 
     await cascade_async(old, new, children, lambda ids: states(conn, ids), put)
 

@@ -35,7 +35,8 @@ from sqlq.common.workflow import CancelReason, Flow, OnParentFailure, RunIf
 from sqlq.engines.rows import row_job
 from sqlq.engines.sqlite.queries import Q
 
-Write = Callable[[Transition], None]  # a child's row moved, by the batch's guarded statement
+# Children's rows moved (each a different job), by the batch's guarded statement, set-wise.
+Write = Callable[[list[Transition]], None]
 IDS_PER_STATEMENT = 500  # ids bound in one ``get_flows`` (SQLite allows 32,766 parameters)
 
 
@@ -176,19 +177,21 @@ class Flows:
         move: Write,
     ) -> None:
         """A member's move ``t`` from ``old``, its row written already: its counts, and, if
-        it ended or was revived, what that does to its children, down the cone (each
-        child's row through ``move``, the batch's own guarded statement)."""
+        it ended or was revived, what that does to its children, down the cone (the rows of
+        the children moved between two of the walk's reads through ``move``, the batch's
+        own guarded statement, set-wise; their flows likewise)."""
         new = old.apply(t)
-        self._write(t)
+        self._write([t])
         if new.state is old.state:
             return
         if revived_alone(old, new):
             check_revival(new, self.states(new.flow.parents if new.flow else ()).get)
 
-        def put(m: Move) -> None:
-            move(m.change)
-            self._write(m.change)
-            cascaded.append(Cascaded(m.before, m.after, m.change, cause))
+        def put(moves: list[Move]) -> None:
+            changes = [m.change for m in moves]
+            move(changes)
+            self._write(changes)
+            cascaded.extend(Cascaded(m.before, m.after, m.change, cause) for m in moves)
 
         cascade(old, new, self.children, self.states, put)
 
@@ -202,12 +205,20 @@ class Flows:
             for job in members:
                 check_member(job, state_of)
 
-    def _write(self, t: Transition) -> None:
-        change = t.flow
-        if change is None:
-            return
-        reason = None if change.cancel_reason is None else change.cancel_reason.value
-        if not change.counts:  # (the runtime's move: its reason; the counts stay as stored)
-            self.conn.execute(Q["update_flow_reason"], (reason, t.job_id))
-            return
-        self.conn.execute(Q["update_flow"], (change.deps_pending, change.failed, reason, t.job_id))
+    def _write(self, moves: list[Transition]) -> None:
+        """The flows of ``moves``, each of a different job: two statements prepared once."""
+        counts: list[tuple[object, ...]] = []
+        reasons: list[tuple[object, ...]] = []
+        for t in moves:
+            change = t.flow
+            if change is None:
+                continue
+            reason = None if change.cancel_reason is None else change.cancel_reason.value
+            if change.counts:
+                counts.append((change.deps_pending, change.failed, reason, t.job_id))
+            else:  # (the runtime's move: its reason; the counts stay as stored)
+                reasons.append((reason, t.job_id))
+        if counts:
+            self.conn.executemany(Q["update_flow"], counts)
+        if reasons:
+            self.conn.executemany(Q["update_flow_reason"], reasons)
