@@ -217,6 +217,29 @@ async def test_a_dead_roots_wide_cone_moves_in_its_commit_each_child_once(
     assert moved.index(g.jobs["grandchild"].id) > moved.index(g.jobs["k3"].id)
 
 
+async def test_a_child_of_two_parents_cancelled_at_one_depth_moves_twice_in_order(
+    store: JobStore,
+) -> None:
+    """root -> p1, p2 -> c, c running after failed parents: the root's death cancels p1 and
+    p2 at one depth, and c is met under each (its two moves written together, in order):
+    counted down, then released, with both failures counted."""
+    seen = Seen(store)
+    g = Graph()
+    g.add("root", max_attempts=1)
+    g.add("p1", ["root"])
+    g.add("p2", ["root"])
+    g.add("c", ["p1", "p2"], on_parent_failure=OnParentFailure.RUN)
+    await _submitted(store, g)
+    await _die(store, g.jobs["root"], NOW + 1)
+    assert await _states(store, g) == {
+        "root": "dead", "p1": "cancelled", "p2": "cancelled", "c": "scheduled"
+    }  # fmt: skip
+    c = await _flow(store, g.jobs["c"])
+    assert (c.deps_pending, c.failed, c.cancel_reason) == (0, 2, None)
+    moves = [t for t in seen.moves if t.job_id == g.jobs["c"].id]
+    assert [t.state for t in moves] == [State.WAITING, State.SCHEDULED]
+
+
 async def test_a_cancelled_member_cancels_its_cone_as_upstream_cancelled(
     store: JobStore,
 ) -> None:

@@ -34,10 +34,13 @@ StateOf = Callable[[str], str | None]  # a job's state's value by id; None: gone
 
 
 class Children(NamedTuple):
-    """The walk asks for ``parent``'s children as they stand in the commit (with their
-    flows; an engine that locks rows locks them here), in the order they are to be met."""
+    """The walk asks for the children of ``parents`` (the members that ended or were revived
+    at one depth of the cone) as they stand in the commit, with their flows (an engine that
+    locks rows locks them here, in their ids' order): by parent, each one's in their ids'
+    order, a parent with none left out. One read a depth, not one a member: a dead root's
+    10,000 children are one read, then one for all of theirs."""
 
-    parent: str
+    parents: tuple[str, ...]
 
 
 class States(NamedTuple):
@@ -59,8 +62,8 @@ class Move(NamedTuple):
 
 Ask = Children | States | Move
 Walk = Generator[Ask, Any, None]
-# An engine's write of a walk's moves between two of its reads, in the order made: each of
-# a different job (the children of one parent), so they may be written set-wise.
+# An engine's write of a walk's moves between two of its reads, in the order made: a depth's
+# (a job at most twice: a fan-in's child whose parents end at the same depth).
 Put = Callable[[list[Move]], None]
 
 
@@ -74,28 +77,45 @@ def walk(old: Job, new: Job) -> Walk:
     makes, yielded for the engine to answer (``run``, ``run_async``), so the one walk serves
     an engine that reads in memory, on a thread or over a network. Only an end (into
     completed, dead or cancelled) or a revival (out of dead or cancelled) moves anything."""
-    work = [(old, new)]
-    while work:
-        old, new = work.pop()
-        if new.state in TERMINAL and old.state not in TERMINAL:
-            ended: Ended | None = ending(new.state.value, new.flow)
-        elif old.state in TERMINAL and new.state not in TERMINAL:
-            ended = None  # revived
-        else:
-            continue
-        children: list[Job] = yield Children(new.id)
-        for child in children:
-            state_of: StateOf = _nobody
-            if ended is None and child.flow is not None and child.state is State.CANCELLED:
-                states: dict[str, str] = yield States(child.flow.parents)  # (to count afresh)
-                state_of = states.get
-            t = child.after_parent(ended, new.updated_at, state_of)
-            if t is None:
-                continue
-            moved = child.apply(t)
-            yield Move(child, moved, t)
-            if moved.state is State.CANCELLED or child.state is State.CANCELLED:
-                work.append((child, moved))  # down the cone: cancelled, or revived
+    frontier = [(old, new)]
+    latest: dict[str, Job] = {}  # what this walk moved, as it stands: read once, met again
+    while frontier:
+        ends: list[tuple[Job, Ended | None]] = []
+        for old, new in frontier:
+            if new.state in TERMINAL and old.state not in TERMINAL:
+                ends.append((new, ending(new.state.value, new.flow)))
+            elif old.state in TERMINAL and new.state not in TERMINAL:
+                ends.append((new, None))  # revived
+        if not ends:
+            return
+        frontier = []
+        children: dict[str, list[Job]] = yield Children(tuple(new.id for new, _ in ends))
+        for new, ended in ends:
+            for read in children.get(new.id, ()):
+                child = latest.get(read.id, read)  # (moved already, by a parent before)
+                state_of: StateOf = _nobody
+                if ended is None and child.flow is not None and child.state is State.CANCELLED:
+                    states: dict[str, str] = yield States(child.flow.parents)  # (count afresh)
+                    state_of = states.get
+                t = child.after_parent(ended, new.updated_at, state_of)
+                if t is None:
+                    continue
+                moved = latest[child.id] = child.apply(t)
+                yield Move(child, moved, t)
+                if moved.state is State.CANCELLED or child.state is State.CANCELLED:
+                    frontier.append((child, moved))  # down the cone: cancelled, or revived
+
+
+def by_parent(children: list[Job], parents: tuple[str, ...]) -> dict[str, list[Job]]:
+    """An engine's answer to ``Children``: the ``children`` it read of ``parents`` (each with
+    its flow, in their ids' order), under each of ``parents`` it has, in that order."""
+    wanted = set(parents)
+    out: dict[str, list[Job]] = {}
+    for child in children:
+        for parent in child.flow.parents if child.flow is not None else ():
+            if parent in wanted:
+                out.setdefault(parent, []).append(child)
+    return out
 
 
 class _Ready:
@@ -120,7 +140,7 @@ def _ready(fn: Callable[..., Any]) -> Callable[..., _Ready]:
 def cascade(
     old: Job,
     new: Job,
-    children: Callable[[str], list[Job]],
+    children: Callable[[tuple[str, ...]], dict[str, list[Job]]],
     states: Callable[[tuple[str, ...]], dict[str, str]],
     put: Put,
 ) -> None:
@@ -131,7 +151,7 @@ def cascade(
 async def cascade_async(
     old: Job,
     new: Job,
-    children: Callable[[str], Awaitable[list[Job]]],
+    children: Callable[[tuple[str, ...]], Awaitable[dict[str, list[Job]]]],
     states: Callable[[tuple[str, ...]], Awaitable[dict[str, str]]],
     put: Callable[[list[Move]], Awaitable[None]],
 ) -> None:
@@ -141,7 +161,7 @@ async def cascade_async(
 
 def run(
     steps: Walk,
-    children: Callable[[str], list[Job]],
+    children: Callable[[tuple[str, ...]], dict[str, list[Job]]],
     states: Callable[[tuple[str, ...]], dict[str, str]],
     put: Put,
 ) -> None:
@@ -158,7 +178,7 @@ def run(
 
 async def run_async(
     steps: Walk,
-    children: Callable[[str], Awaitable[list[Job]]],
+    children: Callable[[tuple[str, ...]], Awaitable[dict[str, list[Job]]]],
     states: Callable[[tuple[str, ...]], Awaitable[dict[str, str]]],
     put: Callable[[list[Move]], Awaitable[None]],
 ) -> None:
@@ -181,7 +201,7 @@ async def run_async(
             await put(moves)
             moves = []
         if type(ask) is Children:
-            answer = await children(ask.parent)
+            answer = await children(ask.parents)
         else:
             answer = await states(cast(States, ask).ids)
 

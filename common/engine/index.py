@@ -241,11 +241,15 @@ class JobIndex:
 
         current = partial(self._current, mine=mine, staged=staged)
 
-        def children(parent: str) -> list[Job]:
-            ids = [*self.children.get(parent, ()), *(adopted or {}).get(parent, ())]
-            ids += [j.id for j in made or () if j.flow is not None and parent in j.flow.parents]
-            kids = (current(c) for c in ids)
-            return [k for k in kids if k is not None]
+        def children(parents: tuple[str, ...]) -> dict[str, list[Job]]:
+            out: dict[str, list[Job]] = {}
+            for parent in parents:
+                ids = [*self.children.get(parent, ()), *(adopted or {}).get(parent, ())]
+                ids += [j.id for j in made or () if j.flow is not None and parent in j.flow.parents]
+                kids = [k for k in (current(c) for c in ids) if k is not None]
+                if kids:
+                    out[parent] = kids
+            return out
 
         def states(ids: tuple[str, ...]) -> dict[str, str]:
             return {i: j.state.value for i in ids if (j := current(i)) is not None}

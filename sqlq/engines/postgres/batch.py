@@ -308,12 +308,12 @@ async def move_all(
     conn: asyncpg.Connection, ts: list[Transition], pool: asyncpg.Pool,
     deadline_s: float = DEADLINE_S,
 ) -> None:  # fmt: skip
-    """Transitions of different jobs (a cascade's, between two of its reads), unfenced, as
-    one guarded statement, under a savepoint: if a guard refused one, that is undone and
-    each goes alone (``move_one``), which names the one refused. The claimers are woken if
-    one was made due."""
+    """A cascade's transitions between two of its reads, unfenced, as one guarded statement,
+    under a savepoint: if a guard refused one, that is undone and each goes alone
+    (``move_one``), which names the one refused. The claimers are woken if one was made due.
+    A job moved twice (a fan-in's child at one depth) needs its moves in order: one by one."""
     e = Encoded(ts)
-    if len(ts) > 1:
+    if len(ts) > 1 and fast_path_safe([e]):
         try:
             async with conn.transaction():  # (a savepoint: a refusal undoes this alone)
                 await conn.fetchrow(Q["write_batch"], *job_args([], e.moves, e.wakes))

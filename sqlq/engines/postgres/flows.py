@@ -23,6 +23,7 @@ import msgspec
 
 from sqlq.common.engine.cascade import (
     Move,
+    by_parent,
     cascade_async,
     check_member,
     check_revival,
@@ -147,13 +148,18 @@ async def moved(
     if revived_alone(old, new):
         check_revival(new, (await states(conn, new.flow.parents if new.flow else ())).get)
 
-    async def children(parent: str) -> list[Job]:
-        return [job_of(r) for r in await conn.fetch(Q["children"], parent)]
+    async def children(parents: tuple[str, ...]) -> dict[str, list[Job]]:
+        return by_parent([job_of(r) for r in await conn.fetch(Q["children"], list(parents))],
+                         parents)  # fmt: skip
 
     async def put(moves: list[Move]) -> None:
         changes = [m.change for m in moves]
         await move_rows(changes)
-        await conn.executemany(Q["merge_flow"], [(c.job_id, change_text(c)) for c in changes])
+        ids = [c.job_id for c in changes]
+        if len(set(ids)) == len(ids):  # (one statement sees one snapshot: each job once)
+            await conn.execute(Q["merge_flows"], ids, [change_text(c) for c in changes])
+        else:  # (a fan-in's child moved twice at one depth: in order)
+            await conn.executemany(Q["merge_flow"], [(c.job_id, change_text(c)) for c in changes])
         cascaded.extend(Cascaded(m.before, m.after, m.change, cause) for m in moves)
 
     await cascade_async(old, new, children, lambda ids: states(conn, ids), put)

@@ -422,17 +422,23 @@ SELECT pg_advisory_xact_lock($3::int, k)
 -- A member's new counts and cancel reason (sqlq.common.workflow.FlowChange), over its flow.
 UPDATE jobs SET flow = flow || $2::jsonb WHERE id = $1 AND flow IS NOT NULL;
 
+-- name: merge_flows
+-- merge_flow for several members, each once: their ids $1 and their changes $2.
+UPDATE jobs SET flow = jobs.flow || u.change::jsonb
+  FROM unnest($1::text[], $2::text[]) AS u(id, change)
+ WHERE jobs.id = u.id AND jobs.flow IS NOT NULL;
+
 -- name: locked
 -- A job as it stands, its row locked until the transaction ends: a member's own before its
 -- move, so no other node's outcome moves it between this read and that write.
 SELECT {job_columns} FROM jobs WHERE id = $1 FOR UPDATE;
 
 -- name: children
--- A parent's children, each row locked (in id order, one order for every node, so two
--- parents' outcomes lock a shared child in turn and never in a cycle): the second of two
--- nodes completing a fan-in's last two parents waits here, then reads the first's count.
+-- The children of the parents $1, each row locked (in id order, one order for every node,
+-- so two parents' outcomes lock a shared child in turn and never in a cycle): the second of
+-- two nodes completing a fan-in's last two parents waits here, then reads the first's count.
 SELECT {job_columns} FROM jobs
- WHERE id IN (SELECT child FROM edges WHERE parent = $1)
+ WHERE id IN (SELECT child FROM edges WHERE parent = ANY($1::text[]))
  ORDER BY id
    FOR UPDATE;
 

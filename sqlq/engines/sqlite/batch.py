@@ -392,10 +392,10 @@ def move(conn: sqlite3.Connection, t: Transition) -> None:
 
 
 def move_all(conn: sqlite3.Connection, ts: list[Transition]) -> None:
-    """Transitions of different jobs (a cascade's, between two of its reads) set-wise, as a
-    batch's are (``plan``: a statement per thousand, not one through the view each), under a
-    savepoint: if a guard refused one, that is undone and each goes alone (``move``), which
-    names the one refused."""
+    """A cascade's transitions between two of its reads set-wise, as a batch's are (``plan``:
+    a statement per thousand, not one through the view each; a job moved twice, in order
+    through the view), under a savepoint: if a guard refused one, that is undone and each
+    goes alone (``move``), which names the one refused."""
     if len(ts) == 1:
         move(conn, ts[0])
         return

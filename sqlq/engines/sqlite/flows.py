@@ -23,6 +23,7 @@ import msgspec
 
 from sqlq.common.engine.cascade import (
     Move,
+    by_parent,
     cascade,
     check_member,
     check_revival,
@@ -128,10 +129,15 @@ class Flows:
         rows = [row_job(r) for r in self.conn.execute(Q["get_job"], (job_id,))]
         return self.attach(rows)[0] if rows else None
 
-    def children(self, job_id: str) -> list[Job]:
-        """``job_id``'s children as they stand in this transaction, with their flows."""
-        rows = self.conn.execute(Q["children_of"], (job_id,))
-        return self.attach([row_job(r) for r in rows])
+    def children(self, parents: tuple[str, ...]) -> dict[str, list[Job]]:
+        """The children of ``parents`` as they stand in this transaction, with their flows:
+        by parent, each one's in their ids' order (a statement a slice of parents)."""
+        found: dict[str, Job] = {}
+        it = iter(parents)
+        while chunk := list(islice(it, IDS_PER_STATEMENT)):
+            sql = Q["children_of"].replace("{ids}", ", ".join("?" * len(chunk)))
+            found.update((job.id, job) for job in map(row_job, self.conn.execute(sql, chunk)))
+        return by_parent(self.attach([found[i] for i in sorted(found)]), parents)
 
     def states(self, ids: tuple[str, ...]) -> dict[str, str]:
         """The states of the jobs ``ids`` that are kept, by id."""
@@ -206,7 +212,12 @@ class Flows:
                 check_member(job, state_of)
 
     def _write(self, moves: list[Transition]) -> None:
-        """The flows of ``moves``, each of a different job: two statements prepared once."""
+        """The flows of ``moves``: two statements prepared once (one job moved twice, a
+        fan-in's child at one depth, has its moves written in their order, one by one)."""
+        if len({t.job_id for t in moves}) < len(moves):
+            for t in moves:
+                self._write([t])
+            return
         counts: list[tuple[object, ...]] = []
         reasons: list[tuple[object, ...]] = []
         for t in moves:

@@ -256,9 +256,10 @@ SELECT parent FROM edges WHERE child = ? ORDER BY n;
 SELECT child, parent FROM edges WHERE child IN ({ids}) ORDER BY child, n;
 
 -- name: children_of
--- A parent's children, in their ids' order (one order for every engine's walk).
+-- The children of the parents {ids} (one "?" each: sqlq.engines.sqlite.flows), in their
+-- ids' order (one order for every engine's walk).
 SELECT {job_columns}
-  FROM jobs WHERE id IN (SELECT child FROM edges WHERE parent = ?)
+  FROM jobs WHERE id IN (SELECT child FROM edges WHERE parent IN ({ids}))
  ORDER BY id;
 
 -- name: states_of
