@@ -176,17 +176,17 @@ def section(rep: Report) -> None:
         "(one fsync or one SQLite commit each, the seed design's fsync-per-submit). "
         "Ratios are against the memory baseline of the same workload in the same run. "
         "`CPU us/job`: server process CPU time, all threads, per job, the figure that "
-        "holds best on a shared machine. `commit wait s`: the submit phase's group-commit "
-        "batches, each from its write to durable, summed (the server's "
-        "`sqlq_store_commit_seconds`). With group commit and a closed loop of clients, a "
-        "batch holds nearly every client's jobs and they all wait while it is written: the "
-        "loop has no POST to serve then, so the wait adds to the phase. `rest x memory` is "
-        "the phase without it, over memory's phase: the loop's own work. (Without group "
-        "commit the writer takes one caller at a time while the loop serves the others: "
-        "the wait is the writer's busy time, and no rest is shown.)",
+        "holds best on a shared machine. `writing s`: the group-commit batches written during "
+        "the submit phase (the submits, and the workers' commits beside them), each from its "
+        "write to durable, summed (the server's `sqlq_store_commit_seconds`): the time the "
+        "engine's one writer was writing; `share` is that over the phase, the median of the "
+        "repeats' own. With group commit and one job per POST, a batch holds nearly every "
+        "client's job and they all wait while it is written "
+        "(`results/D-write-0753204/`: there the phase is that writing and the loop's work "
+        "between the batches, one after the other).",
         "",
-        "| workload | store | sync | group commit | submit s | x memory | commit wait s | "
-        "rest x memory | total s | x memory | CPU us/job | syncs | mean batch |",
+        "| workload | store | sync | group commit | submit s | x memory | writing s | share | "
+        "total s | x memory | CPU us/job | syncs | mean batch |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     )
     g = group(
@@ -214,10 +214,11 @@ def section(rep: Report) -> None:
             durable = key.store in DURABLE
             syncs = f"{med(r.durable_syncs for r in rs):,.0f}" if durable else "-"
             batch = f"{med(r.store_stats.get('mean_batch', 0) for r in rs):.1f}" if durable else "-"
-            waits = [r.submit_commit_s for r in rs if r.submit_commit_s is not None]
+            timed = [r for r in rs if r.submit_commit_s is not None and r.submit_s > 0]
+            waits = [r.submit_commit_s for r in timed if r.submit_commit_s is not None]
             wait = f"{cell(waits, '{:.3f}')} | " if durable and waits else "- | "
-            split = durable and waits and key.group_commit  # (gc-off: the writer's queue)
-            rest = f"{(sub - med(waits)) / b_sub:.2f} | " if split else "- | "
+            shares = [(r.submit_commit_s or 0.0) / r.submit_s for r in timed]
+            rest = f"{med(shares):.2f} | " if durable and shares else "- | "
             rep.add(
                 f"| {wl} | {key.store} | {key.sync} | {'on' if key.group_commit else 'off'} | "
                 f"{cell([r.submit_s for r in rs], '{:.3f}')} | {sub / b_sub:.2f} | {wait}{rest}"

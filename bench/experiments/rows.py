@@ -48,8 +48,10 @@ class LoadRow(Row, kw_only=True):
     dead: int = 0
     completion_pct: float = 0.0
     submit_s: float = 0.0
-    # The submit phase's group-commit batches, and their seconds write to durable summed
-    # (``loadgen._commits``); None in rows made before they were recorded.
+    # The group-commit batches written during the submit phase (submits and the workers'
+    # commits alike), and their seconds write to durable summed: the time the engine's one
+    # writer was writing (``loadgen._commits``). None in rows made before they were
+    # recorded, and without the drain.
     submit_commit_s: float | None = None
     submit_batches: int | None = None
     total_s: float = 0.0

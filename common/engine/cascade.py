@@ -36,9 +36,10 @@ StateOf = Callable[[str], str | None]  # a job's state's value by id; None: gone
 class Children(NamedTuple):
     """The walk asks for the children of ``parents`` (the members that ended or were revived
     at one depth of the cone) as they stand in the commit, with their flows (an engine that
-    locks rows locks them here, in their ids' order): by parent, each one's in their ids'
-    order, a parent with none left out. One read a depth, not one a member: a dead root's
-    10,000 children are one read, then one for all of theirs."""
+    locks rows locks them here, in their ids' order): by parent, each one's in the engine's
+    order (the SQL engines': their ids'), a parent with none left out. One read a depth,
+    not one a member: a dead root's 10,000 children are one read, then one for all of
+    theirs. (What the walk does to a child does not depend on the order it meets it in.)"""
 
     parents: tuple[str, ...]
 
@@ -63,7 +64,7 @@ class Move(NamedTuple):
 Ask = Children | States | Move
 Walk = Generator[Ask, Any, None]
 # An engine's write of a walk's moves between two of its reads, in the order made: a depth's
-# (a job at most twice: a fan-in's child whose parents end at the same depth).
+# (a job once for each of its parents that moved at that depth: a fan-in's child, in order).
 Put = Callable[[list[Move]], None]
 
 
@@ -107,8 +108,9 @@ def walk(old: Job, new: Job) -> Walk:
 
 
 def by_parent(children: list[Job], parents: tuple[str, ...]) -> dict[str, list[Job]]:
-    """An engine's answer to ``Children``: the ``children`` it read of ``parents`` (each with
-    its flow, in their ids' order), under each of ``parents`` it has, in that order."""
+    """An engine's answer to ``Children``: the ``children`` it read of ``parents`` (each once,
+    with its flow, in their ids' order), under each of ``parents`` its flow names, in that
+    order. (A flow's parents are its edges: both are written once, when it is made.)"""
     wanted = set(parents)
     out: dict[str, list[Job]] = {}
     for child in children:
