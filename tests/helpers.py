@@ -19,9 +19,10 @@ import httpx
 import pytest
 
 from sqlq.bench.client.server import ServerProcess
-from sqlq.common.models import Job
+from sqlq.common.models import Job, new_job_id
 from sqlq.common.specs import JobSpec
 from sqlq.common.store import JobStore
+from sqlq.common.workflow import Flow
 from sqlq.runtime.config import RuntimeConfig
 from sqlq.runtime.service import Service
 
@@ -187,3 +188,15 @@ def section_of(out: Path, module: Any, rows: list[dict[str, Any]]) -> Report:
     rep = Report(out)
     module.section(rep)
     return rep
+
+
+def dead_root_cone(children: int) -> tuple[Job, list[Job]]:
+    """A workflow's root (one attempt) and ``children`` members after it alone, as a
+    submission makes them: the root's death cancels them all."""
+    wf = new_job_id(NOW)
+    root = Job.new(kind="k", args={}, now=NOW, max_attempts=1,
+                   flow=Flow(workflow_id=wf, ref="root"))  # fmt: skip
+    kids = [Job.new(kind="k", args={}, now=NOW, flow=Flow(
+        workflow_id=wf, ref=f"k{i}", parents=(root.id,), deps_pending=1))
+        for i in range(children)]  # fmt: skip
+    return root, kids

@@ -23,7 +23,7 @@ from sqlq.common.store import Fence, Renewal
 from sqlq.engines.postgres.batch import Encoded, move_all, move_one
 from sqlq.engines.postgres.store import PostgresStore
 from tests import shared_helpers
-from tests.helpers import NOW, wait_for
+from tests.helpers import NOW, dead_root_cone, wait_for
 
 stores = shared_helpers.stores  # the fixture, by its name
 Stores = Callable[..., Any]
@@ -224,3 +224,28 @@ async def test_a_cascades_moves_go_together_and_a_refused_one_is_named(stores: S
         await move_all(conn, moves, a._db.pool)
     for job, t in zip(jobs, moves, strict=True):
         assert await _got(a, job.id) == job.apply(t)
+
+
+async def test_a_dead_roots_children_move_set_wise_not_one_by_one(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cascade's moves of 1,200 children go through ``move_all``'s one statement: the
+    one-by-one ``move_one`` runs only for the root's own start and death."""
+    from sqlq.engines.postgres import batch
+
+    singles: list[str] = []
+    one = batch.move_one
+
+    async def counted(conn: asyncpg.Connection, t: Any, *args: Any) -> None:
+        singles.append(t.job_id)
+        await one(conn, t, *args)
+
+    monkeypatch.setattr(batch, "move_one", counted)
+    a = await stores(node="a")
+    root, kids = dead_root_cone(1200)
+    await a.commit([root, *kids])
+    start = root.start(NOW + 1)
+    await a.commit([start])
+    await a.commit([root.apply(start).bury("boom", NOW + 2)])
+    assert singles == [root.id, root.id]
+    assert (await _got(a, kids[-1].id)).state is State.CANCELLED

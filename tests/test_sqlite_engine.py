@@ -21,7 +21,7 @@ from sqlq.engines.sqlite import batch
 from sqlq.engines.sqlite.batch import duplicate, on_thread
 from sqlq.engines.sqlite.migrate import SCHEMA_VERSION
 from sqlq.engines.sqlite.store import SQLiteStore
-from tests.helpers import NOW
+from tests.helpers import NOW, dead_root_cone
 
 
 def connection(store: SQLiteStore) -> aiosqlite.Connection:
@@ -346,5 +346,34 @@ async def test_a_cascades_moves_go_together_and_a_refused_one_is_named(tmp_path:
         await on_thread(connection(store), write, moves)
         for job, t in zip(jobs, moves, strict=True):
             assert await store.get(job.id) == job.apply(t)
+    finally:
+        await store.close()
+
+
+async def test_a_dead_roots_children_move_set_wise_not_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cascade's moves of 1,200 children go through ``move_all``'s set-wise statements:
+    the one-by-one ``move`` runs only for the root's own start and death."""
+    singles: list[str] = []
+    one = batch.move
+
+    def counted(conn: sqlite3.Connection, t: Any) -> None:
+        singles.append(t.job_id)
+        one(conn, t)
+
+    monkeypatch.setattr(batch, "move", counted)
+    store = SQLiteStore(tmp_path)
+    await store.open()
+    try:
+        root, kids = dead_root_cone(1200)
+        await store.commit([root, *kids])
+        start = root.start(NOW + 1)
+        await store.commit([start])
+        await store.commit([root.apply(start).bury("boom", NOW + 2)])
+        assert singles == [root.id, root.id]
+        last = await store.get(kids[-1].id)
+        assert last is not None
+        assert last.state is State.CANCELLED
     finally:
         await store.close()

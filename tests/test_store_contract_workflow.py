@@ -189,31 +189,38 @@ async def test_a_dead_parent_cancels_its_whole_cone_as_upstream_dead(
 async def test_a_dead_roots_wide_cone_moves_in_its_commit_each_child_once(
     store: JobStore,
 ) -> None:
-    """A root with 1,500 children (more than one set-wise statement holds), one of which
-    runs after a failed parent, one with a child of its own, and one after two of them:
-    its death moves each once, in its commit, by each one's policy, and down the cone."""
+    """A root with 1,500 children (more than one set-wise statement or read holds), one of
+    which runs after a failed parent, one with a child of its own, one after two of them,
+    and one, run after failed parents, after two of them and a job outside the cone: its
+    death moves each once for each parent that ended, in its commit, by its policy, and
+    down the cone."""
     seen = Seen(store)
     g = Graph()
     g.add("root", max_attempts=1)
+    g.add("alive")
     wide = [f"k{i}" for i in range(1500)]
     for ref in wide:
         g.add(ref, ["root"], on_parent_failure=OnParentFailure.RUN if ref == "k7" else
               OnParentFailure.CANCEL)  # fmt: skip
     g.add("grandchild", ["k3"])
     g.add("both", ["k5", "k1400"])
+    g.add("runs", ["k5", "k1400", "alive"], on_parent_failure=OnParentFailure.RUN)
     await _submitted(store, g)
     await _die(store, g.jobs["root"], NOW + 1)
     states = await _states(store, g)
-    assert states.pop("root") == "dead"
+    assert (states.pop("root"), states.pop("alive")) == ("dead", "scheduled")
     assert states.pop("k7") == "scheduled"  # it runs after a failed parent
+    assert states.pop("runs") == "waiting"  # for alive, its two failed parents counted once
     assert set(states.values()) == {"cancelled"}
     for ref in ("k0", "k1499", "grandchild", "both"):
         flow = await _flow(store, g.jobs[ref])
         assert flow.cancel_reason is CancelReason.UPSTREAM_DEAD, ref
-    runs = await _flow(store, g.jobs["k7"])
-    assert (runs.deps_pending, runs.failed) == (0, 1)
+    k7, runs = await _flow(store, g.jobs["k7"]), await _flow(store, g.jobs["runs"])
+    assert (k7.deps_pending, k7.failed) == (0, 1)
+    assert (runs.deps_pending, runs.failed) == (1, 2)
     moved = [t.job_id for t in seen.moves]
-    assert sorted(moved) == sorted(j.id for ref, j in g.jobs.items() if ref != "root")
+    once = [j.id for ref, j in g.jobs.items() if ref not in ("root", "alive", "runs")]
+    assert sorted(moved) == sorted([*once, g.jobs["runs"].id, g.jobs["runs"].id])
     assert moved.index(g.jobs["grandchild"].id) > moved.index(g.jobs["k3"].id)
 
 
