@@ -190,13 +190,17 @@ def section_of(out: Path, module: Any, rows: list[dict[str, Any]]) -> Report:
     return rep
 
 
-def dead_root_cone(children: int) -> tuple[Job, list[Job]]:
-    """A workflow's root (one attempt) and ``children`` members after it alone, as a
-    submission makes them: the root's death cancels them all."""
+async def dead_root_cone(store: JobStore, children: int) -> tuple[Job, list[Job]]:
+    """A workflow's root (one attempt) and ``children`` members after it alone, committed
+    as a submission makes them; then the root started and buried, which cancels them all."""
     wf = new_job_id(NOW)
     root = Job.new(kind="k", args={}, now=NOW, max_attempts=1,
                    flow=Flow(workflow_id=wf, ref="root"))  # fmt: skip
     kids = [Job.new(kind="k", args={}, now=NOW, flow=Flow(
         workflow_id=wf, ref=f"k{i}", parents=(root.id,), deps_pending=1))
         for i in range(children)]  # fmt: skip
+    await store.commit([root, *kids])
+    start = root.start(NOW + 1)
+    await store.commit([start])
+    await store.commit([root.apply(start).bury("boom", NOW + 2)])
     return root, kids

@@ -242,10 +242,6 @@ async def test_a_dead_roots_children_move_set_wise_not_one_by_one(
 
     monkeypatch.setattr(batch, "move_one", counted)
     a = await stores(node="a")
-    root, kids = dead_root_cone(1200)
-    await a.commit([root, *kids])
-    start = root.start(NOW + 1)
-    await a.commit([start])
-    await a.commit([root.apply(start).bury("boom", NOW + 2)])
+    root, kids = await dead_root_cone(a, 1200)
     assert singles == [root.id, root.id]
     assert (await _got(a, kids[-1].id)).state is State.CANCELLED

@@ -366,11 +366,7 @@ async def test_a_dead_roots_children_move_set_wise_not_one_by_one(
     store = SQLiteStore(tmp_path)
     await store.open()
     try:
-        root, kids = dead_root_cone(1200)
-        await store.commit([root, *kids])
-        start = root.start(NOW + 1)
-        await store.commit([start])
-        await store.commit([root.apply(start).bury("boom", NOW + 2)])
+        root, kids = await dead_root_cone(store, 1200)
         assert singles == [root.id, root.id]
         last = await store.get(kids[-1].id)
         assert last is not None
