@@ -193,7 +193,7 @@ async def test_a_dead_roots_wide_cone_moves_in_its_commit_each_child_once(
     which runs after a failed parent, one with a child of its own, one after two of them,
     and one, run after failed parents, after two of them and a job outside the cone: its
     death moves each once for each parent that ended, in its commit, by its policy, and
-    down the cone."""
+    down the cone; its retry brings the cone back the same way, each counting afresh."""
     seen = Seen(store)
     g = Graph()
     g.add("root", max_attempts=1)
@@ -222,6 +222,19 @@ async def test_a_dead_roots_wide_cone_moves_in_its_commit_each_child_once(
     once = [j.id for ref, j in g.jobs.items() if ref not in ("root", "alive", "runs")]
     assert sorted(moved) == sorted([*once, g.jobs["runs"].id, g.jobs["runs"].id])
     assert moved.index(g.jobs["grandchild"].id) > moved.index(g.jobs["k3"].id)
+    # Its retry revives the cone (a depth at a time, each counting its parents afresh)
+    del seen.moves[:]
+    await store.commit([(await _get(store, g.jobs["root"])).revive(NOW + 3)])
+    states = await _states(store, g)
+    assert (states.pop("root"), states.pop("alive"), states.pop("k7")) == ("scheduled",) * 3
+    assert set(states.values()) == {"waiting"}
+    for ref, pending in (("k0", 1), ("grandchild", 1), ("both", 2), ("runs", 3)):
+        flow = await _flow(store, g.jobs[ref])
+        assert (flow.deps_pending, flow.failed, flow.cancel_reason) == (pending, 0, None), ref
+    revived = [t.job_id for t in seen.moves]
+    assert len(set(revived)) == len(g.jobs) - 3  # all but root, alive and k7
+    # each once, but runs: unsettled by each of its two parents brought back
+    assert (revived.count(g.jobs["runs"].id), len(revived)) == (2, len(g.jobs) - 2)
 
 
 async def test_a_child_of_two_parents_cancelled_at_one_depth_moves_twice_in_order(

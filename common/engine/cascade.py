@@ -91,13 +91,26 @@ def walk(old: Job, new: Job) -> Walk:
             return
         frontier = []
         children: dict[str, list[Job]] = yield Children(tuple(new.id for new, _ in ends))
+        # A revived member's cancelled children count their parents afresh: the states of
+        # every parent of its children, read once a depth, under what the walk moves since.
+        asked = {
+            p
+            for new, ended in ends
+            if ended is None
+            for c in children.get(new.id, ())
+            if c.flow is not None
+            for p in c.flow.parents
+        }
+        known: StateOf = _nobody
+        if asked:
+            states: dict[str, str] = yield States(tuple(sorted(asked)))
+            known = _current(states, latest)
         for new, ended in ends:
             for read in children.get(new.id, ()):
                 child = latest.get(read.id, read)  # (moved already, by a parent before)
                 state_of: StateOf = _nobody
                 if ended is None and child.flow is not None and child.state is State.CANCELLED:
-                    states: dict[str, str] = yield States(child.flow.parents)  # (count afresh)
-                    state_of = states.get
+                    state_of = known
                 t = child.after_parent(ended, new.updated_at, state_of)
                 if t is None:
                     continue
@@ -105,6 +118,17 @@ def walk(old: Job, new: Job) -> Walk:
                 yield Move(child, moved, t)
                 if moved.state is State.CANCELLED or child.state is State.CANCELLED:
                     frontier.append((child, moved))  # down the cone: cancelled, or revived
+
+
+def _current(states: dict[str, str], latest: dict[str, Job]) -> StateOf:
+    """A job's state as ``states`` read it, or as the walk has moved it since (``latest``:
+    every move of the walk's is there, so the two together are the commit as it stands)."""
+
+    def state_of(job_id: str) -> str | None:
+        job = latest.get(job_id)
+        return states.get(job_id) if job is None else job.state.value
+
+    return state_of
 
 
 def by_parent(children: list[Job], parents: tuple[str, ...]) -> dict[str, list[Job]]:
