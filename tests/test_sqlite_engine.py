@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import re
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -105,28 +106,34 @@ def test_which_constraint_an_insert_broke_comes_from_the_error_code_not_its_text
     assert isinstance(duplicate(keyless, by_key), DuplicateJobError)
 
 
-async def test_a_duplicate_key_and_a_duplicate_id_are_told_apart(tmp_path: Path) -> None:
-    """Through the slow path, on real SQLite errors: the caller whose key is taken gets
-    DuplicateKeyError, the one whose id is taken DuplicateJobError, the others commit."""
+@pytest.fixture
+async def opened(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    """The engine open on ``tmp_path``, closed after the test."""
     store = SQLiteStore(tmp_path)
     await store.open()
     try:
-        first = Job.new(kind="noop", args={}, now=NOW, idempotency_key="k")
-        await store.commit([first])
-        same_key = Job.new(kind="noop", args={}, now=NOW, idempotency_key="k")
-        other = Job.new(kind="noop", args={}, now=NOW, idempotency_key="other")
-        same_id = msgspec.structs.replace(other, id=first.id)
-        fine = Job.new(kind="noop", args={}, now=NOW)
-        results = await asyncio.gather(
-            store.commit([same_key]), store.commit([same_id]), store.commit([fine]),
-            return_exceptions=True,
-        )  # fmt: skip
-        assert isinstance(results[0], DuplicateKeyError)
-        assert isinstance(results[1], DuplicateJobError)
-        assert results[2] is None
-        assert await store.get(fine.id) == fine
+        yield store
     finally:
         await store.close()
+
+
+async def test_a_duplicate_key_and_a_duplicate_id_are_told_apart(opened: SQLiteStore) -> None:
+    """Through the slow path, on real SQLite errors: the caller whose key is taken gets
+    DuplicateKeyError, the one whose id is taken DuplicateJobError, the others commit."""
+    first = Job.new(kind="noop", args={}, now=NOW, idempotency_key="k")
+    await opened.commit([first])
+    same_key = Job.new(kind="noop", args={}, now=NOW, idempotency_key="k")
+    other = Job.new(kind="noop", args={}, now=NOW, idempotency_key="other")
+    same_id = msgspec.structs.replace(other, id=first.id)
+    fine = Job.new(kind="noop", args={}, now=NOW)
+    results = await asyncio.gather(
+        opened.commit([same_key]), opened.commit([same_id]), opened.commit([fine]),
+        return_exceptions=True,
+    )  # fmt: skip
+    assert isinstance(results[0], DuplicateKeyError)
+    assert isinstance(results[1], DuplicateJobError)
+    assert results[2] is None
+    assert await opened.get(fine.id) == fine
 
 
 async def test_database_reads_with_plain_sqlite3(tmp_path: Path) -> None:
@@ -295,63 +302,53 @@ def test_the_plan_is_set_wise_unless_a_job_changes_twice() -> None:
 
 
 async def test_a_refused_move_among_many_rolls_the_batch_back_and_fails_its_caller_only(
-    tmp_path: Path,
+    opened: SQLiteStore,
 ) -> None:
-    store = SQLiteStore(tmp_path)
-    await store.open()
-    try:
-        jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(5)]
-        await store.commit(jobs)
-        starts = [j.start(NOW + 1) for j in jobs]
-        stale = jobs[2].complete(None, NOW + 1)  # scheduled -> completed: the guard refuses
-        results = await asyncio.gather(
-            *(store.commit([t]) for i, t in enumerate(starts) if i != 2),
-            store.commit([stale]),
-            return_exceptions=True,
-        )
-        assert [r is None for r in results] == [True, True, True, True, False]
-        for i, j in enumerate(jobs):
-            got = await store.get(j.id)
-            assert got is not None
-            assert got.state.value == ("scheduled" if i == 2 else "running")
-    finally:
-        await store.close()
+    jobs = [Job.new(kind="noop", args={}, now=NOW) for _ in range(5)]
+    await opened.commit(jobs)
+    starts = [j.start(NOW + 1) for j in jobs]
+    stale = jobs[2].complete(None, NOW + 1)  # scheduled -> completed: the guard refuses
+    results = await asyncio.gather(
+        *(opened.commit([t]) for i, t in enumerate(starts) if i != 2),
+        opened.commit([stale]),
+        return_exceptions=True,
+    )
+    assert [r is None for r in results] == [True, True, True, True, False]
+    for i, j in enumerate(jobs):
+        got = await opened.get(j.id)
+        assert got is not None
+        assert got.state.value == ("scheduled" if i == 2 else "running")
 
 
-async def test_a_cascades_moves_go_together_and_a_refused_one_is_named(tmp_path: Path) -> None:
+async def test_a_cascades_moves_go_together_and_a_refused_one_is_named(opened: SQLiteStore) -> None:
     """A cascade's moves between two of its reads are one guarded statement a thousand
     (``batch.move_all``); one a guard refuses undoes that statement, and each goes alone,
     which names it, so its caller's savepoint rolls all of them back."""
-    store = SQLiteStore(tmp_path)
-    await store.open()
-    try:
-        jobs = [Job.new(kind="k", args={}, now=NOW) for _ in range(3)]
-        await store.commit(jobs)
-        moves = [j.cancel(NOW + 1) for j in jobs]
-        stale = msgspec.structs.replace(moves[1], expect_epoch=moves[1].expect_epoch + 1)
+    jobs = [Job.new(kind="k", args={}, now=NOW) for _ in range(3)]
+    await opened.commit(jobs)
+    moves = [j.cancel(NOW + 1) for j in jobs]
+    stale = msgspec.structs.replace(moves[1], expect_epoch=moves[1].expect_epoch + 1)
 
-        def write(conn: sqlite3.Connection, ts: list[Any]) -> None:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                batch.move_all(conn, ts)
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
+    def write(conn: sqlite3.Connection, ts: list[Any]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            batch.move_all(conn, ts)
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
 
-        with pytest.raises(StaleEpochError, match=jobs[1].id):
-            await on_thread(connection(store), write, [moves[0], stale, moves[2]])
-        for job in jobs:
-            assert await store.get(job.id) == job  # nothing of it written
-        await on_thread(connection(store), write, moves)
-        for job, t in zip(jobs, moves, strict=True):
-            assert await store.get(job.id) == job.apply(t)
-    finally:
-        await store.close()
+    with pytest.raises(StaleEpochError, match=jobs[1].id):
+        await on_thread(connection(opened), write, [moves[0], stale, moves[2]])
+    for job in jobs:
+        assert await opened.get(job.id) == job  # nothing of it written
+    await on_thread(connection(opened), write, moves)
+    for job, t in zip(jobs, moves, strict=True):
+        assert await opened.get(job.id) == job.apply(t)
 
 
 async def test_a_dead_roots_children_move_set_wise_not_one_by_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    opened: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The cascade's moves of 1,200 children go through ``move_all``'s set-wise statements:
     the one-by-one ``move`` runs only for the root's own start and death."""
@@ -363,13 +360,8 @@ async def test_a_dead_roots_children_move_set_wise_not_one_by_one(
         one(conn, t)
 
     monkeypatch.setattr(batch, "move", counted)
-    store = SQLiteStore(tmp_path)
-    await store.open()
-    try:
-        root, kids = await dead_root_cone(store, 1200)
-        assert singles == [root.id, root.id]
-        last = await store.get(kids[-1].id)
-        assert last is not None
-        assert last.state is State.CANCELLED
-    finally:
-        await store.close()
+    root, kids = await dead_root_cone(opened, 1200)
+    assert singles == [root.id, root.id]
+    last = await opened.get(kids[-1].id)
+    assert last is not None
+    assert last.state is State.CANCELLED
